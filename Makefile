@@ -1,0 +1,36 @@
+# `make test` is what CI runs (.ci/run). It needs only python3, pip and make.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: test lint typecheck unit demo install clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict service
+
+test: lint typecheck
+	$(BIN)/coverage erase
+	$(BIN)/coverage run -m pytest
+	$(BIN)/coverage combine --quiet || true
+	$(BIN)/coverage report --fail-under=0 | tail -n 3
+	$(BIN)/coverage report --include='service/classifier.py' --fail-under=100
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit -q
+
+clean:
+	rm -rf $(VENV) .coverage .coverage.* .mypy_cache .ruff_cache .hypothesis

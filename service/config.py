@@ -1,0 +1,450 @@
+"""Configuration: every knob, read once from the environment into a frozen settings object.
+
+Each variable is declared once below (name, default, range, documentation); that table drives
+parsing, ``retired-pod-gc config`` and the consistency test against ``docs/configuration.md``.
+Values that cannot be parsed raise :class:`ConfigError` naming the variable; numbers outside
+their range are clamped with a warning naming the variable, the raw value and the value used.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from service.domain import LabelKeys
+
+PREFIX = "SPACE_RETIRED_EXECUTION_POD_GC_"
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A variable that cannot be parsed. ``str()`` is one line naming the variable."""
+
+    def __init__(self, variable: str, message: str) -> None:
+        super().__init__(f"{variable}: {message}")
+        self.variable = variable
+
+
+_TRUE = frozenset({"1", "true", "yes", "on", "y", "t"})
+_FALSE = frozenset({"0", "false", "no", "off", "n", "f"})
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _parse_bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError("expected a boolean (true/false, yes/no, on/off, 1/0)")
+
+
+def _parse_int(raw: str) -> int:
+    try:
+        return int(raw.strip(), 10)
+    except ValueError:
+        raise ValueError("expected an integer") from None
+
+
+def _parse_float(raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ValueError("expected a number") from None
+    if not math.isfinite(value):
+        raise ValueError("expected a finite number")
+    return value
+
+
+def _regex(pattern: re.Pattern[str], what: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip()
+        if not pattern.fullmatch(value):
+            raise ValueError(f"expected {what}")
+        return value
+
+    return parse
+
+
+def _parse_text(raw: str) -> str:
+    return raw.strip()
+
+
+def _parse_selector(raw: str) -> str:
+    value = raw.strip()
+    for term in filter(None, (t.strip() for t in value.split(","))):
+        key = re.split(r"!=|==|=| in | notin ", term, maxsplit=1)[0].lstrip("!").strip()
+        if not _LABEL_KEY.fullmatch(key):
+            raise ValueError(f"expected a label selector, bad term {term!r}")
+    return value
+
+
+def _parse_bind(raw: str) -> tuple[str, int]:
+    host, sep, port = raw.strip().rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("expected HOST:PORT with a port from 0 to 65535")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return value
+
+    return parse
+
+
+def _optional_int(raw: str) -> int | None:
+    return None if not raw.strip() else _parse_int(raw)
+
+
+VARIABLES: list[Var[Any]] = []
+
+
+@dataclass(frozen=True)
+class Var(Generic[T]):
+    """One environment variable: its parser, default, range and documentation."""
+
+    suffix: str
+    default: T
+    parse: Callable[[str], T]
+    doc: str
+    lo: float | None = None
+    hi: float | None = None
+    secret: bool = False
+
+    @property
+    def name(self) -> str:
+        return PREFIX + self.suffix
+
+    def read(self, env: Mapping[str, str], warnings: list[str]) -> T:
+        raw = env.get(self.name)
+        if raw is None or (raw.strip() == "" and self.default is not None):
+            return self.default
+        try:
+            value = self.parse(raw)
+        except ValueError as exc:
+            shown = "***" if self.secret else repr(raw)
+            raise ConfigError(self.name, f"{exc}, got {shown}") from None
+        return self._clamp(raw, value, warnings)
+
+    def _clamp(self, raw: str, value: T, warnings: list[str]) -> T:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return value
+        clamped: float = value
+        if self.lo is not None and clamped < self.lo:
+            clamped = self.lo
+        if self.hi is not None and clamped > self.hi:
+            clamped = self.hi
+        if clamped == value:
+            return value
+        used: Any = int(clamped) if isinstance(value, int) else float(clamped)
+        message = f"{self.name}={raw!r} is outside [{self.lo}, {self.hi}]; using {used}"
+        warnings.append(message)
+        return used  # type: ignore[no-any-return]
+
+    @property
+    def range_text(self) -> str:
+        if self.lo is None and self.hi is None:
+            return ""
+        return f"{self.lo:g} .. {self.hi:g}" if self.lo is not None and self.hi is not None else ""
+
+
+def _var(
+    suffix: str,
+    default: T,
+    parse: Callable[[str], T],
+    doc: str,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    secret: bool = False,
+) -> Var[T]:
+    var = Var(suffix=suffix, default=default, parse=parse, doc=doc, lo=lo, hi=hi, secret=secret)
+    VARIABLES.append(var)
+    return var
+
+
+# fmt: off
+ENABLED = _var("ENABLED", False, _parse_bool, "Master switch. False: nothing is deleted or reported; health and metrics still served.")
+DRY_RUN = _var("DRY_RUN", True, _parse_bool, "When enabled, verify candidates and report each would-be reap once per pod UID, but send no DELETE.")
+THRESHOLD_SECONDS = _var("THRESHOLD_SECONDS", 300.0, _parse_float, "How long a pod must be seen continuously in a reapable shape before it is deleted.", lo=1, hi=86400)
+DELETES_PER_MINUTE = _var("DELETES_PER_MINUTE", 120, _parse_int, "Delete budget: at most this many DELETEs in any rolling 60 s window.", lo=1, hi=6000)
+RECONCILE_TIMEOUT_SECONDS = _var("RECONCILE_TIMEOUT_SECONDS", 45.0, _parse_float, "Time budget of one key's reconcile; each API and database call inside it is bounded too.", lo=1, hi=600)
+NAMESPACE = _var("NAMESPACE", "sandboxes", _regex(_DNS_NAME, "a namespace name"), "The sandbox namespace: the only namespace watched and the scope of every row lookup.")
+LABEL_SELECTOR = _var("LABEL_SELECTOR", "app.kubernetes.io/managed-by=space-sandbox", _parse_selector, "Label selector of the sandbox pods to watch.")
+SANDBOX_ID_LABEL = _var("SANDBOX_ID_LABEL", "space.sandbox-id", _regex(_LABEL_KEY, "a label key"), "Pod label that carries the sandbox id.")
+GENERATION_LABEL = _var("GENERATION_LABEL", "space.generation", _regex(_LABEL_KEY, "a label key"), "Pod label that carries the execution generation.")
+POD_KIND_LABEL = _var("POD_KIND_LABEL", "space.pod-kind", _regex(_LABEL_KEY, "a label key"), "Pod label that carries the pod kind (create or restore).")
+WORKERS = _var("WORKERS", 4, _parse_int, "Number of concurrent reconcile workers.", lo=1, hi=64)
+RESYNC_PERIOD_SECONDS = _var("RESYNC_PERIOD_SECONDS", 600.0, _parse_float, "Backstop period: every cached candidate is enqueued again this often.", lo=1, hi=86400)
+SHUTDOWN_TIMEOUT_SECONDS = _var("SHUTDOWN_TIMEOUT_SECONDS", 20.0, _parse_float, "On SIGTERM, how long in-flight reconciles may take to finish.", lo=0, hi=300)
+API_TIMEOUT_SECONDS = _var("API_TIMEOUT_SECONDS", 10.0, _parse_float, "Timeout of one Kubernetes API call (GET, DELETE, list page, lease).", lo=0.1, hi=120)
+WATCH_TIMEOUT_SECONDS = _var("WATCH_TIMEOUT_SECONDS", 300.0, _parse_float, "Server-side timeoutSeconds of a watch request (jittered up to +10%).", lo=5, hi=3600)
+LIST_PAGE_SIZE = _var("LIST_PAGE_SIZE", 500, _parse_int, "Pods per page when listing.", lo=1, hi=10000)
+DELETE_GRACE_PERIOD_SECONDS = _var("DELETE_GRACE_PERIOD_SECONDS", None, _optional_int, "gracePeriodSeconds sent with each DELETE; empty means the pod's own.", lo=0, hi=3600)
+DATABASE_URL = _var("DATABASE_URL", "", _parse_text, "PostgreSQL URL (postgresql://user:password@host:port/db). Never logged unmasked.", secret=True)
+DATABASE_URL_FILE = _var("DATABASE_URL_FILE", "", _parse_text, "Path of a file holding the database URL (a mounted Secret); exclusive with DATABASE_URL.")
+DB_POOL_SIZE = _var("DB_POOL_SIZE", 4, _parse_int, "Maximum connections in the lookup pool (the listener has its own).", lo=1, hi=64)
+DB_CONNECT_TIMEOUT_SECONDS = _var("DB_CONNECT_TIMEOUT_SECONDS", 5.0, _parse_float, "Timeout to open one database connection.", lo=0.1, hi=120)
+DB_STATEMENT_TIMEOUT_SECONDS = _var("DB_STATEMENT_TIMEOUT_SECONDS", 5.0, _parse_float, "Timeout of one database query.", lo=0.1, hi=120)
+NOTIFY_CHANNEL = _var("NOTIFY_CHANNEL", "sandbox_execution_changed", _regex(_IDENTIFIER, "an SQL identifier"), "LISTEN/NOTIFY channel the trigger publishes execution changes on.")
+LISTENER_HEARTBEAT_SECONDS = _var("LISTENER_HEARTBEAT_SECONDS", 10.0, _parse_float, "How often the listener checks its connection with a query.", lo=0.1, hi=300)
+LISTENER_HEARTBEAT_TIMEOUT_SECONDS = _var("LISTENER_HEARTBEAT_TIMEOUT_SECONDS", 5.0, _parse_float, "A heartbeat slower than this declares the listener connection dead.", lo=0.1, hi=120)
+LOOKUP_BATCH_SIZE = _var("LOOKUP_BATCH_SIZE", 500, _parse_int, "Most pod names one batched row lookup carries.", lo=1, hi=10000)
+LOOKUP_BATCH_WAIT_SECONDS = _var("LOOKUP_BATCH_WAIT_SECONDS", 0.002, _parse_float, "Longest a lookup waits for others to share its query.", lo=0, hi=1)
+METRICS_BIND_ADDRESS = _var("METRICS_BIND_ADDRESS", ("0.0.0.0", 8080), _parse_bind, "HOST:PORT of the /metrics, /healthz and /readyz server.")
+LEADER_ELECTION = _var("LEADER_ELECTION", True, _parse_bool, "Elect one active replica through a coordination.k8s.io/v1 Lease; only the leader deletes or reports.")
+LEASE_NAME = _var("LEASE_NAME", "retired-pod-gc", _regex(_DNS_NAME, "a Lease name"), "Name of the Lease.")
+LEASE_NAMESPACE = _var("LEASE_NAMESPACE", "", _parse_text, "Namespace of the Lease; empty means this pod's namespace (service account), else NAMESPACE.")
+LEASE_DURATION_SECONDS = _var("LEASE_DURATION_SECONDS", 15.0, _parse_float, "How long a lease holds without renewal before another replica may take it.", lo=1, hi=300)
+RENEW_DEADLINE_SECONDS = _var("RENEW_DEADLINE_SECONDS", 10.0, _parse_float, "A leader that has not renewed for this long stops deleting (kept below LEASE_DURATION_SECONDS).", lo=0.5, hi=300)
+RETRY_PERIOD_SECONDS = _var("RETRY_PERIOD_SECONDS", 2.0, _parse_float, "How often the lease is renewed or its acquisition retried (kept below RENEW_DEADLINE_SECONDS).", lo=0.1, hi=60)
+LEADER_IDENTITY = _var("LEADER_IDENTITY", "", _parse_text, "Holder identity written to the Lease; empty means hostname and process id.")
+LOG_LEVEL = _var("LOG_LEVEL", "info", _choice("debug", "info", "warning", "error"), "Log level.")
+LOG_FORMAT = _var("LOG_FORMAT", "json", _choice("json", "text"), "json: one JSON object a line; text: for humans.")
+# fmt: on
+
+
+@dataclass(frozen=True, slots=True)
+class KubeSettings:
+    namespace: str
+    """The sandbox namespace."""
+    label_selector: str
+    label_keys: LabelKeys
+    api_timeout_s: float
+    watch_timeout_s: float
+    list_page_size: int
+    delete_grace_period_s: int | None
+    """``None``: the pod's own grace period."""
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseSettings:
+    url: str = field(repr=False)
+    """Connection URL; never print it, use :attr:`masked_url`."""
+    pool_size: int
+    connect_timeout_s: float
+    statement_timeout_s: float
+    notify_channel: str
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+    batch_max_size: int
+    batch_max_wait_s: float
+
+    @property
+    def masked_url(self) -> str:
+        return mask_dsn(self.url)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderSettings:
+    enabled: bool
+    lease_name: str
+    lease_namespace: str
+    """Empty: resolved at start (service-account namespace, else the sandbox namespace)."""
+    lease_duration_s: float
+    renew_deadline_s: float
+    retry_period_s: float
+    identity: str
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    enabled: bool
+    dry_run: bool
+    threshold_s: float
+    deletes_per_minute: int
+    reconcile_timeout_s: float
+    workers: int
+    resync_period_s: float
+    shutdown_timeout_s: float
+    kube: KubeSettings
+    database: DatabaseSettings
+    leader: LeaderSettings
+    bind_host: str
+    bind_port: int
+    log_level: str
+    log_format: str
+    warnings: tuple[str, ...] = ()
+    """Clamp warnings produced while loading (also logged)."""
+
+    @property
+    def mode(self) -> str:
+        """``disabled``, ``dry_run`` or ``live``."""
+        if not self.enabled:
+            return "disabled"
+        return "dry_run" if self.dry_run else "live"
+
+
+def mask_dsn(url: str) -> str:
+    """Hide the password of a PostgreSQL URL or keyword DSN."""
+    if "://" in url:
+        try:
+            parts = urlsplit(url)
+        except ValueError:
+            return "***"
+        if parts.password is not None:
+            userinfo = f"{parts.username or ''}:***"
+            host = parts.netloc.rpartition("@")[2]
+            return urlunsplit(parts._replace(netloc=f"{userinfo}@{host}"))
+        masked = re.sub(r"(password=)[^&]*", r"\1***", url)
+        return masked
+    return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", url)
+
+
+def _database_url(env: Mapping[str, str], warnings: list[str]) -> str:
+    url = DATABASE_URL.read(env, warnings)
+    path = DATABASE_URL_FILE.read(env, warnings)
+    if path and url:
+        raise ConfigError(DATABASE_URL_FILE.name, f"set only one of it and {DATABASE_URL.name}")
+    if not path:
+        return url
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(DATABASE_URL_FILE.name, f"cannot read {path!r}: {exc.strerror}") from None
+    if not text:
+        raise ConfigError(DATABASE_URL_FILE.name, f"{path!r} is empty")
+    return text
+
+
+def load(env: Mapping[str, str]) -> Settings:
+    """Build the settings from ``env`` (usually ``os.environ``). Raises :class:`ConfigError`."""
+    w: list[str] = []
+    lease_duration = LEASE_DURATION_SECONDS.read(env, w)
+    renew = RENEW_DEADLINE_SECONDS.read(env, w)
+    retry = RETRY_PERIOD_SECONDS.read(env, w)
+    if renew >= lease_duration:
+        used = lease_duration * 2 / 3
+        w.append(
+            f"{RENEW_DEADLINE_SECONDS.name}={renew:g} must be below "
+            f"{LEASE_DURATION_SECONDS.name}={lease_duration:g}; using {used:g}"
+        )
+        renew = used
+    if retry >= renew:
+        used = renew / 3
+        w.append(
+            f"{RETRY_PERIOD_SECONDS.name}={retry:g} must be below "
+            f"{RENEW_DEADLINE_SECONDS.name}={renew:g}; using {used:g}"
+        )
+        retry = used
+    namespace = NAMESPACE.read(env, w)
+    host, port = METRICS_BIND_ADDRESS.read(env, w)
+    settings = Settings(
+        enabled=ENABLED.read(env, w),
+        dry_run=DRY_RUN.read(env, w),
+        threshold_s=THRESHOLD_SECONDS.read(env, w),
+        deletes_per_minute=DELETES_PER_MINUTE.read(env, w),
+        reconcile_timeout_s=RECONCILE_TIMEOUT_SECONDS.read(env, w),
+        workers=WORKERS.read(env, w),
+        resync_period_s=RESYNC_PERIOD_SECONDS.read(env, w),
+        shutdown_timeout_s=SHUTDOWN_TIMEOUT_SECONDS.read(env, w),
+        kube=KubeSettings(
+            namespace=namespace,
+            label_selector=LABEL_SELECTOR.read(env, w),
+            label_keys=LabelKeys(
+                sandbox_id=SANDBOX_ID_LABEL.read(env, w),
+                generation=GENERATION_LABEL.read(env, w),
+                pod_kind=POD_KIND_LABEL.read(env, w),
+            ),
+            api_timeout_s=API_TIMEOUT_SECONDS.read(env, w),
+            watch_timeout_s=WATCH_TIMEOUT_SECONDS.read(env, w),
+            list_page_size=LIST_PAGE_SIZE.read(env, w),
+            delete_grace_period_s=DELETE_GRACE_PERIOD_SECONDS.read(env, w),
+        ),
+        database=DatabaseSettings(
+            url=_database_url(env, w),
+            pool_size=DB_POOL_SIZE.read(env, w),
+            connect_timeout_s=DB_CONNECT_TIMEOUT_SECONDS.read(env, w),
+            statement_timeout_s=DB_STATEMENT_TIMEOUT_SECONDS.read(env, w),
+            notify_channel=NOTIFY_CHANNEL.read(env, w),
+            heartbeat_interval_s=LISTENER_HEARTBEAT_SECONDS.read(env, w),
+            heartbeat_timeout_s=LISTENER_HEARTBEAT_TIMEOUT_SECONDS.read(env, w),
+            batch_max_size=LOOKUP_BATCH_SIZE.read(env, w),
+            batch_max_wait_s=LOOKUP_BATCH_WAIT_SECONDS.read(env, w),
+        ),
+        leader=LeaderSettings(
+            enabled=LEADER_ELECTION.read(env, w),
+            lease_name=LEASE_NAME.read(env, w),
+            lease_namespace=LEASE_NAMESPACE.read(env, w),
+            lease_duration_s=lease_duration,
+            renew_deadline_s=renew,
+            retry_period_s=retry,
+            identity=LEADER_IDENTITY.read(env, w),
+        ),
+        bind_host=host,
+        bind_port=port,
+        log_level=LOG_LEVEL.read(env, w),
+        log_format=LOG_FORMAT.read(env, w),
+        warnings=(),
+    )
+    names = {v.name for v in VARIABLES}
+    unknown = sorted(k for k in env if k.startswith(PREFIX) and k not in names)
+    w.extend(f"{name} is not a known variable and is ignored" for name in unknown)
+    for message in w:
+        logger.warning(message)
+    return replace(settings, warnings=tuple(w))
+
+
+def effective(settings: Settings, env: Mapping[str, str]) -> list[tuple[str, str, str]]:
+    """(variable, effective value, source) for every variable; secrets masked."""
+    values: dict[str, object] = {
+        ENABLED.name: settings.enabled,
+        DRY_RUN.name: settings.dry_run,
+        THRESHOLD_SECONDS.name: settings.threshold_s,
+        DELETES_PER_MINUTE.name: settings.deletes_per_minute,
+        RECONCILE_TIMEOUT_SECONDS.name: settings.reconcile_timeout_s,
+        NAMESPACE.name: settings.kube.namespace,
+        LABEL_SELECTOR.name: settings.kube.label_selector,
+        SANDBOX_ID_LABEL.name: settings.kube.label_keys.sandbox_id,
+        GENERATION_LABEL.name: settings.kube.label_keys.generation,
+        POD_KIND_LABEL.name: settings.kube.label_keys.pod_kind,
+        WORKERS.name: settings.workers,
+        RESYNC_PERIOD_SECONDS.name: settings.resync_period_s,
+        SHUTDOWN_TIMEOUT_SECONDS.name: settings.shutdown_timeout_s,
+        API_TIMEOUT_SECONDS.name: settings.kube.api_timeout_s,
+        WATCH_TIMEOUT_SECONDS.name: settings.kube.watch_timeout_s,
+        LIST_PAGE_SIZE.name: settings.kube.list_page_size,
+        DELETE_GRACE_PERIOD_SECONDS.name: (
+            "" if settings.kube.delete_grace_period_s is None
+            else settings.kube.delete_grace_period_s
+        ),
+        DATABASE_URL.name: settings.database.masked_url,
+        DATABASE_URL_FILE.name: env.get(DATABASE_URL_FILE.name, ""),
+        DB_POOL_SIZE.name: settings.database.pool_size,
+        DB_CONNECT_TIMEOUT_SECONDS.name: settings.database.connect_timeout_s,
+        DB_STATEMENT_TIMEOUT_SECONDS.name: settings.database.statement_timeout_s,
+        NOTIFY_CHANNEL.name: settings.database.notify_channel,
+        LISTENER_HEARTBEAT_SECONDS.name: settings.database.heartbeat_interval_s,
+        LISTENER_HEARTBEAT_TIMEOUT_SECONDS.name: settings.database.heartbeat_timeout_s,
+        LOOKUP_BATCH_SIZE.name: settings.database.batch_max_size,
+        LOOKUP_BATCH_WAIT_SECONDS.name: settings.database.batch_max_wait_s,
+        METRICS_BIND_ADDRESS.name: f"{settings.bind_host}:{settings.bind_port}",
+        LEADER_ELECTION.name: settings.leader.enabled,
+        LEASE_NAME.name: settings.leader.lease_name,
+        LEASE_NAMESPACE.name: settings.leader.lease_namespace,
+        LEASE_DURATION_SECONDS.name: settings.leader.lease_duration_s,
+        RENEW_DEADLINE_SECONDS.name: settings.leader.renew_deadline_s,
+        RETRY_PERIOD_SECONDS.name: settings.leader.retry_period_s,
+        LEADER_IDENTITY.name: settings.leader.identity,
+        LOG_LEVEL.name: settings.log_level,
+        LOG_FORMAT.name: settings.log_format,
+    }
+    rows = []
+    for var in VARIABLES:
+        value = values[var.name]
+        shown = str(value).lower() if isinstance(value, bool) else str(value)
+        rows.append((var.name, shown, "env" if var.name in env else "default"))
+    return rows

@@ -1,0 +1,274 @@
+"""The domain model: wire-string enums, the slim pod snapshot, the execution row, decisions.
+
+Everything here is immutable and free of I/O. Adapters parse wire values into these types at
+the boundary; a value they do not recognise becomes an explicit unknown member, which the
+classifier never reaps.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class PodPhase(enum.StrEnum):
+    """The five Kubernetes pod phases. Anything else on the wire decodes to ``UNKNOWN``."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+class ExecutionState(enum.StrEnum):
+    """``sandbox_k8s_executions.execution_state``. Unrecognised strings become ``UNKNOWN``."""
+
+    ACTIVE = "active"
+    SUSPENDED = "suspended"
+    REPLACED = "replaced"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def parse(cls, raw: object) -> ExecutionState:
+        if isinstance(raw, str):
+            try:
+                member = cls(raw)
+            except ValueError:
+                return cls.UNKNOWN
+            return member
+        return cls.UNKNOWN
+
+
+RETIRED_STATES: frozenset[ExecutionState] = frozenset(
+    {
+        ExecutionState.SUSPENDED,
+        ExecutionState.REPLACED,
+        ExecutionState.CANCELLED,
+        ExecutionState.FAILED,
+        ExecutionState.STOPPED,
+    }
+)
+"""States that mean the execution was retired (``active = false`` is required as well)."""
+
+
+class PodKind(enum.StrEnum):
+    """Whether a pod was created fresh or restores a suspended sandbox."""
+
+    CREATE = "create"
+    RESTORE = "restore"
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def parse(cls, raw: object) -> PodKind:
+        if raw == "create":
+            return cls.CREATE
+        if raw == "restore":
+            return cls.RESTORE
+        return cls.UNKNOWN
+
+
+class ConditionStatus(enum.StrEnum):
+    """Status of the ``PodReadyToStartContainers`` condition, or ``ABSENT`` when not reported."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+    ABSENT = "absent"
+
+
+class Verdict(enum.StrEnum):
+    """The two reapable shapes."""
+
+    TERMINAL_RETIRED = "terminal_retired"
+    REPLACED_NEVER_STARTED = "replaced_never_started"
+
+
+class SkipReason(enum.StrEnum):
+    """Why a pod is not reaped. One member per rule; the value is the metric/log label."""
+
+    # pod-only reasons (decided before any database lookup)
+    TERMINATING = "terminating"
+    POD_RUNNING = "pod_running"
+    PHASE_UNKNOWN = "phase_unknown"
+    UNLABELLED = "unlabelled"
+    UNKNOWN_POD_KIND = "unknown_pod_kind"
+    PENDING_WITH_IP = "pending_with_ip"
+    PENDING_RESTORE_POD = "pending_restore_pod"
+    PENDING_WITHOUT_CONDITION = "pending_without_condition"
+    PENDING_CONDITION_NOT_FALSE = "pending_condition_not_false"
+    TERMINAL_NO_CONTAINER_STATUSES = "terminal_no_container_statuses"
+    TERMINAL_CONTAINER_NOT_TERMINATED = "terminal_container_not_terminated"
+    # reasons that need the execution row
+    NO_ROW = "no_row"
+    NOT_KUBERNETES_MANAGED = "not_kubernetes_managed"
+    NAMESPACE_MISMATCH = "namespace_mismatch"
+    POD_NAME_MISMATCH = "pod_name_mismatch"
+    SANDBOX_MISMATCH = "sandbox_mismatch"
+    GENERATION_MISMATCH = "generation_mismatch"
+    POD_KIND_MISMATCH = "pod_kind_mismatch"
+    ROW_ACTIVE = "row_active"
+    UNKNOWN_STATE = "unknown_state"
+    ROW_INCONSISTENT = "row_inconsistent"
+    PENDING_NOT_REPLACED = "pending_not_replaced"
+
+
+@dataclass(frozen=True, slots=True)
+class LabelKeys:
+    """Which pod labels carry the sandbox id, the generation and the pod kind."""
+
+    sandbox_id: str = "space.sandbox-id"
+    generation: str = "space.generation"
+    pod_kind: str = "space.pod-kind"
+
+
+def pod_key(namespace: str, name: str) -> str:
+    """The work-queue key of a pod: ``namespace/name``."""
+    return f"{namespace}/{name}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """Inverse of :func:`pod_key`. Raises ``ValueError`` for a key without exactly one ``/``."""
+    namespace, sep, name = key.partition("/")
+    if not sep or not namespace or not name or "/" in name:
+        raise ValueError(f"not a namespace/name key: {key!r}")
+    return namespace, name
+
+
+@dataclass(frozen=True, slots=True)
+class PodSnapshot:
+    """What classification needs of a pod, and nothing more (kept small: 100k are cached)."""
+
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    phase: PodPhase
+    terminating: bool
+    pod_ip: str | None
+    ready_to_start: ConditionStatus
+    container_count: int
+    all_containers_terminated: bool
+    """True only when ``container_count > 0`` and every container status is ``terminated``."""
+    sandbox_id: str | None
+    generation: int | None
+    kind: PodKind
+    created_at_s: float | None
+    """``creationTimestamp`` as Unix seconds, ``None`` when absent or unparsable."""
+
+    @property
+    def key(self) -> str:
+        return pod_key(self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRow:
+    """One ``sandbox_k8s_executions`` row joined to its ``sandboxes`` row."""
+
+    pod_name: str
+    namespace: str
+    sandbox_id: str
+    generation: int
+    activation_attempt: int
+    pod_kind: PodKind
+    state: ExecutionState
+    active: bool
+    kubernetes_managed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The classifier's answer: exactly one of ``verdict`` and ``reason`` is set."""
+
+    verdict: Verdict | None
+    reason: SkipReason | None
+    rule: str
+    """A sentence naming the rule that decided, for logs and ``explain``."""
+
+    @property
+    def reapable(self) -> bool:
+        return self.verdict is not None
+
+    @property
+    def label(self) -> str:
+        """The verdict or skip reason as a string (both are ``StrEnum``)."""
+        outcome = self.verdict if self.verdict is not None else self.reason
+        assert outcome is not None
+        return str(outcome)
+
+    @staticmethod
+    def reap(verdict: Verdict, rule: str) -> Decision:
+        return Decision(verdict=verdict, reason=None, rule=rule)
+
+    @staticmethod
+    def skip(reason: SkipReason, rule: str) -> Decision:
+        return Decision(verdict=None, reason=reason, rule=rule)
+
+
+class DeleteResult(enum.StrEnum):
+    """Typed outcome of a preconditioned DELETE (no exceptions for expected outcomes)."""
+
+    DELETED = "deleted"
+    GONE = "gone"
+    CONFLICT = "conflict"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteOutcome:
+    result: DeleteResult
+    status: int
+    """HTTP status code (0 when no response arrived, e.g. a timeout)."""
+    message: str = ""
+
+
+class ReconcileOutcome(enum.StrEnum):
+    """The ``verdict`` label of the outcome metric for anything that is not a reap."""
+
+    TOO_YOUNG = "too_young"
+    """Reapable, but not yet continuously for the threshold: requeued for the remainder."""
+    SKIPPED = "skipped"
+    """Classified as not reapable (the skip reason is counted separately)."""
+    GONE = "gone"
+    """The pod vanished (not cached, 404 on GET or DELETE)."""
+    CONFLICT = "conflict"
+    """The DELETE preconditions failed (409): the pod changed; looked at again later."""
+    CHANGED = "changed"
+    """The fresh GET or re-read row no longer classifies the same, or the UID changed."""
+    LOOKUP_FAILED = "lookup_failed"
+    """The row lookup failed; the clock was cleared and the key backs off."""
+    ERROR = "error"
+    """An API or database error other than the above; the key backs off."""
+    ALREADY_REPORTED = "already_reported"
+    """Dry run: this UID's would-reap was reported before."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionChange:
+    """A parsed change notification: which pod's execution changed, and how."""
+
+    namespace: str
+    pod_name: str
+    active: bool | None
+    """``None`` when the payload did not say (or the row was deleted)."""
+    state: ExecutionState | None
+    deleted: bool = False
+    received_at_s: float = 0.0
+    """Monotonic time the notification was received (for the retirement-to-enqueue metric)."""
+
+    @property
+    def key(self) -> str:
+        return pod_key(self.namespace, self.pod_name)
+
+    @property
+    def retired(self) -> bool:
+        """True only when the payload positively says the execution is retired."""
+        return (
+            not self.deleted
+            and self.active is False
+            and self.state is not None
+            and self.state in RETIRED_STATES
+        )

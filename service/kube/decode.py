@@ -1,0 +1,190 @@
+"""Raw Kubernetes pod JSON → :class:`PodSnapshot`, typed only at this edge.
+
+msgspec decodes just the fields classification needs (``managedFields``, ``spec`` and the rest
+are skipped without building objects), about two hundred times faster than building a
+``kubernetes_asyncio`` ``V1Pod``. Garbage gives :class:`PodDecodeError` or unknown members —
+never a crash of the caller, never a reapable snapshot.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from service.domain import ConditionStatus, LabelKeys, PodKind, PodPhase, PodSnapshot
+
+READY_TO_START = "PodReadyToStartContainers"
+
+
+class PodDecodeError(ValueError):
+    """A pod object that cannot be turned into a snapshot (skip it, count it, log it)."""
+
+
+class WireMeta(msgspec.Struct):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resourceVersion: str = ""
+    creationTimestamp: str | None = None
+    deletionTimestamp: str | None = None
+    labels: dict[str, str] | None = None
+
+
+class WireCondition(msgspec.Struct):
+    type: str = ""
+    status: str = ""
+
+
+class WireContainerState(msgspec.Struct):
+    running: msgspec.Raw | None = None
+    waiting: msgspec.Raw | None = None
+    terminated: msgspec.Raw | None = None
+
+
+class WireContainerStatus(msgspec.Struct):
+    state: WireContainerState | None = None
+
+
+class WireStatus(msgspec.Struct):
+    phase: str | None = None
+    podIP: str | None = None
+    conditions: list[WireCondition] | None = None
+    containerStatuses: list[WireContainerStatus] | None = None
+
+
+class WirePod(msgspec.Struct):
+    metadata: WireMeta | None = None
+    status: WireStatus | None = None
+
+
+class WireListMeta(msgspec.Struct):
+    resourceVersion: str = ""
+    # "continue" is a Python keyword
+    continue_: str | None = msgspec.field(default=None, name="continue")
+
+
+class WirePodList(msgspec.Struct):
+    """A ``PodList`` page whose items are kept raw so one bad item cannot spoil the page."""
+
+    metadata: WireListMeta = msgspec.field(default_factory=WireListMeta)
+    items: list[msgspec.Raw] | None = None
+
+
+_PHASES: dict[str | None, PodPhase] = {p.value: p for p in PodPhase}
+_CONDITIONS: dict[str, ConditionStatus] = {
+    "True": ConditionStatus.TRUE,
+    "False": ConditionStatus.FALSE,
+    "Unknown": ConditionStatus.UNKNOWN,
+}
+_pod_decoder = msgspec.json.Decoder(WirePod)
+_list_decoder = msgspec.json.Decoder(WirePodList)
+
+
+def _parse_generation(raw: str | None) -> int | None:
+    # Only plain non-negative decimal integers; "+1", " 1", "1_0" and "٣" are garbage.
+    if raw is None or not raw.isascii() or not raw.isdigit() or len(raw) > 9:
+        return None
+    return int(raw)
+
+
+def _parse_time(raw: str | None) -> float | None:
+    if not raw:
+        return None
+    try:
+        return datetime.fromisoformat(raw).timestamp()
+    except ValueError:
+        return None
+
+
+def _ready_to_start(conditions: list[WireCondition] | None) -> ConditionStatus:
+    if not conditions:
+        return ConditionStatus.ABSENT
+    for condition in conditions:
+        if condition.type == READY_TO_START:
+            return _CONDITIONS.get(condition.status, ConditionStatus.UNKNOWN)
+    return ConditionStatus.ABSENT
+
+
+def _containers(statuses: list[WireContainerStatus] | None) -> tuple[int, bool]:
+    if not statuses:
+        return 0, False
+    every = True
+    for status in statuses:
+        state = status.state
+        if (
+            state is None
+            or state.terminated is None
+            or state.running is not None
+            or state.waiting is not None
+        ):
+            every = False
+            break
+    return len(statuses), every
+
+
+class PodDecoder:
+    """Decodes pod JSON into snapshots with the configured label keys."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, keys: LabelKeys | None = None) -> None:
+        self._keys = keys or LabelKeys()
+
+    def decode(self, raw: bytes | str | msgspec.Raw) -> PodSnapshot:
+        """Decode one pod object from JSON bytes."""
+        try:
+            wire = _pod_decoder.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise PodDecodeError(f"undecodable pod object: {exc}") from exc
+        return self.from_wire(wire)
+
+    def decode_list(self, raw: bytes | str) -> tuple[WirePodList, list[PodSnapshot], int]:
+        """Decode a ``PodList`` page: (page metadata, good snapshots, count of bad items)."""
+        try:
+            page = _list_decoder.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise PodDecodeError(f"undecodable pod list: {exc}") from exc
+        pods: list[PodSnapshot] = []
+        bad = 0
+        for item in page.items or ():
+            try:
+                pods.append(self.decode(item))
+            except PodDecodeError:
+                bad += 1
+        return page, pods, bad
+
+    def from_wire(self, wire: WirePod) -> PodSnapshot:
+        meta = wire.metadata
+        if meta is None or not meta.name or not meta.namespace or not meta.uid:
+            raise PodDecodeError("pod object lacks metadata.name, namespace or uid")
+        if not meta.resourceVersion:
+            raise PodDecodeError(f"pod {meta.namespace}/{meta.name} lacks a resourceVersion")
+        labels = meta.labels or {}
+        keys = self._keys
+        sandbox_id = labels.get(keys.sandbox_id) or None
+        status = wire.status or WireStatus()
+        count, every = _containers(status.containerStatuses)
+        return PodSnapshot(
+            namespace=sys.intern(meta.namespace),
+            name=meta.name,
+            uid=meta.uid,
+            resource_version=meta.resourceVersion,
+            phase=_PHASES.get(status.phase, PodPhase.UNKNOWN),
+            terminating=meta.deletionTimestamp is not None,
+            pod_ip=status.podIP or None,
+            ready_to_start=_ready_to_start(status.conditions),
+            container_count=count,
+            all_containers_terminated=every,
+            sandbox_id=sandbox_id,
+            generation=_parse_generation(labels.get(keys.generation)),
+            kind=PodKind.parse(labels.get(keys.pod_kind)),
+            created_at_s=_parse_time(meta.creationTimestamp),
+        )
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """Untyped JSON decode (for Status bodies and other small documents)."""
+    return msgspec.json.decode(raw)

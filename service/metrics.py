@@ -1,0 +1,176 @@
+"""Every Prometheus metric of the service, defined once, on a registry passed in.
+
+Labels are low-cardinality enums (never a pod name). The outcome counter's label sets are
+created at zero so that dashboards and alerts see them before the first event.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from service.domain import ReconcileOutcome, SkipReason, Verdict
+
+LOOP = "retired_execution_pod_gc"
+MODES = ("live", "dry_run")
+OUTCOME_LABELS: tuple[str, ...] = tuple(str(v) for v in Verdict) + tuple(
+    str(o) for o in ReconcileOutcome
+)
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    """All metrics, bound to one registry (tests pass their own; production the default)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = registry if registry is not None else CollectorRegistry()
+        self.registry = r
+        # engine
+        self.outcomes = Counter(
+            "cluster_reconciler_outcome",
+            "Reconcile outcomes: a reaped shape or a named non-reap outcome.",
+            ["loop", "mode", "verdict"],
+            registry=r,
+        )
+        for mode in MODES:
+            for verdict in OUTCOME_LABELS:
+                self.outcomes.labels(loop=LOOP, mode=mode, verdict=verdict)
+        self.skips = Counter(
+            "retired_pod_gc_skips",
+            "Pods classified as not reapable, by skip reason.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in SkipReason:
+            self.skips.labels(reason=str(reason))
+        self.reconcile_duration = Histogram(
+            "retired_pod_gc_reconcile_duration_seconds",
+            "Duration of one key's reconcile.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tracked_clocks = Gauge(
+            "retired_pod_gc_tracked_clocks",
+            "Pod UIDs whose observation clock is running.",
+            registry=r,
+        )
+        self.deletes = Counter(
+            "retired_pod_gc_deletes",
+            "DELETE requests sent, by result (deleted, gone, conflict, error).",
+            ["result"],
+            registry=r,
+        )
+        for result in ("deleted", "gone", "conflict", "error"):
+            self.deletes.labels(result=result)
+        self.reconcile_errors = Counter(
+            "retired_pod_gc_reconcile_errors",
+            "Reconciles that ended in an error or timeout and were requeued with backoff.",
+            registry=r,
+        )
+        self.retirement_to_enqueue = Histogram(
+            "retired_pod_gc_retirement_to_enqueue_seconds",
+            "From receiving a retirement notification to its pod key being enqueued.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.enabled = Gauge(
+            "retired_pod_gc_enabled", "1 when ENABLED is true.", registry=r
+        )
+        self.dry_run = Gauge(
+            "retired_pod_gc_dry_run", "1 when DRY_RUN is true.", registry=r
+        )
+        self.is_leader = Gauge(
+            "retired_pod_gc_is_leader", "1 while this replica holds the lease.", registry=r
+        )
+        # work queue
+        self.queue_depth = Gauge(
+            "retired_pod_gc_queue_depth", "Keys ready to be processed.", registry=r
+        )
+        self.queue_delayed = Gauge(
+            "retired_pod_gc_queue_delayed", "Keys waiting for their add_after time.", registry=r
+        )
+        self.queue_adds = Counter(
+            "retired_pod_gc_queue_adds", "Keys added to the work queue.", registry=r
+        )
+        self.queue_retries = Counter(
+            "retired_pod_gc_queue_retries", "Keys requeued with backoff.", registry=r
+        )
+        self.queue_wait = Histogram(
+            "retired_pod_gc_queue_wait_seconds",
+            "Time a key waited in the queue before a worker took it.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        # Kubernetes
+        self.cache_pods = Gauge(
+            "retired_pod_gc_cache_pods", "Pods in the informer cache.", registry=r
+        )
+        self.cache_synced = Gauge(
+            "retired_pod_gc_cache_synced", "1 when the informer cache is synced.", registry=r
+        )
+        self.watch_events = Counter(
+            "retired_pod_gc_watch_events", "Watch events received, by type.", ["type"], registry=r
+        )
+        self.watch_restarts = Counter(
+            "retired_pod_gc_watch_restarts",
+            "Watch (re)starts, by reason (expired, closed, error, timeout).",
+            ["reason"],
+            registry=r,
+        )
+        self.relists = Counter(
+            "retired_pod_gc_relists", "Full relists of the pod cache.", registry=r
+        )
+        self.decode_errors = Counter(
+            "retired_pod_gc_decode_errors",
+            "Malformed pod objects skipped, by source (list, watch, get).",
+            ["source"],
+            registry=r,
+        )
+        self.api_requests = Counter(
+            "retired_pod_gc_api_requests",
+            "Kubernetes API requests, by operation (list, watch, get, delete, lease) and result.",
+            ["op", "result"],
+            registry=r,
+        )
+        # PostgreSQL
+        self.listener_connected = Gauge(
+            "retired_pod_gc_listener_connected",
+            "1 while the LISTEN connection is up.",
+            registry=r,
+        )
+        self.listener_reconnects = Counter(
+            "retired_pod_gc_listener_reconnects",
+            "LISTEN connection re-establishments.",
+            registry=r,
+        )
+        self.notifications = Counter(
+            "retired_pod_gc_notifications", "Change notifications received.", registry=r
+        )
+        self.notifications_malformed = Counter(
+            "retired_pod_gc_notifications_malformed",
+            "Notification payloads that could not be parsed (skipped).",
+            registry=r,
+        )
+        self.row_queries = Counter(
+            "retired_pod_gc_row_queries",
+            "Execution-row queries, by kind (batch, fresh).",
+            ["kind"],
+            registry=r,
+        )
+        self.row_query_errors = Counter(
+            "retired_pod_gc_row_query_errors",
+            "Execution-row queries that failed.",
+            registry=r,
+        )
+        self.rows_malformed = Counter(
+            "retired_pod_gc_rows_malformed",
+            "Execution rows that could not be decoded (treated as missing: never reaped).",
+            registry=r,
+        )
+        self.database_up = Gauge(
+            "retired_pod_gc_database_up",
+            "1 when the last database health check succeeded.",
+            registry=r,
+        )
+
+    def outcome(self, mode: str, verdict: str) -> None:
+        self.outcomes.labels(loop=LOOP, mode=mode, verdict=verdict).inc()

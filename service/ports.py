@@ -1,0 +1,86 @@
+"""The small Protocols between the engine and the outside world.
+
+The engine (work queue, reconciler) depends only on these; the Kubernetes and PostgreSQL
+adapters implement them structurally (they never import the engine), and tests implement them
+with in-memory fakes. No I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from service.domain import DeleteOutcome, ExecutionChange, ExecutionRow, PodSnapshot
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float:
+        """Seconds from an arbitrary origin, never going backwards."""
+        ...
+
+
+class PodCache(Protocol):
+    """The informer's view of the sandbox namespace."""
+
+    def get(self, key: str) -> PodSnapshot | None: ...
+
+    def keys(self) -> Iterable[str]: ...
+
+    @property
+    def synced(self) -> bool: ...
+
+
+class PodClient(Protocol):
+    """Fresh reads and preconditioned deletes against the API server."""
+
+    async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
+        """The pod as the server has it now; ``None`` on 404. Raises on other failures."""
+        ...
+
+    async def delete_pod(
+        self, namespace: str, name: str, *, uid: str, resource_version: str
+    ) -> DeleteOutcome:
+        """DELETE with ``preconditions`` {uid, resourceVersion}; expected outcomes are typed."""
+        ...
+
+
+class ExecutionStore(Protocol):
+    """Execution rows, scoped to the sandbox namespace and Kubernetes-managed sandboxes."""
+
+    async def lookup(self, pod_name: str) -> ExecutionRow | None:
+        """One row through the micro-batcher (concurrent callers share one query)."""
+        ...
+
+    async def lookup_many(self, pod_names: Sequence[str]) -> dict[str, ExecutionRow]:
+        """Rows for many names in as few queries as the batch size allows."""
+        ...
+
+    async def read_fresh(self, pod_name: str) -> ExecutionRow | None:
+        """A direct single-row read, bypassing any batching (the final re-check)."""
+        ...
+
+
+class PodEventHandler(Protocol):
+    """What the informer tells its consumer. Called on the event loop; must not block."""
+
+    def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
+        """Add: ``old`` is None. Delete: ``new`` is None (``old`` is the last state)."""
+        ...
+
+    def cache_cold(self) -> None:
+        """The cache is being rebuilt (410, restart): observations may have gaps."""
+        ...
+
+    def cache_synced(self) -> None:
+        """The cache matches the server again."""
+        ...
+
+
+class ExecutionEventHandler(Protocol):
+    """What the PostgreSQL listener tells its consumer. Must not block."""
+
+    def execution_changed(self, change: ExecutionChange) -> None: ...
+
+    def notifications_missed(self) -> None:
+        """The listener (re)connected: notifications may have been lost meanwhile."""
+        ...
