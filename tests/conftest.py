@@ -34,7 +34,9 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
     yield
     await asyncio.sleep(0)
     leaked = [
-        t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()
+        t
+        for t in asyncio.all_tasks() - before
+        if not t.done() and "_call_in_runner_task" not in repr(t.get_coro())
     ]
     if leaked:
         pytest.fail(f"test left {len(leaked)} task(s) running: {leaked[:3]}")
