@@ -51,7 +51,9 @@ def _prefilter_pending(pod: PodSnapshot) -> Decision | None:
             SkipReason.PENDING_WITH_IP, "a Pending pod with an IP passed RunPodSandbox"
         )
     if pod.kind is PodKind.RESTORE:
-        return Decision.skip(SkipReason.PENDING_RESTORE_POD, "Pending restore pods are never reaped")
+        return Decision.skip(
+            SkipReason.PENDING_RESTORE_POD, "Pending restore pods are never reaped"
+        )
     match pod.ready_to_start:
         case ConditionStatus.FALSE:
             return None

@@ -3,12 +3,12 @@
 Each variable is declared once below (name, default, range, documentation); that table drives
 parsing, ``retired-pod-gc config`` and the consistency test against ``docs/configuration.md``.
 Values that cannot be parsed raise :class:`ConfigError` naming the variable; numbers outside
-their range are clamped with a warning naming the variable, the raw value and the value used.
+their range are clamped with a warning naming the variable, the raw value and the value used (returned in
+``Settings.warnings`` for the caller to log once logging is configured).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -20,7 +20,6 @@ from urllib.parse import urlsplit, urlunsplit
 from service.domain import LabelKeys
 
 PREFIX = "SPACE_RETIRED_EXECUTION_POD_GC_"
-logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -35,7 +34,9 @@ class ConfigError(ValueError):
 _TRUE = frozenset({"1", "true", "yes", "on", "y", "t"})
 _FALSE = frozenset({"0", "false", "no", "off", "n", "f"})
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_LABEL_KEY = re.compile(
+    r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
 _DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -153,12 +154,6 @@ class Var(Generic[T]):
         message = f"{self.name}={raw!r} is outside [{self.lo}, {self.hi}]; using {used}"
         warnings.append(message)
         return used  # type: ignore[no-any-return]
-
-    @property
-    def range_text(self) -> str:
-        if self.lo is None and self.hi is None:
-            return ""
-        return f"{self.lo:g} .. {self.hi:g}" if self.lo is not None and self.hi is not None else ""
 
 
 def _var(
@@ -393,8 +388,7 @@ def load(env: Mapping[str, str]) -> Settings:
     names = {v.name for v in VARIABLES}
     unknown = sorted(k for k in env if k.startswith(PREFIX) and k not in names)
     w.extend(f"{name} is not a known variable and is ignored" for name in unknown)
-    for message in w:
-        logger.warning(message)
+    # Not logged here: logging is configured from these very settings; callers report them.
     return replace(settings, warnings=tuple(w))
 
 
@@ -418,7 +412,8 @@ def effective(settings: Settings, env: Mapping[str, str]) -> list[tuple[str, str
         WATCH_TIMEOUT_SECONDS.name: settings.kube.watch_timeout_s,
         LIST_PAGE_SIZE.name: settings.kube.list_page_size,
         DELETE_GRACE_PERIOD_SECONDS.name: (
-            "" if settings.kube.delete_grace_period_s is None
+            ""
+            if settings.kube.delete_grace_period_s is None
             else settings.kube.delete_grace_period_s
         ),
         DATABASE_URL.name: settings.database.masked_url,

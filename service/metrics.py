@@ -72,12 +72,8 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.enabled = Gauge(
-            "retired_pod_gc_enabled", "1 when ENABLED is true.", registry=r
-        )
-        self.dry_run = Gauge(
-            "retired_pod_gc_dry_run", "1 when DRY_RUN is true.", registry=r
-        )
+        self.enabled = Gauge("retired_pod_gc_enabled", "1 when ENABLED is true.", registry=r)
+        self.dry_run = Gauge("retired_pod_gc_dry_run", "1 when DRY_RUN is true.", registry=r)
         self.is_leader = Gauge(
             "retired_pod_gc_is_leader", "1 while this replica holds the lease.", registry=r
         )

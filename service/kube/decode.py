@@ -38,10 +38,14 @@ class WireCondition(msgspec.Struct):
     status: str = ""
 
 
+_ABSENT = msgspec.Raw(b"")
+
+
 class WireContainerState(msgspec.Struct):
-    running: msgspec.Raw | None = None
-    waiting: msgspec.Raw | None = None
-    terminated: msgspec.Raw | None = None
+    # Raw: present-or-not is all that matters, so the inner objects are never built.
+    running: msgspec.Raw = _ABSENT
+    waiting: msgspec.Raw = _ABSENT
+    terminated: msgspec.Raw = _ABSENT
 
 
 class WireContainerStatus(msgspec.Struct):
@@ -108,6 +112,10 @@ def _ready_to_start(conditions: list[WireCondition] | None) -> ConditionStatus:
     return ConditionStatus.ABSENT
 
 
+def _present(raw: msgspec.Raw) -> bool:
+    return len(raw) > 0 and bytes(raw) != b"null"
+
+
 def _containers(statuses: list[WireContainerStatus] | None) -> tuple[int, bool]:
     if not statuses:
         return 0, False
@@ -116,9 +124,9 @@ def _containers(statuses: list[WireContainerStatus] | None) -> tuple[int, bool]:
         state = status.state
         if (
             state is None
-            or state.terminated is None
-            or state.running is not None
-            or state.waiting is not None
+            or not _present(state.terminated)
+            or _present(state.running)
+            or _present(state.waiting)
         ):
             every = False
             break
