@@ -1,0 +1,7 @@
+"""The PostgreSQL adapter: versioned SQL (``sql/``, shipped as ``deploy/sql``), ``migrate``,
+the batched ``ExecutionStore`` (``store``), the LISTEN ``RetirementListener`` (``listener``) and
+a throwaway server for tests, benchmarks and the demo (``throwaway``).
+
+Depends on the domain, ports, config and metrics only; never on the engine or the Kubernetes
+adapter.
+"""

@@ -1,0 +1,103 @@
+"""Cancel-create cleanup: the companion to the API's create-cancel path.
+
+1. Retire the execution, fenced on generation and activation attempt (one UPDATE).
+2. If the execution naming the pod is retired — by this call or earlier by another writer —
+   delete the pod under its UID precondition (the UID of a fresh GET whose labels match the
+   execution), so a pod recreated under the same name by a newer activation survives.
+3. If the row is still active (a newer activation owns the pod), leave the pod alone.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from service.domain import DeleteResult
+from service.pg.cancel import retire_for_cancel
+from service.ports import PodClient
+
+logger = logging.getLogger(__name__)
+
+
+class CancelOutcome(enum.StrEnum):
+    DELETED = "deleted"
+    """The execution is retired and its pod was deleted (or is being deleted)."""
+    POD_ABSENT = "pod_absent"
+    """The execution is retired and no pod of it exists."""
+    LEFT_ALONE_ACTIVE = "left_alone_active"
+    """The execution is still active (a newer activation owns it): nothing was deleted."""
+    LEFT_ALONE_OTHER_POD = "left_alone_other_pod"
+    """The pod under that name belongs to another sandbox or generation: not touched."""
+    NO_EXECUTION = "no_execution"
+    """No execution of that sandbox and generation exists in this namespace."""
+    CONFLICT = "conflict"
+    """The pod changed between the GET and the DELETE (409): run again."""
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class CancelReport:
+    outcome: CancelOutcome
+    retired_now: bool
+    pod_name: str | None
+    detail: str = ""
+
+
+async def cancel_create(
+    *,
+    conn: Any,
+    pods: PodClient,
+    namespace: str,
+    sandbox_id: str,
+    generation: int,
+    activation_attempt: int,
+    timeout_s: float,
+) -> CancelReport:
+    """Retire (fenced) and, if the execution is retired, delete its pod under preconditions."""
+    row = await retire_for_cancel(
+        conn,
+        namespace=namespace,
+        sandbox_id=sandbox_id,
+        generation=generation,
+        activation_attempt=activation_attempt,
+        timeout_s=timeout_s,
+    )
+    if row.pod_name is None:
+        return CancelReport(CancelOutcome.NO_EXECUTION, row.retired_now, None)
+    if row.active:
+        logger.info(
+            "execution still active (activation attempt %s): pod %s left alone",
+            row.activation_attempt,
+            row.pod_name,
+        )
+        return CancelReport(CancelOutcome.LEFT_ALONE_ACTIVE, row.retired_now, row.pod_name)
+    with anyio.fail_after(timeout_s):
+        pod = await pods.get_pod(namespace, row.pod_name)
+    if pod is None:
+        return CancelReport(CancelOutcome.POD_ABSENT, row.retired_now, row.pod_name)
+    if pod.sandbox_id != sandbox_id or pod.generation != generation:
+        return CancelReport(
+            CancelOutcome.LEFT_ALONE_OTHER_POD,
+            row.retired_now,
+            row.pod_name,
+            f"pod labels name sandbox {pod.sandbox_id} generation {pod.generation}",
+        )
+    with anyio.fail_after(timeout_s):
+        result = await pods.delete_pod(
+            namespace, row.pod_name, uid=pod.uid, resource_version=pod.resource_version
+        )
+    match result.result:
+        case DeleteResult.DELETED:
+            outcome = CancelOutcome.DELETED
+        case DeleteResult.GONE:
+            outcome = CancelOutcome.POD_ABSENT
+        case DeleteResult.CONFLICT:
+            outcome = CancelOutcome.CONFLICT
+        case DeleteResult.ERROR:
+            outcome = CancelOutcome.ERROR
+    logger.info("cancel-create %s: %s", row.pod_name, outcome)
+    return CancelReport(outcome, row.retired_now, row.pod_name, result.message)

@@ -1,0 +1,78 @@
+"""The cancel-create write: the one UPDATE this project ever issues.
+
+Retires an execution fenced on its generation and activation attempt, so a cancel that races a
+newer activation of the same sandbox can never retire the newer one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+_RETIRE = """
+UPDATE sandbox_k8s_executions AS e
+   SET active = false, execution_state = 'cancelled', retired_at = now()
+  FROM sandboxes AS s
+ WHERE s.id = e.sandbox_id
+   AND s.namespace = $1
+   AND s.managed_by = 'kubernetes'
+   AND e.sandbox_id = $2
+   AND e.generation = $3
+   AND e.activation_attempt = $4
+   AND e.active
+RETURNING e.pod_name
+"""
+
+_CURRENT = """
+SELECT e.pod_name, e.active, e.execution_state, e.activation_attempt
+  FROM sandbox_k8s_executions AS e
+  JOIN sandboxes AS s ON s.id = e.sandbox_id
+ WHERE s.namespace = $1
+   AND s.managed_by = 'kubernetes'
+   AND e.sandbox_id = $2
+   AND e.generation = $3
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRow:
+    """The execution of (sandbox, generation) after the fenced retire."""
+
+    retired_now: bool
+    """True when this call's UPDATE matched (it retired the execution)."""
+    pod_name: str | None
+    active: bool | None
+    state: str | None
+    activation_attempt: int | None
+
+
+async def retire_for_cancel(
+    conn: Any,
+    *,
+    namespace: str,
+    sandbox_id: str,
+    generation: int,
+    activation_attempt: int,
+    timeout_s: float,
+) -> CancelRow:
+    """Run the fenced UPDATE, then read back the execution of that generation."""
+    async with conn.transaction():
+        updated = await conn.fetch(
+            _RETIRE, namespace, sandbox_id, generation, activation_attempt, timeout=timeout_s
+        )
+        row = await conn.fetchrow(_CURRENT, namespace, sandbox_id, generation, timeout=timeout_s)
+    if row is None:
+        return CancelRow(
+            retired_now=bool(updated),
+            pod_name=None,
+            active=None,
+            state=None,
+            activation_attempt=None,
+        )
+    return CancelRow(
+        retired_now=bool(updated),
+        pod_name=row["pod_name"],
+        active=row["active"],
+        state=row["execution_state"],
+        activation_attempt=row["activation_attempt"],
+    )

@@ -1,0 +1,219 @@
+"""The LISTEN side of the change trigger: one dedicated connection, kept alive, reconnected.
+
+:class:`RetirementListener` holds its own asyncpg connection (never a pooled one: a pool would
+reset it and drop the LISTEN), parses each payload into :class:`service.domain.ExecutionChange`
+and hands it to an :class:`service.ports.ExecutionEventHandler`.
+
+Three ways a connection dies, and how each is noticed:
+
+* closed (server terminated the backend, network reset): asyncpg's termination listener;
+* server restart: the same, then connect attempts fail until it is back (backoff);
+* silently dead (a black-holed network path, a frozen proxy): nothing arrives, so a periodic
+  heartbeat query, bounded by a timeout, also checks the channel is still listened on.
+
+After every successful LISTEN, the first included, ``handler.notifications_missed()`` is called:
+notifications sent while no connection listened are lost, so the consumer must resync.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Literal
+
+import anyio
+import asyncpg
+import msgspec
+from anyio.abc import TaskStatus
+
+from service.config import DatabaseSettings
+from service.domain import ExecutionChange, ExecutionState
+from service.metrics import Metrics
+from service.ports import ExecutionEventHandler
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_SQL = "SELECT 1 FROM pg_listening_channels() AS c(name) WHERE c.name = $1"
+_TRANSIENT = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
+
+
+class _Payload(msgspec.Struct, forbid_unknown_fields=False):
+    op: Literal["insert", "update", "delete"]
+    namespace: str
+    pod_name: str
+    active: bool | None = None
+    execution_state: str | None = None
+
+
+_decoder = msgspec.json.Decoder(_Payload)
+
+
+def parse_payload(payload: str, *, received_at_s: float) -> ExecutionChange | None:
+    """The change a trigger payload describes; ``None`` when it is not a valid payload."""
+    try:
+        p = _decoder.decode(payload)
+    except msgspec.DecodeError:
+        return None
+    if not p.namespace or not p.pod_name:
+        return None
+    if p.op == "delete":
+        return ExecutionChange(
+            namespace=p.namespace,
+            pod_name=p.pod_name,
+            active=None,
+            state=None,
+            deleted=True,
+            received_at_s=received_at_s,
+        )
+    return ExecutionChange(
+        namespace=p.namespace,
+        pod_name=p.pod_name,
+        active=p.active,
+        state=None if p.execution_state is None else ExecutionState.parse(p.execution_state),
+        deleted=False,
+        received_at_s=received_at_s,
+    )
+
+
+class _ConnectionLost(Exception):
+    """Internal: the watch loop noticed the connection is gone (message says how)."""
+
+
+class RetirementListener:
+    """LISTEN on the notify channel until cancelled; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: DatabaseSettings,
+        *,
+        handler: ExecutionEventHandler,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.monotonic,
+        backoff_initial_s: float = 0.1,
+        backoff_max_s: float = 30.0,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self._settings = settings
+        self._channel = settings.notify_channel
+        self._handler = handler
+        self._metrics = metrics
+        self._clock = clock
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self._rng = rng
+        self._connected = False
+        self._ever_connected = False
+
+    @property
+    def connected(self) -> bool:
+        """True while a connection is up and LISTENing."""
+        return self._connected
+
+    @property
+    def channel(self) -> str:
+        return self._channel
+
+    def _backoff_s(self, failures: int) -> float:
+        # Jittered ("equal jitter": uniform in [base/2, base]) so that replicas cut off by the
+        # same server restart do not reconnect in lockstep.
+        base = min(self._backoff_max_s, self._backoff_initial_s * (2.0 ** min(failures, 30)))
+        return base * (0.5 + 0.5 * self._rng())
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Listen until cancelled. ``task_status.started()`` after the first successful LISTEN."""
+        failures = 0
+        started = False
+        while True:
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await asyncpg.connect(
+                    self._settings.url,
+                    timeout=self._settings.connect_timeout_s,
+                    server_settings={"application_name": "retired-pod-gc-listener"},
+                )
+                lost = anyio.Event()
+                conn.add_termination_listener(_setter(lost))
+                with anyio.fail_after(self._settings.statement_timeout_s):
+                    await conn.add_listener(self._channel, self._on_notification)
+                self._on_connected()
+                failures = 0
+                if not started:
+                    started = True
+                    task_status.started()
+                await self._watch(conn, lost)
+            except _TRANSIENT as exc:
+                logger.warning(
+                    "notify listener connection %s: %s",
+                    "lost" if self._connected else "failed",
+                    _describe(exc),
+                )
+            except _ConnectionLost as exc:
+                logger.warning("notify listener connection lost: %s", exc)
+            finally:
+                if self._connected:
+                    self._connected = False
+                    self._metrics.listener_connected.set(0)
+                if conn is not None:
+                    # terminate() is synchronous: no await, so it also runs under cancellation.
+                    conn.terminate()
+            delay = self._backoff_s(failures)
+            failures += 1
+            await anyio.sleep(delay)
+
+    def _on_connected(self) -> None:
+        if self._ever_connected:
+            self._metrics.listener_reconnects.inc()
+            logger.info("notify listener reconnected on channel %s", self._channel)
+        else:
+            logger.info("notify listener connected on channel %s", self._channel)
+        self._ever_connected = True
+        self._connected = True
+        self._metrics.listener_connected.set(1)
+        # Whatever was sent while nobody listened is gone: the consumer must resync.
+        self._handler.notifications_missed()
+
+    async def _watch(self, conn: asyncpg.Connection, lost: anyio.Event) -> None:
+        s = self._settings
+        while True:
+            with anyio.move_on_after(s.heartbeat_interval_s):
+                await lost.wait()
+            if lost.is_set() or conn.is_closed():
+                raise _ConnectionLost("connection closed")
+            try:
+                with anyio.fail_after(s.heartbeat_timeout_s):
+                    listening = await conn.fetchval(HEARTBEAT_SQL, self._channel)
+            except TimeoutError:
+                raise _ConnectionLost(
+                    f"heartbeat got no answer within {s.heartbeat_timeout_s:g}s"
+                ) from None
+            if listening != 1:
+                raise _ConnectionLost(f"connection no longer listens on {self._channel}")
+
+    def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        self._metrics.notifications.inc()
+        change = parse_payload(payload, received_at_s=self._clock())
+        if change is None:
+            self._metrics.notifications_malformed.inc()
+            logger.warning("malformed notification skipped on %s: %.200r", self._channel, payload)
+            return
+        self._handler.execution_changed(change)
+
+
+def _setter(event: anyio.Event) -> Callable[[object], None]:
+    def on_terminated(_conn: object) -> None:
+        event.set()
+
+    return on_terminated
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__

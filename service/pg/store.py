@@ -1,0 +1,306 @@
+"""Execution rows from PostgreSQL: the ``ExecutionStore`` adapter and its micro-batcher.
+
+Every read is one query shape, ``pod_name = ANY($1::text[])`` joined to ``sandboxes`` and
+scoped to the sandbox namespace and to Kubernetes-managed sandboxes, so a row outside that scope
+is simply absent. Concurrent :meth:`PgExecutionStore.lookup` calls that arrive within
+``batch_max_wait_s`` of each other (at most ``batch_max_size`` names) share one query. A caller
+never joins a query already in flight: that query may have been sent before the change the
+caller is reacting to, so it waits for the next batch instead.
+
+Rows are decoded into :class:`service.domain.ExecutionRow` at this boundary: unknown state or
+pod-kind strings become the explicit unknown members; a row with a NULL where a value is required
+is counted, logged and treated as absent (never reaped), never raised.
+
+Errors: every failure to get an answer (timeout, connection, server error) raises
+:class:`StoreError`, to every waiter of the batch that failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import anyio
+import asyncpg
+
+from service.config import DatabaseSettings
+from service.domain import ExecutionRow, ExecutionState, PodKind
+from service.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+MANAGED_BY_KUBERNETES = "kubernetes"
+
+LOOKUP_SQL = """
+SELECT e.pod_name, s.namespace, e.sandbox_id, e.generation, e.activation_attempt,
+       e.pod_kind, e.execution_state, e.active
+FROM sandbox_k8s_executions AS e
+JOIN sandboxes AS s ON s.id = e.sandbox_id
+WHERE e.pod_name = ANY($1::text[])
+  AND s.namespace = $2
+  AND s.managed_by = $3
+"""
+
+_REQUIRED = (
+    "pod_name",
+    "namespace",
+    "sandbox_id",
+    "generation",
+    "activation_attempt",
+    "pod_kind",
+    "execution_state",
+    "active",
+)
+_TRANSIENT = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
+
+
+class StoreError(Exception):
+    """The store could not answer (timeout, connection lost, server error, store closed)."""
+
+
+def decode_row(record: Mapping[str, Any]) -> ExecutionRow | None:
+    """One joined row as the domain type; ``None`` when a required column is NULL or mistyped."""
+    if any(record[c] is None for c in _REQUIRED):
+        return None
+    generation, attempt, active = (
+        record["generation"],
+        record["activation_attempt"],
+        record["active"],
+    )
+    if isinstance(generation, bool) or not isinstance(generation, int):
+        return None
+    if isinstance(attempt, bool) or not isinstance(attempt, int):
+        return None
+    if not isinstance(active, bool):
+        return None
+    for text_col in ("pod_name", "namespace", "sandbox_id"):
+        if not isinstance(record[text_col], str):
+            return None
+    return ExecutionRow(
+        pod_name=record["pod_name"],
+        namespace=record["namespace"],
+        sandbox_id=record["sandbox_id"],
+        generation=generation,
+        activation_attempt=attempt,
+        pod_kind=PodKind.parse(record["pod_kind"]),
+        state=ExecutionState.parse(record["execution_state"]),
+        active=active,
+        # The query only returns rows of Kubernetes-managed sandboxes.
+        kubernetes_managed=True,
+    )
+
+
+class PgExecutionStore:
+    """``ports.ExecutionStore`` over an asyncpg pool. Use ``async with`` or start()/aclose()."""
+
+    def __init__(self, settings: DatabaseSettings, *, namespace: str, metrics: Metrics) -> None:
+        self._settings = settings
+        self._namespace = namespace
+        self._metrics = metrics
+        self._pool: asyncpg.Pool | None = None
+        self._closed = False
+        # The batch being gathered: pod name -> the future its waiters share.
+        self._pending: dict[str, asyncio.Future[ExecutionRow | None]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+        for kind in ("batch", "fresh"):
+            metrics.row_queries.labels(kind=kind)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create the pool. Connections open lazily, so a database that is down does not fail
+        the start; :meth:`ping` reports it and lookups raise :class:`StoreError`."""
+        if self._pool is not None:
+            return
+        s = self._settings
+        self._pool = await asyncpg.create_pool(
+            s.url,
+            min_size=0,
+            max_size=s.pool_size,
+            timeout=s.connect_timeout_s,
+            command_timeout=s.statement_timeout_s,
+            server_settings={
+                "application_name": "retired-pod-gc",
+                # The server gives up too, so a timed-out query does not keep running there.
+                "statement_timeout": str(max(1, int(s.statement_timeout_s * 1000))),
+            },
+        )
+        self._closed = False
+
+    async def aclose(self) -> None:
+        """Fail waiting lookups, cancel in-flight batches, close the pool. Idempotent."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self._pending = self._pending, {}
+        _fail_all(pending.values(), StoreError("store closed"))
+        tasks = list(self._inflight)
+        for t in tasks:
+            t.cancel()
+        pool, self._pool = self._pool, None
+        with anyio.CancelScope(shield=True):
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            if pool is not None:
+                with anyio.move_on_after(self._settings.connect_timeout_s) as scope:
+                    await pool.close()
+                if scope.cancelled_caught:
+                    pool.terminate()
+
+    async def __aenter__(self) -> PgExecutionStore:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- ExecutionStore --------------------------------------------------------------------
+
+    async def lookup(self, pod_name: str) -> ExecutionRow | None:
+        """One row through the micro-batcher: concurrent callers share one query."""
+        self._check_open()
+        fut = self._pending.get(pod_name)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._pending[pod_name] = fut
+            if len(self._pending) >= self._settings.batch_max_size:
+                self._flush()
+            elif self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(
+                    max(0.0, self._settings.batch_max_wait_s), self._flush
+                )
+        # Shielded: one waiter giving up must not cancel the answer the others wait for.
+        return await asyncio.shield(fut)
+
+    async def lookup_many(self, pod_names: Sequence[str]) -> dict[str, ExecutionRow]:
+        """Rows for many names, ``batch_max_size`` names a query; absent names are left out."""
+        self._check_open()
+        names = list(dict.fromkeys(pod_names))
+        size = max(1, self._settings.batch_max_size)
+        out: dict[str, ExecutionRow] = {}
+        for i in range(0, len(names), size):
+            out.update(await self._query(names[i : i + size], kind="batch"))
+        return out
+
+    async def read_fresh(self, pod_name: str) -> ExecutionRow | None:
+        """A direct read that bypasses the batcher (the final re-check before a delete)."""
+        self._check_open()
+        rows = await self._query([pod_name], kind="fresh")
+        return rows.get(pod_name)
+
+    async def ping(self) -> bool:
+        """Readiness: can a pooled connection run ``SELECT 1`` in time? Sets ``database_up``."""
+        ok = False
+        if self._pool is not None:
+            try:
+                with anyio.fail_after(self._settings.connect_timeout_s):
+                    async with self._pool.acquire() as conn:
+                        ok = (
+                            await conn.fetchval(
+                                "SELECT 1", timeout=self._settings.statement_timeout_s
+                            )
+                            == 1
+                        )
+            except _TRANSIENT as exc:
+                logger.warning("database ping failed: %s", _describe(exc))
+        self._metrics.database_up.set(1 if ok else 0)
+        return ok
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("store closed")
+        if self._pool is None:
+            raise RuntimeError("PgExecutionStore used before start()")
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._pending = self._pending, {}
+        if not batch:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._run_batch(batch), name="retired-pod-gc-row-batch"
+        )
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _run_batch(self, batch: dict[str, asyncio.Future[ExecutionRow | None]]) -> None:
+        try:
+            rows = await self._query(list(batch), kind="batch")
+        except StoreError as exc:
+            _fail_all(batch.values(), exc)
+            return
+        except asyncio.CancelledError:
+            _fail_all(batch.values(), StoreError("store closed"))
+            raise
+        for name, fut in batch.items():
+            if not fut.done():
+                fut.set_result(rows.get(name))
+
+    async def _query(self, names: list[str], *, kind: str) -> dict[str, ExecutionRow]:
+        pool = self._pool
+        if pool is None:
+            raise StoreError("store closed")
+        s = self._settings
+        self._metrics.row_queries.labels(kind=kind).inc()
+        try:
+            # Bounded as a whole: waiting for a pooled connection counts against the budget.
+            with anyio.fail_after(s.connect_timeout_s + s.statement_timeout_s):
+                async with pool.acquire() as conn:
+                    records = await conn.fetch(
+                        LOOKUP_SQL,
+                        names,
+                        self._namespace,
+                        MANAGED_BY_KUBERNETES,
+                        timeout=s.statement_timeout_s,
+                    )
+        except _TRANSIENT as exc:
+            self._metrics.row_query_errors.inc()
+            logger.warning("execution-row query failed (%s): %s", kind, _describe(exc))
+            raise StoreError(_describe(exc)) from exc
+        out: dict[str, ExecutionRow] = {}
+        for record in records:
+            row = decode_row(record)
+            if row is None:
+                self._metrics.rows_malformed.inc()
+                logger.warning(
+                    "malformed execution row skipped (treated as absent): pod_name=%r",
+                    record["pod_name"],
+                )
+                continue
+            out[row.pod_name] = row
+        return out
+
+
+def _fail_all(futures: Iterable[asyncio.Future[Any]], exc: BaseException) -> None:
+    for fut in futures:
+        if not fut.done():
+            fut.set_exception(exc)
+            # Mark retrieved: a waiter that gave up must not leave "never retrieved" noise.
+            with contextlib.suppress(BaseException):
+                fut.exception()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__

@@ -1,0 +1,270 @@
+"""``PgExecutionStore`` against a real server: scoping, batching, decoding, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import anyio
+import asyncpg
+import pytest
+from prometheus_client import CollectorRegistry
+
+from service.domain import ExecutionRow, ExecutionState, PodKind
+from service.metrics import Metrics
+from service.pg.store import LOOKUP_SQL, PgExecutionStore, StoreError
+from tests.pgfixtures import (
+    NAMESPACE,
+    db_settings,
+    metric,
+    seed_execution,
+    seed_executions,
+    seed_sandbox,
+)
+
+pytestmark = pytest.mark.anyio
+
+BATCH = "retired_pod_gc_row_queries_total"
+
+
+def _store(url: str, registry: CollectorRegistry, **overrides: object) -> PgExecutionStore:
+    return PgExecutionStore(
+        db_settings(url, **overrides), namespace=NAMESPACE, metrics=Metrics(registry)
+    )
+
+
+async def _server_lookup_calls(conn: asyncpg.Connection) -> int:
+    """How many times this database ran the lookup statement (pg_stat_statements)."""
+    calls = await conn.fetchval(
+        """
+        SELECT coalesce(sum(calls), 0)::int FROM pg_stat_statements
+        WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND query LIKE '%pod_name = ANY($1::text[])%'
+        """
+    )
+    assert isinstance(calls, int)
+    return calls
+
+
+async def test_lookup_is_scoped_to_namespace_and_kubernetes_managed_sandboxes(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    await seed_sandbox(pg_conn, "ours")
+    await seed_sandbox(pg_conn, "other-ns", namespace="elsewhere")
+    await seed_sandbox(pg_conn, "vm-only", managed_by="firecracker-direct")
+    await seed_execution(
+        pg_conn,
+        pod_name="space-sbx-ours-g2",
+        sandbox_id="ours",
+        generation=2,
+        activation_attempt=3,
+        pod_kind="restore",
+        execution_state="suspended",
+        active=False,
+    )
+    await seed_execution(pg_conn, pod_name="space-sbx-other-ns-g1", sandbox_id="other-ns")
+    await seed_execution(pg_conn, pod_name="space-sbx-vm-only-g1", sandbox_id="vm-only")
+    registry = CollectorRegistry()
+    async with _store(pg_url, registry) as store:
+        expected = ExecutionRow(
+            pod_name="space-sbx-ours-g2",
+            namespace=NAMESPACE,
+            sandbox_id="ours",
+            generation=2,
+            activation_attempt=3,
+            pod_kind=PodKind.RESTORE,
+            state=ExecutionState.SUSPENDED,
+            active=False,
+            kubernetes_managed=True,
+        )
+        assert await store.lookup("space-sbx-ours-g2") == expected
+        assert await store.read_fresh("space-sbx-ours-g2") == expected
+        for absent in ("space-sbx-other-ns-g1", "space-sbx-vm-only-g1", "space-sbx-missing-g1"):
+            assert await store.lookup(absent) is None
+            assert await store.read_fresh(absent) is None
+        many = await store.lookup_many(
+            ["space-sbx-ours-g2", "space-sbx-other-ns-g1", "space-sbx-vm-only-g1", "nope"]
+        )
+        assert many == {"space-sbx-ours-g2": expected}
+    assert metric(registry, BATCH, kind="fresh") == 4
+
+
+async def test_thousand_names_resolve_in_one_query(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    names = await seed_executions(pg_conn, [f"s{i:04d}" for i in range(1000)])
+    registry = CollectorRegistry()
+    async with _store(pg_url, registry, batch_max_size=1000) as store:
+        calls_before = await _server_lookup_calls(pg_conn)
+        rows = await store.lookup_many(names)
+        assert set(rows) == set(names)
+        assert all(r.state is ExecutionState.SUSPENDED and not r.active for r in rows.values())
+        assert metric(registry, BATCH, kind="batch") == 1
+        assert await _server_lookup_calls(pg_conn) - calls_before == 1
+
+
+async def test_thousand_concurrent_lookups_share_one_query(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    names = await seed_executions(pg_conn, [f"c{i:04d}" for i in range(1000)])
+    registry = CollectorRegistry()
+    async with _store(pg_url, registry, batch_max_size=1000, batch_max_wait_s=0.05) as store:
+        calls_before = await _server_lookup_calls(pg_conn)
+        results: dict[str, ExecutionRow | None] = {}
+
+        async def one(name: str) -> None:
+            results[name] = await store.lookup(name)
+
+        async with anyio.create_task_group() as tg:
+            for name in names:
+                tg.start_soon(one, name)
+        assert set(results) == set(names)
+        assert all(row is not None and row.pod_name == n for n, row in results.items())
+        assert metric(registry, BATCH, kind="batch") == 1
+        assert await _server_lookup_calls(pg_conn) - calls_before == 1
+
+
+async def test_concurrent_lookups_coalesce_and_batches_are_bounded(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    names = await seed_executions(pg_conn, [f"b{i:03d}" for i in range(100)])
+    registry = CollectorRegistry()
+    async with _store(pg_url, registry, batch_max_size=30, batch_max_wait_s=0.05) as store:
+        calls_before = await _server_lookup_calls(pg_conn)
+        results: list[ExecutionRow | None] = []
+
+        async def one(name: str) -> None:
+            results.append(await store.lookup(name))
+
+        async with anyio.create_task_group() as tg:
+            # 200 callers, each name asked twice in a row: the second caller joins the first's
+            # pending batch. (A caller never joins a query already in flight: that query may
+            # have started before the change the caller is reacting to.)
+            for name in names:
+                tg.start_soon(one, name)
+                tg.start_soon(one, name)
+        assert len(results) == 200 and all(r is not None for r in results)
+        # ceil(100 / 30) = 4 queries: fewer than callers, and none above the batch bound.
+        assert metric(registry, BATCH, kind="batch") == 4
+        assert await _server_lookup_calls(pg_conn) - calls_before == 4
+
+
+async def test_names_with_quotes_and_unicode_round_trip(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    odd = ["it's", 'say "hi"', "back\\slash", "ünïcødé-名前-🚀", "semi;colon--", "x' OR '1'='1"]
+    for i, name in enumerate(odd):
+        await seed_sandbox(pg_conn, f"odd{i}")
+        await seed_execution(pg_conn, pod_name=name, sandbox_id=f"odd{i}")
+    registry = CollectorRegistry()
+    async with _store(pg_url, registry) as store:
+        rows = await store.lookup_many([*odd, "it", "名前"])
+        assert sorted(rows) == sorted(odd)
+        for name in odd:
+            row = await store.lookup(name)
+            assert row is not None and row.pod_name == name
+            fresh = await store.read_fresh(name)
+            assert fresh is not None and fresh.pod_name == name
+
+
+async def test_malformed_row_is_counted_and_treated_as_absent(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    # Production's schema may allow NULLs the dev schema forbids.
+    await pg_conn.execute("ALTER TABLE sandbox_k8s_executions ALTER generation DROP NOT NULL")
+    await seed_sandbox(pg_conn, "good")
+    await seed_sandbox(pg_conn, "bad")
+    await seed_execution(pg_conn, pod_name="good-pod", sandbox_id="good")
+    await seed_execution(pg_conn, pod_name="bad-pod", sandbox_id="bad")
+    await pg_conn.execute(
+        "UPDATE sandbox_k8s_executions SET generation = NULL WHERE pod_name = 'bad-pod'"
+    )
+    registry = CollectorRegistry()
+    async with _store(pg_url, registry) as store:
+        assert set(await store.lookup_many(["good-pod", "bad-pod"])) == {"good-pod"}
+        assert await store.lookup("bad-pod") is None
+        assert await store.read_fresh("bad-pod") is None
+    assert metric(registry, "retired_pod_gc_rows_malformed_total") == 3
+
+
+async def test_query_failure_reaches_every_waiter_as_store_error(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    names = await seed_executions(pg_conn, ["l1", "l2", "l3"])
+    registry = CollectorRegistry()
+    async with _store(pg_url, registry, statement_timeout_s=0.3) as store:
+        errors: list[BaseException] = []
+
+        async def one(name: str) -> None:
+            try:
+                await store.lookup(name)
+            except StoreError as exc:
+                errors.append(exc)
+
+        # An exclusive lock held elsewhere makes the lookup outlive its statement timeout.
+        async with pg_conn.transaction():
+            await pg_conn.execute("LOCK TABLE sandbox_k8s_executions IN ACCESS EXCLUSIVE MODE")
+            with anyio.fail_after(5):
+                async with anyio.create_task_group() as tg:
+                    for name in names:
+                        tg.start_soon(one, name)
+        assert len(errors) == 3
+        assert metric(registry, "retired_pod_gc_row_query_errors_total") == 1
+        assert metric(registry, BATCH, kind="batch") == 1
+        # The store recovers once the lock is gone.
+        row = await store.lookup(names[0])
+        assert row is not None
+
+
+async def test_unreachable_database_fails_lookups_and_ping(pg_url: str) -> None:
+    # A port nobody listens on: connect is refused at once.
+    registry = CollectorRegistry()
+    url = "postgresql://postgres@127.0.0.1:1/none"
+    async with _store(url, registry, connect_timeout_s=1.0) as store:
+        assert await store.ping() is False
+        assert metric(registry, "retired_pod_gc_database_up") == 0
+        with pytest.raises(StoreError):
+            await store.lookup("x")
+        with pytest.raises(StoreError):
+            await store.read_fresh("x")
+        with pytest.raises(StoreError):
+            await store.lookup_many(["x", "y"])
+    assert metric(registry, "retired_pod_gc_row_query_errors_total") == 3
+    up = CollectorRegistry()
+    async with _store(pg_url, up) as store:
+        assert await store.ping() is True
+        assert metric(up, "retired_pod_gc_database_up") == 1
+
+
+async def test_close_fails_waiting_lookups_and_leaves_no_task(pg_url: str) -> None:
+    store = _store(pg_url, CollectorRegistry(), batch_max_wait_s=10.0)
+    await store.start()
+    waiter: asyncio.Task[ExecutionRow | None] = asyncio.get_running_loop().create_task(
+        store.lookup("never-flushed")
+    )
+    await anyio.sleep(0.01)
+    await store.aclose()
+    with pytest.raises(StoreError):
+        await waiter
+    with pytest.raises(StoreError):
+        await store.lookup("after-close")
+
+
+async def test_batched_lookup_uses_the_pod_name_index(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    await seed_executions(pg_conn, [f"i{i:05d}" for i in range(5000)])
+    await pg_conn.execute("ANALYZE")
+    plan = await pg_conn.fetchval(
+        f"EXPLAIN (FORMAT JSON) {LOOKUP_SQL}",
+        ["space-sbx-i00001-g1", "space-sbx-i00002-g1"],
+        NAMESPACE,
+        "kubernetes",
+    )
+    text = json.dumps(json.loads(plan))
+    assert '"Index Name": "sandbox_k8s_executions_pod_name_key"' in text
+    assert '"Relation Name": "sandbox_k8s_executions"' in text
+    assert (
+        '"Node Type": "Seq Scan", "Parallel Aware": false, "Async Capable": false, "Relation Name": "sandbox_k8s_executions"'
+        not in text
+    )
