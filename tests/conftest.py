@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = ["tests.pgfixtures"]
 
 
 @pytest.fixture
