@@ -244,6 +244,8 @@ class ReconcileOutcome(enum.StrEnum):
     """An API or database error other than the above; the key backs off."""
     ALREADY_REPORTED = "already_reported"
     """Dry run: this UID's would-reap was reported before."""
+    THROTTLED = "throttled"
+    """The delete budget had no token within the reconcile's wait; requeued for later."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,36 @@
+"""Whether this replica may act: ENABLED, and holding the lease (DESIGN invariant 6).
+
+Shared by the controller (which stops handing keys to the reconciler when inactive) and the
+reconciler (which checks it once more right before a DELETE or a dry-run report, because a
+reconcile can be in flight when leadership is lost).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class Activation:
+    def __init__(self, *, enabled: bool, leader_check: Callable[[], bool] | None = None) -> None:
+        """``leader_check``: optional live check (e.g. ``LeaderElector.is_leader``, which also
+        expires with the renew deadline between two renewals)."""
+        self._enabled = enabled
+        self._leader = False
+        self._leader_check = leader_check
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    @property
+    def leader(self) -> bool:
+        return self._leader
+
+    def set_leader(self, leader: bool) -> None:
+        self._leader = leader
+
+    @property
+    def active(self) -> bool:
+        if not (self._enabled and self._leader):
+            return False
+        return self._leader_check is None or self._leader_check()

@@ -1,0 +1,209 @@
+"""The event side of the engine and the worker loop.
+
+:class:`Controller` implements ``ports.PodEventHandler`` (for the informer) and
+``ports.ExecutionEventHandler`` (for the PostgreSQL listener). Each callback does two things,
+synchronously on the event loop:
+
+- **clears observation clocks at event time** (DESIGN invariant 3): a pod snapshot that fails
+  the prefilter, a new UID under a known name, a deleted pod, or a notification that does not
+  positively say "retired" stops the clock the moment it arrives — the queue deduplicates keys,
+  so a flip and a flip back between two reconciles would otherwise go unseen; a cold cache, a
+  listener reconnect and a leadership change clear every clock;
+- **enqueues** the key, so it is reconciled as soon as something changes. Pod events for pods
+  that fail the prefilter are not enqueued: their reconcile could only say "skipped", and at
+  10k events/s that would be pure load. Row notifications always enqueue.
+
+The worker loop (:meth:`run_workers`) is the one place that catches broad exceptions: a
+reconcile that raises is logged, counted and requeued with backoff; the worker lives on;
+cancellation always propagates. It maps each :class:`ReconcileResult` onto the queue like
+controller-runtime: done → ``forget``; requeue-after → ``forget`` + ``add_after``; backoff →
+``add_rate_limited``.
+
+Nothing is processed while inactive (disabled, or not the leader): keys handed out meanwhile are
+dropped, and becoming active starts from empty clocks and enqueues every cached candidate.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+from anyio.abc import TaskStatus
+
+from service.classifier import prefilter
+from service.domain import ExecutionChange, PodSnapshot, ReconcileOutcome
+from service.engine.activation import Activation
+from service.engine.clock import SchedulingClock, sleep_until
+from service.engine.observation import ObservationClocks
+from service.engine.reconciler import Action, Reconciler, ReconcileResult
+from service.engine.workqueue import WorkQueue
+from service.metrics import Metrics
+from service.ports import PodCache
+
+logger = logging.getLogger(__name__)
+
+
+class Controller:
+    def __init__(
+        self,
+        *,
+        cache: PodCache,
+        queue: WorkQueue,
+        reconciler: Reconciler,
+        clocks: ObservationClocks,
+        activation: Activation,
+        clock: SchedulingClock,
+        metrics: Metrics,
+    ) -> None:
+        self._cache = cache
+        self._queue = queue
+        self._reconciler = reconciler
+        self._clocks = clocks
+        self._activation = activation
+        self._clock = clock
+        self._metrics = metrics
+
+    # ------------------------------------------------------------- activation
+
+    @property
+    def active(self) -> bool:
+        return self._activation.active
+
+    def set_leader(self, leader: bool) -> None:
+        """The leader elector's ``on_change``: start empty and catch up, or stop acting."""
+        if leader == self._activation.leader:
+            return
+        was_active = self._activation.active
+        self._activation.set_leader(leader)
+        # Either way the clocks restart: a new leader has not been watching (invariant 3).
+        self._clocks.clear_all()
+        if self._activation.active and not was_active:
+            logger.info("active: enqueueing every cached candidate")
+            self.resync()
+        elif was_active and not self._activation.active:
+            logger.info("inactive: clocks cleared; nothing is deleted or reported")
+
+    # ----------------------------------------------------- PodEventHandler
+
+    def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
+        if new is None:
+            if old is not None:
+                self._clocks.forget_pod(old.uid, old.key)
+            return
+        key = new.key
+        if old is not None and old.uid != new.uid:
+            self._clocks.forget_pod(old.uid, key)
+        tracked = self._clocks.uid_for(key)
+        if tracked is not None and tracked != new.uid:
+            self._clocks.clear_key(key)
+        if prefilter(new) is not None:
+            self._clocks.clear_key(key)
+            return
+        self._enqueue(key)
+
+    def cache_cold(self) -> None:
+        logger.info("pod cache cold: clearing every observation clock")
+        self._clocks.clear_all()
+
+    def cache_synced(self) -> None:
+        self._clocks.retain_reported(
+            pod.uid for pod in (self._cache.get(k) for k in list(self._cache.keys())) if pod
+        )
+        self.resync()
+
+    # ------------------------------------------------ ExecutionEventHandler
+
+    def execution_changed(self, change: ExecutionChange) -> None:
+        if not change.retired:
+            # Re-activated, unknown state or deleted row: not reapable as of now.
+            self._clocks.clear_key(change.key)
+        self._enqueue(change.key)
+        if change.retired and change.received_at_s > 0:
+            self._metrics.retirement_to_enqueue.observe(
+                max(0.0, self._clock.monotonic() - change.received_at_s)
+            )
+
+    def notifications_missed(self) -> None:
+        logger.info("notifications may have been missed: clearing clocks and resyncing")
+        self._clocks.clear_all()
+        self.resync()
+
+    # ----------------------------------------------------------- enqueueing
+
+    def resync(self) -> int:
+        """Enqueue every cached pod that passes the prefilter; returns how many."""
+        if not self._activation.active:
+            return 0
+        count = 0
+        for key in list(self._cache.keys()):
+            pod = self._cache.get(key)
+            if pod is not None and prefilter(pod) is None:
+                self._queue.add(key)
+                count += 1
+        return count
+
+    def _enqueue(self, key: str) -> None:
+        if self._activation.active:
+            self._queue.add(key)
+
+    # -------------------------------------------------------------- workers
+
+    async def run_workers(
+        self, n: int, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run ``n`` workers until the queue shuts down (or this task is cancelled)."""
+        async with anyio.create_task_group() as tg:
+            for index in range(n):
+                tg.start_soon(self._worker, index, name=f"reconcile-worker-{index}")
+            task_status.started()
+
+    async def run_resync(
+        self, period_s: float, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The backstop: enqueue every cached candidate every ``period_s`` (until cancelled)."""
+        task_status.started()
+        while not self._queue.shutting_down:
+            await sleep_until(self._clock, self._clock.monotonic() + period_s)
+            count = self.resync()
+            logger.debug("resync enqueued %d keys", count)
+
+    async def stop(self, timeout_s: float) -> bool:
+        """Stop taking work; wait up to ``timeout_s`` for in-flight reconciles. True if drained."""
+        drained = await self._queue.shut_down_with_drain(timeout_s)
+        if not drained:
+            logger.warning("in-flight reconciles did not finish within %.1fs", timeout_s)
+        return drained
+
+    async def _worker(self, index: int) -> None:
+        while (key := await self._queue.get()) is not None:
+            try:
+                await self.process(key)
+            finally:
+                self._queue.done(key)
+
+    async def process(self, key: str) -> ReconcileResult | None:
+        """Reconcile one key taken from the queue and requeue it as its result says.
+
+        The caller owns ``queue.done(key)``. Returns ``None`` when the reconcile raised.
+        """
+        if not self._activation.active:
+            self._queue.forget(key)
+            return ReconcileResult.done("inactive")
+        try:
+            result = await self._reconciler.reconcile(key)
+        except Exception:  # the one broad catch: never let a reconcile kill a worker
+            logger.exception("reconcile of %r raised; backing off", key)
+            self._metrics.reconcile_errors.inc()
+            self._metrics.outcome(self._reconciler.mode, str(ReconcileOutcome.ERROR))
+            self._queue.add_rate_limited(key)
+            return None
+        match result.action:
+            case Action.DONE:
+                self._queue.forget(key)
+            case Action.REQUEUE_AFTER:
+                self._queue.forget(key)
+                self._queue.add_after(key, result.requeue_after_s)
+            case Action.BACKOFF:
+                self._metrics.reconcile_errors.inc()
+                self._queue.add_rate_limited(key)
+        return result

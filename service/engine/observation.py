@@ -1,0 +1,154 @@
+"""Observation clocks: since when has each pod UID been seen, continuously, in a reapable shape.
+
+One clock per pod UID (a recreated pod under the same name is a new UID and starts from zero),
+with an index from the work-queue key to the UID it currently tracks, so that events that carry
+only a key (row notifications) can clear it. Times are monotonic seconds from the engine clock.
+
+"Continuously" is judged at event time (DESIGN invariant 3): the controller clears a clock the
+moment a watch event or notification shows a non-reapable state. A reconcile that was already
+reading state when such an event arrived must not start or extend a clock from what it read
+before the event, so a reconcile brackets its work with :meth:`begin`/:meth:`end`, and any clearing
+of that key in between makes its :meth:`observe` return ``None`` ("state changed under you").
+
+A clock also restarts when the reapable shape (verdict) changes: a Pending pod that became a
+Failed one has not been in *one* reapable shape for the threshold.
+
+The dry-run "reported" set is kept here too (one would-reap report per UID). It survives clock
+clears — a UID is reported at most once per process — and is pruned when the pod goes away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from service.domain import Verdict
+from service.metrics import Metrics
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    uid: str
+    key: str
+    verdict: Verdict
+    since_s: float
+    """Monotonic time the UID was first seen reapable in this shape (continuously since)."""
+
+
+class ObservationClocks:
+    def __init__(self, *, metrics: Metrics | None = None) -> None:
+        self._metrics = metrics
+        self._by_uid: dict[str, Observation] = {}
+        self._uid_by_key: dict[str, str] = {}
+        self._inflight: dict[str, bool] = {}
+        """key -> "a clearing event arrived since begin(key)"."""
+        self._reported: set[str] = set()
+
+    # ----------------------------------------------------------- reconcile side
+
+    def begin(self, key: str) -> None:
+        """A reconcile of ``key`` starts reading state (the queue runs one per key at a time)."""
+        self._inflight[key] = False
+
+    def end(self, key: str) -> None:
+        self._inflight.pop(key, None)
+
+    def observe(self, uid: str, key: str, verdict: Verdict, now: float) -> float | None:
+        """Record that ``uid`` is reapable as ``verdict`` now; return seconds continuously so.
+
+        ``None`` when a clearing event for ``key`` arrived since :meth:`begin`: what the caller
+        read may predate it, so no clock is started or extended.
+        """
+        if self._inflight.get(key, False):
+            return None
+        current = self._by_uid.get(uid)
+        if current is not None and current.key == key and current.verdict is verdict:
+            return now - current.since_s
+        previous_uid = self._uid_by_key.get(key)
+        if previous_uid is not None and previous_uid != uid:
+            self._by_uid.pop(previous_uid, None)
+        if current is not None and current.key != key:
+            self._uid_by_key.pop(current.key, None)
+        self._by_uid[uid] = Observation(uid=uid, key=key, verdict=verdict, since_s=now)
+        self._uid_by_key[key] = uid
+        self._update_gauge()
+        return 0.0
+
+    def get(self, uid: str) -> Observation | None:
+        return self._by_uid.get(uid)
+
+    def elapsed(self, uid: str, now: float) -> float | None:
+        """Seconds ``uid`` has been continuously reapable, ``None`` when no clock runs."""
+        current = self._by_uid.get(uid)
+        return None if current is None else now - current.since_s
+
+    def uid_for(self, key: str) -> str | None:
+        return self._uid_by_key.get(key)
+
+    # -------------------------------------------------------------- clearing
+
+    def clear(self, uid: str) -> None:
+        """Stop ``uid``'s clock (it stopped classifying as reapable, or its pod changed)."""
+        current = self._by_uid.pop(uid, None)
+        if current is None:
+            return
+        if self._uid_by_key.get(current.key) == uid:
+            del self._uid_by_key[current.key]
+        if current.key in self._inflight:
+            self._inflight[current.key] = True
+        self._update_gauge()
+
+    def clear_key(self, key: str) -> None:
+        """Stop the clock of whatever UID ``key`` tracks, and invalidate an in-flight observe."""
+        if key in self._inflight:
+            self._inflight[key] = True
+        uid = self._uid_by_key.pop(key, None)
+        if uid is not None:
+            self._by_uid.pop(uid, None)
+            self._update_gauge()
+
+    def clear_all(self) -> None:
+        """Forget every clock (cold cache, missed notifications, leadership change)."""
+        self._by_uid.clear()
+        self._uid_by_key.clear()
+        for key in self._inflight:
+            self._inflight[key] = True
+        self._update_gauge()
+
+    def forget_pod(self, uid: str, key: str) -> None:
+        """The pod is gone: drop its clock and its dry-run report mark."""
+        self.clear(uid)
+        if self._uid_by_key.get(key) == uid:
+            self.clear_key(key)
+        elif key in self._inflight:
+            self._inflight[key] = True
+        self._reported.discard(uid)
+
+    # ------------------------------------------------------------- dry run
+
+    def mark_reported(self, uid: str) -> bool:
+        """True the first time ``uid`` is marked (so it is reported); False afterwards."""
+        if uid in self._reported:
+            return False
+        self._reported.add(uid)
+        return True
+
+    def was_reported(self, uid: str) -> bool:
+        return uid in self._reported
+
+    def retain_reported(self, uids: Iterable[str]) -> None:
+        """Keep report marks only for ``uids`` (the cached pods after a relist)."""
+        self._reported.intersection_update(uids)
+
+    # -------------------------------------------------------------- gauges
+
+    def __len__(self) -> int:
+        return len(self._by_uid)
+
+    @property
+    def reported_count(self) -> int:
+        return len(self._reported)
+
+    def _update_gauge(self) -> None:
+        if self._metrics is not None:
+            self._metrics.tracked_clocks.set(len(self._by_uid))

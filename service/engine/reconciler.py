@@ -1,0 +1,356 @@
+"""One key's reconcile: from the cached pod to a verified, preconditioned DELETE (or a report).
+
+Steps (DESIGN "Shape of the service"), each ending in exactly one :class:`ReconcileResult`:
+
+1. cached pod (missing: clear the key's clock, ``gone``);
+2. pod-only prefilter (skip: clear, ``skipped``, no database query);
+3. batched row lookup (failure: clear, ``lookup_failed``, back off);
+4. classify (not reapable: clear, ``skipped``);
+5. observation clock on the pod UID (not yet continuously reapable for the threshold:
+   ``too_young``, requeued for exactly the remaining time);
+6. dry run already reported for this UID: ``already_reported`` (no API call);
+7. live: a delete token from the budget (none within ``budget_wait_s``: ``throttled``);
+8. fresh GET of the pod and a direct re-read of the row, classified again; the UID must be the
+   observed one and the verdict unchanged, the clock must still be running past the threshold
+   (an event may have cleared it while we waited) and the replica still active; else ``changed``;
+9. dry run: report "would reap" once per UID; live: DELETE with preconditions {uid,
+   resourceVersion of the fresh GET}: deleted → the verdict, 404 → ``gone``, 409 → ``conflict``
+   (looked at again shortly), other errors → ``error`` (back off).
+
+Why the token comes before the re-verification (7 before 8): the final re-read must be as close
+to the DELETE as possible (invariant 1 is judged "at the moment of the final re-read"), and the
+token wait can be long under a backlog. A candidate that fails re-verification wastes its token;
+that only ever makes us delete less. Dry run takes no token (it sends nothing).
+
+Expected failures of the outside world are converted into :class:`ExternalCallError` in one
+helper and become typed outcomes; anything else propagates to the worker loop, the one place
+that catches broad exceptions.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import anyio
+
+from service.classifier import classify, prefilter
+from service.config import Settings
+from service.domain import Decision, DeleteResult, ReconcileOutcome, split_key
+from service.engine.activation import Activation
+from service.engine.budget import DeleteBudget
+from service.engine.observation import ObservationClocks
+from service.metrics import Metrics
+from service.ports import Clock, ExecutionStore, PodCache, PodClient
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+current_reconcile_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "current_reconcile_id", default=None
+)
+"""The id of the reconcile running in this task (for log filters of adapters it calls)."""
+
+_ids = itertools.count(1)
+
+
+class Action(enum.StrEnum):
+    """What the worker loop does with the key afterwards (controller-runtime's Result)."""
+
+    DONE = "done"
+    """Forget the key's backoff; nothing scheduled (events bring it back)."""
+    REQUEUE_AFTER = "requeue_after"
+    """Forget the backoff and add the key again after ``requeue_after_s``."""
+    BACKOFF = "backoff"
+    """A transient failure: requeue with the key's exponential backoff."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileResult:
+    action: Action
+    outcome: str
+    """The outcome label (a verdict or a :class:`ReconcileOutcome`), or ``inactive``."""
+    requeue_after_s: float = 0.0
+    reconcile_id: str = ""
+
+    @staticmethod
+    def done(outcome: str, rid: str = "") -> ReconcileResult:
+        return ReconcileResult(Action.DONE, outcome, reconcile_id=rid)
+
+    @staticmethod
+    def requeue_after(outcome: str, delay_s: float, rid: str = "") -> ReconcileResult:
+        return ReconcileResult(Action.REQUEUE_AFTER, outcome, max(0.0, delay_s), rid)
+
+    @staticmethod
+    def backoff(outcome: str, rid: str = "") -> ReconcileResult:
+        return ReconcileResult(Action.BACKOFF, outcome, reconcile_id=rid)
+
+
+INACTIVE = "inactive"
+"""Outcome of a reconcile that found the replica disabled or not leader (nothing counted)."""
+
+
+class ExternalCallError(Exception):
+    """An API or database call failed or timed out; the cause is chained (``__cause__``)."""
+
+
+async def _bounded(what: str, timeout_s: float, call: Awaitable[T]) -> T:
+    try:
+        with anyio.fail_after(timeout_s):
+            return await call
+    except Exception as exc:  # an adapter's failure of any kind becomes one typed error
+        raise ExternalCallError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+class _Log(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Adds the reconcile id and key to every record of one reconcile."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
+        kwargs["extra"] = {**(kwargs.get("extra") or {}), **(self.extra or {})}
+        return msg, kwargs
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        cache: PodCache,
+        pods: PodClient,
+        store: ExecutionStore,
+        clocks: ObservationClocks,
+        budget: DeleteBudget,
+        activation: Activation,
+        clock: Clock,
+        metrics: Metrics,
+        api_timeout_s: float | None = None,
+        db_timeout_s: float | None = None,
+        budget_wait_s: float | None = None,
+        conflict_requeue_s: float = 1.0,
+    ) -> None:
+        self._settings = settings
+        self._cache = cache
+        self._pods = pods
+        self._store = store
+        self._clocks = clocks
+        self._budget = budget
+        self._activation = activation
+        self._clock = clock
+        self._metrics = metrics
+        self._api_timeout_s = (
+            api_timeout_s if api_timeout_s is not None else settings.kube.api_timeout_s
+        )
+        self._db_timeout_s = (
+            db_timeout_s if db_timeout_s is not None else settings.database.statement_timeout_s
+        )
+        self._budget_wait_s = (
+            budget_wait_s if budget_wait_s is not None else settings.reconcile_timeout_s / 3
+        )
+        self._conflict_requeue_s = conflict_requeue_s
+        self._mode = "dry_run" if settings.dry_run else "live"
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    async def reconcile(self, key: str) -> ReconcileResult:
+        rid = f"{next(_ids):x}"
+        token = current_reconcile_id.set(rid)
+        log = _Log(logger, {"reconcile_id": rid, "key": key})
+        started = time.perf_counter()
+        try:
+            if not self._activation.active:
+                return ReconcileResult.done(INACTIVE, rid)
+            self._clocks.begin(key)
+            try:
+                with anyio.fail_after(self._settings.reconcile_timeout_s):
+                    return await self._reconcile(key, rid, log)
+            except TimeoutError:
+                log.warning("reconcile timed out after %.1fs", self._settings.reconcile_timeout_s)
+                return self._result_backoff(ReconcileOutcome.ERROR, rid)
+            finally:
+                self._clocks.end(key)
+        finally:
+            self._metrics.reconcile_duration.observe(time.perf_counter() - started)
+            current_reconcile_id.reset(token)
+
+    async def _reconcile(self, key: str, rid: str, log: _Log) -> ReconcileResult:
+        try:
+            namespace, name = split_key(key)
+        except ValueError as exc:
+            log.error("dropping a malformed work-queue key: %s", exc)  # noqa: TRY400 (expected)
+            return self._result_done(ReconcileOutcome.ERROR, rid)
+
+        pod = self._cache.get(key)
+        if pod is None:
+            self._clocks.clear_key(key)
+            return self._result_done(ReconcileOutcome.GONE, rid)
+
+        early = prefilter(pod)
+        if early is not None:
+            return self._skip(key, early, rid, log)
+
+        try:
+            row = await _bounded("row lookup", self._db_timeout_s, self._store.lookup(pod.name))
+        except ExternalCallError as exc:
+            # DESIGN invariant 3: a failed lookup is a gap in the observation.
+            self._clocks.clear_key(key)
+            log.warning("row lookup failed, clock cleared: %s", exc)
+            return self._result_backoff(ReconcileOutcome.LOOKUP_FAILED, rid)
+
+        decision = classify(pod, row)
+        if decision.verdict is None:
+            return self._skip(key, decision, rid, log)
+        verdict = decision.verdict
+
+        now = self._clock.monotonic()
+        elapsed = self._clocks.observe(pod.uid, key, verdict, now)
+        if elapsed is None:
+            # A clearing event arrived while we read; what we read may predate it. The event
+            # enqueued the key again, so the next reconcile starts the clock afresh.
+            log.info("state changed during the reconcile; clock not started")
+            return self._result_done(ReconcileOutcome.CHANGED, rid)
+        remaining_s = self._settings.threshold_s - elapsed
+        if remaining_s > 0:
+            log.debug("%s for %.1fs of %.1fs", verdict, elapsed, self._settings.threshold_s)
+            return self._result_requeue(ReconcileOutcome.TOO_YOUNG, remaining_s, rid)
+
+        dry_run = self._settings.dry_run
+        if dry_run and self._clocks.was_reported(pod.uid):
+            return self._result_done(ReconcileOutcome.ALREADY_REPORTED, rid)
+
+        if not dry_run:
+            granted = False
+            with anyio.move_on_after(self._budget_wait_s):
+                await self._budget.acquire()
+                granted = True
+            if not granted:
+                delay_s = max(self._budget.retry_after_s(), self._conflict_requeue_s)
+                log.info("delete budget exhausted; retrying in %.1fs", delay_s)
+                return self._result_requeue(ReconcileOutcome.THROTTLED, delay_s, rid)
+
+        # Re-verify against the server and the database, as late as possible before acting.
+        try:
+            fresh = await _bounded(
+                "pod GET", self._api_timeout_s, self._pods.get_pod(namespace, name)
+            )
+        except ExternalCallError as exc:
+            log.warning("fresh pod GET failed: %s", exc)
+            return self._result_backoff(ReconcileOutcome.ERROR, rid)
+        if fresh is None:
+            self._clocks.clear_key(key)
+            return self._result_done(ReconcileOutcome.GONE, rid)
+        try:
+            fresh_row = await _bounded(
+                "row re-read", self._db_timeout_s, self._store.read_fresh(name)
+            )
+        except ExternalCallError as exc:
+            self._clocks.clear_key(key)
+            log.warning("row re-read failed, clock cleared: %s", exc)
+            return self._result_backoff(ReconcileOutcome.LOOKUP_FAILED, rid)
+
+        again = classify(fresh, fresh_row)
+        if fresh.uid != pod.uid or again.verdict is not verdict:
+            self._clocks.clear(pod.uid)
+            log.info(
+                "changed before acting: uid %s -> %s, now %s (%s)",
+                pod.uid,
+                fresh.uid,
+                again.label,
+                again.rule,
+            )
+            return self._result_done(ReconcileOutcome.CHANGED, rid)
+
+        # The token wait and the re-reads take time: an event may have cleared the clock, or
+        # leadership may have been lost, meanwhile.
+        elapsed_now = self._clocks.elapsed(pod.uid, self._clock.monotonic())
+        if elapsed_now is None or elapsed_now < self._settings.threshold_s:
+            log.info("clock cleared while verifying; not acting")
+            return self._result_done(ReconcileOutcome.CHANGED, rid)
+        if not self._activation.active:
+            log.info("no longer active; not acting")
+            return ReconcileResult.done(INACTIVE, rid)
+
+        if dry_run:
+            if not self._clocks.mark_reported(pod.uid):
+                return self._result_done(ReconcileOutcome.ALREADY_REPORTED, rid)
+            log.info(
+                "dry run: would reap %s as %s after %.0fs: %s",
+                key,
+                verdict,
+                elapsed_now,
+                again.rule,
+                extra={"uid": fresh.uid, "verdict": str(verdict)},
+            )
+            return self._result_done(verdict, rid)
+
+        try:
+            outcome = await _bounded(
+                "pod DELETE",
+                self._api_timeout_s,
+                self._pods.delete_pod(
+                    namespace,
+                    name,
+                    uid=fresh.uid,
+                    resource_version=fresh.resource_version,
+                ),
+            )
+        except ExternalCallError as exc:
+            self._metrics.deletes.labels(result=str(DeleteResult.ERROR)).inc()
+            log.warning("DELETE failed: %s", exc)
+            return self._result_backoff(ReconcileOutcome.ERROR, rid)
+        self._metrics.deletes.labels(result=str(outcome.result)).inc()
+        match outcome.result:
+            case DeleteResult.DELETED:
+                self._clocks.clear(pod.uid)
+                log.info(
+                    "deleted %s as %s after %.0fs: %s",
+                    key,
+                    verdict,
+                    elapsed_now,
+                    again.rule,
+                    extra={"uid": fresh.uid, "verdict": str(verdict)},
+                )
+                return self._result_done(verdict, rid)
+            case DeleteResult.GONE:
+                self._clocks.clear(pod.uid)
+                log.info("DELETE found the pod already gone (404)")
+                return self._result_done(ReconcileOutcome.GONE, rid)
+            case DeleteResult.CONFLICT:
+                log.info("DELETE preconditions failed (409): %s", outcome.message)
+                return self._result_requeue(
+                    ReconcileOutcome.CONFLICT, self._conflict_requeue_s, rid
+                )
+            case DeleteResult.ERROR:
+                log.warning("DELETE answered %s: %s", outcome.status, outcome.message)
+                return self._result_backoff(ReconcileOutcome.ERROR, rid)
+
+    # ---------------------------------------------------------------- helpers
+
+    def _skip(self, key: str, decision: Decision, rid: str, log: _Log) -> ReconcileResult:
+        self._clocks.clear_key(key)
+        if decision.reason is not None:
+            self._metrics.skips.labels(reason=str(decision.reason)).inc()
+        log.debug("skipped: %s (%s)", decision.label, decision.rule)
+        return self._result_done(ReconcileOutcome.SKIPPED, rid)
+
+    def _count(self, outcome: str) -> None:
+        self._metrics.outcome(self._mode, str(outcome))
+
+    def _result_done(self, outcome: str, rid: str) -> ReconcileResult:
+        self._count(outcome)
+        return ReconcileResult.done(str(outcome), rid)
+
+    def _result_requeue(self, outcome: str, delay_s: float, rid: str) -> ReconcileResult:
+        self._count(outcome)
+        return ReconcileResult.requeue_after(str(outcome), delay_s, rid)
+
+    def _result_backoff(self, outcome: str, rid: str) -> ReconcileResult:
+        self._count(outcome)
+        return ReconcileResult.backoff(str(outcome), rid)

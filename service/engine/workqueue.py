@@ -1,0 +1,302 @@
+"""The controller work queue: deduplicating, delayed, rate-limited, with client-go's semantics.
+
+A key lives in at most one of three places that matter for correctness:
+
+- ``dirty``: it needs processing. A key already dirty is not added again (deduplication).
+- ``processing``: a worker holds it. It is never handed to a second worker; if it is added while
+  in flight it stays dirty and goes back on the ready list when the worker calls :meth:`done`.
+- the delay heap: :meth:`add_after` keeps, per key, the *earliest* due time (``waiting`` maps key
+  to that time; heap entries that no longer match are skipped lazily). When the time comes the
+  key is :meth:`add`-ed, so it is deduplicated like any other add. As in client-go, an immediate
+  add does not cancel a pending delayed one: the key is then processed twice, which is harmless
+  for an idempotent reconcile and keeps "reconcile again when the clock expires" true.
+
+Delays run on an injected :class:`~service.engine.clock.SchedulingClock`: one timer is armed for
+the earliest due time, so with a fake clock ``advance()`` moves due keys to the ready list
+synchronously and wakes getters without any real sleep.
+
+Failures back off per key (``add_rate_limited``): ``base_delay_s * 2**failures`` capped at
+``max_delay_s``, optionally stretched by up to ``jitter`` (a fraction); :meth:`forget` resets it.
+
+Shutdown differs from client-go on purpose: after :meth:`shut_down`, :meth:`get` returns ``None``
+at once (queued keys are dropped: a restart relists everything), adds are ignored, and in-flight
+keys may still be marked :meth:`done`; :meth:`shut_down_with_drain` additionally waits, at most
+``timeout_s``, for the in-flight keys to finish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import random
+from collections import deque
+
+import anyio
+
+from service.engine.clock import Cancellable, SchedulingClock, wait_until
+from service.metrics import Metrics
+
+
+class ExponentialBackoff:
+    """Per-key exponential failure backoff (client-go's item exponential failure limiter)."""
+
+    def __init__(
+        self,
+        *,
+        base_delay_s: float = 0.005,
+        max_delay_s: float = 60.0,
+        jitter: float = 0.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if base_delay_s <= 0 or max_delay_s < base_delay_s:
+            raise ValueError("need 0 < base_delay_s <= max_delay_s")
+        self._base_s = base_delay_s
+        self._max_s = max_delay_s
+        self._jitter = jitter
+        self._rng = rng if rng is not None else random.Random()
+        self._failures: dict[str, int] = {}
+
+    def when(self, key: str) -> float:
+        """The delay before the next attempt of ``key``; counts one more failure."""
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        # 2**64 * base overflows nothing in Python but is absurd; cap the exponent first.
+        delay = self._max_s if failures >= 64 else min(self._base_s * 2.0**failures, self._max_s)
+        if self._jitter > 0:
+            delay = min(delay * (1.0 + self._jitter * self._rng.random()), self._max_s)
+        return delay
+
+    def forget(self, key: str) -> None:
+        self._failures.pop(key, None)
+
+    def num_requeues(self, key: str) -> int:
+        return self._failures.get(key, 0)
+
+    def __len__(self) -> int:
+        return len(self._failures)
+
+
+class WorkQueue:
+    """See the module docstring. All methods but :meth:`get` and the drain are synchronous."""
+
+    def __init__(
+        self,
+        *,
+        clock: SchedulingClock,
+        metrics: Metrics | None = None,
+        backoff: ExponentialBackoff | None = None,
+    ) -> None:
+        self._clock = clock
+        self._metrics = metrics
+        self._backoff = backoff if backoff is not None else ExponentialBackoff()
+        self._ready: deque[str] = deque()
+        self._dirty: set[str] = set()
+        self._processing: set[str] = set()
+        self._dirty_since: dict[str, float] = {}
+        self._waiting: dict[str, float] = {}
+        self._heap: list[tuple[float, int, str]] = []
+        self._seq = itertools.count()
+        self._timer: Cancellable | None = None
+        self._timer_due: float | None = None
+        self._getters: deque[anyio.Event] = deque()
+        self._shutting_down = False
+        self._drained: anyio.Event | None = None
+
+    # ------------------------------------------------------------------ adding
+
+    def add(self, key: str) -> None:
+        """Mark ``key`` for processing (no-op when already waiting or after shutdown)."""
+        if self._shutting_down:
+            return
+        if self._metrics is not None:
+            self._metrics.queue_adds.inc()
+        if key in self._dirty:
+            return
+        self._dirty.add(key)
+        self._dirty_since[key] = self._clock.monotonic()
+        if key in self._processing:
+            return  # re-queued by done()
+        self._ready.append(key)
+        self._update_depth()
+        self._wake_one()
+
+    def add_after(self, key: str, delay_s: float) -> None:
+        """Add ``key`` once ``delay_s`` has passed; an earlier pending time for it wins."""
+        if self._shutting_down:
+            return
+        if delay_s <= 0:
+            self.add(key)
+            return
+        due = self._clock.monotonic() + delay_s
+        current = self._waiting.get(key)
+        if current is not None and current <= due:
+            return
+        self._waiting[key] = due
+        heapq.heappush(self._heap, (due, next(self._seq), key))
+        self._update_delayed()
+        self._arm()
+
+    def add_rate_limited(self, key: str) -> None:
+        """Requeue ``key`` after its per-key exponential backoff."""
+        if self._shutting_down:
+            return
+        if self._metrics is not None:
+            self._metrics.queue_retries.inc()
+        self.add_after(key, self._backoff.when(key))
+
+    def forget(self, key: str) -> None:
+        """``key`` succeeded: reset its backoff (does not remove it from the queue)."""
+        self._backoff.forget(key)
+
+    def num_requeues(self, key: str) -> int:
+        return self._backoff.num_requeues(key)
+
+    # --------------------------------------------------------------- consuming
+
+    async def get(self) -> str | None:
+        """The next ready key, marked as processing; ``None`` once shut down."""
+        while True:
+            if self._shutting_down:
+                return None
+            self._promote_due()
+            if self._ready:
+                key = self._ready.popleft()
+                self._dirty.discard(key)
+                self._processing.add(key)
+                since = self._dirty_since.pop(key, None)
+                if self._metrics is not None:
+                    if since is not None:
+                        self._metrics.queue_wait.observe(max(0.0, self._clock.monotonic() - since))
+                    self._update_depth()
+                return key
+            event = anyio.Event()
+            self._getters.append(event)
+            try:
+                await event.wait()
+            except BaseException:
+                # A wake-up meant for a getter that is going away (cancelled) passes on, so a
+                # ready key never sits unclaimed while another getter sleeps.
+                if event.is_set():
+                    self._wake_one()
+                else:
+                    self._remove_getter(event)
+                raise
+
+    def done(self, key: str) -> None:
+        """The worker finished ``key``; a re-add that arrived meanwhile is queued now."""
+        self._processing.discard(key)
+        if key in self._dirty and not self._shutting_down:
+            self._ready.append(key)
+            self._update_depth()
+            self._wake_one()
+        if not self._processing and self._drained is not None:
+            self._drained.set()
+
+    # ---------------------------------------------------------------- shutdown
+
+    def shut_down(self) -> None:
+        """Stop accepting keys and handing them out; getters return ``None``."""
+        if self._shutting_down:
+            return
+        self._shutting_down = True
+        self._ready.clear()
+        self._dirty.clear()
+        self._dirty_since.clear()
+        self._waiting.clear()
+        self._heap.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = self._timer_due = None
+        while self._getters:
+            self._getters.popleft().set()
+        self._update_depth()
+        self._update_delayed()
+
+    async def shut_down_with_drain(self, timeout_s: float) -> bool:
+        """Shut down, then wait up to ``timeout_s`` for in-flight keys; True when drained."""
+        self.shut_down()
+        if not self._processing:
+            return True
+        if self._drained is None:
+            self._drained = anyio.Event()
+        return await wait_until(self._drained, self._clock, self._clock.monotonic() + timeout_s)
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutting_down
+
+    # ------------------------------------------------------------ introspection
+
+    def __len__(self) -> int:
+        """Keys ready to be handed out (not counting delayed or in-flight ones)."""
+        return len(self._ready)
+
+    @property
+    def delayed(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def processing(self) -> frozenset[str]:
+        return frozenset(self._processing)
+
+    def due_at(self, key: str) -> float | None:
+        """When a delayed add of ``key`` is due, or ``None``."""
+        return self._waiting.get(key)
+
+    def is_dirty(self, key: str) -> bool:
+        return key in self._dirty
+
+    # ---------------------------------------------------------------- internal
+
+    def _promote_due(self) -> None:
+        now = self._clock.monotonic()
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            due, _, key = heapq.heappop(heap)
+            if self._waiting.get(key) != due:
+                continue  # superseded by an earlier add_after (lazy deletion)
+            del self._waiting[key]
+            self.add(key)
+        self._update_delayed()
+
+    def _arm(self) -> None:
+        heap = self._heap
+        while heap and self._waiting.get(heap[0][2]) != heap[0][0]:
+            heapq.heappop(heap)
+        due = heap[0][0] if heap else None
+        if due == self._timer_due:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_due = due
+        if due is not None:
+            self._timer = self._clock.call_at(due, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = self._timer_due = None
+        if self._shutting_down:
+            return
+        self._promote_due()
+        # A real loop may fire a hair early; _arm then simply re-arms for the same key.
+        self._arm()
+
+    def _wake_one(self) -> None:
+        while self._getters:
+            event = self._getters.popleft()
+            if not event.is_set():
+                event.set()
+                return
+
+    def _remove_getter(self, event: anyio.Event) -> None:
+        with contextlib.suppress(ValueError):
+            self._getters.remove(event)
+
+    def _update_depth(self) -> None:
+        if self._metrics is not None:
+            self._metrics.queue_depth.set(len(self._ready))
+
+    def _update_delayed(self) -> None:
+        if self._metrics is not None:
+            self._metrics.queue_delayed.set(len(self._waiting))

@@ -1,0 +1,374 @@
+"""In-memory fakes of the Protocols in ``service.ports``, plus builders of pods, rows and settings.
+
+The fakes behave like the real adapters where the engine depends on it: :class:`FakePodClient`
+holds the *server's* pods (separate from :class:`FakePodCache`, so a test can make the cache
+stale), records every DELETE with its preconditions and answers 404 / 409 exactly as the API
+server does when a precondition fails; :class:`FakeExecutionStore` counts its queries and can be
+told to fail. No ``MagicMock``: these are small implementations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import anyio
+from prometheus_client import CollectorRegistry
+
+from service import config
+from service.config import Settings
+from service.domain import (
+    ConditionStatus,
+    DeleteOutcome,
+    DeleteResult,
+    ExecutionRow,
+    ExecutionState,
+    PodKind,
+    PodPhase,
+    PodSnapshot,
+)
+from service.engine.activation import Activation
+from service.engine.budget import DeleteBudget
+from service.engine.clock import FakeClock
+from service.engine.controller import Controller
+from service.engine.observation import ObservationClocks
+from service.engine.reconciler import Reconciler
+from service.engine.workqueue import WorkQueue
+from service.metrics import LOOP, Metrics
+from service.ports import Clock
+
+NAMESPACE = "sandboxes"
+
+
+# ---------------------------------------------------------------- builders
+
+
+def make_pod(
+    sandbox_id: str = "sbx1",
+    generation: int = 1,
+    *,
+    uid: str | None = None,
+    resource_version: str = "100",
+    phase: PodPhase = PodPhase.SUCCEEDED,
+    terminating: bool = False,
+    pod_ip: str | None = None,
+    ready_to_start: ConditionStatus = ConditionStatus.FALSE,
+    container_count: int = 1,
+    all_containers_terminated: bool = True,
+    kind: PodKind = PodKind.CREATE,
+    namespace: str = NAMESPACE,
+) -> PodSnapshot:
+    """A pod named like the platform names them; by default a terminal, reapable-shaped pod."""
+    return PodSnapshot(
+        namespace=namespace,
+        name=f"space-sbx-{sandbox_id}-g{generation}",
+        uid=uid if uid is not None else f"uid-{sandbox_id}-{generation}",
+        resource_version=resource_version,
+        phase=phase,
+        terminating=terminating,
+        pod_ip=pod_ip,
+        ready_to_start=ready_to_start,
+        container_count=container_count,
+        all_containers_terminated=all_containers_terminated,
+        sandbox_id=sandbox_id,
+        generation=generation,
+        kind=kind,
+        created_at_s=1.7e9,
+    )
+
+
+def make_pending_pod(sandbox_id: str = "sbx1", generation: int = 1, **kw: object) -> PodSnapshot:
+    """The ``replaced_never_started`` pod shape (pair it with a ``replaced`` row)."""
+    base = make_pod(
+        sandbox_id,
+        generation,
+        phase=PodPhase.PENDING,
+        container_count=1,
+        all_containers_terminated=False,
+    )
+    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+
+
+def make_row(
+    pod: PodSnapshot,
+    *,
+    active: bool = False,
+    state: ExecutionState = ExecutionState.SUSPENDED,
+    kubernetes_managed: bool = True,
+) -> ExecutionRow:
+    """The execution row matching ``pod``'s labels; retired (``suspended``) by default."""
+    assert pod.sandbox_id is not None and pod.generation is not None
+    return ExecutionRow(
+        pod_name=pod.name,
+        namespace=pod.namespace,
+        sandbox_id=pod.sandbox_id,
+        generation=pod.generation,
+        activation_attempt=1,
+        pod_kind=pod.kind,
+        state=state,
+        active=active,
+        kubernetes_managed=kubernetes_managed,
+    )
+
+
+def make_settings(
+    *,
+    enabled: bool = True,
+    dry_run: bool = False,
+    threshold_s: float = 300.0,
+    deletes_per_minute: int = 120,
+    env: Mapping[str, str] | None = None,
+    **overrides: object,
+) -> Settings:
+    """Settings through the real loader, with the engine knobs set for tests."""
+    p = config.PREFIX
+    base = {
+        f"{p}ENABLED": str(enabled).lower(),
+        f"{p}DRY_RUN": str(dry_run).lower(),
+        f"{p}THRESHOLD_SECONDS": repr(float(threshold_s)),
+        f"{p}DELETES_PER_MINUTE": str(deletes_per_minute),
+    }
+    base.update(env or {})
+    settings = config.load(base)
+    return dataclasses.replace(settings, **overrides)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------- PodCache
+
+
+class FakePodCache:
+    """The informer's cache: a dict keyed by ``namespace/name``."""
+
+    def __init__(self, pods: Iterable[PodSnapshot] = (), *, synced: bool = True) -> None:
+        self.pods: dict[str, PodSnapshot] = {p.key: p for p in pods}
+        self._synced = synced
+
+    def get(self, key: str) -> PodSnapshot | None:
+        return self.pods.get(key)
+
+    def keys(self) -> Iterable[str]:
+        return self.pods.keys()
+
+    @property
+    def synced(self) -> bool:
+        return self._synced
+
+    def put(self, pod: PodSnapshot) -> PodSnapshot | None:
+        old = self.pods.get(pod.key)
+        self.pods[pod.key] = pod
+        return old
+
+    def remove(self, key: str) -> PodSnapshot | None:
+        return self.pods.pop(key, None)
+
+
+# ---------------------------------------------------------------- PodClient
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteCall:
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    at_s: float
+    """The fake clock's time when the DELETE was sent."""
+
+
+class FakePodClient:
+    """The API server's view: fresh GETs and preconditioned DELETEs with real 404/409 rules."""
+
+    def __init__(self, pods: Iterable[PodSnapshot] = (), *, clock: Clock | None = None) -> None:
+        self.pods: dict[str, PodSnapshot] = {p.key: p for p in pods}
+        self.clock = clock
+        self.deletes: list[DeleteCall] = []
+        self.gets: list[str] = []
+        self.get_error: Exception | None = None
+        self.delete_script: deque[DeleteOutcome | Exception] = deque()
+        """Answers to return (or raise) for the next DELETEs, before the real rules apply."""
+
+    async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
+        key = f"{namespace}/{name}"
+        self.gets.append(key)
+        if self.get_error is not None:
+            raise self.get_error
+        return self.pods.get(key)
+
+    async def delete_pod(
+        self, namespace: str, name: str, *, uid: str, resource_version: str
+    ) -> DeleteOutcome:
+        key = f"{namespace}/{name}"
+        at = self.clock.monotonic() if self.clock is not None else 0.0
+        self.deletes.append(DeleteCall(namespace, name, uid, resource_version, at))
+        if self.delete_script:
+            scripted = self.delete_script.popleft()
+            if isinstance(scripted, Exception):
+                raise scripted
+            return scripted
+        pod = self.pods.get(key)
+        if pod is None:
+            return DeleteOutcome(DeleteResult.GONE, 404, f'pods "{name}" not found')
+        if pod.uid != uid or pod.resource_version != resource_version:
+            return DeleteOutcome(
+                DeleteResult.CONFLICT, 409, "Precondition failed: UID or ResourceVersion"
+            )
+        del self.pods[key]
+        return DeleteOutcome(DeleteResult.DELETED, 200)
+
+    @property
+    def deleted_keys(self) -> list[str]:
+        return [f"{d.namespace}/{d.name}" for d in self.deletes]
+
+
+# ----------------------------------------------------------- ExecutionStore
+
+
+class FakeExecutionStore:
+    """Rows by pod name; counts queries; ``lookup_error`` / ``fresh_error`` make calls fail."""
+
+    def __init__(self, rows: Iterable[ExecutionRow] = ()) -> None:
+        self.rows: dict[str, ExecutionRow] = {r.pod_name: r for r in rows}
+        self.lookups = 0
+        self.lookup_many_calls = 0
+        self.fresh_reads = 0
+        self.lookup_error: Exception | None = None
+        self.fresh_error: Exception | None = None
+        self.batched_rows: dict[str, ExecutionRow] | None = None
+        """When set, ``lookup`` answers from this (an older snapshot) instead of ``rows``."""
+        self.lookup_gate: anyio.Event | None = None
+        """When set, ``lookup`` waits for it (to interleave events with a lookup in flight)."""
+
+    @property
+    def queries(self) -> int:
+        return self.lookups + self.lookup_many_calls + self.fresh_reads
+
+    def put(self, row: ExecutionRow) -> None:
+        self.rows[row.pod_name] = row
+
+    async def lookup(self, pod_name: str) -> ExecutionRow | None:
+        self.lookups += 1
+        if self.lookup_gate is not None:
+            await self.lookup_gate.wait()
+        if self.lookup_error is not None:
+            raise self.lookup_error
+        rows = self.batched_rows if self.batched_rows is not None else self.rows
+        return rows.get(pod_name)
+
+    async def lookup_many(self, pod_names: Sequence[str]) -> dict[str, ExecutionRow]:
+        self.lookup_many_calls += 1
+        if self.lookup_error is not None:
+            raise self.lookup_error
+        return {n: self.rows[n] for n in pod_names if n in self.rows}
+
+    async def read_fresh(self, pod_name: str) -> ExecutionRow | None:
+        self.fresh_reads += 1
+        if self.fresh_error is not None:
+            raise self.fresh_error
+        return self.rows.get(pod_name)
+
+
+# ------------------------------------------------------------- engine rig
+
+
+@dataclass
+class EngineRig:
+    """The whole engine on fakes and a fake clock (what the wiring assembles, minus adapters)."""
+
+    settings: Settings
+    clock: FakeClock
+    cache: FakePodCache
+    pods: FakePodClient
+    store: FakeExecutionStore
+    metrics: Metrics
+    clocks: ObservationClocks
+    budget: DeleteBudget
+    activation: Activation
+    queue: WorkQueue
+    reconciler: Reconciler
+    controller: Controller
+
+    def add(self, pod: PodSnapshot, row: ExecutionRow | None = None, *, event: bool = True) -> None:
+        """Put ``pod`` in the cache and on the server (and its row), and tell the controller."""
+        old = self.cache.put(pod)
+        self.pods.pods[pod.key] = pod
+        if row is not None:
+            self.store.put(row)
+        if event:
+            self.controller.pod_changed(old, pod)
+
+    def outcome(self, label: str, mode: str | None = None) -> float:
+        """The outcome counter for ``label`` in ``mode`` (the settings' mode by default)."""
+        mode = mode or ("dry_run" if self.settings.dry_run else "live")
+        value = self.metrics.registry.get_sample_value(
+            "cluster_reconciler_outcome_total", {"loop": LOOP, "mode": mode, "verdict": label}
+        )
+        return value or 0.0
+
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
+        return self.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+    async def advance(self, seconds: float) -> None:
+        """Advance the fake clock and let every woken task run until all are blocked again."""
+        await anyio.wait_all_tasks_blocked()
+        self.clock.advance(seconds)
+        await anyio.wait_all_tasks_blocked()
+
+
+def make_rig(
+    settings: Settings | None = None,
+    *,
+    leader: bool = True,
+    start_s: float = 1000.0,
+    budget_window_s: float = 60.0,
+    leader_check: Callable[[], bool] | None = None,
+) -> EngineRig:
+    settings = settings if settings is not None else make_settings()
+    clock = FakeClock(start_s)
+    metrics = Metrics(CollectorRegistry())
+    cache = FakePodCache()
+    pods = FakePodClient(clock=clock)
+    store = FakeExecutionStore()
+    clocks = ObservationClocks(metrics=metrics)
+    budget = DeleteBudget(
+        settings.deletes_per_minute, clock=clock, window_s=budget_window_s, pace=False
+    )
+    activation = Activation(enabled=settings.enabled, leader_check=leader_check)
+    queue = WorkQueue(clock=clock, metrics=metrics)
+    reconciler = Reconciler(
+        settings=settings,
+        cache=cache,
+        pods=pods,
+        store=store,
+        clocks=clocks,
+        budget=budget,
+        activation=activation,
+        clock=clock,
+        metrics=metrics,
+    )
+    controller = Controller(
+        cache=cache,
+        queue=queue,
+        reconciler=reconciler,
+        clocks=clocks,
+        activation=activation,
+        clock=clock,
+        metrics=metrics,
+    )
+    if leader:
+        controller.set_leader(True)
+    return EngineRig(
+        settings=settings,
+        clock=clock,
+        cache=cache,
+        pods=pods,
+        store=store,
+        metrics=metrics,
+        clocks=clocks,
+        budget=budget,
+        activation=activation,
+        queue=queue,
+        reconciler=reconciler,
+        controller=controller,
+    )

@@ -1,0 +1,113 @@
+"""The delete budget: never more than N grants in any rolling window; a backlog reaches N."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+from service.engine.budget import DeleteBudget, pacer_shape
+from service.engine.clock import FakeClock, MonotonicClock
+
+
+def _max_in_any_window(times: list[float], window_s: float) -> int:
+    """The most grants in any half-open window [t, t + window) (windows starting at a grant)."""
+    times = sorted(times)
+    best = 0
+    j = 0
+    for i, start in enumerate(times):
+        j = max(j, i)
+        while j < len(times) and times[j] < start + window_s:
+            j += 1
+        best = max(best, j - i)
+    return best
+
+
+def test_pacer_shape_never_exceeds_the_cap_in_a_window_and_keeps_most_of_it() -> None:
+    for cap in range(1, 6001):
+        shape = pacer_shape(cap)
+        if shape is None:
+            assert cap == 1
+            continue
+        capacity, rate_per_s = shape
+        assert capacity >= 1 and rate_per_s > 0
+        # A leaky bucket admits at most capacity + rate * window in any window.
+        assert capacity + rate_per_s * 60.0 <= cap + 1e-9
+        if cap >= 10:
+            assert rate_per_s * 60.0 >= 0.9 * cap - 1  # a backlog still nears the cap
+
+
+def test_a_plain_aiolimiter_bucket_would_break_the_cap() -> None:
+    # Why the sizing matters: AsyncLimiter(N, 60) starts empty and admits N + N in the first
+    # minute; the sized bucket admits at most N.
+    cap = 120
+    naive_first_minute = cap + cap / 60.0 * 60.0
+    capacity, rate_per_s = pacer_shape(cap) or (0, 0.0)
+    assert naive_first_minute > cap
+    assert capacity + rate_per_s * 60.0 <= cap
+
+
+@pytest.mark.anyio
+async def test_the_exact_guard_caps_every_rolling_window_and_a_backlog_reaches_the_cap() -> None:
+    clock = FakeClock()
+    cap = 5
+    budget = DeleteBudget(cap, clock=clock, pace=False)
+    start = clock.monotonic()
+    grants: list[float] = []
+    async with anyio.create_task_group() as tg:
+        for _ in range(23):
+
+            async def take() -> None:
+                grants.append(await budget.acquire())
+
+            tg.start_soon(take)
+        await anyio.wait_all_tasks_blocked()
+        for _ in range(300):  # 300 s in 1 s steps (timers fire at their exact deadlines)
+            clock.advance(1)
+            await anyio.wait_all_tasks_blocked()
+    assert len(grants) == 23
+    assert _max_in_any_window(grants, 60.0) <= cap
+    for i in range(len(grants) - cap):
+        assert grants[i + cap] - grants[i] >= 60.0
+    # Under a backlog every minute is used to the cap: 5 at 0 s, 5 at 60 s, ...
+    per_minute = [
+        sum(1 for g in grants if start + 60 * m <= g < start + 60 * (m + 1)) for m in range(5)
+    ]
+    assert per_minute == [5, 5, 5, 5, 3]
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_acquire_consumes_nothing() -> None:
+    clock = FakeClock()
+    budget = DeleteBudget(1, clock=clock, pace=False)
+    await budget.acquire()
+    assert budget.retry_after_s() == 60.0
+    with anyio.move_on_after(0.01):
+        await budget.acquire()  # blocks on the fake clock; cancelled by a real 10 ms timeout
+    clock.advance(60)
+    assert budget.retry_after_s() == 0.0
+    with anyio.fail_after(1):
+        granted = await budget.acquire()
+    assert granted == clock.monotonic()
+    assert budget.granted_in_window() == 1
+
+
+@pytest.mark.anyio
+async def test_paced_budget_on_the_real_clock_spreads_grants_and_caps_windows() -> None:
+    # A scaled-down window (0.5 s) so the real aiolimiter pacing runs in well under a second.
+    window_s = 0.5
+    cap = 10
+    budget = DeleteBudget(cap, clock=MonotonicClock(), window_s=window_s, pace=True)
+    assert budget.paced
+    grants: list[float] = []
+    started = time.monotonic()
+    with anyio.fail_after(10):
+        for _ in range(15):
+            grants.append(await budget.acquire())
+    took_s = time.monotonic() - started
+    assert _max_in_any_window(grants, window_s) <= cap
+    # 15 grants with at most 10 per 0.5 s cannot finish within one window.
+    assert took_s >= window_s * 0.9
+    # Pacing: the burst is the small capacity (1), not the whole cap.
+    assert sum(1 for g in grants if g < started + 0.05) <= 2

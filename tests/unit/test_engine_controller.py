@@ -1,0 +1,492 @@
+"""The event side and the worker loop: events in, reconciles out, on fakes and a fake clock."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+
+from service.domain import (
+    ExecutionChange,
+    ExecutionState,
+    PodPhase,
+    PodSnapshot,
+    ReconcileOutcome,
+    Verdict,
+)
+from service.engine.observation import ObservationClocks
+from service.engine.reconciler import Action
+from tests.fakes import EngineRig, FakePodCache, make_pod, make_rig, make_row, make_settings
+
+T0 = 1000.0
+
+
+@asynccontextmanager
+async def running(rig: EngineRig, workers: int = 2) -> AsyncIterator[EngineRig]:
+    async with anyio.create_task_group() as tg:
+        await tg.start(rig.controller.run_workers, workers)
+        try:
+            yield rig
+            await anyio.wait_all_tasks_blocked()
+        finally:
+            rig.queue.shut_down()
+
+
+def _retired(rig: EngineRig, pods: Iterable[PodSnapshot]) -> None:
+    for pod in pods:
+        rig.add(pod, make_row(pod))
+
+
+def _change(pod: PodSnapshot, *, active: bool, state: ExecutionState) -> ExecutionChange:
+    return ExecutionChange(pod.namespace, pod.name, active=active, state=state)
+
+
+# ------------------------------------------------------------------ threshold
+
+
+@pytest.mark.anyio
+async def test_deletes_only_after_the_threshold_with_uid_and_rv_preconditions() -> None:
+    rig = make_rig(make_settings(threshold_s=300))
+    pod = make_pod()
+    async with running(rig):
+        rig.add(pod, make_row(pod))  # the watch event enqueues it at once
+        await anyio.wait_all_tasks_blocked()
+        assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 1
+        assert rig.queue.due_at(pod.key) == T0 + 300  # requeued for exactly the expiry
+        rig.pods.pods[pod.key] = dataclasses.replace(pod, resource_version="131")
+        await rig.advance(299.5)
+        assert rig.pods.deletes == []
+        await rig.advance(0.5)
+        assert len(rig.pods.deletes) == 1
+        call = rig.pods.deletes[0]
+        assert call.at_s == T0 + 300  # the moment the clock expired, not on a tick
+        assert (call.uid, call.resource_version) == (pod.uid, "131")
+        queries = rig.store.queries
+        await rig.advance(10_000)  # idle: no polling, no row queries
+        assert rig.store.queries == queries
+    assert rig.outcome(Verdict.TERMINAL_RETIRED) == 1
+    assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 1
+
+
+@pytest.mark.anyio
+async def test_pods_failing_the_prefilter_are_not_enqueued_but_clear_their_clock() -> None:
+    rig = make_rig()
+    pod = make_pod()
+    rig.add(pod, make_row(pod))
+    assert len(rig.queue) == 1
+    await rig.controller.process(await rig.queue.get() or "")
+    rig.queue.done(pod.key)
+    assert rig.clocks.get(pod.uid) is not None
+    running_pod = dataclasses.replace(pod, phase=PodPhase.RUNNING, resource_version="2")
+    rig.add(running_pod)
+    assert rig.clocks.get(pod.uid) is None
+    assert len(rig.queue) == 0
+
+
+# ------------------------------------------------------------ invariant 3
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "flip",
+    [
+        _change(make_pod(), active=True, state=ExecutionState.ACTIVE),
+        _change(make_pod(), active=False, state=ExecutionState.UNKNOWN),
+        ExecutionChange("sandboxes", make_pod().name, active=None, state=None, deleted=True),
+    ],
+    ids=["reactivated", "unknown_state", "row_deleted"],
+)
+async def test_a_row_flipping_and_back_between_two_reconciles_restarts_the_clock(
+    flip: ExecutionChange,
+) -> None:
+    rig = make_rig()
+    pod = make_pod()
+    rig.add(pod, make_row(pod), event=False)
+    await rig.reconciler.reconcile(pod.key)
+    rig.clock.advance(100)
+    # Between two reconciles the row flips and flips back; only notifications see it.
+    rig.controller.execution_changed(flip)
+    rig.controller.execution_changed(_change(pod, active=False, state=ExecutionState.SUSPENDED))
+    rig.clock.advance(200)  # 300 s after the first observation
+    result = await rig.reconciler.reconcile(pod.key)
+    assert result.outcome == ReconcileOutcome.TOO_YOUNG
+    assert result.requeue_after_s == 300.0
+    assert rig.pods.deletes == []
+
+
+@pytest.mark.anyio
+async def test_a_pod_leaving_the_shape_and_back_between_two_reconciles_restarts_the_clock() -> None:
+    rig = make_rig()
+    pod = make_pod()
+    rig.add(pod, make_row(pod), event=False)
+    await rig.reconciler.reconcile(pod.key)
+    rig.clock.advance(100)
+    terminating = dataclasses.replace(pod, terminating=True, resource_version="2")
+    rig.controller.pod_changed(pod, terminating)
+    rig.controller.pod_changed(terminating, pod)  # (an impossible flip back, for the test)
+    rig.clock.advance(200)
+    assert (await rig.reconciler.reconcile(pod.key)).requeue_after_s == 300.0
+
+
+@pytest.mark.anyio
+async def test_a_new_uid_event_clears_the_old_clock() -> None:
+    rig = make_rig()
+    pod = make_pod()
+    rig.add(pod, make_row(pod), event=False)
+    await rig.reconciler.reconcile(pod.key)
+    new = dataclasses.replace(pod, uid="uid-new")
+    rig.controller.pod_changed(pod, new)
+    assert len(rig.clocks) == 0
+
+
+@pytest.mark.anyio
+async def test_an_add_event_for_a_new_uid_clears_the_clock_of_the_old_one() -> None:
+    # After a relist the delete of the old pod may never have been seen: only an ADD arrives.
+    rig = make_rig()
+    pod = make_pod()
+    rig.add(pod, make_row(pod), event=False)
+    await rig.reconciler.reconcile(pod.key)
+    rig.controller.pod_changed(None, dataclasses.replace(pod, uid="uid-new"))
+    assert len(rig.clocks) == 0
+
+
+@pytest.mark.parametrize("event", ["cache_cold", "notifications_missed", "leader_again"])
+@pytest.mark.anyio
+async def test_cold_cache_listener_reconnect_and_new_leadership_restart_clocks(event: str) -> None:
+    rig = make_rig()
+    pods = [make_pod(f"s{i}") for i in range(3)]
+    for pod in pods:
+        rig.add(pod, make_row(pod), event=False)
+        await rig.reconciler.reconcile(pod.key)
+    assert len(rig.clocks) == 3
+    rig.clock.advance(200)
+    if event == "cache_cold":
+        rig.controller.cache_cold()
+    elif event == "notifications_missed":
+        rig.controller.notifications_missed()
+    else:
+        rig.controller.set_leader(False)
+        rig.controller.set_leader(True)
+    assert len(rig.clocks) == 0
+    assert rig.sample("retired_pod_gc_tracked_clocks") == 0
+    rig.clock.advance(200)  # 400 s after the first observation
+    for pod in pods:
+        assert (await rig.reconciler.reconcile(pod.key)).requeue_after_s == 300.0
+    assert rig.pods.deletes == []
+
+
+@pytest.mark.anyio
+async def test_a_restart_starts_with_no_clocks() -> None:
+    before = make_rig()
+    pod = make_pod()
+    before.add(pod, make_row(pod))
+    await before.reconciler.reconcile(pod.key)
+    assert len(before.clocks) == 1
+    after = make_rig()  # a new process: nothing carried over
+    after.clock.advance(400)
+    after.add(pod, make_row(pod))
+    assert len(after.clocks) == 0
+    assert (await after.reconciler.reconcile(pod.key)).requeue_after_s == 300.0
+
+
+@pytest.mark.anyio
+async def test_clocks_never_outlive_their_pods() -> None:
+    rig = make_rig(make_settings(dry_run=True))
+    pods = [make_pod(f"s{i}") for i in range(4)]
+    for pod in pods:
+        rig.add(pod, make_row(pod), event=False)
+        await rig.reconciler.reconcile(pod.key)
+    rig.clock.advance(300)
+    await rig.reconciler.reconcile(pods[0].key)  # reported in dry run
+    assert rig.clocks.reported_count == 1
+    for pod in pods:
+        rig.cache.remove(pod.key)
+        rig.controller.pod_changed(pod, None)
+    assert len(rig.clocks) == 0
+    assert rig.clocks.reported_count == 0
+
+
+@pytest.mark.anyio
+async def test_cache_synced_enqueues_candidates_and_prunes_reports_of_vanished_pods() -> None:
+    rig = make_rig(make_settings(dry_run=True))
+    kept, vanished = make_pod("keep"), make_pod("gone")
+    running_pod = make_pod("run", phase=PodPhase.RUNNING)
+    for pod in (kept, vanished):
+        rig.add(pod, make_row(pod), event=False)
+        await rig.reconciler.reconcile(pod.key)
+    rig.clock.advance(300)
+    for pod in (kept, vanished):
+        await rig.reconciler.reconcile(pod.key)
+    assert rig.clocks.reported_count == 2
+    rig.controller.cache_cold()
+    rig.cache.remove(vanished.key)  # deleted while the watch was down: no event
+    rig.add(running_pod, event=False)
+    rig.controller.cache_synced()
+    assert rig.clocks.reported_count == 1
+    assert rig.clocks.was_reported(kept.uid)
+    keys = []
+    while len(rig.queue):
+        keys.append(await rig.queue.get())
+    assert keys == [kept.key]  # only candidates; the Running pod is not enqueued
+
+
+# ------------------------------------------------------------ notifications
+
+
+@pytest.mark.anyio
+async def test_a_retirement_notification_enqueues_and_records_its_latency() -> None:
+    rig = make_rig()
+    pod = make_pod()
+    rig.add(pod, make_row(pod), event=False)
+    change = dataclasses.replace(
+        _change(pod, active=False, state=ExecutionState.REPLACED),
+        received_at_s=rig.clock.monotonic() - 0.004,
+    )
+    rig.controller.execution_changed(change)
+    assert rig.queue.is_dirty(pod.key)
+    assert rig.sample("retired_pod_gc_retirement_to_enqueue_seconds_count") == 1
+    assert rig.sample("retired_pod_gc_retirement_to_enqueue_seconds_sum") == pytest.approx(0.004)
+
+
+# ------------------------------------------------------------ invariant 4
+
+
+@pytest.mark.anyio
+async def test_rate_limit_caps_deletes_per_rolling_minute() -> None:
+    cap = 5
+    rig = make_rig(make_settings(deletes_per_minute=cap, threshold_s=60))
+    pods = [make_pod(f"s{i:02}") for i in range(23)]
+    async with running(rig, workers=4):
+        _retired(rig, pods)
+        await anyio.wait_all_tasks_blocked()
+        await rig.advance(60)  # every pod is past the threshold now
+        for _ in range(300):
+            await rig.advance(1)
+    times = sorted(d.at_s for d in rig.pods.deletes)
+    assert len(times) == 23 and len(set(rig.pods.deleted_keys)) == 23
+    for i in range(len(times) - cap):  # no rolling 60 s window holds more than the cap
+        assert times[i + cap] - times[i] >= 60.0
+    start = T0 + 60
+    per_minute = [
+        sum(1 for t in times if start + 60 * m <= t < start + 60 * (m + 1)) for m in range(5)
+    ]
+    assert per_minute == [5, 5, 5, 5, 3]  # and a backlog uses the whole budget
+
+
+# ------------------------------------------------------------ invariants 5, 6
+
+
+@pytest.mark.anyio
+async def test_dry_run_with_workers_reports_each_uid_once_across_many_events(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="service.engine")
+    rig = make_rig(make_settings(dry_run=True))
+    pod = make_pod()
+    async with running(rig):
+        rig.add(pod, make_row(pod))
+        await rig.advance(300)
+        for i in range(5):  # status updates keep coming
+            rig.add(dataclasses.replace(pod, resource_version=str(200 + i)))
+            await rig.advance(10)
+    assert rig.pods.deletes == []
+    assert rig.outcome(Verdict.TERMINAL_RETIRED, "dry_run") == 1
+    assert rig.outcome(ReconcileOutcome.ALREADY_REPORTED, "dry_run") == 5
+    assert sum("would reap" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.anyio
+async def test_disabled_sends_nothing() -> None:
+    rig = make_rig(make_settings(enabled=False))
+    pods = [make_pod(f"s{i}") for i in range(3)]
+    async with running(rig):
+        _retired(rig, pods)
+        rig.controller.execution_changed(
+            _change(pods[0], active=False, state=ExecutionState.SUSPENDED)
+        )
+        rig.controller.cache_synced()
+        assert rig.controller.resync() == 0
+        await rig.advance(10_000)
+    assert not rig.controller.active
+    assert rig.pods.deletes == [] and rig.pods.gets == []
+    assert rig.store.queries == 0
+    assert len(rig.queue) == 0
+    assert rig.sample("retired_pod_gc_queue_adds_total") == 0  # an inactive replica queues nothing
+
+
+@pytest.mark.anyio
+async def test_not_leader_processes_nothing_and_leadership_enqueues_every_candidate() -> None:
+    rig = make_rig(leader=False)
+    pods = [make_pod(f"s{i}") for i in range(3)]
+    async with running(rig):
+        _retired(rig, pods)
+        await rig.advance(400)
+        assert rig.store.queries == 0 and len(rig.clocks) == 0
+        rig.controller.set_leader(True)
+        await anyio.wait_all_tasks_blocked()
+        assert len(rig.clocks) == 3  # observed at once, starting from zero
+        assert rig.pods.deletes == []
+        await rig.advance(300)
+    assert len(rig.pods.deletes) == 3
+
+
+@pytest.mark.anyio
+async def test_keys_already_queued_when_leadership_is_lost_are_dropped() -> None:
+    rig = make_rig()
+    pod = make_pod()
+    rig.add(pod, make_row(pod))
+    rig.controller.set_leader(False)
+    key = await rig.queue.get()
+    assert key == pod.key
+    result = await rig.controller.process(key)
+    rig.queue.done(key)
+    assert result is not None and result.outcome == "inactive"
+    assert rig.store.queries == 0
+
+
+# ------------------------------------------------------------ worker loop
+
+
+class _ExplodingCache(FakePodCache):
+    def get(self, key: str) -> PodSnapshot | None:
+        if key.startswith("boom/"):
+            raise RuntimeError("a bug in a dependency")
+        return super().get(key)
+
+
+@pytest.mark.anyio
+async def test_a_malformed_key_never_crashes_a_worker() -> None:
+    rig = make_rig()
+    exploding = _ExplodingCache()
+    rig.cache = exploding
+    rig.reconciler._cache = exploding
+    rig.controller._cache = exploding
+    pod = make_pod()
+    async with running(rig, workers=1):
+        for bad in ("no-slash", "a/b/c", "", "boom/pod"):
+            rig.queue.add(bad)
+        await anyio.wait_all_tasks_blocked()
+        rig.clock.advance(1)
+        await anyio.wait_all_tasks_blocked()
+        rig.add(pod, make_row(pod))
+        await rig.advance(300)
+        assert rig.queue.num_requeues("boom/pod") >= 2  # raised, backed off, retried
+        assert rig.queue.num_requeues("no-slash") == 0  # malformed: dropped, not retried
+    assert rig.pods.deleted_keys == [pod.key]  # the one worker lived on
+    assert rig.sample("retired_pod_gc_reconcile_errors_total") >= 2
+
+
+@pytest.mark.anyio
+async def test_worker_results_map_onto_the_queue_like_controller_runtime() -> None:
+    rig = make_rig()
+    pod = make_pod()
+    rig.add(pod, make_row(pod), event=False)
+    rig.store.lookup_error = ConnectionError("db down")
+    for expected in (1, 2, 3):
+        rig.queue.add(pod.key)
+        rig.clock.advance(100)
+        key = await rig.queue.get()
+        assert key is not None
+        result = await rig.controller.process(key)
+        rig.queue.done(key)
+        assert result is not None and result.action is Action.BACKOFF
+        assert rig.queue.num_requeues(pod.key) == expected
+    rig.store.lookup_error = None
+    rig.clock.advance(100)
+    key = await rig.queue.get()
+    assert key is not None
+    result = await rig.controller.process(key)
+    rig.queue.done(key)
+    assert result is not None and result.action is Action.REQUEUE_AFTER
+    assert rig.queue.num_requeues(pod.key) == 0  # forgotten on success
+    assert rig.queue.due_at(pod.key) == rig.clock.monotonic() + 300
+
+
+@pytest.mark.anyio
+async def test_stop_lets_an_in_flight_reconcile_finish() -> None:
+    rig = make_rig()
+    pod = make_pod()
+    gate = anyio.Event()
+    rig.store.lookup_gate = gate
+    drained: list[bool] = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(rig.controller.run_workers, 2)
+        rig.add(pod, make_row(pod))
+        await anyio.wait_all_tasks_blocked()
+        assert rig.queue.processing == frozenset({pod.key})
+
+        async def stop() -> None:
+            drained.append(await rig.controller.stop(timeout_s=20))
+
+        tg.start_soon(stop)
+        await anyio.wait_all_tasks_blocked()
+        rig.add(make_pod("late"), make_row(make_pod("late")))  # not accepted any more
+        assert drained == []
+        gate.set()
+    assert drained == [True]
+    assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 1  # the in-flight one completed
+    assert rig.store.lookups == 1
+
+
+@pytest.mark.anyio
+async def test_stop_gives_up_after_its_timeout() -> None:
+    rig = make_rig()
+    pod = make_pod()
+    rig.store.lookup_gate = anyio.Event()  # never set: the lookup hangs
+    drained: list[bool] = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(rig.controller.run_workers, 1)
+        rig.add(pod, make_row(pod))
+        await anyio.wait_all_tasks_blocked()
+
+        async def stop() -> None:
+            drained.append(await rig.controller.stop(timeout_s=5))
+
+        tg.start_soon(stop)
+        await rig.advance(5)
+        assert drained == [False]
+        tg.cancel_scope.cancel()  # what the caller does next: cancel the workers
+
+
+@pytest.mark.anyio
+async def test_resync_enqueues_every_cached_candidate_and_only_those() -> None:
+    rig = make_rig()
+    candidates = [make_pod(f"c{i}") for i in range(3)]
+    others = [
+        make_pod("run", phase=PodPhase.RUNNING),
+        make_pod("term", terminating=True),
+        make_pod("ip", phase=PodPhase.PENDING, pod_ip="10.1.1.1"),
+    ]
+    for pod in candidates + others:
+        rig.add(pod, event=False)
+    assert rig.controller.resync() == 3
+    assert {await rig.queue.get() for _ in range(3)} == {p.key for p in candidates}
+    assert len(rig.queue) == 0
+
+
+@pytest.mark.anyio
+async def test_periodic_resync_runs_on_the_clock() -> None:
+    rig = make_rig()
+    pod = make_pod()
+    rig.add(pod, event=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(rig.controller.run_resync, 600.0)
+        await rig.advance(599)
+        assert len(rig.queue) == 0
+        await rig.advance(1)
+        assert len(rig.queue) == 1
+        tg.cancel_scope.cancel()
+
+
+def test_observation_clocks_restart_on_a_new_uid_and_index_by_key() -> None:
+    clocks = ObservationClocks()
+    assert clocks.observe("u1", "ns/a", Verdict.TERMINAL_RETIRED, 10.0) == 0.0
+    assert clocks.observe("u1", "ns/a", Verdict.TERMINAL_RETIRED, 25.0) == 15.0
+    assert clocks.observe("u2", "ns/a", Verdict.TERMINAL_RETIRED, 30.0) == 0.0
+    assert clocks.get("u1") is None and clocks.uid_for("ns/a") == "u2"
+    clocks.clear_key("ns/a")
+    assert len(clocks) == 0 and clocks.uid_for("ns/a") is None

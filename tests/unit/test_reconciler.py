@@ -1,0 +1,538 @@
+"""One key's reconcile, called directly, on in-memory fakes and a fake clock.
+
+Each safety test names the DESIGN invariant it guards and fails when the enforcing code goes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import anyio
+import pytest
+
+from service.domain import (
+    DeleteOutcome,
+    DeleteResult,
+    ExecutionChange,
+    ExecutionState,
+    PodPhase,
+    PodSnapshot,
+    ReconcileOutcome,
+    Verdict,
+)
+from service.engine.reconciler import INACTIVE, Action
+from tests.fakes import (
+    EngineRig,
+    FakePodClient,
+    make_pending_pod,
+    make_pod,
+    make_rig,
+    make_row,
+    make_settings,
+)
+
+T0 = 1000.0
+
+
+def _rig(**settings: object) -> tuple[EngineRig, PodSnapshot]:
+    rig = make_rig(make_settings(**settings))  # type: ignore[arg-type]
+    pod = make_pod()
+    rig.add(pod, make_row(pod), event=False)
+    return rig, pod
+
+
+async def _expire(rig: EngineRig, pod: PodSnapshot) -> None:
+    """Observe ``pod`` once and let exactly the threshold pass."""
+    first = await rig.reconciler.reconcile(pod.key)
+    assert first.outcome == ReconcileOutcome.TOO_YOUNG
+    rig.clock.advance(rig.settings.threshold_s)
+
+
+# ------------------------------------------------------------- threshold
+
+
+@pytest.mark.anyio
+async def test_too_young_requeues_for_exactly_the_remaining_time_then_deletes() -> None:
+    rig, pod = _rig()
+    result = await rig.reconciler.reconcile(pod.key)
+    assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.TOO_YOUNG)
+    assert result.requeue_after_s == 300.0
+    rig.clock.advance(120)
+    again = await rig.reconciler.reconcile(pod.key)
+    assert again.requeue_after_s == 180.0  # the clock kept running: same UID, same shape
+    rig.clock.advance(179.5)
+    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert rig.pods.deletes == []
+    rig.clock.advance(0.5)
+    done = await rig.reconciler.reconcile(pod.key)
+    assert (done.action, done.outcome) == (Action.DONE, Verdict.TERMINAL_RETIRED)
+    assert [(d.uid, d.at_s) for d in rig.pods.deletes] == [(pod.uid, T0 + 300)]
+    assert rig.outcome(Verdict.TERMINAL_RETIRED) == 1
+    assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 3
+    assert len(rig.clocks) == 0  # a deleted pod's clock is dropped
+
+
+@pytest.mark.anyio
+async def test_invariant7_delete_preconditions_come_from_the_fresh_get() -> None:
+    rig, pod = _rig()
+    # The server moved on (a status update): the cache still has resourceVersion 100.
+    rig.pods.pods[pod.key] = dataclasses.replace(pod, resource_version="105")
+    await _expire(rig, pod)
+    await rig.reconciler.reconcile(pod.key)
+    [call] = rig.pods.deletes
+    assert (call.namespace, call.name) == (pod.namespace, pod.name)
+    assert (call.uid, call.resource_version) == (pod.uid, "105")
+    assert rig.pods.gets == [pod.key]
+    assert rig.sample("retired_pod_gc_deletes_total", {"result": "deleted"}) == 1
+
+
+@pytest.mark.anyio
+async def test_replaced_never_started_pod_is_reaped_with_its_own_verdict() -> None:
+    rig = make_rig(make_settings())
+    pod = make_pending_pod()
+    rig.add(pod, make_row(pod, state=ExecutionState.REPLACED), event=False)
+    await _expire(rig, pod)
+    result = await rig.reconciler.reconcile(pod.key)
+    assert result.outcome == Verdict.REPLACED_NEVER_STARTED
+    assert rig.outcome(Verdict.REPLACED_NEVER_STARTED) == 1
+    assert rig.pods.deleted_keys == [pod.key]
+
+
+# ------------------------------------------------------ invariants 1 and 2
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("fresh", ["active", "no_row", "unknown_state", "inactive_active_state"])
+async def test_invariant1_no_delete_when_the_final_re_read_is_not_retired(fresh: str) -> None:
+    rig, pod = _rig()
+    retired = make_row(pod)
+    rig.store.batched_rows = {pod.name: retired}  # the batched lookup still says retired
+    if fresh == "active":
+        rig.store.put(make_row(pod, active=True, state=ExecutionState.ACTIVE))
+    elif fresh == "no_row":
+        del rig.store.rows[pod.name]
+    elif fresh == "unknown_state":
+        rig.store.put(make_row(pod, state=ExecutionState.UNKNOWN))
+    else:
+        rig.store.put(make_row(pod, state=ExecutionState.ACTIVE))
+    await _expire(rig, pod)
+    result = await rig.reconciler.reconcile(pod.key)
+    assert result.outcome == ReconcileOutcome.CHANGED
+    assert rig.pods.deletes == []
+    assert rig.clocks.get(pod.uid) is None
+    assert rig.store.fresh_reads == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("change", ["running", "terminating", "recreated", "pending_with_ip"])
+async def test_invariant2_no_delete_when_the_fresh_get_shows_a_live_or_other_pod(
+    change: str,
+) -> None:
+    rig, pod = _rig()
+    await _expire(rig, pod)
+    server = {
+        "running": dataclasses.replace(
+            pod, phase=PodPhase.RUNNING, all_containers_terminated=False
+        ),
+        "terminating": dataclasses.replace(pod, terminating=True),
+        "recreated": dataclasses.replace(pod, uid="uid-new", resource_version="900"),
+        "pending_with_ip": dataclasses.replace(
+            pod, phase=PodPhase.PENDING, pod_ip="10.0.0.9", all_containers_terminated=False
+        ),
+    }[change]
+    rig.pods.pods[pod.key] = server
+    result = await rig.reconciler.reconcile(pod.key)
+    assert result.outcome == ReconcileOutcome.CHANGED
+    assert rig.pods.deletes == []
+    assert rig.pods.pods[pod.key] == server  # the pod on the server survives
+
+
+class _RecreatingPodClient(FakePodClient):
+    """The pod is deleted and recreated under its name right after our fresh GET."""
+
+    async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
+        pod = await super().get_pod(namespace, name)
+        if pod is not None:
+            self.pods[pod.key] = dataclasses.replace(pod, uid="uid-new", resource_version="1")
+        return pod
+
+
+@pytest.mark.anyio
+async def test_invariant2_uid_precondition_protects_a_pod_recreated_after_the_fresh_get() -> None:
+    rig, pod = _rig()
+    recreating = _RecreatingPodClient([pod], clock=rig.clock)
+    rig.reconciler._pods = recreating  # the fake stands in for the API server
+    await _expire(rig, pod)
+    result = await rig.reconciler.reconcile(pod.key)
+    assert result.outcome == ReconcileOutcome.CONFLICT
+    assert result.action is Action.REQUEUE_AFTER
+    [call] = recreating.deletes
+    assert call.uid == pod.uid  # the observed UID, not the new pod's
+    assert recreating.pods[pod.key].uid == "uid-new"  # the new pod survives
+    assert rig.outcome(ReconcileOutcome.CONFLICT) == 1
+    assert rig.sample("retired_pod_gc_deletes_total", {"result": "conflict"}) == 1
+
+
+@pytest.mark.anyio
+async def test_a_pod_recreated_under_the_same_name_starts_its_own_clock() -> None:
+    rig, pod = _rig()
+    await rig.reconciler.reconcile(pod.key)
+    rig.clock.advance(250)
+    new = dataclasses.replace(pod, uid="uid-new", resource_version="7")
+    rig.add(new, event=False)  # the cache already shows the new pod (no event needed)
+    rig.clock.advance(100)  # 350 s after the old UID was first seen
+    result = await rig.reconciler.reconcile(pod.key)
+    assert result.outcome == ReconcileOutcome.TOO_YOUNG
+    assert result.requeue_after_s == 300.0
+    assert rig.clocks.get(pod.uid) is None
+    assert rig.pods.deletes == []
+
+
+# ------------------------------------------------------------ invariant 3
+
+
+@pytest.mark.anyio
+async def test_a_pod_that_stops_classifying_restarts_its_clock() -> None:
+    rig, pod = _rig()
+    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    rig.clock.advance(100)
+    rig.store.put(make_row(pod, active=True, state=ExecutionState.ACTIVE))  # no notification
+    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.SKIPPED
+    rig.store.put(make_row(pod))  # retired again
+    rig.clock.advance(100)
+    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    rig.clock.advance(150)  # 350 s after first seen: beyond the original threshold
+    result = await rig.reconciler.reconcile(pod.key)
+    assert result.outcome == ReconcileOutcome.TOO_YOUNG
+    assert result.requeue_after_s == 150.0  # restarted at 200 s, not 0 s
+    assert rig.pods.deletes == []
+    assert rig.sample("retired_pod_gc_skips_total", {"reason": "row_active"}) == 1
+
+
+@pytest.mark.anyio
+async def test_a_pod_that_fails_the_prefilter_restarts_its_clock_without_a_db_query() -> None:
+    rig, pod = _rig()
+    await rig.reconciler.reconcile(pod.key)
+    queries = rig.store.queries
+    rig.clock.advance(200)
+    rig.cache.put(dataclasses.replace(pod, phase=PodPhase.RUNNING))
+    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.SKIPPED
+    assert rig.store.queries == queries  # the prefilter decides without the database
+    assert rig.sample("retired_pod_gc_skips_total", {"reason": "pod_running"}) == 1
+    rig.cache.put(pod)
+    rig.clock.advance(200)
+    assert (await rig.reconciler.reconcile(pod.key)).requeue_after_s == 300.0
+
+
+@pytest.mark.anyio
+async def test_a_changed_reapable_shape_restarts_the_clock() -> None:
+    rig = make_rig(make_settings())
+    pending = make_pending_pod()
+    rig.add(pending, make_row(pending, state=ExecutionState.REPLACED), event=False)
+    await rig.reconciler.reconcile(pending.key)
+    rig.clock.advance(200)
+    failed = dataclasses.replace(
+        pending, phase=PodPhase.FAILED, all_containers_terminated=True, resource_version="2"
+    )
+    rig.add(failed, event=False)
+    result = await rig.reconciler.reconcile(pending.key)
+    assert result.requeue_after_s == 300.0
+
+
+@pytest.mark.anyio
+async def test_a_failed_lookup_restarts_the_clock_and_backs_off() -> None:
+    rig, pod = _rig()
+    await rig.reconciler.reconcile(pod.key)
+    rig.clock.advance(200)
+    rig.store.lookup_error = ConnectionError("db down")
+    failed = await rig.reconciler.reconcile(pod.key)
+    assert (failed.action, failed.outcome) == (Action.BACKOFF, ReconcileOutcome.LOOKUP_FAILED)
+    assert rig.clocks.get(pod.uid) is None
+    rig.store.lookup_error = None
+    rig.clock.advance(150)
+    assert (await rig.reconciler.reconcile(pod.key)).requeue_after_s == 300.0
+    assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) == 1
+
+
+@pytest.mark.anyio
+async def test_a_failed_fresh_re_read_restarts_the_clock_and_sends_nothing() -> None:
+    rig, pod = _rig()
+    await _expire(rig, pod)
+    rig.store.fresh_error = TimeoutError("statement timeout")
+    result = await rig.reconciler.reconcile(pod.key)
+    assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.LOOKUP_FAILED)
+    assert rig.clocks.get(pod.uid) is None
+    assert rig.pods.deletes == []
+
+
+@pytest.mark.anyio
+async def test_a_clearing_event_during_the_lookup_keeps_the_clock_from_starting() -> None:
+    rig, pod = _rig()
+    gate = anyio.Event()
+    rig.store.lookup_gate = gate
+    results = []
+    async with anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            results.append(await rig.reconciler.reconcile(pod.key))
+
+        tg.start_soon(run)
+        await anyio.wait_all_tasks_blocked()
+        assert rig.store.lookups == 1  # the lookup is in flight
+        # The row flips active (notification) while the lookup (old snapshot) is in flight.
+        rig.controller.execution_changed(
+            ExecutionChange(pod.namespace, pod.name, active=True, state=ExecutionState.ACTIVE)
+        )
+        gate.set()
+    assert results[0].outcome == ReconcileOutcome.CHANGED
+    assert len(rig.clocks) == 0
+
+
+@pytest.mark.anyio
+async def test_a_clock_cleared_while_waiting_for_a_delete_token_prevents_the_delete() -> None:
+    rig = make_rig(make_settings(deletes_per_minute=1))
+    first, second = make_pod("a"), make_pod("b")
+    for p in (first, second):
+        rig.add(p, make_row(p), event=False)
+        await rig.reconciler.reconcile(p.key)
+    rig.clock.advance(300)
+    assert (await rig.reconciler.reconcile(first.key)).outcome == Verdict.TERMINAL_RETIRED
+    results = []
+    async with anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            results.append(await rig.reconciler.reconcile(second.key))
+
+        tg.start_soon(run)
+        await anyio.wait_all_tasks_blocked()  # waiting for the budget (1 per minute)
+        # The row flips active and back while we wait: the notification clears the clock.
+        rig.controller.execution_changed(
+            ExecutionChange(second.namespace, second.name, active=True, state=ExecutionState.ACTIVE)
+        )
+        await rig.advance(60)
+    assert results[0].outcome == ReconcileOutcome.CHANGED
+    assert rig.pods.deleted_keys == [first.key]
+
+
+# ------------------------------------------------------- delete outcomes
+
+
+@pytest.mark.anyio
+async def test_404_on_delete_is_benign_and_counted() -> None:
+    rig, pod = _rig()
+    await _expire(rig, pod)
+    rig.pods.delete_script.append(DeleteOutcome(DeleteResult.GONE, 404, "not found"))
+    result = await rig.reconciler.reconcile(pod.key)
+    assert (result.action, result.outcome) == (Action.DONE, ReconcileOutcome.GONE)
+    assert rig.outcome(ReconcileOutcome.GONE) == 1
+    assert rig.outcome(Verdict.TERMINAL_RETIRED) == 0
+    assert rig.sample("retired_pod_gc_deletes_total", {"result": "gone"}) == 1
+    assert rig.clocks.get(pod.uid) is None
+
+
+@pytest.mark.anyio
+async def test_409_on_delete_is_benign_counted_and_looked_at_again() -> None:
+    rig, pod = _rig()
+    await _expire(rig, pod)
+    # A status update lands between our GET and our DELETE: the resourceVersion precondition fails.
+    rig.pods.delete_script.append(DeleteOutcome(DeleteResult.CONFLICT, 409, "precondition"))
+    result = await rig.reconciler.reconcile(pod.key)
+    assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.CONFLICT)
+    assert result.requeue_after_s == 1.0
+    assert rig.outcome(ReconcileOutcome.CONFLICT) == 1
+    assert rig.clocks.get(pod.uid) is not None  # still the same pod, still reapable
+    retry = await rig.reconciler.reconcile(pod.key)
+    assert retry.outcome == Verdict.TERMINAL_RETIRED
+    assert len(rig.pods.deletes) == 2
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("failure", ["status_500", "raises"])
+async def test_a_delete_error_backs_off(failure: str) -> None:
+    rig, pod = _rig()
+    await _expire(rig, pod)
+    rig.pods.delete_script.append(
+        DeleteOutcome(DeleteResult.ERROR, 500, "boom")
+        if failure == "status_500"
+        else OSError("reset")
+    )
+    result = await rig.reconciler.reconcile(pod.key)
+    assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
+    assert rig.sample("retired_pod_gc_deletes_total", {"result": "error"}) == 1
+
+
+@pytest.mark.anyio
+async def test_a_failed_fresh_get_backs_off_and_sends_nothing() -> None:
+    rig, pod = _rig()
+    await _expire(rig, pod)
+    rig.pods.get_error = OSError("connection reset")
+    result = await rig.reconciler.reconcile(pod.key)
+    assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
+    assert rig.pods.deletes == []
+
+
+@pytest.mark.anyio
+async def test_a_pod_gone_from_the_server_is_gone() -> None:
+    rig, pod = _rig()
+    await _expire(rig, pod)
+    del rig.pods.pods[pod.key]
+    result = await rig.reconciler.reconcile(pod.key)
+    assert result.outcome == ReconcileOutcome.GONE
+    assert rig.pods.deletes == []
+
+
+# ----------------------------------------------------------- dry run, disabled
+
+
+@pytest.mark.anyio
+async def test_dry_run_verifies_but_never_deletes_and_reports_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="service.engine")
+    rig, pod = _rig(dry_run=True)
+    await _expire(rig, pod)
+    first = await rig.reconciler.reconcile(pod.key)
+    assert first.outcome == Verdict.TERMINAL_RETIRED
+    assert rig.pods.gets == [pod.key] and rig.store.fresh_reads == 1  # it verified
+    second = await rig.reconciler.reconcile(pod.key)
+    assert second.outcome == ReconcileOutcome.ALREADY_REPORTED
+    rig.clock.advance(3600)
+    third = await rig.reconciler.reconcile(pod.key)
+    assert third.outcome == ReconcileOutcome.ALREADY_REPORTED
+    assert rig.pods.deletes == []
+    assert rig.outcome(Verdict.TERMINAL_RETIRED, "dry_run") == 1
+    assert rig.outcome(ReconcileOutcome.ALREADY_REPORTED, "dry_run") == 2
+    assert rig.outcome(Verdict.TERMINAL_RETIRED, "live") == 0
+    reports = [r for r in caplog.records if "would reap" in r.getMessage()]
+    assert len(reports) == 1
+    assert rig.pods.gets == [pod.key]  # a reported UID costs no more API calls
+    assert rig.budget.granted_in_window() == 0  # dry run spends no delete tokens
+
+
+@pytest.mark.anyio
+async def test_dry_run_reports_a_recreated_pod_again_as_a_new_uid() -> None:
+    rig, pod = _rig(dry_run=True)
+    await _expire(rig, pod)
+    await rig.reconciler.reconcile(pod.key)
+    new = dataclasses.replace(pod, uid="uid-2")
+    rig.add(new, event=True)
+    await _expire(rig, new)
+    assert (await rig.reconciler.reconcile(pod.key)).outcome == Verdict.TERMINAL_RETIRED
+    assert rig.outcome(Verdict.TERMINAL_RETIRED, "dry_run") == 2
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dry_run", [False, True])
+async def test_disabled_sends_nothing_and_reports_nothing(dry_run: bool) -> None:
+    rig, pod = _rig(enabled=False, dry_run=dry_run)
+    for _ in range(3):
+        result = await rig.reconciler.reconcile(pod.key)
+        assert result.outcome == INACTIVE
+        rig.clock.advance(400)
+    assert rig.pods.deletes == [] and rig.pods.gets == []
+    assert rig.store.queries == 0
+    for mode in ("live", "dry_run"):
+        for verdict in Verdict:
+            assert rig.outcome(verdict, mode) == 0
+
+
+@pytest.mark.anyio
+async def test_leadership_lost_during_the_token_wait_sends_nothing() -> None:
+    rig = make_rig(make_settings(deletes_per_minute=1))
+    first, second = make_pod("a"), make_pod("b")
+    for p in (first, second):
+        rig.add(p, make_row(p), event=False)
+        await rig.reconciler.reconcile(p.key)
+    rig.clock.advance(300)
+    await rig.reconciler.reconcile(first.key)
+    results = []
+    async with anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            results.append(await rig.reconciler.reconcile(second.key))
+
+        tg.start_soon(run)
+        await anyio.wait_all_tasks_blocked()
+        rig.controller.set_leader(False)
+        await rig.advance(60)
+    assert results[0].outcome in (INACTIVE, ReconcileOutcome.CHANGED)
+    assert rig.pods.deleted_keys == [first.key]
+
+
+@pytest.mark.anyio
+async def test_a_lapsed_lease_stops_the_delete_even_before_the_leadership_callback() -> None:
+    leading = [True]
+    rig = make_rig(make_settings(deletes_per_minute=1), leader_check=lambda: leading[0])
+    first, second = make_pod("a"), make_pod("b")
+    for p in (first, second):
+        rig.add(p, make_row(p), event=False)
+        await rig.reconciler.reconcile(p.key)
+    rig.clock.advance(300)
+    await rig.reconciler.reconcile(first.key)
+    results = []
+    async with anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            results.append(await rig.reconciler.reconcile(second.key))
+
+        tg.start_soon(run)
+        await anyio.wait_all_tasks_blocked()
+        leading[0] = False  # the renew deadline passed; on_change(False) has not run yet
+        await rig.advance(60)
+    assert results[0].outcome == INACTIVE
+    assert rig.pods.deleted_keys == [first.key]
+    assert len(rig.clocks) == 2 - 1  # clocks untouched: only the live check stopped it
+
+
+@pytest.mark.anyio
+async def test_an_exhausted_budget_throttles_and_requeues_for_when_a_token_frees() -> None:
+    rig = make_rig(make_settings(deletes_per_minute=1))
+    rig.reconciler._budget_wait_s = 0.01  # real seconds: give up waiting quickly
+    first, second = make_pod("a"), make_pod("b")
+    for p in (first, second):
+        rig.add(p, make_row(p), event=False)
+        await rig.reconciler.reconcile(p.key)
+    rig.clock.advance(300)
+    await rig.reconciler.reconcile(first.key)
+    rig.clock.advance(20)
+    result = await rig.reconciler.reconcile(second.key)
+    assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.THROTTLED)
+    assert result.requeue_after_s == 40.0
+    assert rig.pods.deleted_keys == [first.key]
+
+
+# ----------------------------------------------------------- odd inputs
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("key", ["no-slash", "a/b/c", "/x", "ns/", ""])
+async def test_a_malformed_key_is_dropped_without_raising(key: str) -> None:
+    rig, _ = _rig()
+    result = await rig.reconciler.reconcile(key)
+    assert (result.action, result.outcome) == (Action.DONE, ReconcileOutcome.ERROR)
+
+
+@pytest.mark.anyio
+async def test_a_pod_missing_from_the_cache_is_gone_and_its_clock_cleared() -> None:
+    rig, pod = _rig()
+    await rig.reconciler.reconcile(pod.key)
+    rig.cache.remove(pod.key)
+    result = await rig.reconciler.reconcile(pod.key)
+    assert result.outcome == ReconcileOutcome.GONE
+    assert len(rig.clocks) == 0
+
+
+@pytest.mark.anyio
+async def test_every_log_line_of_one_reconcile_carries_its_reconcile_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="service.engine")
+    rig, pod = _rig()
+    await _expire(rig, pod)
+    result = await rig.reconciler.reconcile(pod.key)
+    records = [r for r in caplog.records if r.name == "service.engine.reconciler"]
+    ids = {getattr(r, "reconcile_id", None) for r in records if "deleted" in r.getMessage()}
+    assert ids == {result.reconcile_id}
+    assert all(getattr(r, "reconcile_id", None) for r in records)
+    assert len({getattr(r, "reconcile_id", None) for r in records}) == 2  # two reconciles
