@@ -1,0 +1,219 @@
+"""Alerts, the ServiceMonitor and the Grafana dashboard name only what the service exports."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from service.domain import ReconcileOutcome, Verdict
+from tests.deploy.kustomize import Obj
+from tests.deploy.support import (
+    MONITORING,
+    ROOT,
+    ExportedMetrics,
+    balanced,
+    only,
+    promql_matchers,
+    promql_metric_names,
+)
+
+REQUIRED_ALERTS = {
+    "RetiredPodGcCacheNotSynced",
+    "RetiredPodGcListenerDisconnected",
+    "RetiredPodGcDeletesFailing",
+    "RetiredPodGcReapBacklogGrowing",
+    "RetiredPodGcReconcileErrors",
+}
+SEVERITIES = {"critical", "warning", "info"}
+# Labels Prometheus attaches from the scrape target (ServiceMonitor), not the service.
+TARGET_LABELS = {"namespace", "pod", "job", "instance", "service", "container", "endpoint"}
+
+
+def rules(monitoring_objects: list[Obj]) -> list[dict[str, Any]]:
+    rule_obj = only(monitoring_objects, "PrometheusRule")
+    return [r for group in rule_obj["spec"]["groups"] for r in group["rules"]]
+
+
+def dashboard() -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(
+        (MONITORING / "grafana-dashboard.json").read_text(encoding="utf-8")
+    )
+    return result
+
+
+def dashboard_exprs() -> list[str]:
+    exprs = [t["expr"] for p in dashboard()["panels"] for t in p.get("targets", [])]
+    for variable in dashboard()["templating"]["list"]:
+        if variable["type"] == "query":
+            query = variable["query"]["query"]
+            match = re.fullmatch(r"label_values\((.+),\s*([a-zA-Z_][a-zA-Z0-9_]*)\)", query)
+            assert match is not None, query
+            exprs.append(match.group(1))
+    return exprs
+
+
+def check_expr(expr: str, exported: ExportedMetrics) -> list[str]:
+    """Problems of one expression: unknown series, unknown label values, unbalanced brackets."""
+    problems = []
+    if not balanced(expr):
+        problems.append(f"unbalanced brackets in {expr!r}")
+    names = promql_metric_names(expr)
+    if not names:
+        problems.append(f"no series selected in {expr!r}")
+    problems += [f"{n} is not exported" for n in sorted(names - exported)]
+    for metric, label, op, value in promql_matchers(expr):
+        if label in TARGET_LABELS or metric not in exported.labels:
+            continue
+        known = exported.labels[metric]
+        if label not in known:
+            problems.append(f"{metric} has no label {label!r}")
+            continue
+        if op in ("=", "=~") and "$" not in value:
+            wanted = value.split("|") if op == "=~" else [value]
+            problems += [
+                f"{metric}{{{label}}} never has value {v!r}"
+                for v in wanted
+                if v not in known[label]
+            ]
+    return problems
+
+
+# --- the checker itself ------------------------------------------------------------------------
+
+
+def test_promql_name_extraction_skips_functions_keywords_labels_and_durations() -> None:
+    expr = (
+        'sum by (namespace, pod) (rate(foo_total{result="error", a=~"x|y"}[15m] offset 5m))'
+        " / on (namespace) group_left max without (le) (bar) > 1e-9 and absent(baz_seconds_count)"
+        ' + histogram_quantile(0.99, rate(q_bucket{namespace="$namespace"}[$__rate_interval]))'
+    )
+    assert promql_metric_names(expr) == {"foo_total", "bar", "baz_seconds_count", "q_bucket"}
+    assert ("foo_total", "a", "=~", "x|y") in promql_matchers(expr)
+
+
+def test_checker_flags_unknown_series_labels_and_values(
+    exported_metric_names: ExportedMetrics,
+) -> None:
+    assert check_expr("retired_pod_gc_cache_synced == 0", exported_metric_names) == []
+    assert check_expr("retired_pod_gc_cache_sync == 0", exported_metric_names) == [
+        "retired_pod_gc_cache_sync is not exported"
+    ]
+    # A counter is exported with its _total suffix only.
+    assert check_expr("rate(retired_pod_gc_deletes[5m])", exported_metric_names) != []
+    assert check_expr('retired_pod_gc_deletes_total{result="eror"}', exported_metric_names) != []
+    assert check_expr('retired_pod_gc_deletes_total{reason="error"}', exported_metric_names) != []
+    assert check_expr("sum(rate(retired_pod_gc_deletes_total[5m])", exported_metric_names) != []
+
+
+def test_exported_names_include_unchilded_labelled_families_and_histogram_series(
+    exported_metric_names: ExportedMetrics,
+) -> None:
+    assert "retired_pod_gc_watch_restarts_total" in exported_metric_names
+    assert "retired_pod_gc_reconcile_duration_seconds_bucket" in exported_metric_names
+    assert "retired_pod_gc_reconcile_duration_seconds" not in exported_metric_names
+    verdicts = exported_metric_names.labels["cluster_reconciler_outcome_total"]["verdict"]
+    assert verdicts == {str(v) for v in Verdict} | {str(o) for o in ReconcileOutcome}
+
+
+# --- PrometheusRule -----------------------------------------------------------------------------
+
+
+def test_prometheus_rule_has_the_required_alerts(monitoring_objects: list[Obj]) -> None:
+    names = [r["alert"] for r in rules(monitoring_objects)]
+    assert len(names) == len(set(names)), "duplicate alert names"
+    assert set(names) >= REQUIRED_ALERTS
+
+
+def test_every_alert_is_complete(monitoring_objects: list[Obj]) -> None:
+    operations = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    anchors = {
+        re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+        for h in re.findall(r"^#{1,6} (.+)$", operations, flags=re.MULTILINE)
+    }
+    for rule in rules(monitoring_objects):
+        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
+        assert rule["labels"]["severity"] in SEVERITIES, rule["alert"]
+        annotations = rule["annotations"]
+        assert annotations["summary"] and annotations["description"], rule["alert"]
+        if "for" in rule:
+            assert re.fullmatch(r"\d+[smh]", rule["for"]), rule["alert"]
+        # Every alert links to its section of the runbook, and that section exists.
+        assert annotations["runbook"] == f"docs/operations.md#{rule['alert'].lower()}"
+        assert rule["alert"].lower() in anchors, f"docs/operations.md lacks ### {rule['alert']}"
+
+
+def test_every_alert_expression_names_only_exported_series(
+    monitoring_objects: list[Obj], exported_metric_names: ExportedMetrics
+) -> None:
+    problems = {
+        rule["alert"]: check_expr(rule["expr"], exported_metric_names)
+        for rule in rules(monitoring_objects)
+    }
+    assert {k: v for k, v in problems.items() if v} == {}
+
+
+def test_outcome_alerts_select_the_service_loop(monitoring_objects: list[Obj]) -> None:
+    for rule in rules(monitoring_objects):
+        for metric, label, _op, value in promql_matchers(rule["expr"]):
+            if metric == "cluster_reconciler_outcome_total" and label == "loop":
+                assert value == "retired_execution_pod_gc"
+
+
+def test_service_monitor_scrapes_the_metrics_service(
+    monitoring_objects: list[Obj], base_objects: list[Obj]
+) -> None:
+    monitor = only(monitoring_objects, "ServiceMonitor")
+    service = only(base_objects, "Service")
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
+    labels = service["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
+    port_names = {p["name"] for p in service["spec"]["ports"]}
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    assert "metrics" in port_names
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+# --- Grafana dashboard --------------------------------------------------------------------------
+
+
+def test_dashboard_is_well_formed() -> None:
+    board = dashboard()
+    assert board["uid"] == "retired-pod-gc"
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in board["panels"]:
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+        ref_ids = [t["refId"] for t in panel.get("targets", [])]
+        assert len(ref_ids) == len(set(ref_ids)), panel["title"]
+        if panel["type"] != "row":
+            assert ref_ids, f"panel {panel['title']!r} has no query"
+
+
+def test_every_dashboard_query_names_only_exported_series(
+    exported_metric_names: ExportedMetrics,
+) -> None:
+    problems = {e: check_expr(e, exported_metric_names) for e in dashboard_exprs()}
+    assert {k: v for k, v in problems.items() if v} == {}
+
+
+@pytest.mark.parametrize("mode", ["live", "dry_run"])
+def test_dashboard_shows_reaps_of_both_modes_by_verdict(mode: str) -> None:
+    # The rollout compares dry-run would-reaps per verdict: the dashboard must not filter a mode out.
+    outcome_exprs = [e for e in dashboard_exprs() if "cluster_reconciler_outcome_total" in e]
+    assert outcome_exprs
+    for expr in outcome_exprs:
+        assert "by (mode, verdict)" in expr
+        for _metric, label, _op, value in promql_matchers(expr):
+            assert label != "mode" or mode in value
+
+
+def test_dashboard_configmap_carries_the_json_and_the_sidecar_label(
+    monitoring_objects: list[Obj],
+) -> None:
+    cm = only(monitoring_objects, "ConfigMap")
+    assert cm["metadata"]["labels"] == {"grafana_dashboard": "1"}
+    assert json.loads(cm["data"]["retired-pod-gc.json"]) == dashboard()
