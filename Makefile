@@ -34,3 +34,6 @@ unit: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .coverage .coverage.* .mypy_cache .ruff_cache .hypothesis
+
+demo: $(STAMP)
+	$(BIN)/retired-pod-gc demo

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-pytest_plugins: list[str] = ["tests.pgfixtures"]
+pytest_plugins: list[str] = ["tests.pgfixtures", "tests.kubefixtures"]
 
 
 @pytest.fixture

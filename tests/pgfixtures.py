@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from service.config import DatabaseSettings
+from service.pg.devdata import (
+    NAMESPACE,
+    seed_execution,
+    seed_executions,
+    seed_sandbox,
+    set_execution,
+)
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
 from service.pg.throwaway import (
     ThrowawayPostgres,
@@ -37,7 +44,15 @@ from service.pg.throwaway import (
     with_database,
 )
 
-NAMESPACE = "sandboxes"
+__all__ = [
+    "NAMESPACE",
+    "db_settings",
+    "metric",
+    "seed_execution",
+    "seed_executions",
+    "seed_sandbox",
+    "set_execution",
+]
 _counter = itertools.count()
 
 
@@ -133,72 +148,3 @@ def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
     """One sample's value (0 when the sample does not exist yet)."""
     value = registry.get_sample_value(name, labels or None)
     return 0.0 if value is None else value
-
-
-async def seed_sandbox(
-    conn: asyncpg.Connection,
-    sandbox_id: str,
-    *,
-    namespace: str = NAMESPACE,
-    managed_by: str = "kubernetes",
-) -> None:
-    await conn.execute(
-        "INSERT INTO sandboxes (id, namespace, managed_by) VALUES ($1, $2, $3)",
-        sandbox_id,
-        namespace,
-        managed_by,
-    )
-
-
-async def seed_execution(
-    conn: asyncpg.Connection,
-    *,
-    pod_name: str,
-    sandbox_id: str,
-    generation: int = 1,
-    activation_attempt: int = 0,
-    pod_kind: str = "create",
-    execution_state: str = "active",
-    active: bool = True,
-) -> None:
-    await conn.execute(
-        """
-        INSERT INTO sandbox_k8s_executions
-            (sandbox_id, generation, activation_attempt, pod_name, pod_kind,
-             execution_state, active, retired_at)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, CASE WHEN $7 THEN NULL ELSE now() END)
-        """,
-        sandbox_id,
-        generation,
-        activation_attempt,
-        pod_name,
-        pod_kind,
-        execution_state,
-        active,
-    )
-
-
-async def seed_executions(
-    conn: asyncpg.Connection,
-    sandbox_ids: Sequence[str],
-    *,
-    namespace: str = NAMESPACE,
-    execution_state: str = "suspended",
-    active: bool = False,
-) -> list[str]:
-    """One managed sandbox and one generation-1 create row per id; returns the pod names."""
-    await conn.executemany(
-        "INSERT INTO sandboxes (id, namespace, managed_by) VALUES ($1, $2, 'kubernetes')",
-        [(sid, namespace) for sid in sandbox_ids],
-    )
-    names = [f"space-sbx-{sid}-g1" for sid in sandbox_ids]
-    await conn.executemany(
-        """
-        INSERT INTO sandbox_k8s_executions
-            (sandbox_id, generation, activation_attempt, pod_name, pod_kind,
-             execution_state, active)
-        VALUES ($1, 1, 0, $2, 'create', $3, $4)
-        """,
-        [(sid, name, execution_state, active) for sid, name in zip(sandbox_ids, names)],
-    )
-    return names

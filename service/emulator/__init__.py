@@ -1,0 +1,12 @@
+"""An in-process Kubernetes API server emulator over real HTTP (aiohttp).
+
+It reproduces the wire behaviour the controller depends on (see ``shared/wire-samples``):
+paginated lists consistent at one resourceVersion, watch streams with bookmarks and 410 Expired,
+preconditioned and graceful pod deletion, Lease optimistic concurrency, and fault injection with
+an audit log. It powers the integration tests, the demo and the benchmarks.
+"""
+
+from service.emulator.core import AuditEntry, Emulator
+from service.emulator.server import RunningEmulator, build_app, start_emulator
+
+__all__ = ["AuditEntry", "Emulator", "RunningEmulator", "build_app", "start_emulator"]

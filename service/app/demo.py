@@ -1,0 +1,345 @@
+"""``retired-pod-gc demo``: the whole loop on a throwaway PostgreSQL and the API emulator.
+
+Seeds a realistic sandbox namespace, then runs the real service wiring (informer, listener,
+leader election, workers, budget, preconditioned deletes) through the rollout an operator would
+do: disabled → dry run → live, with a short threshold. Shows a live view while it runs and a
+summary at the end; exits 0 only when exactly the two retired shapes were deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import asyncpg
+
+from service import config, logs
+from service.app import service
+from service.emulator.core import Emulator
+from service.emulator.sandboxpods import Shape, pod_name, sandbox_pod
+from service.emulator.server import RunningEmulator, start_emulator
+from service.kube.api import new_api_client
+from service.metrics import LOOP, Metrics
+from service.pg.devdata import seed_execution, seed_sandbox
+from service.pg.migrate import migrate
+from service.pg.throwaway import ThrowawayPostgres
+
+NAMESPACE = "sandboxes"
+LEASE_NAMESPACE = "retired-pod-gc"
+
+
+@dataclass(frozen=True)
+class DemoPod:
+    label: str
+    sandbox_id: str
+    generation: int
+    kind: str
+    shape: Shape
+    state: str
+    active: bool
+    expect_deleted: bool
+
+    @property
+    def name(self) -> str:
+        return pod_name(self.sandbox_id, self.generation)
+
+
+POPULATION = (
+    DemoPod(
+        "idle-suspended, Succeeded",
+        "idle0001",
+        1,
+        "create",
+        Shape.SUCCEEDED,
+        "suspended",
+        False,
+        True,
+    ),
+    DemoPod(
+        "replaced, never started (Pending, no IP)",
+        "roll0001",
+        2,
+        "create",
+        Shape.PENDING_STUCK,
+        "replaced",
+        False,
+        True,
+    ),
+    DemoPod(
+        "replaced, Pending with an IP",
+        "wip00001",
+        1,
+        "create",
+        Shape.PENDING_WITH_IP,
+        "replaced",
+        False,
+        False,
+    ),
+    DemoPod("running live sandbox", "live0001", 1, "create", Shape.RUNNING, "active", True, False),
+    DemoPod(
+        "Pending restore pod (retired)",
+        "rest0001",
+        3,
+        "restore",
+        Shape.PENDING_STUCK,
+        "replaced",
+        False,
+        False,
+    ),
+)
+UNRELATED = "unrelated-web-0"
+
+
+class _Events(logging.Handler):
+    """Shows the reconciler's would-reap and delete lines as they happen."""
+
+    def __init__(self, started: float) -> None:
+        super().__init__(logging.INFO)
+        self.started = started
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith(("dry run: would reap", "deleted ")):
+            print(f"  [{time.monotonic() - self.started:5.1f}s] {message.rsplit(': ', 1)[0]}")
+
+
+def _counts(metrics: Metrics, mode: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for verdict in ("terminal_retired", "replaced_never_started"):
+        value = metrics.registry.get_sample_value(
+            "cluster_reconciler_outcome_total", {"loop": LOOP, "mode": mode, "verdict": verdict}
+        )
+        out[verdict] = int(value or 0)
+    return out
+
+
+def _present(emulator: Emulator) -> dict[str, str]:
+    states = {}
+    for pod in emulator.pods(NAMESPACE):
+        meta = pod["metadata"]
+        phase = (pod.get("status") or {}).get("phase", "?")
+        states[meta["name"]] = f"{phase}{' (terminating)' if meta.get('deletionTimestamp') else ''}"
+    return states
+
+
+def _view(phase: str, elapsed: float, emulator: Emulator, counts: dict[str, int]) -> str:
+    present = _present(emulator)
+    kept = sum(1 for p in POPULATION if p.name in present)
+    return (
+        f"  [{phase:<8} {elapsed:5.1f}s] pods present {kept}/{len(POPULATION)}"
+        f" | would-reap/reaped: terminal_retired={counts['terminal_retired']}"
+        f" replaced_never_started={counts['replaced_never_started']}"
+    )
+
+
+async def _seed(url: str, emulator: Emulator) -> None:
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        await migrate(conn, channel="sandbox_execution_changed", with_schema=True)
+        for p in POPULATION:
+            await seed_sandbox(conn, p.sandbox_id, namespace=NAMESPACE)
+            await seed_execution(
+                conn,
+                pod_name=p.name,
+                sandbox_id=p.sandbox_id,
+                generation=p.generation,
+                pod_kind=p.kind,
+                execution_state=p.state,
+                active=p.active,
+            )
+    finally:
+        await conn.close()
+    for p in POPULATION:
+        emulator.create_pod(
+            sandbox_pod(
+                sandbox_id=p.sandbox_id,
+                generation=p.generation,
+                kind=p.kind,
+                shape=p.shape,
+                namespace=NAMESPACE,
+            )
+        )
+    emulator.ensure_namespace(LEASE_NAMESPACE)
+    emulator.create_pod(
+        {
+            "metadata": {"name": UNRELATED, "namespace": NAMESPACE, "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "web", "image": "nginx"}], "nodeName": "node-a"},
+            "status": {"phase": "Running", "podIP": "10.0.0.99"},
+        }
+    )
+
+
+def _settings(url: str, *, enabled: bool, dry_run: bool, threshold_s: float) -> config.Settings:
+    p = config.PREFIX
+    return config.load(
+        {
+            p + "ENABLED": str(enabled),
+            p + "DRY_RUN": str(dry_run),
+            p + "THRESHOLD_SECONDS": str(threshold_s),
+            p + "DATABASE_URL": url,
+            p + "NAMESPACE": NAMESPACE,
+            p + "METRICS_BIND_ADDRESS": "127.0.0.1:0",
+            p + "LEASE_NAMESPACE": LEASE_NAMESPACE,
+            p + "LEASE_DURATION_SECONDS": "4",
+            p + "RENEW_DEADLINE_SECONDS": "3",
+            p + "RETRY_PERIOD_SECONDS": "0.5",
+            p + "LISTENER_HEARTBEAT_SECONDS": "1",
+            p + "RESYNC_PERIOD_SECONDS": "30",
+        }
+    )
+
+
+async def _phase(
+    name: str,
+    settings: config.Settings,
+    running: RunningEmulator,
+    *,
+    min_s: float,
+    max_s: float,
+    done: Any,
+) -> dict[str, int]:
+    metrics = Metrics()
+    api = await new_api_client(host=running.url)
+    mode = "dry_run" if settings.dry_run else "live"
+    started = time.monotonic()
+    handler = _Events(started)
+    logging.getLogger("service.engine").addHandler(handler)
+    print(f"\n== {name}: {settings.mode} ==")
+    try:
+        parts = service.build(settings, api=api, metrics=metrics)
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            await tg.start(_run_until_stopped, parts, stop)
+            last_print = -10.0
+            while True:
+                elapsed = time.monotonic() - started
+                counts = _counts(metrics, mode)
+                if elapsed - last_print >= 2.0:
+                    print(_view(name, elapsed, running.emulator, counts))
+                    last_print = elapsed
+                if elapsed >= max_s or (elapsed >= min_s and done(counts)):
+                    break
+                await anyio.sleep(0.2)
+            stop.set()
+        print(_view(name, time.monotonic() - started, running.emulator, counts))
+        return counts
+    finally:
+        logging.getLogger("service.engine").removeHandler(handler)
+        await api.close()
+
+
+async def _run_until_stopped(
+    parts: service.Parts, stop: anyio.Event, *, task_status: Any = anyio.TASK_STATUS_IGNORED
+) -> None:
+    task_status.started()
+    await service.run(parts, stop=stop)
+
+
+async def _demo(threshold_s: float, phase_s: float) -> int:
+    started = time.monotonic()
+    print("starting a throwaway PostgreSQL and the Kubernetes API emulator ...")
+    with ThrowawayPostgres() as pg:
+        url = pg.create_database("demo")
+        emulator = Emulator(bookmark_interval_s=5.0, kubelet_finish_after_s=2.0)
+        running = await start_emulator(emulator=emulator)
+        try:
+            await _seed(url, emulator)
+            print(f"seeded namespace {NAMESPACE!r} (API {running.url}):")
+            for p in POPULATION:
+                print(f"  {p.name:<26} {p.label:<42} row: {p.state}, active={p.active}")
+            print(f"  {UNRELATED:<26} unrelated pod (not selected by the label selector)")
+            print(f"threshold {threshold_s:g}s")
+
+            disabled = await _phase(
+                "disabled",
+                _settings(url, enabled=False, dry_run=True, threshold_s=threshold_s),
+                running,
+                min_s=phase_s,
+                max_s=phase_s,
+                done=lambda c: False,
+            )
+            dry = await _phase(
+                "dry run",
+                _settings(url, enabled=True, dry_run=True, threshold_s=threshold_s),
+                running,
+                min_s=min(phase_s, threshold_s + 3),
+                max_s=threshold_s + phase_s + 10,
+                done=lambda c: sum(c.values()) >= 2,
+            )
+            after_dry = _present(emulator)
+            live = await _phase(
+                "live",
+                _settings(url, enabled=True, dry_run=False, threshold_s=threshold_s),
+                running,
+                min_s=2.0,
+                max_s=threshold_s + phase_s + 15,
+                done=lambda c: (
+                    sum(c.values()) >= 2
+                    and not any(
+                        p.expect_deleted and p.name in _present(emulator) for p in POPULATION
+                    )
+                ),
+            )
+            final = _present(emulator)
+            deletes = emulator.audit_log(method="DELETE")
+        finally:
+            await running.aclose()
+    ok = _summary(
+        disabled=disabled, dry=dry, live=live, after_dry=after_dry, final=final, deletes=deletes
+    )
+    print(f"\ndemo finished in {time.monotonic() - started:.0f}s: {'OK' if ok else 'UNEXPECTED'}")
+    return 0 if ok else 1
+
+
+def _summary(
+    *,
+    disabled: dict[str, int],
+    dry: dict[str, int],
+    live: dict[str, int],
+    after_dry: dict[str, str],
+    final: dict[str, str],
+    deletes: list[Any],
+) -> bool:
+    print("\n== summary ==")
+    print(f"{'pod':<26} {'shape':<42} {'after dry run':<15} {'after live':<12} expected")
+    ok = True
+    for p in POPULATION:
+        kept_dry = "kept" if p.name in after_dry else "GONE"
+        kept_live = "kept" if p.name in final else "deleted"
+        expected = "deleted" if p.expect_deleted else "kept"
+        ok &= kept_dry == "kept" and kept_live == expected
+        print(f"{p.name:<26} {p.label:<42} {kept_dry:<15} {kept_live:<12} {expected}")
+    unrelated = "kept" if UNRELATED in final else "deleted"
+    ok &= unrelated == "kept"
+    print(f"{UNRELATED:<26} {'unrelated pod':<42} {'kept':<15} {unrelated:<12} kept")
+    print(f"\noutcome counters   disabled: {disabled}")
+    print(f"                   dry run:  {dry}")
+    print(f"                   live:     {live}")
+    ok &= sum(disabled.values()) == 0
+    ok &= dry == {"terminal_retired": 1, "replaced_never_started": 1}
+    ok &= live == {"terminal_retired": 1, "replaced_never_started": 1}
+    print("DELETE requests the API server received (emulator audit log):")
+    for entry in deletes:
+        pre = (entry.body or {}).get("preconditions") if isinstance(entry.body, dict) else None
+        print(f"  {entry.status} {entry.path.rsplit('/', 1)[-1]:<26} preconditions={pre}")
+        ok &= bool(pre and pre.get("uid") and pre.get("resourceVersion"))
+    controller_deletes = [e for e in deletes if (e.body or {}).get("preconditions")]
+    ok &= len({e.path for e in controller_deletes}) == 2
+    return ok
+
+
+def run_demo(*, threshold_s: float, phase_s: float) -> int:
+    logs.setup("warning", "text")
+    logging.getLogger("service.engine").setLevel(logging.INFO)
+    logging.getLogger("service.engine").propagate = False
+    try:
+        return anyio.run(_demo, threshold_s, phase_s)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        print(f"retired-pod-gc demo: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1

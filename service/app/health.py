@@ -1,0 +1,110 @@
+"""The operator-facing HTTP server: ``/metrics``, ``/healthz`` and ``/readyz``.
+
+``/healthz`` answers 200 while every registered loop has checked in recently (a loop that stops
+beating — a wedged informer, listener or worker — makes the process restartable by the
+kubelet). ``/readyz`` answers 200 when the pod cache is synced and the database answered a
+ping recently.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import anyio
+from aiohttp import web
+from anyio.abc import TaskStatus
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.metrics import Metrics
+from service.ports import Clock
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Heartbeats:
+    """Loops call :meth:`beat`; a loop silent for longer than its allowance is stuck."""
+
+    clock: Clock
+    allowances_s: dict[str, float] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)
+
+    def register(self, name: str, allowance_s: float) -> None:
+        self.allowances_s[name] = allowance_s
+        self.last[name] = self.clock.monotonic()
+
+    def beat(self, name: str) -> None:
+        self.last[name] = self.clock.monotonic()
+
+    def stuck(self) -> list[str]:
+        now = self.clock.monotonic()
+        return sorted(
+            name
+            for name, allowance in self.allowances_s.items()
+            if now - self.last.get(name, now) > allowance
+        )
+
+
+class HealthServer:
+    def __init__(
+        self,
+        *,
+        metrics: Metrics,
+        heartbeats: Heartbeats,
+        cache_synced: Callable[[], bool],
+        database_ok: Callable[[], Awaitable[bool]],
+        host: str,
+        port: int,
+    ) -> None:
+        self._metrics = metrics
+        self._heartbeats = heartbeats
+        self._cache_synced = cache_synced
+        self._database_ok = database_ok
+        self._host = host
+        self._port = port
+        self.bound_port: int | None = None
+
+    def _app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._serve_metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        return app
+
+    async def _serve_metrics(self, _: web.Request) -> web.Response:
+        body = generate_latest(self._metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        stuck = self._heartbeats.stuck()
+        if stuck:
+            return web.Response(status=503, text=f"stuck: {', '.join(stuck)}\n")
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        problems = []
+        if not self._cache_synced():
+            problems.append("pod cache not synced")
+        if not await self._database_ok():
+            problems.append("database unreachable")
+        if problems:
+            return web.Response(status=503, text="; ".join(problems) + "\n")
+        return web.Response(text="ok\n")
+
+    async def run(self, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
+        runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self._host, self._port, reuse_address=True)
+            await site.start()
+            server = site._server
+            sockets = getattr(server, "sockets", None) or []
+            self.bound_port = sockets[0].getsockname()[1] if sockets else self._port
+            logger.info("serving /metrics /healthz /readyz on %s:%s", self._host, self.bound_port)
+            task_status.started(self.bound_port)
+            await anyio.sleep_forever()
+        finally:
+            with anyio.move_on_after(5, shield=True):
+                await runner.cleanup()

@@ -1,0 +1,147 @@
+"""Operator commands that look without acting: ``scan`` (every pod, now) and ``explain`` (one pod).
+
+Both classify with the same pure function the controller uses, against rows read the same way,
+so their verdicts are the controller's verdicts minus the observation clock (which lives in the
+running leader's memory: "reapable" here means "would start or continue a clock").
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import anyio
+
+from service.classifier import classify, prefilter
+from service.config import Settings
+from service.domain import Decision, ExecutionRow, PodSnapshot, split_key
+from service.kube.client import KubePodClient
+from service.kube.informer import PodInformer
+from service.ports import ExecutionStore
+
+
+class IgnoreEvents:
+    """A handler for a one-shot list: nobody reacts to events."""
+
+    def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
+        pass
+
+    def cache_cold(self) -> None:
+        pass
+
+    def cache_synced(self) -> None:
+        pass
+
+
+@dataclass
+class ScanReport:
+    namespace: str
+    pods: int
+    verdicts: dict[str, int] = field(default_factory=dict)
+    skips: dict[str, int] = field(default_factory=dict)
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def list_pods(informer: PodInformer, *, timeout_s: float) -> list[PodSnapshot]:
+    """One paginated list through the informer's own code path, then stop."""
+    async with anyio.create_task_group() as tg:
+        await tg.start(informer.run)
+        with anyio.fail_after(timeout_s):
+            await informer.wait_synced()
+        tg.cancel_scope.cancel()
+    pods = [informer.get(key) for key in list(informer.keys())]
+    return [p for p in pods if p is not None]
+
+
+async def scan(settings: Settings, *, pods: list[PodSnapshot], store: ExecutionStore) -> ScanReport:
+    report = ScanReport(namespace=settings.kube.namespace, pods=len(pods))
+    decisions: dict[str, Decision] = {}
+    need_rows: list[PodSnapshot] = []
+    for pod in pods:
+        early = prefilter(pod)
+        if early is None:
+            need_rows.append(pod)
+        else:
+            decisions[pod.key] = early
+    rows = await store.lookup_many([p.name for p in need_rows])
+    now = time.time()
+    for pod in need_rows:
+        decision = classify(pod, rows.get(pod.name))
+        decisions[pod.key] = decision
+        if decision.verdict is not None:
+            age = None if pod.created_at_s is None else round(now - pod.created_at_s)
+            report.candidates.append(
+                {
+                    "pod": pod.key,
+                    "uid": pod.uid,
+                    "verdict": str(decision.verdict),
+                    "phase": str(pod.phase),
+                    "age_s": age,
+                    "rule": decision.rule,
+                }
+            )
+    verdicts = Counter(str(d.verdict) for d in decisions.values() if d.verdict is not None)
+    skips = Counter(str(d.reason) for d in decisions.values() if d.reason is not None)
+    report.verdicts = dict(sorted(verdicts.items()))
+    report.skips = dict(sorted(skips.items()))
+    report.candidates.sort(key=lambda c: str(c["pod"]))
+    return report
+
+
+@dataclass
+class Explanation:
+    key: str
+    pod: PodSnapshot | None
+    row: ExecutionRow | None
+    decision: Decision | None
+    threshold_s: float
+    mode: str
+
+
+async def explain(
+    settings: Settings, *, key: str, pods: KubePodClient, store: ExecutionStore
+) -> Explanation:
+    namespace, name = split_key(key)
+    with anyio.fail_after(settings.kube.api_timeout_s):
+        pod = await pods.get_pod(namespace, name)
+    row = None
+    with anyio.fail_after(settings.database.statement_timeout_s):
+        row = await store.read_fresh(name)
+    decision = None if pod is None else classify(pod, row)
+    return Explanation(
+        key=key,
+        pod=pod,
+        row=row,
+        decision=decision,
+        threshold_s=settings.threshold_s,
+        mode=settings.mode,
+    )
+
+
+def explanation_lines(exp: Explanation) -> list[str]:
+    lines = [f"pod {exp.key}"]
+    if exp.pod is None:
+        lines.append("  not found in the API server: nothing to do")
+    else:
+        for name, value in asdict(exp.pod).items():
+            lines.append(f"  pod.{name:<26} {value}")
+    if exp.row is None:
+        lines.append("  execution row: none in this namespace among Kubernetes-managed sandboxes")
+    else:
+        for name, value in asdict(exp.row).items():
+            lines.append(f"  row.{name:<26} {value}")
+    if exp.decision is not None:
+        outcome = "REAPABLE" if exp.decision.reapable else "skip"
+        lines.append(f"decision: {outcome} {exp.decision.label}")
+        lines.append(f"  rule: {exp.decision.rule}")
+        if exp.decision.reapable:
+            lines.append(
+                f"  the running leader deletes it after {exp.threshold_s:g}s of continuous "
+                f"observation in this shape (mode now: {exp.mode})"
+            )
+    return lines

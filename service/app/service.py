@@ -1,0 +1,240 @@
+"""The wiring: builds every part from the settings and runs them under one root task group.
+
+Only this package puts the Kubernetes and PostgreSQL adapters and the engine together. The
+task group holds the HTTP server, the informer, the listener, the leader elector, the resync
+timer, a watchdog and N workers; any child that crashes takes the whole process down (non-zero
+exit), which is what a kubelet restart is for. A stop request drains: no new work, in-flight
+reconciles get ``SHUTDOWN_TIMEOUT_SECONDS``, then everything is cancelled and the lease released.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+from anyio.abc import TaskStatus
+from kubernetes_asyncio.client import ApiClient
+
+from service.config import Settings
+from service.domain import PodSnapshot
+from service.engine.activation import Activation
+from service.engine.budget import DeleteBudget
+from service.engine.clock import MonotonicClock
+from service.engine.controller import Controller
+from service.engine.observation import ObservationClocks
+from service.engine.reconciler import Reconciler
+from service.engine.workqueue import ExponentialBackoff, WorkQueue
+from service.kube.client import KubePodClient
+from service.kube.decode import PodDecoder
+from service.kube.informer import PodInformer
+from service.kube.leaderelection import LeaderElector
+from service.metrics import Metrics
+from service.pg.listener import RetirementListener
+from service.pg.store import PgExecutionStore
+
+from .health import HealthServer, Heartbeats
+
+logger = logging.getLogger(__name__)
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+WATCHDOG_PERIOD_S = 1.0
+WATCHDOG_ALLOWANCE_S = 15.0
+PING_TTL_S = 2.0
+
+
+class _LateHandler:
+    """The informer needs its handler before the controller (which needs the informer as its
+    cache) exists; this forwards to the controller once it is built."""
+
+    def __init__(self) -> None:
+        self.target: Controller | None = None
+
+    def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
+        if self.target is not None:
+            self.target.pod_changed(old, new)
+
+    def cache_cold(self) -> None:
+        if self.target is not None:
+            self.target.cache_cold()
+
+    def cache_synced(self) -> None:
+        if self.target is not None:
+            self.target.cache_synced()
+
+
+def lease_namespace(settings: Settings) -> str:
+    if settings.leader.lease_namespace:
+        return settings.leader.lease_namespace
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or settings.kube.namespace
+    except OSError:
+        return settings.kube.namespace
+
+
+@dataclass
+class Parts:
+    """Everything :func:`build` made (tests, the demo and benchmarks look inside)."""
+
+    settings: Settings
+    metrics: Metrics
+    clock: MonotonicClock
+    store: PgExecutionStore
+    informer: PodInformer
+    pods: KubePodClient
+    queue: WorkQueue
+    clocks: ObservationClocks
+    controller: Controller
+    listener: RetirementListener
+    elector: LeaderElector | None
+    heartbeats: Heartbeats
+    health: HealthServer
+
+
+def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
+    clock = MonotonicClock()
+    decoder = PodDecoder(settings.kube.label_keys)
+    store = PgExecutionStore(settings.database, namespace=settings.kube.namespace, metrics=metrics)
+    late = _LateHandler()
+    informer = PodInformer(api, settings.kube, decoder, late, metrics)
+    pods = KubePodClient(api, settings.kube, decoder, metrics)
+    queue = WorkQueue(clock=clock, metrics=metrics, backoff=ExponentialBackoff(jitter=0.1))
+    clocks = ObservationClocks(metrics=metrics)
+    elector: LeaderElector | None = None
+    # Checked right before every DELETE or report: a leader whose renewals lapse stops acting
+    # at the renew deadline, before its lease can expire for anybody else. (Late-bound: the
+    # elector needs the controller's callback, the controller needs this activation.)
+    activation = Activation(
+        enabled=settings.enabled,
+        leader_check=(lambda: elector is not None and elector.is_leader())
+        if settings.leader.enabled
+        else None,
+    )
+    reconciler = Reconciler(
+        settings=settings,
+        cache=informer,
+        pods=pods,
+        store=store,
+        clocks=clocks,
+        budget=DeleteBudget(settings.deletes_per_minute, clock=clock),
+        activation=activation,
+        clock=clock,
+        metrics=metrics,
+    )
+    controller = Controller(
+        cache=informer,
+        queue=queue,
+        reconciler=reconciler,
+        clocks=clocks,
+        activation=activation,
+        clock=clock,
+        metrics=metrics,
+    )
+    late.target = controller
+    if settings.leader.enabled:
+        elector = LeaderElector(
+            api,
+            settings=settings.leader,
+            namespace=lease_namespace(settings),
+            on_change=controller.set_leader,
+            metrics=metrics,
+            clock=clock,
+            request_timeout_s=settings.kube.api_timeout_s,
+        )
+    listener = RetirementListener(settings.database, handler=controller, metrics=metrics)
+    heartbeats = Heartbeats(clock=clock)
+    health = HealthServer(
+        metrics=metrics,
+        heartbeats=heartbeats,
+        cache_synced=lambda: informer.synced,
+        database_ok=_cached_ping(store, clock),
+        host=settings.bind_host,
+        port=settings.bind_port,
+    )
+    metrics.enabled.set(1 if settings.enabled else 0)
+    metrics.dry_run.set(1 if settings.dry_run else 0)
+    metrics.is_leader.set(0)
+    return Parts(
+        settings=settings,
+        metrics=metrics,
+        clock=clock,
+        store=store,
+        informer=informer,
+        pods=pods,
+        queue=queue,
+        clocks=clocks,
+        controller=controller,
+        listener=listener,
+        elector=elector,
+        heartbeats=heartbeats,
+        health=health,
+    )
+
+
+def _cached_ping(store: PgExecutionStore, clock: MonotonicClock) -> Callable[[], Awaitable[bool]]:
+    """Readiness probes may come often; the database is asked at most every PING_TTL_S."""
+    last_at = -PING_TTL_S * 2
+    last_ok = False
+
+    async def ping() -> bool:
+        nonlocal last_at, last_ok
+        now = clock.monotonic()
+        if now - last_at >= PING_TTL_S:
+            last_ok = await store.ping()
+            last_at = now
+        return last_ok
+
+    return ping
+
+
+async def _watchdog(heartbeats: Heartbeats) -> None:
+    # Beats while the event loop runs tasks; /healthz fails if it falls silent.
+    heartbeats.register("event-loop", WATCHDOG_ALLOWANCE_S)
+    while True:
+        heartbeats.beat("event-loop")
+        await anyio.sleep(WATCHDOG_PERIOD_S)
+
+
+async def run(
+    parts: Parts,
+    *,
+    stop: anyio.Event,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run until ``stop`` is set (then drain) or a child fails (then raise)."""
+    settings = parts.settings
+    logger.info(
+        "starting in %s mode (threshold %.0fs, %d deletes/min, namespace %s)",
+        settings.mode,
+        settings.threshold_s,
+        settings.deletes_per_minute,
+        settings.kube.namespace,
+        extra={"database": settings.database.masked_url},
+    )
+    await parts.store.start()
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(parts.health.run)
+            tg.start_soon(_watchdog, parts.heartbeats)
+            await tg.start(parts.informer.run)
+            # Not awaited: a database that is down must not keep the HTTP server and the\n            # informer from starting (readiness reports it instead).
+            tg.start_soon(parts.listener.run)
+            await tg.start(parts.controller.run_workers, settings.workers)
+            await tg.start(parts.controller.run_resync, settings.resync_period_s)
+            if parts.elector is not None:
+                await tg.start(parts.elector.run)
+            else:
+                parts.controller.set_leader(True)
+            task_status.started()
+            await stop.wait()
+            logger.info("stopping: draining in-flight reconciles")
+            drained = await parts.controller.stop(settings.shutdown_timeout_s)
+            if not drained:
+                logger.warning("in-flight reconciles did not finish within the shutdown timeout")
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.move_on_after(5, shield=True):
+            await parts.store.aclose()
+    logger.info("stopped")

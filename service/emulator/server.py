@@ -1,0 +1,447 @@
+"""The emulator's HTTP face: the Kubernetes REST paths, watch streaming, and ``/_emulator`` admin.
+
+API paths (``/api/v1/...``, ``/apis/coordination.k8s.io/v1/...``) go through one middleware that
+applies injected latency and faults and writes the audit log of mutating requests; admin paths
+under ``/_emulator/`` bypass all three so tests and benchmarks can steer a running emulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from service.emulator import statuses as st
+from service.emulator.core import (
+    MERGE_PATCH,
+    AuditEntry,
+    Emulator,
+    RequestRecord,
+    WatchExpiredError,
+)
+from service.emulator.statuses import NAMESPACES, PODS, ApiError, Resource
+
+logger = logging.getLogger(__name__)
+
+ADMIN_PREFIX = "/_emulator/"
+_MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_TRUE = frozenset({"true", "True", "1"})
+_JSON = "application/json"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+EMULATOR_KEY = web.AppKey("emulator", Emulator)
+
+
+def _json_response(
+    body: bytes, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(body=body, status=status, content_type=_JSON, headers=headers)
+
+
+def _error_response(err: ApiError) -> web.Response:
+    return _json_response(msgspec.json.encode(err.body), err.code, err.headers or None)
+
+
+async def _read_json(request: web.Request) -> Any:
+    raw = await request.read()
+    if not raw.strip():
+        return None
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        raise st.bad_request("the request body is not valid JSON") from None
+
+
+@web.middleware
+async def _api_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    path = request.path
+    if path.startswith(ADMIN_PREFIX):
+        return await handler(request)
+    emulator = request.app[EMULATOR_KEY]
+    emulator.requests_served += 1
+    method = request.method
+    emulator.requests.append(RequestRecord(method, path, dict(request.query)))
+    delay = emulator.latency_for(method, path)
+    if delay > 0:
+        await asyncio.sleep(delay)
+    fault = emulator.take_fault(method, path)
+    if fault is not None:
+        response: web.StreamResponse = _error_response(fault)
+    else:
+        try:
+            response = await handler(request)
+        except ApiError as err:
+            response = _error_response(err)
+    if method in _MUTATING:
+        raw = await request.read()
+        try:
+            body = msgspec.json.decode(raw) if raw.strip() else None
+        except msgspec.DecodeError:
+            body = raw.decode("utf-8", "replace")
+        emulator.record(
+            AuditEntry(
+                method=method,
+                path=path,
+                query=dict(request.query),
+                body=body,
+                status=response.status,
+                time_s=time.time(),
+            )
+        )
+    return response
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    res: Resource
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+
+def _resolve(emulator: Emulator, path: str) -> _Target:
+    parts = [p for p in path.split("/") if p]
+    if len(parts) >= 2 and parts[0] == "api" and parts[1] == "v1":
+        group, rest = "", parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, rest = parts[1], parts[3:]
+    else:
+        raise ApiError(
+            st.status(404, "NotFound", "the server could not find the requested resource")
+        )
+    namespace: str | None = None
+    if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] not in ("status", "finalize"):
+        namespace, rest = rest[1], rest[2:]
+    if not rest:
+        raise ApiError(
+            st.status(404, "NotFound", "the server could not find the requested resource")
+        )
+    res = emulator.resource(group, rest[0])
+    if res is None or len(rest) > 3 or (namespace is not None and not res.namespaced):
+        raise ApiError(
+            st.status(404, "NotFound", "the server could not find the requested resource")
+        )
+    name = rest[1] if len(rest) >= 2 else None
+    sub = rest[2] if len(rest) == 3 else None
+    if sub is not None and (sub != "status" or not res.has_status):
+        raise ApiError(
+            st.status(404, "NotFound", "the server could not find the requested resource")
+        )
+    return _Target(res, namespace, name, sub)
+
+
+def _int_param(request: web.Request, name: str) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise st.bad_request(f"invalid {name} {raw!r}") from None
+
+
+async def _dispatch(request: web.Request) -> web.StreamResponse:
+    emulator = request.app[EMULATOR_KEY]
+    target = _resolve(emulator, request.path)
+    res, namespace, name = target.res, target.namespace, target.name
+    method = request.method
+    ns = namespace or ""
+    if name is None:
+        if method == "GET":
+            if request.query.get("watch", "") in _TRUE:
+                return await _watch(request, emulator, target)
+            body = emulator.list_body(
+                res,
+                namespace,
+                selector=request.query.get("labelSelector", ""),
+                limit=_int_param(request, "limit") or 0,
+                continue_token=request.query.get("continue", ""),
+            )
+            return _json_response(body)
+        if method == "POST" and (namespace is not None or not res.namespaced):
+            entry = emulator.create(res, ns, await _read_json(request))
+            return _json_response(emulator.full_bytes(res, entry), 201)
+        raise ApiError(st.status(405, "MethodNotAllowed", f"{method} is not supported here"))
+    if res.namespaced and namespace is None:
+        raise ApiError(
+            st.status(404, "NotFound", "the server could not find the requested resource")
+        )
+    if method == "GET":
+        entry = emulator.lookup(res, ns, name)
+    elif method == "PUT":
+        entry = emulator.replace(
+            res, ns, name, await _read_json(request), subresource=target.subresource
+        )
+    elif method == "PATCH":
+        content_type = request.content_type or MERGE_PATCH
+        patch = await _read_json(request)
+        entry = emulator.patch(
+            res, ns, name, patch, content_type=content_type, subresource=target.subresource
+        )
+    elif method == "DELETE" and target.subresource is None:
+        options = await _read_json(request) or {}
+        if not isinstance(options, dict):
+            raise st.bad_request("DeleteOptions must be a JSON object")
+        pre = options.get("preconditions") or {}
+        grace = options.get("gracePeriodSeconds")
+        if grace is None:
+            grace = _int_param(request, "gracePeriodSeconds")
+        entry = emulator.delete(
+            res,
+            ns,
+            name,
+            grace_period_s=None if grace is None else int(grace),
+            uid=pre.get("uid"),
+            resource_version=pre.get("resourceVersion"),
+        )
+    else:
+        raise ApiError(st.status(405, "MethodNotAllowed", f"{method} is not supported here"))
+    return _json_response(emulator.full_bytes(res, entry))
+
+
+async def _watch(request: web.Request, emulator: Emulator, target: _Target) -> web.StreamResponse:
+    res = target.res
+    bookmarks = request.query.get("allowWatchBookmarks", "") in _TRUE
+    timeout = _int_param(request, "timeoutSeconds")
+    timeout_s = float(timeout) if timeout else emulator.default_watch_timeout_s
+    expired: dict[str, Any] | None = None
+    watcher = None
+    try:
+        watcher = emulator.open_watch(
+            res,
+            target.namespace,
+            selector=request.query.get("labelSelector", ""),
+            resource_version=request.query.get("resourceVersion", ""),
+        )
+    except WatchExpiredError as exc:
+        expired = exc.body
+    response = web.StreamResponse(
+        status=200, headers={"Content-Type": _JSON, "Cache-Control": "no-cache, private"}
+    )
+    response.enable_chunked_encoding()
+    try:
+        await response.prepare(request)
+        if watcher is None:
+            await response.write(msgspec.json.encode({"type": "ERROR", "object": expired}) + b"\n")
+            return response
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        interval = emulator.bookmark_interval_s
+        next_bookmark = loop.time() + interval
+        while True:
+            if watcher.lines:
+                chunk = b"".join(watcher.lines)
+                watcher.lines.clear()
+                await response.write(chunk)
+                continue
+            if watcher.abort:
+                if request.transport is not None:
+                    request.transport.abort()
+                break
+            if watcher.closed:
+                break
+            now = loop.time()
+            if now >= deadline:
+                break
+            if bookmarks and now >= next_bookmark:
+                await response.write(emulator.bookmark_line(res))
+                next_bookmark = now + interval
+                continue
+            wait_s = deadline - now
+            if bookmarks:
+                wait_s = min(wait_s, next_bookmark - now)
+            watcher.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(watcher.wake.wait(), wait_s)
+    except (ConnectionResetError, ConnectionError):
+        logger.debug("watch client went away")
+    finally:
+        if watcher is not None:
+            emulator.close_watch(res, watcher)
+    return response
+
+
+# ---------------------------------------------------------------------- admin endpoints
+
+
+async def _admin_body(request: web.Request) -> dict[str, Any]:
+    data = await _read_json(request)
+    return data if isinstance(data, dict) else {}
+
+
+def _ok(data: Any) -> web.Response:
+    return _json_response(msgspec.json.encode(data))
+
+
+async def _admin_state(request: web.Request) -> web.Response:
+    e = request.app[EMULATOR_KEY]
+    return _ok(
+        {
+            "resourceVersion": str(e.resource_version),
+            "pods": len(e.table(PODS).entries),
+            "namespaces": len(e.table(NAMESPACES).entries),
+            "watches": e.open_watch_count(),
+            "requests": e.requests_served,
+        }
+    )
+
+
+async def _admin_audit(request: web.Request) -> web.Response:
+    e = request.app[EMULATOR_KEY]
+    if request.method == "DELETE":
+        e.audit.clear()
+        return _ok({"cleared": True})
+    entries = e.audit_log(
+        method=request.query.get("method"), path_contains=request.query.get("path")
+    )
+    return _ok([a.to_dict() for a in entries])
+
+
+async def _admin_requests(request: web.Request) -> web.Response:
+    return _ok([r.to_dict() for r in request.app[EMULATOR_KEY].requests])
+
+
+async def _admin_faults(request: web.Request) -> web.Response:
+    e = request.app[EMULATOR_KEY]
+    if request.method == "DELETE":
+        e.clear_faults()
+        return _ok({"cleared": True})
+    b = await _admin_body(request)
+    e.fail_next(
+        int(b.get("count", 1)),
+        code=int(b.get("code", 500)),
+        method=b.get("method"),
+        path_contains=b.get("path"),
+        retry_after_s=b.get("retry_after_s"),
+    )
+    return _ok({"ok": True})
+
+
+async def _admin_latency(request: web.Request) -> web.Response:
+    b = await _admin_body(request)
+    request.app[EMULATOR_KEY].add_latency(
+        float(b.get("delay_s", 0.0)),
+        method=b.get("method"),
+        path_contains=b.get("path"),
+        count=b.get("count"),
+    )
+    return _ok({"ok": True})
+
+
+async def _admin_drop_watches(request: web.Request) -> web.Response:
+    b = await _admin_body(request)
+    dropped = request.app[EMULATOR_KEY].drop_watches(abrupt=bool(b.get("abrupt", True)))
+    return _ok({"dropped": dropped})
+
+
+async def _admin_expire_watches(request: web.Request) -> web.Response:
+    b = await _admin_body(request)
+    request.app[EMULATOR_KEY].expire_next_watches(int(b.get("count", 1)))
+    return _ok({"ok": True})
+
+
+async def _admin_compact(request: web.Request) -> web.Response:
+    request.app[EMULATOR_KEY].compact()
+    return _ok({"ok": True})
+
+
+async def _admin_bulk(request: web.Request) -> web.Response:
+    b = await _admin_body(request)
+    e = request.app[EMULATOR_KEY]
+    started = time.perf_counter()
+    created = e.bulk_create_pods(
+        namespace=str(b.get("namespace", "default")),
+        count=int(b.get("count", 0)),
+        start=int(b.get("start", 0)),
+        template=b.get("template"),
+        name_prefix=str(b.get("name_prefix", "space-sbx-")),
+        generation=int(b.get("generation", 1)),
+        pod_kind=str(b.get("pod_kind", "create")),
+    )
+    return _ok(
+        {
+            "created": created,
+            "resourceVersion": str(e.resource_version),
+            "seconds": time.perf_counter() - started,
+        }
+    )
+
+
+async def _admin_kubelet_finish(request: web.Request) -> web.Response:
+    b = await _admin_body(request)
+    done = request.app[EMULATOR_KEY].finish_terminating(b.get("namespace"), b.get("name"))
+    return _ok({"finished": done})
+
+
+async def _admin_reset(request: web.Request) -> web.Response:
+    request.app[EMULATOR_KEY].reset()
+    return _ok({"ok": True})
+
+
+def build_app(emulator: Emulator) -> web.Application:
+    """The aiohttp application serving ``emulator``."""
+    app = web.Application(middlewares=[_api_middleware], client_max_size=64 * 1024 * 1024)
+    app[EMULATOR_KEY] = emulator
+    admin = ADMIN_PREFIX.rstrip("/")
+    app.router.add_get(f"{admin}/state", _admin_state)
+    app.router.add_route("GET", f"{admin}/audit", _admin_audit)
+    app.router.add_route("DELETE", f"{admin}/audit", _admin_audit)
+    app.router.add_get(f"{admin}/requests", _admin_requests)
+    app.router.add_route("POST", f"{admin}/faults", _admin_faults)
+    app.router.add_route("DELETE", f"{admin}/faults", _admin_faults)
+    app.router.add_post(f"{admin}/latency", _admin_latency)
+    app.router.add_post(f"{admin}/watches/drop", _admin_drop_watches)
+    app.router.add_post(f"{admin}/watches/expire-next", _admin_expire_watches)
+    app.router.add_post(f"{admin}/compact", _admin_compact)
+    app.router.add_post(f"{admin}/pods/bulk", _admin_bulk)
+    app.router.add_post(f"{admin}/kubelet/finish", _admin_kubelet_finish)
+    app.router.add_post(f"{admin}/reset", _admin_reset)
+    app.router.add_route("*", "/{tail:.*}", _dispatch)
+    return app
+
+
+class RunningEmulator:
+    """An emulator served over HTTP: ``url``, ``emulator`` and :meth:`aclose`."""
+
+    def __init__(self, emulator: Emulator, runner: web.AppRunner, url: str) -> None:
+        self.emulator = emulator
+        self.url = url
+        self._runner = runner
+
+    async def aclose(self) -> None:
+        self.emulator.drop_watches(abrupt=False)
+        await self._runner.cleanup()
+
+    async def __aenter__(self) -> RunningEmulator:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+async def start_emulator(
+    host: str = "127.0.0.1", port: int = 0, *, emulator: Emulator | None = None
+) -> RunningEmulator:
+    """Serve an emulator on ``host:port`` (0: a free port) until ``aclose()``."""
+    emu = emulator if emulator is not None else Emulator()
+    runner = web.AppRunner(
+        build_app(emu),
+        handle_signals=False,
+        access_log=None,
+        shutdown_timeout=1.0,
+        handler_cancellation=True,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server
+    assert server is not None
+    sockets = getattr(server, "sockets", None) or []
+    bound_port = sockets[0].getsockname()[1] if sockets else port
+    return RunningEmulator(emu, runner, f"http://{host}:{bound_port}")

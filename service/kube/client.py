@@ -1,0 +1,119 @@
+"""Fresh pod reads and preconditioned deletes (implements ``ports.PodClient``).
+
+Responses are read raw (``_preload_content=False``) and decoded straight into a
+:class:`PodSnapshot`; no client models are built. Expected DELETE outcomes (404, 409) are typed
+values, not exceptions; every call has its own timeout (``KubeSettings.api_timeout_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, cast
+
+import aiohttp
+from kubernetes_asyncio import client as k8s_client
+
+from service.config import KubeSettings
+from service.domain import DeleteOutcome, DeleteResult, PodSnapshot
+from service.kube.decode import PodDecodeError, PodDecoder
+from service.kube.errors import KubeApiError, raw_response, status_message
+from service.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+class KubePodClient:
+    """GET and preconditioned DELETE of single pods."""
+
+    def __init__(
+        self,
+        api: k8s_client.ApiClient,
+        settings: KubeSettings,
+        decoder: PodDecoder,
+        metrics: Metrics,
+    ) -> None:
+        self._core = k8s_client.CoreV1Api(api)
+        self._settings = settings
+        self._decoder = decoder
+        self._metrics = metrics
+
+    def _timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=self._settings.api_timeout_s)
+
+    def _count(self, op: str, result: str) -> None:
+        self._metrics.api_requests.labels(op=op, result=result).inc()
+
+    async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
+        """The pod as the server has it now; ``None`` on 404; :class:`KubeApiError` otherwise."""
+        try:
+            response = await raw_response(
+                self._core.read_namespaced_pod(
+                    name, namespace, _preload_content=False, _request_timeout=self._timeout()
+                )
+            )
+            try:
+                body = await response.read()
+            finally:
+                response.release()
+        except _TRANSPORT_ERRORS as exc:
+            self._count("get", "transport")
+            raise KubeApiError(
+                0, f"GET pod {namespace}/{name}: {type(exc).__name__}: {exc}"
+            ) from exc
+        status = response.status
+        if status == 404:
+            self._count("get", "404")
+            return None
+        if status != 200:
+            self._count("get", str(status))
+            raise KubeApiError(status, status_message(body))
+        self._count("get", "ok")
+        try:
+            return self._decoder.decode(body)
+        except PodDecodeError as exc:
+            self._metrics.decode_errors.labels(source="get").inc()
+            logger.warning("undecodable pod from GET %s/%s: %s", namespace, name, exc)
+            raise KubeApiError(status, f"undecodable pod: {exc}") from exc
+
+    async def delete_pod(
+        self, namespace: str, name: str, *, uid: str, resource_version: str
+    ) -> DeleteOutcome:
+        """DELETE with ``preconditions`` {uid, resourceVersion} and the configured grace period."""
+        options: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "preconditions": {"uid": uid, "resourceVersion": resource_version},
+        }
+        if self._settings.delete_grace_period_s is not None:
+            options["gracePeriodSeconds"] = self._settings.delete_grace_period_s
+        try:
+            response = await raw_response(
+                self._core.delete_namespaced_pod(
+                    name,
+                    namespace,
+                    # A plain dict is serialized as is; no V1DeleteOptions model is needed.
+                    body=cast(Any, options),
+                    _preload_content=False,
+                    _request_timeout=self._timeout(),
+                )
+            )
+            try:
+                body = await response.read()
+            finally:
+                response.release()
+        except _TRANSPORT_ERRORS as exc:
+            self._count("delete", "transport")
+            return DeleteOutcome(DeleteResult.ERROR, 0, f"{type(exc).__name__}: {exc}")
+        status = response.status
+        self._count("delete", "ok" if status in (200, 202) else str(status))
+        if status in (200, 202):
+            return DeleteOutcome(DeleteResult.DELETED, status)
+        message = status_message(body)
+        if status == 404:
+            return DeleteOutcome(DeleteResult.GONE, status, message)
+        if status == 409:
+            return DeleteOutcome(DeleteResult.CONFLICT, status, message)
+        return DeleteOutcome(DeleteResult.ERROR, status, message)

@@ -1,0 +1,61 @@
+"""Errors of the Kubernetes adapter, and reading ``Status`` bodies of failed responses.
+
+``KubeApiError`` (status, message, retry_after_s) is raised by the pod client's ``get_pod`` on
+anything but 200/404, and used inside the informer to decide between relist (410) and backoff
+(everything else). ``status == 0`` means no HTTP answer (timeout, refused connection).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any, cast
+
+import aiohttp
+import msgspec
+
+
+async def raw_response(call: Awaitable[Any]) -> aiohttp.ClientResponse:
+    """The aiohttp response of a generated API call made with ``_preload_content=False``
+    (the generated methods are typed as returning models, which they do not then)."""
+    return cast(aiohttp.ClientResponse, await call)
+
+
+class KubeApiError(Exception):
+    """A Kubernetes API call that did not give the expected answer."""
+
+    def __init__(self, status: int, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class WireStatus(msgspec.Struct):
+    """The parts of a ``Status`` object we read."""
+
+    message: str = ""
+    reason: str = ""
+    code: int = 0
+
+
+_status_decoder = msgspec.json.Decoder(WireStatus)
+
+
+def status_message(raw: bytes) -> str:
+    """The ``message`` of a Status body, or a short excerpt of whatever came instead."""
+    try:
+        parsed = _status_decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return raw[:200].decode("utf-8", "replace")
+    return parsed.message or parsed.reason
+
+
+def parse_retry_after(raw: str | None) -> float | None:
+    """``Retry-After`` in seconds (only the delta-seconds form the API server sends)."""
+    if not raw:
+        return None
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        return None
+    return value if value >= 0 else None

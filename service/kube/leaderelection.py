@@ -1,0 +1,243 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, with client-go's semantics.
+
+A replica becomes leader by writing its identity into the Lease (optimistic concurrency on
+``resourceVersion``), renews every ``retry_period_s``, and gives up leadership — stops deleting —
+as soon as it has not renewed successfully for ``renew_deadline_s``, which is shorter than the
+lease duration, so a partitioned leader steps down before anybody else can take the lease.
+Expiry of somebody else's lease is judged on this replica's own monotonic clock from the moment
+it last saw the record change (never by comparing wall clocks across machines).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from kubernetes_asyncio.client import ApiClient
+
+from service.config import LeaderSettings
+from service.kube.decode import decode_json
+from service.metrics import Metrics
+from service.ports import Clock
+
+logger = logging.getLogger(__name__)
+
+_LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}_{os.getpid()}"
+
+
+def _now_micro() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True, slots=True)
+class _Observed:
+    holder: str
+    renew_time: str
+    duration_s: float
+    resource_version: str
+
+
+class LeaseConflict(Exception):
+    """Somebody else wrote the Lease first (409)."""
+
+
+class LeaderElector:
+    """Runs the acquire/renew loop and flips ``on_change(True|False)`` on transitions."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        *,
+        settings: LeaderSettings,
+        namespace: str,
+        on_change: Callable[[bool], None],
+        metrics: Metrics,
+        clock: Clock,
+        request_timeout_s: float = 5.0,
+    ) -> None:
+        self._api = api
+        self._settings = settings
+        self._namespace = namespace
+        self._identity = settings.identity or default_identity()
+        self._on_change = on_change
+        self._metrics = metrics
+        self._clock = clock
+        self._timeout_s = request_timeout_s
+        self._observed: _Observed | None = None
+        self._observed_at = -math.inf
+        self._last_renew = -math.inf
+        self._leading = False
+
+    @property
+    def identity(self) -> str:
+        return self._identity
+
+    def is_leader(self) -> bool:
+        """True only while the last successful renewal is within the renew deadline."""
+        return (
+            self._leading
+            and self._clock.monotonic() - self._last_renew < self._settings.renew_deadline_s
+        )
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Loop until cancelled; on cancellation release the lease if held."""
+        task_status.started()
+        try:
+            while True:
+                await self._tick()
+                await anyio.sleep(self._settings.retry_period_s)
+        finally:
+            if self._leading:
+                self._set_leading(False)
+                with anyio.move_on_after(self._timeout_s, shield=True):
+                    await self._release()
+
+    async def _tick(self) -> None:
+        try:
+            acquired = await self._try_acquire_or_renew()
+        except LeaseConflict:
+            acquired = False
+        except Exception as exc:  # API down, timeouts: judged by the renew deadline below
+            logger.warning("lease %s: %s", self._settings.lease_name, exc)
+            acquired = False
+        now = self._clock.monotonic()
+        if acquired:
+            self._last_renew = now
+            if not self._leading:
+                logger.info("became leader", extra={"identity": self._identity})
+                self._set_leading(True)
+        elif self._leading and now - self._last_renew >= self._settings.renew_deadline_s:
+            logger.warning("lost leadership: could not renew within the renew deadline")
+            self._set_leading(False)
+        elif self._leading and self._observed and self._observed.holder != self._identity:
+            logger.warning("lost leadership to %s", self._observed.holder)
+            self._set_leading(False)
+
+    def _set_leading(self, leading: bool) -> None:
+        self._leading = leading
+        self._metrics.is_leader.set(1 if leading else 0)
+        self._on_change(leading)
+
+    async def _request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        response = await self._api.call_api(
+            path,
+            method,
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+            _request_timeout=self._timeout_s,
+        )
+        try:
+            raw = await response.read()
+            status = int(response.status)
+        finally:
+            response.release()
+        result = "ok" if status < 400 else str(status)
+        self._metrics.api_requests.labels(op="lease", result=result).inc()
+        return status, decode_json(raw) if raw else None
+
+    def _lease_body(self, *, holder: str, duration_s: float, acquire: bool) -> dict[str, Any]:
+        now = _now_micro()
+        observed = self._observed
+        spec: dict[str, Any] = {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": max(1, math.ceil(duration_s)),
+            "renewTime": now,
+        }
+        if acquire:
+            spec["acquireTime"] = now
+        body: dict[str, Any] = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self._settings.lease_name, "namespace": self._namespace},
+            "spec": spec,
+        }
+        if observed is not None:
+            body["metadata"]["resourceVersion"] = observed.resource_version
+        return body
+
+    def _observe(self, lease: dict[str, Any]) -> None:
+        spec = lease.get("spec") or {}
+        current = _Observed(
+            holder=str(spec.get("holderIdentity") or ""),
+            renew_time=str(spec.get("renewTime") or ""),
+            duration_s=float(spec.get("leaseDurationSeconds") or self._settings.lease_duration_s),
+            resource_version=str((lease.get("metadata") or {}).get("resourceVersion") or ""),
+        )
+        previous = self._observed
+        if previous is None or (previous.holder, previous.renew_time) != (
+            current.holder,
+            current.renew_time,
+        ):
+            self._observed_at = self._clock.monotonic()
+        self._observed = current
+
+    async def _try_acquire_or_renew(self) -> bool:
+        collection = _LEASES.format(namespace=self._namespace)
+        path = f"{collection}/{self._settings.lease_name}"
+        status, lease = await self._request("GET", path)
+        if status == 404:
+            self._observed = None
+            body = self._lease_body(
+                holder=self._identity, duration_s=self._settings.lease_duration_s, acquire=True
+            )
+            status, lease = await self._request("POST", collection, body)
+            if status == 409:
+                raise LeaseConflict
+            if status >= 400:
+                raise RuntimeError(f"lease create answered {status}")
+            self._observe(lease)
+            return True
+        if status >= 400:
+            raise RuntimeError(f"lease get answered {status}")
+        self._observe(lease)
+        observed = self._observed
+        assert observed is not None
+        held_by_other = observed.holder not in ("", self._identity)
+        expired = self._clock.monotonic() - self._observed_at > observed.duration_s
+        if held_by_other and not expired:
+            return False
+        body = self._lease_body(
+            holder=self._identity,
+            duration_s=self._settings.lease_duration_s,
+            acquire=observed.holder != self._identity,
+        )
+        if observed.holder == self._identity:
+            body["spec"]["acquireTime"] = (lease.get("spec") or {}).get("acquireTime")
+        transitions = int((lease.get("spec") or {}).get("leaseTransitions") or 0)
+        body["spec"]["leaseTransitions"] = transitions + (observed.holder != self._identity)
+        status, lease = await self._request("PUT", path, body)
+        if status == 409:
+            raise LeaseConflict
+        if status >= 400:
+            raise RuntimeError(f"lease update answered {status}")
+        self._observe(lease)
+        return True
+
+    async def _release(self) -> None:
+        """Hand the lease back so a standby takes over at once instead of after expiry."""
+        observed = self._observed
+        if observed is None or observed.holder != self._identity:
+            return
+        path = f"{_LEASES.format(namespace=self._namespace)}/{self._settings.lease_name}"
+        body = self._lease_body(holder="", duration_s=1, acquire=False)
+        try:
+            status, _ = await self._request("PUT", path, body)
+        except Exception as exc:
+            logger.warning("could not release the lease: %s", exc)
+            return
+        logger.info("released the lease", extra={"status": status})
