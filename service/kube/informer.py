@@ -57,7 +57,17 @@ class _Bookmark(msgspec.Struct):
     metadata: _BookmarkMeta = msgspec.field(default_factory=_BookmarkMeta)
 
 
+class _KeyMeta(msgspec.Struct):
+    name: object = None
+    namespace: object = None
+
+
+class _KeyOnly(msgspec.Struct):
+    metadata: _KeyMeta = msgspec.field(default_factory=_KeyMeta)
+
+
 _event_decoder = msgspec.json.Decoder(_WatchEvent)
+_key_decoder = msgspec.json.Decoder(_KeyOnly)
 _bookmark_decoder = msgspec.json.Decoder(_Bookmark)
 _status_decoder = msgspec.json.Decoder(WireStatus)
 
@@ -375,6 +385,7 @@ class PodInformer:
                 snap = self._decoder.decode(event.object)
             except PodDecodeError as exc:
                 self._decode_error("skipped malformed pod in a %s event: %s", exc, kind)
+                self._forget_unreadable(event.object)
                 return rv
             key = snap.key
             if kind == "DELETED":
@@ -403,6 +414,21 @@ class PodInformer:
             raise KubeApiError(status.code or 500, status.message or status.reason)
         self._decode_error("unknown watch event type %r", kind)
         return rv
+
+    def _forget_unreadable(self, raw: msgspec.Raw) -> None:
+        """A pod we can no longer read is a gap in its observation: fail closed by dropping it
+        from the cache (its clock is cleared and it cannot be acted on) until a readable event
+        or a relist brings it back."""
+        try:
+            meta = _key_decoder.decode(raw).metadata
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+        if not isinstance(meta.namespace, str) or not isinstance(meta.name, str):
+            return
+        before = self._cache.pop(f"{meta.namespace}/{meta.name}", None)
+        if before is not None:
+            self._handler.pod_changed(before, None)
+            self._metrics.cache_pods.set(len(self._cache))
 
     def _decode_error(self, message: str, *args: object) -> None:
         self._metrics.decode_errors.labels(source="watch").inc()

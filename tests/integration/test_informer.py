@@ -6,6 +6,8 @@ their current resourceVersions, and the handler was told about every add, change
 
 from __future__ import annotations
 
+import json
+
 import dataclasses
 import random
 import socket
@@ -307,6 +309,28 @@ async def test_malformed_objects_are_skipped_and_counted(
         assert metric(metrics, "retired_pod_gc_decode_errors_total", source="watch") == 3
         assert sorted(informer.keys()) == [f"{NS}/space-sbx-after-g1", f"{NS}/space-sbx-good-g1"]
         assert metric(metrics, "retired_pod_gc_relists_total") == 0
+
+
+async def test_a_cached_pod_that_turns_unreadable_is_dropped_until_readable_again(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+) -> None:
+    emu = emulator.emulator
+    emu.create_pod(sandbox_pod("flaky"), namespace=NS)
+    key = f"{NS}/space-sbx-flaky-g1"
+    async with running_informer(kube_api, kube_settings) as (informer, handler, _metrics):
+        await informer.wait_synced()
+        assert informer.get(key) is not None
+        await eventually(lambda: emu.open_watch_count() == 1)
+        garbage = {
+            "type": "MODIFIED",
+            "object": {"metadata": {"name": "space-sbx-flaky-g1", "namespace": NS, "uid": 7}},
+        }
+        emu.inject_watch_line(json.dumps(garbage).encode())
+        # The gap in what we know of it must not leave a stale (possibly reapable) snapshot.
+        await eventually(lambda: informer.get(key) is None)
+        assert f"delete {key}" in handler.log
+        emu.set_status(NS, "space-sbx-flaky-g1", {"phase": "Running"})
+        await eventually(lambda: informer.get(key) is not None)
 
 
 async def test_the_informer_never_builds_client_models(
