@@ -189,11 +189,21 @@ def _cached_ping(store: PgExecutionStore, clock: MonotonicClock) -> Callable[[],
     return ping
 
 
-async def _watchdog(heartbeats: Heartbeats) -> None:
-    # Beats while the event loop runs tasks; /healthz fails if it falls silent.
+async def _watchdog(parts: Parts) -> None:
+    """Beats for two loops: the event loop itself (this task runs), and the workers (they make
+    progress whenever keys are ready). /healthz fails when either falls silent."""
+    heartbeats = parts.heartbeats
+    allowance_s = max(WATCHDOG_ALLOWANCE_S, 2 * parts.settings.reconcile_timeout_s)
     heartbeats.register("event-loop", WATCHDOG_ALLOWANCE_S)
+    heartbeats.register("workers", allowance_s)
+    registry = parts.metrics.registry
+    last_done = -1.0
     while True:
         heartbeats.beat("event-loop")
+        done = registry.get_sample_value("retired_pod_gc_reconcile_duration_seconds_count") or 0.0
+        if done != last_done or len(parts.queue) == 0:
+            heartbeats.beat("workers")
+            last_done = done
         await anyio.sleep(WATCHDOG_PERIOD_S)
 
 
@@ -217,7 +227,7 @@ async def run(
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(parts.health.run)
-            tg.start_soon(_watchdog, parts.heartbeats)
+            tg.start_soon(_watchdog, parts)
             await tg.start(parts.informer.run)
             # Not awaited: a database that is down must not keep the HTTP server and the\n            # informer from starting (readiness reports it instead).
             tg.start_soon(parts.listener.run)
