@@ -17,8 +17,10 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import aiohttp
 import anyio
 import asyncpg
+from kubernetes_asyncio.client import CoreV1Api
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 
 from service import config, logs
@@ -30,6 +32,7 @@ from service.domain import split_key
 from service.kube.api import ApiConfigError, new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
+from service.kube.errors import raw_response, status_message
 from service.kube.informer import PodInformer
 from service.metrics import Metrics
 from service.pg.migrate import migrate
@@ -81,6 +84,35 @@ async def _api(settings: config.Settings) -> Any:
         return await new_api_client()
     except ApiConfigError as exc:
         raise CommandError(f"Kubernetes API: {exc}") from None
+
+
+async def _probe_api(api: Any, settings: config.Settings) -> None:
+    """One cheap list call, so that an unreachable or refusing API server fails a one-shot
+    command at once (the informer would retry quietly until ``--timeout``)."""
+    namespace = settings.kube.namespace
+    try:
+        response = await raw_response(
+            CoreV1Api(api).list_namespaced_pod(
+                namespace,
+                limit=1,
+                label_selector=settings.kube.label_selector,
+                _preload_content=False,
+                _request_timeout=aiohttp.ClientTimeout(total=settings.kube.api_timeout_s),
+            )
+        )
+        try:
+            body = await response.read()
+        finally:
+            response.release()
+    except Exception as exc:
+        raise CommandError(
+            f"Kubernetes API unreachable ({api.configuration.host}): {_describe(exc)}"
+        ) from None
+    if response.status != 200:
+        raise CommandError(
+            f"Kubernetes API answered {response.status} listing pods in {namespace}: "
+            f"{status_message(body)}"
+        )
 
 
 # ------------------------------------------------------------------------------------ run
@@ -183,6 +215,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         try:
             api = await _api(settings)
             try:
+                await _probe_api(api, settings)
                 informer = PodInformer(
                     api,
                     settings.kube,

@@ -49,11 +49,13 @@ class ScanReport:
 
 async def list_pods(informer: PodInformer, *, timeout_s: float) -> list[PodSnapshot]:
     """One paginated list through the informer's own code path, then stop."""
-    async with anyio.create_task_group() as tg:
-        await tg.start(informer.run)
-        with anyio.fail_after(timeout_s):
+    # The deadline wraps the task group: raised inside it, the TimeoutError would reach the
+    # caller wrapped in an ExceptionGroup (and the CLI would print a traceback).
+    with anyio.fail_after(timeout_s):
+        async with anyio.create_task_group() as tg:
+            await tg.start(informer.run)
             await informer.wait_synced()
-        tg.cancel_scope.cancel()
+            tg.cancel_scope.cancel()
     pods = [informer.get(key) for key in list(informer.keys())]
     return [p for p in pods if p is not None]
 

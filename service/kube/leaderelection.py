@@ -47,6 +47,7 @@ class _Observed:
     renew_time: str
     duration_s: float
     resource_version: str
+    transitions: int = 0
 
 
 class LeaseConflict(Exception):
@@ -177,6 +178,7 @@ class LeaderElector:
             renew_time=str(spec.get("renewTime") or ""),
             duration_s=float(spec.get("leaseDurationSeconds") or self._settings.lease_duration_s),
             resource_version=str((lease.get("metadata") or {}).get("resourceVersion") or ""),
+            transitions=int(spec.get("leaseTransitions") or 0),
         )
         previous = self._observed
         if previous is None or (previous.holder, previous.renew_time) != (
@@ -229,15 +231,31 @@ class LeaderElector:
         return True
 
     async def _release(self) -> None:
-        """Hand the lease back so a standby takes over at once instead of after expiry."""
-        observed = self._observed
-        if observed is None or observed.holder != self._identity:
-            return
+        """Hand the lease back so a standby takes over at once instead of after expiry.
+
+        A 409 means our view is stale (a renewal the server applied but whose answer was lost to
+        the cancellation): read the lease again and retry once while it is still ours.
+        """
         path = f"{_LEASES.format(namespace=self._namespace)}/{self._settings.lease_name}"
-        body = self._lease_body(holder="", duration_s=1, acquire=False)
-        try:
-            status, _ = await self._request("PUT", path, body)
-        except Exception as exc:
-            logger.warning("could not release the lease: %s", exc)
+        for _ in range(2):
+            observed = self._observed
+            if observed is None or observed.holder != self._identity:
+                return
+            body = self._lease_body(holder="", duration_s=1, acquire=False)
+            body["spec"]["leaseTransitions"] = observed.transitions
+            try:
+                status, lease = await self._request("PUT", path, body)
+                if status == 409:
+                    status, lease = await self._request("GET", path)
+                    if status == 200:
+                        self._observe(lease)
+                        continue
+            except Exception as exc:
+                logger.warning("could not release the lease: %s", exc)
+                return
+            if status >= 400:
+                logger.warning("could not release the lease: answered %s", status)
+                return
+            logger.info("released the lease")
             return
-        logger.info("released the lease", extra={"status": status})
+        logger.warning("could not release the lease: it kept changing")

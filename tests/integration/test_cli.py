@@ -1,0 +1,337 @@
+"""The operator commands as real processes (``python -m service.cli``) against the emulator and a
+real PostgreSQL: help, scan, explain, migrate, cancel-create, and their failures — one clear line
+on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from service import cli
+from service.config import PREFIX
+from service.emulator import RunningEmulator
+from tests.e2e.harness import (
+    CliResult,
+    base_env,
+    closed_port,
+    run_cli,
+    run_cli_async,
+    seed_population,
+    write_kubeconfig,
+)
+from tests.pgfixtures import PgServer
+
+pytestmark = pytest.mark.anyio
+
+ROLL = "sandboxes/space-sbx-roll0001-g2"
+
+
+def _error_line(result: CliResult) -> str:
+    """The one human line on stderr (JSON log lines aside); fails on a traceback or several."""
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip() and not ln.startswith("{")]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("retired-pod-gc: "), lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def env(tmp_path: Path, emulator: RunningEmulator, pg_url: str) -> dict[str, str]:
+    return base_env(
+        kubeconfig=write_kubeconfig(tmp_path / "kc.yaml", emulator.url), database_url=pg_url
+    )
+
+
+# ------------------------------------------------------------------------------------ help
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    parser = cli.build_parser()
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_every_command_help_exits_0_and_explains_it(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: retired-pod-gc {command}")
+    description = _commands()[command].description
+    assert description
+    # argparse rewraps the description; compare its words.
+    assert " ".join(description.split()[:6]) in " ".join(out.split())
+
+
+def test_top_level_help_lists_every_command() -> None:
+    result = run_cli("--help", env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+    assert result.code == 0
+    for command in _commands():
+        assert re.search(rf"^\s+{command}\s", result.stdout, re.MULTILINE), command
+
+
+# ------------------------------------------------------------------------- scan / explain
+
+
+async def test_scan_prints_counts_by_verdict_and_reason_and_the_candidates(
+    emulator: RunningEmulator, pg_url: str, env: dict[str, str]
+) -> None:
+    created = await seed_population(pg_url, emulator.emulator)
+    text, as_json = await _both(
+        run_cli_async("scan", env=env), run_cli_async("scan", "--output", "json", env=env)
+    )
+    assert text.code == 0, text.stderr
+    out = text.stdout
+    assert "namespace sandboxes: 5 pods" in out
+    for label, count in (
+        ("replaced_never_started", 1),
+        ("terminal_retired", 1),
+        ("pending_restore_pod", 1),
+        ("pending_with_ip", 1),
+        ("pod_running", 1),
+    ):
+        assert re.search(rf"^\s+{label}\s+{count}$", out, re.MULTILINE), (label, out)
+    candidates = out.split("candidates:", 1)[1]
+    assert "space-sbx-idle0001-g1" in candidates
+    assert "space-sbx-roll0001-g2" in candidates
+    assert "space-sbx-live0001-g1" not in candidates
+
+    assert as_json.code == 0, as_json.stderr
+    report = json.loads(as_json.stdout)
+    assert report["pods"] == 5
+    assert report["verdicts"] == {"replaced_never_started": 1, "terminal_retired": 1}
+    assert report["skips"] == {"pending_restore_pod": 1, "pending_with_ip": 1, "pod_running": 1}
+    by_pod = {c["pod"]: c for c in report["candidates"]}
+    assert set(by_pod) == {"sandboxes/space-sbx-idle0001-g1", ROLL}
+    assert by_pod[ROLL]["uid"] == created["space-sbx-roll0001-g2"]["metadata"]["uid"]
+    assert by_pod[ROLL]["verdict"] == "replaced_never_started"
+
+
+async def test_explain_prints_the_inputs_and_the_deciding_rule(
+    emulator: RunningEmulator, pg_url: str, env: dict[str, str]
+) -> None:
+    await seed_population(pg_url, emulator.emulator)
+    reapable, kept, missing = await _both(
+        run_cli_async("explain", ROLL, env=env),
+        run_cli_async("explain", "sandboxes/space-sbx-wip00001-g1", env=env),
+        run_cli_async("explain", "sandboxes/space-sbx-nope-g1", env=env),
+    )
+    assert reapable.code == 0, reapable.stderr
+    out = reapable.stdout
+    for line in (
+        r"pod\.phase\s+Pending",
+        r"pod\.pod_ip\s+None",
+        r"pod\.ready_to_start\s+False",
+        r"pod\.kind\s+create",
+        r"row\.state\s+replaced",
+        r"row\.active\s+False",
+        r"^decision: REAPABLE replaced_never_started$",
+        r"rule: Pending fresh-create pod, no IP, PodReadyToStartContainers=False",
+    ):
+        assert re.search(line, out, re.MULTILINE), (line, out)
+    assert kept.code == 0
+    assert re.search(r"^decision: skip pending_with_ip$", kept.stdout, re.MULTILINE), kept.stdout
+    assert missing.code == 0
+    assert "not found in the API server" in missing.stdout
+    assert "execution row: none" in missing.stdout
+
+
+def test_explain_needs_namespace_slash_pod(tmp_path: Path) -> None:
+    env = base_env(kubeconfig=tmp_path / "absent.yaml", database_url="postgresql://x@127.0.0.1:1/x")
+    result = run_cli("explain", "space-sbx-roll0001-g2", env=env)
+    assert result.code == 2
+    assert "NAMESPACE/POD" in _error_line(result)
+
+
+# ----------------------------------------------------------------------------------- migrate
+
+
+@pytest.fixture
+def empty_database(pg_server: PgServer) -> Iterator[str]:
+    name = "rpg_cli_migrate_empty"
+    pg_server.drop_database(name)
+    url = pg_server.create_database(name)
+    try:
+        yield url
+    finally:
+        pg_server.drop_database(name)
+
+
+def test_migrate_twice_applies_then_has_nothing_to_apply(
+    tmp_path: Path, empty_database: str
+) -> None:
+    env = base_env(kubeconfig=tmp_path / "absent.yaml", database_url=empty_database)
+    first = run_cli("migrate", "--with-schema", env=env)
+    assert first.code == 0, first.stderr
+    assert first.stdout.startswith("applied: ")
+    assert "0001" in first.stdout and "0002" in first.stdout
+    second = run_cli("migrate", "--with-schema", env=env)
+    assert second.code == 0, second.stderr
+    assert second.stdout.strip() == "nothing to apply: the database is up to date"
+
+
+# ----------------------------------------------------------------------------- cancel-create
+
+
+async def test_cancel_create_deletes_a_retired_pod_and_leaves_an_active_one(
+    emulator: RunningEmulator, pg_url: str, env: dict[str, str]
+) -> None:
+    await seed_population(pg_url, emulator.emulator)
+    retired, active = await _both(
+        run_cli_async("cancel-create", "idle0001", "1", "0", env=env),
+        # The live sandbox's row is active at attempt 0; attempt 7 is not it: fenced.
+        run_cli_async("cancel-create", "live0001", "1", "7", env=env),
+    )
+    assert retired.code == 0, retired.stderr
+    assert retired.stdout.strip() == "deleted: pod space-sbx-idle0001-g1 (retired by this call: no)"
+    assert active.code == 0, active.stderr
+    assert active.stdout.strip().startswith("left_alone_active: pod space-sbx-live0001-g1")
+    deleted = [e.path.rsplit("/", 1)[-1] for e in emulator.emulator.audit_log(method="DELETE")]
+    assert deleted == ["space-sbx-idle0001-g1"]
+
+
+# ------------------------------------------------------------------------------- failures
+
+
+def _bad_api_env(tmp_path: Path, pg_url: str) -> dict[str, str]:
+    kubeconfig = write_kubeconfig(tmp_path / "closed.yaml", f"http://127.0.0.1:{closed_port()}")
+    return base_env(kubeconfig=kubeconfig, database_url=pg_url, API_TIMEOUT_SECONDS=2)
+
+
+def _bad_db_env(env: dict[str, str]) -> dict[str, str]:
+    return {
+        **env,
+        PREFIX + "DATABASE_URL": f"postgresql://gc:hunter2@127.0.0.1:{closed_port()}/db",
+        PREFIX + "DB_CONNECT_TIMEOUT_SECONDS": "2",
+    }
+
+
+ONE_SHOT = {
+    "scan": ("scan", "--timeout", "5"),
+    "explain": ("explain", ROLL),
+    "migrate": ("migrate",),
+    "cancel-create": ("cancel-create", "roll0001", "2", "0"),
+}
+
+
+async def test_an_unreachable_api_server_is_one_line_and_exit_1(
+    tmp_path: Path, emulator: RunningEmulator, pg_url: str
+) -> None:
+    await seed_population(pg_url, emulator.emulator)
+    env = _bad_api_env(tmp_path, pg_url)
+    commands = {k: v for k, v in ONE_SHOT.items() if k != "migrate"}  # migrate needs no API
+    results = await _all({k: run_cli_async(*args, env=env) for k, args in commands.items()})
+    for command, result in results.items():
+        assert result.code == 1, (command, result)
+        line = _error_line(result)
+        assert "Cannot connect to host 127.0.0.1" in line, (command, line)
+    # cancel-create reached the database first, then failed on the API: re-running is safe.
+    assert "cancel-create failed" in _error_line(results["cancel-create"])
+
+
+async def test_an_unreachable_database_is_one_line_and_exit_1(
+    emulator: RunningEmulator, pg_url: str, env: dict[str, str]
+) -> None:
+    await seed_population(pg_url, emulator.emulator)
+    bad = _bad_db_env(env)
+    results = await _all({k: run_cli_async(*args, env=bad) for k, args in ONE_SHOT.items()})
+    for command, result in results.items():
+        assert result.code == 1, (command, result)
+        line = _error_line(result)
+        assert "127.0.0.1" in line, (command, line)
+        assert "hunter2" not in result.stderr
+        assert "gc:***@" in line, (command, line)
+    assert emulator.emulator.audit_log(method="DELETE") == []
+
+
+async def test_scan_that_cannot_list_in_time_is_one_line(
+    emulator: RunningEmulator, pg_url: str, env: dict[str, str]
+) -> None:
+    await seed_population(pg_url, emulator.emulator)
+    # The probe (first list) gets through slowly; the informer's list then exceeds --timeout.
+    emulator.emulator.add_latency(1.5, method="GET", path_contains="/pods")
+    result = await run_cli_async("scan", "--timeout", "1", env=env)
+    assert result.code == 1
+    assert _error_line(result) == "retired-pod-gc: Kubernetes API: could not list pods within 1s"
+
+
+async def test_a_missing_kubeconfig_is_one_line(tmp_path: Path, pg_url: str) -> None:
+    env = base_env(kubeconfig=tmp_path / "absent.yaml", database_url=pg_url)
+    result = await run_cli_async("scan", env=env)
+    assert result.code == 1
+    assert "no Kubernetes configuration" in _error_line(result)
+
+
+@pytest.fixture
+def clean_environ(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """Config errors are decided before any I/O: run those commands in-process (fast), with none
+    of this process's own variables of ours."""
+    for name in list(os.environ):
+        if name.startswith(PREFIX):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv(PREFIX + "DATABASE_URL", "postgresql://x@127.0.0.1:1/x")
+    return monkeypatch
+
+
+@pytest.mark.parametrize("command", ["run", *ONE_SHOT, "config"])
+def test_bad_configuration_exits_2_naming_the_variable(
+    command: str, clean_environ: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clean_environ.setenv(PREFIX + "DELETES_PER_MINUTE", "lots")
+    code = cli.main(list(ONE_SHOT.get(command, (command,))))
+    captured = capsys.readouterr()
+    assert code == 2
+    line = _error_line(CliResult(code, captured.out, captured.err))
+    assert f"{PREFIX}DELETES_PER_MINUTE" in line
+    assert "'lots'" in line
+
+
+@pytest.mark.parametrize("command", ["run", *ONE_SHOT])
+def test_a_missing_database_url_exits_2_naming_it(
+    command: str, clean_environ: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clean_environ.delenv(PREFIX + "DATABASE_URL")
+    code = cli.main(list(ONE_SHOT.get(command, (command,))))
+    captured = capsys.readouterr()
+    assert code == 2
+    assert f"{PREFIX}DATABASE_URL" in _error_line(CliResult(code, captured.out, captured.err))
+
+
+def test_bad_configuration_of_the_real_process_exits_2(tmp_path: Path) -> None:
+    env = base_env(kubeconfig=tmp_path / "absent.yaml", database_url="postgresql://x@127.0.0.1:1/x")
+    env[PREFIX + "THRESHOLD_SECONDS"] = "soon"
+    result = run_cli("run", env=env)
+    assert result.code == 2
+    assert f"{PREFIX}THRESHOLD_SECONDS" in _error_line(result)
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+async def _both(*calls: Any) -> list[CliResult]:
+    results = await _all(dict(enumerate(calls)))
+    return [results[i] for i in range(len(calls))]
+
+
+async def _all(calls: dict[Any, Any]) -> dict[Any, CliResult]:
+    """Run the CLI processes concurrently (each in its own worker thread)."""
+    out: dict[Any, CliResult] = {}
+
+    async def one(key: Any, call: Any) -> None:
+        out[key] = await call
+
+    async with anyio.create_task_group() as tg:
+        for key, call in calls.items():
+            tg.start_soon(one, key, call)
+    return out

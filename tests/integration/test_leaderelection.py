@@ -1,0 +1,218 @@
+"""LeaderElector in-process against the emulator over HTTP: acquire, renew, a conflicting write
+(409), lapsed renewals (injected 500s) and release on cancellation."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import pytest
+from kubernetes_asyncio import client as k8s_client
+
+from service.config import LeaderSettings
+from service.emulator import RunningEmulator
+from service.emulator.statuses import LEASES
+from service.engine.clock import MonotonicClock
+from service.kube.leaderelection import LeaderElector
+from service.metrics import Metrics
+from tests.kubefixtures import eventually
+from tests.pgfixtures import metric
+
+pytestmark = pytest.mark.anyio
+
+NS = "sandboxes"
+LEASE = "gc-lease"
+LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{LEASE}"
+
+
+def _settings(
+    identity: str, *, lease_s: float = 3.0, renew_s: float = 1.0, retry_s: float = 0.05
+) -> LeaderSettings:
+    return LeaderSettings(
+        enabled=True,
+        lease_name=LEASE,
+        lease_namespace=NS,
+        lease_duration_s=lease_s,
+        renew_deadline_s=renew_s,
+        retry_period_s=retry_s,
+        identity=identity,
+    )
+
+
+class Elector:
+    """An elector plus what it reported through ``on_change``."""
+
+    def __init__(self, api: k8s_client.ApiClient, settings: LeaderSettings) -> None:
+        self.changes: list[bool] = []
+        self.metrics = Metrics()
+        self.elector = LeaderElector(
+            api,
+            settings=settings,
+            namespace=NS,
+            on_change=self.changes.append,
+            metrics=self.metrics,
+            clock=MonotonicClock(),
+            request_timeout_s=2.0,
+        )
+
+    @property
+    def gauge(self) -> float:
+        return metric(self.metrics.registry, "retired_pod_gc_is_leader")
+
+
+def _lease(running: RunningEmulator) -> dict[str, Any]:
+    emu = running.emulator
+    return emu.to_object(LEASES, emu.lookup(LEASES, NS, LEASE))
+
+
+def _spec(running: RunningEmulator) -> dict[str, Any]:
+    return dict(_lease(running)["spec"])
+
+
+async def test_acquires_then_renews_and_releases_on_cancel(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+) -> None:
+    me = Elector(kube_api, _settings("me"))
+    async with anyio.create_task_group() as tg:
+        await tg.start(me.elector.run)
+        await eventually(me.elector.is_leader, timeout_s=5)
+        assert me.changes == [True]
+        assert me.gauge == 1
+        first = _spec(emulator)
+        assert first["holderIdentity"] == "me"
+        assert first["leaseDurationSeconds"] == 3
+        assert first["acquireTime"]
+        first_rv = _lease(emulator)["metadata"]["resourceVersion"]
+        # Renewals: renewTime moves, acquireTime stays, resourceVersion moves on.
+        await eventually(lambda: _spec(emulator)["renewTime"] != first["renewTime"], timeout_s=3)
+        renewed = _spec(emulator)
+        assert renewed["holderIdentity"] == "me"
+        assert renewed["acquireTime"] == first["acquireTime"]
+        assert int(_lease(emulator)["metadata"]["resourceVersion"]) > int(first_rv)
+        assert me.elector.is_leader()
+        tg.cancel_scope.cancel()
+    # Cancelled: steps down first, then hands the lease back.
+    assert me.changes == [True, False]
+    assert me.gauge == 0
+    assert not me.elector.is_leader()
+    assert _spec(emulator)["holderIdentity"] == ""
+    puts = emulator.emulator.audit_log(method="PUT", path_contains=LEASE_PATH)
+    assert puts[-1].body["spec"]["holderIdentity"] == ""
+    assert puts[-1].status == 200
+
+
+async def test_standby_waits_for_a_held_lease_and_does_not_release_it(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+) -> None:
+    leader = Elector(kube_api, _settings("leader"))
+    standby = Elector(kube_api, _settings("standby"))
+    async with anyio.create_task_group() as outer:
+        await outer.start(leader.elector.run)
+        await eventually(leader.elector.is_leader, timeout_s=5)
+        async with anyio.create_task_group() as tg:
+            await tg.start(standby.elector.run)
+            await anyio.sleep(0.5)  # ten retry periods
+            assert not standby.elector.is_leader()
+            assert standby.changes == []
+            tg.cancel_scope.cancel()
+        # The standby's cancellation does not touch a lease it never held.
+        assert _spec(emulator)["holderIdentity"] == "leader"
+        standby_puts = [
+            e
+            for e in emulator.emulator.audit_log(method="PUT", path_contains=LEASE_PATH)
+            if e.body["spec"]["holderIdentity"] in ("standby", "")
+        ]
+        assert standby_puts == []
+        outer.cancel_scope.cancel()
+
+
+async def test_a_conflicting_write_is_a_409_that_costs_leadership_until_expiry(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+) -> None:
+    emu = emulator.emulator
+    me = Elector(kube_api, _settings("me", lease_s=1.0, renew_s=0.6, retry_s=0.05))
+    async with anyio.create_task_group() as tg:
+        await tg.start(me.elector.run)
+        await eventually(me.elector.is_leader, timeout_s=5)
+        # Hold the next renewal in flight, and meanwhile somebody else takes the lease: the
+        # renewal carries a stale resourceVersion.
+        seen = len(emu.requests)
+        puts_before = len(emu.audit_log(method="PUT", path_contains=LEASE_PATH))
+        emu.add_latency(0.3, method="PUT", path_contains=LEASE_PATH, count=1)
+        # The first PUT to arrive from now on is the delayed one (recorded on arrival).
+        await eventually(
+            lambda: any(r.method == "PUT" for r in list(emu.requests)[seen:]), timeout_s=3
+        )
+        other = _lease(emulator)
+        other["spec"]["holderIdentity"] = "other"
+        emu.replace(LEASES, NS, LEASE, other)
+        taken_at = time.monotonic()
+        await eventually(
+            lambda: any(
+                e.status == 409
+                for e in emu.audit_log(method="PUT", path_contains=LEASE_PATH)[puts_before:]
+            ),
+            timeout_s=3,
+        )
+        # The 409 is handled (the loop goes on) and the next GET shows the new holder.
+        await eventually(lambda: not me.elector.is_leader(), timeout_s=2)
+        assert me.changes == [True, False]
+        assert _spec(emulator)["holderIdentity"] == "other"
+        # "other" never renews: after the lease duration, as seen by this replica, it is ours again.
+        await eventually(me.elector.is_leader, timeout_s=4)
+        assert time.monotonic() - taken_at >= 1.0
+        assert _spec(emulator)["holderIdentity"] == "me"
+        assert _spec(emulator)["leaseTransitions"] >= 1
+        assert me.changes == [True, False, True]
+        tg.cancel_scope.cancel()
+
+
+async def test_lapsed_renewals_step_down_before_the_lease_expires(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+) -> None:
+    emu = emulator.emulator
+    lease_s, renew_s = 3.0, 1.0
+    me = Elector(kube_api, _settings("me", lease_s=lease_s, renew_s=renew_s, retry_s=0.1))
+    async with anyio.create_task_group() as tg:
+        await tg.start(me.elector.run)
+        await eventually(me.elector.is_leader, timeout_s=5)
+        emu.fail_next(10_000, code=500, path_contains=LEASE_PATH)
+        failing_since = time.monotonic()
+        await eventually(lambda: not me.elector.is_leader(), timeout_s=lease_s)
+        stepped_down_s = time.monotonic() - failing_since
+        # Not while renewals might still succeed, and well before anybody else could take over.
+        assert stepped_down_s <= renew_s + 0.3
+        assert stepped_down_s < lease_s
+        await eventually(lambda: me.changes == [True, False], timeout_s=1)
+        assert me.gauge == 0
+        # The API recovers: the lease is still ours on the server, so it is renewed at once.
+        emu.clear_faults()
+        await eventually(me.elector.is_leader, timeout_s=2)
+        assert me.changes == [True, False, True]
+        tg.cancel_scope.cancel()
+    assert _spec(emulator)["holderIdentity"] == ""
+
+
+async def test_release_retries_when_its_view_of_the_lease_is_stale(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+) -> None:
+    emu = emulator.emulator
+    # A long retry period: the elector sleeps right after acquiring, so it does not see the
+    # server-side change below before it is cancelled.
+    me = Elector(kube_api, _settings("me", lease_s=6.0, renew_s=4.0, retry_s=2.0))
+    async with anyio.create_task_group() as tg:
+        await tg.start(me.elector.run)
+        await eventually(me.elector.is_leader, timeout_s=5)
+        # A renewal the server applied but whose answer never arrived: same holder, new version
+        # (and a history of earlier transitions).
+        stale = _lease(emulator)
+        stale["spec"]["renewTime"] = "2030-01-01T00:00:00.000000Z"
+        stale["spec"]["leaseTransitions"] = 5
+        emu.replace(LEASES, NS, LEASE, stale)
+        tg.cancel_scope.cancel()
+    puts = emu.audit_log(method="PUT", path_contains=LEASE_PATH)
+    assert [p.status for p in puts if p.body["spec"]["holderIdentity"] == ""] == [409, 200]
+    assert _spec(emulator)["holderIdentity"] == ""
+    # Releasing keeps the transition count (client-go does too).
+    assert _spec(emulator)["leaseTransitions"] == 5
