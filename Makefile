@@ -37,3 +37,17 @@ clean:
 
 demo: $(STAMP)
 	$(BIN)/retired-pod-gc demo
+
+# Benchmarks (benchmarks/RESULTS.md): the event-driven service against the polling baseline.
+BENCH_STAMP := $(VENV)/.bench-installed-stamp
+
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+.PHONY: bench bench-large
+bench: $(BENCH_STAMP)
+	$(PY) -m benchmarks.run
+
+bench-large: $(BENCH_STAMP)
+	$(PY) -m benchmarks.run --pods 100000

@@ -1,0 +1,199 @@
+"""The benchmark runner: ``python -m benchmarks.run [--pods N]`` (``make bench`` / ``bench-large``).
+
+Starts a throwaway PostgreSQL and emulator subprocesses, runs B1-B6, writes the raw results to
+``benchmarks/results/<name>.json`` (``default`` or ``large``, or ``--name``), then renders the
+plots and ``benchmarks/RESULTS.md`` from every results file present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from benchmarks import report, scenarios
+from benchmarks.harness import EmulatorProcess, Population, create_pods, load_average, seed_rows
+from service.pg.throwaway import ThrowawayPostgres
+
+HERE = Path(__file__).resolve().parent
+FIXTURES = HERE.parent / "tests" / "fixtures" / "wire"
+ALL = ("B1", "B2", "B3", "B4", "B5", "B6")
+
+
+def _machine() -> dict[str, Any]:
+    model = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    versions = {}
+    for dist in (
+        "msgspec",
+        "kubernetes_asyncio",
+        "asyncpg",
+        "aiohttp",
+        "anyio",
+        "aiolimiter",
+        "prometheus-client",
+    ):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = "?"
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": versions,
+    }
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
+    p.add_argument("--pods", type=int, default=20_000, help="population for B2-B5, top of B1")
+    p.add_argument("--name", default=None, help="results file name (default: default|large)")
+    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of B1..B6")
+    p.add_argument("--repeats", type=int, default=3, help="repeats of B1 and of B2 (event-driven)")
+    p.add_argument("--tick-s", type=float, default=10.0, help="polling baseline tick")
+    p.add_argument("--idle-s", type=float, default=None, help="B4 window per design")
+    p.add_argument("--backlog-s", type=float, default=None, help="B3 backlog run length")
+    p.add_argument("--churn-rates", default="2500,5000,10000,15000,20000,30000")
+    p.add_argument("--churn-step-s", type=float, default=3.0)
+    return p.parse_args()
+
+
+async def _main(args: argparse.Namespace) -> dict[str, Any]:
+    only = {s.strip().upper() for s in args.only.split(",")}
+    large = args.pods >= 100_000
+    idle_s = args.idle_s or (120.0 if large else 30.0)
+    backlog_s = args.backlog_s or (75.0 if large else 30.0)
+    results: dict[str, Any] = {
+        "machine": _machine(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "pods": args.pods,
+        "load_average_start": load_average(),
+        "config": {
+            "repeats": args.repeats,
+            "tick_s": args.tick_s,
+            "idle_s": idle_s,
+            "backlog_s": backlog_s,
+        },
+    }
+    started = time.perf_counter()
+    if "B6" in only:
+        scenarios._progress("B6 decode")
+        results["B6"] = await scenarios.b6_decode(FIXTURES)
+        scenarios._progress(
+            f"B6 msgspec {results['B6']['median_msgspec_us']:.1f} us vs model {results['B6']['median_model_us']:.0f} us"
+        )
+    needs_env = only & {"B1", "B2", "B3", "B4", "B5"}
+    if not needs_env:
+        return results
+    with ThrowawayPostgres() as pg:
+        sizes = sorted({s for s in (1_000, 10_000, args.pods) if s <= args.pods})
+        if "B1" not in only:
+            sizes = [args.pods]
+        main_emulator: EmulatorProcess | None = None
+        main_db = ""
+        b1: list[dict[str, Any]] = []
+        try:
+            for size in sizes:
+                emulator = await EmulatorProcess().start()
+                db = pg.create_database(f"bench_{size}")
+                population = Population(size)
+                create_s = await create_pods(emulator, population)
+                seed_s = await seed_rows(db, population)
+                scenarios._progress(f"population {size}: pods {create_s:.1f}s rows {seed_s:.1f}s")
+                if "B1" in only:
+                    runs = [scenarios.b1_child(emulator.url, db) for _ in range(args.repeats)]
+                    b1.append(scenarios.b1_summarise(size, runs, emulator.rss_kib()))
+                    s = b1[-1]
+                    scenarios._progress(
+                        f"B1 {size}: synced {s['synced_s']:.2f}s catch-up {s['catchup_done_s']:.2f}s "
+                        f"rss/pod {s['rss_per_pod_bytes']:.0f} B"
+                    )
+                if size == args.pods:
+                    main_emulator, main_db = emulator, db
+                else:
+                    await emulator.aclose()
+            if b1:
+                results["B1"] = b1
+            assert main_emulator is not None
+            population = Population(args.pods)
+            if "B2" in only:
+                results["B2"] = await scenarios.b2_retirement(
+                    main_emulator,
+                    main_db,
+                    population,
+                    sizes=(1, 100, 10_000),
+                    repeats=args.repeats,
+                    tick_s=args.tick_s,
+                )
+                # The same with more workers (a configuration choice, see NOTES.md).
+                results["B2_workers32"] = await scenarios.b2_retirement(
+                    main_emulator,
+                    main_db,
+                    population,
+                    sizes=(1, 100, 10_000),
+                    repeats=args.repeats,
+                    tick_s=args.tick_s,
+                    with_baseline=False,
+                    overrides={"WORKERS": "32"},
+                )
+            if "B3" in only:
+                results["B3"] = await scenarios.b3_expiry(
+                    main_emulator,
+                    main_db,
+                    population,
+                    count=50,
+                    threshold_s=2.0,
+                    tick_s=args.tick_s,
+                    backlog=1200 if large else 600,
+                    backlog_cap_per_min=600,
+                    backlog_s=backlog_s,
+                )
+            if "B4" in only:
+                results["B4"] = await scenarios.b4_idle(
+                    main_emulator, main_db, idle_s=idle_s, tick_s=args.tick_s
+                )
+            if "B5" in only:
+                results["B5"] = await scenarios.b5_churn(
+                    main_emulator,
+                    main_db,
+                    rates=[int(r) for r in args.churn_rates.split(",")],
+                    step_s=args.churn_step_s,
+                    start_index=0,
+                )
+        finally:
+            if main_emulator is not None:
+                await main_emulator.aclose()
+    results["elapsed_s"] = time.perf_counter() - started
+    results["load_average_end"] = load_average()
+    return results
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING)
+    args = _args()
+    results = anyio.run(_main, args)
+    name = args.name or ("large" if args.pods >= 100_000 else "default")
+    out_dir = HERE / "results"
+    out_dir.mkdir(exist_ok=True)
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(results, indent=1, default=float) + "\n")
+    scenarios._progress(f"wrote {path} ({results.get('elapsed_s', 0):.0f}s)")
+    report.render(HERE)
+
+
+if __name__ == "__main__":
+    main()
