@@ -182,7 +182,7 @@ LABEL_SELECTOR = _var("LABEL_SELECTOR", "app.kubernetes.io/managed-by=space-sand
 SANDBOX_ID_LABEL = _var("SANDBOX_ID_LABEL", "space.sandbox-id", _regex(_LABEL_KEY, "a label key"), "Pod label that carries the sandbox id.")
 GENERATION_LABEL = _var("GENERATION_LABEL", "space.generation", _regex(_LABEL_KEY, "a label key"), "Pod label that carries the execution generation.")
 POD_KIND_LABEL = _var("POD_KIND_LABEL", "space.pod-kind", _regex(_LABEL_KEY, "a label key"), "Pod label that carries the pod kind (create or restore).")
-WORKERS = _var("WORKERS", 4, _parse_int, "Number of concurrent reconcile workers.", lo=1, hi=64)
+WORKERS = _var("WORKERS", 32, _parse_int, "Concurrent reconcile workers (coroutines). Concurrent row lookups share one query, so more workers means larger batches.", lo=1, hi=256)
 RESYNC_PERIOD_SECONDS = _var("RESYNC_PERIOD_SECONDS", 600.0, _parse_float, "Backstop period: every cached candidate is enqueued again this often.", lo=1, hi=86400)
 SHUTDOWN_TIMEOUT_SECONDS = _var("SHUTDOWN_TIMEOUT_SECONDS", 20.0, _parse_float, "On SIGTERM, how long in-flight reconciles may take to finish.", lo=0, hi=300)
 API_TIMEOUT_SECONDS = _var("API_TIMEOUT_SECONDS", 10.0, _parse_float, "Timeout of one Kubernetes API call (GET, DELETE, list page, lease).", lo=0.1, hi=120)
