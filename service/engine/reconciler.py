@@ -42,7 +42,7 @@ import anyio
 
 from service.classifier import classify, prefilter
 from service.config import Settings
-from service.domain import Decision, DeleteResult, ReconcileOutcome, split_key
+from service.domain import ApiError, Decision, DeleteResult, ReconcileOutcome, split_key
 from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget
 from service.engine.observation import ObservationClocks
@@ -106,6 +106,10 @@ async def _bounded(what: str, timeout_s: float, call: Awaitable[T]) -> T:
             return await call
     except Exception as exc:  # an adapter's failure of any kind becomes one typed error
         raise ExternalCallError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+def _retry_after(cause: BaseException | None) -> float | None:
+    return cause.retry_after_s if isinstance(cause, ApiError) else None
 
 
 class _Log(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -242,7 +246,7 @@ class Reconciler:
             )
         except ExternalCallError as exc:
             log.warning("fresh pod GET failed: %s", exc)
-            return self._result_backoff(ReconcileOutcome.ERROR, rid)
+            return self._result_retry(_retry_after(exc.__cause__), rid)
         if fresh is None:
             self._clocks.clear_key(key)
             return self._result_done(ReconcileOutcome.GONE, rid)
@@ -329,7 +333,7 @@ class Reconciler:
                 )
             case DeleteResult.ERROR:
                 log.warning("DELETE answered %s: %s", outcome.status, outcome.message)
-                return self._result_backoff(ReconcileOutcome.ERROR, rid)
+                return self._result_retry(outcome.retry_after_s, rid)
 
     # ---------------------------------------------------------------- helpers
 
@@ -350,6 +354,13 @@ class Reconciler:
     def _result_requeue(self, outcome: str, delay_s: float, rid: str) -> ReconcileResult:
         self._count(outcome)
         return ReconcileResult.requeue_after(str(outcome), delay_s, rid)
+
+    def _result_retry(self, retry_after_s: float | None, rid: str) -> ReconcileResult:
+        """An API error: wait as long as the server asked (Retry-After), else back off."""
+        if retry_after_s is None:
+            return self._result_backoff(ReconcileOutcome.ERROR, rid)
+        self._metrics.reconcile_errors.inc()
+        return self._result_requeue(ReconcileOutcome.ERROR, retry_after_s, rid)
 
     def _result_backoff(self, outcome: str, rid: str) -> ReconcileResult:
         self._count(outcome)

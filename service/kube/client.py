@@ -17,7 +17,7 @@ from kubernetes_asyncio import client as k8s_client
 from service.config import KubeSettings
 from service.domain import DeleteOutcome, DeleteResult, PodSnapshot
 from service.kube.decode import PodDecodeError, PodDecoder
-from service.kube.errors import KubeApiError, raw_response, status_message
+from service.kube.errors import KubeApiError, parse_retry_after, raw_response, status_message
 from service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,11 @@ class KubePodClient:
             return None
         if status != 200:
             self._count("get", str(status))
-            raise KubeApiError(status, status_message(body))
+            raise KubeApiError(
+                status,
+                status_message(body),
+                retry_after_s=parse_retry_after(response.headers.get("Retry-After")),
+            )
         self._count("get", "ok")
         try:
             return self._decoder.decode(body)
@@ -116,4 +120,9 @@ class KubePodClient:
             return DeleteOutcome(DeleteResult.GONE, status, message)
         if status == 409:
             return DeleteOutcome(DeleteResult.CONFLICT, status, message)
-        return DeleteOutcome(DeleteResult.ERROR, status, message)
+        return DeleteOutcome(
+            DeleteResult.ERROR,
+            status,
+            message,
+            retry_after_s=parse_retry_after(response.headers.get("Retry-After")),
+        )

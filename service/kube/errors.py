@@ -13,6 +13,8 @@ from typing import Any, cast
 import aiohttp
 import msgspec
 
+from service.domain import ApiError
+
 
 async def raw_response(call: Awaitable[Any]) -> aiohttp.ClientResponse:
     """The aiohttp response of a generated API call made with ``_preload_content=False``
@@ -20,14 +22,8 @@ async def raw_response(call: Awaitable[Any]) -> aiohttp.ClientResponse:
     return cast(aiohttp.ClientResponse, await call)
 
 
-class KubeApiError(Exception):
+class KubeApiError(ApiError):
     """A Kubernetes API call that did not give the expected answer."""
-
-    def __init__(self, status: int, message: str, *, retry_after_s: float | None = None) -> None:
-        super().__init__(f"{status}: {message}" if status else message)
-        self.status = status
-        self.message = message
-        self.retry_after_s = retry_after_s
 
 
 class WireStatus(msgspec.Struct):
