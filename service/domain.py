@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import msgspec
+
 
 class PodPhase(enum.StrEnum):
     """The five Kubernetes pod phases. Anything else on the wire decodes to ``UNKNOWN``."""
@@ -138,9 +140,15 @@ def split_key(key: str) -> tuple[str, str]:
     return namespace, name
 
 
-@dataclass(frozen=True, slots=True)
-class PodSnapshot:
-    """What classification needs of a pod, and nothing more (kept small: 100k are cached)."""
+class PodSnapshot(msgspec.Struct, frozen=True, gc=False):
+    """What classification needs of a pod, and nothing more (kept small: 100k are cached).
+
+    A frozen msgspec Struct rather than a dataclass: built in C (the decoder makes one per watch
+    event) and, holding only scalars, never tracked by the garbage collector.
+    ``all_containers_terminated`` is true only when ``container_count > 0`` and every container
+    status is ``terminated``; ``created_at_s`` is ``creationTimestamp`` as Unix seconds, ``None``
+    when absent or unparsable.
+    """
 
     namespace: str
     name: str
@@ -152,20 +160,17 @@ class PodSnapshot:
     ready_to_start: ConditionStatus
     container_count: int
     all_containers_terminated: bool
-    """True only when ``container_count > 0`` and every container status is ``terminated``."""
     sandbox_id: str | None
     generation: int | None
     kind: PodKind
     created_at_s: float | None
-    """``creationTimestamp`` as Unix seconds, ``None`` when absent or unparsable."""
 
     @property
     def key(self) -> str:
         return pod_key(self.namespace, self.name)
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutionRow:
+class ExecutionRow(msgspec.Struct, frozen=True, gc=False):
     """One ``sandbox_k8s_executions`` row joined to its ``sandboxes`` row."""
 
     pod_name: str

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
+from msgspec import structs
 from prometheus_client import CollectorRegistry
 
 from service import config
@@ -88,7 +89,7 @@ def make_pending_pod(sandbox_id: str = "sbx1", generation: int = 1, **kw: object
         container_count=1,
         all_containers_terminated=False,
     )
-    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+    return structs.replace(base, **kw)
 
 
 def make_row(

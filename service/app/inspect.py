@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import anyio
+from msgspec import structs
 
 from service.classifier import classify, prefilter
 from service.config import Settings
@@ -130,12 +131,12 @@ def explanation_lines(exp: Explanation) -> list[str]:
     if exp.pod is None:
         lines.append("  not found in the API server: nothing to do")
     else:
-        for name, value in asdict(exp.pod).items():
+        for name, value in structs.asdict(exp.pod).items():
             lines.append(f"  pod.{name:<26} {value}")
     if exp.row is None:
         lines.append("  execution row: none in this namespace among Kubernetes-managed sandboxes")
     else:
-        for name, value in asdict(exp.row).items():
+        for name, value in structs.asdict(exp.row).items():
             lines.append(f"  row.{name:<26} {value}")
     if exp.decision is not None:
         outcome = "REAPABLE" if exp.decision.reapable else "skip"

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 from service.classifier import classify, prefilter
 from service.domain import (
@@ -41,7 +41,7 @@ def make_pod(**overrides: object) -> PodSnapshot:
         kind=PodKind.CREATE,
         created_at_s=0.0,
     )
-    return replace(base, **overrides)  # type: ignore[arg-type]
+    return replace(base, **overrides)
 
 
 def make_row(pod: PodSnapshot, **overrides: object) -> ExecutionRow:
@@ -56,7 +56,7 @@ def make_row(pod: PodSnapshot, **overrides: object) -> ExecutionRow:
         active=False,
         kubernetes_managed=True,
     )
-    return replace(base, **overrides)  # type: ignore[arg-type]
+    return replace(base, **overrides)
 
 
 STUCK = make_pod()

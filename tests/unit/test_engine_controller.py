@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
+from msgspec import structs
 
 from service.domain import (
     ExecutionChange,
@@ -57,7 +58,7 @@ async def test_deletes_only_after_the_threshold_with_uid_and_rv_preconditions() 
         await anyio.wait_all_tasks_blocked()
         assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 1
         assert rig.queue.due_at(pod.key) == T0 + 300  # requeued for exactly the expiry
-        rig.pods.pods[pod.key] = dataclasses.replace(pod, resource_version="131")
+        rig.pods.pods[pod.key] = structs.replace(pod, resource_version="131")
         await rig.advance(299.5)
         assert rig.pods.deletes == []
         await rig.advance(0.5)
@@ -81,7 +82,7 @@ async def test_pods_failing_the_prefilter_are_not_enqueued_but_clear_their_clock
     await rig.controller.process(await rig.queue.get() or "")
     rig.queue.done(pod.key)
     assert rig.clocks.get(pod.uid) is not None
-    running_pod = dataclasses.replace(pod, phase=PodPhase.RUNNING, resource_version="2")
+    running_pod = structs.replace(pod, phase=PodPhase.RUNNING, resource_version="2")
     rig.add(running_pod)
     assert rig.clocks.get(pod.uid) is None
     assert len(rig.queue) == 0
@@ -125,7 +126,7 @@ async def test_a_pod_leaving_the_shape_and_back_between_two_reconciles_restarts_
     rig.add(pod, make_row(pod), event=False)
     await rig.reconciler.reconcile(pod.key)
     rig.clock.advance(100)
-    terminating = dataclasses.replace(pod, terminating=True, resource_version="2")
+    terminating = structs.replace(pod, terminating=True, resource_version="2")
     rig.controller.pod_changed(pod, terminating)
     rig.controller.pod_changed(terminating, pod)  # (an impossible flip back, for the test)
     rig.clock.advance(200)
@@ -138,7 +139,7 @@ async def test_a_new_uid_event_clears_the_old_clock() -> None:
     pod = make_pod()
     rig.add(pod, make_row(pod), event=False)
     await rig.reconciler.reconcile(pod.key)
-    new = dataclasses.replace(pod, uid="uid-new")
+    new = structs.replace(pod, uid="uid-new")
     rig.controller.pod_changed(pod, new)
     assert len(rig.clocks) == 0
 
@@ -150,7 +151,7 @@ async def test_an_add_event_for_a_new_uid_clears_the_clock_of_the_old_one() -> N
     pod = make_pod()
     rig.add(pod, make_row(pod), event=False)
     await rig.reconciler.reconcile(pod.key)
-    rig.controller.pod_changed(None, dataclasses.replace(pod, uid="uid-new"))
+    rig.controller.pod_changed(None, structs.replace(pod, uid="uid-new"))
     assert len(rig.clocks) == 0
 
 
@@ -291,7 +292,7 @@ async def test_dry_run_with_workers_reports_each_uid_once_across_many_events(
         rig.add(pod, make_row(pod))
         await rig.advance(300)
         for i in range(5):  # status updates keep coming
-            rig.add(dataclasses.replace(pod, resource_version=str(200 + i)))
+            rig.add(structs.replace(pod, resource_version=str(200 + i)))
             await rig.advance(10)
     assert rig.pods.deletes == []
     assert rig.outcome(Verdict.TERMINAL_RETIRED, "dry_run") == 1

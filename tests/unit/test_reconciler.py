@@ -5,11 +5,11 @@ Each safety test names the DESIGN invariant it guards and fails when the enforci
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import anyio
 import pytest
+from msgspec import structs
 
 from service.domain import (
     DeleteOutcome,
@@ -77,7 +77,7 @@ async def test_too_young_requeues_for_exactly_the_remaining_time_then_deletes() 
 async def test_invariant7_delete_preconditions_come_from_the_fresh_get() -> None:
     rig, pod = _rig()
     # The server moved on (a status update): the cache still has resourceVersion 100.
-    rig.pods.pods[pod.key] = dataclasses.replace(pod, resource_version="105")
+    rig.pods.pods[pod.key] = structs.replace(pod, resource_version="105")
     await _expire(rig, pod)
     await rig.reconciler.reconcile(pod.key)
     [call] = rig.pods.deletes
@@ -132,12 +132,10 @@ async def test_invariant2_no_delete_when_the_fresh_get_shows_a_live_or_other_pod
     rig, pod = _rig()
     await _expire(rig, pod)
     server = {
-        "running": dataclasses.replace(
-            pod, phase=PodPhase.RUNNING, all_containers_terminated=False
-        ),
-        "terminating": dataclasses.replace(pod, terminating=True),
-        "recreated": dataclasses.replace(pod, uid="uid-new", resource_version="900"),
-        "pending_with_ip": dataclasses.replace(
+        "running": structs.replace(pod, phase=PodPhase.RUNNING, all_containers_terminated=False),
+        "terminating": structs.replace(pod, terminating=True),
+        "recreated": structs.replace(pod, uid="uid-new", resource_version="900"),
+        "pending_with_ip": structs.replace(
             pod, phase=PodPhase.PENDING, pod_ip="10.0.0.9", all_containers_terminated=False
         ),
     }[change]
@@ -154,7 +152,7 @@ class _RecreatingPodClient(FakePodClient):
     async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
         pod = await super().get_pod(namespace, name)
         if pod is not None:
-            self.pods[pod.key] = dataclasses.replace(pod, uid="uid-new", resource_version="1")
+            self.pods[pod.key] = structs.replace(pod, uid="uid-new", resource_version="1")
         return pod
 
 
@@ -179,7 +177,7 @@ async def test_a_pod_recreated_under_the_same_name_starts_its_own_clock() -> Non
     rig, pod = _rig()
     await rig.reconciler.reconcile(pod.key)
     rig.clock.advance(250)
-    new = dataclasses.replace(pod, uid="uid-new", resource_version="7")
+    new = structs.replace(pod, uid="uid-new", resource_version="7")
     rig.add(new, event=False)  # the cache already shows the new pod (no event needed)
     rig.clock.advance(100)  # 350 s after the old UID was first seen
     result = await rig.reconciler.reconcile(pod.key)
@@ -216,7 +214,7 @@ async def test_a_pod_that_fails_the_prefilter_restarts_its_clock_without_a_db_qu
     await rig.reconciler.reconcile(pod.key)
     queries = rig.store.queries
     rig.clock.advance(200)
-    rig.cache.put(dataclasses.replace(pod, phase=PodPhase.RUNNING))
+    rig.cache.put(structs.replace(pod, phase=PodPhase.RUNNING))
     assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.SKIPPED
     assert rig.store.queries == queries  # the prefilter decides without the database
     assert rig.sample("retired_pod_gc_skips_total", {"reason": "pod_running"}) == 1
@@ -232,7 +230,7 @@ async def test_a_changed_reapable_shape_restarts_the_clock() -> None:
     rig.add(pending, make_row(pending, state=ExecutionState.REPLACED), event=False)
     await rig.reconciler.reconcile(pending.key)
     rig.clock.advance(200)
-    failed = dataclasses.replace(
+    failed = structs.replace(
         pending, phase=PodPhase.FAILED, all_containers_terminated=True, resource_version="2"
     )
     rig.add(failed, event=False)
@@ -415,7 +413,7 @@ async def test_dry_run_reports_a_recreated_pod_again_as_a_new_uid() -> None:
     rig, pod = _rig(dry_run=True)
     await _expire(rig, pod)
     await rig.reconciler.reconcile(pod.key)
-    new = dataclasses.replace(pod, uid="uid-2")
+    new = structs.replace(pod, uid="uid-2")
     rig.add(new, event=True)
     await _expire(rig, new)
     assert (await rig.reconciler.reconcile(pod.key)).outcome == Verdict.TERMINAL_RETIRED
