@@ -30,6 +30,7 @@ from service.emulator.patching import (
     merge_patch,
     strategic_merge_patch,
 )
+from service.emulator.sandboxpods import SELECTOR_LABEL, Shape, sandbox_pod
 from service.emulator.selectors import Matcher, SelectorError, compile_selector
 from service.emulator.statuses import LEASES, NAMESPACES, PODS, ApiError, Resource
 
@@ -234,50 +235,14 @@ class WatchExpiredError(Exception):
         self.body = body
 
 
-DEFAULT_POD_TEMPLATE: dict[str, Any] = {
-    "metadata": {"labels": {"app.kubernetes.io/managed-by": "space-sandbox"}},
-    "spec": {
-        "containers": [
-            {
-                "name": "sandbox",
-                "image": "registry.example/sandbox:1.0",
-                "resources": {
-                    "limits": {"cpu": "2", "memory": "2Gi"},
-                    "requests": {"cpu": "1", "memory": "1Gi"},
-                },
-                "terminationMessagePath": "/dev/termination-log",
-                "terminationMessagePolicy": "File",
-                "imagePullPolicy": "IfNotPresent",
-            }
-        ],
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": 30,
-        "dnsPolicy": "ClusterFirst",
-        "nodeName": "node-a",
-        "schedulerName": "default-scheduler",
-        "runtimeClassName": "vm-shim",
-    },
-    "status": {
-        "phase": "Pending",
-        "conditions": [
-            {"type": "PodReadyToStartContainers", "status": "False"},
-            {"type": "PodScheduled", "status": "True"},
-        ],
-        "hostIP": "192.0.2.1",
-        "containerStatuses": [
-            {
-                "name": "sandbox",
-                "state": {"waiting": {"reason": "ContainerCreating"}},
-                "ready": False,
-                "restartCount": 0,
-                "image": "registry.example/sandbox:1.0",
-                "imageID": "",
-                "started": False,
-            }
-        ],
-        "qosClass": "Burstable",
-    },
-}
+def _default_pod_template() -> dict[str, Any]:
+    """A stuck fresh-create sandbox pod without identity (bulk creation fills name and labels)."""
+    pod = sandbox_pod(sandbox_id="0", generation=1, shape=Shape.PENDING_STUCK)
+    pod["metadata"] = {"labels": {SELECTOR_LABEL[0]: SELECTOR_LABEL[1]}}
+    return pod
+
+
+DEFAULT_POD_TEMPLATE: dict[str, Any] = _default_pod_template()
 
 
 class Emulator:
