@@ -6,9 +6,8 @@ their current resourceVersions, and the handler was told about every add, change
 
 from __future__ import annotations
 
-import json
-
 import dataclasses
+import json
 import random
 import socket
 import time
