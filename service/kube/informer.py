@@ -190,6 +190,10 @@ class PodInformer:
                 logger.info("watch resourceVersion %s expired; relisting", rv)
                 rv = None
             except KubeApiError as exc:
+                if 400 <= exc.status < 500 and exc.status != 429:
+                    # The server rejects the request itself (e.g. a resourceVersion it cannot
+                    # parse, taken from a bad bookmark): resuming would fail forever; relist.
+                    rv = None
                 await self._back_off("error", exc, exc.retry_after_s)
             except TimeoutError as exc:
                 await self._back_off("timeout", exc, None)
