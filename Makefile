@@ -51,3 +51,13 @@ bench: $(BENCH_STAMP)
 
 bench-large: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run --pods 100000
+
+# Randomized fault campaigns (tests/chaos): `make chaos SEEDS=200` or replay one: `make chaos SEED=1234`.
+.PHONY: chaos soak
+SEEDS ?= 100
+chaos: $(STAMP)
+	$(PY) -m tests.chaos.campaign $(if $(SEED),--seed $(SEED),--seeds $(SEEDS))
+
+# Bounded soak (~10 minutes): 10k pods with churn; fails on RSS / task / queue growth.
+soak: $(STAMP)
+	$(PY) -m tests.chaos.soak --seconds 600 --pods 10000

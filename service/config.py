@@ -310,6 +310,8 @@ def _database_url(env: Mapping[str, str], warnings: list[str]) -> str:
         text = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise ConfigError(DATABASE_URL_FILE.name, f"cannot read {path!r}: {exc.strerror}") from None
+    except ValueError as exc:  # e.g. a NUL byte in the path
+        raise ConfigError(DATABASE_URL_FILE.name, f"not a usable path: {exc}") from None
     if not text:
         raise ConfigError(DATABASE_URL_FILE.name, f"{path!r} is empty")
     return text

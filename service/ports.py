@@ -84,3 +84,12 @@ class ExecutionEventHandler(Protocol):
     def notifications_missed(self) -> None:
         """The listener (re)connected: notifications may have been lost meanwhile."""
         ...
+
+
+class NotificationBarrier(Protocol):
+    """Lets the reconciler make sure no change notification is still on its way."""
+
+    async def sync(self) -> None:
+        """Return once every notification committed before the call has been handled; raise
+        when that cannot be vouched for (listener down or stalled)."""
+        ...

@@ -38,7 +38,7 @@ from service.engine.observation import ObservationClocks
 from service.engine.reconciler import Reconciler
 from service.engine.workqueue import WorkQueue
 from service.metrics import LOOP, Metrics
-from service.ports import Clock
+from service.ports import Clock, NotificationBarrier
 
 NAMESPACE = "sandboxes"
 
@@ -324,6 +324,7 @@ def make_rig(
     start_s: float = 1000.0,
     budget_window_s: float = 60.0,
     leader_check: Callable[[], bool] | None = None,
+    barrier: NotificationBarrier | None = None,
 ) -> EngineRig:
     settings = settings if settings is not None else make_settings()
     clock = FakeClock(start_s)
@@ -347,6 +348,7 @@ def make_rig(
         activation=activation,
         clock=clock,
         metrics=metrics,
+        barrier=barrier,
     )
     controller = Controller(
         cache=cache,

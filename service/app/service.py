@@ -32,7 +32,7 @@ from service.kube.decode import PodDecoder
 from service.kube.informer import PodInformer
 from service.kube.leaderelection import LeaderElector
 from service.metrics import Metrics
-from service.pg.listener import RetirementListener
+from service.pg.listener import ListenerUnavailable, RetirementListener
 from service.pg.store import PgExecutionStore
 
 from .health import HealthServer, Heartbeats
@@ -63,6 +63,19 @@ class _LateHandler:
     def cache_synced(self) -> None:
         if self.target is not None:
             self.target.cache_synced()
+
+
+class _LateBarrier:
+    """The reconciler's notification barrier is the listener, which needs the controller (built
+    after the reconciler) as its handler."""
+
+    def __init__(self) -> None:
+        self.target: RetirementListener | None = None
+
+    async def sync(self) -> None:
+        if self.target is None:
+            raise ListenerUnavailable("the notify listener is not built yet")
+        await self.target.sync()
 
 
 def lease_namespace(settings: Settings) -> str:
@@ -112,6 +125,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         if settings.leader.enabled
         else None,
     )
+    barrier = _LateBarrier()
     reconciler = Reconciler(
         settings=settings,
         cache=informer,
@@ -122,6 +136,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         activation=activation,
         clock=clock,
         metrics=metrics,
+        barrier=barrier,
     )
     controller = Controller(
         cache=informer,
@@ -144,6 +159,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
             request_timeout_s=settings.kube.api_timeout_s,
         )
     listener = RetirementListener(settings.database, handler=controller, metrics=metrics)
+    barrier.target = listener
     heartbeats = Heartbeats(clock=clock)
     health = HealthServer(
         metrics=metrics,

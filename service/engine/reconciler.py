@@ -11,8 +11,11 @@ Steps (DESIGN "Shape of the service"), each ending in exactly one :class:`Reconc
 6. dry run already reported for this UID: ``already_reported`` (no API call);
 7. live: a delete token from the budget (none within ``budget_wait_s``: ``throttled``);
 8. fresh GET of the pod and a direct re-read of the row, classified again; the UID must be the
-   observed one and the verdict unchanged, the clock must still be running past the threshold
-   (an event may have cleared it while we waited) and the replica still active; else ``changed``;
+   observed one, the verdict unchanged and the resourceVersion the cached one (a newer version
+   means events the watch has not delivered yet: wait for them); then a round trip on the
+   notification listener (no retirement flip may still be in flight; failure: clear,
+   ``lookup_failed``); the clock must still be running past the threshold (an event may have
+   cleared it while we waited) and the replica still active; else ``changed``;
 9. dry run: report "would reap" once per UID; live: DELETE with preconditions {uid,
    resourceVersion of the fresh GET}: deleted → the verdict, 404 → ``gone``, 409 → ``conflict``
    (looked at again shortly), other errors → ``error`` (back off).
@@ -47,7 +50,7 @@ from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget
 from service.engine.observation import ObservationClocks
 from service.metrics import Metrics
-from service.ports import Clock, ExecutionStore, PodCache, PodClient
+from service.ports import Clock, ExecutionStore, NotificationBarrier, PodCache, PodClient
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -137,6 +140,7 @@ class Reconciler:
         db_timeout_s: float | None = None,
         budget_wait_s: float | None = None,
         conflict_requeue_s: float = 1.0,
+        barrier: NotificationBarrier | None = None,
     ) -> None:
         self._settings = settings
         self._cache = cache
@@ -157,6 +161,7 @@ class Reconciler:
             budget_wait_s if budget_wait_s is not None else settings.reconcile_timeout_s / 3
         )
         self._conflict_requeue_s = conflict_requeue_s
+        self._barrier = barrier
         self._mode = "dry_run" if settings.dry_run else "live"
 
     @property
@@ -260,6 +265,21 @@ class Reconciler:
             return self._result_backoff(ReconcileOutcome.LOOKUP_FAILED, rid)
 
         again = classify(fresh, fresh_row)
+        if (
+            fresh.uid == pod.uid
+            and again.verdict is verdict
+            and (fresh.resource_version != pod.resource_version)
+        ):
+            # The pod changed in ways the watch has not delivered yet: what happened in
+            # between (perhaps a non-reapable state) is unknown. Its event is on the way and
+            # enqueues the key again (clearing the clock first if it shows a non-reapable
+            # state); act only on a pod the cache has seen up to this version.
+            log.info(
+                "pod resourceVersion %s is ahead of the cache (%s); waiting for its events",
+                fresh.resource_version,
+                pod.resource_version,
+            )
+            return self._result_done(ReconcileOutcome.CHANGED, rid)
         if fresh.uid != pod.uid or again.verdict is not verdict:
             self._clocks.clear(pod.uid)
             log.info(
@@ -270,6 +290,17 @@ class Reconciler:
                 again.rule,
             )
             return self._result_done(ReconcileOutcome.CHANGED, rid)
+
+        if self._barrier is not None:
+            # A row that flipped active and back between the lookup and the re-read shows only
+            # in its notifications: make sure none is still in flight before trusting the
+            # clock (a stalled listener fails this, and the clock restarts).
+            try:
+                await _bounded("notification sync", self._db_timeout_s, self._barrier.sync())
+            except ExternalCallError as exc:
+                self._clocks.clear_key(key)
+                log.warning("could not sync change notifications, clock cleared: %s", exc)
+                return self._result_backoff(ReconcileOutcome.LOOKUP_FAILED, rid)
 
         # The token wait and the re-reads take time: an event may have cleared the clock, or
         # leadership may have been lost, meanwhile.

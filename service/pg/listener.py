@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Literal
 
 import anyio
+import anyio.lowlevel
 import asyncpg
 import msgspec
 from anyio.abc import TaskStatus
@@ -83,6 +84,10 @@ def parse_payload(payload: str, *, received_at_s: float) -> ExecutionChange | No
     )
 
 
+class ListenerUnavailable(Exception):
+    """The listener cannot vouch that every committed notification has been delivered."""
+
+
 class _ConnectionLost(Exception):
     """Internal: the watch loop noticed the connection is gone (message says how)."""
 
@@ -111,6 +116,9 @@ class RetirementListener:
         self._rng = rng
         self._connected = False
         self._ever_connected = False
+        self._conn: asyncpg.Connection | None = None
+        # asyncpg runs one query at a time per connection: heartbeats and syncs take turns.
+        self._query_lock = anyio.Lock()
 
     @property
     def connected(self) -> bool:
@@ -140,6 +148,7 @@ class RetirementListener:
                     server_settings={"application_name": "retired-pod-gc-listener"},
                 )
                 lost = anyio.Event()
+                self._conn = conn
                 conn.add_termination_listener(_setter(lost))
                 with anyio.fail_after(self._settings.statement_timeout_s):
                     await conn.add_listener(self._channel, self._on_notification)
@@ -161,6 +170,7 @@ class RetirementListener:
                 if self._connected:
                     self._connected = False
                     self._metrics.listener_connected.set(0)
+                self._conn = None
                 if conn is not None:
                     # terminate() is synchronous: no await, so it also runs under cancellation.
                     conn.terminate()
@@ -189,13 +199,37 @@ class RetirementListener:
                 raise _ConnectionLost("connection closed")
             try:
                 with anyio.fail_after(s.heartbeat_timeout_s):
-                    listening = await conn.fetchval(HEARTBEAT_SQL, self._channel)
+                    async with self._query_lock:
+                        listening = await conn.fetchval(HEARTBEAT_SQL, self._channel)
             except TimeoutError:
                 raise _ConnectionLost(
                     f"heartbeat got no answer within {s.heartbeat_timeout_s:g}s"
                 ) from None
             if listening != 1:
                 raise _ConnectionLost(f"connection no longer listens on {self._channel}")
+
+    async def sync(self) -> None:
+        """A round trip on the listening connection. When it returns, every notification
+        committed before the call has been handed to the handler: the server signals listening
+        backends at commit and sends pending notifications before answering a query, on the same
+        socket, and asyncpg schedules the callbacks before it resumes the caller. Raises
+        :class:`ListenerUnavailable` when the connection is down or does not answer in time
+        (a silently stalled connection holds notifications back)."""
+        conn = self._conn
+        if conn is None or not self._connected or conn.is_closed():
+            raise ListenerUnavailable("the notify listener is not connected")
+        try:
+            with anyio.fail_after(self._settings.heartbeat_timeout_s):
+                async with self._query_lock:
+                    listening = await conn.fetchval(HEARTBEAT_SQL, self._channel)
+        except TimeoutError:
+            raise ListenerUnavailable("the notify listener did not answer in time") from None
+        except _TRANSIENT as exc:
+            raise ListenerUnavailable(f"notify listener: {_describe(exc)}") from exc
+        if listening != 1:
+            raise ListenerUnavailable(f"the listener no longer listens on {self._channel}")
+        # The notification callbacks were scheduled before this task resumed; let them run.
+        await anyio.lowlevel.checkpoint()
 
     def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         self._metrics.notifications.inc()

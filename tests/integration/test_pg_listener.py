@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from service.config import DatabaseSettings
 from service.domain import ExecutionChange, ExecutionState
 from service.metrics import Metrics
-from service.pg.listener import RetirementListener
+from service.pg.listener import ListenerUnavailable, RetirementListener
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
 from service.pg.throwaway import ThrowawayPostgres
 from tests.pgfixtures import NAMESPACE, db_settings, metric, seed_execution, seed_sandbox
@@ -356,3 +356,45 @@ async def test_run_retries_until_the_first_connection_succeeds(pg_url: str) -> N
         assert handler.missed == 1
         assert metric(registry, "retired_pod_gc_listener_reconnects_total") == 0
         tg.cancel_scope.cancel()
+
+
+async def test_sync_hands_over_every_committed_notification_before_returning(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    names = [f"space-sbx-b{i}-g1" for i in range(20)]
+    for i, name in enumerate(names):
+        await seed_sandbox(pg_conn, f"b{i}")
+        await seed_execution(pg_conn, pod_name=name, sandbox_id=f"b{i}")
+    handler, registry = RecordingHandler(), CollectorRegistry()
+    async with running(db_settings(pg_url), handler, registry) as listener:
+        for _ in range(5):
+            seen = len(handler.changes)
+            async with pg_conn.transaction():
+                for name in names:
+                    await _retire(pg_conn, name)
+            # No waiting or polling: sync alone must have delivered all 20.
+            await listener.sync()
+            assert len(handler.changes) - seen == len(names)
+            await pg_conn.execute(
+                "UPDATE sandbox_k8s_executions SET active = true, execution_state = 'active'"
+            )
+            await listener.sync()
+            assert len(handler.changes) - seen == 2 * len(names)
+
+
+async def test_sync_refuses_when_the_connection_is_silently_stalled(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    port = int(pg_url.rsplit(":", 1)[1].split("/", 1)[0])
+    async with StallableProxy(port) as proxy:
+        via_proxy = pg_url.replace(f":{port}/", f":{proxy.port}/")
+        # A long heartbeat interval: only sync itself can notice the stall here.
+        settings = db_settings(via_proxy, heartbeat_interval_s=60, heartbeat_timeout_s=0.3)
+        handler, registry = RecordingHandler(), CollectorRegistry()
+        async with running(settings, handler, registry) as listener:
+            await listener.sync()
+            assert proxy.stall_existing() == 1
+            started = time.monotonic()
+            with pytest.raises(ListenerUnavailable):
+                await listener.sync()
+            assert time.monotonic() - started < 2

@@ -58,7 +58,7 @@ async def test_deletes_only_after_the_threshold_with_uid_and_rv_preconditions() 
         await anyio.wait_all_tasks_blocked()
         assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 1
         assert rig.queue.due_at(pod.key) == T0 + 300  # requeued for exactly the expiry
-        rig.pods.pods[pod.key] = structs.replace(pod, resource_version="131")
+        rig.add(structs.replace(pod, resource_version="131"))  # a reapable-shape status write
         await rig.advance(299.5)
         assert rig.pods.deletes == []
         await rig.advance(0.5)
@@ -70,7 +70,7 @@ async def test_deletes_only_after_the_threshold_with_uid_and_rv_preconditions() 
         await rig.advance(10_000)  # idle: no polling, no row queries
         assert rig.store.queries == queries
     assert rig.outcome(Verdict.TERMINAL_RETIRED) == 1
-    assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 1
+    assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 2  # the add, and the status write
 
 
 @pytest.mark.anyio

@@ -6,6 +6,7 @@ Each safety test names the DESIGN invariant it guards and fails when the enforci
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import anyio
 import pytest
@@ -76,15 +77,30 @@ async def test_too_young_requeues_for_exactly_the_remaining_time_then_deletes() 
 @pytest.mark.anyio
 async def test_invariant7_delete_preconditions_come_from_the_fresh_get() -> None:
     rig, pod = _rig()
-    # The server moved on (a status update): the cache still has resourceVersion 100.
-    rig.pods.pods[pod.key] = structs.replace(pod, resource_version="105")
     await _expire(rig, pod)
     await rig.reconciler.reconcile(pod.key)
     [call] = rig.pods.deletes
     assert (call.namespace, call.name) == (pod.namespace, pod.name)
-    assert (call.uid, call.resource_version) == (pod.uid, "105")
+    assert (call.uid, call.resource_version) == (pod.uid, pod.resource_version)
     assert rig.pods.gets == [pod.key]
     assert rig.sample("retired_pod_gc_deletes_total", {"result": "deleted"}) == 1
+
+
+@pytest.mark.anyio
+async def test_a_server_version_ahead_of_the_cache_waits_for_the_watch() -> None:
+    rig, pod = _rig()
+    # The server moved on (writes the watch has not delivered): what happened in between is
+    # unknown, so nothing is sent until the cache has seen that version.
+    ahead = structs.replace(pod, resource_version="105")
+    rig.pods.pods[pod.key] = ahead
+    await _expire(rig, pod)
+    result = await rig.reconciler.reconcile(pod.key)
+    assert result.outcome == ReconcileOutcome.CHANGED
+    assert rig.pods.deletes == []
+    rig.add(ahead)  # the MODIFIED event arrives, still reapable: the clock keeps running
+    result = await rig.reconciler.reconcile(pod.key)
+    [call] = rig.pods.deletes
+    assert (call.uid, call.resource_version) == (pod.uid, "105")
 
 
 @pytest.mark.anyio
@@ -534,3 +550,58 @@ async def test_every_log_line_of_one_reconcile_carries_its_reconcile_id(
     assert ids == {result.reconcile_id}
     assert all(getattr(r, "reconcile_id", None) for r in records)
     assert len({getattr(r, "reconcile_id", None) for r in records}) == 2  # two reconciles
+
+
+# ------------------------------------------------------- notification barrier
+
+
+class _Barrier:
+    """A notification barrier whose sync can fail, or deliver a late notification first."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail = False
+        self.deliver: Callable[[], None] | None = None
+
+    async def sync(self) -> None:
+        self.calls += 1
+        if self.deliver is not None:
+            self.deliver()
+        if self.fail:
+            raise ConnectionError("listener stalled")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dry_run", [False, True])
+async def test_no_delete_or_report_when_notifications_cannot_be_synced(dry_run: bool) -> None:
+    barrier = _Barrier()
+    barrier.fail = True
+    rig = make_rig(make_settings(dry_run=dry_run), barrier=barrier)
+    pod = make_pod()
+    rig.add(pod, make_row(pod), event=False)
+    await _expire(rig, pod)
+    result = await rig.reconciler.reconcile(pod.key)
+    assert result.outcome == ReconcileOutcome.LOOKUP_FAILED
+    assert barrier.calls == 1
+    assert rig.pods.deletes == []
+    assert rig.outcome(Verdict.TERMINAL_RETIRED) == 0
+    assert rig.clocks.get(pod.uid) is None  # a gap in what we know restarts the clock
+
+
+@pytest.mark.anyio
+async def test_a_flip_still_in_flight_at_the_final_check_stops_the_delete() -> None:
+    barrier = _Barrier()
+    rig = make_rig(make_settings(), barrier=barrier)
+    pod = make_pod()
+    rig.add(pod, make_row(pod), event=False)
+    await _expire(rig, pod)
+    # The row was re-activated and retired again; the re-read already shows "retired" but the
+    # re-activation's notification is only handed over by the sync.
+    barrier.deliver = lambda: rig.controller.execution_changed(
+        ExecutionChange(
+            namespace=pod.namespace, pod_name=pod.name, active=True, state=ExecutionState.ACTIVE
+        )
+    )
+    result = await rig.reconciler.reconcile(pod.key)
+    assert result.outcome == ReconcileOutcome.CHANGED
+    assert rig.pods.deletes == []

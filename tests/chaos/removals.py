@@ -1,0 +1,183 @@
+"""Mutation check of the campaign: remove one safety check at a time and see which seeds fail.
+
+Nothing under ``service/`` is edited: each removal patches a *copy* in memory (a method whose
+source is copied and edited, or a replacement method) for the duration of one campaign, then
+restores the original. Run ``python -m tests.chaos.removals [--seeds N] [--only NAME ...]``; the
+table it prints is what docs/reliability.md records. Exit status 1 when a removal went unnoticed.
+"""
+
+from __future__ import annotations
+import __future__
+
+import argparse
+import contextlib
+import functools
+import inspect
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+
+from service.classifier import prefilter
+from service.engine import controller as controller_module
+from service.engine import reconciler as reconciler_module
+from service.engine.budget import DeleteBudget
+from service.kube import client as client_module
+from tests.chaos.campaign import CampaignConfig, SeedResult, run_campaign
+
+
+def _edited(func: Callable[..., Any], module: Any, *edits: tuple[str, str]) -> Callable[..., Any]:
+    """A copy of ``func`` with each ``(old, new)`` applied to its source (``old`` occurs once)."""
+    source = textwrap.dedent(inspect.getsource(func))
+    for old, new in edits:
+        if source.count(old) != 1:
+            raise RuntimeError(f"{func.__qualname__}: expected one {old!r} in the source")
+        source = source.replace(old, new)
+    code = compile(
+        source,
+        f"<edited {func.__qualname__}>",
+        "exec",
+        flags=__future__.annotations.compiler_flag,
+        dont_inherit=True,
+    )
+    namespace: dict[str, Any] = {}
+    exec(code, vars(module), namespace)
+    edited: Callable[..., Any] = namespace[func.__name__]
+    return edited
+
+
+Reconciler = reconciler_module.Reconciler
+FIX_EDITS: list[tuple[str, str]] = []
+"""Candidate fixes applied (with ``--with-fix``) under every run, removals included."""
+CANDIDATE_FIX = (
+    "if fresh.uid != pod.uid or again.verdict is not verdict:",
+    "if fresh.uid != pod.uid or fresh.resource_version != pod.resource_version "
+    "or again.verdict is not verdict:",
+)
+
+
+def _reconcile_edit(old: str, new: str) -> contextlib.AbstractContextManager[None]:
+    edits = list(FIX_EDITS)
+    for i, (o, n) in enumerate(edits):
+        if old in n:  # the removal applies to a line the fix rewrote
+            edits[i] = (o, n.replace(old, new))
+            break
+    else:
+        edits.append((old, new))
+    return _patched(
+        Reconciler, "_reconcile", _edited(Reconciler._reconcile, reconciler_module, *edits)
+    )
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    original = owner.__dict__[name]
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def _no_pod_event_clearing(self: Any, old: Any, new: Any) -> None:
+    # Controller.pod_changed without any clock clearing: only the enqueue is kept.
+    if new is not None and prefilter(new) is None:
+        self._enqueue(new.key)
+
+
+def _no_row_event_clearing(self: Any, change: Any) -> None:
+    # Controller.execution_changed without the clear of a non-retired notification.
+    self._enqueue(change.key)
+
+
+async def _no_budget(self: DeleteBudget) -> float:
+    return self._clock.monotonic()
+
+
+REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "pod_event_clearing": lambda: _patched(
+        controller_module.Controller, "pod_changed", _no_pod_event_clearing
+    ),
+    "row_event_clearing": lambda: _patched(
+        controller_module.Controller, "execution_changed", _no_row_event_clearing
+    ),
+    "uid_comparison": lambda: _reconcile_edit("fresh.uid != pod.uid or ", ""),
+    "fresh_reclassify": lambda: _reconcile_edit(
+        "again = classify(fresh, fresh_row)", "again = decision"
+    ),
+    "delete_preconditions": lambda: _patched(
+        client_module.KubePodClient,
+        "delete_pod",
+        _edited(
+            client_module.KubePodClient.delete_pod,
+            client_module,
+            ('"preconditions": {"uid": uid, "resourceVersion": resource_version},', ""),
+        ),
+    ),
+    "budget": lambda: _patched(DeleteBudget, "acquire", _no_budget),
+    "dry_run_suppression": lambda: _reconcile_edit(
+        "dry_run = self._settings.dry_run", "dry_run = False"
+    ),
+}
+
+
+def first_violation(result: SeedResult) -> str:
+    return result.violations[0][:160] if result.violations else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=24)
+    parser.add_argument("--start", type=int, default=1)
+    parser.add_argument("--only", nargs="*", choices=sorted(REMOVALS))
+    parser.add_argument(
+        "--with-fix", action="store_true", help="apply CANDIDATE_FIX under every run"
+    )
+    args = parser.parse_args(argv)
+    if args.with_fix:
+        FIX_EDITS.append(CANDIDATE_FIX)
+    seeds = list(range(args.start, args.start + args.seeds))
+    unnoticed = []
+    runs: list[tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = [
+        (
+            "baseline",
+            lambda: _reconcile_edit(
+                "dry_run = self._settings.dry_run", "dry_run = self._settings.dry_run"
+            ),
+        )
+    ]
+    runs += [(name, REMOVALS[name]) for name in args.only or list(REMOVALS)]
+    baseline_failed: set[int] = set()
+    for name, removal in runs:
+        started = time.monotonic()
+        with removal():
+            results = anyio.run(functools.partial(run_campaign, seeds, cfg=CampaignConfig()))
+        failed = [r for r in results if not r.ok]
+        caught = [r for r in failed if r.seed not in baseline_failed]
+        if name == "baseline":
+            baseline_failed = {r.seed for r in failed}
+        print(
+            f"== {name}: {len(failed)}/{len(seeds)} seeds failed "
+            f"({time.monotonic() - started:.0f}s): {' '.join(str(r.seed) for r in failed)}"
+            + (
+                ""
+                if name == "baseline"
+                else f"; caught by seeds passing the baseline: "
+                f"{' '.join(str(r.seed) for r in caught)}"
+            )
+        )
+        for r in (failed if name == "baseline" else caught)[:4]:
+            print(f"   seed {r.seed}: {first_violation(r)}")
+        if name != "baseline" and not caught:
+            unnoticed.append(name)
+    if unnoticed:
+        print(f"UNNOTICED removals: {', '.join(unnoticed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
