@@ -43,6 +43,10 @@ SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/
 WATCHDOG_PERIOD_S = 1.0
 WATCHDOG_ALLOWANCE_S = 15.0
 PING_TTL_S = 2.0
+MAX_BACKOFF_S = 5.0
+"""Cap of a key's retry backoff. What fails here is global (the database or the API server is
+down), so every key backs off together; a short cap means keys come back within seconds of the
+recovery, and a retry costs one batched lookup or one GET, so the load stays small."""
 
 
 class _LateHandler:
@@ -113,7 +117,11 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     late = _LateHandler()
     informer = PodInformer(api, settings.kube, decoder, late, metrics)
     pods = KubePodClient(api, settings.kube, decoder, metrics)
-    queue = WorkQueue(clock=clock, metrics=metrics, backoff=ExponentialBackoff(jitter=0.1))
+    queue = WorkQueue(
+        clock=clock,
+        metrics=metrics,
+        backoff=ExponentialBackoff(max_delay_s=MAX_BACKOFF_S, jitter=0.1),
+    )
     clocks = ObservationClocks(metrics=metrics)
     elector: LeaderElector | None = None
     # Checked right before every DELETE or report: a leader whose renewals lapse stops acting

@@ -9,21 +9,22 @@ Steps (DESIGN "Shape of the service"), each ending in exactly one :class:`Reconc
 5. observation clock on the pod UID (not yet continuously reapable for the threshold:
    ``too_young``, requeued for exactly the remaining time);
 6. dry run already reported for this UID: ``already_reported`` (no API call);
-7. live: a delete token from the budget (none within ``budget_wait_s``: ``throttled``);
-8. fresh GET of the pod and a direct re-read of the row, classified again; the UID must be the
-   observed one, the verdict unchanged and the resourceVersion the cached one (a newer version
-   means events the watch has not delivered yet: wait for them); then a round trip on the
-   notification listener (no retirement flip may still be in flight; failure: clear,
-   ``lookup_failed``); the clock must still be running past the threshold (an event may have
-   cleared it while we waited) and the replica still active; else ``changed``;
+7. verification: fresh GET of the pod and a direct re-read of the row, classified again; the UID
+   must be the observed one, the verdict unchanged and the resourceVersion the cached one (a
+   newer version means events the watch has not delivered yet: wait for them); then a round
+   trip on the notification listener (no retirement flip may still be in flight; failure:
+   clear, ``lookup_failed``); the clock must still be running past the threshold (an event may
+   have cleared it meanwhile) and the replica still active; else ``changed``;
+8. live: a delete token from the budget (none within ``budget_wait_s``: ``throttled``); if the
+   token took time to come, step 7 again, so the final re-read stays next to the DELETE;
 9. dry run: report "would reap" once per UID; live: DELETE with preconditions {uid,
    resourceVersion of the fresh GET}: deleted → the verdict, 404 → ``gone``, 409 → ``conflict``
-   (looked at again shortly), other errors → ``error`` (back off).
+   (looked at again shortly), other errors → ``error`` (back off, or wait the server's
+   Retry-After).
 
-Why the token comes before the re-verification (7 before 8): the final re-read must be as close
-to the DELETE as possible (invariant 1 is judged "at the moment of the final re-read"), and the
-token wait can be long under a backlog. A candidate that fails re-verification wastes its token;
-that only ever makes us delete less. Dry run takes no token (it sends nothing).
+Tokens are spent on verified candidates only (verification comes first), and invariant 1 is
+judged at the final re-read, which is the one right before the DELETE. Dry run takes no token
+(it sends nothing).
 
 Expected failures of the outside world are converted into :class:`ExternalCallError` in one
 helper and become typed outcomes; anything else propagates to the worker loop, the one place
@@ -45,7 +46,15 @@ import anyio
 
 from service.classifier import classify, prefilter
 from service.config import Settings
-from service.domain import ApiError, Decision, DeleteResult, ReconcileOutcome, split_key
+from service.domain import (
+    ApiError,
+    Decision,
+    DeleteResult,
+    PodSnapshot,
+    ReconcileOutcome,
+    Verdict,
+    split_key,
+)
 from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget
 from service.engine.observation import ObservationClocks
@@ -61,6 +70,8 @@ current_reconcile_id: contextvars.ContextVar[str | None] = contextvars.ContextVa
 """The id of the reconcile running in this task (for log filters of adapters it calls)."""
 
 _ids = itertools.count(1)
+_TOKEN_WAIT_REVERIFY_S = 0.05
+"""A delete token that took longer than this to come means the verification is redone."""
 
 
 class Action(enum.StrEnum):
@@ -234,8 +245,16 @@ class Reconciler:
         if dry_run and self._clocks.was_reported(pod.uid):
             return self._result_done(ReconcileOutcome.ALREADY_REPORTED, rid)
 
+        # Verify against the server and the database before spending a delete token, so that
+        # tokens go to verified candidates only.
+        checked = await self._verify(key, pod, verdict, rid, log)
+        if isinstance(checked, ReconcileResult):
+            return checked
+        fresh, again, elapsed_now = checked
+
         if not dry_run:
             granted = False
+            waited_from = self._clock.monotonic()
             with anyio.move_on_after(self._budget_wait_s):
                 await self._budget.acquire()
                 granted = True
@@ -243,74 +262,13 @@ class Reconciler:
                 delay_s = max(self._budget.retry_after_s(), self._conflict_requeue_s)
                 log.info("delete budget exhausted; retrying in %.1fs", delay_s)
                 return self._result_requeue(ReconcileOutcome.THROTTLED, delay_s, rid)
-
-        # Re-verify against the server and the database, as late as possible before acting.
-        try:
-            fresh = await _bounded(
-                "pod GET", self._api_timeout_s, self._pods.get_pod(namespace, name)
-            )
-        except ExternalCallError as exc:
-            log.warning("fresh pod GET failed: %s", exc)
-            return self._result_retry(_retry_after(exc.__cause__), rid)
-        if fresh is None:
-            self._clocks.clear_key(key)
-            return self._result_done(ReconcileOutcome.GONE, rid)
-        try:
-            fresh_row = await _bounded(
-                "row re-read", self._db_timeout_s, self._store.read_fresh(name)
-            )
-        except ExternalCallError as exc:
-            self._clocks.clear_key(key)
-            log.warning("row re-read failed, clock cleared: %s", exc)
-            return self._result_backoff(ReconcileOutcome.LOOKUP_FAILED, rid)
-
-        again = classify(fresh, fresh_row)
-        if (
-            fresh.uid == pod.uid
-            and again.verdict is verdict
-            and (fresh.resource_version != pod.resource_version)
-        ):
-            # The pod changed in ways the watch has not delivered yet: what happened in
-            # between (perhaps a non-reapable state) is unknown. Its event is on the way and
-            # enqueues the key again (clearing the clock first if it shows a non-reapable
-            # state); act only on a pod the cache has seen up to this version.
-            log.info(
-                "pod resourceVersion %s is ahead of the cache (%s); waiting for its events",
-                fresh.resource_version,
-                pod.resource_version,
-            )
-            return self._result_done(ReconcileOutcome.CHANGED, rid)
-        if fresh.uid != pod.uid or again.verdict is not verdict:
-            self._clocks.clear(pod.uid)
-            log.info(
-                "changed before acting: uid %s -> %s, now %s (%s)",
-                pod.uid,
-                fresh.uid,
-                again.label,
-                again.rule,
-            )
-            return self._result_done(ReconcileOutcome.CHANGED, rid)
-
-        if self._barrier is not None:
-            # A row that flipped active and back between the lookup and the re-read shows only
-            # in its notifications: make sure none is still in flight before trusting the
-            # clock (a stalled listener fails this, and the clock restarts).
-            try:
-                await _bounded("notification sync", self._db_timeout_s, self._barrier.sync())
-            except ExternalCallError as exc:
-                self._clocks.clear_key(key)
-                log.warning("could not sync change notifications, clock cleared: %s", exc)
-                return self._result_backoff(ReconcileOutcome.LOOKUP_FAILED, rid)
-
-        # The token wait and the re-reads take time: an event may have cleared the clock, or
-        # leadership may have been lost, meanwhile.
-        elapsed_now = self._clocks.elapsed(pod.uid, self._clock.monotonic())
-        if elapsed_now is None or elapsed_now < self._settings.threshold_s:
-            log.info("clock cleared while verifying; not acting")
-            return self._result_done(ReconcileOutcome.CHANGED, rid)
-        if not self._activation.active:
-            log.info("no longer active; not acting")
-            return ReconcileResult.done(INACTIVE, rid)
+            if self._clock.monotonic() - waited_from > _TOKEN_WAIT_REVERIFY_S:
+                # The final re-read must be close to the DELETE (invariant 1 is judged at the
+                # final re-read): after a wait for the token, verify once more.
+                checked = await self._verify(key, pod, verdict, rid, log)
+                if isinstance(checked, ReconcileResult):
+                    return checked
+                fresh, again, elapsed_now = checked
 
         if dry_run:
             if not self._clocks.mark_reported(pod.uid):
@@ -365,6 +323,82 @@ class Reconciler:
             case DeleteResult.ERROR:
                 log.warning("DELETE answered %s: %s", outcome.status, outcome.message)
                 return self._result_retry(outcome.retry_after_s, rid)
+
+    async def _verify(
+        self, key: str, pod: PodSnapshot, verdict: Verdict, rid: str, log: _Log
+    ) -> tuple[PodSnapshot, Decision, float] | ReconcileResult:
+        """Fresh GET, direct row re-read, classify again, notification sync, clock re-check.
+
+        Returns (fresh pod, decision, seconds continuously reapable) when the pod may be acted
+        on now, else the result that ends the reconcile.
+        """
+        try:
+            fresh = await _bounded(
+                "pod GET", self._api_timeout_s, self._pods.get_pod(pod.namespace, pod.name)
+            )
+        except ExternalCallError as exc:
+            log.warning("fresh pod GET failed: %s", exc)
+            return self._result_retry(_retry_after(exc.__cause__), rid)
+        if fresh is None:
+            self._clocks.clear_key(key)
+            return self._result_done(ReconcileOutcome.GONE, rid)
+        try:
+            fresh_row = await _bounded(
+                "row re-read", self._db_timeout_s, self._store.read_fresh(pod.name)
+            )
+        except ExternalCallError as exc:
+            self._clocks.clear_key(key)
+            log.warning("row re-read failed, clock cleared: %s", exc)
+            return self._result_backoff(ReconcileOutcome.LOOKUP_FAILED, rid)
+
+        again = classify(fresh, fresh_row)
+        if (
+            fresh.uid == pod.uid
+            and again.verdict is verdict
+            and (fresh.resource_version != pod.resource_version)
+        ):
+            # The pod changed in ways the watch has not delivered yet: what happened in
+            # between (perhaps a non-reapable state) is unknown. Its event is on the way and
+            # enqueues the key again (clearing the clock first if it shows a non-reapable
+            # state); act only on a pod the cache has seen up to this version.
+            log.info(
+                "pod resourceVersion %s is ahead of the cache (%s); waiting for its events",
+                fresh.resource_version,
+                pod.resource_version,
+            )
+            return self._result_done(ReconcileOutcome.CHANGED, rid)
+        if fresh.uid != pod.uid or again.verdict is not verdict:
+            self._clocks.clear(pod.uid)
+            log.info(
+                "changed before acting: uid %s -> %s, now %s (%s)",
+                pod.uid,
+                fresh.uid,
+                again.label,
+                again.rule,
+            )
+            return self._result_done(ReconcileOutcome.CHANGED, rid)
+
+        if self._barrier is not None:
+            # A row that flipped active and back between the lookup and the re-read shows only
+            # in its notifications: make sure none is still in flight before trusting the
+            # clock (a stalled listener fails this, and the clock restarts).
+            try:
+                await _bounded("notification sync", self._db_timeout_s, self._barrier.sync())
+            except ExternalCallError as exc:
+                self._clocks.clear_key(key)
+                log.warning("could not sync change notifications, clock cleared: %s", exc)
+                return self._result_backoff(ReconcileOutcome.LOOKUP_FAILED, rid)
+
+        # The token wait and the re-reads take time: an event may have cleared the clock, or
+        # leadership may have been lost, meanwhile.
+        elapsed_now = self._clocks.elapsed(pod.uid, self._clock.monotonic())
+        if elapsed_now is None or elapsed_now < self._settings.threshold_s:
+            log.info("clock cleared while verifying; not acting")
+            return self._result_done(ReconcileOutcome.CHANGED, rid)
+        if not self._activation.active:
+            log.info("no longer active; not acting")
+            return ReconcileResult.done(INACTIVE, rid)
+        return fresh, again, elapsed_now
 
     # ---------------------------------------------------------------- helpers
 

@@ -605,3 +605,15 @@ async def test_a_flip_still_in_flight_at_the_final_check_stops_the_delete() -> N
     result = await rig.reconciler.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.CHANGED
     assert rig.pods.deletes == []
+
+
+@pytest.mark.anyio
+async def test_delete_tokens_are_spent_on_verified_candidates_only() -> None:
+    rig, pod = _rig(deletes_per_minute=3)
+    await _expire(rig, pod)
+    # The server already has the pod Running again (the watch has not delivered it yet).
+    rig.pods.pods[pod.key] = structs.replace(pod, phase=PodPhase.RUNNING, resource_version="7")
+    result = await rig.reconciler.reconcile(pod.key)
+    assert result.outcome == ReconcileOutcome.CHANGED
+    assert rig.pods.deletes == []
+    assert rig.budget.granted_in_window() == 0
