@@ -50,25 +50,14 @@ def _edited(func: Callable[..., Any], module: Any, *edits: tuple[str, str]) -> C
 
 
 Reconciler = reconciler_module.Reconciler
-FIX_EDITS: list[tuple[str, str]] = []
-"""Candidate fixes applied (with ``--with-fix``) under every run, removals included."""
-CANDIDATE_FIX = (
-    "if fresh.uid != pod.uid or again.verdict is not verdict:",
-    "if fresh.uid != pod.uid or fresh.resource_version != pod.resource_version "
-    "or again.verdict is not verdict:",
-)
 
 
-def _reconcile_edit(old: str, new: str) -> contextlib.AbstractContextManager[None]:
-    edits = list(FIX_EDITS)
-    for i, (o, n) in enumerate(edits):
-        if old in n:  # the removal applies to a line the fix rewrote
-            edits[i] = (o, n.replace(old, new))
-            break
-    else:
-        edits.append((old, new))
+def _reconciler_edit(method: str, old: str, new: str) -> contextlib.AbstractContextManager[None]:
+    """Patch ``Reconciler.<method>`` with a copy whose source has ``old`` replaced by ``new``."""
     return _patched(
-        Reconciler, "_reconcile", _edited(Reconciler._reconcile, reconciler_module, *edits)
+        Reconciler,
+        method,
+        _edited(getattr(Reconciler, method), reconciler_module, (old, new)),
     )
 
 
@@ -104,9 +93,17 @@ REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "row_event_clearing": lambda: _patched(
         controller_module.Controller, "execution_changed", _no_row_event_clearing
     ),
-    "uid_comparison": lambda: _reconcile_edit("fresh.uid != pod.uid or ", ""),
-    "fresh_reclassify": lambda: _reconcile_edit(
-        "again = classify(fresh, fresh_row)", "again = decision"
+    "uid_comparison": lambda: _reconciler_edit(
+        "_verify", "if fresh.uid != pod.uid or again.verdict", "if again.verdict"
+    ),
+    "fresh_reclassify": lambda: _reconciler_edit(
+        "_verify", "again = classify(fresh, fresh_row)", 'again = Decision.reap(verdict, "")'
+    ),
+    "resource_version_check": lambda: _reconciler_edit(
+        "_verify", "and (fresh.resource_version != pod.resource_version)", "and False"
+    ),
+    "notification_sync": lambda: _reconciler_edit(
+        "_verify", "if self._barrier is not None:", "if False:"
     ),
     "delete_preconditions": lambda: _patched(
         client_module.KubePodClient,
@@ -118,8 +115,8 @@ REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         ),
     ),
     "budget": lambda: _patched(DeleteBudget, "acquire", _no_budget),
-    "dry_run_suppression": lambda: _reconcile_edit(
-        "dry_run = self._settings.dry_run", "dry_run = False"
+    "dry_run_suppression": lambda: _reconciler_edit(
+        "_reconcile", "dry_run = self._settings.dry_run", "dry_run = False"
     ),
 }
 
@@ -133,19 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=24)
     parser.add_argument("--start", type=int, default=1)
     parser.add_argument("--only", nargs="*", choices=sorted(REMOVALS))
-    parser.add_argument(
-        "--with-fix", action="store_true", help="apply CANDIDATE_FIX under every run"
-    )
     args = parser.parse_args(argv)
-    if args.with_fix:
-        FIX_EDITS.append(CANDIDATE_FIX)
     seeds = list(range(args.start, args.start + args.seeds))
     unnoticed = []
     runs: list[tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = [
         (
             "baseline",
-            lambda: _reconcile_edit(
-                "dry_run = self._settings.dry_run", "dry_run = self._settings.dry_run"
+            lambda: _reconciler_edit(
+                "_reconcile", "dry_run = self._settings.dry_run", "dry_run = self._settings.dry_run"
             ),
         )
     ]
