@@ -213,6 +213,7 @@ _STEP_WEIGHTS: dict[str, int] = {
     "stall_listener": 2,
     "stale_recreate": 3,
     "stall_reactivate": 3,
+    "silent_reactivate": 2,
 }
 _RETIRE_STATES = ("suspended", "replaced", "replaced", "failed", "cancelled", "stopped", "paused")
 
@@ -246,6 +247,8 @@ class Sandbox:
     generation: int
     kind: str
     managed: bool
+    row_frozen: bool = False
+    """Its row was changed behind the trigger's back: no later step touches the row again."""
 
     def name(self, generation: int | None = None) -> str:
         return f"space-sbx-{self.sandbox_id}-g{generation or self.generation}"
@@ -274,15 +277,22 @@ class World:
 
     # -- database ------------------------------------------------------------------------
 
-    async def _execute(self, sql: str, *args: Any) -> tuple[float, float]:
-        """Run one autocommit statement, reconnecting through restarts; (lo, hi) of its commit."""
+    async def _execute(self, sql: str, *args: Any, silent: bool = False) -> tuple[float, float]:
+        """Run one statement in its own transaction, reconnecting through restarts; (lo, hi) of
+        its commit. ``silent``: with ``session_replication_role = replica``, so no trigger fires
+        (a writer that bypasses the notify trigger)."""
         lo = time.time()
         deadline = time.monotonic() + 20
         while True:
             try:
                 if self._conn is None or self._conn.is_closed():
                     self._conn = await asyncpg.connect(self.db_url, timeout=5)
-                await self._conn.execute(sql, *args, timeout=5)
+                if silent:
+                    async with self._conn.transaction():
+                        await self._conn.execute("SET LOCAL session_replication_role = replica")
+                        await self._conn.execute(sql, *args, timeout=5)
+                else:
+                    await self._conn.execute(sql, *args, timeout=5)
                 return lo, time.time()
             except (
                 OSError,
@@ -317,7 +327,7 @@ class World:
         )
         self.rows.setdefault(name, RowLife(name)).record(lo, hi, row)
 
-    async def update_rows(self, changes: dict[str, RowTruth]) -> None:
+    async def update_rows(self, changes: dict[str, RowTruth], *, silent: bool = False) -> None:
         """One UPDATE for every row in ``changes`` (a burst commits them together)."""
         if not changes:
             return
@@ -331,6 +341,7 @@ class World:
             names,
             [changes[n].active for n in names],
             [changes[n].state for n in names],
+            silent=silent,
         )
         for n in names:
             self.rows[n].record(lo, hi, changes[n])
@@ -701,7 +712,12 @@ async def quiet_phase(world: World, checker: Checker, cfg: CampaignConfig, mode:
 # ------------------------------------------------------------------ steps
 
 
-_TARGETED = frozenset({"pod_blip", "row_blip", "stale_recreate", "stall_reactivate"})
+_TARGETED = frozenset(
+    {"pod_blip", "row_blip", "stale_recreate", "stall_reactivate", "silent_reactivate"}
+)
+_ROW_STEPS = frozenset(
+    {"retire", "reactivate", "row_blip", "new_generation", "stall_reactivate", "silent_reactivate"}
+)
 
 
 def oldest_reapable(world: World, amount: float) -> int | None:
@@ -734,7 +750,12 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
     emu = world.emu
     kind = step.kind
     applied = True
+    if sb.row_frozen and kind in _ROW_STEPS:
+        kind = "skip"
     match kind:
+        case "skip":
+            applied = False
+            kind = step.kind
         case "shape" | "shape_reapable" | "ip" | "condition":
             if life is None:
                 applied = False
@@ -816,28 +837,37 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
                 other_name = other.name()
                 other_life = world.life(other_name)
                 other_row = world.rows[other_name].current
-                if other_life is None or other_row is None:
+                if other_life is None or other_row is None or other.row_frozen:
                     continue
                 if other_life.states[-1].shape not in (PodShape.SUCCEEDED, PodShape.FAILED):
                     world.set_shape(other_life, PodShape.SUCCEEDED)
                 changes[other_name] = retire(other_row, "suspended")
             await world.update_rows(changes)
             if step.flag:
-                # While the burst waits for delete tokens, re-activate what is left behind a
-                # stalled listener: only the final re-read can see it in time.
+                # While the burst waits for delete tokens, re-activate what is left: behind a
+                # stalled listener (the notification sync must refuse), or behind the
+                # trigger's back (no notification at all: only the final re-read, after the
+                # token wait, can see it).
+                silent = step.amount < 0.5
                 await anyio.sleep(world.threshold_s + 0.2 + 0.3 * step.amount)
-                world.proxy.stall()
+                if not silent:
+                    world.proxy.stall()
                 left = {}
                 for other_name in changes:
                     if world.life(other_name) is not None:
                         retired = world.rows[other_name].current
                         assert retired is not None
                         left[other_name] = reactivate(retired)
-                await world.update_rows(left)
+                await world.update_rows(left, silent=silent)
+                if silent:
+                    for other in world.sandboxes:
+                        if other.name() in left:
+                            other.row_frozen = True
                 # Nothing else happens meanwhile: this scenario is about the re-read alone.
                 await anyio.sleep(2.5)
-                world.proxy.unstall()
-                world.stall_until = 0.0
+                if not silent:
+                    world.proxy.unstall()
+                    world.stall_until = 0.0
         case "watch_drop":
             emu.drop_watches(abrupt=step.flag)
         case "watch_410":
@@ -888,6 +918,14 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
                 if step.flag:
                     await anyio.sleep(0.1 + 0.3 * step.amount)
                     await world.update_rows({name: row})
+        case "silent_reactivate":
+            # A writer that bypasses the trigger re-activates the row: no notification ever
+            # comes, so only the final re-read can see it (and the row stays active for good).
+            if row is None or row.active:
+                applied = False
+            else:
+                await world.update_rows({name: reactivate(row)}, silent=True)
+                sb.row_frozen = True
         case _:
             raise AssertionError(kind)
     stats[kind if applied else f"{kind} (n/a)"] += 1
