@@ -50,7 +50,7 @@ def _section(name: str, r: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
         + ".",
         f"Load average (1/5/15 min) at start {r['load_average_start']}, at end "
-        f"{r.get('load_average_end', '-')} (other helpers ran tests on this machine meanwhile). "
+        f"{r.get('load_average_end', '-')}. "
         f"Repeats: {cfg['repeats']} (medians shown); polling tick {cfg['tick_s']:g} s; "
         f"wall time {r.get('elapsed_s', 0):.0f} s.",
         "",
