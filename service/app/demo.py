@@ -136,7 +136,9 @@ def _view(phase: str, elapsed: float, emulator: Emulator, counts: dict[str, int]
     )
 
 
-async def _seed(url: str, emulator: Emulator) -> None:
+async def seed_population(url: str, emulator: Emulator) -> dict[str, dict[str, Any]]:
+    """Rows (schema and trigger migrated first) and pods of :data:`POPULATION`, plus the unrelated
+    pod; returns name → pod as created (uid and resourceVersion included)."""
     conn = await asyncpg.connect(url, timeout=10)
     try:
         await migrate(conn, channel="sandbox_execution_changed", with_schema=True)
@@ -153,8 +155,8 @@ async def _seed(url: str, emulator: Emulator) -> None:
             )
     finally:
         await conn.close()
-    for p in POPULATION:
-        emulator.create_pod(
+    created = {
+        p.name: emulator.create_pod(
             sandbox_pod(
                 sandbox_id=p.sandbox_id,
                 generation=p.generation,
@@ -163,14 +165,17 @@ async def _seed(url: str, emulator: Emulator) -> None:
                 namespace=NAMESPACE,
             )
         )
+        for p in POPULATION
+    }
     emulator.ensure_namespace(LEASE_NAMESPACE)
-    emulator.create_pod(
+    created[UNRELATED] = emulator.create_pod(
         {
             "metadata": {"name": UNRELATED, "namespace": NAMESPACE, "labels": {"app": "web"}},
             "spec": {"containers": [{"name": "web", "image": "nginx"}], "nodeName": "node-a"},
             "status": {"phase": "Running", "podIP": "10.0.0.99"},
         }
     )
+    return created
 
 
 def _settings(url: str, *, enabled: bool, dry_run: bool, threshold_s: float) -> config.Settings:
@@ -247,7 +252,7 @@ async def _demo(threshold_s: float, phase_s: float) -> int:
         emulator = Emulator(bookmark_interval_s=5.0, kubelet_finish_after_s=2.0)
         running = await start_emulator(emulator=emulator)
         try:
-            await _seed(url, emulator)
+            await seed_population(url, emulator)
             print(f"seeded namespace {NAMESPACE!r} (API {running.url}):")
             for p in POPULATION:
                 print(f"  {p.name:<26} {p.label:<42} row: {p.state}, active={p.active}")

@@ -24,15 +24,12 @@ from typing import Any
 
 import aiohttp
 import anyio
-import asyncpg
 
-from service.app.demo import POPULATION, UNRELATED
+from service.app import demo
 from service.config import PREFIX
 from service.domain import Verdict
 from service.emulator import Emulator
-from service.emulator.sandboxpods import sandbox_pod
 from service.emulator.statuses import LEASES
-from service.pg.devdata import seed_execution, seed_sandbox
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SANDBOX_NAMESPACE = "sandboxes"
@@ -364,45 +361,7 @@ async def wait_until(
 async def seed_population(database_url: str, emu: Emulator) -> dict[str, dict[str, Any]]:
     """The demo's population (rows and pods) plus the unrelated pod; returns name → pod as
     created (uid and resourceVersion included)."""
-    conn = await asyncpg.connect(database_url, timeout=10)
-    try:
-        for p in POPULATION:
-            await seed_sandbox(conn, p.sandbox_id, namespace=SANDBOX_NAMESPACE)
-            await seed_execution(
-                conn,
-                pod_name=p.name,
-                sandbox_id=p.sandbox_id,
-                generation=p.generation,
-                pod_kind=p.kind,
-                execution_state=p.state,
-                active=p.active,
-            )
-    finally:
-        await conn.close()
-    created = {}
-    for p in POPULATION:
-        pod = emu.create_pod(
-            sandbox_pod(
-                sandbox_id=p.sandbox_id,
-                generation=p.generation,
-                kind=p.kind,
-                shape=p.shape,
-                namespace=SANDBOX_NAMESPACE,
-            )
-        )
-        created[p.name] = pod
-    created[UNRELATED] = emu.create_pod(
-        {
-            "metadata": {
-                "name": UNRELATED,
-                "namespace": SANDBOX_NAMESPACE,
-                "labels": {"app": "web"},
-            },
-            "spec": {"containers": [{"name": "web", "image": "nginx"}], "nodeName": "node-a"},
-            "status": {"phase": "Running", "podIP": "10.0.0.99"},
-        }
-    )
-    return created
+    return await demo.seed_population(database_url, emu)
 
 
 def present(emu: Emulator) -> set[str]:
