@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import anyio
 
+from service.app.inspect import IgnoreEvents
 from service.classifier import classify, prefilter
 from service.config import Settings
 from service.domain import DeleteResult, PodSnapshot, Verdict
@@ -30,17 +31,6 @@ from service.metrics import Metrics
 from service.pg.store import PgExecutionStore
 
 logger = logging.getLogger(__name__)
-
-
-class _NoHandler:
-    def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
-        pass
-
-    def cache_cold(self) -> None:
-        pass
-
-    def cache_synced(self) -> None:
-        pass
 
 
 class PollingGC:
@@ -145,7 +135,7 @@ async def run_baseline(
     clock = MonotonicClock()
     decoder = PodDecoder(settings.kube.label_keys)
     store = PgExecutionStore(settings.database, namespace=settings.kube.namespace, metrics=metrics)
-    informer = PodInformer(api, settings.kube, decoder, _NoHandler(), metrics)
+    informer = PodInformer(api, settings.kube, decoder, IgnoreEvents(), metrics)
     gc = PollingGC(
         settings=settings,
         informer=informer,

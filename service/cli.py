@@ -9,12 +9,13 @@ stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -127,7 +128,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         logger.warning(warning)
 
     async def main() -> int:
-
         registry = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             registry.register(collector)
@@ -167,7 +167,6 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
         return settings
 
     async def main() -> int:
-
         try:
             with anyio.fail_after(max(30.0, settings.database.connect_timeout_s * 3)):
                 applied = await migrate(
@@ -191,16 +190,24 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------ scan/explain
 
 
-async def _open_store(settings: config.Settings) -> Any:
-
+@contextlib.asynccontextmanager
+async def _store_and_api(settings: config.Settings) -> AsyncIterator[tuple[Any, Any]]:
+    """The execution store (pinged: an unreachable database is one error line) and an API
+    client, both closed on the way out."""
     store = PgExecutionStore(
         settings.database, namespace=settings.kube.namespace, metrics=Metrics()
     )
     await store.start()
-    if not await store.ping():
+    try:
+        if not await store.ping():
+            raise CommandError(f"database unreachable: {settings.database.masked_url}")
+        api = await _api(settings)
+        try:
+            yield store, api
+        finally:
+            await api.close()
+    finally:
         await store.aclose()
-        raise CommandError(f"database unreachable: {settings.database.masked_url}")
-    return store
 
 
 def _cmd_scan(args: argparse.Namespace) -> int:
@@ -210,31 +217,23 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     logs.setup("warning", settings.log_format)
 
     async def main() -> int:
-
-        store = await _open_store(settings)
-        try:
-            api = await _api(settings)
+        async with _store_and_api(settings) as (store, api):
+            await _probe_api(api, settings)
+            informer = PodInformer(
+                api,
+                settings.kube,
+                PodDecoder(settings.kube.label_keys),
+                IgnoreEvents(),
+                Metrics(),
+                backoff_max_s=1.0,
+            )
             try:
-                await _probe_api(api, settings)
-                informer = PodInformer(
-                    api,
-                    settings.kube,
-                    PodDecoder(settings.kube.label_keys),
-                    IgnoreEvents(),
-                    Metrics(),
-                    backoff_max_s=1.0,
-                )
-                try:
-                    pods = await list_pods(informer, timeout_s=args.timeout)
-                except TimeoutError:
-                    raise CommandError(
-                        f"Kubernetes API: could not list pods within {args.timeout:g}s"
-                    ) from None
-            finally:
-                await api.close()
+                pods = await list_pods(informer, timeout_s=args.timeout)
+            except TimeoutError:
+                raise CommandError(
+                    f"Kubernetes API: could not list pods within {args.timeout:g}s"
+                ) from None
             report = await scan(settings, pods=pods, store=store)
-        finally:
-            await store.aclose()
         if args.output == "json":
             print(json.dumps(report.to_json(), indent=2))
             return 0
@@ -267,22 +266,14 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     logs.setup("warning", settings.log_format)
 
     async def main() -> int:
-
-        store = await _open_store(settings)
-        try:
-            api = await _api(settings)
+        async with _store_and_api(settings) as (store, api):
+            client = KubePodClient(
+                api, settings.kube, PodDecoder(settings.kube.label_keys), Metrics()
+            )
             try:
-                client = KubePodClient(
-                    api, settings.kube, PodDecoder(settings.kube.label_keys), Metrics()
-                )
-                try:
-                    exp = await explain(settings, key=args.pod, pods=client, store=store)
-                except Exception as exc:
-                    raise CommandError(f"explain failed: {_describe(exc)}") from None
-            finally:
-                await api.close()
-        finally:
-            await store.aclose()
+                exp = await explain(settings, key=args.pod, pods=client, store=store)
+            except Exception as exc:
+                raise CommandError(f"explain failed: {_describe(exc)}") from None
         print("\n".join(explanation_lines(exp)))
         return 0
 
@@ -299,7 +290,6 @@ def _cmd_cancel_create(args: argparse.Namespace) -> int:
     logs.setup(settings.log_level, settings.log_format)
 
     async def main() -> int:
-
         try:
             conn = await asyncpg.connect(
                 settings.database.url, timeout=settings.database.connect_timeout_s
