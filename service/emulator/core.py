@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,10 +198,18 @@ class FaultRule:
     method: str | None = None
     path_contains: str | None = None
     retry_after_s: int | None = None
+    query: dict[str, str] | None = None
+    """Parameters the request's query must carry (e.g. ``{"watch": "true"}``); values compare
+    case-insensitively, as the server's booleans do (clients send ``true`` or ``True``)."""
 
-    def matches(self, method: str, path: str) -> bool:
-        return (self.method is None or self.method == method) and (
-            self.path_contains is None or self.path_contains in path
+    def matches(self, method: str, path: str, query: Mapping[str, str]) -> bool:
+        return (
+            (self.method is None or self.method == method)
+            and (self.path_contains is None or self.path_contains in path)
+            and (
+                self.query is None
+                or all(query.get(k, "").lower() == v.lower() for k, v in self.query.items())
+            )
         )
 
 
@@ -844,8 +852,10 @@ class Emulator:
         method: str | None = None,
         path_contains: str | None = None,
         retry_after_s: int | None = None,
+        query: dict[str, str] | None = None,
     ) -> None:
-        """Answer the next ``count`` matching API requests with ``code`` (429 sets Retry-After)."""
+        """Answer the next ``count`` matching API requests with ``code`` (429 sets Retry-After);
+        ``query``: only requests whose query carries these parameters."""
         self.faults.rules.append(
             FaultRule(
                 code=code,
@@ -853,6 +863,7 @@ class Emulator:
                 method=method.upper() if method else None,
                 path_contains=path_contains,
                 retry_after_s=retry_after_s,
+                query=query,
             )
         )
 
@@ -876,9 +887,11 @@ class Emulator:
     def clear_faults(self) -> None:
         self.faults = _Faults()
 
-    def take_fault(self, method: str, path: str) -> ApiError | None:
+    def take_fault(
+        self, method: str, path: str, query: Mapping[str, str] | None = None
+    ) -> ApiError | None:
         for rule in self.faults.rules:
-            if rule.remaining > 0 and rule.matches(method, path):
+            if rule.remaining > 0 and rule.matches(method, path, query or {}):
                 rule.remaining -= 1
                 return st.injected(rule.code, rule.retry_after_s)
         self.faults.rules = [r for r in self.faults.rules if r.remaining > 0]

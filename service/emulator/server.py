@@ -70,7 +70,7 @@ async def _api_middleware(request: web.Request, handler: Handler) -> web.StreamR
     delay = emulator.latency_for(method, path)
     if delay > 0:
         await asyncio.sleep(delay)
-    fault = emulator.take_fault(method, path)
+    fault = emulator.take_fault(method, path, request.query)
     if fault is not None:
         response: web.StreamResponse = _error_response(fault)
     else:
@@ -319,6 +319,7 @@ async def _admin_faults(request: web.Request) -> web.Response:
         method=b.get("method"),
         path_contains=b.get("path"),
         retry_after_s=b.get("retry_after_s"),
+        query=b.get("query"),
     )
     return _ok({"ok": True})
 

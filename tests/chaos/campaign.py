@@ -202,7 +202,7 @@ _STEP_WEIGHTS: dict[str, int] = {
     "reactivate": 5,
     "row_blip": 5,
     "new_generation": 3,
-    "burst": 2,
+    "burst": 4,
     "watch_drop": 3,
     "watch_410": 2,
     "compact": 1,
@@ -737,6 +737,66 @@ def oldest_reapable(world: World, amount: float) -> int | None:
     return candidates[int(amount * min(3, len(candidates)))][1]
 
 
+async def until_paced(world: World, since: float) -> None:
+    """Wait until the budget's burst is spent: the first DELETE after ``since`` has been seen,
+    and then no DELETE for 0.15 s (the pacer's next token is up to 1/r ≈ 1.1 s away; workers wait
+    for it).
+    Gives up after the threshold plus 3 s."""
+    deadline = since + world.threshold_s + 3.0
+    last = 0.0
+    while (now := time.time()) < deadline:
+        deletes = [
+            e.time_s
+            for e in world.emu.audit
+            if e.method == "DELETE" and e.time_s >= since and e.status in (200, 202)
+        ]
+        last = max(deletes, default=0.0)
+        if last and now - last >= 0.15:
+            return
+        await anyio.sleep(0.02)
+
+
+async def while_waiting_for_tokens(world: World, names: list[str], amount: float) -> None:
+    """After a burst, while workers wait for delete tokens holding candidates they verified,
+    change every pod or row left behind the service's back, in one of three ways (by
+    ``amount``): re-activate the rows behind the trigger's back (no notification at all: only
+    the final re-read classification, after the token wait, can see it); re-activate them
+    behind a stalled listener (the notification sync must refuse); or take the informer's
+    watch down and keep it down while each pod blips through a non-reapable state (the fresh
+    GET shows the final, reapable state under the same UID: only its resourceVersion, ahead of
+    the cache, tells)."""
+    variant = ("silent", "stalled", "lagged")[int(amount * 3)]
+    await until_paced(world, time.time())
+    # Workers now wait for the next paced token (up to 1/r ≈ 1.1 s away).
+    await anyio.sleep(0.3 * ((amount * 3) % 1))
+    left = [name for name in names if world.life(name) is not None]
+    if variant == "lagged":
+        world.emu.fail_next(3, code=500, method="GET", query={"watch": "true"})
+        world.emu.drop_watches(abrupt=True)
+        for name in left:
+            life = world.life(name)
+            assert life is not None
+            current = life.states[-1].shape
+            world.set_shape(life, NON_REAPABLE_SHAPES[len(name) % len(NON_REAPABLE_SHAPES)])
+            world.set_shape(life, current)
+    else:
+        if variant == "stalled":
+            world.proxy.stall()
+        changes = {}
+        for name in left:
+            retired = world.rows[name].current
+            assert retired is not None
+            changes[name] = reactivate(retired)
+        await world.update_rows(changes, silent=variant == "silent")
+        if variant == "silent":
+            for sb in world.sandboxes:
+                sb.row_frozen = sb.row_frozen or sb.name() in changes
+    # Nothing else happens meanwhile: this scenario is about the final checks alone.
+    await anyio.sleep(2.5)
+    world.proxy.unstall()
+    world.stall_until = 0.0
+
+
 async def apply_step(world: World, step: Step, rng: random.Random, stats: Counter[str]) -> None:
     index = step.index
     if step.kind in _TARGETED:
@@ -832,6 +892,12 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
             await world.insert_row(sb.name(), new_row)
             world.create_pod(sb, sb.generation, PodShape.PENDING_STUCK, sb.kind)
         case "burst":
+            if step.flag:
+                # This variant is about the wait for delete tokens alone: lift earlier faults
+                # (a stalled listener or failing GETs would stop the deletes for other reasons).
+                emu.clear_faults()
+                world.proxy.unstall()
+                world.stall_until = 0.0
             changes: dict[str, RowTruth] = {}
             for other in world.sandboxes:
                 other_name = other.name()
@@ -844,30 +910,7 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
                 changes[other_name] = retire(other_row, "suspended")
             await world.update_rows(changes)
             if step.flag:
-                # While the burst waits for delete tokens, re-activate what is left: behind a
-                # stalled listener (the notification sync must refuse), or behind the
-                # trigger's back (no notification at all: only the final re-read, after the
-                # token wait, can see it).
-                silent = step.amount < 0.5
-                await anyio.sleep(world.threshold_s + 0.2 + 0.3 * step.amount)
-                if not silent:
-                    world.proxy.stall()
-                left = {}
-                for other_name in changes:
-                    if world.life(other_name) is not None:
-                        retired = world.rows[other_name].current
-                        assert retired is not None
-                        left[other_name] = reactivate(retired)
-                await world.update_rows(left, silent=silent)
-                if silent:
-                    for other in world.sandboxes:
-                        if other.name() in left:
-                            other.row_frozen = True
-                # Nothing else happens meanwhile: this scenario is about the re-read alone.
-                await anyio.sleep(2.5)
-                if not silent:
-                    world.proxy.unstall()
-                    world.stall_until = 0.0
+                await while_waiting_for_tokens(world, list(changes), step.amount)
         case "watch_drop":
             emu.drop_watches(abrupt=step.flag)
         case "watch_410":

@@ -265,6 +265,24 @@ async def test_admin_endpoints_drive_faults_audit_bulk_and_kubelet(
             assert (await r.json())["pods"] == 0
 
 
+async def test_a_fault_limited_to_watch_requests_spares_lists_and_gets(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+) -> None:
+    emu = emulator.emulator
+    emu.create_pod(sandbox_pod("w"), namespace=NS)
+    emu.fail_next(1, code=500, method="GET", path_contains="/pods", query={"watch": "true"})
+    api = core(kube_api)
+    listed = await raw(await api.list_namespaced_pod(NS, _preload_content=False))
+    got = await raw(await api.read_namespaced_pod("space-sbx-w-g1", NS, _preload_content=False))
+    assert (listed[0], got[0]) == (200, 200)
+    # The client sends watch=True; the rule matches regardless of the boolean's spelling.
+    watched = await raw(
+        await api.list_namespaced_pod(NS, watch=True, timeout_seconds=1, _preload_content=False)
+    )
+    assert watched[0] == 500 and watched[1]["message"].endswith("injected fault")
+    assert [r.query.get("watch") for r in emu.requests][-1] == "True"
+
+
 @pytest.mark.parametrize("emulator_options", [{"kubelet_finish_after_s": 0.05}])
 async def test_the_kubelet_knob_finishes_graceful_deletions_by_itself(
     emulator: RunningEmulator,
