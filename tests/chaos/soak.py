@@ -1,17 +1,19 @@
 """Bounded soak: 10k sandbox pods with steady churn against the real service wiring (~10 min).
 
-One service instance (``build``/``run``), the emulator and a throwaway PostgreSQL, all in this
-process. Every second: ~100 pod status changes, ~30 retirements, ~10 re-activations, and every
-pod the service deleted is replaced by the next generation (new pod + new active row), so the
-population stays at ``--pods``. Every 60 s the watches are dropped; every 90 s the listener's
-connection is killed. Every 10 s a sample: RSS (this process: service *and* emulator, whose audit log is cleared every second), asyncio
-task count, tracked observation clocks, work-queue depth, cache size, deletes so far.
+One service instance (``build``/``run``) and a throwaway PostgreSQL in this process; the API
+server emulator in a child process (``python -m service.emulator``), driven over HTTP, so that
+the RSS sampled is the service's alone. Every second: ~100 pod status changes, ~30
+retirements, ~10 re-activations, and every pod the service deleted is replaced by the next
+generation (new pod + new active row), so the population stays near ``--pods``. Every 60 s the
+watches are dropped; every 90 s the listener's connection is killed. Every 10 s a sample: RSS
+of this process (the service) and of the emulator, allocated Python blocks, asyncio task count,
+tracked observation clocks, work-queue depth, cache size, deletes so far.
 
-Fails (exit 1) on a growth trend after the warm-up (the first quarter): RSS slope above
-``--rss-slope-mib-per-min`` (default 2 MiB/min) or growth above ``--rss-growth-mib`` (48 MiB);
-task count growing by more than 20; tracked clocks or queue depth above the pod count.
+Fails (exit 1) on a growth trend of the service after the warm-up (the first quarter): RSS slope
+above ``--rss-slope-mib-per-min`` (default 2 MiB/min) or growth above ``--rss-growth-mib`` (48
+MiB); task count growing by more than 20; tracked clocks or queue depth above the pod count.
 
-``python -m tests.chaos.soak [--seconds 600] [--pods 10000]`` (``make soak``).
+``python -m tests.chaos.soak [--seconds 600] [--pods 10000] [--trace-memory]`` (``make soak``).
 """
 
 from __future__ import annotations
@@ -24,15 +26,17 @@ import os
 import random
 import sys
 import time
+import tracemalloc
 from dataclasses import dataclass
+from typing import Any
 
+import aiohttp
 import anyio
 import asyncpg
 from prometheus_client import CollectorRegistry
 
-from service.app.service import build, run
+from service.app.service import Parts, build, run
 from service.config import load
-from service.emulator import Emulator, start_emulator
 from service.emulator.core import DEFAULT_POD_TEMPLATE
 from service.kube.api import new_api_client
 from service.metrics import Metrics
@@ -48,6 +52,8 @@ SAMPLE_EVERY_S = 10.0
 class Sample:
     t_s: float
     rss_mib: float
+    emulator_rss_mib: float
+    blocks: int
     tasks: int
     clocks: int
     queue: int
@@ -55,8 +61,8 @@ class Sample:
     deletes: int
 
 
-def rss_mib() -> float:
-    with open(f"/proc/{os.getpid()}/statm") as f:
+def rss_mib(pid: int | None = None) -> float:
+    with open(f"/proc/{pid or os.getpid()}/statm") as f:
         pages = int(f.read().split()[1])
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
@@ -74,13 +80,94 @@ def slope_per_min(xs: list[float], ys: list[float]) -> float:
     )
 
 
+class EmulatorProcess:
+    """``python -m service.emulator`` in a child process, driven through its HTTP API."""
+
+    def __init__(self, process: asyncio.subprocess.Process, url: str) -> None:
+        self.process = process
+        self.url = url
+        self._http = aiohttp.ClientSession(base_url=url)
+
+    @classmethod
+    async def start(cls) -> EmulatorProcess:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "service.emulator",
+            "--namespace",
+            NAMESPACE,
+            "--bookmark-interval-s",
+            "5",
+            "--kubelet-finish-after-s",
+            "1",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+        if not line.startswith("emulator listening on "):
+            process.kill()
+            raise RuntimeError(f"the emulator did not start: {line!r}")
+        return cls(process, line.rsplit(" ", 1)[1].strip())
+
+    def _pod_path(self, name: str) -> str:
+        return f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
+
+    async def _admin(self, path: str, body: dict[str, Any], method: str = "POST") -> Any:
+        async with self._http.request(method, f"/_emulator/{path}", json=body) as r:
+            r.raise_for_status()
+            return await r.json()
+
+    async def bulk_create(
+        self, *, count: int, template: dict[str, Any], start: int = 0, generation: int = 1
+    ) -> None:
+        await self._admin(
+            "pods/bulk",
+            {
+                "namespace": NAMESPACE,
+                "count": count,
+                "start": start,
+                "template": template,
+                "generation": generation,
+            },
+        )
+
+    async def get_pod(self, name: str) -> dict[str, Any] | None:
+        async with self._http.get(self._pod_path(name)) as r:
+            if r.status == 404:
+                return None
+            r.raise_for_status()
+            pod: dict[str, Any] = await r.json()
+            return pod
+
+    async def set_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
+        """Replace the pod's status (PUT .../status); lost races (404, 409) are ignored."""
+        meta = pod["metadata"]
+        body = {"metadata": {"name": meta["name"], "resourceVersion": meta["resourceVersion"]}}
+        body["status"] = status
+        async with self._http.put(self._pod_path(meta["name"]) + "/status", json=body) as r:
+            if r.status not in (404, 409):
+                r.raise_for_status()
+
+    async def clear_audit(self) -> None:
+        await self._admin("audit", {}, method="DELETE")
+
+    async def drop_watches(self) -> None:
+        await self._admin("watches/drop", {"abrupt": True})
+
+    async def aclose(self) -> None:
+        await self._http.close()
+        if self.process.returncode is None:
+            self.process.terminate()
+            await self.process.wait()
+
+
 async def soak(args: argparse.Namespace) -> list[str]:
     rng = random.Random(args.seed)
     server = ThrowawayPostgres(settings={"max_connections": "100"})
     await anyio.to_thread.run_sync(server.start)
-    emu = Emulator(bookmark_interval_s=5.0, kubelet_finish_after_s=1.0)
-    running = await start_emulator(emulator=emu)
-    api = await new_api_client(host=running.url)
+    emu = await EmulatorProcess.start()
+    api = await new_api_client(host=emu.url)
     conn = await asyncpg.connect(server.url)
     failures: list[str] = []
     try:
@@ -99,7 +186,7 @@ async def soak(args: argparse.Namespace) -> list[str]:
         )
         template = dict(DEFAULT_POD_TEMPLATE)
         template["status"] = pod_status(PodShape.SUCCEEDED)
-        emu.bulk_create_pods(namespace=NAMESPACE, count=args.pods, template=template)
+        await emu.bulk_create(count=args.pods, template=template)
         env = {
             "ENABLED": "true",
             "DRY_RUN": "false",
@@ -120,6 +207,9 @@ async def soak(args: argparse.Namespace) -> list[str]:
         )
         stop = anyio.Event()
         samples: list[Sample] = []
+        baseline: tracemalloc.Snapshot | None = None
+        if args.trace_memory:
+            tracemalloc.start(1)
         async with anyio.create_task_group() as tg:
             await tg.start(functools.partial(run, parts, stop=stop))
             started = time.monotonic()
@@ -130,7 +220,7 @@ async def soak(args: argparse.Namespace) -> list[str]:
                 shapes = [PodShape.SUCCEEDED, PodShape.RUNNING, PodShape.PENDING_STUCK]
                 for sid in rng.sample(ids, 100):
                     name = f"space-sbx-{sid}-g{generation[sid]}"
-                    pod = emu.get_pod(NAMESPACE, name)
+                    pod = await emu.get_pod(name)
                     if pod is None:
                         # Deleted by the service: the sandbox moves to its next generation.
                         generation[sid] += 1
@@ -143,15 +233,14 @@ async def soak(args: argparse.Namespace) -> list[str]:
                             generation[sid],
                             new,
                         )
-                        emu.bulk_create_pods(
-                            namespace=NAMESPACE,
+                        await emu.bulk_create(
                             count=1,
                             start=int(sid, 16),
                             template=template,
                             generation=generation[sid],
                         )
                     elif not pod["metadata"].get("deletionTimestamp"):
-                        emu.set_status(NAMESPACE, name, pod_status(rng.choice(shapes)))
+                        await emu.set_status(pod, pod_status(rng.choice(shapes)))
                 names = [f"space-sbx-{s}-g{generation[s]}" for s in rng.sample(ids, 40)]
                 await conn.execute(
                     """UPDATE sandbox_k8s_executions SET active = false,
@@ -163,11 +252,10 @@ async def soak(args: argparse.Namespace) -> list[str]:
                        execution_state = 'active' WHERE pod_name = ANY($1::text[])""",
                     names[30:],
                 )
-                # The emulator's audit log keeps every DELETE (~1 KiB each): it is the harness's
-                # memory, not the service's, so it is not allowed to accumulate.
-                emu.audit.clear()
+                # The emulator's audit log keeps every DELETE: it is not allowed to accumulate.
+                await emu.clear_audit()
                 if tick % 60 == 0:
-                    emu.drop_watches(abrupt=True)
+                    await emu.drop_watches()
                 if tick % 90 == 0:
                     await conn.execute(
                         """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
@@ -175,38 +263,68 @@ async def soak(args: argparse.Namespace) -> list[str]:
                     )
                 if now >= next_sample:
                     next_sample += SAMPLE_EVERY_S
-                    deletes = parts.metrics.registry.get_sample_value(
-                        "retired_pod_gc_deletes_total", {"result": "deleted"}
-                    )
-                    sample = Sample(
-                        t_s=now - started,
-                        rss_mib=rss_mib(),
-                        tasks=len(asyncio.all_tasks()),
-                        clocks=len(parts.clocks),
-                        queue=len(parts.queue)
-                        + int(
-                            parts.metrics.registry.get_sample_value("retired_pod_gc_queue_delayed")
-                            or 0
-                        ),
-                        cache=len(parts.informer),
-                        deletes=int(deletes or 0),
-                    )
+                    sample = take_sample(parts, now - started, emu.process.pid)
                     samples.append(sample)
                     print(
-                        f"t={sample.t_s:6.0f}s rss={sample.rss_mib:7.1f}MiB tasks={sample.tasks:4d} "
-                        f"clocks={sample.clocks:5d} queue={sample.queue:5d} "
-                        f"cache={sample.cache:6d} deletes={sample.deletes}",
+                        f"t={sample.t_s:6.0f}s rss={sample.rss_mib:6.1f}MiB "
+                        f"(emulator {sample.emulator_rss_mib:6.1f}) blocks={sample.blocks:8d} "
+                        f"tasks={sample.tasks:3d} clocks={sample.clocks:5d} "
+                        f"queue={sample.queue:5d} cache={sample.cache:6d} "
+                        f"deletes={sample.deletes}",
                         flush=True,
                     )
+                    if args.trace_memory:
+                        baseline = report_allocations(baseline, sample.t_s, args.seconds)
                 await anyio.sleep(max(0.0, 1.0 - (time.monotonic() - now)))
             stop.set()
         failures.extend(judge(samples, args))
     finally:
         await conn.close()
         await api.close()
-        await running.aclose()
+        await emu.aclose()
         await anyio.to_thread.run_sync(server.stop)
     return failures
+
+
+def take_sample(parts: Parts, t_s: float, emulator_pid: int) -> Sample:
+    registry = parts.metrics.registry
+    deletes = registry.get_sample_value("retired_pod_gc_deletes_total", {"result": "deleted"})
+    delayed = registry.get_sample_value("retired_pod_gc_queue_delayed")
+    return Sample(
+        t_s=t_s,
+        rss_mib=rss_mib(),
+        emulator_rss_mib=rss_mib(emulator_pid),
+        blocks=sys.getallocatedblocks(),
+        tasks=len(asyncio.all_tasks()),
+        clocks=len(parts.clocks),
+        queue=len(parts.queue) + int(delayed or 0),
+        cache=len(parts.informer),
+        deletes=int(deletes or 0),
+    )
+
+
+def report_allocations(
+    baseline: tracemalloc.Snapshot | None, t_s: float, seconds: float
+) -> tracemalloc.Snapshot | None:
+    """``--trace-memory``: the source lines whose live allocations grew most since the first
+    sample after the warm-up (a quarter of the run)."""
+    if t_s < seconds / 4:
+        return baseline
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(False, tracemalloc.__file__)]
+    )
+    if baseline is None:
+        return snapshot
+    top = snapshot.compare_to(baseline, "lineno")[:12]
+    total = sum(stat.size_diff for stat in snapshot.compare_to(baseline, "filename"))
+    print(f"  traced growth since warm-up: {total / 2**20:+.1f} MiB; top lines:")
+    for stat in top:
+        frame = stat.traceback[0]
+        print(
+            f"    {stat.size_diff / 2**10:+9.0f} KiB {stat.count_diff:+7d} blocks "
+            f"{frame.filename}:{frame.lineno}"
+        )
+    return baseline
 
 
 def judge(samples: list[Sample], args: argparse.Namespace) -> list[str]:
@@ -243,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rss-slope-mib-per-min", type=float, default=2.0)
     parser.add_argument("--rss-growth-mib", type=float, default=48.0)
+    parser.add_argument(
+        "--trace-memory",
+        action="store_true",
+        help="tracemalloc: print the lines whose allocations grew since the warm-up (slow)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     failures = anyio.run(soak, args)
