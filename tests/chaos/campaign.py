@@ -32,6 +32,7 @@ import argparse
 import bisect
 import functools
 import logging
+import math
 import random
 import re
 import sys
@@ -129,6 +130,8 @@ class SharedPostgres:
         self._lock = anyio.Lock()
         self._counter = 0
         self.restarts = 0
+        self.restarted_at = 0.0
+        """Wall-clock time the last restart ended (``inf`` while one is under way)."""
 
     async def start(self) -> None:
         await anyio.to_thread.run_sync(self.server.start)
@@ -151,7 +154,11 @@ class SharedPostgres:
 
     async def restart(self) -> None:
         async with self._lock:
-            await anyio.to_thread.run_sync(self.server.restart)
+            self.restarted_at = math.inf
+            try:
+                await anyio.to_thread.run_sync(self.server.restart)
+            finally:
+                self.restarted_at = time.time()
             self.restarts += 1
 
 
@@ -693,12 +700,14 @@ async def quiet_phase(world: World, checker: Checker, cfg: CampaignConfig, mode:
     if mode == "live" and checker.rate_per_s > 0:
         backlog_s = max(0, len(due) - checker.capacity + 1) / checker.rate_per_s
     bound_s = cfg.threshold_s + cfg.recovery_bound_s + backlog_s
-    deadline = t_quiet + bound_s
     while True:
         checker.check("quiet")
         done = checker.deleted_uids if mode == "live" else checker.reported_uids
         missing = {uid: name for uid, name in due.items() if uid not in done}
-        if not missing or time.time() > deadline:
+        # Seeds share one PostgreSQL server: a restart by another seed is a fault too, and the
+        # bound counts from the end of the last one.
+        faults_stopped = max(t_quiet, world.shared.restarted_at)
+        if not missing or time.time() > faults_stopped + bound_s:
             break
         await anyio.sleep(0.1)
     if missing:
@@ -760,8 +769,9 @@ async def while_waiting_for_tokens(world: World, names: list[str], amount: float
     """After a burst, while workers wait for delete tokens holding candidates they verified,
     change every pod or row left behind the service's back, in one of three ways (by
     ``amount``): re-activate the rows behind the trigger's back (no notification at all: only
-    the final re-read classification, after the token wait, can see it); re-activate them
-    behind a stalled listener (the notification sync must refuse); or take the informer's
+    the final re-read classification, after the token wait, can see it); re-activate and
+    re-retire them behind a stalled listener (the final re-read shows them retired again: only
+    the notification sync, which must refuse, tells); or take the informer's
     watch down and keep it down while each pod blips through a non-reapable state (the fresh
     GET shows the final, reapable state under the same UID: only its resourceVersion, ahead of
     the cache, tells)."""
@@ -782,15 +792,19 @@ async def while_waiting_for_tokens(world: World, names: list[str], amount: float
     else:
         if variant == "stalled":
             world.proxy.stall()
-        changes = {}
+        retired: dict[str, RowTruth] = {}
         for name in left:
-            retired = world.rows[name].current
-            assert retired is not None
-            changes[name] = reactivate(retired)
-        await world.update_rows(changes, silent=variant == "silent")
+            row = world.rows[name].current
+            assert row is not None
+            retired[name] = row
+        await world.update_rows(
+            {name: reactivate(row) for name, row in retired.items()}, silent=variant == "silent"
+        )
+        if variant == "stalled":
+            await world.update_rows(retired)
         if variant == "silent":
             for sb in world.sandboxes:
-                sb.row_frozen = sb.row_frozen or sb.name() in changes
+                sb.row_frozen = sb.row_frozen or sb.name() in retired
     # Nothing else happens meanwhile: this scenario is about the final checks alone.
     await anyio.sleep(2.5)
     world.proxy.unstall()
