@@ -194,11 +194,20 @@ class PodInformer:
                     # The server rejects the request itself (e.g. a resourceVersion it cannot
                     # parse, taken from a bad bookmark): resuming would fail forever; relist.
                     rv = None
+                rv = self._resume_from(rv)
                 await self._back_off("error", exc, exc.retry_after_s)
             except TimeoutError as exc:
+                rv = self._resume_from(rv)
                 await self._back_off("timeout", exc, None)
             except _TRANSPORT_ERRORS as exc:
+                rv = self._resume_from(rv)
                 await self._back_off("error", exc, None)
+
+    def _resume_from(self, rv: str | None) -> str | None:
+        """Where a watch that failed mid-stream resumes: after the last event it applied (or
+        the last bookmark), not where it started, or the events in between are replayed onto
+        a newer cache and take pods back in time. ``None`` (relist) stays ``None``."""
+        return None if rv is None else (self._resource_version or rv)
 
     async def _back_off(self, reason: str, exc: Exception, floor_s: float | None) -> None:
         self._metrics.watch_restarts.labels(reason=reason).inc()

@@ -206,10 +206,18 @@ async def test_dropped_streams_resume_from_the_last_version_without_relisting(
         await informer.wait_synced()
         for round_ in range(3):
             await eventually(lambda: emu.open_watch_count() == 1)
+            seen = informer.resource_version
             assert emu.drop_watches(abrupt=True) == 1
             emu.create_pod(sandbox_pod(f"r{round_}"), namespace=NS)
             emu.set_status(NS, "space-sbx-d0-g1", {"phase": "Pending", "podIP": f"10.0.0.{round_}"})
             await eventually(lambda: converged(informer, emulator))
+            # The stream broke mid-way (no clean end): the next watch still resumes after the
+            # last event applied, not from an older version (which would replay old events).
+            assert emu.watch_requests()[-1].query["resourceVersion"] == seen
+        # Nothing was replayed: no change ever took a cached pod back to an older version.
+        updates = [(o, n) for o, n in handler.changes if o is not None and n is not None]
+        assert len(updates) == 3
+        assert all(int(n.resource_version) > int(o.resource_version) for o, n in updates)
         assert metric(metrics, "retired_pod_gc_relists_total") == 0
         assert metric(metrics, "retired_pod_gc_watch_restarts_total", reason="error") >= 3
         assert handler.cold == 0
