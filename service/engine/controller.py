@@ -4,11 +4,16 @@
 ``ports.ExecutionEventHandler`` (for the PostgreSQL listener). Each callback does two things,
 synchronously on the event loop:
 
-- **clears observation clocks at event time** (DESIGN invariant 3): a pod snapshot that fails
-  the prefilter, a new UID under a known name, a deleted pod, or a notification that does not
-  positively say "retired" stops the clock the moment it arrives — the queue deduplicates keys,
-  so a flip and a flip back between two reconciles would otherwise go unseen; a cold cache, a
-  listener reconnect and a leadership change clear every clock;
+- **clears observation clocks at event time** (DESIGN invariant 3): any change of what
+  classification reads stops the clock the moment it arrives — a pod snapshot that differs from
+  the cached one in anything but its resourceVersion, a new UID under a known name, a deleted
+  pod, and every row notification (the trigger fires only when ``active`` or
+  ``execution_state`` changed). The queue deduplicates keys and a reconcile classifies only the
+  latest state, so a state that is not reapable with the row (a Pending pod whose row is
+  retired as ``suspended``, say) between two reconciles would otherwise go unseen. A clock
+  therefore runs only while nothing the classifier reads changes; the reconcile that follows
+  the event starts it again if the new state is reapable. A cold cache, a listener reconnect
+  and a leadership change clear every clock;
 - **enqueues** the key, so it is reconciled as soon as something changes. Pod events for pods
   that fail the prefilter are not enqueued: their reconcile could only say "skipped", and at
   10k events/s that would be pure load. Row notifications always enqueue.
@@ -28,6 +33,7 @@ from __future__ import annotations
 import logging
 
 import anyio
+import msgspec
 from anyio.abc import TaskStatus
 
 from service.classifier import prefilter
@@ -93,6 +99,14 @@ class Controller:
         key = new.key
         if old is not None and old.uid != new.uid:
             self._clocks.forget_pod(old.uid, key)
+        elif (
+            old is not None
+            and msgspec.structs.replace(old, resource_version=new.resource_version) != new
+        ):
+            # Something classification reads changed: whether the pod stayed reapable depends
+            # on the row as well, and a reconcile may never see this state (it reads the
+            # latest one), so the continuous observation restarts here.
+            self._clocks.clear(new.uid)
         tracked = self._clocks.uid_for(key)
         if tracked is not None and tracked != new.uid:
             self._clocks.clear_key(key)
@@ -114,9 +128,11 @@ class Controller:
     # ------------------------------------------------ ExecutionEventHandler
 
     def execution_changed(self, change: ExecutionChange) -> None:
-        if not change.retired:
-            # Re-activated, unknown state or deleted row: not reapable as of now.
-            self._clocks.clear_key(change.key)
+        # The row's active flag or state changed (or it was inserted or deleted): re-activated
+        # is not reapable as of now, and one retired state for another can change the verdict
+        # (a Pending pod is reapable only when the row is retired as `replaced`). The clock
+        # restarts; the reconcile this enqueues starts it again if the pod is reapable.
+        self._clocks.clear_key(change.key)
         self._enqueue(change.key)
         if change.retired and change.received_at_s > 0:
             self._metrics.retirement_to_enqueue.observe(

@@ -134,6 +134,60 @@ async def test_a_pod_leaving_the_shape_and_back_between_two_reconciles_restarts_
 
 
 @pytest.mark.anyio
+async def test_a_pod_state_not_reapable_only_with_its_row_restarts_the_clock() -> None:
+    # Chaos seed 53: Succeeded (reapable with a `suspended` row) → Pending with no IP and the
+    # condition False (passes the pod-only prefilter, but with `suspended` it is no reap) →
+    # Succeeded again, all before the next reconcile, which sees only the last state.
+    rig = make_rig()
+    pod = make_pod()
+    rig.add(pod, make_row(pod), event=False)
+    await rig.reconciler.reconcile(pod.key)
+    rig.clock.advance(100)
+    pending = make_pod(
+        uid=pod.uid,
+        phase=PodPhase.PENDING,
+        resource_version="2",
+        container_count=0,
+        all_containers_terminated=False,
+    )
+    rig.controller.pod_changed(pod, pending)
+    back = structs.replace(pod, resource_version="3")
+    rig.add(back)
+    rig.clock.advance(200)  # 300 s after the first observation
+    result = await rig.reconciler.reconcile(pod.key)
+    assert (result.outcome, result.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
+    assert rig.pods.deletes == []
+
+
+@pytest.mark.anyio
+async def test_a_status_write_that_changes_nothing_classification_reads_keeps_the_clock() -> None:
+    rig = make_rig()
+    pod = make_pod()
+    rig.add(pod, make_row(pod), event=False)
+    await rig.reconciler.reconcile(pod.key)
+    rig.clock.advance(100)
+    rig.add(structs.replace(pod, resource_version="2"))
+    assert rig.clocks.elapsed(pod.uid, rig.clock.monotonic()) == 100
+
+
+@pytest.mark.anyio
+async def test_a_row_moving_between_retired_states_restarts_the_clock() -> None:
+    # A Pending never-started pod is reapable only while its row is retired as `replaced`:
+    # `replaced` → `suspended` → `replaced` between two reconciles must not go unseen.
+    rig = make_rig()
+    pod = make_pod(phase=PodPhase.PENDING, container_count=0, all_containers_terminated=False)
+    rig.add(pod, make_row(pod, state=ExecutionState.REPLACED), event=False)
+    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    rig.clock.advance(100)
+    rig.controller.execution_changed(_change(pod, active=False, state=ExecutionState.SUSPENDED))
+    rig.controller.execution_changed(_change(pod, active=False, state=ExecutionState.REPLACED))
+    rig.clock.advance(200)
+    result = await rig.reconciler.reconcile(pod.key)
+    assert (result.outcome, result.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
+    assert rig.pods.deletes == []
+
+
+@pytest.mark.anyio
 async def test_a_new_uid_event_clears_the_old_clock() -> None:
     rig = make_rig()
     pod = make_pod()
