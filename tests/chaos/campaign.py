@@ -58,6 +58,7 @@ from service.pg.throwaway import ThrowawayPostgres, create_database_async, with_
 from tests.chaos.model import (
     NAMESPACE,
     NON_REAPABLE_SHAPES,
+    TERMINAL_REAPABLE,
     PodLife,
     PodShape,
     PodTruth,
@@ -209,7 +210,7 @@ _STEP_WEIGHTS: dict[str, int] = {
     "reactivate": 5,
     "row_blip": 5,
     "new_generation": 3,
-    "burst": 4,
+    "burst": 6,
     "watch_drop": 3,
     "watch_410": 2,
     "compact": 1,
@@ -765,30 +766,49 @@ async def until_paced(world: World, since: float) -> None:
         await anyio.sleep(0.02)
 
 
-async def while_waiting_for_tokens(world: World, names: list[str], amount: float) -> None:
+TOKEN_WAIT_VARIANTS = ("silent", "stalled", "lagged", "pending_blip", "retired_blip")
+
+
+async def while_waiting_for_tokens(
+    world: World, names: list[str], variant: str, fraction: float
+) -> None:
     """After a burst, while workers wait for delete tokens holding candidates they verified,
-    change every pod or row left behind the service's back, in one of three ways (by
-    ``amount``): re-activate the rows behind the trigger's back (no notification at all: only
-    the final re-read classification, after the token wait, can see it); re-activate and
-    re-retire them behind a stalled listener (the final re-read shows them retired again: only
-    the notification sync, which must refuse, tells); or take the informer's
-    watch down and keep it down while each pod blips through a non-reapable state (the fresh
-    GET shows the final, reapable state under the same UID: only its resourceVersion, ahead of
-    the cache, tells)."""
-    variant = ("silent", "stalled", "lagged")[int(amount * 3)]
+    change every pod or row left behind the service's back. Each variant leaves exactly one
+    check of the service able to see the change:
+
+    * ``silent``: re-activate the rows behind the trigger's back (no notification at all): the
+      final re-read classification after the token wait;
+    * ``stalled``: re-activate and re-retire the rows behind a stalled listener (the final
+      re-read shows them retired again): the notification sync, which must refuse;
+    * ``lagged``: take the informer's watch down and keep it down while each pod blips through
+      a non-reapable state (the fresh GET shows the final state under the same UID): the
+      resourceVersion, ahead of the cache;
+    * ``pending_blip``: each Succeeded/Failed create pod blips through Pending with no IP and the
+      condition False, delivered at once (a pod-only check passes it; with a `suspended` row it
+      is no reap): event-time clearing on any pod change;
+    * ``retired_blip`` (the burst retired Pending never-started pods as `replaced`): each row
+      moves to `suspended` and back, still retired throughout: event-time clearing on every
+      notification.
+
+    ``fraction`` in [0, 1) spreads the moment of the change over the first 0.3 s of the wait."""
     await until_paced(world, time.time())
     # Workers now wait for the next paced token (up to 1/r ≈ 1.1 s away).
-    await anyio.sleep(0.3 * ((amount * 3) % 1))
+    await anyio.sleep(0.3 * fraction)
     left = [name for name in names if world.life(name) is not None]
+    lives = [life for life in map(world.life, left) if life is not None]
     if variant == "lagged":
         world.emu.fail_next(3, code=500, method="GET", query={"watch": "true"})
         world.emu.drop_watches(abrupt=True)
-        for name in left:
-            life = world.life(name)
-            assert life is not None
+        for life in lives:
             current = life.states[-1].shape
-            world.set_shape(life, NON_REAPABLE_SHAPES[len(name) % len(NON_REAPABLE_SHAPES)])
+            world.set_shape(life, NON_REAPABLE_SHAPES[len(life.name) % len(NON_REAPABLE_SHAPES)])
             world.set_shape(life, current)
+    elif variant == "pending_blip":
+        for life in lives:
+            state = life.states[-1]
+            if state.shape in TERMINAL_REAPABLE and state.kind == "create":
+                world.set_shape(life, PodShape.PENDING_STUCK)
+                world.set_shape(life, state.shape)
     else:
         if variant == "stalled":
             world.proxy.stall()
@@ -797,12 +817,14 @@ async def while_waiting_for_tokens(world: World, names: list[str], amount: float
             row = world.rows[name].current
             assert row is not None
             retired[name] = row
-        await world.update_rows(
-            {name: reactivate(row) for name, row in retired.items()}, silent=variant == "silent"
-        )
-        if variant == "stalled":
+        middle = {
+            name: retire(row, "suspended") if variant == "retired_blip" else reactivate(row)
+            for name, row in retired.items()
+        }
+        await world.update_rows(middle, silent=variant == "silent")
+        if variant != "silent":
             await world.update_rows(retired)
-        if variant == "silent":
+        else:
             for sb in world.sandboxes:
                 sb.row_frozen = sb.row_frozen or sb.name() in retired
     # Nothing else happens meanwhile: this scenario is about the final checks alone.
@@ -855,9 +877,13 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
                 applied = False
             else:
                 current = life.states[-1].shape
-                world.set_shape(
-                    life, NON_REAPABLE_SHAPES[int(step.amount * len(NON_REAPABLE_SHAPES))]
-                )
+                if step.flag and current in TERMINAL_REAPABLE and life.states[-1].kind == "create":
+                    # Through Pending with no IP and the condition False: a pod-only check
+                    # passes it, but it is reapable only with a row retired as `replaced`.
+                    between = PodShape.PENDING_STUCK
+                else:
+                    between = NON_REAPABLE_SHAPES[int(step.amount * len(NON_REAPABLE_SHAPES))]
+                world.set_shape(life, between)
                 world.set_shape(life, current)
         case "recreate" | "stale_recreate":
             if kind == "stale_recreate":
@@ -896,7 +922,15 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
             if row is None or row.active:
                 applied = False
             else:
-                await world.update_rows({name: reactivate(row)})
+                # Re-activated and back; or, when the row says `replaced`, through another
+                # retired state (`suspended`): still retired, yet a Pending never-started pod
+                # is reapable only with `replaced`.
+                middle = (
+                    retire(row, "suspended")
+                    if step.flag and row.state == "replaced"
+                    else reactivate(row)
+                )
+                await world.update_rows({name: middle})
                 await world.update_rows({name: row})
         case "new_generation":
             if row is not None and row.active:
@@ -906,9 +940,12 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
             await world.insert_row(sb.name(), new_row)
             world.create_pod(sb, sb.generation, PodShape.PENDING_STUCK, sb.kind)
         case "burst":
+            # Half of the bursts are followed by a change while workers wait for tokens.
+            variant = None
             if step.flag:
-                # This variant is about the wait for delete tokens alone: lift earlier faults
-                # (a stalled listener or failing GETs would stop the deletes for other reasons).
+                variant = TOKEN_WAIT_VARIANTS[int(step.amount * len(TOKEN_WAIT_VARIANTS))]
+                # This is about the wait for delete tokens alone: lift earlier faults (a
+                # stalled listener or failing GETs would stop the deletes for other reasons).
                 emu.clear_faults()
                 world.proxy.unstall()
                 world.stall_until = 0.0
@@ -919,12 +956,20 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
                 other_row = world.rows[other_name].current
                 if other_life is None or other_row is None or other.row_frozen:
                     continue
-                if other_life.states[-1].shape not in (PodShape.SUCCEEDED, PodShape.FAILED):
+                pod_now = other_life.states[-1]
+                if variant == "retired_blip" and pod_now.kind == "create":
+                    # Pending never-started pods, retired as `replaced`.
+                    if pod_now.shape is not PodShape.PENDING_STUCK:
+                        world.set_shape(other_life, PodShape.PENDING_STUCK)
+                    changes[other_name] = retire(other_row, "replaced")
+                    continue
+                if pod_now.shape not in TERMINAL_REAPABLE:
                     world.set_shape(other_life, PodShape.SUCCEEDED)
                 changes[other_name] = retire(other_row, "suspended")
             await world.update_rows(changes)
-            if step.flag:
-                await while_waiting_for_tokens(world, list(changes), step.amount)
+            if variant is not None:
+                fraction = (step.amount * len(TOKEN_WAIT_VARIANTS)) % 1
+                await while_waiting_for_tokens(world, list(changes), variant, fraction)
         case "watch_drop":
             emu.drop_watches(abrupt=step.flag)
         case "watch_410":

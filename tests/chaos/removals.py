@@ -93,6 +93,27 @@ REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "row_event_clearing": lambda: _patched(
         controller_module.Controller, "execution_changed", _no_row_event_clearing
     ),
+    "pod_change_clearing": lambda: _patched(
+        controller_module.Controller,
+        "pod_changed",
+        _edited(
+            controller_module.Controller.pod_changed,
+            controller_module,
+            ("self._clocks.clear(new.uid)", "pass"),
+        ),
+    ),
+    "retired_notification_clearing": lambda: _patched(
+        controller_module.Controller,
+        "execution_changed",
+        _edited(
+            controller_module.Controller.execution_changed,
+            controller_module,
+            (
+                "self._clocks.clear_key(change.key)",
+                "if not change.retired: self._clocks.clear_key(change.key)",
+            ),
+        ),
+    ),
     "uid_comparison": lambda: _reconciler_edit(
         "_verify", "if fresh.uid != pod.uid or again.verdict", "if again.verdict"
     ),

@@ -1,8 +1,9 @@
 """The short fault campaign that ``make test`` runs (``make chaos SEEDS=N`` runs more).
 
-Seeds 1..20 run concurrently, each against its own emulator, database and service instance
-(about 25 s of wall time). ``CHAOS_SEED=1234`` runs just that seed; ``CHAOS_SEEDS=N`` the first N.
-A failure lists every failing seed with its violations and the command that replays it.
+Seeds 1..24 (the seeds ``python -m tests.chaos.removals`` runs by default) run concurrently, each
+against its own emulator, database and service instance (about 30 s of wall time).
+``CHAOS_SEED=1234`` runs just that seed; ``CHAOS_SEEDS=N`` the first N. A failure lists every
+failing seed with its violations and the command that replays it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 
 from tests.chaos.campaign import CampaignConfig, run_campaign
 
-SHORT_CAMPAIGN_SEEDS = 20
+SHORT_CAMPAIGN_SEEDS = 24
 
 
 def _seeds() -> list[int]:
