@@ -12,12 +12,15 @@ Phases of a seed:
 1. **chaos**: ``steps`` steps ~20-200 ms apart — pod creation, phase / IP / condition changes,
    blips (a change and its reversal in the same instant), recreation under the same name,
    deletion by others, row retirement (suspended, replaced, ...), re-activation, new generations,
-   one burst of simultaneous retirements; faults: watch drop (abrupt or clean), forced 410,
+   bursts of simultaneous retirements; faults: watch drop (abrupt or clean), forced 410,
    compaction, API 500/429, GET latency, ``pg_terminate_backend``, a PostgreSQL restart, a
-   silently stalled listener connection; and two composite scenarios (recreate behind a stale
-   cache; re-activate behind a stalled listener). After every step the checker runs.
+   silently stalled listener connection; composite scenarios (recreate behind a stale cache;
+   re-activate behind a stalled listener; re-activate behind the trigger's back); and, after
+   half of the bursts, a change while workers wait for delete tokens that exactly one check of
+   the service can see (:func:`while_waiting_for_tokens`). After every step the checker runs.
 2. **quiet**: faults are lifted; every pod that is reapable then must be deleted (reported, in
-   dry run) within ``threshold + recovery_bound + backlog / pace_rate``.
+   dry run) within ``threshold + recovery_bound + backlog / pace_rate``, counted from the end of
+   the last fault (including another seed's restart of the shared server).
 
 The checker (:class:`Checker`) holds every safety invariant of DESIGN.md against the emulator's
 audit log and the driver's ground truth (:mod:`tests.chaos.model`); see docs/reliability.md for
@@ -748,9 +751,8 @@ def oldest_reapable(world: World, amount: float) -> int | None:
 
 
 async def until_paced(world: World, since: float) -> None:
-    """Wait until the budget's burst is spent: the first DELETE after ``since`` has been seen,
-    and then no DELETE for 0.15 s (the pacer's next token is up to 1/r ≈ 1.1 s away; workers wait
-    for it).
+    """Wait until the budget's burst is spent: a DELETE after ``since`` has been seen, and then
+    none for 0.15 s (the pacer's next token is up to 1/r ≈ 1.1 s away; workers wait for it).
     Gives up after the threshold plus 3 s."""
     deadline = since + world.threshold_s + 3.0
     last = 0.0

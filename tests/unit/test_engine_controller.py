@@ -13,6 +13,7 @@ from msgspec import structs
 
 from service.domain import (
     ExecutionChange,
+    ExecutionRow,
     ExecutionState,
     PodPhase,
     PodSnapshot,
@@ -44,6 +45,21 @@ def _retired(rig: EngineRig, pods: Iterable[PodSnapshot]) -> None:
 
 def _change(pod: PodSnapshot, *, active: bool, state: ExecutionState) -> ExecutionChange:
     return ExecutionChange(pod.namespace, pod.name, active=active, state=state)
+
+
+async def _observed_for_100s(rig: EngineRig, pod: PodSnapshot, row: ExecutionRow) -> None:
+    """``pod`` and its ``row`` reconciled once (the clock starts), then 100 s pass."""
+    rig.add(pod, row, event=False)
+    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    rig.clock.advance(100)
+
+
+async def _assert_clock_restarted(rig: EngineRig, pod: PodSnapshot) -> None:
+    """300 s after the first observation the reconcile still waits a whole threshold."""
+    rig.clock.advance(200)
+    result = await rig.reconciler.reconcile(pod.key)
+    assert (result.outcome, result.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
+    assert rig.pods.deletes == []
 
 
 # ------------------------------------------------------------------ threshold
@@ -106,31 +122,22 @@ async def test_a_row_flipping_and_back_between_two_reconciles_restarts_the_clock
 ) -> None:
     rig = make_rig()
     pod = make_pod()
-    rig.add(pod, make_row(pod), event=False)
-    await rig.reconciler.reconcile(pod.key)
-    rig.clock.advance(100)
+    await _observed_for_100s(rig, pod, make_row(pod))
     # Between two reconciles the row flips and flips back; only notifications see it.
     rig.controller.execution_changed(flip)
     rig.controller.execution_changed(_change(pod, active=False, state=ExecutionState.SUSPENDED))
-    rig.clock.advance(200)  # 300 s after the first observation
-    result = await rig.reconciler.reconcile(pod.key)
-    assert result.outcome == ReconcileOutcome.TOO_YOUNG
-    assert result.requeue_after_s == 300.0
-    assert rig.pods.deletes == []
+    await _assert_clock_restarted(rig, pod)
 
 
 @pytest.mark.anyio
 async def test_a_pod_leaving_the_shape_and_back_between_two_reconciles_restarts_the_clock() -> None:
     rig = make_rig()
     pod = make_pod()
-    rig.add(pod, make_row(pod), event=False)
-    await rig.reconciler.reconcile(pod.key)
-    rig.clock.advance(100)
+    await _observed_for_100s(rig, pod, make_row(pod))
     terminating = structs.replace(pod, terminating=True, resource_version="2")
     rig.controller.pod_changed(pod, terminating)
     rig.controller.pod_changed(terminating, pod)  # (an impossible flip back, for the test)
-    rig.clock.advance(200)
-    assert (await rig.reconciler.reconcile(pod.key)).requeue_after_s == 300.0
+    await _assert_clock_restarted(rig, pod)
 
 
 @pytest.mark.anyio
@@ -140,9 +147,7 @@ async def test_a_pod_state_not_reapable_only_with_its_row_restarts_the_clock() -
     # Succeeded again, all before the next reconcile, which sees only the last state.
     rig = make_rig()
     pod = make_pod()
-    rig.add(pod, make_row(pod), event=False)
-    await rig.reconciler.reconcile(pod.key)
-    rig.clock.advance(100)
+    await _observed_for_100s(rig, pod, make_row(pod))
     pending = make_pod(
         uid=pod.uid,
         phase=PodPhase.PENDING,
@@ -151,21 +156,15 @@ async def test_a_pod_state_not_reapable_only_with_its_row_restarts_the_clock() -
         all_containers_terminated=False,
     )
     rig.controller.pod_changed(pod, pending)
-    back = structs.replace(pod, resource_version="3")
-    rig.add(back)
-    rig.clock.advance(200)  # 300 s after the first observation
-    result = await rig.reconciler.reconcile(pod.key)
-    assert (result.outcome, result.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
-    assert rig.pods.deletes == []
+    rig.add(structs.replace(pod, resource_version="3"))
+    await _assert_clock_restarted(rig, pod)
 
 
 @pytest.mark.anyio
 async def test_a_status_write_that_changes_nothing_classification_reads_keeps_the_clock() -> None:
     rig = make_rig()
     pod = make_pod()
-    rig.add(pod, make_row(pod), event=False)
-    await rig.reconciler.reconcile(pod.key)
-    rig.clock.advance(100)
+    await _observed_for_100s(rig, pod, make_row(pod))
     rig.add(structs.replace(pod, resource_version="2"))
     assert rig.clocks.elapsed(pod.uid, rig.clock.monotonic()) == 100
 
@@ -176,15 +175,10 @@ async def test_a_row_moving_between_retired_states_restarts_the_clock() -> None:
     # `replaced` → `suspended` → `replaced` between two reconciles must not go unseen.
     rig = make_rig()
     pod = make_pod(phase=PodPhase.PENDING, container_count=0, all_containers_terminated=False)
-    rig.add(pod, make_row(pod, state=ExecutionState.REPLACED), event=False)
-    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
-    rig.clock.advance(100)
+    await _observed_for_100s(rig, pod, make_row(pod, state=ExecutionState.REPLACED))
     rig.controller.execution_changed(_change(pod, active=False, state=ExecutionState.SUSPENDED))
     rig.controller.execution_changed(_change(pod, active=False, state=ExecutionState.REPLACED))
-    rig.clock.advance(200)
-    result = await rig.reconciler.reconcile(pod.key)
-    assert (result.outcome, result.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
-    assert rig.pods.deletes == []
+    await _assert_clock_restarted(rig, pod)
 
 
 @pytest.mark.anyio
