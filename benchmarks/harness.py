@@ -89,8 +89,11 @@ def median(values: Sequence[float]) -> float:
 class EmulatorProcess:
     """``python -m service.emulator`` in a subprocess, with its admin API."""
 
-    def __init__(self, *, bookmark_interval_s: float = 60.0) -> None:
+    def __init__(
+        self, *, bookmark_interval_s: float = 60.0, kubelet_finish_after_s: float | None = None
+    ) -> None:
         self._bookmark_interval_s = bookmark_interval_s
+        self._kubelet_finish_after_s = kubelet_finish_after_s
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self._session: aiohttp.ClientSession | None = None
@@ -109,6 +112,11 @@ class EmulatorProcess:
                 "200000",
                 "--bookmark-interval-s",
                 str(self._bookmark_interval_s),
+                *(
+                    ["--kubelet-finish-after-s", str(self._kubelet_finish_after_s)]
+                    if self._kubelet_finish_after_s is not None
+                    else []
+                ),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -149,12 +157,14 @@ class EmulatorProcess:
         start: int,
         template: dict[str, Any] | None = None,
         name_prefix: str = "space-sbx-",
+        generation: int = 1,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "namespace": NAMESPACE,
             "count": count,
             "start": start,
             "name_prefix": name_prefix,
+            "generation": generation,
         }
         if template is not None:
             body["template"] = template
@@ -172,6 +182,37 @@ class EmulatorProcess:
 
     async def clear_audit(self) -> None:
         await self._call("DELETE", "audit")
+
+    async def drop_watches(self, *, abrupt: bool = True) -> None:
+        await self._call("POST", "watches/drop", {"abrupt": abrupt})
+
+    def _pod_url(self, name: str) -> str:
+        return f"{self.url}/api/v1/namespaces/{NAMESPACE}/pods/{name}"
+
+    async def get_pod(self, name: str) -> dict[str, Any] | None:
+        """The pod as the API serves it (``None``: 404)."""
+        assert self._session is not None
+        async with self._session.get(self._pod_url(name)) as response:
+            if response.status == 404:
+                return None
+            response.raise_for_status()
+            pod: dict[str, Any] = await response.json()
+            return pod
+
+    async def replace_status(self, pod: dict[str, Any], status: dict[str, Any]) -> bool:
+        """PUT ``.../status`` of ``pod`` (as read) with ``status``, as a kubelet's write would;
+        False when the pod changed or went away meanwhile (409, 404)."""
+        assert self._session is not None
+        meta = pod["metadata"]
+        body = {
+            "metadata": {"name": meta["name"], "resourceVersion": meta["resourceVersion"]},
+            "status": status,
+        }
+        async with self._session.put(self._pod_url(meta["name"]) + "/status", json=body) as r:
+            if r.status in (404, 409):
+                return False
+            r.raise_for_status()
+            return True
 
     def rss_kib(self) -> int:
         return rss_kib(self.proc.pid) if self.proc is not None else 0

@@ -22,19 +22,17 @@ import argparse
 import asyncio
 import functools
 import logging
-import os
 import random
 import sys
 import time
 import tracemalloc
 from dataclasses import dataclass
-from typing import Any
 
-import aiohttp
 import anyio
 import asyncpg
 from prometheus_client import CollectorRegistry
 
+from benchmarks.harness import EmulatorProcess, rss_kib
 from service.app.service import Parts, build, run
 from service.config import load
 from service.emulator.core import DEFAULT_POD_TEMPLATE
@@ -61,10 +59,8 @@ class Sample:
     deletes: int
 
 
-def rss_mib(pid: int | None = None) -> float:
-    with open(f"/proc/{pid or os.getpid()}/statm") as f:
-        pages = int(f.read().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+def rss_mib() -> float:
+    return rss_kib() / 1024
 
 
 def slope_per_min(xs: list[float], ys: list[float]) -> float:
@@ -80,93 +76,11 @@ def slope_per_min(xs: list[float], ys: list[float]) -> float:
     )
 
 
-class EmulatorProcess:
-    """``python -m service.emulator`` in a child process, driven through its HTTP API."""
-
-    def __init__(self, process: asyncio.subprocess.Process, url: str) -> None:
-        self.process = process
-        self.url = url
-        self._http = aiohttp.ClientSession(base_url=url)
-
-    @classmethod
-    async def start(cls) -> EmulatorProcess:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "service.emulator",
-            "--namespace",
-            NAMESPACE,
-            "--bookmark-interval-s",
-            "5",
-            "--kubelet-finish-after-s",
-            "1",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        assert process.stdout is not None
-        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
-        if not line.startswith("emulator listening on "):
-            process.kill()
-            raise RuntimeError(f"the emulator did not start: {line!r}")
-        return cls(process, line.rsplit(" ", 1)[1].strip())
-
-    def _pod_path(self, name: str) -> str:
-        return f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
-
-    async def _admin(self, path: str, body: dict[str, Any], method: str = "POST") -> Any:
-        async with self._http.request(method, f"/_emulator/{path}", json=body) as r:
-            r.raise_for_status()
-            return await r.json()
-
-    async def bulk_create(
-        self, *, count: int, template: dict[str, Any], start: int = 0, generation: int = 1
-    ) -> None:
-        await self._admin(
-            "pods/bulk",
-            {
-                "namespace": NAMESPACE,
-                "count": count,
-                "start": start,
-                "template": template,
-                "generation": generation,
-            },
-        )
-
-    async def get_pod(self, name: str) -> dict[str, Any] | None:
-        async with self._http.get(self._pod_path(name)) as r:
-            if r.status == 404:
-                return None
-            r.raise_for_status()
-            pod: dict[str, Any] = await r.json()
-            return pod
-
-    async def set_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
-        """Replace the pod's status (PUT .../status); lost races (404, 409) are ignored."""
-        meta = pod["metadata"]
-        body = {"metadata": {"name": meta["name"], "resourceVersion": meta["resourceVersion"]}}
-        body["status"] = status
-        async with self._http.put(self._pod_path(meta["name"]) + "/status", json=body) as r:
-            if r.status not in (404, 409):
-                r.raise_for_status()
-
-    async def clear_audit(self) -> None:
-        await self._admin("audit", {}, method="DELETE")
-
-    async def drop_watches(self) -> None:
-        await self._admin("watches/drop", {"abrupt": True})
-
-    async def aclose(self) -> None:
-        await self._http.close()
-        if self.process.returncode is None:
-            self.process.terminate()
-            await self.process.wait()
-
-
 async def soak(args: argparse.Namespace) -> list[str]:
     rng = random.Random(args.seed)
     server = ThrowawayPostgres(settings={"max_connections": "100"})
     await anyio.to_thread.run_sync(server.start)
-    emu = await EmulatorProcess.start()
+    emu = await EmulatorProcess(bookmark_interval_s=5, kubelet_finish_after_s=1).start()
     api = await new_api_client(host=emu.url)
     conn = await asyncpg.connect(server.url)
     failures: list[str] = []
@@ -186,7 +100,7 @@ async def soak(args: argparse.Namespace) -> list[str]:
         )
         template = dict(DEFAULT_POD_TEMPLATE)
         template["status"] = pod_status(PodShape.SUCCEEDED)
-        await emu.bulk_create(count=args.pods, template=template)
+        await emu.bulk(count=args.pods, start=0, template=template)
         env = {
             "ENABLED": "true",
             "DRY_RUN": "false",
@@ -233,14 +147,14 @@ async def soak(args: argparse.Namespace) -> list[str]:
                             generation[sid],
                             new,
                         )
-                        await emu.bulk_create(
+                        await emu.bulk(
                             count=1,
                             start=int(sid, 16),
                             template=template,
                             generation=generation[sid],
                         )
                     elif not pod["metadata"].get("deletionTimestamp"):
-                        await emu.set_status(pod, pod_status(rng.choice(shapes)))
+                        await emu.replace_status(pod, pod_status(rng.choice(shapes)))
                 names = [f"space-sbx-{s}-g{generation[s]}" for s in rng.sample(ids, 40)]
                 await conn.execute(
                     """UPDATE sandbox_k8s_executions SET active = false,
@@ -263,7 +177,7 @@ async def soak(args: argparse.Namespace) -> list[str]:
                     )
                 if now >= next_sample:
                     next_sample += SAMPLE_EVERY_S
-                    sample = take_sample(parts, now - started, emu.process.pid)
+                    sample = take_sample(parts, now - started, emu.rss_kib() / 1024)
                     samples.append(sample)
                     print(
                         f"t={sample.t_s:6.0f}s rss={sample.rss_mib:6.1f}MiB "
@@ -286,14 +200,14 @@ async def soak(args: argparse.Namespace) -> list[str]:
     return failures
 
 
-def take_sample(parts: Parts, t_s: float, emulator_pid: int) -> Sample:
+def take_sample(parts: Parts, t_s: float, emulator_rss_mib: float) -> Sample:
     registry = parts.metrics.registry
     deletes = registry.get_sample_value("retired_pod_gc_deletes_total", {"result": "deleted"})
     delayed = registry.get_sample_value("retired_pod_gc_queue_delayed")
     return Sample(
         t_s=t_s,
         rss_mib=rss_mib(),
-        emulator_rss_mib=rss_mib(emulator_pid),
+        emulator_rss_mib=emulator_rss_mib,
         blocks=sys.getallocatedblocks(),
         tasks=len(asyncio.all_tasks()),
         clocks=len(parts.clocks),
