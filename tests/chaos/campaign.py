@@ -389,6 +389,10 @@ class World:
             },
             "status": pod_status(shape),
         }
+        # A pod the service deleted may still be terminating under this name (graceful
+        # deletion of a node-bound Pending pod): the kubelet finishes it before the name is
+        # used again, as a new pod can only be created once the old object is gone.
+        self.emu.finish_terminating(NAMESPACE, name)
         obj = self.emu.create_pod(body, namespace=NAMESPACE)
         t = time.time()
         uid = obj["metadata"]["uid"]
