@@ -757,8 +757,8 @@ def oldest_reapable(world: World, amount: float) -> int | None:
 async def until_paced(world: World, since: float) -> None:
     """Wait until the budget's burst is spent: a DELETE after ``since`` has been seen, and then
     none for 0.15 s (the pacer's next token is up to 1/r ≈ 1.1 s away; workers wait for it).
-    Gives up after the threshold plus 3 s."""
-    deadline = since + world.threshold_s + 3.0
+    Gives up 3 s after ``since``."""
+    deadline = since + 3.0
     last = 0.0
     while (now := time.time()) < deadline:
         deletes = [
@@ -771,6 +771,12 @@ async def until_paced(world: World, since: float) -> None:
             return
         await anyio.sleep(0.02)
 
+
+BLIP_GAP_S = 0.02
+"""Between the two statements of a row blip. Each commit is only known to lie in the
+[sent, answered] interval of its statement, and inside it the checker accepts either state: back
+to back, the two intervals touch and the middle state could have lived for no instant at all.
+With a gap it provably lived (at least this long), so a DELETE that ignored it is a violation."""
 
 TOKEN_WAIT_VARIANTS = ("silent", "stalled", "lagged", "pending_blip", "retired_blip")
 
@@ -797,7 +803,9 @@ async def while_waiting_for_tokens(
       notification.
 
     ``fraction`` in [0, 1) spreads the moment of the change over the first 0.3 s of the wait."""
-    await until_paced(world, time.time())
+    # The clocks the burst started expire a threshold from now: DELETEs before that are of pods
+    # whose clocks ran already, and say nothing about where the pacer stands.
+    await until_paced(world, time.time() + world.threshold_s - 0.1)
     # Workers now wait for the next paced token (up to 1/r ≈ 1.1 s away).
     await anyio.sleep(0.3 * fraction)
     left = [name for name in names if world.life(name) is not None]
@@ -829,6 +837,7 @@ async def while_waiting_for_tokens(
         }
         await world.update_rows(middle, silent=variant == "silent")
         if variant != "silent":
+            await anyio.sleep(BLIP_GAP_S)
             await world.update_rows(retired)
         else:
             for sb in world.sandboxes:
@@ -937,6 +946,7 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
                     else reactivate(row)
                 )
                 await world.update_rows({name: middle})
+                await anyio.sleep(BLIP_GAP_S)
                 await world.update_rows({name: row})
         case "new_generation":
             if row is not None and row.active:
