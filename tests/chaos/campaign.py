@@ -778,7 +778,7 @@ BLIP_GAP_S = 0.02
 to back, the two intervals touch and the middle state could have lived for no instant at all.
 With a gap it provably lived (at least this long), so a DELETE that ignored it is a violation."""
 
-TOKEN_WAIT_VARIANTS = ("silent", "stalled", "lagged", "pending_blip", "retired_blip")
+TOKEN_WAIT_VARIANTS = ("silent", "stalled", "lagged", "pending_blip", "retired_blip", "recreated")
 
 
 async def while_waiting_for_tokens(
@@ -800,7 +800,9 @@ async def while_waiting_for_tokens(
       is no reap): event-time clearing on any pod change;
     * ``retired_blip`` (the burst retired Pending never-started pods as `replaced`): each row
       moves to `suspended` and back, still retired throughout: event-time clearing on every
-      notification.
+      notification;
+    * ``recreated``: behind a watch kept down, each pod is deleted and created again under the
+      same name in the same reapable shape (a new UID, never observed): the UID comparison.
 
     ``fraction`` in [0, 1) spreads the moment of the change over the first 0.3 s of the wait."""
     # The clocks the burst started expire a threshold from now: DELETEs before that are of pods
@@ -810,9 +812,16 @@ async def while_waiting_for_tokens(
     await anyio.sleep(0.3 * fraction)
     left = [name for name in names if world.life(name) is not None]
     lives = [life for life in map(world.life, left) if life is not None]
-    if variant == "lagged":
+    if variant in ("lagged", "recreated"):
         world.emu.fail_next(3, code=500, method="GET", query={"watch": "true"})
         world.emu.drop_watches(abrupt=True)
+    if variant == "recreated":
+        for life in lives:
+            state = life.states[-1]
+            world.delete_pod(life)
+            sb = next(sb for sb in world.sandboxes if sb.name() == life.name)
+            world.create_pod(sb, state.generation, state.shape, state.kind)
+    elif variant == "lagged":
         for life in lives:
             current = life.states[-1].shape
             world.set_shape(life, NON_REAPABLE_SHAPES[len(life.name) % len(NON_REAPABLE_SHAPES)])
