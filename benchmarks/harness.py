@@ -8,6 +8,7 @@ side are the service's own (the emulator encodes and fans out every object).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import resource
 import subprocess
@@ -375,7 +376,7 @@ async def running_service(
             instrument(parts)
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
-            await tg.start(_run, parts, stop)
+            await tg.start(functools.partial(service.run, parts, stop=stop))
             await parts.informer.wait_synced()
             if wait_idle:
                 await wait_queue_idle(parts)
@@ -385,13 +386,6 @@ async def running_service(
                 stop.set()
     finally:
         await api.close()
-
-
-async def _run(
-    parts: service.Parts, stop: anyio.Event, *, task_status: Any = anyio.TASK_STATUS_IGNORED
-) -> None:
-    task_status.started()
-    await service.run(parts, stop=stop)
 
 
 async def wait_queue_idle(parts: service.Parts, *, timeout_s: float = 600.0) -> float:

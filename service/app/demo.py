@@ -8,6 +8,7 @@ summary at the end; exits 0 only when exactly the two retired shapes were delete
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
@@ -218,7 +219,7 @@ async def _phase(
         parts = service.build(settings, api=api, metrics=metrics)
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
-            await tg.start(_run_until_stopped, parts, stop)
+            await tg.start(functools.partial(service.run, parts, stop=stop))
             last_print = -10.0
             while True:
                 elapsed = time.monotonic() - started
@@ -235,13 +236,6 @@ async def _phase(
     finally:
         logging.getLogger("service.engine").removeHandler(handler)
         await api.close()
-
-
-async def _run_until_stopped(
-    parts: service.Parts, stop: anyio.Event, *, task_status: Any = anyio.TASK_STATUS_IGNORED
-) -> None:
-    task_status.started()
-    await service.run(parts, stop=stop)
 
 
 async def _demo(threshold_s: float, phase_s: float) -> int:

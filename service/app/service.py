@@ -253,7 +253,8 @@ async def run(
             await tg.start(parts.health.run)
             tg.start_soon(_watchdog, parts)
             await tg.start(parts.informer.run)
-            # Not awaited: a database that is down must not keep the HTTP server and the\n            # informer from starting (readiness reports it instead).
+            # Not awaited: a database that is down must not keep the HTTP server and the
+            # informer from starting (readiness reports it instead).
             tg.start_soon(parts.listener.run)
             await tg.start(parts.controller.run_workers, settings.workers)
             await tg.start(parts.controller.run_resync, settings.resync_period_s)
