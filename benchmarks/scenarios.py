@@ -3,6 +3,7 @@ baseline run in the same harness, on the same emulator and database, one after t
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -201,12 +202,12 @@ async def b2_retirement(
         cfg = settings(db_url)
         async with anyio.create_task_group() as tg:
             await tg.start(
-                lambda task_status: polling.run_baseline(
+                functools.partial(
+                    polling.run_baseline,
                     emulator.url,
                     cfg,
                     tick_s=tick_s,
                     on_clock_start=base_clocks.record,
-                    task_status=task_status,
                 )
             )
             offset = 0
@@ -317,12 +318,12 @@ async def b3_expiry(
         cfg = settings(db_url, **live)
         async with anyio.create_task_group() as tg:
             await tg.start(
-                lambda task_status: polling.run_baseline(
+                functools.partial(
+                    polling.run_baseline,
                     emulator.url,
                     cfg,
                     tick_s=tick_s,
                     on_clock_start=base_clocks.record,
-                    task_status=task_status,
                 )
             )
             for i in base_set:
@@ -411,8 +412,8 @@ async def b4_idle(
     cfg = settings(db_url)
     async with anyio.create_task_group() as tg:
         running = await tg.start(
-            lambda task_status: polling.run_baseline(
-                emulator.url, cfg, tick_s=tick_s, on_clock_start=None, task_status=task_status
+            functools.partial(
+                polling.run_baseline, emulator.url, cfg, tick_s=tick_s, on_clock_start=None
             )
         )
         while running.gc.ticks < 1:
