@@ -90,10 +90,12 @@ class DeleteBudget:
                 now = self._clock.monotonic()
                 if len(self._grants) < self._cap:
                     break
-                oldest = self._grants[0]
-                if now - oldest >= self._window_s:
+                # One expression for the test and the wake-up time: ``now - oldest >= window``
+                # can stay false at the very deadline (rounding), and the loop would spin.
+                free_at = self._grants[0] + self._window_s
+                if now >= free_at:
                     break
-                await sleep_until(self._clock, oldest + self._window_s)
+                await sleep_until(self._clock, free_at)
             self._grants.append(now)  # maxlen drops the oldest: only the last N matter
             return now
 
