@@ -264,6 +264,8 @@ class ReconcileOutcome(enum.StrEnum):
     """Dry run: this UID's would-reap was reported before."""
     THROTTLED = "throttled"
     """The delete budget had no token within the reconcile's wait; requeued for later."""
+    STALE = "stale"
+    """The final check kept aging past its bound (a starved loop, slow database); requeued."""
 
 
 @dataclass(frozen=True, slots=True)

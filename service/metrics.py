@@ -61,6 +61,18 @@ class Metrics:
         )
         for result in ("deleted", "gone", "conflict", "error"):
             self.deletes.labels(result=result)
+        self.final_check_reverifications = Counter(
+            "retired_pod_gc_final_check_reverifications",
+            "Verifications redone because the final row re-read was older than the bound "
+            "(FINAL_CHECK_MAX_AGE_S) when the DELETE or dry-run report was due.",
+            registry=r,
+        )
+        self.final_check_age = Histogram(
+            "retired_pod_gc_final_check_age_seconds",
+            "Age of the final row re-read when a DELETE or dry-run report was made.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.reconcile_errors = Counter(
             "retired_pod_gc_reconcile_errors",
             "Reconciles that ended in an error or timeout and were requeued with backoff.",

@@ -229,8 +229,16 @@ class FakePodClient:
 class FakeExecutionStore:
     """Rows by pod name; counts queries; ``lookup_error`` / ``fresh_error`` make calls fail."""
 
-    def __init__(self, rows: Iterable[ExecutionRow] = ()) -> None:
+    def __init__(
+        self, rows: Iterable[ExecutionRow] = (), *, clock: FakeClock | None = None
+    ) -> None:
         self.rows: dict[str, ExecutionRow] = {r.pod_name: r for r in rows}
+        self.clock = clock
+        self.fresh_read_times: list[float] = []
+        """The fake clock's time when each ``read_fresh`` began (the earliest its answer can
+        describe)."""
+        self.fresh_read_delays: deque[float] = deque()
+        """Seconds the next ``read_fresh`` calls take to answer (the clock advances by them)."""
         self.lookups = 0
         self.lookup_many_calls = 0
         self.fresh_reads = 0
@@ -265,9 +273,14 @@ class FakeExecutionStore:
 
     async def read_fresh(self, pod_name: str) -> ExecutionRow | None:
         self.fresh_reads += 1
+        if self.clock is not None:
+            self.fresh_read_times.append(self.clock.monotonic())
         if self.fresh_error is not None:
             raise self.fresh_error
-        return self.rows.get(pod_name)
+        row = self.rows.get(pod_name)
+        if self.fresh_read_delays and self.clock is not None:
+            self.clock.advance(self.fresh_read_delays.popleft())
+        return row
 
 
 # ------------------------------------------------------------- engine rig
@@ -325,13 +338,15 @@ def make_rig(
     budget_window_s: float = 60.0,
     leader_check: Callable[[], bool] | None = None,
     barrier: NotificationBarrier | None = None,
+    clock: FakeClock | None = None,
+    reconciler_clock: Clock | None = None,
 ) -> EngineRig:
     settings = settings if settings is not None else make_settings()
-    clock = FakeClock(start_s)
+    clock = clock if clock is not None else FakeClock(start_s)
     metrics = Metrics(CollectorRegistry())
     cache = FakePodCache()
     pods = FakePodClient(clock=clock)
-    store = FakeExecutionStore()
+    store = FakeExecutionStore(clock=clock)
     clocks = ObservationClocks(metrics=metrics)
     budget = DeleteBudget(
         settings.deletes_per_minute, clock=clock, window_s=budget_window_s, pace=False
@@ -346,7 +361,7 @@ def make_rig(
         clocks=clocks,
         budget=budget,
         activation=activation,
-        clock=clock,
+        clock=reconciler_clock if reconciler_clock is not None else clock,
         metrics=metrics,
         barrier=barrier,
     )

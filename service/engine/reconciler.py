@@ -15,16 +15,22 @@ Steps (DESIGN "Shape of the service"), each ending in exactly one :class:`Reconc
    trip on the notification listener (no retirement flip may still be in flight; failure:
    clear, ``lookup_failed``); the clock must still be running past the threshold (an event may
    have cleared it meanwhile) and the replica still active; else ``changed``;
-8. live: a delete token from the budget (none within ``budget_wait_s``: ``throttled``); if the
-   token took time to come, step 7 again, so the final re-read stays next to the DELETE;
-9. dry run: report "would reap" once per UID; live: DELETE with preconditions {uid,
+8. live: a delete token from the budget (none within ``budget_wait_s``: ``throttled``);
+9. the age of the final check: when more than :data:`FINAL_CHECK_MAX_AGE_S` has passed since
+   the row re-read began — whatever aged it: the notification sync, the token wait, a starved
+   event loop — step 7 again (at most :data:`MAX_AGE_REVERIFICATIONS` times, then ``stale``,
+   looked at again shortly); then, with no await in between, the clock and the activation are
+   checked once more and the action is taken;
+10. dry run: report "would reap" once per UID; live: DELETE with preconditions {uid,
    resourceVersion of the fresh GET}: deleted → the verdict, 404 → ``gone``, 409 → ``conflict``
    (looked at again shortly), other errors → ``error`` (back off, or wait the server's
    Retry-After).
 
-Tokens are spent on verified candidates only (verification comes first), and invariant 1 is
-judged at the final re-read, which is the one right before the DELETE. Dry run takes no token
-(it sends nothing).
+Tokens are spent on verified candidates only (verification comes first). Invariant 1 is judged
+at the final re-read, and the DELETE is handed to the API client at most
+:data:`FINAL_CHECK_MAX_AGE_S` after that re-read began (on the injected clock). The pod side
+needs no such bound: the DELETE's resourceVersion precondition pins the pod to the fresh GET.
+Dry run takes no token (it sends nothing) but obeys the same bound before it reports.
 
 Expected failures of the outside world are converted into :class:`ExternalCallError` in one
 helper and become typed outcomes; anything else propagates to the worker loop, the one place
@@ -70,8 +76,13 @@ current_reconcile_id: contextvars.ContextVar[str | None] = contextvars.ContextVa
 """The id of the reconcile running in this task (for log filters of adapters it calls)."""
 
 _ids = itertools.count(1)
-_TOKEN_WAIT_REVERIFY_S = 0.05
-"""A delete token that took longer than this to come means the verification is redone."""
+FINAL_CHECK_MAX_AGE_S = 0.25
+"""Invariant 1's bound: the DELETE (or dry-run report) is made at most this long after the final
+row re-read began, on the injected clock. Older, and the verification is redone. The row re-read
+and notification sync take milliseconds; this leaves room for a loaded machine."""
+MAX_AGE_REVERIFICATIONS = 3
+"""Re-verifications caused by age in one reconcile before it gives up (``stale``) and requeues:
+a loop starved for longer than the bound at every try must not spin on the API and database."""
 
 
 class Action(enum.StrEnum):
@@ -104,6 +115,17 @@ class ReconcileResult:
     @staticmethod
     def backoff(outcome: str, rid: str = "") -> ReconcileResult:
         return ReconcileResult(Action.BACKOFF, outcome, reconcile_id=rid)
+
+
+@dataclass(frozen=True, slots=True)
+class _Verified:
+    """The outcome of a successful verification."""
+
+    pod: PodSnapshot
+    """The fresh GET (its UID and resourceVersion go into the DELETE preconditions)."""
+    decision: Decision
+    reread_at_s: float
+    """Injected-clock time at which the final row re-read began."""
 
 
 INACTIVE = "inactive"
@@ -250,11 +272,9 @@ class Reconciler:
         checked = await self._verify(key, pod, verdict, rid, log)
         if isinstance(checked, ReconcileResult):
             return checked
-        fresh, again, elapsed_now = checked
 
         if not dry_run:
             granted = False
-            waited_from = self._clock.monotonic()
             with anyio.move_on_after(self._budget_wait_s):
                 await self._budget.acquire()
                 granted = True
@@ -262,13 +282,30 @@ class Reconciler:
                 delay_s = max(self._budget.retry_after_s(), self._conflict_requeue_s)
                 log.info("delete budget exhausted; retrying in %.1fs", delay_s)
                 return self._result_requeue(ReconcileOutcome.THROTTLED, delay_s, rid)
-            if self._clock.monotonic() - waited_from > _TOKEN_WAIT_REVERIFY_S:
-                # The final re-read must be close to the DELETE (invariant 1 is judged at the
-                # final re-read): after a wait for the token, verify once more.
-                checked = await self._verify(key, pod, verdict, rid, log)
-                if isinstance(checked, ReconcileResult):
-                    return checked
-                fresh, again, elapsed_now = checked
+
+        reverified = 0
+        while (age_s := (now := self._clock.monotonic()) - checked.reread_at_s) > (
+            FINAL_CHECK_MAX_AGE_S
+        ):
+            if reverified == MAX_AGE_REVERIFICATIONS:
+                log.info("final check still %.3fs old after %d re-verifications", age_s, reverified)
+                return self._result_requeue(ReconcileOutcome.STALE, self._conflict_requeue_s, rid)
+            reverified += 1
+            self._metrics.final_check_reverifications.inc()
+            log.info(
+                "final check %.3fs old (bound %.2fs); verifying again", age_s, FINAL_CHECK_MAX_AGE_S
+            )
+            checked = await self._verify(key, pod, verdict, rid, log)
+            if isinstance(checked, ReconcileResult):
+                return checked
+
+        # Nothing awaits from here until the action is handed over: an event that cleared the
+        # clock, or a lost lease, during the checks above is seen now.
+        elapsed_now = self._due(pod.uid, now, rid, log)
+        if isinstance(elapsed_now, ReconcileResult):
+            return elapsed_now
+        fresh, again = checked.pod, checked.decision
+        self._metrics.final_check_age.observe(age_s)
 
         if dry_run:
             if not self._clocks.mark_reported(pod.uid):
@@ -326,11 +363,11 @@ class Reconciler:
 
     async def _verify(
         self, key: str, pod: PodSnapshot, verdict: Verdict, rid: str, log: _Log
-    ) -> tuple[PodSnapshot, Decision, float] | ReconcileResult:
+    ) -> _Verified | ReconcileResult:
         """Fresh GET, direct row re-read, classify again, notification sync, clock re-check.
 
-        Returns (fresh pod, decision, seconds continuously reapable) when the pod may be acted
-        on now, else the result that ends the reconcile.
+        Returns what was verified, and when the re-read began, when the pod may be acted on,
+        else the result that ends the reconcile.
         """
         try:
             fresh = await _bounded(
@@ -342,6 +379,7 @@ class Reconciler:
         if fresh is None:
             self._clocks.clear_key(key)
             return self._result_done(ReconcileOutcome.GONE, rid)
+        reread_at_s = self._clock.monotonic()
         try:
             fresh_row = await _bounded(
                 "row re-read", self._db_timeout_s, self._store.read_fresh(pod.name)
@@ -389,16 +427,24 @@ class Reconciler:
                 log.warning("could not sync change notifications, clock cleared: %s", exc)
                 return self._result_backoff(ReconcileOutcome.LOOKUP_FAILED, rid)
 
-        # The token wait and the re-reads take time: an event may have cleared the clock, or
-        # leadership may have been lost, meanwhile.
-        elapsed_now = self._clocks.elapsed(pod.uid, self._clock.monotonic())
-        if elapsed_now is None or elapsed_now < self._settings.threshold_s:
+        # The re-reads take time: an event may have cleared the clock, or leadership may have
+        # been lost, meanwhile (checked here so that no token goes to such a candidate).
+        due = self._due(pod.uid, self._clock.monotonic(), rid, log)
+        if isinstance(due, ReconcileResult):
+            return due
+        return _Verified(fresh, again, reread_at_s)
+
+    def _due(self, uid: str, now: float, rid: str, log: _Log) -> float | ReconcileResult:
+        """Seconds ``uid`` has been continuously reapable at ``now`` if it is past the threshold
+        and this replica still active; else the result that ends the reconcile. Synchronous."""
+        elapsed = self._clocks.elapsed(uid, now)
+        if elapsed is None or elapsed < self._settings.threshold_s:
             log.info("clock cleared while verifying; not acting")
             return self._result_done(ReconcileOutcome.CHANGED, rid)
         if not self._activation.active:
             log.info("no longer active; not acting")
             return ReconcileResult.done(INACTIVE, rid)
-        return fresh, again, elapsed_now
+        return elapsed
 
     # ---------------------------------------------------------------- helpers
 
