@@ -3,7 +3,7 @@
 Fixtures: ``emulator`` (a :class:`RunningEmulator`; ``emulator.emulator`` is the state with the
 Python helpers and fault controls), ``kube_api`` (a real ``kubernetes_asyncio`` ApiClient over
 HTTP), ``kube_settings`` (``KubeSettings`` for the ``sandboxes`` namespace with small timeouts).
-Both async fixtures depend on ``no_leaked_tasks`` so that the leaked-task check runs after the
+Both async fixtures depend on ``event_loop_guard`` so that the event-loop guard runs after the
 client and server have been closed (keep-alive connections own server tasks until then).
 """
 
@@ -34,7 +34,7 @@ def emulator_options() -> dict[str, object]:
 
 @pytest.fixture
 async def emulator(
-    no_leaked_tasks: None, emulator_options: dict[str, object]
+    event_loop_guard: None, emulator_options: dict[str, object]
 ) -> AsyncIterator[RunningEmulator]:
     emu = Emulator(**emulator_options)  # type: ignore[arg-type]
     emu.ensure_namespace(SANDBOX_NAMESPACE)
@@ -47,7 +47,7 @@ async def emulator(
 
 @pytest.fixture
 async def kube_api(
-    no_leaked_tasks: None, emulator: RunningEmulator
+    event_loop_guard: None, emulator: RunningEmulator
 ) -> AsyncIterator[k8s_client.ApiClient]:
     api = await new_api_client(host=emulator.url)
     try:

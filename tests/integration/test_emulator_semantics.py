@@ -296,7 +296,7 @@ async def test_the_kubelet_knob_finishes_graceful_deletions_by_itself(
             await anyio.sleep(0.01)
 
 
-async def test_module_entry_point_serves_over_http(no_leaked_tasks: None) -> None:
+async def test_module_entry_point_serves_over_http(event_loop_guard: None) -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "service.emulator", "--port", "0", "--namespace", NS, "--pods", "3"],
         stdout=subprocess.PIPE,

@@ -267,7 +267,7 @@ def _free_port() -> int:
 
 
 async def test_connection_refused_backs_off_until_the_server_appears(
-    no_leaked_tasks: None, kube_settings: KubeSettings
+    event_loop_guard: None, kube_settings: KubeSettings
 ) -> None:
     port = _free_port()
     api = await new_api_client(host=f"http://127.0.0.1:{port}")
@@ -384,7 +384,7 @@ class _CompactAfterFirstPage(Emulator):
 
 
 async def test_an_expired_continue_token_restarts_the_list(
-    no_leaked_tasks: None, kube_settings: KubeSettings
+    event_loop_guard: None, kube_settings: KubeSettings
 ) -> None:
     emu = _CompactAfterFirstPage(bookmark_interval_s=0.2)
     for i in range(5):
