@@ -45,6 +45,10 @@ WHERE e.pod_name = ANY($1::text[])
   AND s.managed_by = $3
 """
 
+FRESH_SQL = "/* retired-pod-gc: final re-read */" + LOOKUP_SQL
+"""The final re-read before a delete: the lookup's query, marked so that a DBA (or a test reading
+the server's statement log) can tell it apart from batched lookups."""
+
 _REQUIRED = (
     "pod_name",
     "namespace",
@@ -202,7 +206,7 @@ class PgExecutionStore:
     async def read_fresh(self, pod_name: str) -> ExecutionRow | None:
         """A direct read that bypasses the batcher (the final re-check before a delete)."""
         self._check_open()
-        rows = await self._query([pod_name], kind="fresh")
+        rows = await self._query([pod_name], kind="fresh", sql=FRESH_SQL)
         return rows.get(pod_name)
 
     async def ping(self) -> bool:
@@ -257,7 +261,9 @@ class PgExecutionStore:
             if not fut.done():
                 fut.set_result(rows.get(name))
 
-    async def _query(self, names: list[str], *, kind: str) -> dict[str, ExecutionRow]:
+    async def _query(
+        self, names: list[str], *, kind: str, sql: str = LOOKUP_SQL
+    ) -> dict[str, ExecutionRow]:
         pool = self._pool
         if pool is None:
             raise StoreError("store closed")
@@ -268,7 +274,7 @@ class PgExecutionStore:
             with anyio.fail_after(s.connect_timeout_s + s.statement_timeout_s):
                 async with pool.acquire() as conn:
                     records = await conn.fetch(
-                        LOOKUP_SQL,
+                        sql,
                         names,
                         self._namespace,
                         MANAGED_BY_KUBERNETES,
