@@ -58,6 +58,14 @@ SEEDS ?= 100
 chaos: $(STAMP)
 	$(PY) -m tests.chaos.campaign $(if $(SEED),--seed $(SEED),--seeds $(SEEDS))
 
+# `make test-under-load RUNS=10`: run LOAD_CMD (default `make test`) RUNS times while an unrelated
+# process keeps one core busy (tests/underload.py; the spinner is always killed afterwards).
+.PHONY: test-under-load
+RUNS ?= 10
+LOAD_CMD ?= $(MAKE) --no-print-directory test
+test-under-load: $(STAMP)
+	$(PY) -m tests.underload --runs $(RUNS) -- $(LOAD_CMD)
+
 # Bounded soak (~10 minutes): 10k pods with churn; fails on RSS / task / queue growth.
 soak: $(STAMP)
 	$(PY) -m tests.chaos.soak --seconds 600 --pods 10000
