@@ -19,14 +19,10 @@ import msgspec
 from aiohttp import web
 
 from service.emulator import statuses as st
-from service.emulator.core import (
-    MERGE_PATCH,
-    AuditEntry,
-    Emulator,
-    RequestRecord,
-    WatchExpiredError,
-)
+from service.emulator.core import MERGE_PATCH, Emulator
+from service.emulator.faults import AuditEntry, RequestRecord
 from service.emulator.statuses import NAMESPACES, PODS, ApiError, Resource
+from service.emulator.watch import WatchExpiredError
 
 logger = logging.getLogger(__name__)
 
