@@ -29,7 +29,7 @@ from service.emulator.patching import (
 from service.emulator.sandboxpods import SELECTOR_LABEL, Shape, sandbox_pod
 from service.emulator.statuses import LEASES, NAMESPACES, PODS, ApiError, Resource
 from service.emulator.store import Entry, Table, clone, format_time, ordered, parse_time
-from service.emulator.watch import Watcher, Watches, WatchExpiredError
+from service.emulator.watch import Watcher, Watches, WatchExpiredError, WatchListSupport
 
 __all__ = [
     "DEFAULT_POD_TEMPLATE",
@@ -41,6 +41,7 @@ __all__ = [
     "Entry",
     "RequestRecord",
     "WatchExpiredError",
+    "WatchListSupport",
     "Watcher",
     "format_time",
 ]
@@ -90,12 +91,14 @@ class Emulator(Watches, FaultControls):
         bookmark_interval_s: float = 60.0,
         default_watch_timeout_s: float = 1800.0,
         kubelet_finish_after_s: float | None = None,
+        watch_list: WatchListSupport = WatchListSupport.SUPPORTED,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.history_size = history_size
         self.bookmark_interval_s = bookmark_interval_s
         self.default_watch_timeout_s = default_watch_timeout_s
         self.kubelet_finish_after_s = kubelet_finish_after_s
+        self.watch_list = watch_list
         self._clock = clock
         self.reset()
 

@@ -22,7 +22,7 @@ from service.emulator import statuses as st
 from service.emulator.core import MERGE_PATCH, Emulator
 from service.emulator.faults import AuditEntry, RequestRecord
 from service.emulator.statuses import NAMESPACES, PODS, ApiError, Resource
-from service.emulator.watch import WatchExpiredError
+from service.emulator.watch import WatchExpiredError, WatchListSupport
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +142,15 @@ def _int_param(request: web.Request, name: str) -> int | None:
         raise st.bad_request(f"invalid {name} {raw!r}") from None
 
 
+def _optional_bool(request: web.Request, name: str) -> bool | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    if raw.lower() not in ("true", "false", "1", "0"):
+        raise st.bad_request(f"invalid {name} {raw!r}")
+    return raw.lower() in ("true", "1")
+
+
 async def _dispatch(request: web.Request) -> web.StreamResponse:
     emulator = request.app[EMULATOR_KEY]
     target = _resolve(emulator, request.path)
@@ -158,6 +167,8 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
                 selector=request.query.get("labelSelector", ""),
                 limit=_int_param(request, "limit") or 0,
                 continue_token=request.query.get("continue", ""),
+                resource_version=request.query.get("resourceVersion", ""),
+                resource_version_match=request.query.get("resourceVersionMatch", ""),
             )
             return _json_response(body)
         if method == "POST" and (namespace is not None or not res.namespaced):
@@ -214,6 +225,9 @@ async def _watch(request: web.Request, emulator: Emulator, target: _Target) -> w
             target.namespace,
             selector=request.query.get("labelSelector", ""),
             resource_version=request.query.get("resourceVersion", ""),
+            resource_version_match=request.query.get("resourceVersionMatch", ""),
+            send_initial_events=_optional_bool(request, "sendInitialEvents"),
+            bookmarks=bookmarks,
         )
     except WatchExpiredError as exc:
         expired = exc.body
@@ -376,6 +390,16 @@ async def _admin_kubelet_finish(request: web.Request) -> web.Response:
     return _ok({"finished": done})
 
 
+async def _admin_watch_list(request: web.Request) -> web.Response:
+    b = await _admin_body(request)
+    e = request.app[EMULATOR_KEY]
+    try:
+        e.watch_list = WatchListSupport(str(b.get("support", e.watch_list)))
+    except ValueError:
+        return _error_response(st.bad_request(f"unknown support {b.get('support')!r}"))
+    return _ok({"support": e.watch_list.value})
+
+
 async def _admin_reset(request: web.Request) -> web.Response:
     request.app[EMULATOR_KEY].reset()
     return _ok({"ok": True})
@@ -398,6 +422,7 @@ def build_app(emulator: Emulator) -> web.Application:
     app.router.add_post(f"{admin}/compact", _admin_compact)
     app.router.add_post(f"{admin}/pods/bulk", _admin_bulk)
     app.router.add_post(f"{admin}/kubelet/finish", _admin_kubelet_finish)
+    app.router.add_post(f"{admin}/watch-list", _admin_watch_list)
     app.router.add_post(f"{admin}/reset", _admin_reset)
     app.router.add_route("*", "/{tail:.*}", _dispatch)
     return app

@@ -177,3 +177,53 @@ def injected(code: int, retry_after_s: int | None) -> ApiError:
     return ApiError(
         status(code, reason, "Internal error occurred: injected fault"), headers=headers
     )
+
+
+def invalid_list_options(*causes: tuple[str, str, str]) -> ApiError:
+    """422 for request options, as the server words it: ``causes`` are (field, reason, detail)
+    with reason ``Forbidden`` or ``Unsupported value``; several are joined in brackets."""
+    parts = [f"{field}: {reason}: {detail}" for field, reason, detail in causes]
+    joined = parts[0] if len(parts) == 1 else "[" + ", ".join(parts) + "]"
+    return ApiError(
+        status(
+            422,
+            "Invalid",
+            f'ListOptions.meta.k8s.io "" is invalid: {joined}',
+            details={
+                "group": "meta.k8s.io",
+                "kind": "ListOptions",
+                "causes": [
+                    {
+                        "reason": (
+                            "FieldValueForbidden"
+                            if reason == "Forbidden"
+                            else "FieldValueNotSupported"
+                        ),
+                        "message": f"{reason}: {detail}",
+                        "field": field,
+                    }
+                    for field, reason, detail in causes
+                ],
+            },
+        )
+    )
+
+
+def list_too_old() -> ApiError:
+    return ApiError(status(410, "Expired", "The resourceVersion for the provided list is too old."))
+
+
+def too_large_resource_version(requested: int, current: int) -> ApiError:
+    return ApiError(
+        status(
+            504,
+            "Timeout",
+            f"Timeout: Too large resource version: {requested}, current: {current}",
+            details={
+                "causes": [
+                    {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+                ],
+                "retryAfterSeconds": 1,
+            },
+        )
+    )

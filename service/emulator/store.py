@@ -201,16 +201,33 @@ class Store:
         selector: str = "",
         limit: int = 0,
         continue_token: str = "",
+        resource_version: str = "",
+        resource_version_match: str = "",
     ) -> bytes:
-        """A ``<Kind>List`` page, consistent at the resourceVersion of its first page."""
+        """A ``<Kind>List`` page, consistent at the resourceVersion of its first page.
+
+        Without ``resource_version`` the list is a quorum read and honours ``limit``; with one it
+        is served from the watch cache as the real server does (whole, ``limit`` ignored):
+        ``"0"`` any version, ``NotOlderThan`` (or no match) the current state if it is not older,
+        ``Exact`` the state at that version while the history still holds it, else 410.
+        """
         matcher = self._matcher(selector)
         table = self.table(res)
         ns_key = namespace or ""
-        if continue_token:
+        at = self._cached_list_version(resource_version, resource_version_match, continue_token)
+        if at is not None:
+            limit = 0
+            continue_token = ""
+        if at is not None and at < self._rv:
+            bodies = self._bodies_at(table, at, namespace, matcher)
+            snapshot = _Snapshot(keys=[""] * len(bodies), bodies=bodies)
+            rv, position = at, 0
+        elif continue_token:
             rv, start = self._decode_continue(continue_token)
-            snapshot = self._snapshots.get((res.plural, ns_key, selector, rv))
-            if snapshot is None:
+            kept = self._snapshots.get((res.plural, ns_key, selector, rv))
+            if kept is None:
                 raise st.expired_continue(self._encode_continue(-1, start))
+            snapshot = kept
             start_key = f"{namespace}{start}" if namespace else start
             position = bisect.bisect_left(snapshot.keys, start_key)
         else:
@@ -257,6 +274,84 @@ class Store:
             + b",".join(page)
             + b"]}"
         )
+
+    def _cached_list_version(self, rv: str, match: str, continue_token: str) -> int | None:
+        """The version a list with these options is served at from the watch cache (``None``:
+        a quorum read); raises the 422, 410 or 504 the server would answer."""
+        if match and not rv:
+            raise st.invalid_list_options(
+                (
+                    "resourceVersionMatch",
+                    "Forbidden",
+                    "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                )
+            )
+        if match not in ("", "NotOlderThan", "Exact"):
+            raise st.invalid_list_options(
+                (
+                    "resourceVersionMatch",
+                    "Unsupported value",
+                    f'"{match}": supported values: "Exact", "NotOlderThan"',
+                )
+            )
+        if not rv:
+            return None
+        if continue_token:
+            raise st.invalid_list_options(
+                (
+                    "resourceVersion",
+                    "Forbidden",
+                    "specifying resource version is not allowed when using continue",
+                )
+            )
+        try:
+            version = int(rv)
+        except ValueError:
+            raise st.bad_request(f"invalid resourceVersion {rv!r}") from None
+        if match == "Exact" and version == 0:
+            raise st.invalid_list_options(
+                (
+                    "resourceVersionMatch",
+                    "Forbidden",
+                    'resourceVersionMatch "exact" is forbidden for resourceVersion "0"',
+                )
+            )
+        if version > self._rv:
+            raise st.too_large_resource_version(version, self._rv)
+        return version if match == "Exact" else self._rv
+
+    def _bodies_at(
+        self, table: Table, at: int, namespace: str | None, matcher: Matcher | None
+    ) -> list[bytes]:
+        """The objects as they were at resourceVersion ``at``, rebuilt from the history by
+        undoing every later event; 410 once the history no longer reaches back that far."""
+        history = list(table.history)
+        if at < table.compacted_rv:
+            raise st.list_too_old()
+        previous: list[int | None] = []
+        latest: dict[tuple[str, str], int] = {}
+        for i, (_, _, e) in enumerate(history):
+            previous.append(latest.get((e.namespace, e.name)))
+            latest[(e.namespace, e.name)] = i
+        state = {(e.namespace, e.name): e for e in table.entries.values()}
+        for i in range(len(history) - 1, -1, -1):
+            rv, etype, e = history[i]
+            if rv <= at:
+                break
+            key = (e.namespace, e.name)
+            before = previous[i]
+            if etype == b"ADDED":
+                state.pop(key, None)
+            elif before is None:
+                raise st.list_too_old()  # its earlier state is older than the history
+            else:
+                state[key] = history[before][2]
+        return [
+            state[k].body
+            for k in sorted(state)
+            if (namespace is None or k[0] == namespace)
+            and (matcher is None or matcher(state[k].labels))
+        ]
 
     @staticmethod
     def _encode_continue(rv: int, start: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from enum import StrEnum
 from typing import Any
 
 from service.emulator import statuses as st
@@ -34,10 +35,25 @@ class WatchExpiredError(Exception):
         self.body = body
 
 
+class WatchListSupport(StrEnum):
+    """How the server treats a streaming list (``sendInitialEvents``)."""
+
+    SUPPORTED = "supported"
+    """As kube-apiserver with the WatchList feature (on by default since v1.32)."""
+    REJECTED = "rejected"
+    """422 ``Invalid`` on ``sendInitialEvents``, as a server with the feature gate off (or an
+    aggregated API server) answers."""
+    IGNORED = "ignored"
+    """The streaming parameters are dropped (as by an old server or a proxy that strips them):
+    the watch sends the current state as ADDED events but never the initial-events-end
+    bookmark."""
+
+
 class Watches(Store):
     """Store changes fanned out to open watches, and watches opened from a resourceVersion."""
 
     faults: Faults
+    watch_list: WatchListSupport
 
     def _emit(self, table: Table, etype: bytes, entry: Entry) -> None:
         rv = self._rv
@@ -63,11 +79,18 @@ class Watches(Store):
         return b'{"type":"' + etype + b'","object":' + table.prefix + body[1:] + b"}\n"
 
     def bookmark_line(self, res: Resource) -> bytes:
+        return self._bookmark(res, initial_events_end=False)
+
+    def _bookmark(self, res: Resource, *, initial_events_end: bool) -> bytes:
+        annotations = (
+            b',"annotations":{"k8s.io/initial-events-end":"true"}' if initial_events_end else b""
+        )
         return (
             b'{"type":"BOOKMARK","object":'
             + self.table(res).prefix
-            + b'"metadata":{"resourceVersion":"%d"},"spec":{"containers":null},"status":{}}}\n'
-            % self._rv
+            + b'"metadata":{"resourceVersion":"%d"' % self._rv
+            + annotations
+            + b'},"spec":{"containers":null},"status":{}}}\n'
         )
 
     # ------------------------------------------------------------------ watch
@@ -79,28 +102,41 @@ class Watches(Store):
         *,
         selector: str = "",
         resource_version: str = "",
+        resource_version_match: str = "",
+        send_initial_events: bool | None = None,
+        bookmarks: bool = False,
     ) -> Watcher:
         """Register a watcher and queue what it must see first.
 
-        Raises :class:`WatchExpiredError` when ``resource_version`` is older than the history.
+        ``send_initial_events`` (a streaming list) queues the current state as ADDED events and,
+        with ``bookmarks``, the BOOKMARK annotated ``k8s.io/initial-events-end`` at the version
+        that state is consistent with; how far that is honoured follows :attr:`watch_list`.
+        Raises :class:`WatchExpiredError` when ``resource_version`` is older than the history,
+        and the 422 or 504 the server answers to options it rejects.
         """
         matcher = self._matcher(selector)
         table = self.table(res)
+        if self.watch_list is WatchListSupport.IGNORED:
+            resource_version_match, send_initial_events = "", None
+        else:
+            self._validate_watch_options(resource_version_match, send_initial_events)
         if self.faults.expire_watches > 0:
             self.faults.expire_watches -= 1
             raise WatchExpiredError(st.too_old_watch(resource_version or "0", self._oldest(table)))
         w = Watcher(namespace, matcher)
-        if resource_version in ("", "0"):
+        if send_initial_events is not None:
+            since = self._version(resource_version) if resource_version else 0
+            if since > self._rv:
+                raise st.too_large_resource_version(since, self._rv)
+            if send_initial_events:
+                self._queue_state(table, w)
+                if bookmarks:
+                    w.lines.append(self._bookmark(res, initial_events_end=True))
+        elif resource_version in ("", "0"):
             # No version: the current state as ADDED events, then changes.
-            for key in table.sorted_keys():
-                e = table.entries[key]
-                if self._watch_matches(w, e):
-                    w.lines.append(self._event_line(table, b"ADDED", e.body))
+            self._queue_state(table, w)
         else:
-            try:
-                since = int(resource_version)
-            except ValueError:
-                raise st.bad_request(f"invalid resourceVersion {resource_version!r}") from None
+            since = self._version(resource_version)
             if since < table.compacted_rv:
                 raise WatchExpiredError(st.too_old_watch(resource_version, self._oldest(table)))
             for rv, etype, e in table.history:
@@ -108,6 +144,60 @@ class Watches(Store):
                     w.lines.append(self._event_line(table, etype, e.body))
         table.watchers.add(w)
         return w
+
+    def _validate_watch_options(self, match: str, send_initial_events: bool | None) -> None:
+        causes: list[tuple[str, str, str]] = []
+        if send_initial_events is not None:
+            if match != "NotOlderThan":
+                causes.append(
+                    (
+                        "resourceVersionMatch",
+                        "Forbidden",
+                        "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                    )
+                )
+            if self.watch_list is WatchListSupport.REJECTED:
+                causes.append(
+                    (
+                        "sendInitialEvents",
+                        "Forbidden",
+                        "sendInitialEvents is forbidden for watch unless the WatchList feature "
+                        "gate is enabled",
+                    )
+                )
+        if match:
+            if send_initial_events is None:
+                causes.append(
+                    (
+                        "resourceVersionMatch",
+                        "Forbidden",
+                        "resourceVersionMatch is forbidden for watch unless sendInitialEvents "
+                        "is provided",
+                    )
+                )
+            if match != "NotOlderThan":
+                causes.append(
+                    (
+                        "resourceVersionMatch",
+                        "Unsupported value",
+                        f'"{match}": supported values: "NotOlderThan"',
+                    )
+                )
+        if causes:
+            raise st.invalid_list_options(*causes)
+
+    @staticmethod
+    def _version(raw: str) -> int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise st.bad_request(f"invalid resourceVersion {raw!r}") from None
+
+    def _queue_state(self, table: Table, w: Watcher) -> None:
+        for key in table.sorted_keys():
+            e = table.entries[key]
+            if self._watch_matches(w, e):
+                w.lines.append(self._event_line(table, b"ADDED", e.body))
 
     @staticmethod
     def _watch_matches(w: Watcher, e: Entry) -> bool:
