@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import re
 import time
 import uuid
 from collections import OrderedDict, deque
@@ -48,6 +49,7 @@ __all__ = [
 
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 _IMMUTABLE_META = (
     "name",
@@ -149,6 +151,8 @@ class Emulator(Watches, FaultControls):
             raise st.invalid(
                 res, "", "metadata.name: Required value: name or generateName is required"
             )
+        if not _DNS_SUBDOMAIN.fullmatch(name) or len(name) > 253:
+            raise st.invalid_name(res, name)
         meta["name"] = name
         if res.namespaced:
             if meta.get("namespace") not in (None, "", namespace):

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from service.emulator import discovery
 from service.emulator import statuses as st
 from service.emulator.core import MERGE_PATCH, Emulator
 from service.emulator.faults import AuditEntry, RequestRecord
@@ -277,6 +278,48 @@ async def _watch(request: web.Request, emulator: Emulator, target: _Target) -> w
     return response
 
 
+# ---------------------------------------------------------------------- discovery
+
+
+def _discovery_response(request: web.Request, doc: dict[str, Any] | None) -> web.Response:
+    if doc is None:
+        raise ApiError(
+            st.status(404, "NotFound", "the server could not find the requested resource")
+        )
+    return _json_response(msgspec.json.encode(doc))
+
+
+async def _version(request: web.Request) -> web.Response:
+    return _discovery_response(request, discovery.VERSION)
+
+
+async def _api(request: web.Request) -> web.Response:
+    if discovery.wants_aggregated(request.headers.get("Accept", "")):
+        body = msgspec.json.encode(discovery.aggregated(core=True))
+        return web.Response(body=body, headers={"Content-Type": discovery.AGGREGATED})
+    return _discovery_response(request, discovery.api_versions(request.host))
+
+
+async def _apis(request: web.Request) -> web.Response:
+    if discovery.wants_aggregated(request.headers.get("Accept", "")):
+        body = msgspec.json.encode(discovery.aggregated(core=False))
+        return web.Response(body=body, headers={"Content-Type": discovery.AGGREGATED})
+    return _discovery_response(request, discovery.api_group_list())
+
+
+async def _api_v1(request: web.Request) -> web.Response:
+    return _discovery_response(request, discovery.resource_list("", "v1"))
+
+
+async def _api_group(request: web.Request) -> web.Response:
+    return _discovery_response(request, discovery.api_group(request.match_info["group"]))
+
+
+async def _api_group_version(request: web.Request) -> web.Response:
+    info = request.match_info
+    return _discovery_response(request, discovery.resource_list(info["group"], info["version"]))
+
+
 # ---------------------------------------------------------------------- admin endpoints
 
 
@@ -424,6 +467,12 @@ def build_app(emulator: Emulator) -> web.Application:
     app.router.add_post(f"{admin}/kubelet/finish", _admin_kubelet_finish)
     app.router.add_post(f"{admin}/watch-list", _admin_watch_list)
     app.router.add_post(f"{admin}/reset", _admin_reset)
+    app.router.add_get("/version", _version)
+    app.router.add_get("/api", _api)
+    app.router.add_get("/api/v1", _api_v1)
+    app.router.add_get("/apis", _apis)
+    app.router.add_get("/apis/{group}", _api_group)
+    app.router.add_get("/apis/{group}/{version}", _api_group_version)
     app.router.add_route("*", "/{tail:.*}", _dispatch)
     return app
 

@@ -227,3 +227,29 @@ def too_large_resource_version(requested: int, current: int) -> ApiError:
             },
         )
     )
+
+
+_SUBDOMAIN_RULE = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
+    "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
+    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
+
+
+def invalid_name(res: Resource, name: str) -> ApiError:
+    """422 for a ``metadata.name`` that is not a lowercase RFC 1123 subdomain."""
+    detail = f'Invalid value: "{name}": {_SUBDOMAIN_RULE}'
+    return ApiError(
+        status(
+            422,
+            "Invalid",
+            f'{res.kind} "{name}" is invalid: metadata.name: {detail}',
+            details={
+                "name": name,
+                "kind": res.kind,
+                "causes": [
+                    {"reason": "FieldValueInvalid", "message": detail, "field": "metadata.name"}
+                ],
+            },
+        )
+    )
