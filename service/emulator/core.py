@@ -30,21 +30,15 @@ from service.emulator.patching import (
 from service.emulator.sandboxpods import SELECTOR_LABEL, Shape, sandbox_pod
 from service.emulator.statuses import LEASES, NAMESPACES, PODS, ApiError, Resource
 from service.emulator.store import Entry, Table, clone, format_time, ordered, parse_time
-from service.emulator.watch import Watcher, Watches, WatchExpiredError, WatchListSupport
+from service.emulator.watch import Watches, WatchListSupport
 
 __all__ = [
     "DEFAULT_POD_TEMPLATE",
     "JSON_PATCH",
     "MERGE_PATCH",
     "STRATEGIC_MERGE_PATCH",
-    "AuditEntry",
+    "AuditEntry",  # where it was before the split (tests/chaos import it from here)
     "Emulator",
-    "Entry",
-    "RequestRecord",
-    "WatchExpiredError",
-    "WatchListSupport",
-    "Watcher",
-    "format_time",
 ]
 
 _encode = msgspec.json.encode

@@ -150,10 +150,7 @@ def resource_list(group: str, version: str) -> dict[str, Any] | None:
             "kind": r.res.kind,
             "verbs": list(r.verbs),
         }
-        if r.short_names:
-            entry["shortNames"] = list(r.short_names)
-        if r.categories:
-            entry["categories"] = list(r.categories)
+        _add_names(entry, r)
         if r.storage_version_hash:
             entry["storageVersionHash"] = r.storage_version_hash
         resources.append(entry)
@@ -178,6 +175,14 @@ def resource_list(group: str, version: str) -> dict[str, Any] | None:
     }
 
 
+def _add_names(entry: dict[str, Any], r: ApiResource) -> None:
+    """The optional fields both forms carry only when set."""
+    if r.short_names:
+        entry["shortNames"] = list(r.short_names)
+    if r.categories:
+        entry["categories"] = list(r.categories)
+
+
 def _aggregated_resource(r: ApiResource) -> dict[str, Any]:
     kind = {"group": "", "version": "", "kind": r.res.kind}
     entry: dict[str, Any] = {
@@ -187,10 +192,7 @@ def _aggregated_resource(r: ApiResource) -> dict[str, Any]:
         "singularResource": r.singular,
         "verbs": list(r.verbs),
     }
-    if r.short_names:
-        entry["shortNames"] = list(r.short_names)
-    if r.categories:
-        entry["categories"] = list(r.categories)
+    _add_names(entry, r)
     if r.subresources:
         entry["subresources"] = [
             {"subresource": sub, "responseKind": kind, "verbs": list(verbs)}

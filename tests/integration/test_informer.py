@@ -74,22 +74,31 @@ def converged(informer: PodInformer, emulator: RunningEmulator) -> bool:
     return informer.synced and cache_state(informer) == server_pods(emulator.emulator)
 
 
-async def test_initial_sync_streams_by_default_and_honours_the_selector(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
-) -> None:
-    emu = emulator.emulator
+def _seed_selector_cases(emu: Emulator) -> None:
     for i in range(7):
         emu.create_pod(sandbox_pod(f"a{i:03d}"), namespace=NS)
     emu.create_pod(sandbox_pod("unmanaged", managed=False), namespace=NS)
     emu.create_pod(sandbox_pod("elsewhere"), namespace="other")
+
+
+def _assert_selected_once(informer: PodInformer, handler: RecordingHandler, emu: Emulator) -> None:
+    """The cache holds the seven selected pods of the namespace, each reported added once."""
+    assert cache_state(informer) == server_pods(emu)
+    assert len(informer) == 7
+    assert informer.get(f"{NS}/space-sbx-unmanaged-g1") is None
+    assert sorted(handler.added_keys()) == sorted(server_pods(emu))
+    assert handler.synced == 1
+    assert handler.cold == 0
+
+
+async def test_initial_sync_streams_by_default_and_honours_the_selector(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+) -> None:
+    emu = emulator.emulator
+    _seed_selector_cases(emu)
     async with running_informer(kube_api, kube_settings) as (informer, handler, metrics):
         await informer.wait_synced()
-        assert cache_state(informer) == server_pods(emu)
-        assert len(informer) == 7
-        assert informer.get(f"{NS}/space-sbx-unmanaged-g1") is None
-        assert sorted(handler.added_keys()) == sorted(server_pods(emu))
-        assert handler.synced == 1
-        assert handler.cold == 0
+        _assert_selected_once(informer, handler, emu)
         assert informer.sync_mode is SyncMode.STREAM
         assert informer.resource_version == str(emu.resource_version)
         assert metric(metrics, "retired_pod_gc_informer_list_mode", mode="stream") == 1
@@ -114,21 +123,13 @@ async def test_quorum_list_pages_through_the_list_and_honours_the_selector(
     emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
-    for i in range(7):
-        emu.create_pod(sandbox_pod(f"a{i:03d}"), namespace=NS)
-    emu.create_pod(sandbox_pod("unmanaged", managed=False), namespace=NS)
-    emu.create_pod(sandbox_pod("elsewhere"), namespace="other")
+    _seed_selector_cases(emu)
     # The list from the watch cache is refused: the quorum list is the last resort.
     emu.fail_next(1, code=410, method="GET", query={"resourceVersion": "0"})
     settings = dataclasses.replace(kube_settings, list_page_size=2, list_mode="list")
     async with running_informer(kube_api, settings) as (informer, handler, metrics):
         await informer.wait_synced()
-        assert cache_state(informer) == server_pods(emu)
-        assert len(informer) == 7
-        assert informer.get(f"{NS}/space-sbx-unmanaged-g1") is None
-        assert sorted(handler.added_keys()) == sorted(server_pods(emu))
-        assert handler.synced == 1
-        assert handler.cold == 0
+        _assert_selected_once(informer, handler, emu)
         assert informer.sync_mode is SyncMode.LIST_QUORUM
         assert metric(metrics, "retired_pod_gc_informer_list_mode", mode="list_quorum") == 1
         assert metric(metrics, "retired_pod_gc_api_requests_total", op="list", result="410") == 1
