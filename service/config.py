@@ -188,6 +188,8 @@ SHUTDOWN_TIMEOUT_SECONDS = _var("SHUTDOWN_TIMEOUT_SECONDS", 20.0, _parse_float, 
 API_TIMEOUT_SECONDS = _var("API_TIMEOUT_SECONDS", 10.0, _parse_float, "Timeout of one Kubernetes API call (GET, DELETE, list page, lease).", lo=0.1, hi=120)
 WATCH_TIMEOUT_SECONDS = _var("WATCH_TIMEOUT_SECONDS", 300.0, _parse_float, "Server-side timeoutSeconds of a watch request (jittered up to +10%).", lo=5, hi=3600)
 LIST_PAGE_SIZE = _var("LIST_PAGE_SIZE", 500, _parse_int, "Pods per page when listing.", lo=1, hi=10000)
+LIST_MODE = _var("LIST_MODE", "auto", _choice("auto", "stream", "list"), "How the pod cache is filled at start and on every relist: stream (a streaming list, the state as watch events), list (a list from the API server's watch cache, a quorum list as the last resort) or auto (stream, falling back to list for good when the server rejects or does not honour it).")
+STREAM_SYNC_TIMEOUT_SECONDS = _var("STREAM_SYNC_TIMEOUT_SECONDS", 30.0, _parse_float, "A streaming list that goes this long without an event before its initial-events-end bookmark is not honoured by the server (auto: fall back to list).", lo=1, hi=600)
 DELETE_GRACE_PERIOD_SECONDS = _var("DELETE_GRACE_PERIOD_SECONDS", None, _optional_int, "gracePeriodSeconds sent with each DELETE; empty means the pod's own.", lo=0, hi=3600)
 DATABASE_URL = _var("DATABASE_URL", "", _parse_text, "PostgreSQL URL (postgresql://user:password@host:port/db). Never logged unmasked.", secret=True)
 DATABASE_URL_FILE = _var("DATABASE_URL_FILE", "", _parse_text, "Path of a file holding the database URL (a mounted Secret); exclusive with DATABASE_URL.")
@@ -223,6 +225,10 @@ class KubeSettings:
     list_page_size: int
     delete_grace_period_s: int | None
     """``None``: the pod's own grace period."""
+    list_mode: str = "auto"
+    """``auto``, ``stream`` or ``list`` (see ``service.kube.informer``)."""
+    stream_sync_timeout_s: float = 30.0
+    """Longest silence of a streaming list before its initial-events-end bookmark."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,6 +366,8 @@ def load(env: Mapping[str, str]) -> Settings:
             watch_timeout_s=WATCH_TIMEOUT_SECONDS.read(env, w),
             list_page_size=LIST_PAGE_SIZE.read(env, w),
             delete_grace_period_s=DELETE_GRACE_PERIOD_SECONDS.read(env, w),
+            list_mode=LIST_MODE.read(env, w),
+            stream_sync_timeout_s=STREAM_SYNC_TIMEOUT_SECONDS.read(env, w),
         ),
         database=DatabaseSettings(
             url=_database_url(env, w),
@@ -413,6 +421,8 @@ def effective(settings: Settings, env: Mapping[str, str]) -> list[tuple[str, str
         API_TIMEOUT_SECONDS.name: settings.kube.api_timeout_s,
         WATCH_TIMEOUT_SECONDS.name: settings.kube.watch_timeout_s,
         LIST_PAGE_SIZE.name: settings.kube.list_page_size,
+        LIST_MODE.name: settings.kube.list_mode,
+        STREAM_SYNC_TIMEOUT_SECONDS.name: settings.kube.stream_sync_timeout_s,
         DELETE_GRACE_PERIOD_SECONDS.name: (
             ""
             if settings.kube.delete_grace_period_s is None

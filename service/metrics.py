@@ -127,6 +127,12 @@ class Metrics:
         self.relists = Counter(
             "retired_pod_gc_relists", "Full relists of the pod cache.", registry=r
         )
+        self.list_mode = Gauge(
+            "retired_pod_gc_informer_list_mode",
+            "1 for the way the pod cache was last filled (stream, list_cache, list_quorum).",
+            ["mode"],
+            registry=r,
+        )
         self.decode_errors = Counter(
             "retired_pod_gc_decode_errors",
             "Malformed pod objects skipped, by source (list, watch, get).",
@@ -135,7 +141,7 @@ class Metrics:
         )
         self.api_requests = Counter(
             "retired_pod_gc_api_requests",
-            "Kubernetes API requests, by operation (list, watch, get, delete, lease) and result.",
+            "Kubernetes API requests, by operation (watchlist, list, watch, get, delete, lease) and result.",
             ["op", "result"],
             registry=r,
         )

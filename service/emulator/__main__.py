@@ -10,6 +10,7 @@ import sys
 
 from service.emulator.core import Emulator
 from service.emulator.server import start_emulator
+from service.emulator.watch import WatchListSupport
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -24,6 +25,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="finish graceful pod deletions after this many seconds (default: never)",
     )
+    parser.add_argument(
+        "--watch-list",
+        choices=[w.value for w in WatchListSupport],
+        default=WatchListSupport.SUPPORTED.value,
+        help="streaming lists (sendInitialEvents): supported, rejected (422) or ignored",
+    )
     parser.add_argument("--namespace", action="append", default=[], help="create this namespace")
     parser.add_argument("--pods", type=int, default=0, help="bulk-create this many sandbox pods")
     return parser.parse_args(argv)
@@ -34,6 +41,7 @@ async def _serve(args: argparse.Namespace) -> None:
         history_size=args.history_size,
         bookmark_interval_s=args.bookmark_interval_s,
         kubelet_finish_after_s=args.kubelet_finish_after_s,
+        watch_list=WatchListSupport(args.watch_list),
     )
     for name in args.namespace:
         emulator.ensure_namespace(name)

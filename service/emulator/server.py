@@ -18,15 +18,12 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from service.emulator import discovery
 from service.emulator import statuses as st
-from service.emulator.core import (
-    MERGE_PATCH,
-    AuditEntry,
-    Emulator,
-    RequestRecord,
-    WatchExpiredError,
-)
+from service.emulator.core import MERGE_PATCH, Emulator
+from service.emulator.faults import AuditEntry, RequestRecord
 from service.emulator.statuses import NAMESPACES, PODS, ApiError, Resource
+from service.emulator.watch import WatchExpiredError, WatchListSupport
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +143,15 @@ def _int_param(request: web.Request, name: str) -> int | None:
         raise st.bad_request(f"invalid {name} {raw!r}") from None
 
 
+def _optional_bool(request: web.Request, name: str) -> bool | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    if raw.lower() not in ("true", "false", "1", "0"):
+        raise st.bad_request(f"invalid {name} {raw!r}")
+    return raw.lower() in ("true", "1")
+
+
 async def _dispatch(request: web.Request) -> web.StreamResponse:
     emulator = request.app[EMULATOR_KEY]
     target = _resolve(emulator, request.path)
@@ -162,6 +168,8 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
                 selector=request.query.get("labelSelector", ""),
                 limit=_int_param(request, "limit") or 0,
                 continue_token=request.query.get("continue", ""),
+                resource_version=request.query.get("resourceVersion", ""),
+                resource_version_match=request.query.get("resourceVersionMatch", ""),
             )
             return _json_response(body)
         if method == "POST" and (namespace is not None or not res.namespaced):
@@ -218,6 +226,9 @@ async def _watch(request: web.Request, emulator: Emulator, target: _Target) -> w
             target.namespace,
             selector=request.query.get("labelSelector", ""),
             resource_version=request.query.get("resourceVersion", ""),
+            resource_version_match=request.query.get("resourceVersionMatch", ""),
+            send_initial_events=_optional_bool(request, "sendInitialEvents"),
+            bookmarks=bookmarks,
         )
     except WatchExpiredError as exc:
         expired = exc.body
@@ -265,6 +276,48 @@ async def _watch(request: web.Request, emulator: Emulator, target: _Target) -> w
         if watcher is not None:
             emulator.close_watch(res, watcher)
     return response
+
+
+# ---------------------------------------------------------------------- discovery
+
+
+def _discovery_response(request: web.Request, doc: dict[str, Any] | None) -> web.Response:
+    if doc is None:
+        raise ApiError(
+            st.status(404, "NotFound", "the server could not find the requested resource")
+        )
+    return _json_response(msgspec.json.encode(doc))
+
+
+async def _version(request: web.Request) -> web.Response:
+    return _discovery_response(request, discovery.VERSION)
+
+
+async def _api(request: web.Request) -> web.Response:
+    if discovery.wants_aggregated(request.headers.get("Accept", "")):
+        body = msgspec.json.encode(discovery.aggregated(core=True))
+        return web.Response(body=body, headers={"Content-Type": discovery.AGGREGATED})
+    return _discovery_response(request, discovery.api_versions(request.host))
+
+
+async def _apis(request: web.Request) -> web.Response:
+    if discovery.wants_aggregated(request.headers.get("Accept", "")):
+        body = msgspec.json.encode(discovery.aggregated(core=False))
+        return web.Response(body=body, headers={"Content-Type": discovery.AGGREGATED})
+    return _discovery_response(request, discovery.api_group_list())
+
+
+async def _api_v1(request: web.Request) -> web.Response:
+    return _discovery_response(request, discovery.resource_list("", "v1"))
+
+
+async def _api_group(request: web.Request) -> web.Response:
+    return _discovery_response(request, discovery.api_group(request.match_info["group"]))
+
+
+async def _api_group_version(request: web.Request) -> web.Response:
+    info = request.match_info
+    return _discovery_response(request, discovery.resource_list(info["group"], info["version"]))
 
 
 # ---------------------------------------------------------------------- admin endpoints
@@ -380,6 +433,16 @@ async def _admin_kubelet_finish(request: web.Request) -> web.Response:
     return _ok({"finished": done})
 
 
+async def _admin_watch_list(request: web.Request) -> web.Response:
+    b = await _admin_body(request)
+    e = request.app[EMULATOR_KEY]
+    try:
+        e.watch_list = WatchListSupport(str(b.get("support", e.watch_list)))
+    except ValueError:
+        return _error_response(st.bad_request(f"unknown support {b.get('support')!r}"))
+    return _ok({"support": e.watch_list.value})
+
+
 async def _admin_reset(request: web.Request) -> web.Response:
     request.app[EMULATOR_KEY].reset()
     return _ok({"ok": True})
@@ -402,7 +465,14 @@ def build_app(emulator: Emulator) -> web.Application:
     app.router.add_post(f"{admin}/compact", _admin_compact)
     app.router.add_post(f"{admin}/pods/bulk", _admin_bulk)
     app.router.add_post(f"{admin}/kubelet/finish", _admin_kubelet_finish)
+    app.router.add_post(f"{admin}/watch-list", _admin_watch_list)
     app.router.add_post(f"{admin}/reset", _admin_reset)
+    app.router.add_get("/version", _version)
+    app.router.add_get("/api", _api)
+    app.router.add_get("/api/v1", _api_v1)
+    app.router.add_get("/apis", _apis)
+    app.router.add_get("/apis/{group}", _api_group)
+    app.router.add_get("/apis/{group}/{version}", _api_group_version)
     app.router.add_route("*", "/{tail:.*}", _dispatch)
     return app
 

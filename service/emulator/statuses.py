@@ -177,3 +177,79 @@ def injected(code: int, retry_after_s: int | None) -> ApiError:
     return ApiError(
         status(code, reason, "Internal error occurred: injected fault"), headers=headers
     )
+
+
+def invalid_list_options(*causes: tuple[str, str, str]) -> ApiError:
+    """422 for request options, as the server words it: ``causes`` are (field, reason, detail)
+    with reason ``Forbidden`` or ``Unsupported value``; several are joined in brackets."""
+    parts = [f"{field}: {reason}: {detail}" for field, reason, detail in causes]
+    joined = parts[0] if len(parts) == 1 else "[" + ", ".join(parts) + "]"
+    return ApiError(
+        status(
+            422,
+            "Invalid",
+            f'ListOptions.meta.k8s.io "" is invalid: {joined}',
+            details={
+                "group": "meta.k8s.io",
+                "kind": "ListOptions",
+                "causes": [
+                    {
+                        "reason": (
+                            "FieldValueForbidden"
+                            if reason == "Forbidden"
+                            else "FieldValueNotSupported"
+                        ),
+                        "message": f"{reason}: {detail}",
+                        "field": field,
+                    }
+                    for field, reason, detail in causes
+                ],
+            },
+        )
+    )
+
+
+def list_too_old() -> ApiError:
+    return ApiError(status(410, "Expired", "The resourceVersion for the provided list is too old."))
+
+
+def too_large_resource_version(requested: int, current: int) -> ApiError:
+    return ApiError(
+        status(
+            504,
+            "Timeout",
+            f"Timeout: Too large resource version: {requested}, current: {current}",
+            details={
+                "causes": [
+                    {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+                ],
+                "retryAfterSeconds": 1,
+            },
+        )
+    )
+
+
+_SUBDOMAIN_RULE = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
+    "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
+    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
+
+
+def invalid_name(res: Resource, name: str) -> ApiError:
+    """422 for a ``metadata.name`` that is not a lowercase RFC 1123 subdomain."""
+    detail = f'Invalid value: "{name}": {_SUBDOMAIN_RULE}'
+    return ApiError(
+        status(
+            422,
+            "Invalid",
+            f'{res.kind} "{name}" is invalid: metadata.name: {detail}',
+            details={
+                "name": name,
+                "kind": res.kind,
+                "causes": [
+                    {"reason": "FieldValueInvalid", "message": detail, "field": "metadata.name"}
+                ],
+            },
+        )
+    )

@@ -24,7 +24,7 @@ from service.config import KubeSettings
 from service.emulator import Emulator, RunningEmulator, start_emulator
 from service.kube.api import new_api_client
 from service.kube.decode import PodDecoder
-from service.kube.informer import PodInformer
+from service.kube.informer import PodInformer, SyncMode
 from service.metrics import Metrics
 from tests.kubefixtures import (
     SANDBOX_NAMESPACE,
@@ -74,28 +74,73 @@ def converged(informer: PodInformer, emulator: RunningEmulator) -> bool:
     return informer.synced and cache_state(informer) == server_pods(emulator.emulator)
 
 
-async def test_initial_sync_pages_through_the_list_and_honours_the_selector(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
-) -> None:
-    emu = emulator.emulator
+def _seed_selector_cases(emu: Emulator) -> None:
     for i in range(7):
         emu.create_pod(sandbox_pod(f"a{i:03d}"), namespace=NS)
     emu.create_pod(sandbox_pod("unmanaged", managed=False), namespace=NS)
     emu.create_pod(sandbox_pod("elsewhere"), namespace="other")
-    settings = dataclasses.replace(kube_settings, list_page_size=2)
+
+
+def _assert_selected_once(informer: PodInformer, handler: RecordingHandler, emu: Emulator) -> None:
+    """The cache holds the seven selected pods of the namespace, each reported added once."""
+    assert cache_state(informer) == server_pods(emu)
+    assert len(informer) == 7
+    assert informer.get(f"{NS}/space-sbx-unmanaged-g1") is None
+    assert sorted(handler.added_keys()) == sorted(server_pods(emu))
+    assert handler.synced == 1
+    assert handler.cold == 0
+
+
+async def test_initial_sync_streams_by_default_and_honours_the_selector(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+) -> None:
+    emu = emulator.emulator
+    _seed_selector_cases(emu)
+    async with running_informer(kube_api, kube_settings) as (informer, handler, metrics):
+        await informer.wait_synced()
+        _assert_selected_once(informer, handler, emu)
+        assert informer.sync_mode is SyncMode.STREAM
+        assert informer.resource_version == str(emu.resource_version)
+        assert metric(metrics, "retired_pod_gc_informer_list_mode", mode="stream") == 1
+        assert metric(metrics, "retired_pod_gc_informer_list_mode", mode="list_cache") == 0
+        assert (
+            metric(metrics, "retired_pod_gc_api_requests_total", op="watchlist", result="ok") == 1
+        )
+        assert metric(metrics, "retired_pod_gc_cache_pods") == 7
+        assert metric(metrics, "retired_pod_gc_cache_synced") == 1
+        # The same stream goes on as the watch: a change arrives without another request.
+        emu.create_pod(sandbox_pod("later"), namespace=NS)
+        await eventually(lambda: converged(informer, emulator))
+    gets = [r for r in emu.requests if r.method == "GET"]
+    assert len(gets) == 1  # no list at all
+    assert gets[0].query["sendInitialEvents"] == "True"
+    assert gets[0].query["resourceVersionMatch"] == "NotOlderThan"
+    assert gets[0].query["allowWatchBookmarks"] == "True"
+    assert "resourceVersion" not in gets[0].query
+
+
+async def test_quorum_list_pages_through_the_list_and_honours_the_selector(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+) -> None:
+    emu = emulator.emulator
+    _seed_selector_cases(emu)
+    # The list from the watch cache is refused: the quorum list is the last resort.
+    emu.fail_next(1, code=410, method="GET", query={"resourceVersion": "0"})
+    settings = dataclasses.replace(kube_settings, list_page_size=2, list_mode="list")
     async with running_informer(kube_api, settings) as (informer, handler, metrics):
         await informer.wait_synced()
-        assert cache_state(informer) == server_pods(emu)
-        assert len(informer) == 7
-        assert informer.get(f"{NS}/space-sbx-unmanaged-g1") is None
-        assert sorted(handler.added_keys()) == sorted(server_pods(emu))
-        assert handler.synced == 1
-        assert handler.cold == 0
+        _assert_selected_once(informer, handler, emu)
+        assert informer.sync_mode is SyncMode.LIST_QUORUM
+        assert metric(metrics, "retired_pod_gc_informer_list_mode", mode="list_quorum") == 1
+        assert metric(metrics, "retired_pod_gc_api_requests_total", op="list", result="410") == 1
         assert metric(metrics, "retired_pod_gc_api_requests_total", op="list", result="ok") == 4
         assert metric(metrics, "retired_pod_gc_cache_pods") == 7
         assert metric(metrics, "retired_pod_gc_cache_synced") == 1
-    pages = [r for r in emu.requests if r.method == "GET" and "watch" not in r.query]
+    lists = [r for r in emu.requests if r.method == "GET" and "watch" not in r.query]
+    assert lists[0].query["resourceVersion"] == "0"
+    pages = lists[1:]
     assert [r.query.get("limit") for r in pages] == ["2"] * 4
+    assert all("resourceVersion" not in r.query for r in pages)
     assert "continue" not in pages[0].query
     assert all(r.query.get("continue") for r in pages[1:])
 
@@ -233,7 +278,11 @@ async def test_500s_during_the_list_back_off_and_recover(
     async with running_informer(kube_api, kube_settings) as (informer, _handler, metrics):
         await informer.wait_synced()
         assert cache_state(informer) == server_pods(emu)
-        assert metric(metrics, "retired_pod_gc_api_requests_total", op="list", result="500") == 3
+        # A 5xx is the server failing, not refusing streams: the streaming list is retried.
+        assert informer.sync_mode is SyncMode.STREAM
+        assert (
+            metric(metrics, "retired_pod_gc_api_requests_total", op="watchlist", result="500") == 3
+        )
         assert metric(metrics, "retired_pod_gc_watch_restarts_total", reason="error") == 3
         # A 500 on the watch request itself: back off, then resume (no relist).
         emu.fail_next(2, code=500, method="GET", path_contains="/pods")
@@ -254,7 +303,9 @@ async def test_429_retry_after_is_honoured(
     async with running_informer(kube_api, kube_settings) as (informer, _handler, metrics):
         await informer.wait_synced()
         elapsed = time.monotonic() - started
-        assert metric(metrics, "retired_pod_gc_api_requests_total", op="list", result="429") == 1
+        assert (
+            metric(metrics, "retired_pod_gc_api_requests_total", op="watchlist", result="429") == 1
+        )
     # backoff_max_s is 0.1 in these tests: only Retry-After can explain a wait of a second.
     assert elapsed >= 0.95
     assert cache_state(informer) == server_pods(emu)
@@ -283,7 +334,10 @@ async def test_connection_refused_backs_off_until_the_server_appears(
                 await eventually(lambda: converged(informer, running))
                 assert (
                     metric(
-                        metrics, "retired_pod_gc_api_requests_total", op="list", result="transport"
+                        metrics,
+                        "retired_pod_gc_api_requests_total",
+                        op="watchlist",
+                        result="transport",
                     )
                     >= 2
                 )
@@ -301,7 +355,8 @@ async def test_malformed_objects_are_skipped_and_counted(
     bad["metadata"]["labels"]["space.generation"] = 5  # not a string: the decoder rejects it
     emu.create_pod(bad, namespace=NS)
     emu.create_pod(sandbox_pod("good"), namespace=NS)
-    async with running_informer(kube_api, kube_settings) as (informer, _handler, metrics):
+    settings = dataclasses.replace(kube_settings, list_mode="list")
+    async with running_informer(kube_api, settings) as (informer, _handler, metrics):
         await informer.wait_synced()
         assert list(informer.keys()) == [f"{NS}/space-sbx-good-g1"]
         assert metric(metrics, "retired_pod_gc_decode_errors_total", source="list") == 1
@@ -392,13 +447,17 @@ async def test_an_expired_continue_token_restarts_the_list(
     running = await start_emulator(emulator=emu)
     api = await new_api_client(host=running.url)
     try:
-        settings = dataclasses.replace(kube_settings, list_page_size=2)
+        settings = dataclasses.replace(kube_settings, list_page_size=2, list_mode="list")
+        # Paginated lists are quorum lists: refuse the one from the watch cache.
+        emu.fail_next(1, code=410, method="GET", query={"resourceVersion": "0"})
         async with running_informer(api, settings) as (informer, handler, metrics):
             await informer.wait_synced()
             assert cache_state(informer) == server_pods(emu)
             assert sorted(handler.added_keys()) == sorted(server_pods(emu))  # once each
+            assert informer.sync_mode is SyncMode.LIST_QUORUM
+            # One 410 refused the watch-cache list, one expired the continue token.
             assert (
-                metric(metrics, "retired_pod_gc_api_requests_total", op="list", result="410") == 1
+                metric(metrics, "retired_pod_gc_api_requests_total", op="list", result="410") == 2
             )
             assert metric(metrics, "retired_pod_gc_api_requests_total", op="list", result="ok") == 4
     finally:

@@ -1,0 +1,176 @@
+"""The emulator's fault injection (errors, latency) and its request and audit logs."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.emulator import statuses as st
+from service.emulator.statuses import ApiError
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One mutating request as the emulator answered it."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    body: Any
+    status: int
+    time_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "path": self.path,
+            "query": self.query,
+            "body": self.body,
+            "status": self.status,
+            "time_s": self.time_s,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One API request as received (method, path and query string parameters)."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "path": self.path, "query": self.query}
+
+
+@dataclass(slots=True)
+class FaultRule:
+    """Answer the next ``remaining`` matching requests with ``code``."""
+
+    code: int
+    remaining: int
+    method: str | None = None
+    path_contains: str | None = None
+    retry_after_s: int | None = None
+    query: dict[str, str] | None = None
+    """Parameters the request's query must carry (e.g. ``{"watch": "true"}``); values compare
+    case-insensitively, as the server's booleans do (clients send ``true`` or ``True``)."""
+
+    def matches(self, method: str, path: str, query: Mapping[str, str]) -> bool:
+        return (
+            (self.method is None or self.method == method)
+            and (self.path_contains is None or self.path_contains in path)
+            and (
+                self.query is None
+                or all(query.get(k, "").lower() == v.lower() for k, v in self.query.items())
+            )
+        )
+
+
+@dataclass(slots=True)
+class LatencyRule:
+    delay_s: float
+    method: str | None = None
+    path_contains: str | None = None
+    remaining: int | None = None
+    """``None``: forever."""
+
+
+@dataclass
+class Faults:
+    rules: list[FaultRule] = field(default_factory=list)
+    latency: list[LatencyRule] = field(default_factory=list)
+    expire_watches: int = 0
+
+
+class FaultControls:
+    """Fault rules and the logs of what the emulator received."""
+
+    faults: Faults
+    audit: list[AuditEntry]
+    requests: deque[RequestRecord]
+
+    def fail_next(
+        self,
+        count: int = 1,
+        *,
+        code: int = 500,
+        method: str | None = None,
+        path_contains: str | None = None,
+        retry_after_s: int | None = None,
+        query: dict[str, str] | None = None,
+    ) -> None:
+        """Answer the next ``count`` matching API requests with ``code`` (429 sets Retry-After);
+        ``query``: only requests whose query carries these parameters."""
+        self.faults.rules.append(
+            FaultRule(
+                code=code,
+                remaining=count,
+                method=method.upper() if method else None,
+                path_contains=path_contains,
+                retry_after_s=retry_after_s,
+                query=query,
+            )
+        )
+
+    def add_latency(
+        self,
+        delay_s: float,
+        *,
+        method: str | None = None,
+        path_contains: str | None = None,
+        count: int | None = None,
+    ) -> None:
+        self.faults.latency.append(
+            LatencyRule(
+                delay_s=delay_s,
+                method=method.upper() if method else None,
+                path_contains=path_contains,
+                remaining=count,
+            )
+        )
+
+    def clear_faults(self) -> None:
+        self.faults = Faults()
+
+    def take_fault(
+        self, method: str, path: str, query: Mapping[str, str] | None = None
+    ) -> ApiError | None:
+        for rule in self.faults.rules:
+            if rule.remaining > 0 and rule.matches(method, path, query or {}):
+                rule.remaining -= 1
+                return st.injected(rule.code, rule.retry_after_s)
+        self.faults.rules = [r for r in self.faults.rules if r.remaining > 0]
+        return None
+
+    def latency_for(self, method: str, path: str) -> float:
+        delay = 0.0
+        for rule in self.faults.latency:
+            if rule.remaining == 0:
+                continue
+            if (rule.method is None or rule.method == method) and (
+                rule.path_contains is None or rule.path_contains in path
+            ):
+                delay += rule.delay_s
+                if rule.remaining is not None:
+                    rule.remaining -= 1
+        return delay
+
+    def record(self, entry: AuditEntry) -> None:
+        self.audit.append(entry)
+
+    def watch_requests(self) -> list[RequestRecord]:
+        """The watch requests received so far (oldest first)."""
+        return [r for r in self.requests if r.query.get("watch") in ("true", "True", "1")]
+
+    def audit_log(
+        self, *, method: str | None = None, path_contains: str | None = None
+    ) -> list[AuditEntry]:
+        return [
+            a
+            for a in self.audit
+            if (method is None or a.method == method.upper())
+            and (path_contains is None or path_contains in a.path)
+        ]
