@@ -50,6 +50,8 @@ from service.domain import (
     ApiError,
     Decision,
     DeleteResult,
+    ExecutionRow,
+    ExecutionState,
     PodSnapshot,
     ReconcileOutcome,
     Verdict,
@@ -59,7 +61,15 @@ from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget
 from service.engine.observation import ObservationClocks
 from service.metrics import Metrics
-from service.ports import Clock, ExecutionStore, NotificationBarrier, PodCache, PodClient
+from service.ports import (
+    Clock,
+    ExecutionStore,
+    NotificationBarrier,
+    PodCache,
+    PodClient,
+    ReapRecorder,
+    ReapReport,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -152,6 +162,7 @@ class Reconciler:
         budget_wait_s: float | None = None,
         conflict_requeue_s: float = 1.0,
         barrier: NotificationBarrier | None = None,
+        recorder: ReapRecorder | None = None,
     ) -> None:
         self._settings = settings
         self._cache = cache
@@ -173,6 +184,7 @@ class Reconciler:
         )
         self._conflict_requeue_s = conflict_requeue_s
         self._barrier = barrier
+        self._recorder = recorder
         self._mode = "dry_run" if settings.dry_run else "live"
 
     @property
@@ -250,7 +262,7 @@ class Reconciler:
         checked = await self._verify(key, pod, verdict, rid, log)
         if isinstance(checked, ReconcileResult):
             return checked
-        fresh, again, elapsed_now = checked
+        fresh, fresh_row, again, elapsed_now = checked
 
         if not dry_run:
             granted = False
@@ -268,7 +280,7 @@ class Reconciler:
                 checked = await self._verify(key, pod, verdict, rid, log)
                 if isinstance(checked, ReconcileResult):
                     return checked
-                fresh, again, elapsed_now = checked
+                fresh, fresh_row, again, elapsed_now = checked
 
         if dry_run:
             if not self._clocks.mark_reported(pod.uid):
@@ -281,6 +293,7 @@ class Reconciler:
                 again.rule,
                 extra={"uid": fresh.uid, "verdict": str(verdict)},
             )
+            self._report(fresh, fresh_row, again, verdict, elapsed_now, dry_run=True)
             return self._result_done(verdict, rid)
 
         try:
@@ -310,6 +323,7 @@ class Reconciler:
                     again.rule,
                     extra={"uid": fresh.uid, "verdict": str(verdict)},
                 )
+                self._report(fresh, fresh_row, again, verdict, elapsed_now, dry_run=False)
                 return self._result_done(verdict, rid)
             case DeleteResult.GONE:
                 self._clocks.clear(pod.uid)
@@ -326,11 +340,11 @@ class Reconciler:
 
     async def _verify(
         self, key: str, pod: PodSnapshot, verdict: Verdict, rid: str, log: _Log
-    ) -> tuple[PodSnapshot, Decision, float] | ReconcileResult:
+    ) -> tuple[PodSnapshot, ExecutionRow | None, Decision, float] | ReconcileResult:
         """Fresh GET, direct row re-read, classify again, notification sync, clock re-check.
 
-        Returns (fresh pod, decision, seconds continuously reapable) when the pod may be acted
-        on now, else the result that ends the reconcile.
+        Returns (fresh pod, fresh row, decision, seconds continuously reapable) when the pod may
+        be acted on now, else the result that ends the reconcile.
         """
         try:
             fresh = await _bounded(
@@ -398,9 +412,33 @@ class Reconciler:
         if not self._activation.active:
             log.info("no longer active; not acting")
             return ReconcileResult.done(INACTIVE, rid)
-        return fresh, again, elapsed_now
+        return fresh, fresh_row, again, elapsed_now
 
     # ---------------------------------------------------------------- helpers
+
+    def _report(
+        self,
+        fresh: PodSnapshot,
+        row: ExecutionRow | None,
+        decision: Decision,
+        verdict: Verdict,
+        elapsed_s: float,
+        *,
+        dry_run: bool,
+    ) -> None:
+        """Hand the delete or dry-run report to the recorder (enqueues only; never awaits)."""
+        if self._recorder is None:
+            return
+        self._recorder.record(
+            ReapReport(
+                pod=fresh,
+                verdict=verdict,
+                rule=decision.rule,
+                reapable_for_s=elapsed_s,
+                row_state=row.state if row is not None else ExecutionState.UNKNOWN,
+                dry_run=dry_run,
+            )
+        )
 
     def _skip(self, key: str, decision: Decision, rid: str, log: _Log) -> ReconcileResult:
         self._clocks.clear_key(key)
