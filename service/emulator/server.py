@@ -1,6 +1,7 @@
 """The emulator's HTTP face: the Kubernetes REST paths, watch streaming, and ``/_emulator`` admin.
 
-API paths (``/api/v1/...``, ``/apis/coordination.k8s.io/v1/...``) go through one middleware that
+API paths (``/api/v1/...``, ``/apis/coordination.k8s.io/v1/...``, the Events paths of
+``events.py``) go through one middleware that
 applies injected latency and faults and writes the audit log of mutating requests; admin paths
 under ``/_emulator/`` bypass all three so tests and benchmarks can steer a running emulator.
 """
@@ -26,6 +27,7 @@ from service.emulator.core import (
     RequestRecord,
     WatchExpiredError,
 )
+from service.emulator.events import event_routes
 from service.emulator.statuses import NAMESPACES, PODS, ApiError, Resource
 
 logger = logging.getLogger(__name__)
@@ -403,6 +405,7 @@ def build_app(emulator: Emulator) -> web.Application:
     app.router.add_post(f"{admin}/pods/bulk", _admin_bulk)
     app.router.add_post(f"{admin}/kubelet/finish", _admin_kubelet_finish)
     app.router.add_post(f"{admin}/reset", _admin_reset)
+    app.router.add_routes(event_routes(lambda request: request.app[EMULATOR_KEY].events))
     app.router.add_route("*", "/{tail:.*}", _dispatch)
     return app
 
