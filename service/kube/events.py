@@ -163,6 +163,8 @@ class KubeEventRecorder:
         self._wake = anyio.Event()
         self._progress = anyio.Event()
         self._logged: set[str] = set()
+        self._closed = False
+        self._write_scope = anyio.CancelScope()
 
     @property
     def pending(self) -> int:
@@ -170,6 +172,9 @@ class KubeEventRecorder:
         return len(self._pending) + self._sending
 
     def record(self, report: ReapReport) -> None:
+        if self._closed:
+            self._metrics.events.labels(result="dropped_shutdown").inc()
+            return
         if len(self._pending) >= self._buffer_size:
             self._count("dropped_buffer_full", "event buffer full; dropping Events")
             return
@@ -191,20 +196,25 @@ class KubeEventRecorder:
             report, at_s = self._pending.popleft()
             self._sending = True
             try:
-                await self._write(report, at_s)
+                with anyio.CancelScope() as self._write_scope:
+                    await self._write(report, at_s)
             finally:
                 self._sending = False
                 self._progress.set()
                 self._progress = anyio.Event()
 
     async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> int:
-        """Wait up to ``timeout_s`` for pending Events (:meth:`run` must be running); drop and
-        count what is left. Returns the number dropped."""
+        """Wait up to ``timeout_s`` for pending Events (:meth:`run` must be running); then drop
+        and count what is left, the write in flight included, and accept no more reports.
+        Returns the number dropped."""
         with anyio.move_on_after(timeout_s):
             while self.pending:
                 await self._progress.wait()
-        dropped = len(self._pending)
+        self._closed = True
+        dropped = self.pending
         self._pending.clear()
+        if self._sending:
+            self._write_scope.cancel()
         if dropped:
             self._metrics.events.labels(result="dropped_shutdown").inc(dropped)
             logger.warning("shutting down: %d Events not written", dropped)
