@@ -36,9 +36,7 @@ EVENTS_PATH = f"/apis/events.k8s.io/v1/namespaces/{NS}/events"
 
 
 def event_results(parts: Any) -> dict[str, int]:
-    counts = {
-        r: int(sample(parts, "retired_pod_gc_events_total", result=r)) for r in EVENT_RESULTS
-    }
+    counts = {r: int(sample(parts, "retired_pod_gc_events_total", result=r)) for r in EVENT_RESULTS}
     return {r: n for r, n in counts.items() if n}
 
 
