@@ -208,6 +208,7 @@ LEASE_NAMESPACE = _var("LEASE_NAMESPACE", "", _parse_text, "Namespace of the Lea
 LEASE_DURATION_SECONDS = _var("LEASE_DURATION_SECONDS", 15.0, _parse_float, "How long a lease holds without renewal before another replica may take it.", lo=1, hi=300)
 RENEW_DEADLINE_SECONDS = _var("RENEW_DEADLINE_SECONDS", 10.0, _parse_float, "A leader that has not renewed for this long stops deleting (kept below LEASE_DURATION_SECONDS).", lo=0.5, hi=300)
 RETRY_PERIOD_SECONDS = _var("RETRY_PERIOD_SECONDS", 2.0, _parse_float, "How often the lease is renewed or its acquisition retried (kept below RENEW_DEADLINE_SECONDS).", lo=0.1, hi=60)
+EVENTS_ENABLED = _var("EVENTS_ENABLED", True, _parse_bool, "Record a Kubernetes Event (events.k8s.io/v1) on every deleted pod and every dry-run report; never delays a delete.")
 LEADER_IDENTITY = _var("LEADER_IDENTITY", "", _parse_text, "Holder identity written to the Lease; empty means hostname and process id.")
 LOG_LEVEL = _var("LOG_LEVEL", "info", _choice("debug", "info", "warning", "error"), "Log level.")
 LOG_FORMAT = _var("LOG_FORMAT", "json", _choice("json", "text"), "json: one JSON object a line; text: for humans.")
@@ -276,6 +277,8 @@ class Settings:
     leader: LeaderSettings
     bind_host: str
     bind_port: int
+    events_enabled: bool
+    """Record Kubernetes Events for deletes and dry-run reports."""
     log_level: str
     log_format: str
     warnings: tuple[str, ...] = ()
@@ -305,12 +308,34 @@ def mask_dsn(url: str) -> str:
     return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", url)
 
 
+_DSN_SCHEMES = frozenset({"postgresql", "postgres"})
+
+
+def check_dsn(url: str) -> None:
+    """Raise ``ValueError`` (its message safe to print) unless ``url`` parses as a PostgreSQL
+    URL the driver accepts. Reachability is not checked: an unreachable server is retried."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (parses the port; raises ValueError when it is not a number)
+    except ValueError:
+        raise ValueError(f"expected a postgresql:// URL, got {mask_dsn(url)!r}") from None
+    if parts.scheme not in _DSN_SCHEMES or "://" not in url:
+        raise ValueError(
+            f"expected a URL starting with postgresql:// or postgres://, got {mask_dsn(url)!r}"
+        )
+
+
 def _database_url(env: Mapping[str, str], warnings: list[str]) -> str:
     url = DATABASE_URL.read(env, warnings)
     path = DATABASE_URL_FILE.read(env, warnings)
     if path and url:
         raise ConfigError(DATABASE_URL_FILE.name, f"set only one of it and {DATABASE_URL.name}")
     if not path:
+        if url:
+            try:
+                check_dsn(url)
+            except ValueError as exc:
+                raise ConfigError(DATABASE_URL.name, str(exc)) from None
         return url
     try:
         text = Path(path).read_text(encoding="utf-8").strip()
@@ -320,6 +345,10 @@ def _database_url(env: Mapping[str, str], warnings: list[str]) -> str:
         raise ConfigError(DATABASE_URL_FILE.name, f"not a usable path: {exc}") from None
     if not text:
         raise ConfigError(DATABASE_URL_FILE.name, f"{path!r} is empty")
+    try:
+        check_dsn(text)
+    except ValueError as exc:
+        raise ConfigError(DATABASE_URL_FILE.name, f"{path!r} holds no usable URL: {exc}") from None
     return text
 
 
@@ -391,6 +420,7 @@ def load(env: Mapping[str, str]) -> Settings:
         ),
         bind_host=host,
         bind_port=port,
+        events_enabled=EVENTS_ENABLED.read(env, w),
         log_level=LOG_LEVEL.read(env, w),
         log_format=LOG_FORMAT.read(env, w),
         warnings=(),
@@ -445,6 +475,7 @@ def effective(settings: Settings, env: Mapping[str, str]) -> list[tuple[str, str
         LEASE_DURATION_SECONDS.name: settings.leader.lease_duration_s,
         RENEW_DEADLINE_SECONDS.name: settings.leader.renew_deadline_s,
         RETRY_PERIOD_SECONDS.name: settings.leader.retry_period_s,
+        EVENTS_ENABLED.name: settings.events_enabled,
         LEADER_IDENTITY.name: settings.leader.identity,
         LOG_LEVEL.name: settings.log_level,
         LOG_FORMAT.name: settings.log_format,

@@ -15,6 +15,18 @@ MODES = ("live", "dry_run")
 OUTCOME_LABELS: tuple[str, ...] = tuple(str(v) for v in Verdict) + tuple(
     str(o) for o in ReconcileOutcome
 )
+EVENT_RESULTS = (
+    "created",
+    "forbidden",
+    "rejected",
+    "server_error",
+    "timeout",
+    "transport_error",
+    "dropped_buffer_full",
+    "dropped_shutdown",
+)
+"""Results of Kubernetes Event writes: written, refused (403, other 4xx), failed (5xx, no answer
+within the call's timeout, no connection), or never sent (buffer full, shutdown flush over)."""
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -139,6 +151,14 @@ class Metrics:
             ["source"],
             registry=r,
         )
+        self.events = Counter(
+            "retired_pod_gc_events",
+            "Kubernetes Events about deletes and dry-run reports, by result.",
+            ["result"],
+            registry=r,
+        )
+        for result in EVENT_RESULTS:
+            self.events.labels(result=result)
         self.api_requests = Counter(
             "retired_pod_gc_api_requests",
             "Kubernetes API requests, by operation (watchlist, list, watch, get, delete, lease) and result.",

@@ -8,9 +8,17 @@ with in-memory fakes. No I/O here.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from service.domain import DeleteOutcome, ExecutionChange, ExecutionRow, PodSnapshot
+from service.domain import (
+    DeleteOutcome,
+    ExecutionChange,
+    ExecutionRow,
+    ExecutionState,
+    PodSnapshot,
+    Verdict,
+)
 
 
 class Clock(Protocol):
@@ -92,4 +100,27 @@ class NotificationBarrier(Protocol):
     async def sync(self) -> None:
         """Return once every notification committed before the call has been handled; raise
         when that cannot be vouched for (listener down or stalled)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReapReport:
+    """One live delete (``dry_run`` false) or one dry-run "would reap", as an operator sees it."""
+
+    pod: PodSnapshot
+    """The fresh GET: its UID and resourceVersion are the DELETE's preconditions."""
+    verdict: Verdict
+    rule: str
+    reapable_for_s: float
+    """How long the pod had been seen continuously in the reapable shape."""
+    row_state: ExecutionState
+    dry_run: bool
+
+
+class ReapRecorder(Protocol):
+    """Makes deletes and dry-run reports visible outside the process (Kubernetes Events)."""
+
+    def record(self, report: ReapReport) -> None:
+        """Hand the report over and return at once: never awaits, never raises, and whatever
+        becomes of the report can never change what is deleted or when."""
         ...

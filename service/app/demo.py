@@ -285,10 +285,17 @@ async def _demo(threshold_s: float, phase_s: float) -> int:
             )
             final = _present(emulator)
             deletes = emulator.audit_log(method="DELETE")
+            events = emulator.events.events(NAMESPACE)
         finally:
             await running.aclose()
     ok = _summary(
-        disabled=disabled, dry=dry, live=live, after_dry=after_dry, final=final, deletes=deletes
+        disabled=disabled,
+        dry=dry,
+        live=live,
+        after_dry=after_dry,
+        final=final,
+        deletes=deletes,
+        events=events,
     )
     print(f"\ndemo finished in {time.monotonic() - started:.0f}s: {'OK' if ok else 'UNEXPECTED'}")
     return 0 if ok else 1
@@ -302,6 +309,7 @@ def _summary(
     after_dry: dict[str, str],
     final: dict[str, str],
     deletes: list[Any],
+    events: list[dict[str, Any]],
 ) -> bool:
     print("\n== summary ==")
     print(f"{'pod':<26} {'shape':<42} {'after dry run':<15} {'after live':<12} expected")
@@ -328,7 +336,21 @@ def _summary(
         ok &= bool(pre and pre.get("uid") and pre.get("resourceVersion"))
     controller_deletes = [e for e in deletes if (e.body or {}).get("preconditions")]
     ok &= len({e.path for e in controller_deletes}) == 2
+    _print_events(events)
+    reaped = {p.name for p in POPULATION if p.expect_deleted}
+    for reason in ("RetiredPodWouldDelete", "RetiredPodDeleted"):
+        regarding = sorted(e["regarding"]["name"] for e in events if e["reason"] == reason)
+        ok &= regarding == sorted(reaped)
     return ok
+
+
+def _print_events(events: list[dict[str, Any]]) -> None:
+    """The Events the API server received, as ``kubectl get events`` shows them."""
+    print(f"\nEvents the API server received (kubectl -n {NAMESPACE} get events):")
+    print(f"  {'TYPE':<8} {'REASON':<23} {'OBJECT':<30} MESSAGE")
+    for e in events:
+        obj = f"pod/{e['regarding']['name']}"
+        print(f"  {e['type']:<8} {e['reason']:<23} {obj:<30} {e['note']}")
 
 
 def run_demo(*, threshold_s: float, phase_s: float) -> int:

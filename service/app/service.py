@@ -29,8 +29,9 @@ from service.engine.reconciler import Reconciler
 from service.engine.workqueue import ExponentialBackoff, WorkQueue
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
+from service.kube.events import KubeEventRecorder
 from service.kube.informer import PodInformer
-from service.kube.leaderelection import LeaderElector
+from service.kube.leaderelection import LeaderElector, default_identity
 from service.metrics import Metrics
 from service.pg.listener import ListenerUnavailable, RetirementListener
 from service.pg.store import PgExecutionStore
@@ -106,6 +107,8 @@ class Parts:
     controller: Controller
     listener: RetirementListener
     elector: LeaderElector | None
+    recorder: KubeEventRecorder | None
+    """``None`` when ``EVENTS_ENABLED`` is false."""
     heartbeats: Heartbeats
     health: HealthServer
 
@@ -134,6 +137,18 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         else None,
     )
     barrier = _LateBarrier()
+    recorder = (
+        KubeEventRecorder(
+            api,
+            # The Lease's holder identity, so an Event names the replica that acted.
+            instance=settings.leader.identity or default_identity(),
+            metrics=metrics,
+            clock=clock,
+            timeout_s=settings.kube.api_timeout_s,
+        )
+        if settings.events_enabled
+        else None
+    )
     reconciler = Reconciler(
         settings=settings,
         cache=informer,
@@ -145,6 +160,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         clock=clock,
         metrics=metrics,
         barrier=barrier,
+        recorder=recorder,
     )
     controller = Controller(
         cache=informer,
@@ -192,6 +208,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         controller=controller,
         listener=listener,
         elector=elector,
+        recorder=recorder,
         heartbeats=heartbeats,
         health=health,
     )
@@ -253,6 +270,8 @@ async def run(
             await tg.start(parts.health.run)
             tg.start_soon(_watchdog, parts)
             await tg.start(parts.informer.run)
+            if parts.recorder is not None:
+                await tg.start(parts.recorder.run)
             # Not awaited: a database that is down must not keep the HTTP server and the
             # informer from starting (readiness reports it instead).
             tg.start_soon(parts.listener.run)
@@ -268,6 +287,8 @@ async def run(
             drained = await parts.controller.stop(settings.shutdown_timeout_s)
             if not drained:
                 logger.warning("in-flight reconciles did not finish within the shutdown timeout")
+            if parts.recorder is not None:
+                await parts.recorder.flush()
             tg.cancel_scope.cancel()
     finally:
         with anyio.move_on_after(5, shield=True):

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from service.emulator import statuses as st
+from service.emulator.events import EventStore
 from service.emulator.faults import AuditEntry, FaultControls, Faults, RequestRecord
 from service.emulator.patching import (
     PatchError,
@@ -116,6 +117,13 @@ class Emulator(Watches, FaultControls):
         self.requests: deque[RequestRecord] = deque(maxlen=10_000)
         """Every API request (admin ones excepted), newest last, bounded."""
         self.requests_served = 0
+        self.events = EventStore(
+            next_rv=self._next_rv,
+            current_rv=lambda: self._rv,
+            namespace_exists=lambda ns: ns in self.table(NAMESPACES).entries,
+            clock=self._clock,
+        )
+        """Every Event received (``events.k8s.io/v1``; served by ``service.emulator.events``)."""
 
     # ------------------------------------------------------------------ create
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from service.emulator.events import EVENTS
 from service.emulator.statuses import LEASES, NAMESPACES, PODS, Resource
 
 AGGREGATED = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
@@ -71,6 +72,14 @@ SERVED: tuple[ApiResource, ...] = (
         subresources=(("status", _STATUS),),
     ),
     ApiResource(LEASES, "lease", _CRUD, storage_version_hash="gqkMMb/YqFM="),
+    # Only the verbs the emulator serves for Events (a real server has all of them).
+    ApiResource(
+        EVENTS,
+        "event",
+        ("create", "get", "list"),
+        short_names=("ev",),
+        storage_version_hash="r2yiGXH7wu8=",
+    ),
 )
 
 

@@ -1,7 +1,7 @@
 """The emulator's HTTP face: the Kubernetes REST paths, watch streaming, and ``/_emulator`` admin.
 
-API paths (``/api/v1/...``, ``/apis/coordination.k8s.io/v1/...``) go through one middleware that
-applies injected latency and faults and writes the audit log of mutating requests; admin paths
+API paths (``/api/v1/...``, ``/apis/coordination.k8s.io/v1/...``, the Events paths of
+``events.py``) go through one middleware that applies injected latency and faults and writes the audit log of mutating requests; admin paths
 under ``/_emulator/`` bypass all three so tests and benchmarks can steer a running emulator.
 """
 
@@ -21,6 +21,7 @@ from aiohttp import web
 from service.emulator import discovery
 from service.emulator import statuses as st
 from service.emulator.core import MERGE_PATCH, Emulator
+from service.emulator.events import event_routes
 from service.emulator.faults import AuditEntry, RequestRecord
 from service.emulator.statuses import NAMESPACES, PODS, ApiError, Resource
 from service.emulator.watch import WatchExpiredError, WatchListSupport
@@ -473,6 +474,7 @@ def build_app(emulator: Emulator) -> web.Application:
     app.router.add_get("/apis", _apis)
     app.router.add_get("/apis/{group}", _api_group)
     app.router.add_get("/apis/{group}/{version}", _api_group_version)
+    app.router.add_routes(event_routes(lambda request: request.app[EMULATOR_KEY].events))
     app.router.add_route("*", "/{tail:.*}", _dispatch)
     return app
 

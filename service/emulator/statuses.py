@@ -173,7 +173,12 @@ def injected(code: int, retry_after_s: int | None) -> ApiError:
             headers={"Retry-After": str(seconds)},
         )
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
-    reason = {500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}.get(code, "Unknown")
+    reason = {
+        403: "Forbidden",
+        500: "InternalError",
+        503: "ServiceUnavailable",
+        504: "Timeout",
+    }.get(code, "Unknown")
     return ApiError(
         status(code, reason, "Internal error occurred: injected fault"), headers=headers
     )

@@ -56,6 +56,8 @@ from service.domain import (
     ApiError,
     Decision,
     DeleteResult,
+    ExecutionRow,
+    ExecutionState,
     PodSnapshot,
     ReconcileOutcome,
     Verdict,
@@ -65,7 +67,15 @@ from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget
 from service.engine.observation import ObservationClocks
 from service.metrics import Metrics
-from service.ports import Clock, ExecutionStore, NotificationBarrier, PodCache, PodClient
+from service.ports import (
+    Clock,
+    ExecutionStore,
+    NotificationBarrier,
+    PodCache,
+    PodClient,
+    ReapRecorder,
+    ReapReport,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -123,6 +133,8 @@ class _Verified:
 
     pod: PodSnapshot
     """The fresh GET (its UID and resourceVersion go into the DELETE preconditions)."""
+    row: ExecutionRow | None
+    """The final re-read."""
     decision: Decision
     reread_at_s: float
     """Injected-clock time at which the final row re-read began."""
@@ -174,6 +186,7 @@ class Reconciler:
         budget_wait_s: float | None = None,
         conflict_requeue_s: float = 1.0,
         barrier: NotificationBarrier | None = None,
+        recorder: ReapRecorder | None = None,
     ) -> None:
         self._settings = settings
         self._cache = cache
@@ -195,6 +208,7 @@ class Reconciler:
         )
         self._conflict_requeue_s = conflict_requeue_s
         self._barrier = barrier
+        self._recorder = recorder
         self._mode = "dry_run" if settings.dry_run else "live"
 
     @property
@@ -318,6 +332,7 @@ class Reconciler:
                 again.rule,
                 extra={"uid": fresh.uid, "verdict": str(verdict)},
             )
+            self._report(checked, verdict, elapsed_now, dry_run=True)
             return self._result_done(verdict, rid)
 
         try:
@@ -347,6 +362,7 @@ class Reconciler:
                     again.rule,
                     extra={"uid": fresh.uid, "verdict": str(verdict)},
                 )
+                self._report(checked, verdict, elapsed_now, dry_run=False)
                 return self._result_done(verdict, rid)
             case DeleteResult.GONE:
                 self._clocks.clear(pod.uid)
@@ -432,7 +448,7 @@ class Reconciler:
         due = self._due(pod.uid, self._clock.monotonic(), rid, log)
         if isinstance(due, ReconcileResult):
             return due
-        return _Verified(fresh, again, reread_at_s)
+        return _Verified(fresh, fresh_row, again, reread_at_s)
 
     def _due(self, uid: str, now: float, rid: str, log: _Log) -> float | ReconcileResult:
         """Seconds ``uid`` has been continuously reapable at ``now`` if it is past the threshold
@@ -447,6 +463,23 @@ class Reconciler:
         return elapsed
 
     # ---------------------------------------------------------------- helpers
+
+    def _report(
+        self, checked: _Verified, verdict: Verdict, elapsed_s: float, *, dry_run: bool
+    ) -> None:
+        """Hand the delete or dry-run report to the recorder (enqueues only; never awaits)."""
+        if self._recorder is None:
+            return
+        self._recorder.record(
+            ReapReport(
+                pod=checked.pod,
+                verdict=verdict,
+                rule=checked.decision.rule,
+                reapable_for_s=elapsed_s,
+                row_state=checked.row.state if checked.row is not None else ExecutionState.UNKNOWN,
+                dry_run=dry_run,
+            )
+        )
 
     def _skip(self, key: str, decision: Decision, rid: str, log: _Log) -> ReconcileResult:
         self._clocks.clear_key(key)

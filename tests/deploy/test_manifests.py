@@ -125,14 +125,17 @@ def test_no_cluster_scoped_rbac_and_no_wildcards(base_objects: list[Obj]) -> Non
                 assert all("*" not in str(v) for v in rule.get(key, [])), (role, key)
 
 
-def test_sandbox_role_allows_only_pod_get_list_watch_delete_in_the_sandbox_namespace(
+def test_sandbox_role_allows_only_pod_get_list_watch_delete_and_event_create_there(
     base_objects: list[Obj],
 ) -> None:
     sandbox_ns = configmap_data(base_objects)[config.NAMESPACE.name]
     roles = [r for r in of_kind(base_objects, "Role") if r["metadata"]["namespace"] == sandbox_ns]
     assert len(roles) == 1
+    # Events: create only (one Event per pod, never updated: no patch for series), and only in
+    # the modern group (no core/v1 events).
     assert roles[0]["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]}
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
     ]
 
 

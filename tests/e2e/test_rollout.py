@@ -16,6 +16,7 @@ import pytest
 
 from service.app.demo import POPULATION, UNRELATED
 from service.emulator import RunningEmulator
+from service.emulator.sandboxpods import Shape
 
 from .harness import (
     SANDBOX_NAMESPACE,
@@ -36,6 +37,36 @@ SHUTDOWN_TIMEOUT_S = 5.0
 EXPECT_REAPED = {p.name for p in POPULATION if p.expect_deleted}
 EXPECT_KEPT = {p.name for p in POPULATION if not p.expect_deleted} | {UNRELATED}
 BOTH_SHAPES = {"replaced_never_started": 1, "terminal_retired": 1}
+
+
+VERDICTS = {
+    p.name: ("terminal_retired" if p.shape is Shape.SUCCEEDED else "replaced_never_started")
+    for p in POPULATION
+    if p.expect_deleted
+}
+
+
+def _events_by_uid(emu: Any, reason: str) -> dict[str, list[dict[str, Any]]]:
+    """The Events of ``reason`` the API server received, by the UID they regard."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for event in emu.events.events(SANDBOX_NAMESPACE, f"reason={reason}"):
+        out.setdefault(event["regarding"]["uid"], []).append(event)
+    return out
+
+
+def _assert_one_event_per_reaped_uid(
+    emu: Any, reason: str, pods: dict[str, tuple[str, str]]
+) -> None:
+    by_uid = _events_by_uid(emu, reason)
+    assert {uid: len(events) for uid, events in by_uid.items()} == {
+        pods[name][0]: 1 for name in EXPECT_REAPED
+    }
+    for name in EXPECT_REAPED:
+        uid, rv = pods[name]
+        (event,) = by_uid[uid]
+        assert event["regarding"]["name"] == name
+        assert VERDICTS[name] in event["note"]
+        assert f"uid={uid} resourceVersion={rv}" in event["note"]
 
 
 def _deletes(emu: Any) -> list[Any]:
@@ -75,6 +106,7 @@ async def test_rollout_disabled_then_dry_run_then_live(
     assert present(emu) == all_names
     assert _deletes(emu) == []
     await _stop(svc)
+    assert emu.events.events() == []
 
     # (b) dry run: each retired shape reported exactly once, nothing deleted.
     svc = launcher.start("dry-run", ENABLED=True, DRY_RUN=True, THRESHOLD_SECONDS=THRESHOLD_S)
@@ -100,6 +132,13 @@ async def test_rollout_disabled_then_dry_run_then_live(
     assert present(emu) == all_names
     assert _deletes(emu) == []
     await _stop(svc)
+    # One RetiredPodWouldDelete per reported UID (written by the time SIGTERM's flush ended).
+    uids = {
+        name: (pod["metadata"]["uid"], pod["metadata"]["resourceVersion"])
+        for name, pod in created.items()
+    }
+    _assert_one_event_per_reaped_uid(emu, "RetiredPodWouldDelete", uids)
+    assert _events_by_uid(emu, "RetiredPodDeleted") == {}
     # SIGTERM released the lease: the next phase need not wait for it to expire.
     assert lease_holder(emu) == ""
 
@@ -143,6 +182,8 @@ async def test_rollout_disabled_then_dry_run_then_live(
             "resourceVersion": before[name][1],
         }
     await _stop(svc)
+    # Each deleted pod has one RetiredPodDeleted regarding its UID, the verdict in its note.
+    _assert_one_event_per_reaped_uid(emu, "RetiredPodDeleted", before)
 
 
 async def test_health_and_readiness_with_the_database_down(

@@ -308,6 +308,45 @@ def test_a_missing_database_url_exits_2_naming_it(
     assert f"{PREFIX}DATABASE_URL" in _error_line(CliResult(code, captured.out, captured.err))
 
 
+UNPARSABLE_URLS = (
+    "notaurl",
+    "mysql://gc:hunter2@db/app",
+    "postgresql://gc:hunter2@db:port/app",
+    "postgresql://gc:hunter2@[::1/app",
+)
+
+
+@pytest.mark.parametrize("url", UNPARSABLE_URLS)
+@pytest.mark.parametrize("command", ["run", "config"])
+def test_a_database_url_that_cannot_be_parsed_exits_2_naming_it_with_the_password_masked(
+    url: str,
+    command: str,
+    clean_environ: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    clean_environ.setenv(PREFIX + "DATABASE_URL", url)
+    code = cli.main([command])
+    captured = capsys.readouterr()
+    assert code == 2
+    line = _error_line(CliResult(code, captured.out, captured.err))
+    assert f"{PREFIX}DATABASE_URL:" in line
+    assert "hunter2" not in captured.err + captured.out
+
+
+def test_a_database_url_file_holding_no_url_exits_2_naming_the_file_variable(
+    clean_environ: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    secret = tmp_path / "url"
+    secret.write_text("host=db password=hunter2\n")
+    clean_environ.delenv(PREFIX + "DATABASE_URL")
+    clean_environ.setenv(PREFIX + "DATABASE_URL_FILE", str(secret))
+    code = cli.main(["config"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert f"{PREFIX}DATABASE_URL_FILE:" in _error_line(CliResult(code, captured.out, captured.err))
+    assert "hunter2" not in captured.err + captured.out
+
+
 def test_bad_configuration_of_the_real_process_exits_2(tmp_path: Path) -> None:
     env = base_env(kubeconfig=tmp_path / "absent.yaml", database_url="postgresql://x@127.0.0.1:1/x")
     env[PREFIX + "THRESHOLD_SECONDS"] = "soon"

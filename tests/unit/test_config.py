@@ -181,3 +181,21 @@ def test_docs_and_code_agree_on_the_variables_and_defaults() -> None:
         else:
             shown = str(default)
         assert documented[var.suffix] == shown, var.suffix
+
+
+def test_well_formed_database_urls_are_accepted_whatever_their_reachability() -> None:
+    for url in (
+        "postgresql://gc:secret@db.example:5432/app?sslmode=require",
+        "postgres://gc@127.0.0.1:1/x",
+        "postgresql:///app?host=/var/run/postgresql",
+        "postgresql://[::1]:5432/app",
+    ):
+        assert config.load({P + "DATABASE_URL": url}).database.url == url
+
+
+def test_database_urls_that_cannot_be_parsed_are_errors_naming_the_variable() -> None:
+    for url in ("notaurl", "http://gc:secret@db/app", "postgresql://gc:secret@db:x/app", "db:5432"):
+        with pytest.raises(config.ConfigError) as err:
+            config.load({P + "DATABASE_URL": url})
+        assert err.value.variable == P + "DATABASE_URL"
+        assert "secret" not in str(err.value)

@@ -1,0 +1,261 @@
+"""Kubernetes Events about deletes and dry-run reports (implements ``ports.ReapRecorder``).
+
+Every live delete becomes an ``events.k8s.io/v1`` Event ``RetiredPodDeleted`` regarding the pod,
+and every dry-run report a ``RetiredPodWouldDelete``, so ``kubectl get events`` and
+``kubectl describe`` show who deleted a pod and why.
+
+The Events API must never be in the way of a delete:
+
+- :meth:`KubeEventRecorder.record` only appends to a bounded buffer (a full buffer drops the
+  report and counts it); it never awaits and never raises;
+- one drain task of its own writes the Events, one at a time (so a hanging Events API holds at
+  most one connection of the shared client), each call under its own timeout;
+- a token bucket (``EVENT_BURST``, then ``EVENTS_PER_SECOND``) bounds the write rate: a burst of
+  thousands of deletes or reports becomes at most that many writes, the rest waits in the buffer
+  or is dropped with a counter. Each Event regards another pod, so there is nothing to aggregate
+  into a ``series``, and the Role needs only ``create``;
+- a failed write (403, other 4xx, 5xx, timeout, no connection) is counted
+  (``retired_pod_gc_events_total{result}``), logged as a warning the first time of its kind, and
+  never retried;
+- on shutdown, :meth:`KubeEventRecorder.flush` gives pending Events a short, bounded time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import aiohttp
+import anyio
+from anyio.abc import TaskStatus
+from kubernetes_asyncio import client as k8s_client
+
+from service.kube.errors import raw_response, status_message
+from service.metrics import Metrics
+from service.ports import Clock, ReapReport
+
+logger = logging.getLogger(__name__)
+
+REPORTING_CONTROLLER = "space.sandbox/retired-pod-gc"
+REASON_DELETED = "RetiredPodDeleted"
+REASON_WOULD_DELETE = "RetiredPodWouldDelete"
+ACTION = "Delete"
+EVENT_BUFFER_SIZE = 1000
+"""Reports waiting to be written; more are dropped (``dropped_buffer_full``)."""
+EVENT_BURST = 20
+"""Events written back to back before the rate limit applies."""
+EVENTS_PER_SECOND = 2.0
+"""Sustained write rate (the default delete budget, 120 a minute, fits within it)."""
+FLUSH_TIMEOUT_S = 2.0
+"""On shutdown, how long pending Events may still be written."""
+_NOTE_MAX_BYTES = 1024
+"""The API server rejects a longer ``note``."""
+_INSTANCE_MAX = 128
+
+
+class _TokenBucket:
+    def __init__(self, *, burst: int, per_second: float, now: float) -> None:
+        self._burst = float(burst)
+        self._rate = per_second
+        self._tokens = float(burst)
+        self._at = now
+
+    def take(self, now: float) -> float:
+        """Take a token and return 0, or return the seconds until one is available."""
+        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return 0.0
+        return (1.0 - self._tokens) / self._rate
+
+
+def event_time(ts: float) -> str:
+    """A ``MicroTime`` as the API server writes it."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def note_for(report: ReapReport) -> str:
+    """What a person reading ``kubectl get events`` needs: what, why, for how long, and the
+    preconditions the DELETE carried (or would have carried)."""
+    pod = report.pod
+    what = "Would delete (dry run)" if report.dry_run else "Deleted"
+    note = (
+        f"{what} as {report.verdict}: {report.rule}. Reapable continuously for "
+        f"{report.reapable_for_s:.0f}s; execution row state {report.row_state}, inactive. "
+        f"Preconditions uid={pod.uid} resourceVersion={pod.resource_version}."
+    )
+    encoded = note.encode()
+    if len(encoded) <= _NOTE_MAX_BYTES:
+        return note
+    return encoded[: _NOTE_MAX_BYTES - 3].decode("utf-8", "ignore") + "..."
+
+
+def event_body(report: ReapReport, *, instance: str, at_s: float) -> dict[str, Any]:
+    """The ``events.k8s.io/v1`` Event for ``report``, named ``<pod>.<hex nanoseconds>`` as the
+    API server requires (a ``generateName`` of ``<pod>.`` is rejected)."""
+    pod = report.pod
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{pod.name}.{int(at_s * 1e9):x}",
+            "namespace": pod.namespace,
+        },
+        "eventTime": event_time(at_s),
+        "reportingController": REPORTING_CONTROLLER,
+        "reportingInstance": instance[:_INSTANCE_MAX],
+        "action": ACTION,
+        "reason": REASON_WOULD_DELETE if report.dry_run else REASON_DELETED,
+        "regarding": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": pod.namespace,
+            "name": pod.name,
+            "uid": pod.uid,
+            "resourceVersion": pod.resource_version,
+        },
+        "note": note_for(report),
+        "type": "Normal",
+    }
+
+
+def _result_of(status: int) -> str:
+    if status == 403:
+        return "forbidden"
+    if status >= 500:
+        return "server_error"
+    return "rejected"
+
+
+class KubeEventRecorder:
+    """Buffers reports and writes them as Events from its own task (:meth:`run`)."""
+
+    def __init__(
+        self,
+        api: k8s_client.ApiClient,
+        *,
+        instance: str,
+        metrics: Metrics,
+        clock: Clock,
+        timeout_s: float,
+        buffer_size: int = EVENT_BUFFER_SIZE,
+        burst: int = EVENT_BURST,
+        per_second: float = EVENTS_PER_SECOND,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._events = k8s_client.EventsV1Api(api)
+        self._instance = instance
+        self._metrics = metrics
+        self._clock = clock
+        self._timeout_s = timeout_s
+        self._buffer_size = buffer_size
+        self._bucket = _TokenBucket(burst=burst, per_second=per_second, now=clock.monotonic())
+        self._sleep = sleep
+        self._wall_clock = wall_clock
+        self._pending: deque[tuple[ReapReport, float]] = deque()
+        self._sending = False
+        self._wake = anyio.Event()
+        self._progress = anyio.Event()
+        self._logged: set[str] = set()
+        self._closed = False
+        self._write_scope = anyio.CancelScope()
+
+    @property
+    def pending(self) -> int:
+        """Reports buffered or being written."""
+        return len(self._pending) + self._sending
+
+    def record(self, report: ReapReport) -> None:
+        if self._closed:
+            self._metrics.events.labels(result="dropped_shutdown").inc()
+            return
+        if len(self._pending) >= self._buffer_size:
+            self._count("dropped_buffer_full", "event buffer full; dropping Events")
+            return
+        self._pending.append((report, self._wall_clock()))
+        self._wake.set()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Write buffered reports until cancelled."""
+        task_status.started()
+        while True:
+            if not self._pending:
+                self._wake = anyio.Event()
+                await self._wake.wait()
+                continue
+            delay_s = self._bucket.take(self._clock.monotonic())
+            if delay_s > 0:
+                await self._sleep(delay_s)
+                continue
+            report, at_s = self._pending.popleft()
+            self._sending = True
+            try:
+                with anyio.CancelScope() as self._write_scope:
+                    await self._write(report, at_s)
+            finally:
+                self._sending = False
+                self._progress.set()
+                self._progress = anyio.Event()
+
+    async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> int:
+        """Wait up to ``timeout_s`` for pending Events (:meth:`run` must be running); then drop
+        and count what is left, the write in flight included, and accept no more reports.
+        Returns the number dropped."""
+        with anyio.move_on_after(timeout_s):
+            while self.pending:
+                await self._progress.wait()
+        self._closed = True
+        dropped = self.pending
+        self._pending.clear()
+        if self._sending:
+            self._write_scope.cancel()
+        if dropped:
+            self._metrics.events.labels(result="dropped_shutdown").inc(dropped)
+            logger.warning("shutting down: %d Events not written", dropped)
+        return dropped
+
+    async def _write(self, report: ReapReport, at_s: float) -> None:
+        body = event_body(report, instance=self._instance, at_s=at_s)
+        namespace = report.pod.namespace
+        # The one broad catch of this task: whatever goes wrong with an Event is counted and
+        # forgotten; it must not end the drain task (and with it the process).
+        try:
+            with anyio.fail_after(self._timeout_s):
+                response = await raw_response(
+                    self._events.create_namespaced_event(
+                        namespace,
+                        cast(Any, body),
+                        _preload_content=False,
+                        _request_timeout=aiohttp.ClientTimeout(total=self._timeout_s),
+                    )
+                )
+                try:
+                    raw = await response.read()
+                finally:
+                    response.release()
+        except TimeoutError:
+            self._count("timeout", f"Event write timed out after {self._timeout_s:.1f}s")
+            return
+        except Exception as exc:  # refused connection, reset, anything else: never fatal here
+            self._count("transport_error", f"Event write failed: {type(exc).__name__}: {exc}")
+            return
+        status = response.status
+        if status in (200, 201):
+            self._metrics.events.labels(result="created").inc()
+            return
+        result = _result_of(status)
+        self._count(result, f"Event write answered {status}: {status_message(raw)}")
+
+    def _count(self, result: str, message: str) -> None:
+        self._metrics.events.labels(result=result).inc()
+        if result in self._logged:
+            logger.debug("%s", message)
+            return
+        self._logged.add(result)
+        logger.warning("%s (logged once; counted in retired_pod_gc_events_total)", message)

@@ -1,0 +1,196 @@
+"""The Event recorder against the emulator over HTTP: what an Event says, that the real server's
+validation accepts it, the rate limit over virtual time, the bounded buffer, failures counted
+and logged once per kind, and the bounded flush at shutdown."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+from kubernetes_asyncio import client as k8s_client
+from prometheus_client import CollectorRegistry
+
+from service.domain import ExecutionState, Verdict
+from service.emulator import RunningEmulator
+from service.engine.clock import FakeClock
+from service.kube.events import REASON_DELETED, REASON_WOULD_DELETE, KubeEventRecorder
+from service.metrics import EVENT_RESULTS, Metrics
+from service.ports import ReapReport
+from tests.fakes import make_pod
+from tests.kubefixtures import SANDBOX_NAMESPACE, eventually
+from tests.pgfixtures import metric
+
+pytestmark = pytest.mark.anyio
+NS = SANDBOX_NAMESPACE
+EVENTS_PATH = f"/apis/events.k8s.io/v1/namespaces/{NS}/events"
+
+
+def report(i: int = 0, *, dry_run: bool = False) -> ReapReport:
+    return ReapReport(
+        pod=make_pod(f"e{i:04d}", uid=f"uid-{i}", resource_version=str(500 + i)),
+        verdict=Verdict.TERMINAL_RETIRED,
+        rule="terminal pod of a retired execution",
+        reapable_for_s=312.4,
+        row_state=ExecutionState.SUSPENDED,
+        dry_run=dry_run,
+    )
+
+
+def results(metrics: Metrics) -> dict[str, int]:
+    counts = {
+        r: int(metric(metrics.registry, "retired_pod_gc_events_total", result=r))
+        for r in EVENT_RESULTS
+    }
+    return {r: n for r, n in counts.items() if n}
+
+
+@asynccontextmanager
+async def draining(recorder: KubeEventRecorder) -> AsyncIterator[None]:
+    async with anyio.create_task_group() as tg:
+        await tg.start(recorder.run)
+        try:
+            yield
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def make_recorder(
+    api: k8s_client.ApiClient, **options: object
+) -> tuple[KubeEventRecorder, Metrics]:
+    metrics = Metrics(CollectorRegistry())
+    values: dict[str, object] = {
+        "instance": "gc-replica-1",
+        "metrics": metrics,
+        "clock": FakeClock(),
+        "timeout_s": 5.0,
+    }
+    values.update(options)
+    return KubeEventRecorder(api, **values), metrics  # type: ignore[arg-type]
+
+
+async def test_a_delete_and_a_dry_run_report_become_valid_events_regarding_the_pod(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+) -> None:
+    recorder, metrics = make_recorder(kube_api, wall_clock=lambda: 1_796_000_000.25)
+    async with draining(recorder):
+        recorder.record(report(1))
+        recorder.record(report(2, dry_run=True))
+        await eventually(lambda: results(metrics) == {"created": 2})
+    stored = {e["regarding"]["uid"]: e for e in emulator.emulator.events.events(NS)}
+    assert set(stored) == {"uid-1", "uid-2"}
+    deleted, reported = stored["uid-1"], stored["uid-2"]
+    assert deleted["regarding"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": NS,
+        "name": "space-sbx-e0001-g1",
+        "uid": "uid-1",
+        "resourceVersion": "501",
+    }
+    assert (deleted["reason"], reported["reason"]) == (REASON_DELETED, REASON_WOULD_DELETE)
+    for event in (deleted, reported):
+        assert (event["type"], event["action"]) == ("Normal", "Delete")
+        assert event["reportingInstance"] == "gc-replica-1"
+        assert event["eventTime"] == "2026-11-30T00:53:20.250000Z"
+        assert event["metadata"]["name"].startswith(event["regarding"]["name"] + ".")
+        assert "terminal_retired" in event["note"]
+        assert "312s" in event["note"]
+        assert "suspended" in event["note"]
+    assert "uid=uid-1 resourceVersion=501" in deleted["note"]
+    assert deleted["note"].startswith("Deleted")
+    assert reported["note"].startswith("Would delete (dry run)")
+
+
+async def test_a_burst_is_written_at_most_at_the_rate_limit_in_any_window_of_virtual_time(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+) -> None:
+    emu = emulator.emulator
+    clock = FakeClock()
+    burst, per_second, buffer_size, n = 5, 2.0, 40, 100
+    # (virtual time, Event POSTs the server has received) each time the recorder waits.
+    samples: list[tuple[float, int]] = []
+
+    def posts() -> int:
+        return len(emu.audit_log(method="POST", path_contains=EVENTS_PATH))
+
+    async def virtual_sleep(delay_s: float) -> None:
+        samples.append((clock.monotonic(), posts()))
+        clock.advance(delay_s)
+        await anyio.sleep(0)
+
+    recorder, metrics = make_recorder(
+        kube_api,
+        clock=clock,
+        sleep=virtual_sleep,
+        burst=burst,
+        per_second=per_second,
+        buffer_size=buffer_size,
+    )
+    for i in range(n):
+        recorder.record(report(i))
+    assert recorder.pending == buffer_size
+    async with draining(recorder):
+        await eventually(lambda: recorder.pending == 0)
+    samples.append((clock.monotonic(), posts()))
+    assert results(metrics) == {"created": buffer_size, "dropped_buffer_full": n - buffer_size}
+    assert posts() == buffer_size
+    # Virtual time moves only inside a wait, after its sample: the writes counted at one sample
+    # and not at the one before happened at the virtual time of the later sample.
+    writes_at = [samples[0]] + [
+        (t, after - before) for (_, before), (t, after) in itertools.pairwise(samples)
+    ]
+    assert writes_at[0][1] == burst, "the burst is written at once, then the rate applies"
+    assert writes_at[0][0] == samples[-1][0] - (buffer_size - burst) / per_second
+    for i, (start, _) in enumerate(writes_at):
+        for j in range(i, len(writes_at)):
+            end = writes_at[j][0]
+            written = sum(w for _, w in writes_at[i : j + 1])
+            assert written <= burst + per_second * (end - start) + 1e-9, (start, end, written)
+
+
+async def test_failures_are_counted_logged_once_per_kind_and_never_stop_the_drain(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    emu = emulator.emulator
+    emu.fail_next(2, code=403, method="POST", path_contains=EVENTS_PATH)
+    emu.fail_next(2, code=500, method="POST", path_contains=EVENTS_PATH)
+    emu.add_latency(60.0, method="POST", path_contains=EVENTS_PATH, count=1)
+    recorder, metrics = make_recorder(kube_api, timeout_s=0.3)
+    caplog.set_level(logging.DEBUG, logger="service.kube.events")
+    async with draining(recorder):
+        for i in range(6):
+            recorder.record(report(i))
+        await eventually(lambda: sum(results(metrics).values()) == 6)
+    # Faults are taken in order: the first write waits out the latency, then the 403s, 500s.
+    assert results(metrics) == {"timeout": 1, "forbidden": 2, "server_error": 2, "created": 1}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 3
+    assert sum("403" in w for w in warnings) == 1
+    assert sum("500" in w for w in warnings) == 1
+    assert sum("timed out" in w for w in warnings) == 1
+    assert len(emu.events.events(NS)) == 1
+
+
+async def test_flush_at_shutdown_is_bounded_and_counts_what_it_leaves(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+) -> None:
+    emu = emulator.emulator
+    recorder, metrics = make_recorder(kube_api, timeout_s=60.0)
+    async with draining(recorder):
+        recorder.record(report(0))
+        await eventually(lambda: results(metrics) == {"created": 1})
+        emu.add_latency(60.0, method="POST", path_contains=EVENTS_PATH)
+        for i in range(1, 4):
+            recorder.record(report(i))
+        # The second write reached the server and hangs there.
+        await eventually(lambda: sum(r.method == "POST" for r in emu.requests) == 2)
+        dropped = await recorder.flush(timeout_s=0.2)
+        recorder.record(report(4))
+    assert recorder.pending == 0
+    assert dropped == 3
+    assert results(metrics) == {"created": 1, "dropped_shutdown": 4}
+    assert len(emu.events.events(NS)) == 1
