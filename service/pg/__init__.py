@@ -5,3 +5,7 @@ a throwaway server for tests, benchmarks and the demo (``throwaway``).
 Depends on the domain, ports, config and metrics only; never on the engine or the Kubernetes
 adapter.
 """
+
+from service.pg import tlsprobe
+
+tlsprobe.install()

@@ -7,25 +7,10 @@ makes the loop report something and checks that the guard turns it into a failur
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tests import conftest
-
-
-async def _under_guard(body: Callable[[], Awaitable[None]]) -> str | None:
-    """Run ``body`` inside the guard; the guard's failure message, or None when it passed."""
-    guard = conftest.event_loop_guard.__wrapped__()  # type: ignore[attr-defined]
-    await guard.__anext__()
-    await body()
-    try:
-        await guard.__anext__()
-    except StopAsyncIteration:
-        return None
-    except pytest.fail.Exception as failure:
-        return str(failure)
-    raise AssertionError("the guard yielded twice")
+from tests.loopguard import under_guard
 
 
 @pytest.mark.anyio
@@ -39,7 +24,7 @@ async def test_the_guard_fails_a_test_whose_task_raised_and_was_never_awaited() 
         assert task.done()
         del task  # dropped without anyone looking at its exception
 
-    message = await _under_guard(body)
+    message = await under_guard(body)
     assert message is not None
     assert "never retrieved" in message
     assert "unexpected connection_lost() call" in message
@@ -54,7 +39,7 @@ async def test_the_guard_fails_a_test_whose_callback_raised() -> None:
         asyncio.get_running_loop().call_soon(callback)
         await asyncio.sleep(0)
 
-    message = await _under_guard(body)
+    message = await under_guard(body)
     assert message is not None
     assert "raised in a callback" in message
 
@@ -69,4 +54,4 @@ async def test_the_guard_passes_a_test_whose_task_exception_was_retrieved() -> N
         with pytest.raises(ConnectionError):
             await task
 
-    assert await _under_guard(body) is None
+    assert await under_guard(body) is None
