@@ -33,7 +33,7 @@ from service.domain import split_key
 from service.kube.api import ApiConfigError, new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
-from service.kube.errors import raw_response, status_message
+from service.kube.errors import read_whole, status_message
 from service.kube.informer import PodInformer
 from service.metrics import Metrics
 from service.pg.migrate import migrate
@@ -92,7 +92,7 @@ async def _probe_api(api: Any, settings: config.Settings) -> None:
     command at once (the informer would retry quietly until ``--timeout``)."""
     namespace = settings.kube.namespace
     try:
-        response = await raw_response(
+        response, body = await read_whole(
             CoreV1Api(api).list_namespaced_pod(
                 namespace,
                 limit=1,
@@ -101,10 +101,6 @@ async def _probe_api(api: Any, settings: config.Settings) -> None:
                 _request_timeout=aiohttp.ClientTimeout(total=settings.kube.api_timeout_s),
             )
         )
-        try:
-            body = await response.read()
-        finally:
-            response.release()
     except Exception as exc:
         raise CommandError(
             f"Kubernetes API unreachable ({api.configuration.host}): {_describe(exc)}"

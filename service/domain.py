@@ -264,6 +264,9 @@ class ReconcileOutcome(enum.StrEnum):
     """Dry run: this UID's would-reap was reported before."""
     THROTTLED = "throttled"
     """The delete budget had no token within the reconcile's wait; requeued for later."""
+    CACHE_COLD = "cache_cold"
+    """The pod cache is relisting: nothing is observed from a snapshot that may be stale; every
+    candidate is looked at again when the cache is synced."""
     STALE = "stale"
     """The final check kept aging past its bound (a starved loop, slow database); requeued."""
 

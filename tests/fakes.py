@@ -144,17 +144,14 @@ class FakePodCache:
 
     def __init__(self, pods: Iterable[PodSnapshot] = (), *, synced: bool = True) -> None:
         self.pods: dict[str, PodSnapshot] = {p.key: p for p in pods}
-        self._synced = synced
+        self.synced = synced
+        """False while the informer relists (between ``cache_cold`` and ``cache_synced``)."""
 
     def get(self, key: str) -> PodSnapshot | None:
         return self.pods.get(key)
 
     def keys(self) -> Iterable[str]:
         return self.pods.keys()
-
-    @property
-    def synced(self) -> bool:
-        return self._synced
 
     def put(self, pod: PodSnapshot) -> PodSnapshot | None:
         old = self.pods.get(pod.key)

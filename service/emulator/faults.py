@@ -33,16 +33,24 @@ class AuditEntry:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestRecord:
-    """One API request as received (method, path and query string parameters)."""
+    """One API request (method, path and query string parameters), recorded as it arrives, and
+    when it was handled: after any injected latency, right before the emulator read or changed
+    its state (0.0 until then)."""
 
     method: str
     path: str
     query: dict[str, str]
+    time_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "path": self.path, "query": self.query}
+        return {
+            "method": self.method,
+            "path": self.path,
+            "query": self.query,
+            "time_s": self.time_s,
+        }
 
 
 @dataclass(slots=True)

@@ -64,10 +64,12 @@ async def _api_middleware(request: web.Request, handler: Handler) -> web.StreamR
     emulator = request.app[EMULATOR_KEY]
     emulator.requests_served += 1
     method = request.method
-    emulator.requests.append(RequestRecord(method, path, dict(request.query)))
+    record = RequestRecord(method, path, dict(request.query))
+    emulator.requests.append(record)
     delay = emulator.latency_for(method, path)
     if delay > 0:
         await asyncio.sleep(delay)
+    record.time_s = time.time()
     fault = emulator.take_fault(method, path, request.query)
     if fault is not None:
         response: web.StreamResponse = _error_response(fault)

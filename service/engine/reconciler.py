@@ -2,7 +2,8 @@
 
 Steps (DESIGN "Shape of the service"), each ending in exactly one :class:`ReconcileResult`:
 
-1. cached pod (missing: clear the key's clock, ``gone``);
+1. a synced cache (relisting: ``cache_cold``, nothing observed); the cached pod (missing:
+   clear the key's clock, ``gone``);
 2. pod-only prefilter (skip: clear, ``skipped``, no database query);
 3. batched row lookup (failure: clear, ``lookup_failed``, back off);
 4. classify (not reapable: clear, ``skipped``);
@@ -242,6 +243,12 @@ class Reconciler:
         except ValueError as exc:
             log.error("dropping a malformed work-queue key: %s", exc)  # noqa: TRY400 (expected)
             return self._result_done(ReconcileOutcome.ERROR, rid)
+
+        if not self._cache.synced:
+            # A relist collapses the states it skipped: a clock started now, from a snapshot the
+            # relist may be about to replace with the same state at a newer version, would
+            # cover a non-reapable state it never saw. Synced, every candidate is enqueued.
+            return self._result_done(ReconcileOutcome.CACHE_COLD, rid)
 
         pod = self._cache.get(key)
         if pod is None:

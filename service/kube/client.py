@@ -17,7 +17,7 @@ from kubernetes_asyncio import client as k8s_client
 from service.config import KubeSettings
 from service.domain import DeleteOutcome, DeleteResult, PodSnapshot
 from service.kube.decode import PodDecodeError, PodDecoder
-from service.kube.errors import KubeApiError, parse_retry_after, raw_response, status_message
+from service.kube.errors import KubeApiError, parse_retry_after, read_whole, status_message
 from service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -49,15 +49,11 @@ class KubePodClient:
     async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
         """The pod as the server has it now; ``None`` on 404; :class:`KubeApiError` otherwise."""
         try:
-            response = await raw_response(
+            response, body = await read_whole(
                 self._core.read_namespaced_pod(
                     name, namespace, _preload_content=False, _request_timeout=self._timeout()
                 )
             )
-            try:
-                body = await response.read()
-            finally:
-                response.release()
         except _TRANSPORT_ERRORS as exc:
             self._count("get", "transport")
             raise KubeApiError(
@@ -94,7 +90,7 @@ class KubePodClient:
         if self._settings.delete_grace_period_s is not None:
             options["gracePeriodSeconds"] = self._settings.delete_grace_period_s
         try:
-            response = await raw_response(
+            response, body = await read_whole(
                 self._core.delete_namespaced_pod(
                     name,
                     namespace,
@@ -104,10 +100,6 @@ class KubePodClient:
                     _request_timeout=self._timeout(),
                 )
             )
-            try:
-                body = await response.read()
-            finally:
-                response.release()
         except _TRANSPORT_ERRORS as exc:
             self._count("delete", "transport")
             return DeleteOutcome(DeleteResult.ERROR, 0, f"{type(exc).__name__}: {exc}")

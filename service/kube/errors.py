@@ -22,6 +22,16 @@ async def raw_response(call: Awaitable[Any]) -> aiohttp.ClientResponse:
     return cast(aiohttp.ClientResponse, await call)
 
 
+async def read_whole(call: Awaitable[Any]) -> tuple[aiohttp.ClientResponse, bytes]:
+    """Make a ``_preload_content=False`` call and read its whole body; the connection goes back
+    to the pool either way (status and headers stay readable on the response)."""
+    response = await raw_response(call)
+    try:
+        return response, await response.read()
+    finally:
+        response.release()
+
+
 class KubeApiError(ApiError):
     """A Kubernetes API call that did not give the expected answer."""
 

@@ -34,7 +34,7 @@ import anyio
 from anyio.abc import TaskStatus
 from kubernetes_asyncio import client as k8s_client
 
-from service.kube.errors import raw_response, status_message
+from service.kube.errors import read_whole, status_message
 from service.metrics import Metrics
 from service.ports import Clock, ReapReport
 
@@ -227,7 +227,7 @@ class KubeEventRecorder:
         # forgotten; it must not end the drain task (and with it the process).
         try:
             with anyio.fail_after(self._timeout_s):
-                response = await raw_response(
+                response, raw = await read_whole(
                     self._events.create_namespaced_event(
                         namespace,
                         cast(Any, body),
@@ -235,10 +235,6 @@ class KubeEventRecorder:
                         _request_timeout=aiohttp.ClientTimeout(total=self._timeout_s),
                     )
                 )
-                try:
-                    raw = await response.read()
-                finally:
-                    response.release()
         except TimeoutError:
             self._count("timeout", f"Event write timed out after {self._timeout_s:.1f}s")
             return

@@ -34,6 +34,7 @@ from service.kube.errors import (
     WireStatus,
     parse_retry_after,
     raw_response,
+    read_whole,
     status_message,
 )
 from service.metrics import Metrics
@@ -392,7 +393,7 @@ class PodInformer:
         # would take it to etcd; resourceVersion=0 ignores the limit where a watch cache serves.
         limit = None if match else settings.list_page_size
         try:
-            response = await raw_response(
+            response, body = await read_whole(
                 self._core.list_namespaced_pod(
                     settings.namespace,
                     label_selector=settings.label_selector,
@@ -404,10 +405,6 @@ class PodInformer:
                     _request_timeout=aiohttp.ClientTimeout(total=settings.api_timeout_s),
                 )
             )
-            try:
-                body = await response.read()
-            finally:
-                response.release()
         except _TRANSPORT_ERRORS:
             self._metrics.api_requests.labels(op="list", result="transport").inc()
             raise

@@ -488,7 +488,8 @@ class Checker:
         it, a row change is the accepted race (the service bounds how long it lets that last,
         ``FINAL_CHECK_MAX_AGE_S``; the fake-clock tests hold it to that); the pod must stay
         reapable up to a DELETE — its resourceVersion precondition pins it to the fresh GET,
-        made before the re-read (a report has no precondition: judged up to the re-read).
+        made before the re-read. A report has no precondition: its pod is judged up to the last
+        fresh GET (the emulator's record), and as that GET saw it up to the re-read.
         """
         statements = self.world.shared.statements
         assert statements is not None
@@ -497,15 +498,39 @@ class Checker:
             return False, "no final re-read of its row before it (PostgreSQL statement log)"
         self.race_windows.append(t - reread)
         a = t - self.cfg.threshold_s + self.cfg.start_tolerance_s
-        ok, why = continuously_reapable(
-            life, self.world.rows.get(life.name), a, reread - RESOLUTION_S
-        )
+        row = self.world.rows.get(life.name)
+        seen = reread - RESOLUTION_S
+        if not deleted:
+            # No precondition pins a reported pod: it is judged as the fresh GET saw it, from
+            # the last GET before the re-read (the emulator's record) on.
+            # (The log's millisecond resolution: a GET up to 1 ms after may precede the bind.)
+            got = self._last_get_before(life.name, reread + RESOLUTION_S)
+            pod_at_get = life.at(got) if got is not None else None
+            if got is None or pod_at_get is None:
+                return False, "no fresh GET of a live pod before its final re-read"
+            ok, why = continuously_reapable(life, row, a, got)
+            if ok:
+                frozen = PodLife(life.uid, life.name, [got], [pod_at_get], [life.rv_at(got) or ""])
+                ok, why = continuously_reapable(frozen, row, got, seen)
+            if not ok:
+                return False, f"{why}; fresh GET at {got:.3f}, final re-read began at {reread:.3f}"
+            return True, ""
+        ok, why = continuously_reapable(life, row, a, seen)
         if not ok:
             return False, f"{why}; final re-read began at {reread:.3f}"
         for changed, state in zip(life.times, life.states, strict=True):
             if deleted and reread < changed <= t and not pod_shape_reapable(state):
                 return False, f"pod {state} at {changed:.3f}, after the final re-read"
         return True, ""
+
+    def _last_get_before(self, name: str, t: float) -> float | None:
+        path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
+        times = [
+            r.time_s
+            for r in self.world.emu.requests
+            if r.method == "GET" and r.path == path and 0 < r.time_s < t
+        ]
+        return max(times, default=None)
 
     def _check_delete(self, where: str, entry: AuditEntry) -> None:
         name = entry.path.rsplit("/", 1)[1]

@@ -229,6 +229,32 @@ async def test_cold_cache_listener_reconnect_and_new_leadership_restart_clocks(e
 
 
 @pytest.mark.anyio
+async def test_no_clock_starts_from_the_stale_snapshot_of_a_relisting_cache() -> None:
+    # The watch expired; while the cache relists, the server's pod went Pending (not reapable
+    # with a `suspended` row) and back to Succeeded. The relist shows only the final state, at
+    # a newer version: a clock started from the old snapshot meanwhile would cover the Pending.
+    rig = make_rig()
+    pod = make_pod(resource_version="29")
+    rig.add(pod, make_row(pod), event=False)
+    rig.controller.cache_cold()
+    rig.cache.synced = False
+    rig.pods.pods[pod.key] = structs.replace(pod, resource_version="46")
+    stale = await rig.reconciler.reconcile(pod.key)
+    assert stale.outcome == ReconcileOutcome.CACHE_COLD
+    assert len(rig.clocks) == 0
+    rig.clock.advance(100)
+    # The relist delivers the final state (only its version differs), then the cache is synced.
+    rig.add(structs.replace(pod, resource_version="46"))
+    rig.cache.synced = True
+    rig.controller.cache_synced()
+    first = await rig.reconciler.reconcile(pod.key)
+    assert (first.outcome, first.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
+    rig.clock.advance(299)
+    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert rig.pods.deletes == []
+
+
+@pytest.mark.anyio
 async def test_a_restart_starts_with_no_clocks() -> None:
     before = make_rig()
     pod = make_pod()
