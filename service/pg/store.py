@@ -214,14 +214,8 @@ class PgExecutionStore:
         ok = False
         if self._pool is not None:
             try:
-                with anyio.fail_after(self._settings.connect_timeout_s):
-                    async with self._pool.acquire() as conn:
-                        ok = (
-                            await conn.fetchval(
-                                "SELECT 1", timeout=self._settings.statement_timeout_s
-                            )
-                            == 1
-                        )
+                rows = await self._fetch(self._pool, "SELECT 1")
+                ok = len(rows) == 1 and rows[0][0] == 1
             except _TRANSIENT as exc:
                 logger.warning("database ping failed: %s", _describe(exc))
         self._metrics.database_up.set(1 if ok else 0)
@@ -234,6 +228,24 @@ class PgExecutionStore:
             raise StoreError("store closed")
         if self._pool is None:
             raise RuntimeError("PgExecutionStore used before start()")
+
+    async def _fetch(self, pool: asyncpg.Pool, sql: str, *args: Any) -> list[Any]:
+        """One statement on a pooled connection: waiting for the connection and the statement
+        are bounded; giving the connection back is never abandoned. (asyncpg shields a release
+        from cancellation; one cut off here would go on alone, and its failure — a reset that
+        times out on a dying connection — would be an exception nobody retrieves.)"""
+        s = self._settings
+        with anyio.fail_after(s.connect_timeout_s):
+            conn = await pool.acquire()
+        try:
+            with anyio.fail_after(s.statement_timeout_s + 1.0):
+                return list(await conn.fetch(sql, *args, timeout=s.statement_timeout_s))
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await pool.release(conn, timeout=s.statement_timeout_s)
+                except _TRANSIENT as exc:  # asyncpg has terminated the connection
+                    logger.debug("pooled connection dropped on release: %s", _describe(exc))
 
     def _flush(self) -> None:
         if self._timer is not None:
@@ -267,19 +279,9 @@ class PgExecutionStore:
         pool = self._pool
         if pool is None:
             raise StoreError("store closed")
-        s = self._settings
         self._metrics.row_queries.labels(kind=kind).inc()
         try:
-            # Bounded as a whole: waiting for a pooled connection counts against the budget.
-            with anyio.fail_after(s.connect_timeout_s + s.statement_timeout_s):
-                async with pool.acquire() as conn:
-                    records = await conn.fetch(
-                        sql,
-                        names,
-                        self._namespace,
-                        MANAGED_BY_KUBERNETES,
-                        timeout=s.statement_timeout_s,
-                    )
+            records = await self._fetch(pool, sql, names, self._namespace, MANAGED_BY_KUBERNETES)
         except _TRANSIENT as exc:
             self._metrics.row_query_errors.inc()
             logger.warning("execution-row query failed (%s): %s", kind, _describe(exc))
