@@ -48,6 +48,10 @@ from service.ports import PodCache
 
 logger = logging.getLogger(__name__)
 
+MIN_BATCH = 64
+"""Fewest keys a worker takes from a burst (when that many are ready): a batch costs one row
+query, and below this its fixed cost outweighs spreading the burst over more workers."""
+
 
 class Controller:
     def __init__(
@@ -60,6 +64,7 @@ class Controller:
         activation: Activation,
         clock: SchedulingClock,
         metrics: Metrics,
+        batch_size: int = 1,
     ) -> None:
         self._cache = cache
         self._queue = queue
@@ -68,6 +73,8 @@ class Controller:
         self._activation = activation
         self._clock = clock
         self._metrics = metrics
+        self._batch_size = batch_size
+        self._workers = 1
 
     # ------------------------------------------------------------- activation
 
@@ -168,6 +175,7 @@ class Controller:
         self, n: int, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Run ``n`` workers until the queue shuts down (or this task is cancelled)."""
+        self._workers = n
         async with anyio.create_task_group() as tg:
             for index in range(n):
                 tg.start_soon(self._worker, index, name=f"reconcile-worker-{index}")
@@ -191,11 +199,55 @@ class Controller:
         return drained
 
     async def _worker(self, index: int) -> None:
-        while (key := await self._queue.get()) is not None:
+        while (
+            keys := await self._queue.get_batch(
+                self._batch_size, shares=self._workers, least=MIN_BATCH
+            )
+        ) is not None:
+            undone = set(keys)
             try:
-                await self.process(key)
+                due = keys if len(keys) == 1 else await self.process_batch(keys)
+                for key in undone - set(due):
+                    self._queue.done(key)
+                undone.intersection_update(due)
+                for key in due:
+                    try:
+                        await self.process(key)
+                    finally:
+                        self._queue.done(key)
+                        undone.discard(key)
             finally:
-                self._queue.done(key)
+                for key in undone:
+                    self._queue.done(key)
+
+    async def process_batch(self, keys: list[str]) -> list[str]:
+        """Take many keys to their clocks with one row query (``Reconciler.observe_batch``) and
+        requeue each as its result says; returns the keys that are due, in order: the caller
+        reconciles each with :meth:`process`, every verification step included.
+
+        The caller owns ``queue.done`` of every key. A batch that raises backs off every key.
+        """
+        if not self._activation.active:
+            for key in keys:
+                self._queue.forget(key)
+            return []
+        try:
+            results = await self._reconciler.observe_batch(keys)
+        except Exception:  # the one broad catch: never let a reconcile kill a worker
+            logger.exception("reconcile of a batch of %d keys raised; backing off", len(keys))
+            self._metrics.reconcile_errors.inc(len(keys))
+            self._metrics.outcome(self._reconciler.mode, str(ReconcileOutcome.ERROR), len(keys))
+            for key in keys:
+                self._queue.add_rate_limited(key)
+            return []
+        due = []
+        for key in keys:
+            result = results[key]
+            if result is None:
+                due.append(key)
+            else:
+                self._apply(key, result)
+        return due
 
     async def process(self, key: str) -> ReconcileResult | None:
         """Reconcile one key taken from the queue and requeue it as its result says.
@@ -213,6 +265,10 @@ class Controller:
             self._metrics.outcome(self._reconciler.mode, str(ReconcileOutcome.ERROR))
             self._queue.add_rate_limited(key)
             return None
+        self._apply(key, result)
+        return result
+
+    def _apply(self, key: str, result: ReconcileResult) -> None:
         match result.action:
             case Action.DONE:
                 self._queue.forget(key)
@@ -222,4 +278,3 @@ class Controller:
             case Action.BACKOFF:
                 self._metrics.reconcile_errors.inc()
                 self._queue.add_rate_limited(key)
-        return result
