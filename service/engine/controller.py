@@ -18,6 +18,11 @@ synchronously on the event loop:
   that fail the prefilter are not enqueued: their reconcile could only say "skipped", and at
   10k events/s that would be pure load. Row notifications always enqueue.
 
+Workers take keys in batches (a share of what is ready, at most ``LOOKUP_BATCH_SIZE``): a
+burst — a mass retirement, a resync — is taken to its clocks by ``Reconciler.observe_batch``
+with one row query per batch; a key that is due is then reconciled alone, every verification
+step included. A lone key takes the single-key path directly.
+
 The worker loop (:meth:`run_workers`) is the one place that catches broad exceptions: a
 reconcile that raises is logged, counted and requeued with backoff; the worker lives on;
 cancellation always propagates. It maps each :class:`ReconcileResult` onto the queue like
@@ -225,7 +230,8 @@ class Controller:
         requeue each as its result says; returns the keys that are due, in order: the caller
         reconciles each with :meth:`process`, every verification step included.
 
-        The caller owns ``queue.done`` of every key. A batch that raises backs off every key.
+        The caller owns ``queue.done`` of every key. When the batch raises, every key is due:
+        one key's failure then backs off that key alone.
         """
         if not self._activation.active:
             for key in keys:
@@ -234,12 +240,9 @@ class Controller:
         try:
             results = await self._reconciler.observe_batch(keys)
         except Exception:  # the one broad catch: never let a reconcile kill a worker
-            logger.exception("reconcile of a batch of %d keys raised; backing off", len(keys))
-            self._metrics.reconcile_errors.inc(len(keys))
-            self._metrics.outcome(self._reconciler.mode, str(ReconcileOutcome.ERROR), len(keys))
-            for key in keys:
-                self._queue.add_rate_limited(key)
-            return []
+            # One key's failure must not back off the others: each takes the full path alone.
+            logger.exception("reconcile of a batch of %d keys raised; one by one now", len(keys))
+            return keys
         due = []
         for key in keys:
             result = results[key]
