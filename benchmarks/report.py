@@ -55,6 +55,53 @@ def _section(name: str, r: dict[str, Any]) -> str:
         f"wall time {r.get('elapsed_s', 0):.0f} s.",
         "",
     ]
+    if "B1L" in r:
+        lim = r["B1L"]
+        out += [f"### B1 at the limit: {lim['pods']:,} pods, by list mode (one run)", ""]
+        rows = [
+            [
+                m["label"],
+                _f(m["synced_s"], 2),
+                _f(m["cpu_synced_s"], 2),
+                _f(m["sync"]["api_requests"]),
+                _f(m["rss_per_pod_bytes"]),
+                _f(m["peak_rss_sync_kib"] / 1024),
+                _f(m["rss_before_relist_kib"] / 1024),
+                _f(m["peak_rss_relist_kib"] / 1024),
+                f"{m['relist_peak_ratio']:.2f}x",
+                _f(m["relist_synced_s"], 2),
+                _f(m["relist"]["api_requests"]),
+                m["load_average"],
+            ]
+            for m in lim["modes"]
+        ]
+        out += [
+            _table(
+                [
+                    "list mode",
+                    "synced s",
+                    "CPU s to sync",
+                    "API requests (sync)",
+                    "steady RSS B/pod",
+                    "peak RSS in sync MiB",
+                    "RSS before relist MiB",
+                    "peak RSS in relist MiB",
+                    "relist peak / steady",
+                    "relist synced s",
+                    "API requests (relist)",
+                    "load avg",
+                ],
+                rows,
+            ),
+            "",
+            "Each mode is a fresh service process against the same emulator "
+            f"(emulator RSS {lim['emulator_rss_mib']:.0f} MiB). _steady RSS B/pod_: (RSS after "
+            "the catch-up - RSS of the empty service) / pods. _peak_: the kernel's high-water "
+            "mark (VmHWM), reset before the relist; the relist is forced by ending the watch "
+            "and answering the next one 410. The quorum list is the `list` mode with the "
+            "watch-cache list refused (410).",
+            "",
+        ]
     if "B1" in r:
         out += ["### B1 cold start (service in its own process)", ""]
         rows = []
