@@ -216,6 +216,8 @@ class Controller:
                     self._queue.done(key)
                 undone.intersection_update(due)
                 for key in due:
+                    if self._queue.shutting_down:
+                        break  # the rest are dropped like queued keys (a restart relists)
                     try:
                         await self.process(key)
                     finally:

@@ -176,3 +176,28 @@ async def test_an_inactive_replica_drops_a_batch_unread() -> None:
             rig.queue.add(f"sandboxes/p{i}")
         await anyio.wait_all_tasks_blocked()
     assert rig.store.queries == 0 and len(rig.clocks) == 0
+
+
+@pytest.mark.anyio
+async def test_stop_ends_a_batch_after_its_read_without_starting_its_due_keys() -> None:
+    rig = make_rig(make_settings(deletes_per_minute=6000))
+    drained: list[bool] = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(rig.controller.run_workers, 1)
+        _retire_all(rig, 50)
+        await anyio.wait_all_tasks_blocked()
+        gate = anyio.Event()
+        rig.store.lookup_gate = gate
+        await rig.advance(300)  # all 50 due: one batch, reading
+        assert len(rig.queue.processing) == 50
+
+        async def stop() -> None:
+            drained.append(await rig.controller.stop(timeout_s=20))
+
+        tg.start_soon(stop)
+        await anyio.wait_all_tasks_blocked()
+        assert drained == []
+        gate.set()
+    assert drained == [True]
+    assert rig.queue.processing == frozenset()
+    assert rig.store.lookups == 0 and rig.pods.gets == [] and rig.pods.deletes == []
