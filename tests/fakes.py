@@ -9,9 +9,10 @@ told to fail. No ``MagicMock``: these are small implementations.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -327,6 +328,17 @@ class EngineRig:
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
         return self.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+    @contextlib.asynccontextmanager
+    async def workers(self, n: int = 2) -> AsyncIterator[EngineRig]:
+        """The controller's ``n`` workers running; shut down (after everything settled) on exit."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.controller.run_workers, n)
+            try:
+                yield self
+                await anyio.wait_all_tasks_blocked()
+            finally:
+                self.queue.shut_down()
 
     async def advance(self, seconds: float) -> None:
         """Advance the fake clock and let every woken task run until all are blocked again."""

@@ -5,8 +5,6 @@ single-key path still runs for a key that is due."""
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import anyio
 import pytest
@@ -17,17 +15,6 @@ from tests.fakes import EngineRig, make_pod, make_rig, make_row, make_settings
 
 BURST = 2_000
 WORKERS = 8
-
-
-@asynccontextmanager
-async def running(rig: EngineRig, workers: int = WORKERS) -> AsyncIterator[EngineRig]:
-    async with anyio.create_task_group() as tg:
-        await tg.start(rig.controller.run_workers, workers)
-        try:
-            yield rig
-            await anyio.wait_all_tasks_blocked()
-        finally:
-            rig.queue.shut_down()
 
 
 def _retire_all(rig: EngineRig, n: int) -> list[str]:
@@ -45,7 +32,7 @@ def _retire_all(rig: EngineRig, n: int) -> list[str]:
 @pytest.mark.anyio
 async def test_a_burst_starts_every_clock_with_one_row_query_per_batch() -> None:
     rig = make_rig()
-    async with running(rig):
+    async with rig.workers(WORKERS):
         keys = _retire_all(rig, BURST)
         await anyio.wait_all_tasks_blocked()
         assert len(rig.clocks) == BURST
@@ -61,7 +48,7 @@ async def test_a_burst_starts_every_clock_with_one_row_query_per_batch() -> None
 @pytest.mark.anyio
 async def test_due_keys_of_a_batch_are_verified_one_by_one_before_any_delete() -> None:
     rig = make_rig(make_settings(deletes_per_minute=6000))
-    async with running(rig):
+    async with rig.workers(WORKERS):
         keys = _retire_all(rig, 300)
         await anyio.wait_all_tasks_blocked()
         # Two rows are re-activated, and the batched reads lag (a replica, say): only the final
@@ -85,7 +72,7 @@ async def test_a_notification_during_the_batch_lookup_keeps_that_clock_stopped()
     rig = make_rig()
     gate = anyio.Event()
     rig.store.lookup_gate = gate
-    async with running(rig, workers=1):
+    async with rig.workers(1):
         keys = _retire_all(rig, 100)
         await anyio.wait_all_tasks_blocked()
         assert rig.store.lookup_many_calls == 1  # the batch is reading
@@ -119,7 +106,7 @@ async def test_a_notification_during_the_batch_lookup_keeps_that_clock_stopped()
 @pytest.mark.anyio
 async def test_a_failed_batch_lookup_clears_every_clock_and_backs_off_each_key() -> None:
     rig = make_rig(make_settings(deletes_per_minute=6000))
-    async with running(rig):
+    async with rig.workers(WORKERS):
         keys = _retire_all(rig, 200)
         await anyio.wait_all_tasks_blocked()
         await rig.advance(100)
@@ -159,7 +146,7 @@ async def test_a_batch_skips_what_is_not_reapable_and_queries_only_candidates() 
         return await lookup_many(names)  # type: ignore[return-value]
 
     rig.store.lookup_many = recording  # type: ignore[assignment, method-assign]
-    async with running(rig, workers=1):
+    async with rig.workers(1):
         for pod in [*running_pods, *active, *no_row]:
             rig.queue.add(pod.key)
         await anyio.wait_all_tasks_blocked()
@@ -171,7 +158,7 @@ async def test_a_batch_skips_what_is_not_reapable_and_queries_only_candidates() 
 @pytest.mark.anyio
 async def test_an_inactive_replica_drops_a_batch_unread() -> None:
     rig = make_rig(make_settings(enabled=False))
-    async with running(rig):
+    async with rig.workers(WORKERS):
         for i in range(500):
             rig.queue.add(f"sandboxes/p{i}")
         await anyio.wait_all_tasks_blocked()
