@@ -157,6 +157,10 @@ class FakePodCache:
     def synced(self) -> bool:
         return self._synced
 
+    @synced.setter
+    def synced(self, synced: bool) -> None:
+        self._synced = synced
+
     def put(self, pod: PodSnapshot) -> PodSnapshot | None:
         old = self.pods.get(pod.key)
         self.pods[pod.key] = pod

@@ -125,7 +125,10 @@ class Controller:
         if prefilter(new) is not None:
             self._clocks.clear_key(key)
             return
-        self._enqueue(key)
+        if self._cache.synced:
+            # While a (re)list fills the cache nothing is enqueued: its end (cache_synced)
+            # enqueues every candidate, and reconciles would only slow the sync down.
+            self._enqueue(key)
 
     def cache_cold(self) -> None:
         logger.info("pod cache cold: clearing every observation clock")

@@ -527,3 +527,20 @@ def test_observation_clocks_restart_on_a_new_uid_and_index_by_key() -> None:
     assert clocks.get("u1") is None and clocks.uid_for("ns/a") == "u2"
     clocks.clear_key("ns/a")
     assert len(clocks) == 0 and clocks.uid_for("ns/a") is None
+
+
+@pytest.mark.anyio
+async def test_a_sync_in_progress_enqueues_nothing_but_still_clears_clocks_at_event_time() -> None:
+    rig = make_rig()
+    pod = make_pod()
+    await _observed_for_100s(rig, pod, make_row(pod))
+    assert rig.clocks.get(pod.uid) is not None
+    rig.cache.synced = False  # a relist is filling the cache
+    rig.add(structs.replace(pod, resource_version="101", pod_ip="10.0.0.1"))  # changed
+    assert rig.clocks.get(pod.uid) is None  # cleared when the event arrived
+    other = make_pod("other")
+    rig.add(other, make_row(other))
+    assert not rig.queue.is_dirty(pod.key) and not rig.queue.is_dirty(other.key)
+    rig.cache.synced = True
+    rig.controller.cache_synced()  # the end of the sync enqueues every candidate
+    assert rig.queue.is_dirty(pod.key) and rig.queue.is_dirty(other.key)
