@@ -56,7 +56,7 @@ bench-large: $(BENCH_STAMP)
 # forced relist each), B2-B5 at 100k.
 bench-limit: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run --pods 100000 --limit-pods 150000 --only B1L,B2,B3,B4,B5 \
-		--repeats 1 --idle-s 30 --backlog-s 30 --name limit
+		--repeats 3 --idle-s 30 --backlog-s 30 --name limit
 
 # Randomized fault campaigns (tests/chaos): `make chaos SEEDS=200` or replay one: `make chaos SEED=1234`.
 .PHONY: chaos soak
