@@ -254,7 +254,8 @@ class Reconciler:
         results: dict[str, ReconcileResult | None] = {}
         try:
             if not self._activation.active:
-                return dict.fromkeys(keys, ReconcileResult.done(INACTIVE, rid))
+                results.update(dict.fromkeys(keys, ReconcileResult.done(INACTIVE, rid)))
+                return results
             for key in keys:
                 self._clocks.begin(key)
             try:
@@ -265,8 +266,9 @@ class Reconciler:
             return results
         finally:
             duration_s = time.perf_counter() - started
-            for _ in keys:
-                self._metrics.reconcile_duration.observe(duration_s)
+            for key in keys:
+                if results.get(key) is not None:  # a due key is counted by its reconcile
+                    self._metrics.reconcile_duration.observe(duration_s)
             current_reconcile_id.reset(token)
 
     async def _observe_batch(
