@@ -45,12 +45,18 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
-.PHONY: bench bench-large
+.PHONY: bench bench-large bench-limit
 bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run
 
 bench-large: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run --pods 100000
+
+# At the Kubernetes limit (bounded, ~10 min): B1 at 150k pods in the three list modes (with a
+# forced relist each), B2-B5 at 100k.
+bench-limit: $(BENCH_STAMP)
+	$(PY) -m benchmarks.run --pods 100000 --limit-pods 150000 --only B1L,B2,B3,B4,B5 \
+		--repeats 3 --idle-s 30 --backlog-s 30 --name limit
 
 # Randomized fault campaigns (tests/chaos): `make chaos SEEDS=200` or replay one: `make chaos SEED=1234`.
 .PHONY: chaos soak

@@ -184,6 +184,16 @@ class EmulatorProcess:
     async def clear_audit(self) -> None:
         await self._call("DELETE", "audit")
 
+    async def fail_next(
+        self, *, code: int, method: str, query: dict[str, str], count: int = 1
+    ) -> None:
+        await self._call(
+            "POST", "faults", {"count": count, "code": code, "method": method, "query": query}
+        )
+
+    async def clear_faults(self) -> None:
+        await self._call("DELETE", "faults")
+
     async def drop_watches(self, *, abrupt: bool = True) -> None:
         await self._call("POST", "watches/drop", {"abrupt": abrupt})
 

@@ -26,6 +26,8 @@ from service.pg.throwaway import ThrowawayPostgres
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent / "tests" / "fixtures" / "wire"
 ALL = ("B1", "B2", "B3", "B4", "B5", "B6")
+LIMIT = "B1L"
+"""B1 at the limit (``--limit-pods``): the three list modes side by side, with a forced relist."""
 
 
 def _machine() -> dict[str, Any]:
@@ -69,6 +71,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--backlog-s", type=float, default=None, help="B3 backlog run length")
     p.add_argument("--churn-rates", default="2500,5000,10000,15000,20000,30000")
     p.add_argument("--churn-step-s", type=float, default=3.0)
+    p.add_argument(
+        "--limit-pods", type=int, default=150_000, help=f"population of {LIMIT} (in --only)"
+    )
     return p.parse_args()
 
 
@@ -97,9 +102,26 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             f"B6 msgspec {results['B6']['median_msgspec_us']:.1f} us vs model {results['B6']['median_model_us']:.0f} us"
         )
     needs_env = only & {"B1", "B2", "B3", "B4", "B5"}
-    if not needs_env:
+    if not (needs_env or LIMIT in only):
         return results
     with ThrowawayPostgres() as pg:
+        if LIMIT in only:
+            emulator = await EmulatorProcess().start()
+            try:
+                db = pg.create_database("bench_limit")
+                population = Population(args.limit_pods)
+                create_s = await create_pods(emulator, population)
+                seed_s = await seed_rows(db, population)
+                scenarios._progress(
+                    f"population {args.limit_pods}: pods {create_s:.1f}s rows {seed_s:.1f}s"
+                )
+                results[LIMIT] = await scenarios.b1_limit(emulator, db, args.limit_pods)
+            finally:
+                await emulator.aclose()
+        if not needs_env:
+            results["elapsed_s"] = time.perf_counter() - started
+            results["load_average_end"] = load_average()
+            return results
         sizes = sorted({s for s in (1_000, 10_000, args.pods) if s <= args.pods})
         if "B1" not in only:
             sizes = [args.pods]

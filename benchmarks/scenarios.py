@@ -54,7 +54,7 @@ def _progress(message: str) -> None:
 # --------------------------------------------------------------------------- B1 cold start
 
 
-def b1_child(emulator_url: str, db_url: str) -> dict[str, float]:
+def b1_child(emulator_url: str, db_url: str, *extra: str) -> dict[str, Any]:
     done = subprocess.run(
         [
             sys.executable,
@@ -64,6 +64,7 @@ def b1_child(emulator_url: str, db_url: str) -> dict[str, float]:
             emulator_url,
             "--db",
             db_url,
+            *extra,
         ],
         capture_output=True,
         text=True,
@@ -73,8 +74,45 @@ def b1_child(emulator_url: str, db_url: str) -> dict[str, float]:
     )
     if done.returncode != 0:
         raise RuntimeError(f"service child failed: {done.stderr[-2000:]}")
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+LIST_MODES = (
+    ("streaming list", "stream", False),
+    ("list from the watch cache", "list", False),
+    ("quorum list", "list", True),
+)
+"""B1 at the limit: (label, LIST_MODE, refuse the cache list so that a quorum list is made)."""
+
+
+async def b1_limit(emulator: EmulatorProcess, db_url: str, size: int) -> dict[str, Any]:
+    """Cold sync, steady RSS and a forced relist (peak RSS) in each list mode, one after the
+    other against the same emulator, each service in its own process."""
+    modes = []
+    for label, mode, quorum in LIST_MODES:
+        if quorum:
+            # The initial list's resourceVersion=0 (watch cache) is refused: quorum list.
+            await emulator.fail_next(code=410, method="GET", query={"resourceVersion": "0"})
+        run = b1_child(
+            emulator.url, db_url, "--list-mode", mode, "--relist", *(["--quorum"] if quorum else [])
+        )
+        await emulator.clear_faults()
+        steady = (run["rss_idle_kib"] - run["rss_base_kib"]) * 1024 / size
+        run.update(
+            label=label,
+            pods=size,
+            rss_per_pod_bytes=steady,
+            relist_peak_ratio=run["peak_rss_relist_kib"] / run["rss_before_relist_kib"],
+            load_average=load_average(),
+        )
+        modes.append(run)
+        _progress(
+            f"B1 {size} {label}: synced {run['synced_s']:.2f}s cpu {run['cpu_synced_s']:.2f}s "
+            f"rss/pod {steady:.0f} B requests {run['sync']['api_requests']}; relist "
+            f"{run['relist_synced_s']:.2f}s peak {run['relist_peak_ratio']:.2f}x steady"
+        )
+    return {"pods": size, "modes": modes, "emulator_rss_mib": emulator.rss_kib() / 1024}
 
 
 def b1_summarise(size: int, runs: list[dict[str, float]], emulator_rss_kib: int) -> dict[str, Any]:

@@ -206,5 +206,5 @@ class Metrics:
             registry=r,
         )
 
-    def outcome(self, mode: str, verdict: str) -> None:
-        self.outcomes.labels(loop=LOOP, mode=mode, verdict=verdict).inc()
+    def outcome(self, mode: str, verdict: str, count: int = 1) -> None:
+        self.outcomes.labels(loop=LOOP, mode=mode, verdict=verdict).inc(count)

@@ -9,9 +9,10 @@ told to fail. No ``MagicMock``: these are small implementations.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -242,9 +243,11 @@ class FakeExecutionStore:
         self.lookup_error: Exception | None = None
         self.fresh_error: Exception | None = None
         self.batched_rows: dict[str, ExecutionRow] | None = None
-        """When set, ``lookup`` answers from this (an older snapshot) instead of ``rows``."""
+        """When set, ``lookup`` and ``lookup_many`` answer from this (an older snapshot) instead
+        of ``rows``; ``read_fresh`` always reads ``rows``."""
         self.lookup_gate: anyio.Event | None = None
-        """When set, ``lookup`` waits for it (to interleave events with a lookup in flight)."""
+        """When set, ``lookup`` and ``lookup_many`` wait for it (to interleave events with a
+        lookup in flight)."""
 
     @property
     def queries(self) -> int:
@@ -264,9 +267,12 @@ class FakeExecutionStore:
 
     async def lookup_many(self, pod_names: Sequence[str]) -> dict[str, ExecutionRow]:
         self.lookup_many_calls += 1
+        if self.lookup_gate is not None:
+            await self.lookup_gate.wait()
         if self.lookup_error is not None:
             raise self.lookup_error
-        return {n: self.rows[n] for n in pod_names if n in self.rows}
+        rows = self.batched_rows if self.batched_rows is not None else self.rows
+        return {n: rows[n] for n in pod_names if n in rows}
 
     async def read_fresh(self, pod_name: str) -> ExecutionRow | None:
         self.fresh_reads += 1
@@ -320,6 +326,17 @@ class EngineRig:
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
         return self.metrics.registry.get_sample_value(name, labels or {}) or 0.0
 
+    @contextlib.asynccontextmanager
+    async def workers(self, n: int = 2) -> AsyncIterator[EngineRig]:
+        """The controller's ``n`` workers running; shut down (after everything settled) on exit."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.controller.run_workers, n)
+            try:
+                yield self
+                await anyio.wait_all_tasks_blocked()
+            finally:
+                self.queue.shut_down()
+
     async def advance(self, seconds: float) -> None:
         """Advance the fake clock and let every woken task run until all are blocked again."""
         await anyio.wait_all_tasks_blocked()
@@ -337,6 +354,7 @@ def make_rig(
     barrier: NotificationBarrier | None = None,
     clock: FakeClock | None = None,
     reconciler_clock: Clock | None = None,
+    batch_size: int | None = None,
 ) -> EngineRig:
     settings = settings if settings is not None else make_settings()
     clock = clock if clock is not None else FakeClock(start_s)
@@ -370,6 +388,7 @@ def make_rig(
         activation=activation,
         clock=clock,
         metrics=metrics,
+        batch_size=batch_size if batch_size is not None else settings.database.batch_max_size,
     )
     if leader:
         controller.set_leader(True)

@@ -170,6 +170,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         activation=activation,
         clock=clock,
         metrics=metrics,
+        batch_size=settings.database.batch_max_size,
     )
     late.target = controller
     if settings.leader.enabled:

@@ -18,6 +18,11 @@ synchronously on the event loop:
   that fail the prefilter are not enqueued: their reconcile could only say "skipped", and at
   10k events/s that would be pure load. Row notifications always enqueue.
 
+Workers take keys in batches (a share of what is ready, at most ``LOOKUP_BATCH_SIZE``): a
+burst — a mass retirement, a resync — is taken to its clocks by ``Reconciler.observe_batch``
+with one row query per batch; a key that is due is then reconciled alone, every verification
+step included. A lone key takes the single-key path directly.
+
 The worker loop (:meth:`run_workers`) is the one place that catches broad exceptions: a
 reconcile that raises is logged, counted and requeued with backoff; the worker lives on;
 cancellation always propagates. It maps each :class:`ReconcileResult` onto the queue like
@@ -48,6 +53,10 @@ from service.ports import PodCache
 
 logger = logging.getLogger(__name__)
 
+MIN_BATCH = 64
+"""Fewest keys a worker takes from a burst (when that many are ready): a batch costs one row
+query, and below this its fixed cost outweighs spreading the burst over more workers."""
+
 
 class Controller:
     def __init__(
@@ -60,6 +69,7 @@ class Controller:
         activation: Activation,
         clock: SchedulingClock,
         metrics: Metrics,
+        batch_size: int = 1,
     ) -> None:
         self._cache = cache
         self._queue = queue
@@ -68,6 +78,8 @@ class Controller:
         self._activation = activation
         self._clock = clock
         self._metrics = metrics
+        self._batch_size = batch_size
+        self._workers = 1
 
     # ------------------------------------------------------------- activation
 
@@ -113,7 +125,10 @@ class Controller:
         if prefilter(new) is not None:
             self._clocks.clear_key(key)
             return
-        self._enqueue(key)
+        if self._cache.synced:
+            # While a (re)list fills the cache nothing is enqueued: its end (cache_synced)
+            # enqueues every candidate, and reconciles would only slow the sync down.
+            self._enqueue(key)
 
     def cache_cold(self) -> None:
         logger.info("pod cache cold: clearing every observation clock")
@@ -168,6 +183,7 @@ class Controller:
         self, n: int, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Run ``n`` workers until the queue shuts down (or this task is cancelled)."""
+        self._workers = n
         async with anyio.create_task_group() as tg:
             for index in range(n):
                 tg.start_soon(self._worker, index, name=f"reconcile-worker-{index}")
@@ -191,11 +207,55 @@ class Controller:
         return drained
 
     async def _worker(self, index: int) -> None:
-        while (key := await self._queue.get()) is not None:
+        while (
+            keys := await self._queue.get_batch(
+                self._batch_size, shares=self._workers, least=MIN_BATCH
+            )
+        ) is not None:
+            undone = set(keys)
             try:
-                await self.process(key)
+                due = keys if len(keys) == 1 else await self.process_batch(keys)
+                for key in undone - set(due):
+                    self._queue.done(key)
+                undone.intersection_update(due)
+                for key in due:
+                    if self._queue.shutting_down:
+                        break  # the rest are dropped like queued keys (a restart relists)
+                    try:
+                        await self.process(key)
+                    finally:
+                        self._queue.done(key)
+                        undone.discard(key)
             finally:
-                self._queue.done(key)
+                for key in undone:
+                    self._queue.done(key)
+
+    async def process_batch(self, keys: list[str]) -> list[str]:
+        """Take many keys to their clocks with one row query (``Reconciler.observe_batch``) and
+        requeue each as its result says; returns the keys that are due, in order: the caller
+        reconciles each with :meth:`process`, every verification step included.
+
+        The caller owns ``queue.done`` of every key. When the batch raises, every key is due:
+        one key's failure then backs off that key alone.
+        """
+        if not self._activation.active:
+            for key in keys:
+                self._queue.forget(key)
+            return []
+        try:
+            results = await self._reconciler.observe_batch(keys)
+        except Exception:  # the one broad catch: never let a reconcile kill a worker
+            # One key's failure must not back off the others: each takes the full path alone.
+            logger.exception("reconcile of a batch of %d keys raised; one by one now", len(keys))
+            return keys
+        due = []
+        for key in keys:
+            result = results[key]
+            if result is None:
+                due.append(key)
+            else:
+                self._apply(key, result)
+        return due
 
     async def process(self, key: str) -> ReconcileResult | None:
         """Reconcile one key taken from the queue and requeue it as its result says.
@@ -213,6 +273,10 @@ class Controller:
             self._metrics.outcome(self._reconciler.mode, str(ReconcileOutcome.ERROR))
             self._queue.add_rate_limited(key)
             return None
+        self._apply(key, result)
+        return result
+
+    def _apply(self, key: str, result: ReconcileResult) -> None:
         match result.action:
             case Action.DONE:
                 self._queue.forget(key)
@@ -222,4 +286,3 @@ class Controller:
             case Action.BACKOFF:
                 self._metrics.reconcile_errors.inc()
                 self._queue.add_rate_limited(key)
-        return result

@@ -37,12 +37,14 @@ class Observation:
 
 class ObservationClocks:
     def __init__(self, *, metrics: Metrics | None = None) -> None:
-        self._metrics = metrics
         self._by_uid: dict[str, Observation] = {}
         self._uid_by_key: dict[str, str] = {}
         self._inflight: dict[str, bool] = {}
         """key -> "a clearing event arrived since begin(key)"."""
         self._reported: set[str] = set()
+        if metrics is not None:
+            # Read when scraped: no gauge write per clock started or cleared.
+            metrics.tracked_clocks.set_function(lambda: len(self._by_uid))
 
     # ----------------------------------------------------------- reconcile side
 
@@ -71,7 +73,6 @@ class ObservationClocks:
             self._uid_by_key.pop(current.key, None)
         self._by_uid[uid] = Observation(uid=uid, key=key, verdict=verdict, since_s=now)
         self._uid_by_key[key] = uid
-        self._update_gauge()
         return 0.0
 
     def get(self, uid: str) -> Observation | None:
@@ -96,7 +97,6 @@ class ObservationClocks:
             del self._uid_by_key[current.key]
         if current.key in self._inflight:
             self._inflight[current.key] = True
-        self._update_gauge()
 
     def clear_key(self, key: str) -> None:
         """Stop the clock of whatever UID ``key`` tracks, and invalidate an in-flight observe."""
@@ -105,7 +105,6 @@ class ObservationClocks:
         uid = self._uid_by_key.pop(key, None)
         if uid is not None:
             self._by_uid.pop(uid, None)
-            self._update_gauge()
 
     def clear_all(self) -> None:
         """Forget every clock (cold cache, missed notifications, leadership change)."""
@@ -113,7 +112,6 @@ class ObservationClocks:
         self._uid_by_key.clear()
         for key in self._inflight:
             self._inflight[key] = True
-        self._update_gauge()
 
     def forget_pod(self, uid: str, key: str) -> None:
         """The pod is gone: drop its clock and its dry-run report mark."""
@@ -148,7 +146,3 @@ class ObservationClocks:
     @property
     def reported_count(self) -> int:
         return len(self._reported)
-
-    def _update_gauge(self) -> None:
-        if self._metrics is not None:
-            self._metrics.tracked_clocks.set(len(self._by_uid))

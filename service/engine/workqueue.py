@@ -102,6 +102,10 @@ class WorkQueue:
         self._getters: deque[anyio.Event] = deque()
         self._shutting_down = False
         self._drained: anyio.Event | None = None
+        if metrics is not None:
+            # Read when scraped: no gauge write on every add and get (a burst is 10k of each).
+            metrics.queue_depth.set_function(lambda: len(self._ready))
+            metrics.queue_delayed.set_function(lambda: len(self._waiting))
 
     # ------------------------------------------------------------------ adding
 
@@ -118,7 +122,6 @@ class WorkQueue:
         if key in self._processing:
             return  # re-queued by done()
         self._ready.append(key)
-        self._update_depth()
         self._wake_one()
 
     def add_after(self, key: str, delay_s: float) -> None:
@@ -134,7 +137,6 @@ class WorkQueue:
             return
         self._waiting[key] = due
         heapq.heappush(self._heap, (due, next(self._seq), key))
-        self._update_delayed()
         self._arm()
 
     def add_rate_limited(self, key: str) -> None:
@@ -156,20 +158,35 @@ class WorkQueue:
 
     async def get(self) -> str | None:
         """The next ready key, marked as processing; ``None`` once shut down."""
+        keys = await self.get_batch(1)
+        return None if keys is None else keys[0]
+
+    async def get_batch(self, limit: int, *, shares: int = 1, least: int = 1) -> list[str] | None:
+        """Up to ``limit`` ready keys (at least one; waits for it), each marked as processing;
+        ``None`` once shut down.
+
+        A ``1/shares`` part of the ready keys (rounded up), but no fewer than ``least``, is
+        taken: a burst is spread over ``shares`` concurrent getters rather than taken whole by
+        the first, in parts of at least ``least`` keys.
+        """
         while True:
             if self._shutting_down:
                 return None
             self._promote_due()
             if self._ready:
-                key = self._ready.popleft()
-                self._dirty.discard(key)
-                self._processing.add(key)
-                since = self._dirty_since.pop(key, None)
-                if self._metrics is not None:
-                    if since is not None:
-                        self._metrics.queue_wait.observe(max(0.0, self._clock.monotonic() - since))
-                    self._update_depth()
-                return key
+                ready = self._ready
+                take = max(1, min(limit, max(least, -(-len(ready) // max(1, shares)))))
+                keys = [ready.popleft() for _ in range(min(take, len(ready)))]
+                now = self._clock.monotonic()
+                for key in keys:
+                    self._dirty.discard(key)
+                    self._processing.add(key)
+                    since = self._dirty_since.pop(key, None)
+                    if self._metrics is not None and since is not None:
+                        self._metrics.queue_wait.observe(max(0.0, now - since))
+                if ready:
+                    self._wake_one()
+                return keys
             event = anyio.Event()
             self._getters.append(event)
             try:
@@ -188,7 +205,6 @@ class WorkQueue:
         self._processing.discard(key)
         if key in self._dirty and not self._shutting_down:
             self._ready.append(key)
-            self._update_depth()
             self._wake_one()
         if not self._processing and self._drained is not None:
             self._drained.set()
@@ -210,8 +226,6 @@ class WorkQueue:
             self._timer = self._timer_due = None
         while self._getters:
             self._getters.popleft().set()
-        self._update_depth()
-        self._update_delayed()
 
     async def shut_down_with_drain(self, timeout_s: float) -> bool:
         """Shut down, then wait up to ``timeout_s`` for in-flight keys; True when drained."""
@@ -258,7 +272,6 @@ class WorkQueue:
                 continue  # superseded by an earlier add_after (lazy deletion)
             del self._waiting[key]
             self.add(key)
-        self._update_delayed()
 
     def _arm(self) -> None:
         heap = self._heap
@@ -292,11 +305,3 @@ class WorkQueue:
     def _remove_getter(self, event: anyio.Event) -> None:
         with contextlib.suppress(ValueError):
             self._getters.remove(event)
-
-    def _update_depth(self) -> None:
-        if self._metrics is not None:
-            self._metrics.queue_depth.set(len(self._ready))
-
-    def _update_delayed(self) -> None:
-        if self._metrics is not None:
-            self._metrics.queue_delayed.set(len(self._waiting))

@@ -486,11 +486,14 @@ class PodInformer:
         try:
             # The deadline follows the events (moved once half the bound has passed, to keep
             # timer rescheduling off the per-event path): it measures silence, not total time.
+            # anyio.current_time() looks the backend up on every call (a fifth of this loop's
+            # time at 150k events); the loop's clock is time.monotonic() plus a fixed offset.
+            offset_s = anyio.current_time() - time.monotonic()
             with anyio.CancelScope(deadline=anyio.current_time() + bound_s) as silence:
                 async for line in response.content:
                     if not line.strip():
                         continue
-                    now = anyio.current_time()
+                    now = time.monotonic() + offset_s
                     if now + bound_s - silence.deadline > bound_s / 2:
                         silence.deadline = now + bound_s
                     self._consume(line)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Iterable
 
 import anyio
 import pytest
@@ -25,17 +24,6 @@ from service.engine.reconciler import Action
 from tests.fakes import EngineRig, FakePodCache, make_pod, make_rig, make_row, make_settings
 
 T0 = 1000.0
-
-
-@asynccontextmanager
-async def running(rig: EngineRig, workers: int = 2) -> AsyncIterator[EngineRig]:
-    async with anyio.create_task_group() as tg:
-        await tg.start(rig.controller.run_workers, workers)
-        try:
-            yield rig
-            await anyio.wait_all_tasks_blocked()
-        finally:
-            rig.queue.shut_down()
 
 
 def _retired(rig: EngineRig, pods: Iterable[PodSnapshot]) -> None:
@@ -69,7 +57,7 @@ async def _assert_clock_restarted(rig: EngineRig, pod: PodSnapshot) -> None:
 async def test_deletes_only_after_the_threshold_with_uid_and_rv_preconditions() -> None:
     rig = make_rig(make_settings(threshold_s=300))
     pod = make_pod()
-    async with running(rig):
+    async with rig.workers():
         rig.add(pod, make_row(pod))  # the watch event enqueues it at once
         await anyio.wait_all_tasks_blocked()
         assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 1
@@ -335,7 +323,7 @@ async def test_rate_limit_caps_deletes_per_rolling_minute() -> None:
     cap = 5
     rig = make_rig(make_settings(deletes_per_minute=cap, threshold_s=60))
     pods = [make_pod(f"s{i:02}") for i in range(23)]
-    async with running(rig, workers=4):
+    async with rig.workers(4):
         _retired(rig, pods)
         await anyio.wait_all_tasks_blocked()
         await rig.advance(60)  # every pod is past the threshold now
@@ -362,7 +350,7 @@ async def test_dry_run_with_workers_reports_each_uid_once_across_many_events(
     caplog.set_level(logging.INFO, logger="service.engine")
     rig = make_rig(make_settings(dry_run=True))
     pod = make_pod()
-    async with running(rig):
+    async with rig.workers():
         rig.add(pod, make_row(pod))
         await rig.advance(300)
         for i in range(5):  # status updates keep coming
@@ -378,7 +366,7 @@ async def test_dry_run_with_workers_reports_each_uid_once_across_many_events(
 async def test_disabled_sends_nothing() -> None:
     rig = make_rig(make_settings(enabled=False))
     pods = [make_pod(f"s{i}") for i in range(3)]
-    async with running(rig):
+    async with rig.workers():
         _retired(rig, pods)
         rig.controller.execution_changed(
             _change(pods[0], active=False, state=ExecutionState.SUSPENDED)
@@ -397,7 +385,7 @@ async def test_disabled_sends_nothing() -> None:
 async def test_not_leader_processes_nothing_and_leadership_enqueues_every_candidate() -> None:
     rig = make_rig(leader=False)
     pods = [make_pod(f"s{i}") for i in range(3)]
-    async with running(rig):
+    async with rig.workers():
         _retired(rig, pods)
         await rig.advance(400)
         assert rig.store.queries == 0 and len(rig.clocks) == 0
@@ -441,7 +429,7 @@ async def test_a_malformed_key_never_crashes_a_worker() -> None:
     rig.reconciler._cache = exploding
     rig.controller._cache = exploding
     pod = make_pod()
-    async with running(rig, workers=1):
+    async with rig.workers(1):
         for bad in ("no-slash", "a/b/c", "", "boom/pod"):
             rig.queue.add(bad)
         await anyio.wait_all_tasks_blocked()
@@ -565,3 +553,20 @@ def test_observation_clocks_restart_on_a_new_uid_and_index_by_key() -> None:
     assert clocks.get("u1") is None and clocks.uid_for("ns/a") == "u2"
     clocks.clear_key("ns/a")
     assert len(clocks) == 0 and clocks.uid_for("ns/a") is None
+
+
+@pytest.mark.anyio
+async def test_a_sync_in_progress_enqueues_nothing_but_still_clears_clocks_at_event_time() -> None:
+    rig = make_rig()
+    pod = make_pod()
+    await _observed_for_100s(rig, pod, make_row(pod))
+    assert rig.clocks.get(pod.uid) is not None
+    rig.cache.synced = False  # a relist is filling the cache
+    rig.add(structs.replace(pod, resource_version="101", pod_ip="10.0.0.1"))  # changed
+    assert rig.clocks.get(pod.uid) is None  # cleared when the event arrived
+    other = make_pod("other")
+    rig.add(other, make_row(other))
+    assert not rig.queue.is_dirty(pod.key) and not rig.queue.is_dirty(other.key)
+    rig.cache.synced = True
+    rig.controller.cache_synced()  # the end of the sync enqueues every candidate
+    assert rig.queue.is_dirty(pod.key) and rig.queue.is_dirty(other.key)

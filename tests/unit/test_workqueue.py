@@ -281,3 +281,23 @@ async def test_queue_metrics_follow_depth_delay_adds_retries_and_wait() -> None:
     assert value("retired_pod_gc_queue_depth") == 2  # b and d (due after 5 ms)
     assert value("retired_pod_gc_queue_delayed") == 1
     assert value("retired_pod_gc_queue_wait_seconds_sum") == pytest.approx(1.5)
+
+
+@pytest.mark.anyio
+async def test_get_batch_takes_a_share_of_the_ready_keys_within_its_bounds() -> None:
+    q = WorkQueue(clock=FakeClock(0.0))
+    for i in range(100):
+        q.add(f"k{i}")
+    # A quarter of 100 for one of four getters, but never more than the limit...
+    assert await q.get_batch(10, shares=4) == [f"k{i}" for i in range(10)]
+    # ...a quarter of the 90 left (rounded up)...
+    assert await q.get_batch(50, shares=4) == [f"k{i}" for i in range(10, 33)]
+    # ...and at least ``least`` keys, when that many are ready.
+    assert len(await q.get_batch(50, shares=100, least=20) or []) == 20
+    rest = await q.get_batch(1000, least=1000)
+    assert rest == [f"k{i}" for i in range(53, 100)]
+    assert len(q) == 0 and len(q.processing) == 100
+    q.add("k5")  # re-added while in flight: handed out again only after done()
+    assert len(q) == 0
+    q.done("k5")
+    assert await q.get_batch(10) == ["k5"]

@@ -1,0 +1,207 @@
+"""Bursts: workers take many keys at once and start their clocks with one row query per batch
+(``Reconciler.observe_batch``); nothing is acted on in a batch, and every safety step of the
+single-key path still runs for a key that is due."""
+
+from __future__ import annotations
+
+import math
+
+import anyio
+import pytest
+
+from service.domain import ExecutionChange, ExecutionState, PodPhase, ReconcileOutcome, Verdict
+from service.engine.controller import MIN_BATCH
+from tests.fakes import EngineRig, make_pod, make_rig, make_row, make_settings
+
+BURST = 2_000
+WORKERS = 8
+
+
+def _retire_all(rig: EngineRig, n: int) -> list[str]:
+    """``n`` terminal pods whose rows are retired, cached; a notification for each (a burst)."""
+    pods = [make_pod(f"s{i:05}") for i in range(n)]
+    for pod in pods:
+        rig.add(pod, make_row(pod), event=False)
+    for pod in pods:
+        rig.controller.execution_changed(
+            ExecutionChange(pod.namespace, pod.name, active=False, state=ExecutionState.SUSPENDED)
+        )
+    return [pod.key for pod in pods]
+
+
+@pytest.mark.anyio
+async def test_a_burst_starts_every_clock_with_one_row_query_per_batch() -> None:
+    rig = make_rig()
+    async with rig.workers(WORKERS):
+        keys = _retire_all(rig, BURST)
+        await anyio.wait_all_tasks_blocked()
+        assert len(rig.clocks) == BURST
+        assert all(rig.queue.due_at(k) == rig.clock.monotonic() + 300 for k in keys)
+        assert rig.store.lookups == 0 and rig.store.fresh_reads == 0
+        assert 1 < rig.store.lookup_many_calls <= math.ceil(BURST / MIN_BATCH)
+        assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == BURST
+        assert rig.sample("retired_pod_gc_reconcile_duration_seconds_count") == BURST
+        assert rig.sample("retired_pod_gc_tracked_clocks") == BURST
+        assert rig.pods.gets == [] and rig.pods.deletes == []
+
+
+@pytest.mark.anyio
+async def test_due_keys_of_a_batch_are_verified_one_by_one_before_any_delete() -> None:
+    rig = make_rig(make_settings(deletes_per_minute=6000))
+    async with rig.workers(WORKERS):
+        keys = _retire_all(rig, 300)
+        await anyio.wait_all_tasks_blocked()
+        # Two rows are re-activated, and the batched reads lag (a replica, say): only the final
+        # re-read sees it.
+        rig.store.batched_rows = dict(rig.store.rows)
+        for key in keys[:2]:
+            pod = rig.cache.get(key)
+            assert pod is not None
+            rig.store.put(make_row(pod, active=True, state=ExecutionState.ACTIVE))
+        await rig.advance(300)  # every key is due at once: the timer hands out one burst
+    assert sorted(rig.pods.deleted_keys) == sorted(keys[2:])
+    assert rig.store.fresh_reads == 300  # each due key re-read on its own
+    assert rig.store.lookups == 300  # and taken through the single-key path
+    # Each reconcile counted once: 300 in the first burst, then 300 single (not the due batch).
+    assert rig.sample("retired_pod_gc_reconcile_duration_seconds_count") == 600
+    assert all(d.uid and d.resource_version for d in rig.pods.deletes)
+    assert rig.outcome(Verdict.TERMINAL_RETIRED) == 298
+    assert rig.outcome(ReconcileOutcome.CHANGED) == 2
+
+
+@pytest.mark.anyio
+async def test_a_notification_during_the_batch_lookup_keeps_that_clock_stopped() -> None:
+    rig = make_rig()
+    gate = anyio.Event()
+    rig.store.lookup_gate = gate
+    async with rig.workers(1):
+        keys = _retire_all(rig, 100)
+        await anyio.wait_all_tasks_blocked()
+        assert rig.store.lookup_many_calls == 1  # the batch is reading
+        flipped = rig.cache.get(keys[7])
+        assert flipped is not None
+        # Active and back to retired while the query was in flight: the query may have read
+        # either state, so its answer must not start this clock.
+        for active, state in ((True, ExecutionState.ACTIVE), (False, ExecutionState.SUSPENDED)):
+            rig.controller.execution_changed(
+                ExecutionChange(flipped.namespace, flipped.name, active=active, state=state)
+            )
+        again = anyio.Event()  # holds the re-read of the flipped key
+        rig.store.lookup_gate = again
+        gate.set()
+        await anyio.wait_all_tasks_blocked()
+        assert rig.outcome(ReconcileOutcome.CHANGED) == 1
+        assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 99
+        assert rig.clocks.get(flipped.uid) is None and len(rig.clocks) == 99
+        rig.clock.advance(5)
+        rig.store.lookup_gate = None
+        again.set()
+        await anyio.wait_all_tasks_blocked()
+        obs = rig.clocks.get(flipped.uid)
+        assert obs is not None and obs.since_s == rig.clock.monotonic()  # from the second read
+        await rig.advance(295)
+        assert len(rig.pods.deletes) == 99 and flipped.key not in rig.pods.deleted_keys
+        await rig.advance(5)
+    assert len(rig.pods.deletes) == 100
+
+
+@pytest.mark.anyio
+async def test_a_failed_batch_lookup_clears_every_clock_and_backs_off_each_key() -> None:
+    rig = make_rig(make_settings(deletes_per_minute=6000))
+    async with rig.workers(WORKERS):
+        keys = _retire_all(rig, 200)
+        await anyio.wait_all_tasks_blocked()
+        await rig.advance(100)
+        rig.store.lookup_error = ConnectionError("db down")
+        for key in keys:  # a resync while the database is down
+            rig.queue.add(key)
+        await anyio.wait_all_tasks_blocked()
+        assert len(rig.clocks) == 0
+        assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) >= 200
+        assert all(rig.queue.num_requeues(k) >= 1 for k in keys)
+        rig.store.lookup_error = None
+        await rig.advance(1)
+        assert len(rig.clocks) == 200
+        await rig.advance(298)
+        assert rig.pods.deletes == []  # the gap restarted every clock
+        await rig.advance(10)
+    assert len(rig.pods.deletes) == 200
+
+
+@pytest.mark.anyio
+async def test_a_batch_skips_what_is_not_reapable_and_queries_only_candidates() -> None:
+    rig = make_rig()
+    running_pods = [make_pod(f"r{i}", phase=PodPhase.RUNNING) for i in range(50)]
+    active = [make_pod(f"a{i}") for i in range(50)]
+    no_row = [make_pod(f"n{i}") for i in range(50)]
+    for pod in running_pods:
+        rig.add(pod, make_row(pod), event=False)
+    for pod in active:
+        rig.add(pod, make_row(pod, active=True, state=ExecutionState.ACTIVE), event=False)
+    for pod in no_row:
+        rig.add(pod, None, event=False)
+    queried: list[str] = []
+    lookup_many = rig.store.lookup_many
+
+    async def recording(names: list[str]) -> dict[str, object]:
+        queried.extend(names)
+        return await lookup_many(names)  # type: ignore[return-value]
+
+    rig.store.lookup_many = recording  # type: ignore[assignment, method-assign]
+    async with rig.workers(1):
+        for pod in [*running_pods, *active, *no_row]:
+            rig.queue.add(pod.key)
+        await anyio.wait_all_tasks_blocked()
+    assert sorted(queried) == sorted(p.name for p in [*active, *no_row])
+    assert rig.outcome(ReconcileOutcome.SKIPPED) == 150
+    assert len(rig.clocks) == 0 and rig.queue.delayed == 0
+
+
+@pytest.mark.anyio
+async def test_an_inactive_replica_drops_a_batch_unread() -> None:
+    rig = make_rig(make_settings(enabled=False))
+    async with rig.workers(WORKERS):
+        for i in range(500):
+            rig.queue.add(f"sandboxes/p{i}")
+        await anyio.wait_all_tasks_blocked()
+    assert rig.store.queries == 0 and len(rig.clocks) == 0
+
+
+@pytest.mark.anyio
+async def test_stop_ends_a_batch_after_its_read_without_starting_its_due_keys() -> None:
+    rig = make_rig(make_settings(deletes_per_minute=6000))
+    drained: list[bool] = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(rig.controller.run_workers, 1)
+        _retire_all(rig, 50)
+        await anyio.wait_all_tasks_blocked()
+        gate = anyio.Event()
+        rig.store.lookup_gate = gate
+        await rig.advance(300)  # all 50 due: one batch, reading
+        assert len(rig.queue.processing) == 50
+
+        async def stop() -> None:
+            drained.append(await rig.controller.stop(timeout_s=20))
+
+        tg.start_soon(stop)
+        await anyio.wait_all_tasks_blocked()
+        assert drained == []
+        gate.set()
+    assert drained == [True]
+    assert rig.queue.processing == frozenset()
+    assert rig.store.lookups == 0 and rig.pods.gets == [] and rig.pods.deletes == []
+
+
+@pytest.mark.anyio
+async def test_a_batch_from_a_relisting_cache_starts_no_clock() -> None:
+    rig = make_rig()
+    pods = [make_pod(f"s{i:05}") for i in range(50)]
+    for pod in pods:
+        rig.add(pod, make_row(pod), event=False)
+    rig.cache.synced = False
+    results = await rig.reconciler.observe_batch([pod.key for pod in pods])
+    assert {r.outcome for r in results.values() if r is not None} == {ReconcileOutcome.CACHE_COLD}
+    assert len(results) == len(pods) and None not in results.values()
+    assert len(rig.clocks) == 0
+    assert rig.store.lookup_many_calls == 0
+    assert rig.outcome(ReconcileOutcome.CACHE_COLD) == len(pods)
