@@ -116,7 +116,7 @@ class PgExecutionStore:
         # The batch being gathered: pod name -> the future its waiters share.
         self._pending: dict[str, asyncio.Future[ExecutionRow | None]] = {}
         self._timer: asyncio.TimerHandle | None = None
-        self._inflight: set[asyncio.Task[None]] = set()
+        self._inflight: set[asyncio.Task[Any]] = set()
         for kind in ("batch", "fresh"):
             metrics.row_queries.labels(kind=kind)
 
@@ -200,7 +200,15 @@ class PgExecutionStore:
         size = max(1, self._settings.batch_max_size)
         out: dict[str, ExecutionRow] = {}
         for i in range(0, len(names), size):
-            out.update(await self._query(names[i : i + size], kind="batch"))
+            # In a task of the store's own, as the micro-batcher's queries: a caller giving up
+            # (its timeout) must not cancel the query while it hands its pooled connection back.
+            task = asyncio.get_running_loop().create_task(
+                self._query(names[i : i + size], kind="batch"), name="retired-pod-gc-row-batch"
+            )
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+            task.add_done_callback(_retrieved)
+            out.update(await asyncio.shield(task))
         return out
 
     async def read_fresh(self, pod_name: str) -> ExecutionRow | None:
@@ -298,6 +306,13 @@ class PgExecutionStore:
                 continue
             out[row.pod_name] = row
         return out
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """Mark a store-owned query's failure as seen: the caller that awaited it has it, and one
+    that gave up does not want it ("exception was never retrieved" otherwise)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _fail_all(futures: Iterable[asyncio.Future[Any]], exc: BaseException) -> None:

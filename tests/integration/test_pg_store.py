@@ -268,3 +268,26 @@ async def test_batched_lookup_uses_the_pod_name_index(
         '"Node Type": "Seq Scan", "Parallel Aware": false, "Async Capable": false, "Relation Name": "sandbox_k8s_executions"'
         not in text
     )
+
+
+async def test_a_lookup_many_caller_giving_up_does_not_cancel_its_query(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    await seed_sandbox(pg_conn, "s1")
+    await seed_execution(pg_conn, pod_name="space-sbx-s1-g1", sandbox_id="s1")
+    registry = CollectorRegistry()
+    async with _store(pg_url, registry, statement_timeout_s=5.0) as store:
+        async with pg_conn.transaction():
+            await pg_conn.execute("LOCK TABLE sandbox_k8s_executions IN ACCESS EXCLUSIVE MODE")
+            with anyio.move_on_after(0.2) as gave_up:
+                await store.lookup_many(["space-sbx-s1-g1"])
+            assert gave_up.cancelled_caught
+            await anyio.sleep(0.1)
+            assert len(store._inflight) == 1  # the query still waits for the lock, uncancelled
+        # The lock is gone: the query completes on its own and hands its connection back.
+        with anyio.fail_after(5):
+            while store._inflight:
+                await anyio.sleep(0.01)
+        assert metric(registry, "retired_pod_gc_row_query_errors_total") == 0
+        rows = await store.lookup_many(["space-sbx-s1-g1"])
+        assert set(rows) == {"space-sbx-s1-g1"}
