@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -90,7 +91,23 @@ class LatencyRule:
 class Faults:
     rules: list[FaultRule] = field(default_factory=list)
     latency: list[LatencyRule] = field(default_factory=list)
+    holds: list[Hold] = field(default_factory=list)
     expire_watches: int = 0
+
+
+@dataclass(slots=True)
+class Hold:
+    """One matching request, held in the server (before it is handled) until released: a test
+    can act while a request is provably in flight, however slow the machine."""
+
+    method: str | None
+    path_contains: str | None
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    taken: bool = False
+
+    def release(self) -> None:
+        self.released.set()
 
 
 class FaultControls:
@@ -140,7 +157,27 @@ class FaultControls:
             )
         )
 
+    def hold_next(self, *, method: str | None = None, path_contains: str | None = None) -> Hold:
+        """Hold the next matching request until ``release()`` (``arrived`` is set when it is)."""
+        hold = Hold(method.upper() if method else None, path_contains)
+        self.faults.holds.append(hold)
+        return hold
+
+    def take_hold(self, method: str, path: str) -> Hold | None:
+        for hold in self.faults.holds:
+            if (
+                not hold.taken
+                and (hold.method is None or hold.method == method)
+                and (hold.path_contains is None or hold.path_contains in path)
+            ):
+                hold.taken = True
+                hold.arrived.set()
+                return hold
+        return None
+
     def clear_faults(self) -> None:
+        for hold in self.faults.holds:
+            hold.release()
         self.faults = Faults()
 
     def take_fault(

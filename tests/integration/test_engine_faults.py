@@ -94,15 +94,18 @@ async def test_delete_answered_404_or_409_is_benign_and_a_conflict_is_decided_ag
     moved_pod = create_pod(emu, "c2", Shape.SUCCEEDED)
     create_pod(emu, "c3", Shape.SUCCEEDED)
     # Hold each pod's first DELETE in the server so another client can act before it lands.
-    for name in (gone, moved):
-        emu.add_latency(1.0, method="DELETE", path_contains=pod_path(name), count=1)
+    held = {
+        name: emu.hold_next(method="DELETE", path_contains=pod_path(name)) for name in (gone, moved)
+    }
     async with running_service(emulator, pg_url, THRESHOLD_SECONDS=1) as parts:
-        await eventually(lambda: requests_for(emu, "DELETE", gone) >= 1, "the first DELETE")
+        await eventually(held[gone].arrived.is_set, "the first DELETE")
         emu.delete_pod(NS, gone)  # someone else deleted it: our DELETE finds nothing (404)
-        await eventually(lambda: requests_for(emu, "DELETE", moved) >= 1, "the second DELETE")
+        held[gone].release()
+        await eventually(held[moved].arrived.is_set, "the second DELETE")
         # A status write bumps its resourceVersion: our precondition no longer holds (409).
         status = {**pod_status(Shape.SUCCEEDED), "message": "status rewritten by the kubelet"}
         rewritten = emu.set_status(NS, moved, status)
+        held[moved].release()
         new_rv = rewritten["metadata"]["resourceVersion"]
         assert new_rv != moved_pod["metadata"]["resourceVersion"]
         await eventually(lambda: len(deletes(emu, moved)) >= 2, "the DELETE after the conflict")
