@@ -13,12 +13,16 @@ Two stages, each with its own job:
    is allowed only when fewer than N grants lie in ``(now - 60, now]``; otherwise the caller
    waits until the oldest one leaves the window. This alone enforces the invariant exactly
    (``grant[i + N] - grant[i] >= 60`` for every i) and lets a backlog reach the cap, and it is
-   what the fake-clock tests check window by window. Waiters are served first come, first
-   served (an ``anyio.Lock`` is fair).
+   what the fake-clock tests check window by window.
 
-The bound is on grant times. The reconciler takes a token only for a candidate that is already
-past its threshold, then re-verifies (fresh GET and row re-read) before deleting; a candidate
-that fails re-verification wastes its token, which only ever errs towards deleting less.
+**The token is taken last.** A caller first waits for its :class:`Turn`: first come, first
+served (an ``anyio.Lock`` is fair), until both stages would grant *now*; nothing is consumed yet.
+Holding the turn, it makes its final checks (the reconciler re-verifies a check that aged while
+it waited), and only then takes the token with :meth:`Turn.take`, which never suspends, and hands
+the DELETE to the API client at once. So the grant times the two stages bound are the times the
+DELETEs are sent — however long the wait, the re-verification or a starved event loop took — and
+a candidate that fails its final checks gives its turn to the next caller without spending a
+token. Only one caller holds the turn; capacity only grows while it does.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ import anyio
 from aiolimiter import AsyncLimiter
 
 from service.engine.clock import SchedulingClock, sleep_until
+
+PACER_POLL_MAX_S = 0.05
+"""How often the head of the line looks at the pacer while it waits (aiolimiter can wait only by
+consuming): at most this, and at most a tenth of a token's drain time."""
 
 
 def pacer_shape(deletes_per_window: int, window_s: float = 60.0) -> tuple[int, float] | None:
@@ -43,8 +51,42 @@ def pacer_shape(deletes_per_window: int, window_s: float = 60.0) -> tuple[int, f
     return capacity, (deletes_per_window - capacity) / window_s
 
 
+class Turn:
+    """The head of the budget's line, with a grant available now. Ends with :meth:`take` or
+    :meth:`release` (both idempotent; ``release`` after ``take`` does nothing)."""
+
+    __slots__ = ("_budget", "_held")
+
+    def __init__(self, budget: DeleteBudget) -> None:
+        self._budget = budget
+        self._held = True
+
+    async def take(self) -> float:
+        """Spend the token now and give up the turn; returns the grant time.
+
+        Never suspends: the pacer had capacity when the turn began, only the turn's holder
+        consumes it, and a leaky bucket only drains while it is held, so aiolimiter's
+        ``acquire`` returns without waiting (``test_taking_a_turn_never_yields_to_the_loop``).
+        """
+        if not self._held:
+            raise RuntimeError("this turn has ended")
+        budget = self._budget
+        if budget._pacer is not None:
+            await budget._pacer.acquire()
+        now = budget._clock.monotonic()
+        budget._grants.append(now)  # maxlen drops the oldest: only the last N matter
+        self.release()
+        return now
+
+    def release(self) -> None:
+        """Give up the turn without a grant (the next caller gets it)."""
+        if self._held:
+            self._held = False
+            self._budget._lock.release()
+
+
 class DeleteBudget:
-    """``await acquire()`` before each DELETE; returns the grant time (monotonic seconds)."""
+    """``turn = await budget.turn()``, final checks, ``await turn.take()``, then the DELETE."""
 
     def __init__(
         self,
@@ -63,11 +105,13 @@ class DeleteBudget:
         self._lock = anyio.Lock()
         shape = pacer_shape(deletes_per_minute, window_s) if pace else None
         self._pacer: AsyncLimiter | None = None
+        self._pacer_poll_s = PACER_POLL_MAX_S
         if shape is not None:
             capacity, rate_per_s = shape
             # AsyncLimiter(max_rate, time_period) is a bucket of capacity max_rate draining
             # at max_rate / time_period per second.
             self._pacer = AsyncLimiter(capacity, capacity / rate_per_s)
+            self._pacer_poll_s = min(PACER_POLL_MAX_S, 0.1 / rate_per_s)
 
     @property
     def cap(self) -> int:
@@ -81,23 +125,33 @@ class DeleteBudget:
     def paced(self) -> bool:
         return self._pacer is not None
 
-    async def acquire(self) -> float:
-        """Wait for a delete token; cancellation before the grant consumes nothing."""
-        if self._pacer is not None:
-            await self._pacer.acquire()
-        async with self._lock:
+    async def turn(self) -> Turn:
+        """Wait for the head of the line with a grant available now; consumes nothing.
+
+        Cancellation while waiting holds nothing. The caller must end the turn (``take`` or
+        ``release``); while it holds it, every other caller waits.
+        """
+        await self._lock.acquire()
+        try:
             while True:
-                now = self._clock.monotonic()
-                if len(self._grants) < self._cap:
-                    break
-                # One expression for the test and the wake-up time: ``now - oldest >= window``
-                # can stay false at the very deadline (rounding), and the loop would spin.
-                free_at = self._grants[0] + self._window_s
-                if now >= free_at:
-                    break
-                await sleep_until(self._clock, free_at)
-            self._grants.append(now)  # maxlen drops the oldest: only the last N matter
-            return now
+                if len(self._grants) == self._cap:
+                    # One expression for the test and the wake-up time: ``now - oldest >=
+                    # window`` can stay false at the very deadline (rounding), and spin.
+                    free_at = self._grants[0] + self._window_s
+                    if self._clock.monotonic() < free_at:
+                        await sleep_until(self._clock, free_at)
+                        continue
+                if self._pacer is not None and not self._pacer.has_capacity():
+                    await anyio.sleep(self._pacer_poll_s)
+                    continue
+                return Turn(self)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    async def acquire(self) -> float:
+        """Wait for a turn and take it at once (for callers with no final checks)."""
+        return await (await self.turn()).take()
 
     def retry_after_s(self) -> float:
         """How long until the exact guard would grant again (0 when it would now)."""

@@ -16,19 +16,22 @@ Steps (DESIGN "Shape of the service"), each ending in exactly one :class:`Reconc
    trip on the notification listener (no retirement flip may still be in flight; failure:
    clear, ``lookup_failed``); the clock must still be running past the threshold (an event may
    have cleared it meanwhile) and the replica still active; else ``changed``;
-8. live: a delete token from the budget (none within ``budget_wait_s``: ``throttled``);
+8. live: the budget's turn — first come, first served, until a token is available now, nothing
+   spent yet (none within ``budget_wait_s``: ``throttled``);
 9. the age of the final check: when more than :data:`FINAL_CHECK_MAX_AGE_S` has passed since
-   the row re-read began — whatever aged it: the notification sync, the token wait, a starved
-   event loop — step 7 again (at most :data:`MAX_AGE_REVERIFICATIONS` times, then ``stale``,
-   looked at again shortly); then, with no await in between, the clock and the activation are
-   checked once more and the action is taken;
+   the row re-read began — whatever aged it: the notification sync, the wait for the turn, a
+   starved event loop — step 7 again (at most :data:`MAX_AGE_REVERIFICATIONS` times, then
+   ``stale``, looked at again shortly; a failed check passes the turn on unspent); then, with no
+   await that suspends in between, the clock and the activation are checked once more, the
+   token is taken (live) and the action is taken;
 10. dry run: report "would reap" once per UID; live: DELETE with preconditions {uid,
    resourceVersion of the fresh GET}: deleted → the verdict, 404 → ``gone``, 409 → ``conflict``
    (looked at again shortly), other errors → ``error`` (back off, or wait the server's
    Retry-After).
 
-Tokens are spent on verified candidates only (verification comes first). Invariant 1 is judged
-at the final re-read, and the DELETE is handed to the API client at most
+Tokens are spent on DELETEs that are sent, at the moment they are handed to the API client (so
+the budget's pacing bounds the send times themselves; ``engine/budget.py``). Invariant 1 is
+judged at the final re-read, and the DELETE is handed to the API client at most
 :data:`FINAL_CHECK_MAX_AGE_S` after that re-read began (on the injected clock). The pod side
 needs no such bound: the DELETE's resourceVersion precondition pins the pod to the fresh GET.
 Dry run takes no token (it sends nothing) but obeys the same bound before it reports.
@@ -67,7 +70,7 @@ from service.domain import (
     split_key,
 )
 from service.engine.activation import Activation
-from service.engine.budget import DeleteBudget
+from service.engine.budget import DeleteBudget, Turn
 from service.engine.observation import ObservationClocks
 from service.metrics import Metrics
 from service.ports import (
@@ -402,47 +405,17 @@ class Reconciler:
         if dry_run and self._clocks.was_reported(pod.uid):
             return self._result_done(ReconcileOutcome.ALREADY_REPORTED, rid)
 
-        # Verify against the server and the database before spending a delete token, so that
-        # tokens go to verified candidates only.
+        # Verify against the server and the database before waiting for a delete token, so
+        # that only verified candidates wait in the budget's line.
         checked = await self._verify(key, pod, verdict, rid, log)
         if isinstance(checked, ReconcileResult):
             return checked
 
-        if not dry_run:
-            granted = False
-            with anyio.move_on_after(self._budget_wait_s):
-                await self._budget.acquire()
-                granted = True
-            if not granted:
-                delay_s = max(self._budget.retry_after_s(), self._conflict_requeue_s)
-                log.info("delete budget exhausted; retrying in %.1fs", delay_s)
-                return self._result_requeue(ReconcileOutcome.THROTTLED, delay_s, rid)
-
-        reverified = 0
-        while (age_s := (now := self._clock.monotonic()) - checked.reread_at_s) > (
-            FINAL_CHECK_MAX_AGE_S
-        ):
-            if reverified == MAX_AGE_REVERIFICATIONS:
-                log.info("final check still %.3fs old after %d re-verifications", age_s, reverified)
-                return self._result_requeue(ReconcileOutcome.STALE, self._conflict_requeue_s, rid)
-            reverified += 1
-            self._metrics.final_check_reverifications.inc()
-            log.info(
-                "final check %.3fs old (bound %.2fs); verifying again", age_s, FINAL_CHECK_MAX_AGE_S
-            )
-            checked = await self._verify(key, pod, verdict, rid, log)
-            if isinstance(checked, ReconcileResult):
-                return checked
-
-        # Nothing awaits from here until the action is handed over: an event that cleared the
-        # clock, or a lost lease, during the checks above is seen now.
-        elapsed_now = self._due(pod.uid, now, rid, log)
-        if isinstance(elapsed_now, ReconcileResult):
-            return elapsed_now
-        fresh, again = checked.pod, checked.decision
-        self._metrics.final_check_age.observe(age_s)
-
         if dry_run:
+            final = await self._final_check(key, pod, verdict, checked, rid=rid, log=log)
+            if isinstance(final, ReconcileResult):
+                return final
+            checked, elapsed_now = final
             if not self._clocks.mark_reported(pod.uid):
                 return self._result_done(ReconcileOutcome.ALREADY_REPORTED, rid)
             log.info(
@@ -450,11 +423,30 @@ class Reconciler:
                 key,
                 verdict,
                 elapsed_now,
-                again.rule,
-                extra={"uid": fresh.uid, "verdict": str(verdict)},
+                checked.decision.rule,
+                extra={"uid": checked.pod.uid, "verdict": str(verdict)},
             )
             self._report(checked, verdict, elapsed_now, dry_run=True)
             return self._result_done(verdict, rid)
+
+        turn: Turn | None = None
+        with anyio.move_on_after(self._budget_wait_s):
+            turn = await self._budget.turn()
+        if turn is None:
+            delay_s = max(self._budget.retry_after_s(), self._conflict_requeue_s)
+            log.info("delete budget exhausted; retrying in %.1fs", delay_s)
+            return self._result_requeue(ReconcileOutcome.THROTTLED, delay_s, rid)
+        try:
+            final = await self._final_check(key, pod, verdict, checked, rid=rid, log=log)
+            if isinstance(final, ReconcileResult):
+                return final  # the turn passes to the next candidate; no token spent
+            # The token last: ``take`` never suspends, so the grant time is the moment the
+            # DELETE below is handed to the API client.
+            await turn.take()
+        finally:
+            turn.release()
+        checked, elapsed_now = final
+        fresh, again = checked.pod, checked.decision
 
         try:
             outcome = await _bounded(
@@ -497,6 +489,43 @@ class Reconciler:
             case DeleteResult.ERROR:
                 log.warning("DELETE answered %s: %s", outcome.status, outcome.message)
                 return self._result_retry(outcome.retry_after_s, rid)
+
+    async def _final_check(
+        self,
+        key: str,
+        pod: PodSnapshot,
+        verdict: Verdict,
+        checked: _Verified,
+        *,
+        rid: str,
+        log: _Log,
+    ) -> tuple[_Verified, float] | ReconcileResult:
+        """Step 9: a verification at most :data:`FINAL_CHECK_MAX_AGE_S` old (verified again
+        if older), then the clock and the activation once more; returns the verification and
+        the seconds the pod has been reapable. Nothing awaits after the last age check, so the
+        caller acts on what this returns before any other task runs."""
+        reverified = 0
+        while (age_s := (now := self._clock.monotonic()) - checked.reread_at_s) > (
+            FINAL_CHECK_MAX_AGE_S
+        ):
+            if reverified == MAX_AGE_REVERIFICATIONS:
+                log.info("final check still %.3fs old after %d re-verifications", age_s, reverified)
+                return self._result_requeue(ReconcileOutcome.STALE, self._conflict_requeue_s, rid)
+            reverified += 1
+            self._metrics.final_check_reverifications.inc()
+            log.info(
+                "final check %.3fs old (bound %.2fs); verifying again", age_s, FINAL_CHECK_MAX_AGE_S
+            )
+            again = await self._verify(key, pod, verdict, rid, log)
+            if isinstance(again, ReconcileResult):
+                return again
+            checked = again
+        # An event that cleared the clock, or a lost lease, during the checks above is seen now.
+        elapsed_now = self._due(pod.uid, now, rid, log)
+        if isinstance(elapsed_now, ReconcileResult):
+            return elapsed_now
+        self._metrics.final_check_age.observe(age_s)
+        return checked, elapsed_now
 
     async def _verify(
         self, key: str, pod: PodSnapshot, verdict: Verdict, rid: str, log: _Log

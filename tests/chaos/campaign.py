@@ -97,7 +97,9 @@ class CampaignConfig:
     granularity of timer wake-ups: deletes may be judged this much early. (Load only ever makes
     the service later, never earlier.)"""
     pacing_slack_s: float = 1.0
-    """Grant → DELETE delay (fresh GET, with injected GET latency ≤ 0.4 s, and the re-read)."""
+    """Grant → DELETE arrival, for the pacer's envelope only: the token is taken as the DELETE is
+    handed to the API client (engine/budget.py), so this is the request's transit through the
+    shared loop. The grants themselves keep the envelope exactly (tests/unit/test_budget.py)."""
     recovery_bound_s: float = 8.0
     """After faults stop: informer backoff (≤ 0.5·2^4 s after at most four consecutive
     failures), listener reconnect backoff, and a watch re-establishment."""

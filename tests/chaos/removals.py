@@ -82,8 +82,16 @@ def _no_row_event_clearing(self: Any, change: Any) -> None:
     self._enqueue(change.key)
 
 
-async def _no_budget(self: DeleteBudget) -> float:
-    return self._clock.monotonic()
+class _FreeTurn:
+    async def take(self) -> float:
+        return 0.0
+
+    def release(self) -> None:
+        pass
+
+
+async def _no_budget(self: DeleteBudget) -> _FreeTurn:
+    return _FreeTurn()
 
 
 REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
@@ -135,7 +143,7 @@ REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
             ('"preconditions": {"uid": uid, "resourceVersion": resource_version},', ""),
         ),
     ),
-    "budget": lambda: _patched(DeleteBudget, "acquire", _no_budget),
+    "budget": lambda: _patched(DeleteBudget, "turn", _no_budget),
     "dry_run_suppression": lambda: _reconciler_edit(
         "_reconcile", "dry_run = self._settings.dry_run", "dry_run = False"
     ),

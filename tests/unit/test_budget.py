@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from service.engine.budget import DeleteBudget, pacer_shape
@@ -111,3 +113,74 @@ async def test_paced_budget_on_the_real_clock_spreads_grants_and_caps_windows() 
     assert took_s >= window_s * 0.9
     # Pacing: the burst is the small capacity (1), not the whole cap.
     assert sum(1 for g in grants if g < started + 0.05) <= 2
+
+
+@pytest.mark.anyio
+async def test_taking_a_turn_never_yields_to_the_loop() -> None:
+    # The reconciler checks the clock, takes the token and hands the DELETE over with nothing
+    # else running in between: take() must not suspend, on the real, paced budget.
+    budget = DeleteBudget(20, clock=MonotonicClock(), window_s=1.0, pace=True)
+    assert budget.paced
+    ran_between: list[int] = []
+    for i in range(12):  # past the pacer's burst (2): later turns waited for the bucket
+        turn = await budget.turn()
+        asyncio.get_running_loop().call_soon(ran_between.append, i)
+        await turn.take()
+        assert ran_between == [], f"take() #{i} let another callback run"
+        await anyio.lowlevel.checkpoint()
+        assert ran_between == [i]
+        ran_between.clear()
+
+
+@pytest.mark.anyio
+async def test_a_released_turn_spends_nothing_and_goes_to_the_next_caller() -> None:
+    clock = FakeClock()
+    budget = DeleteBudget(1, clock=clock, pace=False)
+    first = await budget.turn()
+    order: list[str] = []
+
+    async def second() -> None:
+        turn = await budget.turn()
+        order.append("second has the turn")
+        await turn.take()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(second)
+        await anyio.wait_all_tasks_blocked()
+        assert order == []  # first come, first served: the line is held
+        first.release()
+    assert order == ["second has the turn"]
+    assert budget.granted_in_window() == 1  # the released turn spent nothing
+    with pytest.raises(RuntimeError):
+        await first.take()
+
+
+@pytest.mark.anyio
+async def test_paced_take_times_keep_the_envelope_however_long_each_holder_checks() -> None:
+    # Each holder spends a different time on its final checks before taking (as a
+    # re-verification does). The grant happens inside take(), so the leaky bucket's envelope
+    # (at most C + r·t grants in any span t) holds for the take calls themselves. Judged with
+    # each take's own bracket [before, after]: no tolerance.
+    window_s = 1.0
+    cap = 20
+    budget = DeleteBudget(cap, clock=MonotonicClock(), window_s=window_s, pace=True)
+    capacity, rate_per_s = pacer_shape(cap, window_s) or (0, 0.0)
+    checks_s = [0.0, 0.12, 0.0, 0.0, 0.09, 0.0, 0.15, 0.0, 0.0, 0.05] * 2
+    taken: list[tuple[float, float]] = []
+
+    async def candidate(check_s: float) -> None:
+        turn = await budget.turn()
+        await anyio.sleep(check_s)
+        before = time.monotonic()
+        await turn.take()
+        taken.append((before, time.monotonic()))
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            for check_s in checks_s:
+                tg.start_soon(candidate, check_s)
+    assert len(taken) == len(checks_s)
+    for i in range(len(taken)):
+        for j in range(i + 1, len(taken)):
+            longest_span = taken[j][1] - taken[i][0]
+            assert j - i + 1 <= capacity + rate_per_s * longest_span, (i, j, longest_span)

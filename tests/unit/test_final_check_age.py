@@ -182,3 +182,33 @@ async def test_a_clearing_event_during_a_short_token_wait_stops_the_delete() -> 
         [Verdict.TERMINAL_RETIRED, ReconcileOutcome.CHANGED]
     )
     assert rig.pods.deleted_keys == [first.key]
+
+
+@pytest.mark.anyio
+async def test_a_candidate_that_fails_its_final_check_passes_the_turn_on_unspent() -> None:
+    # One DELETE per minute. The second candidate waits for the turn; while it waits, its row
+    # becomes active again (no notification: only the re-read after the long wait shows it). It
+    # gives the turn up without spending a token, so the third candidate deletes at once.
+    rig = make_rig(make_settings(deletes_per_minute=1))
+    first, second, third = make_pod("a"), make_pod("b"), make_pod("c")
+    await _reconcile_after_threshold(rig, first, second, third)
+    results: list[ReconcileResult] = []
+
+    async def one(key: str) -> None:
+        results.append(await rig.reconciler.reconcile(key))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, first.key)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(one, second.key)
+        await anyio.wait_all_tasks_blocked()  # the second holds the line, waiting for a token
+        rig.store.put(make_row(second, active=True, state=ExecutionState.ACTIVE))
+        await rig.advance(60.0)
+    assert [r.outcome for r in results] == [Verdict.TERMINAL_RETIRED, ReconcileOutcome.CHANGED]
+    assert rig.budget.granted_in_window() == 0  # the first grant left the window; none since
+
+    third_result = await rig.reconciler.reconcile(third.key)  # no virtual time passes
+
+    assert third_result.outcome == Verdict.TERMINAL_RETIRED
+    assert rig.pods.deleted_keys == [first.key, third.key]
+    assert rig.pods.deletes[1].at_s - rig.pods.deletes[0].at_s == 60.0
