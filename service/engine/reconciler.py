@@ -434,7 +434,7 @@ class Reconciler:
             turn = await self._budget.turn()
         if turn is None:
             delay_s = max(self._budget.retry_after_s(), self._conflict_requeue_s)
-            log.info("delete budget exhausted; retrying in %.1fs", delay_s)
+            log.info("no turn at the delete budget in time; retrying in %.1fs", delay_s)
             return self._result_requeue(ReconcileOutcome.THROTTLED, delay_s, rid)
         try:
             final = await self._final_check(key, pod, verdict, checked, rid=rid, log=log)
@@ -594,7 +594,7 @@ class Reconciler:
                 return self._result_backoff(ReconcileOutcome.LOOKUP_FAILED, rid)
 
         # The re-reads take time: an event may have cleared the clock, or leadership may have
-        # been lost, meanwhile (checked here so that no token goes to such a candidate).
+        # been lost, meanwhile (checked here so that no such candidate waits for the budget).
         due = self._due(pod.uid, self._clock.monotonic(), rid, log)
         if isinstance(due, ReconcileResult):
             return due
