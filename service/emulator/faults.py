@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
+import inspect
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,23 +91,20 @@ class LatencyRule:
 class Faults:
     rules: list[FaultRule] = field(default_factory=list)
     latency: list[LatencyRule] = field(default_factory=list)
-    holds: list[Hold] = field(default_factory=list)
+    intercepts: list[Intercept] = field(default_factory=list)
     expire_watches: int = 0
 
 
 @dataclass(slots=True)
-class Hold:
-    """One matching request, held in the server (before it is handled) until released: a test
-    can act while a request is provably in flight, however slow the machine."""
+class Intercept:
+    """Another client's action, run when one matching request has arrived and right before it is
+    handled: a test acts while the request is provably in flight, in the server's own step, so
+    nothing depends on how soon the test's task runs (a request the test held and released
+    itself would wait on that, and a loaded machine can make the client give up first)."""
 
     method: str | None
     path_contains: str | None
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    released: asyncio.Event = field(default_factory=asyncio.Event)
-    taken: bool = False
-
-    def release(self) -> None:
-        self.released.set()
+    action: Callable[[], object]
 
 
 class FaultControls:
@@ -157,27 +154,32 @@ class FaultControls:
             )
         )
 
-    def hold_next(self, *, method: str | None = None, path_contains: str | None = None) -> Hold:
-        """Hold the next matching request until ``release()`` (``arrived`` is set when it is)."""
-        hold = Hold(method.upper() if method else None, path_contains)
-        self.faults.holds.append(hold)
-        return hold
+    def before_next(
+        self,
+        action: Callable[[], object],
+        *,
+        method: str | None = None,
+        path_contains: str | None = None,
+    ) -> None:
+        """Run ``action()`` when the next matching request arrives, before it is handled."""
+        self.faults.intercepts.append(
+            Intercept(method.upper() if method else None, path_contains, action)
+        )
 
-    def take_hold(self, method: str, path: str) -> Hold | None:
-        for hold in self.faults.holds:
-            if (
-                not hold.taken
-                and (hold.method is None or hold.method == method)
-                and (hold.path_contains is None or hold.path_contains in path)
+    async def intercept(self, method: str, path: str) -> None:
+        """The first pending intercept matching the request: run its action (once; awaited
+        when it returns an awaitable)."""
+        for i, icpt in enumerate(self.faults.intercepts):
+            if (icpt.method is None or icpt.method == method) and (
+                icpt.path_contains is None or icpt.path_contains in path
             ):
-                hold.taken = True
-                hold.arrived.set()
-                return hold
-        return None
+                del self.faults.intercepts[i]
+                result = icpt.action()
+                if inspect.isawaitable(result):
+                    await result
+                return
 
     def clear_faults(self) -> None:
-        for hold in self.faults.holds:
-            hold.release()
         self.faults = Faults()
 
     def take_fault(

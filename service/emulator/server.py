@@ -69,9 +69,7 @@ async def _api_middleware(request: web.Request, handler: Handler) -> web.StreamR
     delay = emulator.latency_for(method, path)
     if delay > 0:
         await asyncio.sleep(delay)
-    hold = emulator.take_hold(method, path)
-    if hold is not None:
-        await hold.released.wait()
+    await emulator.intercept(method, path)
     record.time_s = time.time()
     fault = emulator.take_fault(method, path, request.query)
     if fault is not None:

@@ -12,6 +12,8 @@ import itertools
 import os
 import signal
 import time
+from functools import partial
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -93,22 +95,24 @@ async def test_delete_answered_404_or_409_is_benign_and_a_conflict_is_decided_ag
     create_pod(emu, "c1", Shape.SUCCEEDED)
     moved_pod = create_pod(emu, "c2", Shape.SUCCEEDED)
     create_pod(emu, "c3", Shape.SUCCEEDED)
-    # Hold each pod's first DELETE in the server so another client can act before it lands.
-    held = {
-        name: emu.hold_next(method="DELETE", path_contains=pod_path(name)) for name in (gone, moved)
-    }
+    # Another client acts while each pod's first DELETE is in flight: it arrives at the server,
+    # the other client's change lands, then the DELETE is handled.
+    status = {**pod_status(Shape.SUCCEEDED), "message": "status rewritten by the kubelet"}
+    rewritten: list[dict[str, Any]] = []
+    # Someone else deleted it: our DELETE finds nothing (404).
+    emu.before_next(
+        partial(emu.delete_pod, NS, gone), method="DELETE", path_contains=pod_path(gone)
+    )
+    # A status write bumps its resourceVersion: our precondition no longer holds (409).
+    emu.before_next(
+        lambda: rewritten.append(emu.set_status(NS, moved, status)),
+        method="DELETE",
+        path_contains=pod_path(moved),
+    )
     async with running_service(emulator, pg_url, THRESHOLD_SECONDS=1) as parts:
-        await eventually(held[gone].arrived.is_set, "the first DELETE")
-        emu.delete_pod(NS, gone)  # someone else deleted it: our DELETE finds nothing (404)
-        held[gone].release()
-        await eventually(held[moved].arrived.is_set, "the second DELETE")
-        # A status write bumps its resourceVersion: our precondition no longer holds (409).
-        status = {**pod_status(Shape.SUCCEEDED), "message": "status rewritten by the kubelet"}
-        rewritten = emu.set_status(NS, moved, status)
-        held[moved].release()
-        new_rv = rewritten["metadata"]["resourceVersion"]
-        assert new_rv != moved_pod["metadata"]["resourceVersion"]
         await eventually(lambda: len(deletes(emu, moved)) >= 2, "the DELETE after the conflict")
+        new_rv = rewritten[0]["metadata"]["resourceVersion"]
+        assert new_rv != moved_pod["metadata"]["resourceVersion"]
         await eventually(lambda: outcome(parts, "gone") >= 1, "the gone outcome")
         # Still working after both: a later retirement is acted upon.
         await eventually(lambda: parts.listener.connected, "the LISTEN")

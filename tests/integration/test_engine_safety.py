@@ -357,14 +357,19 @@ async def test_a_pod_recreated_under_the_same_name_before_the_delete_survives_it
     threshold_s = 1.5
     name = await seed_row(pg_conn, "i1", active=False, state="suspended")
     old = create_pod(emu, "i1", Shape.SUCCEEDED)
-    # Hold the fresh GET (the last read before the DELETE) so that the swap happens between
-    # the observation and the delete.
-    emu.add_latency(1.0, method="GET", path_contains=pod_path(name), count=1)
-    async with running_service(emulator, pg_url, THRESHOLD_SECONDS=threshold_s) as parts:
-        await eventually(lambda: requests_for(emu, "GET", name) >= 1, "the fresh GET")
+    swapped: list[tuple[float, dict[str, Any]]] = []
+
+    def swap() -> None:
         t_swap = time.time()
         emu.delete_pod(NS, name)  # another client deletes it (terminal: gone at once)
-        new = create_pod(emu, "i1", Shape.SUCCEEDED)
+        swapped.append((t_swap, create_pod(emu, "i1", Shape.SUCCEEDED)))
+
+    # The swap happens when the fresh GET (the last read before the DELETE) reaches the
+    # server: between the observation and the delete.
+    emu.before_next(swap, method="GET", path_contains=pod_path(name))
+    async with running_service(emulator, pg_url, THRESHOLD_SECONDS=threshold_s) as parts:
+        await eventually(lambda: bool(swapped), "the fresh GET")
+        t_swap, new = swapped[0]
         new_uid = new["metadata"]["uid"]
         assert new_uid != old["metadata"]["uid"]
         await eventually(
@@ -389,10 +394,13 @@ async def test_a_row_reactivated_before_the_delete_stops_it(
     threshold_s = 1.0
     name = await seed_row(pg_conn, "r1", active=False, state="suspended")
     create_pod(emu, "r1", Shape.SUCCEEDED)
-    emu.add_latency(1.0, method="GET", path_contains=pod_path(name), count=1)
+    # Re-activated when the fresh GET reaches the server: after the lookup, before the re-read.
+    emu.before_next(
+        partial(set_execution, pg_conn, name, active=True, execution_state="active"),
+        method="GET",
+        path_contains=pod_path(name),
+    )
     async with running_service(emulator, pg_url, THRESHOLD_SECONDS=threshold_s) as parts:
-        await eventually(lambda: requests_for(emu, "GET", name) >= 1, "the fresh GET")
-        await set_execution(pg_conn, name, active=True, execution_state="active")
         await eventually(lambda: outcome(parts, "changed") >= 1, "the re-verification")
         t_checked = time.time()
         await eventually(

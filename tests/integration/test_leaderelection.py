@@ -135,19 +135,20 @@ async def test_a_conflicting_write_is_a_409_that_costs_leadership_until_expiry(
     async with anyio.create_task_group() as tg:
         await tg.start(me.elector.run)
         await eventually(me.elector.is_leader, timeout_s=5)
-        # Hold the next renewal in flight, and meanwhile somebody else takes the lease: the
-        # renewal carries a stale resourceVersion.
-        seen = len(emu.requests)
+        # While the next renewal is in flight somebody else takes the lease: the renewal
+        # carries a stale resourceVersion.
         puts_before = len(emu.audit_log(method="PUT", path_contains=LEASE_PATH))
-        emu.add_latency(0.3, method="PUT", path_contains=LEASE_PATH, count=1)
-        # The first PUT to arrive from now on is the delayed one (recorded on arrival).
-        await eventually(
-            lambda: any(r.method == "PUT" for r in list(emu.requests)[seen:]), timeout_s=3
-        )
-        other = _lease(emulator)
-        other["spec"]["holderIdentity"] = "other"
-        emu.replace(LEASES, NS, LEASE, other)
-        taken_at = time.monotonic()
+        taken: list[float] = []
+
+        def take_over() -> None:
+            other = _lease(emulator)
+            other["spec"]["holderIdentity"] = "other"
+            emu.replace(LEASES, NS, LEASE, other)
+            taken.append(time.monotonic())
+
+        emu.before_next(take_over, method="PUT", path_contains=LEASE_PATH)
+        await eventually(lambda: bool(taken), timeout_s=3)
+        taken_at = taken[0]
         await eventually(
             lambda: any(
                 e.status == 409
