@@ -74,6 +74,11 @@ class PgProxy:
                 await asyncio.gather(*pipes, return_exceptions=True)
         except (OSError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # Only aclose() cancels a connection's task: end it normally. On Python 3.11 the
+            # streams server's done-callback calls ``task.exception()``, which raises on a
+            # cancelled task, into the loop's exception handler.
+            pass
         finally:
             for w in (writer, up_writer):
                 if w is not None:

@@ -35,3 +35,25 @@ async def test_stall_freezes_only_the_listener_connection_without_closing_it(
         await other.close()
     finally:
         await proxy.aclose()
+
+
+@pytest.mark.anyio
+async def test_closing_the_proxy_under_open_connections_raises_nothing_into_the_loop(
+    pg_server: PgServer,
+) -> None:
+    # aclose() ends every connection's task. The event-loop guard (tests/conftest.py) fails
+    # this test if that reaches the loop's exception handler: on Python 3.11 the streams
+    # server's done-callback calls ``task.exception()``, which raises on a cancelled task.
+    target = urlsplit(pg_server.admin_url)
+    proxy = await PgProxy(target.hostname or "127.0.0.1", target.port or 5432).start()
+    url = pg_server.admin_url.replace(f":{target.port}/", f":{proxy.port}/")
+    conns = [await asyncpg.connect(url) for _ in range(3)]
+    try:
+        assert [await c.fetchval("SELECT 1") for c in conns] == [1, 1, 1]
+        await proxy.aclose()
+        for c in conns:
+            with pytest.raises((asyncpg.InterfaceError, asyncpg.PostgresConnectionError, OSError)):
+                await c.fetchval("SELECT 1")
+    finally:
+        for c in conns:
+            c.terminate()
