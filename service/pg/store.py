@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import asyncpg
@@ -32,6 +32,7 @@ from service.domain import ExecutionRow, ExecutionState, PodKind
 from service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MANAGED_BY_KUBERNETES = "kubernetes"
 
@@ -202,12 +203,7 @@ class PgExecutionStore:
         for i in range(0, len(names), size):
             # In a task of the store's own, as the micro-batcher's queries: a caller giving up
             # (its timeout) must not cancel the query while it hands its pooled connection back.
-            task = asyncio.get_running_loop().create_task(
-                self._query(names[i : i + size], kind="batch"), name="retired-pod-gc-row-batch"
-            )
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
-            task.add_done_callback(_retrieved)
+            task = self._spawn(self._query(names[i : i + size], kind="batch"))
             out.update(await asyncio.shield(task))
         return out
 
@@ -262,11 +258,16 @@ class PgExecutionStore:
         batch, self._pending = self._pending, {}
         if not batch:
             return
-        task = asyncio.get_running_loop().create_task(
-            self._run_batch(batch), name="retired-pod-gc-row-batch"
-        )
+        self._spawn(self._run_batch(batch))
+
+    def _spawn(self, query: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """A query in a task of the store's own (cancelled by :meth:`aclose`); its failure is
+        retrieved even when whoever waited for it has given up."""
+        task = asyncio.get_running_loop().create_task(query, name="retired-pod-gc-row-batch")
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
+        task.add_done_callback(_retrieved)
+        return task
 
     async def _run_batch(self, batch: dict[str, asyncio.Future[ExecutionRow | None]]) -> None:
         try:
