@@ -38,12 +38,13 @@ class AuditEntry:
 class RequestRecord:
     """One API request (method, path and query string parameters), recorded as it arrives, and
     when it was handled: after any injected latency, right before the emulator read or changed
-    its state (0.0 until then)."""
+    its state (0.0 until then), and the status it was answered with (0 until then)."""
 
     method: str
     path: str
     query: dict[str, str]
     time_s: float = 0.0
+    status: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -51,6 +52,7 @@ class RequestRecord:
             "path": self.path,
             "query": self.query,
             "time_s": self.time_s,
+            "status": self.status,
         }
 
 

@@ -79,6 +79,7 @@ async def _api_middleware(request: web.Request, handler: Handler) -> web.StreamR
             response = await handler(request)
         except ApiError as err:
             response = _error_response(err)
+    record.status = response.status
     if method in _MUTATING:
         raw = await request.read()
         try:

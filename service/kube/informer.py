@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 _RELIST_RESTARTS = 3
+BACKOFF_MAX_S = 30.0
+"""Cap of the delay between list/watch attempts after failures."""
 
 
 class _WatchEvent(msgspec.Struct):
@@ -154,7 +156,7 @@ class PodInformer:
         clock: Clock | None = None,
         rng: random.Random | None = None,
         backoff_initial_s: float = 0.5,
-        backoff_max_s: float = 30.0,
+        backoff_max_s: float = BACKOFF_MAX_S,
         watch_jitter: float = 0.1,
         min_watch_s: float = 1.0,
     ) -> None:

@@ -36,6 +36,8 @@ from service.ports import ExecutionEventHandler
 
 logger = logging.getLogger(__name__)
 
+BACKOFF_MAX_S = 30.0
+"""Cap of the delay between connection attempts after failures."""
 HEARTBEAT_SQL = "SELECT 1 FROM pg_listening_channels() AS c(name) WHERE c.name = $1"
 _TRANSIENT = (
     OSError,
@@ -103,7 +105,7 @@ class RetirementListener:
         metrics: Metrics,
         clock: Callable[[], float] = time.monotonic,
         backoff_initial_s: float = 0.1,
-        backoff_max_s: float = 30.0,
+        backoff_max_s: float = BACKOFF_MAX_S,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self._settings = settings

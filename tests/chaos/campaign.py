@@ -57,7 +57,9 @@ from service.emulator import Emulator, start_emulator
 from service.emulator.core import AuditEntry
 from service.engine.budget import pacer_shape
 from service.kube.api import new_api_client
+from service.kube.informer import BACKOFF_MAX_S as INFORMER_BACKOFF_MAX_S
 from service.metrics import Metrics
+from service.pg.listener import BACKOFF_MAX_S as LISTENER_BACKOFF_MAX_S
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
 from service.pg.throwaway import ThrowawayPostgres, create_database_async, with_database
 from tests.chaos.model import (
@@ -101,8 +103,8 @@ class CampaignConfig:
     handed to the API client (engine/budget.py), so this is the request's transit through the
     shared loop. The grants themselves keep the envelope exactly (tests/unit/test_budget.py)."""
     recovery_bound_s: float = 8.0
-    """After faults stop: informer backoff (≤ 0.5·2^4 s after at most four consecutive
-    failures), listener reconnect backoff, and a watch re-establishment."""
+    """After faults stop and the service's links are back (see :func:`links_back_at`): a key's
+    requeue backoff (≤ 5 s · 1.1, service/app/service.py), a sync, and the first checks."""
     quiet_s: float = 1.5
     """Disabled mode: how long the quiet phase watches for (forbidden) actions."""
 
@@ -623,7 +625,16 @@ class Checker:
 # ------------------------------------------------------------------ running one seed
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """The quiet phase of one seed: when the service's links were back, and when its last due
+    pod was acted on, in seconds after the faults stopped."""
+
+    links_back_s: float
+    done_s: float
+
+
+@dataclass(slots=True)
 class SeedResult:
     seed: int
     mode: str
@@ -633,6 +644,7 @@ class SeedResult:
     duration_s: float = 0.0
     stats: Counter[str] = field(default_factory=Counter)
     race_windows: list[float] = field(default_factory=list)
+    recovery: Recovery | None = None
 
     @property
     def ok(self) -> bool:
@@ -723,7 +735,7 @@ async def run_seed(
                         world.stall_until = 0.0
                     checker.check(f"step {n} {step.kind}")
                     await anyio.sleep(step.pause_s)
-                await quiet_phase(world, checker, cfg, mode)
+                result.recovery = await quiet_phase(world, checker, cfg, mode)
             finally:
                 stop.set()
     except Exception as exc:  # a crash of the service or the harness fails the seed
@@ -743,7 +755,9 @@ async def run_seed(
     return result
 
 
-async def quiet_phase(world: World, checker: Checker, cfg: CampaignConfig, mode: str) -> None:
+async def quiet_phase(
+    world: World, checker: Checker, cfg: CampaignConfig, mode: str
+) -> Recovery | None:
     """Faults stop; every pod reapable now must be acted on within the stated bound."""
     world.emu.clear_faults()
     world.proxy.unstall()
@@ -758,11 +772,12 @@ async def quiet_phase(world: World, checker: Checker, cfg: CampaignConfig, mode:
     if mode == "disabled":
         await anyio.sleep(cfg.threshold_s + cfg.quiet_s)
         checker.check("quiet")
-        return
+        return None
     backlog_s = 0.0
     if mode == "live" and checker.rate_per_s > 0:
         backlog_s = max(0, len(due) - checker.capacity + 1) / checker.rate_per_s
     bound_s = cfg.threshold_s + cfg.recovery_bound_s + backlog_s
+    watching = informer_watching(world, t_quiet)
     while True:
         checker.check("quiet")
         done = checker.deleted_uids if mode == "live" else checker.reported_uids
@@ -770,15 +785,114 @@ async def quiet_phase(world: World, checker: Checker, cfg: CampaignConfig, mode:
         # Seeds share one PostgreSQL server: a restart by another seed is a fault too, and the
         # bound counts from the end of the last one.
         faults_stopped = max(t_quiet, world.shared.restarted_at)
-        if not missing or time.time() > faults_stopped + bound_s:
+        back_at = links_back_at(world, t_quiet, faults_stopped, watching=watching)
+        deadline = min(back_at, faults_stopped + RECONNECT_CAP_S) + bound_s
+        if not missing or time.time() > deadline:
             break
         await anyio.sleep(0.1)
+    recovery = Recovery(links_back_s=back_at - faults_stopped, done_s=time.time() - faults_stopped)
     if missing:
+        # Slow or stuck? Watch a while longer, for the report only.
+        late: dict[str, float] = {}
+        until = time.time() + LIVENESS_GRACE_S
+        while len(late) < len(missing) and time.time() < until:
+            checker.check("quiet")
+            done = checker.deleted_uids if mode == "live" else checker.reported_uids
+            for uid, name in missing.items():
+                if uid in done and name not in late:
+                    late[name] = time.time()
+            await anyio.sleep(0.1)
         checker.violations.append(
             f"[liveness] {len(missing)} pod(s) reapable since the faults stopped were not "
-            f"{'deleted' if mode == 'live' else 'reported'} within {bound_s:.1f}s: "
-            f"{sorted(missing.values())[:5]}"
+            f"{'deleted' if mode == 'live' else 'reported'} within {bound_s:.1f}s of the "
+            f"service's links being back (at {back_at - t_quiet:+.2f}s): "
+            f"{sorted(missing.values())[:5]}\n"
+            + liveness_evidence(world, sorted(missing.values())[:5], t_quiet, late)
         )
+    return recovery
+
+
+LIVENESS_GRACE_S = 30.0
+
+RECONNECT_CAP_S = max(INFORMER_BACKOFF_MAX_S, LISTENER_BACKOFF_MAX_S) + 2.0
+"""The service's links are back this long after the faults stopped at the latest: its backoff
+caps, plus a connect attempt (DB_CONNECT_TIMEOUT_SECONDS, API_TIMEOUT_SECONDS)."""
+
+
+def informer_watching(world: World, t: float) -> bool:
+    """Whether a watch on the pods was streaming at ``t`` (the emulator's side)."""
+    collection = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    return any(
+        r.method == "GET" and r.path == collection and "watch" in r.query and r.status == 0
+        for r in world.emu.requests
+        if 0 < r.time_s <= t
+    )
+
+
+def links_back_at(world: World, t_quiet: float, faults_stopped: float, *, watching: bool) -> float:
+    """When the service's links were back after the faults stopped (``inf`` until then), from
+    the proxy's and the emulator's side, not from the service's word: its last listener connect
+    since the faults stopped, and — if no watch was streaming when they stopped — its first pods
+    request since. Both wait out a backoff that grew with the faults (an outage's length, how
+    many requests failed in a row): a loaded machine lengthens a database restart, so a fixed
+    bound from the end of the faults would judge the product's backoff, not its liveness. The
+    backoff has its cap (RECONNECT_CAP_S), so this bound cannot grow without limit."""
+    back = faults_stopped
+    connects = [t for t in world.proxy.listener_connected_at if t >= faults_stopped]
+    if connects:
+        back = max(back, connects[-1])
+    if not watching:
+        collection = f"/api/v1/namespaces/{NAMESPACE}/pods"
+        first = min(
+            (
+                r.time_s
+                for r in world.emu.requests
+                if r.method == "GET" and r.path == collection and r.time_s >= t_quiet
+            ),
+            default=math.inf,
+        )
+        back = max(back, first)
+    return back
+
+
+def liveness_evidence(
+    world: World, names: list[str], t_quiet: float, late: dict[str, float]
+) -> str:
+    """What the service did around the quiet phase, from the emulator's and the proxy's side
+    (times in seconds from the start of the quiet phase; status 0: still streaming)."""
+
+    def at(t: float) -> str:
+        return f"{t - t_quiet:+.2f}"
+
+    since = t_quiet - 15.0
+    collection = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    syncs = [
+        f"{at(r.time_s)} {'watch' if 'watch' in r.query else 'list'} {r.status}"
+        for r in world.emu.requests
+        if r.method == "GET" and r.path == collection and r.time_s >= since
+    ]
+    lines = [
+        f"    restart ended {at(world.shared.restarted_at)}"
+        if world.shared.restarted_at
+        else "    no restart",
+        "    listener connects: "
+        + ", ".join(at(t) for t in world.proxy.listener_connected_at if t >= since),
+        "    pods list/watch: " + ", ".join(syncs),
+    ]
+    for name in names:
+        path = f"{collection}/{name}"
+        seen = [
+            f"{at(r.time_s)} {r.method} {r.status}"
+            for r in world.emu.requests
+            if r.path == path and r.time_s >= since
+        ]
+        after = (
+            f"acted on at {at(late[name])}"
+            if name in late
+            else f"not acted on by {at(t_quiet + LIVENESS_GRACE_S)}"
+        )
+        lines.append(f"    {name}: {after}; " + ", ".join(seen))
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ steps
@@ -1181,6 +1295,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"final re-read -> action: p50 {windows[len(windows) // 2] * 1000:.1f} ms, "
             f"p99 {windows[int(len(windows) * 0.99)] * 1000:.1f} ms, "
             f"max {windows[-1] * 1000:.1f} ms over {len(windows)} actions"
+        )
+    recoveries = [r.recovery for r in results if r.recovery is not None]
+    if recoveries:
+        back = sorted(rc.links_back_s for rc in recoveries if rc.links_back_s < math.inf)
+        early = len(recoveries) - len(back)
+        back = back or [0.0]
+        done = sorted(rc.done_s for rc in recoveries)
+        print(
+            f"after the faults stopped: links back p50 {back[len(back) // 2]:.2f} s, "
+            f"max {back[-1]:.2f} s ({early} seeds done before theirs were); "
+            f"last due pod acted on p50 {done[len(done) // 2]:.2f} s, "
+            f"p99 {done[int(len(done) * 0.99)]:.2f} s, max {done[-1]:.2f} s"
         )
     total = Counter[str]()
     for r in results:

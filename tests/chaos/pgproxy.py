@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 LISTENER_APPLICATION_NAME = b"retired-pod-gc-listener"
 
@@ -23,7 +24,8 @@ class PgProxy:
         self._flowing = asyncio.Event()
         self._flowing.set()
         self.port = 0
-        self.listener_connections = 0
+        self.listener_connected_at: list[float] = []
+        """Wall-clock times at which listener connections sent their startup message."""
 
     @property
     def stalled(self) -> bool:
@@ -106,7 +108,7 @@ class PgProxy:
                     link.early += data
                     if LISTENER_APPLICATION_NAME in link.early:
                         link.is_listener = True
-                        self.listener_connections += 1
+                        self.listener_connected_at.append(time.time())
                         link.early = None
                     elif len(link.early) > 8192:
                         link.early = None

@@ -29,7 +29,7 @@ async def test_stall_freezes_only_the_listener_connection_without_closing_it(
             url, server_settings={"application_name": "retired-pod-gc-listener"}
         )
         other = await asyncpg.connect(url, server_settings={"application_name": "retired-pod-gc"})
-        assert proxy.listener_connections == 1
+        assert len(proxy.listener_connected_at) == 1
         proxy.stall()
         with pytest.raises(TimeoutError), anyio.fail_after(0.5):
             await listener.fetchval("SELECT 1")
