@@ -55,6 +55,7 @@ from service.app.service import build, run
 from service.config import load
 from service.emulator import Emulator, start_emulator
 from service.emulator.core import AuditEntry
+from service.emulator.faults import RequestRecord
 from service.engine.budget import pacer_shape
 from service.kube.api import new_api_client
 from service.kube.informer import BACKOFF_MAX_S as INFORMER_BACKOFF_MAX_S
@@ -85,6 +86,7 @@ logger = logging.getLogger(__name__)
 PREFIX = "SPACE_RETIRED_EXECUTION_POD_GC_"
 SELECTOR_LABEL = ("app.kubernetes.io/managed-by", "space-sandbox")
 RECONCILER_LOGGER = "service.engine.reconciler"
+PODS_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods"
 
 
 @dataclass(frozen=True, slots=True)
@@ -528,7 +530,7 @@ class Checker:
         return True, ""
 
     def _last_get_before(self, name: str, t: float) -> float | None:
-        path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}"
+        path = f"{PODS_PATH}/{name}"
         times = [
             r.time_s
             for r in self.world.emu.requests
@@ -777,7 +779,9 @@ async def quiet_phase(
     if mode == "live" and checker.rate_per_s > 0:
         backlog_s = max(0, len(due) - checker.capacity + 1) / checker.rate_per_s
     bound_s = cfg.threshold_s + cfg.recovery_bound_s + backlog_s
-    watching = informer_watching(world, t_quiet)
+    # A watch still streaming now (answered with status 0 so far): the informer needs no retry.
+    watching = any("watch" in r.query and r.time_s > 0 and r.status == 0 for r in pod_syncs(world))
+    informer_back = t_quiet if watching else math.inf
     while True:
         checker.check("quiet")
         done = checker.deleted_uids if mode == "live" else checker.reported_uids
@@ -785,7 +789,11 @@ async def quiet_phase(
         # Seeds share one PostgreSQL server: a restart by another seed is a fault too, and the
         # bound counts from the end of the last one.
         faults_stopped = max(t_quiet, world.shared.restarted_at)
-        back_at = links_back_at(world, t_quiet, faults_stopped, watching=watching)
+        if informer_back == math.inf:  # its first request since the faults stopped
+            informer_back = min(
+                (r.time_s for r in pod_syncs(world) if r.time_s >= t_quiet), default=math.inf
+            )
+        back_at = links_back_at(world, faults_stopped, informer_back)
         deadline = min(back_at, faults_stopped + RECONNECT_CAP_S) + bound_s
         if not missing or time.time() > deadline:
             break
@@ -819,40 +827,22 @@ RECONNECT_CAP_S = max(INFORMER_BACKOFF_MAX_S, LISTENER_BACKOFF_MAX_S) + 2.0
 caps, plus a connect attempt (DB_CONNECT_TIMEOUT_SECONDS, API_TIMEOUT_SECONDS)."""
 
 
-def informer_watching(world: World, t: float) -> bool:
-    """Whether a watch on the pods was streaming at ``t`` (the emulator's side)."""
-    collection = f"/api/v1/namespaces/{NAMESPACE}/pods"
-    return any(
-        r.method == "GET" and r.path == collection and "watch" in r.query and r.status == 0
-        for r in world.emu.requests
-        if 0 < r.time_s <= t
-    )
+def pod_syncs(world: World) -> list[RequestRecord]:
+    """The list and watch requests on the pods, as the emulator received them."""
+    return [r for r in world.emu.requests if r.method == "GET" and r.path == PODS_PATH]
 
 
-def links_back_at(world: World, t_quiet: float, faults_stopped: float, *, watching: bool) -> float:
+def links_back_at(world: World, faults_stopped: float, informer_back: float) -> float:
     """When the service's links were back after the faults stopped (``inf`` until then), from
-    the proxy's and the emulator's side, not from the service's word: its last listener connect
-    since the faults stopped, and — if no watch was streaming when they stopped — its first pods
-    request since. Both wait out a backoff that grew with the faults (an outage's length, how
-    many requests failed in a row): a loaded machine lengthens a database restart, so a fixed
-    bound from the end of the faults would judge the product's backoff, not its liveness. The
-    backoff has its cap (RECONNECT_CAP_S), so this bound cannot grow without limit."""
-    back = faults_stopped
+    the proxy's and the emulator's side, not from the service's word: the later of its last
+    listener connect since the faults stopped and ``informer_back`` (when its informer was
+    listing or watching again). Both wait out a backoff that grew with the faults (an outage's
+    length, how many requests failed in a row): a loaded machine lengthens a database restart,
+    so a fixed bound from the end of the faults would judge the product's backoff, not its
+    liveness. The backoffs have their caps (RECONNECT_CAP_S), so this bound cannot grow
+    without limit."""
     connects = [t for t in world.proxy.listener_connected_at if t >= faults_stopped]
-    if connects:
-        back = max(back, connects[-1])
-    if not watching:
-        collection = f"/api/v1/namespaces/{NAMESPACE}/pods"
-        first = min(
-            (
-                r.time_s
-                for r in world.emu.requests
-                if r.method == "GET" and r.path == collection and r.time_s >= t_quiet
-            ),
-            default=math.inf,
-        )
-        back = max(back, first)
-    return back
+    return max(faults_stopped, informer_back, *connects)
 
 
 def liveness_evidence(
@@ -865,11 +855,10 @@ def liveness_evidence(
         return f"{t - t_quiet:+.2f}"
 
     since = t_quiet - 15.0
-    collection = f"/api/v1/namespaces/{NAMESPACE}/pods"
     syncs = [
         f"{at(r.time_s)} {'watch' if 'watch' in r.query else 'list'} {r.status}"
-        for r in world.emu.requests
-        if r.method == "GET" and r.path == collection and r.time_s >= since
+        for r in pod_syncs(world)
+        if r.time_s >= since
     ]
     lines = [
         f"    restart ended {at(world.shared.restarted_at)}"
@@ -880,7 +869,7 @@ def liveness_evidence(
         "    pods list/watch: " + ", ".join(syncs),
     ]
     for name in names:
-        path = f"{collection}/{name}"
+        path = f"{PODS_PATH}/{name}"
         seen = [
             f"{at(r.time_s)} {r.method} {r.status}"
             for r in world.emu.requests
