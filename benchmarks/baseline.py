@@ -22,7 +22,7 @@ from service.classifier import classify, prefilter
 from service.config import Settings
 from service.domain import DeleteResult, PodSnapshot, Verdict
 from service.engine.budget import DeleteBudget
-from service.engine.clock import MonotonicClock
+from service.kit.clock import MonotonicClock
 from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder

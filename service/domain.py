@@ -232,17 +232,6 @@ class DeleteOutcome:
     """The server's ``Retry-After`` (429, some 5xx), when it sent one."""
 
 
-class ApiError(Exception):
-    """An API call that did not give an expected answer. Adapters raise subclasses; the engine
-    reads ``retry_after_s`` to wait as long as the server asked before trying again."""
-
-    def __init__(self, status: int, message: str, *, retry_after_s: float | None = None) -> None:
-        super().__init__(f"{status}: {message}" if status else message)
-        self.status = status
-        self.message = message
-        self.retry_after_s = retry_after_s
-
-
 class ReconcileOutcome(enum.StrEnum):
     """The ``verdict`` label of the outcome metric for anything that is not a reap."""
 

@@ -21,12 +21,6 @@ from service.domain import (
 )
 
 
-class Clock(Protocol):
-    def monotonic(self) -> float:
-        """Seconds from an arbitrary origin, never going backwards."""
-        ...
-
-
 class PodCache(Protocol):
     """The informer's view of the sandbox namespace."""
 

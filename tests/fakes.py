@@ -33,13 +33,13 @@ from service.domain import (
 )
 from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget
-from service.engine.clock import FakeClock
 from service.engine.controller import Controller
 from service.engine.observation import ObservationClocks
 from service.engine.reconciler import Reconciler
 from service.engine.workqueue import WorkQueue
+from service.kit.clock import Clock, FakeClock
 from service.metrics import LOOP, Metrics
-from service.ports import Clock, NotificationBarrier
+from service.ports import NotificationBarrier
 
 NAMESPACE = "sandboxes"
 

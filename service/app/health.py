@@ -17,8 +17,8 @@ from aiohttp import web
 from anyio.abc import TaskStatus
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from service.kit.clock import Clock
 from service.metrics import Metrics
-from service.ports import Clock
 
 logger = logging.getLogger(__name__)
 

@@ -22,11 +22,12 @@ from service.config import Settings
 from service.domain import PodSnapshot
 from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget
-from service.engine.clock import MonotonicClock
 from service.engine.controller import Controller
 from service.engine.observation import ObservationClocks
 from service.engine.reconciler import Reconciler
-from service.engine.workqueue import ExponentialBackoff, WorkQueue
+from service.engine.workqueue import WorkQueue
+from service.kit.backoff import Backoff
+from service.kit.clock import MonotonicClock
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
@@ -123,7 +124,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     queue = WorkQueue(
         clock=clock,
         metrics=metrics,
-        backoff=ExponentialBackoff(max_delay_s=MAX_BACKOFF_S, jitter=0.1),
+        backoff=Backoff(initial_s=0.005, max_s=MAX_BACKOFF_S, jitter=0.1),
     )
     clocks = ObservationClocks(metrics=metrics)
     elector: LeaderElector | None = None

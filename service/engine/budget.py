@@ -30,25 +30,13 @@ from __future__ import annotations
 from collections import deque
 
 import anyio
-from aiolimiter import AsyncLimiter
 
-from service.engine.clock import SchedulingClock, sleep_until
+from service.kit.clock import SchedulingClock, sleep_until
+from service.kit.ratelimit import AsyncLimiter, capped_limiter, capped_shape
 
 PACER_POLL_MAX_S = 0.05
 """How often the head of the line looks at the pacer while it waits (aiolimiter can wait only by
 consuming): at most this, and at most a tenth of a token's drain time."""
-
-
-def pacer_shape(deletes_per_window: int, window_s: float = 60.0) -> tuple[int, float] | None:
-    """``(capacity, rate_per_s)`` of a leaky bucket that never exceeds the cap in a window.
-
-    ``None`` when no such bucket exists with a positive rate (a cap of 1 per window): the exact
-    guard then does all the work.
-    """
-    capacity = max(1, deletes_per_window // 10)
-    if deletes_per_window - capacity <= 0:
-        return None
-    return capacity, (deletes_per_window - capacity) / window_s
 
 
 class Turn:
@@ -103,15 +91,12 @@ class DeleteBudget:
         self._clock = clock
         self._grants: deque[float] = deque(maxlen=deletes_per_minute)
         self._lock = anyio.Lock()
-        shape = pacer_shape(deletes_per_minute, window_s) if pace else None
+        shape = capped_shape(deletes_per_minute, window_s) if pace else None
         self._pacer: AsyncLimiter | None = None
         self._pacer_poll_s = PACER_POLL_MAX_S
         if shape is not None:
-            capacity, rate_per_s = shape
-            # AsyncLimiter(max_rate, time_period) is a bucket of capacity max_rate draining
-            # at max_rate / time_period per second.
-            self._pacer = AsyncLimiter(capacity, capacity / rate_per_s)
-            self._pacer_poll_s = min(PACER_POLL_MAX_S, 0.1 / rate_per_s)
+            self._pacer = capped_limiter(deletes_per_minute, window_s)
+            self._pacer_poll_s = min(PACER_POLL_MAX_S, 0.1 / shape[1])
 
     @property
     def cap(self) -> int:

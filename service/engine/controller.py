@@ -44,10 +44,10 @@ from anyio.abc import TaskStatus
 from service.classifier import prefilter
 from service.domain import ExecutionChange, PodSnapshot, ReconcileOutcome
 from service.engine.activation import Activation
-from service.engine.clock import SchedulingClock, sleep_until
 from service.engine.observation import ObservationClocks
 from service.engine.reconciler import Action, Reconciler, ReconcileResult
 from service.engine.workqueue import WorkQueue
+from service.kit.clock import SchedulingClock, sleep_until
 from service.metrics import Metrics
 from service.ports import PodCache
 

@@ -58,7 +58,6 @@ import anyio
 from service.classifier import classify, prefilter
 from service.config import Settings
 from service.domain import (
-    ApiError,
     Decision,
     DeleteResult,
     ExecutionRow,
@@ -72,9 +71,10 @@ from service.domain import (
 from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget, Turn
 from service.engine.observation import ObservationClocks
+from service.kit.clock import Clock
+from service.kit.errors import ApiError
 from service.metrics import Metrics
 from service.ports import (
-    Clock,
     ExecutionStore,
     NotificationBarrier,
     PodCache,

@@ -11,12 +11,13 @@ A key lives in at most one of three places that matter for correctness:
   add does not cancel a pending delayed one: the key is then processed twice, which is harmless
   for an idempotent reconcile and keeps "reconcile again when the clock expires" true.
 
-Delays run on an injected :class:`~service.engine.clock.SchedulingClock`: one timer is armed for
+Delays run on an injected :class:`~service.kit.clock.SchedulingClock`: one timer is armed for
 the earliest due time, so with a fake clock ``advance()`` moves due keys to the ready list
 synchronously and wakes getters without any real sleep.
 
-Failures back off per key (``add_rate_limited``): ``base_delay_s * 2**failures`` capped at
-``max_delay_s``, optionally stretched by up to ``jitter`` (a fraction); :meth:`forget` resets it.
+Failures back off per key (``add_rate_limited``, client-go's item exponential failure limiter):
+the queue counts each key's failures and asks the kit's :class:`~service.kit.backoff.Backoff`
+for the delay; :meth:`forget` resets the count.
 
 Shutdown differs from client-go on purpose: after :meth:`shut_down`, :meth:`get` returns ``None``
 at once (queued keys are dropped: a restart relists everything), adds are ignored, and in-flight
@@ -29,52 +30,13 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
-import random
 from collections import deque
 
 import anyio
 
-from service.engine.clock import Cancellable, SchedulingClock, wait_until
+from service.kit.backoff import Backoff
+from service.kit.clock import Cancellable, SchedulingClock, wait_until
 from service.metrics import Metrics
-
-
-class ExponentialBackoff:
-    """Per-key exponential failure backoff (client-go's item exponential failure limiter)."""
-
-    def __init__(
-        self,
-        *,
-        base_delay_s: float = 0.005,
-        max_delay_s: float = 60.0,
-        jitter: float = 0.0,
-        rng: random.Random | None = None,
-    ) -> None:
-        if base_delay_s <= 0 or max_delay_s < base_delay_s:
-            raise ValueError("need 0 < base_delay_s <= max_delay_s")
-        self._base_s = base_delay_s
-        self._max_s = max_delay_s
-        self._jitter = jitter
-        self._rng = rng if rng is not None else random.Random()
-        self._failures: dict[str, int] = {}
-
-    def when(self, key: str) -> float:
-        """The delay before the next attempt of ``key``; counts one more failure."""
-        failures = self._failures.get(key, 0)
-        self._failures[key] = failures + 1
-        # 2**64 * base overflows nothing in Python but is absurd; cap the exponent first.
-        delay = self._max_s if failures >= 64 else min(self._base_s * 2.0**failures, self._max_s)
-        if self._jitter > 0:
-            delay = min(delay * (1.0 + self._jitter * self._rng.random()), self._max_s)
-        return delay
-
-    def forget(self, key: str) -> None:
-        self._failures.pop(key, None)
-
-    def num_requeues(self, key: str) -> int:
-        return self._failures.get(key, 0)
-
-    def __len__(self) -> int:
-        return len(self._failures)
 
 
 class WorkQueue:
@@ -85,11 +47,12 @@ class WorkQueue:
         *,
         clock: SchedulingClock,
         metrics: Metrics | None = None,
-        backoff: ExponentialBackoff | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
         self._clock = clock
         self._metrics = metrics
-        self._backoff = backoff if backoff is not None else ExponentialBackoff()
+        self._backoff = backoff if backoff is not None else Backoff(initial_s=0.005, max_s=60.0)
+        self._failures: dict[str, int] = {}
         self._ready: deque[str] = deque()
         self._dirty: set[str] = set()
         self._processing: set[str] = set()
@@ -145,14 +108,16 @@ class WorkQueue:
             return
         if self._metrics is not None:
             self._metrics.queue_retries.inc()
-        self.add_after(key, self._backoff.when(key))
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        self.add_after(key, self._backoff.delay_s(failures))
 
     def forget(self, key: str) -> None:
         """``key`` succeeded: reset its backoff (does not remove it from the queue)."""
-        self._backoff.forget(key)
+        self._failures.pop(key, None)
 
     def num_requeues(self, key: str) -> int:
-        return self._backoff.num_requeues(key)
+        return self._failures.get(key, 0)
 
     # --------------------------------------------------------------- consuming
 

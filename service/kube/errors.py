@@ -13,7 +13,7 @@ from typing import Any, cast
 import aiohttp
 import msgspec
 
-from service.domain import ApiError
+from service.kit.errors import ApiError
 
 
 async def raw_response(call: Awaitable[Any]) -> aiohttp.ClientResponse:

@@ -34,9 +34,10 @@ import anyio
 from anyio.abc import TaskStatus
 from kubernetes_asyncio import client as k8s_client
 
+from service.kit.clock import Clock
 from service.kube.errors import read_whole, status_message
 from service.metrics import Metrics
-from service.ports import Clock, ReapReport
+from service.ports import ReapReport
 
 logger = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from kubernetes_asyncio import client as k8s_client
 
 from service.config import KubeSettings
 from service.domain import PodSnapshot
+from service.kit.clock import Clock
 from service.kube.decode import PodDecodeError, PodDecoder
 from service.kube.errors import (
     KubeApiError,
@@ -38,7 +39,7 @@ from service.kube.errors import (
     status_message,
 )
 from service.metrics import Metrics
-from service.ports import Clock, PodEventHandler
+from service.ports import PodEventHandler
 
 logger = logging.getLogger(__name__)
 

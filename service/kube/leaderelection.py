@@ -24,9 +24,9 @@ from anyio.abc import TaskStatus
 from kubernetes_asyncio.client import ApiClient
 
 from service.config import LeaderSettings
+from service.kit.clock import Clock
 from service.kube.decode import decode_json
 from service.metrics import Metrics
-from service.ports import Clock
 
 logger = logging.getLogger(__name__)
 

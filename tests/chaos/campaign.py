@@ -56,7 +56,7 @@ from service.config import load
 from service.emulator import Emulator, start_emulator
 from service.emulator.core import AuditEntry
 from service.emulator.faults import RequestRecord
-from service.engine.budget import pacer_shape
+from service.kit.ratelimit import capped_shape
 from service.kube.api import new_api_client
 from service.kube.informer import BACKOFF_MAX_S as INFORMER_BACKOFF_MAX_S
 from service.metrics import Metrics
@@ -467,7 +467,7 @@ class Checker:
         """Final re-read start (database) → action (API server arrival or report), seconds."""
         self._audit_seen = 0
         self._reports_seen = 0
-        shape = pacer_shape(cfg.deletes_per_minute)
+        shape = capped_shape(cfg.deletes_per_minute)
         self.capacity, self.rate_per_s = shape if shape is not None else (1, 0.0)
 
     def _fail(self, where: str, message: str) -> None:

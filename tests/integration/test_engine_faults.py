@@ -22,7 +22,7 @@ import pytest
 
 from service.emulator import RunningEmulator
 from service.emulator.sandboxpods import Shape, pod_status
-from service.engine.budget import pacer_shape
+from service.kit.ratelimit import capped_shape
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
 from service.pg.throwaway import ThrowawayPostgres
 from tests.integration.test_engine_safety import (
@@ -58,7 +58,7 @@ async def test_rate_limit_caps_deletes_per_rolling_minute(
     for i in range(count):
         await seed_row(pg_conn, f"b{i:02d}", active=False, state="suspended")
         create_pod(emu, f"b{i:02d}", Shape.SUCCEEDED)
-    shape = pacer_shape(cap)
+    shape = capped_shape(cap)
     assert shape is not None
     burst, rate_per_s = shape
     # A real minute cannot be waited for. Instead: every candidate is due at once, and the

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from service.domain import ExecutionState, Verdict
 from service.emulator import RunningEmulator
-from service.engine.clock import FakeClock
+from service.kit.clock import FakeClock
 from service.kube.events import REASON_DELETED, REASON_WOULD_DELETE, KubeEventRecorder
 from service.metrics import EVENT_RESULTS, Metrics
 from service.ports import ReapReport

@@ -13,7 +13,7 @@ from kubernetes_asyncio import client as k8s_client
 from service.config import LeaderSettings
 from service.emulator import RunningEmulator
 from service.emulator.statuses import LEASES
-from service.engine.clock import MonotonicClock
+from service.kit.clock import MonotonicClock
 from service.kube.leaderelection import LeaderElector
 from service.metrics import Metrics
 from tests.kubefixtures import eventually

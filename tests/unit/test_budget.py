@@ -9,8 +9,9 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from service.engine.budget import DeleteBudget, pacer_shape
-from service.engine.clock import FakeClock, MonotonicClock
+from service.engine.budget import DeleteBudget
+from service.kit.clock import FakeClock, MonotonicClock
+from service.kit.ratelimit import capped_shape
 
 
 def _max_in_any_window(times: list[float], window_s: float) -> int:
@@ -28,7 +29,7 @@ def _max_in_any_window(times: list[float], window_s: float) -> int:
 
 def test_pacer_shape_never_exceeds_the_cap_in_a_window_and_keeps_most_of_it() -> None:
     for cap in range(1, 6001):
-        shape = pacer_shape(cap)
+        shape = capped_shape(cap)
         if shape is None:
             assert cap == 1
             continue
@@ -45,7 +46,7 @@ def test_a_plain_aiolimiter_bucket_would_break_the_cap() -> None:
     # minute; the sized bucket admits at most N.
     cap = 120
     naive_first_minute = cap + cap / 60.0 * 60.0
-    capacity, rate_per_s = pacer_shape(cap) or (0, 0.0)
+    capacity, rate_per_s = capped_shape(cap) or (0, 0.0)
     assert naive_first_minute > cap
     assert capacity + rate_per_s * 60.0 <= cap
 
@@ -164,7 +165,7 @@ async def test_paced_take_times_keep_the_envelope_however_long_each_holder_check
     window_s = 1.0
     cap = 20
     budget = DeleteBudget(cap, clock=MonotonicClock(), window_s=window_s, pace=True)
-    capacity, rate_per_s = pacer_shape(cap, window_s) or (0, 0.0)
+    capacity, rate_per_s = capped_shape(cap, window_s) or (0, 0.0)
     checks_s = [0.0, 0.12, 0.0, 0.0, 0.09, 0.0, 0.15, 0.0, 0.0, 0.05] * 2
     taken: list[tuple[float, float]] = []
 

@@ -15,12 +15,12 @@ import anyio
 import pytest
 
 from service.domain import ExecutionChange, ExecutionState, PodSnapshot, ReconcileOutcome, Verdict
-from service.engine.clock import FakeClock
 from service.engine.reconciler import (
     FINAL_CHECK_MAX_AGE_S,
     MAX_AGE_REVERIFICATIONS,
     ReconcileResult,
 )
+from service.kit.clock import FakeClock
 from tests.fakes import EngineRig, make_pod, make_rig, make_row, make_settings
 
 OVER = FINAL_CHECK_MAX_AGE_S + 0.05

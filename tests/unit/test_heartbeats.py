@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from service.app.health import Heartbeats
-from service.engine.clock import FakeClock
+from service.kit.clock import FakeClock
 
 
 def test_a_loop_is_stuck_only_after_its_allowance_without_a_beat() -> None:

@@ -9,8 +9,9 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from service.engine.clock import FakeClock
-from service.engine.workqueue import ExponentialBackoff, WorkQueue
+from service.engine.workqueue import WorkQueue
+from service.kit.backoff import Attempts, Backoff
+from service.kit.clock import FakeClock
 from service.metrics import Metrics
 
 
@@ -121,29 +122,38 @@ async def test_an_immediate_add_does_not_cancel_a_pending_delayed_add() -> None:
     assert await _get_now(queue) == "ns/a"
 
 
-def test_backoff_doubles_per_failure_up_to_the_cap_and_forget_resets() -> None:
-    backoff = ExponentialBackoff(base_delay_s=0.005, max_delay_s=60.0)
-    delays = [backoff.when("k") for _ in range(20)]
+def test_backoff_doubles_per_failure_up_to_the_cap() -> None:
+    backoff = Backoff(initial_s=0.005, max_s=60.0)
+    delays = [backoff.delay_s(failures) for failures in range(20)]
     assert delays[:4] == [0.005, 0.01, 0.02, 0.04]
     assert delays[-1] == 60.0
     assert all(b >= a for a, b in itertools.pairwise(delays))
-    assert backoff.num_requeues("k") == 20
-    assert backoff.num_requeues("other") == 0
-    backoff.forget("k")
-    assert backoff.num_requeues("k") == 0
-    assert backoff.when("k") == 0.005
-    for _ in range(200):  # huge failure counts neither overflow nor exceed the cap
-        assert backoff.when("k") <= 60.0
+    for failures in (64, 65, 200, 10**9):  # huge failure counts neither overflow nor exceed the cap
+        assert backoff.delay_s(failures) == 60.0
 
 
-def test_backoff_jitter_stretches_within_the_cap() -> None:
-    backoff = ExponentialBackoff(
-        base_delay_s=1.0, max_delay_s=8.0, jitter=0.5, rng=random.Random(4)
-    )
-    delays = [backoff.when("k") for _ in range(6)]
-    for attempt, delay in enumerate(delays):
-        plain = min(2.0**attempt, 8.0)
-        assert plain <= delay <= min(plain * 1.5, 8.0)
+def test_backoff_jitter_shortens_a_delay_by_at_most_its_fraction() -> None:
+    backoff = Backoff(initial_s=1.0, max_s=8.0, jitter=0.5, rng=random.Random(4))
+    delays = [backoff.delay_s(failures) for failures in range(6)]
+    for failures, delay in enumerate(delays):
+        plain = min(2.0**failures, 8.0)
+        assert plain * 0.5 <= delay <= plain
+    assert len(set(delays)) == len(delays)  # jittered: no two equal
+
+
+def test_attempts_count_failures_honour_a_floor_and_reset() -> None:
+    attempts = Attempts(Backoff(initial_s=1.0, max_s=4.0))
+    assert [attempts.next_delay() for _ in range(4)] == [1.0, 2.0, 4.0, 4.0]
+    assert attempts.failures == 4
+    assert attempts.next_delay(floor_s=30.0) == 30.0
+    attempts.reset()
+    assert attempts.failures == 0
+    assert attempts.next_delay() == 1.0
+
+
+def test_backoff_rejects_a_cap_below_its_first_delay() -> None:
+    with pytest.raises(ValueError, match="initial_s"):
+        Backoff(initial_s=2.0, max_s=1.0)
 
 
 @pytest.mark.anyio

@@ -9,8 +9,8 @@ import anyio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.engine.clock import FakeClock
 from service.engine.workqueue import WorkQueue
+from service.kit.clock import FakeClock
 
 KEYS = ("ns/a", "ns/b", "ns/c")
 op = st.one_of(

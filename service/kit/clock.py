@@ -1,7 +1,8 @@
-"""Time for the engine: a real monotonic clock, a fake one for tests and the demo, and sleeping.
+"""Time, injected one way: a real monotonic clock, a fake one for tests and the demo, and sleeping.
 
-The engine needs more than ``ports.Clock.monotonic()``: the work queue's delayed adds, the delete
-budget's window and the graceful drain all wait until a deadline. They do so through one
+Every part that reads or waits for time takes one :class:`SchedulingClock` (``clock=``). Reading
+is ``monotonic()``; the work queue's delayed adds, the delete budget's window, backoff sleeps and
+the graceful drain all wait until a deadline. They do so through one
 primitive, ``call_at(deadline, callback)``, instead of ``anyio.sleep``: a real clock maps it onto
 the event loop's timers, and :class:`FakeClock` keeps its own timer heap that ``advance()`` fires
 synchronously, in deadline order, with ``monotonic()`` reading exactly each timer's deadline while
@@ -21,7 +22,11 @@ from typing import Protocol
 import anyio
 import anyio.lowlevel
 
-from service.ports import Clock
+
+class Clock(Protocol):
+    def monotonic(self) -> float:
+        """Seconds from an arbitrary origin, never going backwards."""
+        ...
 
 
 class Cancellable(Protocol):
