@@ -1,8 +1,10 @@
 """Structured logging: one JSON object a line, with the reconcile id of the current reconcile.
 
-The reconcile id lives in a context variable so that every log line emitted while one key is
-reconciled carries it, whichever module logs. Secrets never reach a log line: callers log
-masked values only (``config.mask_dsn``).
+The reconcile id lives in one context variable, :data:`reconcile_id`, set by the worker loop for
+each reconcile (``engine/controller.py``). A log record factory installed when this module is
+imported copies it onto every record as it is created — whichever module logs (the store, the
+pod client, the engine), and whichever handler formats it later — as the ``reconcile_id``
+attribute. Secrets never reach a log line: callers log masked values only (``config.mask_dsn``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,21 @@ from typing import Any
 reconcile_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "reconcile_id", default=None
 )
+
+_base_factory = logging.getLogRecordFactory()
+
+
+def _record_with_reconcile_id(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    record = _base_factory(*args, **kwargs)
+    rid = reconcile_id.get()
+    if rid is not None:
+        record.reconcile_id = rid
+    return record
+
+
+if getattr(_base_factory, "__name__", "") != _record_with_reconcile_id.__name__:
+    logging.setLogRecordFactory(_record_with_reconcile_id)
+
 
 # Attributes every LogRecord has; anything else was passed through ``extra=`` and is emitted.
 _STANDARD = frozenset(
@@ -33,9 +50,6 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        rid = reconcile_id.get()
-        if rid is not None:
-            doc["reconcile_id"] = rid
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 doc[key] = value
@@ -50,7 +64,7 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
-        rid = reconcile_id.get()
+        rid = getattr(record, "reconcile_id", None)
         return f"{line} [reconcile {rid}]" if rid is not None else line
 
 

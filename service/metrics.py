@@ -85,6 +85,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.reconcile_bugs = Counter(
+            "retired_pod_gc_reconcile_bugs",
+            "Reconcile steps that raised an unexpected exception (a bug, logged with its "
+            "traceback); the key's clock was cleared and it backs off. Expected failures of the "
+            "API server or the database are counted as outcomes instead.",
+            registry=r,
+        )
         self.reconcile_errors = Counter(
             "retired_pod_gc_reconcile_errors",
             "Reconciles that ended in an error or timeout and were requeued with backoff.",

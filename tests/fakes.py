@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from service.engine.budget import DeleteBudget
 from service.engine.controller import Controller
 from service.engine.observation import ObservationClocks
 from service.engine.reconciler import Reconciler
+from service.engine.results import ReconcileResult
 from service.engine.workqueue import WorkQueue
 from service.kit.clock import Clock, FakeClock
 from service.metrics import LOOP, Metrics
@@ -45,6 +47,8 @@ NAMESPACE = "sandboxes"
 
 
 # ---------------------------------------------------------------- builders
+
+logger = logging.getLogger(__name__)
 
 
 def make_pod(
@@ -242,6 +246,8 @@ class FakeExecutionStore:
         self.fresh_reads = 0
         self.lookup_error: Exception | None = None
         self.fresh_error: Exception | None = None
+        self.fresh_read_log: str | None = None
+        """When set, each ``read_fresh`` logs it (``%s``: the pod name) as an adapter would."""
         self.batched_rows: dict[str, ExecutionRow] | None = None
         """When set, ``lookup`` and ``lookup_many`` answer from this (an older snapshot) instead
         of ``rows``; ``read_fresh`` always reads ``rows``."""
@@ -280,6 +286,8 @@ class FakeExecutionStore:
             self.fresh_read_times.append(self.clock.monotonic())
         if self.fresh_error is not None:
             raise self.fresh_error
+        if self.fresh_read_log is not None:
+            logger.info(self.fresh_read_log, pod_name)
         row = self.rows.get(pod_name)
         if self.fresh_read_delays and self.clock is not None:
             self.clock.advance(self.fresh_read_delays.popleft())
@@ -314,6 +322,13 @@ class EngineRig:
             self.store.put(row)
         if event:
             self.controller.pod_changed(old, pod)
+
+    async def reconcile(self, key: str) -> ReconcileResult:
+        """One key through the worker loop's body (a batch of one), as a worker takes it."""
+        return (await self.controller.process([key]))[key]
+
+    async def reconcile_batch(self, keys: list[str]) -> dict[str, ReconcileResult]:
+        return await self.controller.process(keys)
 
     def outcome(self, label: str, mode: str | None = None) -> float:
         """The outcome counter for ``label`` in ``mode`` (the settings' mode by default)."""

@@ -18,16 +18,15 @@ synchronously on the event loop:
   that fail the prefilter are not enqueued: their reconcile could only say "skipped", and at
   10k events/s that would be pure load. Row notifications always enqueue.
 
-Workers take keys in batches (a share of what is ready, at most ``LOOKUP_BATCH_SIZE``): a
-burst — a mass retirement, a resync — is taken to its clocks by ``Reconciler.observe_batch``
-with one row query per batch; a key that is due is then reconciled alone, every verification
-step included. A lone key takes the single-key path directly.
+Workers take keys in batches (a share of what is ready, at most ``LOOKUP_BATCH_SIZE``; one key
+is a batch of one): ``Reconciler.observe`` takes the batch to its clocks with one row query,
+and each key that is due goes on to ``Reconciler.act``, every verification step included.
 
-The worker loop (:meth:`run_workers`) is the one place that catches broad exceptions: a
-reconcile that raises is logged, counted and requeued with backoff; the worker lives on;
-cancellation always propagates. It maps each :class:`ReconcileResult` onto the queue like
-controller-runtime: done → ``forget``; requeue-after → ``forget`` + ``add_after``; backoff →
-``add_rate_limited``.
+The worker loop (:meth:`process`) is the one place that counts outcomes and the one place that
+catches broad exceptions: a step that raises is a bug, logged with its traceback at error
+level, counted (``reconcile_bugs``) and backed off; the worker lives on; cancellation always
+propagates. It maps each :class:`ReconcileResult` onto the queue like controller-runtime: done
+→ ``forget``; requeue-after → ``forget`` + ``add_after``; backoff → ``add_rate_limited``.
 
 Nothing is processed while inactive (disabled, or not the leader): keys handed out meanwhile are
 dropped, and becoming active starts from empty clocks and enqueues every cached candidate.
@@ -35,23 +34,41 @@ dropped, and becoming active starts from empty clocks and enqueues every cached 
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
+import time
+from collections.abc import Callable, Sequence
 
 import anyio
 import msgspec
 from anyio.abc import TaskStatus
 
+from service import logs
 from service.classifier import prefilter
 from service.domain import ExecutionChange, PodSnapshot, ReconcileOutcome
 from service.engine.activation import Activation
 from service.engine.observation import ObservationClocks
-from service.engine.reconciler import Action, Reconciler, ReconcileResult
+from service.engine.reconciler import Reconciler
+from service.engine.results import INACTIVE_RESULT, Action, ReconcileResult
 from service.engine.workqueue import WorkQueue
 from service.kit.clock import SchedulingClock, sleep_until
 from service.metrics import Metrics
 from service.ports import PodCache
 
 logger = logging.getLogger(__name__)
+
+
+def _ignore(_key: str) -> None:
+    pass
+
+
+_ids = itertools.count(1)
+
+
+def _new_reconcile_id() -> str:
+    return f"{next(_ids):x}"
+
 
 MIN_BATCH = 64
 """Fewest keys a worker takes from a burst (when that many are ready): a batch costs one row
@@ -214,75 +231,103 @@ class Controller:
         ) is not None:
             undone = set(keys)
             try:
-                due = keys if len(keys) == 1 else await self.process_batch(keys)
-                for key in undone - set(due):
-                    self._queue.done(key)
-                undone.intersection_update(due)
-                for key in due:
-                    if self._queue.shutting_down:
-                        break  # the rest are dropped like queued keys (a restart relists)
-                    try:
-                        await self.process(key)
-                    finally:
-                        self._queue.done(key)
-                        undone.discard(key)
+                await self.process(keys, finished=functools.partial(self._done, undone))
             finally:
-                for key in undone:
+                for key in undone:  # dropped at shutdown, or the worker is being cancelled
                     self._queue.done(key)
 
-    async def process_batch(self, keys: list[str]) -> list[str]:
-        """Take many keys to their clocks with one row query (``Reconciler.observe_batch``) and
-        requeue each as its result says; returns the keys that are due, in order: the caller
-        reconciles each with :meth:`process`, every verification step included.
+    def _done(self, undone: set[str], key: str) -> None:
+        undone.discard(key)
+        self._queue.done(key)
 
-        The caller owns ``queue.done`` of every key. When the batch raises, every key is due:
-        one key's failure then backs off that key alone.
+    async def process(
+        self, keys: Sequence[str], *, finished: Callable[[str], None] = _ignore
+    ) -> dict[str, ReconcileResult]:
+        """The worker loop's body (controller-runtime's ``reconcileHandler``): observe the batch,
+        act on each due key, and finish every key — count its result, requeue it as the result
+        says, then ``finished(key)`` (the worker's ``queue.done``). Returns the results.
+
+        The one place that catches broad exceptions: a step that raises is a bug (expected
+        failures arrive as results). It is logged with its traceback and counted; a batch that
+        raised is taken again one key at a time, so that one key's bug backs off that key
+        alone; a key that raised has its clock cleared and backs off. A bug never deletes:
+        every check before the DELETE must return first. Cancellation always propagates.
         """
+        results: dict[str, ReconcileResult] = {}
+        started = time.perf_counter()
         if not self._activation.active:
             for key in keys:
-                self._queue.forget(key)
-            return []
+                self._finish(key, INACTIVE_RESULT, started, results, finished)
+            return results
+        token = logs.reconcile_id.set(_new_reconcile_id())
         try:
-            results = await self._reconciler.observe_batch(keys)
-        except Exception:  # the one broad catch: never let a reconcile kill a worker
-            # One key's failure must not back off the others: each takes the full path alone.
-            logger.exception("reconcile of a batch of %d keys raised; one by one now", len(keys))
-            return keys
-        due = []
-        for key in keys:
-            result = results[key]
-            if result is None:
-                due.append(key)
-            else:
-                self._apply(key, result)
-        return due
+            try:
+                observed = await self._reconciler.observe(keys)
+            except Exception:
+                if len(keys) > 1:
+                    logger.exception("observing %d keys raised; one by one now", len(keys))
+                    for key in keys:
+                        results.update(await self.process([key], finished=finished))
+                    return results
+                self._bug(keys[0], started, results, finished)
+                return results
+            for key, result in observed.results.items():
+                self._finish(key, result, started, results, finished)
+            for due in observed.due:
+                if self._queue.shutting_down:
+                    break  # the rest are dropped like queued keys (a restart relists)
+                if len(keys) > 1:  # a batch of one keeps its id from observation to action
+                    logs.reconcile_id.set(_new_reconcile_id())
+                try:
+                    result = await self._reconciler.act(due)
+                except Exception:
+                    self._bug(due.key, started, results, finished)
+                else:
+                    self._finish(due.key, result, started, results, finished)
+            return results
+        finally:
+            logs.reconcile_id.reset(token)
 
-    async def process(self, key: str) -> ReconcileResult | None:
-        """Reconcile one key taken from the queue and requeue it as its result says.
+    def _bug(
+        self,
+        key: str,
+        started: float,
+        results: dict[str, ReconcileResult],
+        finished: Callable[[str], None],
+    ) -> None:
+        logger.exception("reconcile of %r raised (a bug); clock cleared, backing off", key)
+        self._metrics.reconcile_bugs.inc()
+        self._clocks.clear_key(key)
+        self._finish(
+            key, ReconcileResult.backoff(ReconcileOutcome.ERROR), started, results, finished
+        )
 
-        The caller owns ``queue.done(key)``. Returns ``None`` when the reconcile raised.
-        """
-        if not self._activation.active:
-            self._queue.forget(key)
-            return ReconcileResult.done("inactive")
+    def _finish(
+        self,
+        key: str,
+        result: ReconcileResult,
+        started: float,
+        results: dict[str, ReconcileResult],
+        finished: Callable[[str], None],
+    ) -> None:
+        """Count ``result`` and apply it to the queue: the one place that does either."""
+        results[key] = result
         try:
-            result = await self._reconciler.reconcile(key)
-        except Exception:  # the one broad catch: never let a reconcile kill a worker
-            logger.exception("reconcile of %r raised; backing off", key)
-            self._metrics.reconcile_errors.inc()
-            self._metrics.outcome(self._reconciler.mode, str(ReconcileOutcome.ERROR))
-            self._queue.add_rate_limited(key)
-            return None
-        self._apply(key, result)
-        return result
-
-    def _apply(self, key: str, result: ReconcileResult) -> None:
-        match result.action:
-            case Action.DONE:
-                self._queue.forget(key)
-            case Action.REQUEUE_AFTER:
-                self._queue.forget(key)
-                self._queue.add_after(key, result.requeue_after_s)
-            case Action.BACKOFF:
-                self._metrics.reconcile_errors.inc()
-                self._queue.add_rate_limited(key)
+            if result.counted:
+                metrics = self._metrics
+                metrics.outcome(self._reconciler.mode, result.outcome)
+                metrics.reconcile_duration.observe(time.perf_counter() - started)
+                if result.skip_reason is not None:
+                    metrics.skips.labels(reason=str(result.skip_reason)).inc()
+                if result.failed:
+                    metrics.reconcile_errors.inc()
+            match result.action:
+                case Action.DONE:
+                    self._queue.forget(key)
+                case Action.REQUEUE_AFTER:
+                    self._queue.forget(key)
+                    self._queue.add_after(key, result.requeue_after_s)
+                case Action.BACKOFF:
+                    self._queue.add_rate_limited(key)
+        finally:
+            finished(key)

@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 
 from service.classifier import prefilter
+from service.domain import Decision
 from service.engine import controller as controller_module
 from service.engine import reconciler as reconciler_module
 from service.engine.budget import DeleteBudget
@@ -29,8 +30,11 @@ from service.kube import client as client_module
 from tests.chaos.campaign import CampaignConfig, SeedResult, run_campaign
 
 
-def _edited(func: Callable[..., Any], module: Any, *edits: tuple[str, str]) -> Callable[..., Any]:
-    """A copy of ``func`` with each ``(old, new)`` applied to its source (``old`` occurs once)."""
+def _edited(
+    func: Callable[..., Any], module: Any, *edits: tuple[str, str], **names: Any
+) -> Callable[..., Any]:
+    """A copy of ``func`` with each ``(old, new)`` applied to its source (``old`` occurs once),
+    running in the module's globals plus ``names``."""
     source = textwrap.dedent(inspect.getsource(func))
     for old, new in edits:
         if source.count(old) != 1:
@@ -44,7 +48,7 @@ def _edited(func: Callable[..., Any], module: Any, *edits: tuple[str, str]) -> C
         dont_inherit=True,
     )
     namespace: dict[str, Any] = {}
-    exec(code, vars(module), namespace)
+    exec(code, {**vars(module), **names}, namespace)
     edited: Callable[..., Any] = namespace[func.__name__]
     return edited
 
@@ -52,12 +56,14 @@ def _edited(func: Callable[..., Any], module: Any, *edits: tuple[str, str]) -> C
 Reconciler = reconciler_module.Reconciler
 
 
-def _reconciler_edit(method: str, old: str, new: str) -> contextlib.AbstractContextManager[None]:
+def _reconciler_edit(
+    method: str, old: str, new: str, **names: Any
+) -> contextlib.AbstractContextManager[None]:
     """Patch ``Reconciler.<method>`` with a copy whose source has ``old`` replaced by ``new``."""
     return _patched(
         Reconciler,
         method,
-        _edited(getattr(Reconciler, method), reconciler_module, (old, new)),
+        _edited(getattr(Reconciler, method), reconciler_module, (old, new), **names),
     )
 
 
@@ -126,7 +132,10 @@ REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         "_verify", "if fresh.uid != pod.uid or again.verdict", "if again.verdict"
     ),
     "fresh_reclassify": lambda: _reconciler_edit(
-        "_verify", "again = classify(fresh, fresh_row)", 'again = Decision.reap(verdict, "")'
+        "_verify",
+        "again = classify(fresh, fresh_row)",
+        'again = Decision.reap(verdict, "")',
+        Decision=Decision,
     ),
     "resource_version_check": lambda: _reconciler_edit(
         "_verify", "and (fresh.resource_version != pod.resource_version)", "and False"
@@ -145,7 +154,15 @@ REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     ),
     "budget": lambda: _patched(DeleteBudget, "turn", _no_budget),
     "dry_run_suppression": lambda: _reconciler_edit(
-        "_reconcile", "dry_run = self._settings.dry_run", "dry_run = False"
+        "_act", "if self._settings.dry_run:", "if False:"
+    ),
+    # One place each since observation is batch-native (it used to be written twice).
+    "cold_cache_guard": lambda: _reconciler_edit(
+        "observe", "if not self._cache.synced:", "if False:"
+    ),
+    "observation_bracket": lambda: _reconciler_edit("observe", "self._clocks.begin(key)", "pass"),
+    "observed_row": lambda: _reconciler_edit(
+        "_observe", "decision = classify(pod, rows.get(pod.name))", "decision = classify(pod, None)"
     ),
 }
 
@@ -166,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         (
             "baseline",
             lambda: _reconciler_edit(
-                "_reconcile", "dry_run = self._settings.dry_run", "dry_run = self._settings.dry_run"
+                "_act", "if self._settings.dry_run:", "if self._settings.dry_run:"
             ),
         )
     ]

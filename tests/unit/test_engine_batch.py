@@ -1,6 +1,6 @@
 """Bursts: workers take many keys at once and start their clocks with one row query per batch
-(``Reconciler.observe_batch``); nothing is acted on in a batch, and every safety step of the
-single-key path still runs for a key that is due."""
+(``Reconciler.observe``); a key that is due goes on to ``Reconciler.act``, every
+verification step included."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from service.domain import ExecutionChange, ExecutionState, PodPhase, ReconcileOutcome, Verdict
 from service.engine.controller import MIN_BATCH
+from service.kit.errors import Unavailable
 from tests.fakes import EngineRig, make_pod, make_rig, make_row, make_settings
 
 BURST = 2_000
@@ -61,7 +62,7 @@ async def test_due_keys_of_a_batch_are_verified_one_by_one_before_any_delete() -
         await rig.advance(300)  # every key is due at once: the timer hands out one burst
     assert sorted(rig.pods.deleted_keys) == sorted(keys[2:])
     assert rig.store.fresh_reads == 300  # each due key re-read on its own
-    assert rig.store.lookups == 300  # and taken through the single-key path
+    assert rig.store.lookups == 0  # straight from the batch's observation to verification
     # Each reconcile counted once: 300 in the first burst, then 300 single (not the due batch).
     assert rig.sample("retired_pod_gc_reconcile_duration_seconds_count") == 600
     assert all(d.uid and d.resource_version for d in rig.pods.deletes)
@@ -112,7 +113,7 @@ async def test_a_failed_batch_lookup_clears_every_clock_and_backs_off_each_key()
         keys = _retire_all(rig, 200)
         await anyio.wait_all_tasks_blocked()
         await rig.advance(100)
-        rig.store.lookup_error = ConnectionError("db down")
+        rig.store.lookup_error = Unavailable("db down")
         for key in keys:  # a resync while the database is down
             rig.queue.add(key)
         await anyio.wait_all_tasks_blocked()
@@ -199,9 +200,13 @@ async def test_a_batch_from_a_relisting_cache_starts_no_clock() -> None:
     for pod in pods:
         rig.add(pod, make_row(pod), event=False)
     rig.cache.synced = False
-    results = await rig.reconciler.observe_batch([pod.key for pod in pods])
-    assert {r.outcome for r in results.values() if r is not None} == {ReconcileOutcome.CACHE_COLD}
-    assert len(results) == len(pods) and None not in results.values()
+    observed = await rig.reconciler.observe([pod.key for pod in pods])
+    assert observed.due == []
+    assert len(observed.results) == len(pods)
+    assert {r.outcome for r in observed.results.values()} == {ReconcileOutcome.CACHE_COLD}
+    assert rig.outcome(ReconcileOutcome.CACHE_COLD) == 0  # observe counts nothing itself
+    results = await rig.reconcile_batch([pod.key for pod in pods])
+    assert {r.outcome for r in results.values()} == {ReconcileOutcome.CACHE_COLD}
     assert len(rig.clocks) == 0
     assert rig.store.lookup_many_calls == 0
     assert rig.outcome(ReconcileOutcome.CACHE_COLD) == len(pods)

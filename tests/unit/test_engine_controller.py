@@ -20,7 +20,8 @@ from service.domain import (
     Verdict,
 )
 from service.engine.observation import ObservationClocks
-from service.engine.reconciler import Action
+from service.engine.results import Action
+from service.kit.errors import Unavailable
 from tests.fakes import EngineRig, FakePodCache, make_pod, make_rig, make_row, make_settings
 
 T0 = 1000.0
@@ -38,14 +39,14 @@ def _change(pod: PodSnapshot, *, active: bool, state: ExecutionState) -> Executi
 async def _observed_for_100s(rig: EngineRig, pod: PodSnapshot, row: ExecutionRow) -> None:
     """``pod`` and its ``row`` reconciled once (the clock starts), then 100 s pass."""
     rig.add(pod, row, event=False)
-    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
     rig.clock.advance(100)
 
 
 async def _assert_clock_restarted(rig: EngineRig, pod: PodSnapshot) -> None:
     """300 s after the first observation the reconcile still waits a whole threshold."""
     rig.clock.advance(200)
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert (result.outcome, result.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
     assert rig.pods.deletes == []
 
@@ -83,7 +84,7 @@ async def test_pods_failing_the_prefilter_are_not_enqueued_but_clear_their_clock
     pod = make_pod()
     rig.add(pod, make_row(pod))
     assert len(rig.queue) == 1
-    await rig.controller.process(await rig.queue.get() or "")
+    await rig.reconcile(await rig.queue.get() or "")
     rig.queue.done(pod.key)
     assert rig.clocks.get(pod.uid) is not None
     running_pod = structs.replace(pod, phase=PodPhase.RUNNING, resource_version="2")
@@ -174,7 +175,7 @@ async def test_a_new_uid_event_clears_the_old_clock() -> None:
     rig = make_rig()
     pod = make_pod()
     rig.add(pod, make_row(pod), event=False)
-    await rig.reconciler.reconcile(pod.key)
+    await rig.reconcile(pod.key)
     new = structs.replace(pod, uid="uid-new")
     rig.controller.pod_changed(pod, new)
     assert len(rig.clocks) == 0
@@ -186,7 +187,7 @@ async def test_an_add_event_for_a_new_uid_clears_the_clock_of_the_old_one() -> N
     rig = make_rig()
     pod = make_pod()
     rig.add(pod, make_row(pod), event=False)
-    await rig.reconciler.reconcile(pod.key)
+    await rig.reconcile(pod.key)
     rig.controller.pod_changed(None, structs.replace(pod, uid="uid-new"))
     assert len(rig.clocks) == 0
 
@@ -198,7 +199,7 @@ async def test_cold_cache_listener_reconnect_and_new_leadership_restart_clocks(e
     pods = [make_pod(f"s{i}") for i in range(3)]
     for pod in pods:
         rig.add(pod, make_row(pod), event=False)
-        await rig.reconciler.reconcile(pod.key)
+        await rig.reconcile(pod.key)
     assert len(rig.clocks) == 3
     rig.clock.advance(200)
     if event == "cache_cold":
@@ -212,7 +213,7 @@ async def test_cold_cache_listener_reconnect_and_new_leadership_restart_clocks(e
     assert rig.sample("retired_pod_gc_tracked_clocks") == 0
     rig.clock.advance(200)  # 400 s after the first observation
     for pod in pods:
-        assert (await rig.reconciler.reconcile(pod.key)).requeue_after_s == 300.0
+        assert (await rig.reconcile(pod.key)).requeue_after_s == 300.0
     assert rig.pods.deletes == []
 
 
@@ -227,7 +228,7 @@ async def test_no_clock_starts_from_the_stale_snapshot_of_a_relisting_cache() ->
     rig.controller.cache_cold()
     rig.cache.synced = False
     rig.pods.pods[pod.key] = structs.replace(pod, resource_version="46")
-    stale = await rig.reconciler.reconcile(pod.key)
+    stale = await rig.reconcile(pod.key)
     assert stale.outcome == ReconcileOutcome.CACHE_COLD
     assert len(rig.clocks) == 0
     rig.clock.advance(100)
@@ -235,10 +236,10 @@ async def test_no_clock_starts_from_the_stale_snapshot_of_a_relisting_cache() ->
     rig.add(structs.replace(pod, resource_version="46"))
     rig.cache.synced = True
     rig.controller.cache_synced()
-    first = await rig.reconciler.reconcile(pod.key)
+    first = await rig.reconcile(pod.key)
     assert (first.outcome, first.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
     rig.clock.advance(299)
-    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
     assert rig.pods.deletes == []
 
 
@@ -247,13 +248,13 @@ async def test_a_restart_starts_with_no_clocks() -> None:
     before = make_rig()
     pod = make_pod()
     before.add(pod, make_row(pod))
-    await before.reconciler.reconcile(pod.key)
+    await before.reconcile(pod.key)
     assert len(before.clocks) == 1
     after = make_rig()  # a new process: nothing carried over
     after.clock.advance(400)
     after.add(pod, make_row(pod))
     assert len(after.clocks) == 0
-    assert (await after.reconciler.reconcile(pod.key)).requeue_after_s == 300.0
+    assert (await after.reconcile(pod.key)).requeue_after_s == 300.0
 
 
 @pytest.mark.anyio
@@ -262,9 +263,9 @@ async def test_clocks_never_outlive_their_pods() -> None:
     pods = [make_pod(f"s{i}") for i in range(4)]
     for pod in pods:
         rig.add(pod, make_row(pod), event=False)
-        await rig.reconciler.reconcile(pod.key)
+        await rig.reconcile(pod.key)
     rig.clock.advance(300)
-    await rig.reconciler.reconcile(pods[0].key)  # reported in dry run
+    await rig.reconcile(pods[0].key)  # reported in dry run
     assert rig.clocks.reported_count == 1
     for pod in pods:
         rig.cache.remove(pod.key)
@@ -280,11 +281,13 @@ async def test_cache_synced_enqueues_candidates_and_prunes_reports_of_vanished_p
     running_pod = make_pod("run", phase=PodPhase.RUNNING)
     for pod in (kept, vanished):
         rig.add(pod, make_row(pod), event=False)
-        await rig.reconciler.reconcile(pod.key)
+        await rig.reconcile(pod.key)
     rig.clock.advance(300)
     for pod in (kept, vanished):
-        await rig.reconciler.reconcile(pod.key)
+        await rig.reconcile(pod.key)
     assert rig.clocks.reported_count == 2
+    while len(rig.queue):  # the requeues of those reconciles: not what is asserted below
+        rig.queue.done(await rig.queue.get() or "")
     rig.controller.cache_cold()
     rig.cache.remove(vanished.key)  # deleted while the watch was down: no event
     rig.add(running_pod, event=False)
@@ -405,7 +408,7 @@ async def test_keys_already_queued_when_leadership_is_lost_are_dropped() -> None
     rig.controller.set_leader(False)
     key = await rig.queue.get()
     assert key == pod.key
-    result = await rig.controller.process(key)
+    result = await rig.reconcile(key)
     rig.queue.done(key)
     assert result is not None and result.outcome == "inactive"
     assert rig.store.queries == 0
@@ -448,13 +451,13 @@ async def test_worker_results_map_onto_the_queue_like_controller_runtime() -> No
     rig = make_rig()
     pod = make_pod()
     rig.add(pod, make_row(pod), event=False)
-    rig.store.lookup_error = ConnectionError("db down")
+    rig.store.lookup_error = Unavailable("db down")
     for expected in (1, 2, 3):
         rig.queue.add(pod.key)
         rig.clock.advance(100)
         key = await rig.queue.get()
         assert key is not None
-        result = await rig.controller.process(key)
+        result = await rig.reconcile(key)
         rig.queue.done(key)
         assert result is not None and result.action is Action.BACKOFF
         assert rig.queue.num_requeues(pod.key) == expected
@@ -462,7 +465,7 @@ async def test_worker_results_map_onto_the_queue_like_controller_runtime() -> No
     rig.clock.advance(100)
     key = await rig.queue.get()
     assert key is not None
-    result = await rig.controller.process(key)
+    result = await rig.reconcile(key)
     rig.queue.done(key)
     assert result is not None and result.action is Action.REQUEUE_AFTER
     assert rig.queue.num_requeues(pod.key) == 0  # forgotten on success
@@ -570,3 +573,34 @@ async def test_a_sync_in_progress_enqueues_nothing_but_still_clears_clocks_at_ev
     rig.cache.synced = True
     rig.controller.cache_synced()  # the end of the sync enqueues every candidate
     assert rig.queue.is_dirty(pod.key) and rig.queue.is_dirty(other.key)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("where", ["lookup", "fresh_get", "fresh_read"])
+async def test_a_bug_in_an_adapter_is_logged_counted_and_never_deletes(
+    where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = make_rig()
+    pod = make_pod()
+    rig.add(pod, make_row(pod), event=False)
+    bug = TypeError("an adapter's bug")
+    if where == "lookup":
+        rig.store.lookup_error = bug
+    elif where == "fresh_get":
+        rig.pods.get_error = bug
+    else:
+        rig.store.fresh_error = bug
+    for _ in range(3):
+        if where != "lookup":  # a bug of the verification: observed, due, then it raises
+            assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+            rig.clock.advance(300)
+        result = await rig.reconcile(pod.key)
+        assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
+        assert rig.clocks.get(pod.uid) is None  # a gap in the observation
+        rig.clock.advance(300)
+    assert rig.pods.deletes == []
+    assert rig.sample("retired_pod_gc_reconcile_bugs_total") == 3
+    assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) == 0  # not disguised as an outage
+    bugs = [r for r in caplog.records if r.levelno == logging.ERROR and "a bug" in r.getMessage()]
+    assert len(bugs) == 3
+    assert all(r.exc_info and r.exc_info[1] is bug for r in bugs)  # with its traceback

@@ -15,11 +15,8 @@ import anyio
 import pytest
 
 from service.domain import ExecutionChange, ExecutionState, PodSnapshot, ReconcileOutcome, Verdict
-from service.engine.reconciler import (
-    FINAL_CHECK_MAX_AGE_S,
-    MAX_AGE_REVERIFICATIONS,
-    ReconcileResult,
-)
+from service.engine.reconciler import FINAL_CHECK_MAX_AGE_S, MAX_AGE_REVERIFICATIONS
+from service.engine.results import ReconcileResult
 from service.kit.clock import FakeClock
 from tests.fakes import EngineRig, make_pod, make_rig, make_row, make_settings
 
@@ -68,7 +65,7 @@ def _ages(rig: EngineRig) -> list[float]:
 async def _reconcile_after_threshold(rig: EngineRig, *pods: PodSnapshot) -> None:
     for pod in pods:
         rig.add(pod, make_row(pod), event=False)
-        first = await rig.reconciler.reconcile(pod.key)
+        first = await rig.reconcile(pod.key)
         assert first.outcome == ReconcileOutcome.TOO_YOUNG
     rig.clock.advance(rig.settings.threshold_s)
 
@@ -78,7 +75,7 @@ async def _concurrently(rig: EngineRig, keys: list[str]) -> list[ReconcileResult
     results: list[ReconcileResult] = []
 
     async def one(key: str) -> None:
-        results.append(await rig.reconciler.reconcile(key))
+        results.append(await rig.reconcile(key))
 
     async with anyio.create_task_group() as tg:
         for key in keys:
@@ -112,7 +109,7 @@ async def test_a_final_check_aged_past_the_bound_is_redone_before_the_delete(whe
     await _reconcile_after_threshold(rig, pod)
     DELAYS[where](rig, barrier)
 
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
 
     assert result.outcome == Verdict.TERMINAL_RETIRED
     assert rig.pods.deleted_keys == [pod.key]
@@ -146,7 +143,7 @@ async def test_a_loop_starved_past_the_bound_at_every_try_gives_up_without_actin
     await _reconcile_after_threshold(rig, pod)
     clock.step_s = OVER  # every check is already too old when the next one reads the clock
 
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
 
     assert result.outcome == ReconcileOutcome.STALE
     assert result.requeue_after_s > 0
@@ -166,7 +163,7 @@ async def test_a_clearing_event_during_a_short_token_wait_stops_the_delete() -> 
     results: list[ReconcileResult] = []
 
     async def one(key: str) -> None:
-        results.append(await rig.reconciler.reconcile(key))
+        results.append(await rig.reconcile(key))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(one, first.key)
@@ -195,7 +192,7 @@ async def test_a_candidate_that_fails_its_final_check_passes_the_turn_on_unspent
     results: list[ReconcileResult] = []
 
     async def one(key: str) -> None:
-        results.append(await rig.reconciler.reconcile(key))
+        results.append(await rig.reconcile(key))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(one, first.key)
@@ -207,7 +204,7 @@ async def test_a_candidate_that_fails_its_final_check_passes_the_turn_on_unspent
     assert [r.outcome for r in results] == [Verdict.TERMINAL_RETIRED, ReconcileOutcome.CHANGED]
     assert rig.budget.granted_in_window() == 0  # the first grant left the window; none since
 
-    third_result = await rig.reconciler.reconcile(third.key)  # no virtual time passes
+    third_result = await rig.reconcile(third.key)  # no virtual time passes
 
     assert third_result.outcome == Verdict.TERMINAL_RETIRED
     assert rig.pods.deleted_keys == [first.key, third.key]

@@ -22,7 +22,8 @@ from service.domain import (
     ReconcileOutcome,
     Verdict,
 )
-from service.engine.reconciler import INACTIVE, Action
+from service.engine.results import INACTIVE, Action
+from service.kit.errors import Unavailable
 from tests.fakes import (
     EngineRig,
     FakePodClient,
@@ -45,7 +46,7 @@ def _rig(**settings: object) -> tuple[EngineRig, PodSnapshot]:
 
 async def _expire(rig: EngineRig, pod: PodSnapshot) -> None:
     """Observe ``pod`` once and let exactly the threshold pass."""
-    first = await rig.reconciler.reconcile(pod.key)
+    first = await rig.reconcile(pod.key)
     assert first.outcome == ReconcileOutcome.TOO_YOUNG
     rig.clock.advance(rig.settings.threshold_s)
 
@@ -56,17 +57,17 @@ async def _expire(rig: EngineRig, pod: PodSnapshot) -> None:
 @pytest.mark.anyio
 async def test_too_young_requeues_for_exactly_the_remaining_time_then_deletes() -> None:
     rig, pod = _rig()
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.TOO_YOUNG)
     assert result.requeue_after_s == 300.0
     rig.clock.advance(120)
-    again = await rig.reconciler.reconcile(pod.key)
+    again = await rig.reconcile(pod.key)
     assert again.requeue_after_s == 180.0  # the clock kept running: same UID, same shape
     rig.clock.advance(179.5)
-    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
     assert rig.pods.deletes == []
     rig.clock.advance(0.5)
-    done = await rig.reconciler.reconcile(pod.key)
+    done = await rig.reconcile(pod.key)
     assert (done.action, done.outcome) == (Action.DONE, Verdict.TERMINAL_RETIRED)
     assert [(d.uid, d.at_s) for d in rig.pods.deletes] == [(pod.uid, T0 + 300)]
     assert rig.outcome(Verdict.TERMINAL_RETIRED) == 1
@@ -78,7 +79,7 @@ async def test_too_young_requeues_for_exactly_the_remaining_time_then_deletes() 
 async def test_invariant7_delete_preconditions_come_from_the_fresh_get() -> None:
     rig, pod = _rig()
     await _expire(rig, pod)
-    await rig.reconciler.reconcile(pod.key)
+    await rig.reconcile(pod.key)
     [call] = rig.pods.deletes
     assert (call.namespace, call.name) == (pod.namespace, pod.name)
     assert (call.uid, call.resource_version) == (pod.uid, pod.resource_version)
@@ -94,11 +95,11 @@ async def test_a_server_version_ahead_of_the_cache_waits_for_the_watch() -> None
     ahead = structs.replace(pod, resource_version="105")
     rig.pods.pods[pod.key] = ahead
     await _expire(rig, pod)
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.CHANGED
     assert rig.pods.deletes == []
     rig.add(ahead)  # the MODIFIED event arrives, still reapable: the clock keeps running
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     [call] = rig.pods.deletes
     assert (call.uid, call.resource_version) == (pod.uid, "105")
 
@@ -109,7 +110,7 @@ async def test_replaced_never_started_pod_is_reaped_with_its_own_verdict() -> No
     pod = make_pending_pod()
     rig.add(pod, make_row(pod, state=ExecutionState.REPLACED), event=False)
     await _expire(rig, pod)
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert result.outcome == Verdict.REPLACED_NEVER_STARTED
     assert rig.outcome(Verdict.REPLACED_NEVER_STARTED) == 1
     assert rig.pods.deleted_keys == [pod.key]
@@ -133,7 +134,7 @@ async def test_invariant1_no_delete_when_the_final_re_read_is_not_retired(fresh:
     else:
         rig.store.put(make_row(pod, state=ExecutionState.ACTIVE))
     await _expire(rig, pod)
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.CHANGED
     assert rig.pods.deletes == []
     assert rig.clocks.get(pod.uid) is None
@@ -156,7 +157,7 @@ async def test_invariant2_no_delete_when_the_fresh_get_shows_a_live_or_other_pod
         ),
     }[change]
     rig.pods.pods[pod.key] = server
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.CHANGED
     assert rig.pods.deletes == []
     assert rig.pods.pods[pod.key] == server  # the pod on the server survives
@@ -178,7 +179,7 @@ async def test_invariant2_uid_precondition_protects_a_pod_recreated_after_the_fr
     recreating = _RecreatingPodClient([pod], clock=rig.clock)
     rig.reconciler._pods = recreating  # the fake stands in for the API server
     await _expire(rig, pod)
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.CONFLICT
     assert result.action is Action.REQUEUE_AFTER
     [call] = recreating.deletes
@@ -191,12 +192,12 @@ async def test_invariant2_uid_precondition_protects_a_pod_recreated_after_the_fr
 @pytest.mark.anyio
 async def test_a_pod_recreated_under_the_same_name_starts_its_own_clock() -> None:
     rig, pod = _rig()
-    await rig.reconciler.reconcile(pod.key)
+    await rig.reconcile(pod.key)
     rig.clock.advance(250)
     new = structs.replace(pod, uid="uid-new", resource_version="7")
     rig.add(new, event=False)  # the cache already shows the new pod (no event needed)
     rig.clock.advance(100)  # 350 s after the old UID was first seen
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.TOO_YOUNG
     assert result.requeue_after_s == 300.0
     assert rig.clocks.get(pod.uid) is None
@@ -209,15 +210,15 @@ async def test_a_pod_recreated_under_the_same_name_starts_its_own_clock() -> Non
 @pytest.mark.anyio
 async def test_a_pod_that_stops_classifying_restarts_its_clock() -> None:
     rig, pod = _rig()
-    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
     rig.clock.advance(100)
     rig.store.put(make_row(pod, active=True, state=ExecutionState.ACTIVE))  # no notification
-    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.SKIPPED
+    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.SKIPPED
     rig.store.put(make_row(pod))  # retired again
     rig.clock.advance(100)
-    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
     rig.clock.advance(150)  # 350 s after first seen: beyond the original threshold
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.TOO_YOUNG
     assert result.requeue_after_s == 150.0  # restarted at 200 s, not 0 s
     assert rig.pods.deletes == []
@@ -227,16 +228,16 @@ async def test_a_pod_that_stops_classifying_restarts_its_clock() -> None:
 @pytest.mark.anyio
 async def test_a_pod_that_fails_the_prefilter_restarts_its_clock_without_a_db_query() -> None:
     rig, pod = _rig()
-    await rig.reconciler.reconcile(pod.key)
+    await rig.reconcile(pod.key)
     queries = rig.store.queries
     rig.clock.advance(200)
     rig.cache.put(structs.replace(pod, phase=PodPhase.RUNNING))
-    assert (await rig.reconciler.reconcile(pod.key)).outcome == ReconcileOutcome.SKIPPED
+    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.SKIPPED
     assert rig.store.queries == queries  # the prefilter decides without the database
     assert rig.sample("retired_pod_gc_skips_total", {"reason": "pod_running"}) == 1
     rig.cache.put(pod)
     rig.clock.advance(200)
-    assert (await rig.reconciler.reconcile(pod.key)).requeue_after_s == 300.0
+    assert (await rig.reconcile(pod.key)).requeue_after_s == 300.0
 
 
 @pytest.mark.anyio
@@ -244,28 +245,28 @@ async def test_a_changed_reapable_shape_restarts_the_clock() -> None:
     rig = make_rig(make_settings())
     pending = make_pending_pod()
     rig.add(pending, make_row(pending, state=ExecutionState.REPLACED), event=False)
-    await rig.reconciler.reconcile(pending.key)
+    await rig.reconcile(pending.key)
     rig.clock.advance(200)
     failed = structs.replace(
         pending, phase=PodPhase.FAILED, all_containers_terminated=True, resource_version="2"
     )
     rig.add(failed, event=False)
-    result = await rig.reconciler.reconcile(pending.key)
+    result = await rig.reconcile(pending.key)
     assert result.requeue_after_s == 300.0
 
 
 @pytest.mark.anyio
 async def test_a_failed_lookup_restarts_the_clock_and_backs_off() -> None:
     rig, pod = _rig()
-    await rig.reconciler.reconcile(pod.key)
+    await rig.reconcile(pod.key)
     rig.clock.advance(200)
-    rig.store.lookup_error = ConnectionError("db down")
-    failed = await rig.reconciler.reconcile(pod.key)
+    rig.store.lookup_error = Unavailable("db down")
+    failed = await rig.reconcile(pod.key)
     assert (failed.action, failed.outcome) == (Action.BACKOFF, ReconcileOutcome.LOOKUP_FAILED)
     assert rig.clocks.get(pod.uid) is None
     rig.store.lookup_error = None
     rig.clock.advance(150)
-    assert (await rig.reconciler.reconcile(pod.key)).requeue_after_s == 300.0
+    assert (await rig.reconcile(pod.key)).requeue_after_s == 300.0
     assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) == 1
 
 
@@ -273,8 +274,8 @@ async def test_a_failed_lookup_restarts_the_clock_and_backs_off() -> None:
 async def test_a_failed_fresh_re_read_restarts_the_clock_and_sends_nothing() -> None:
     rig, pod = _rig()
     await _expire(rig, pod)
-    rig.store.fresh_error = TimeoutError("statement timeout")
-    result = await rig.reconciler.reconcile(pod.key)
+    rig.store.fresh_error = Unavailable("statement timeout")
+    result = await rig.reconcile(pod.key)
     assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.LOOKUP_FAILED)
     assert rig.clocks.get(pod.uid) is None
     assert rig.pods.deletes == []
@@ -289,7 +290,7 @@ async def test_a_clearing_event_during_the_lookup_keeps_the_clock_from_starting(
     async with anyio.create_task_group() as tg:
 
         async def run() -> None:
-            results.append(await rig.reconciler.reconcile(pod.key))
+            results.append(await rig.reconcile(pod.key))
 
         tg.start_soon(run)
         await anyio.wait_all_tasks_blocked()
@@ -309,14 +310,14 @@ async def test_a_clock_cleared_while_waiting_for_a_delete_token_prevents_the_del
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
-        await rig.reconciler.reconcile(p.key)
+        await rig.reconcile(p.key)
     rig.clock.advance(300)
-    assert (await rig.reconciler.reconcile(first.key)).outcome == Verdict.TERMINAL_RETIRED
+    assert (await rig.reconcile(first.key)).outcome == Verdict.TERMINAL_RETIRED
     results = []
     async with anyio.create_task_group() as tg:
 
         async def run() -> None:
-            results.append(await rig.reconciler.reconcile(second.key))
+            results.append(await rig.reconcile(second.key))
 
         tg.start_soon(run)
         await anyio.wait_all_tasks_blocked()  # waiting for the budget (1 per minute)
@@ -337,7 +338,7 @@ async def test_404_on_delete_is_benign_and_counted() -> None:
     rig, pod = _rig()
     await _expire(rig, pod)
     rig.pods.delete_script.append(DeleteOutcome(DeleteResult.GONE, 404, "not found"))
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert (result.action, result.outcome) == (Action.DONE, ReconcileOutcome.GONE)
     assert rig.outcome(ReconcileOutcome.GONE) == 1
     assert rig.outcome(Verdict.TERMINAL_RETIRED) == 0
@@ -351,12 +352,12 @@ async def test_409_on_delete_is_benign_counted_and_looked_at_again() -> None:
     await _expire(rig, pod)
     # A status update lands between our GET and our DELETE: the resourceVersion precondition fails.
     rig.pods.delete_script.append(DeleteOutcome(DeleteResult.CONFLICT, 409, "precondition"))
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.CONFLICT)
     assert result.requeue_after_s == 1.0
     assert rig.outcome(ReconcileOutcome.CONFLICT) == 1
     assert rig.clocks.get(pod.uid) is not None  # still the same pod, still reapable
-    retry = await rig.reconciler.reconcile(pod.key)
+    retry = await rig.reconcile(pod.key)
     assert retry.outcome == Verdict.TERMINAL_RETIRED
     assert len(rig.pods.deletes) == 2
 
@@ -369,9 +370,9 @@ async def test_a_delete_error_backs_off(failure: str) -> None:
     rig.pods.delete_script.append(
         DeleteOutcome(DeleteResult.ERROR, 500, "boom")
         if failure == "status_500"
-        else OSError("reset")
+        else Unavailable("reset")
     )
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
     assert rig.sample("retired_pod_gc_deletes_total", {"result": "error"}) == 1
 
@@ -380,8 +381,8 @@ async def test_a_delete_error_backs_off(failure: str) -> None:
 async def test_a_failed_fresh_get_backs_off_and_sends_nothing() -> None:
     rig, pod = _rig()
     await _expire(rig, pod)
-    rig.pods.get_error = OSError("connection reset")
-    result = await rig.reconciler.reconcile(pod.key)
+    rig.pods.get_error = Unavailable("connection reset")
+    result = await rig.reconcile(pod.key)
     assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
     assert rig.pods.deletes == []
 
@@ -391,7 +392,7 @@ async def test_a_pod_gone_from_the_server_is_gone() -> None:
     rig, pod = _rig()
     await _expire(rig, pod)
     del rig.pods.pods[pod.key]
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.GONE
     assert rig.pods.deletes == []
 
@@ -406,13 +407,13 @@ async def test_dry_run_verifies_but_never_deletes_and_reports_once(
     caplog.set_level(logging.INFO, logger="service.engine")
     rig, pod = _rig(dry_run=True)
     await _expire(rig, pod)
-    first = await rig.reconciler.reconcile(pod.key)
+    first = await rig.reconcile(pod.key)
     assert first.outcome == Verdict.TERMINAL_RETIRED
     assert rig.pods.gets == [pod.key] and rig.store.fresh_reads == 1  # it verified
-    second = await rig.reconciler.reconcile(pod.key)
+    second = await rig.reconcile(pod.key)
     assert second.outcome == ReconcileOutcome.ALREADY_REPORTED
     rig.clock.advance(3600)
-    third = await rig.reconciler.reconcile(pod.key)
+    third = await rig.reconcile(pod.key)
     assert third.outcome == ReconcileOutcome.ALREADY_REPORTED
     assert rig.pods.deletes == []
     assert rig.outcome(Verdict.TERMINAL_RETIRED, "dry_run") == 1
@@ -428,11 +429,11 @@ async def test_dry_run_verifies_but_never_deletes_and_reports_once(
 async def test_dry_run_reports_a_recreated_pod_again_as_a_new_uid() -> None:
     rig, pod = _rig(dry_run=True)
     await _expire(rig, pod)
-    await rig.reconciler.reconcile(pod.key)
+    await rig.reconcile(pod.key)
     new = structs.replace(pod, uid="uid-2")
     rig.add(new, event=True)
     await _expire(rig, new)
-    assert (await rig.reconciler.reconcile(pod.key)).outcome == Verdict.TERMINAL_RETIRED
+    assert (await rig.reconcile(pod.key)).outcome == Verdict.TERMINAL_RETIRED
     assert rig.outcome(Verdict.TERMINAL_RETIRED, "dry_run") == 2
 
 
@@ -441,7 +442,7 @@ async def test_dry_run_reports_a_recreated_pod_again_as_a_new_uid() -> None:
 async def test_disabled_sends_nothing_and_reports_nothing(dry_run: bool) -> None:
     rig, pod = _rig(enabled=False, dry_run=dry_run)
     for _ in range(3):
-        result = await rig.reconciler.reconcile(pod.key)
+        result = await rig.reconcile(pod.key)
         assert result.outcome == INACTIVE
         rig.clock.advance(400)
     assert rig.pods.deletes == [] and rig.pods.gets == []
@@ -457,14 +458,14 @@ async def test_leadership_lost_during_the_token_wait_sends_nothing() -> None:
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
-        await rig.reconciler.reconcile(p.key)
+        await rig.reconcile(p.key)
     rig.clock.advance(300)
-    await rig.reconciler.reconcile(first.key)
+    await rig.reconcile(first.key)
     results = []
     async with anyio.create_task_group() as tg:
 
         async def run() -> None:
-            results.append(await rig.reconciler.reconcile(second.key))
+            results.append(await rig.reconcile(second.key))
 
         tg.start_soon(run)
         await anyio.wait_all_tasks_blocked()
@@ -481,14 +482,14 @@ async def test_a_lapsed_lease_stops_the_delete_even_before_the_leadership_callba
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
-        await rig.reconciler.reconcile(p.key)
+        await rig.reconcile(p.key)
     rig.clock.advance(300)
-    await rig.reconciler.reconcile(first.key)
+    await rig.reconcile(first.key)
     results = []
     async with anyio.create_task_group() as tg:
 
         async def run() -> None:
-            results.append(await rig.reconciler.reconcile(second.key))
+            results.append(await rig.reconcile(second.key))
 
         tg.start_soon(run)
         await anyio.wait_all_tasks_blocked()
@@ -506,11 +507,11 @@ async def test_an_exhausted_budget_throttles_and_requeues_for_when_a_token_frees
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
-        await rig.reconciler.reconcile(p.key)
+        await rig.reconcile(p.key)
     rig.clock.advance(300)
-    await rig.reconciler.reconcile(first.key)
+    await rig.reconcile(first.key)
     rig.clock.advance(20)
-    result = await rig.reconciler.reconcile(second.key)
+    result = await rig.reconcile(second.key)
     assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.THROTTLED)
     assert result.requeue_after_s == 40.0
     assert rig.pods.deleted_keys == [first.key]
@@ -523,16 +524,16 @@ async def test_an_exhausted_budget_throttles_and_requeues_for_when_a_token_frees
 @pytest.mark.parametrize("key", ["no-slash", "a/b/c", "/x", "ns/", ""])
 async def test_a_malformed_key_is_dropped_without_raising(key: str) -> None:
     rig, _ = _rig()
-    result = await rig.reconciler.reconcile(key)
+    result = await rig.reconcile(key)
     assert (result.action, result.outcome) == (Action.DONE, ReconcileOutcome.ERROR)
 
 
 @pytest.mark.anyio
 async def test_a_pod_missing_from_the_cache_is_gone_and_its_clock_cleared() -> None:
     rig, pod = _rig()
-    await rig.reconciler.reconcile(pod.key)
+    await rig.reconcile(pod.key)
     rig.cache.remove(pod.key)
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.GONE
     assert len(rig.clocks) == 0
 
@@ -541,15 +542,22 @@ async def test_a_pod_missing_from_the_cache_is_gone_and_its_clock_cleared() -> N
 async def test_every_log_line_of_one_reconcile_carries_its_reconcile_id(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="service.engine")
+    caplog.set_level(logging.DEBUG)
     rig, pod = _rig()
+    rig.store.fresh_read_log = "store: re-read of %s"  # a line logged by another module
     await _expire(rig, pod)
-    result = await rig.reconciler.reconcile(pod.key)
-    records = [r for r in caplog.records if r.name == "service.engine.reconciler"]
-    ids = {getattr(r, "reconcile_id", None) for r in records if "deleted" in r.getMessage()}
-    assert ids == {result.reconcile_id}
-    assert all(getattr(r, "reconcile_id", None) for r in records)
-    assert len({getattr(r, "reconcile_id", None) for r in records}) == 2  # two reconciles
+    first = [r for r in caplog.records if r.name.startswith(("service.", "tests."))]
+    caplog.clear()
+    result = await rig.reconcile(pod.key)
+    assert result.outcome == Verdict.TERMINAL_RETIRED
+    records = [r for r in caplog.records if r.name.startswith(("service.", "tests."))]
+    assert {r.name for r in records} >= {"service.engine.reconciler", "tests.fakes"}
+    ids = {getattr(r, "reconcile_id", None) for r in records}
+    assert len(ids) == 1 and None not in ids  # one id on every line, whichever module logs
+    assert ids.isdisjoint(getattr(r, "reconcile_id", None) for r in first)  # a new one
+    caplog.clear()
+    logging.getLogger("service.test").info("outside any reconcile")
+    assert not hasattr(caplog.records[0], "reconcile_id")
 
 
 # ------------------------------------------------------- notification barrier
@@ -568,7 +576,7 @@ class _Barrier:
         if self.deliver is not None:
             self.deliver()
         if self.fail:
-            raise ConnectionError("listener stalled")
+            raise Unavailable("listener stalled")
 
 
 @pytest.mark.anyio
@@ -580,7 +588,7 @@ async def test_no_delete_or_report_when_notifications_cannot_be_synced(dry_run: 
     pod = make_pod()
     rig.add(pod, make_row(pod), event=False)
     await _expire(rig, pod)
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.LOOKUP_FAILED
     assert barrier.calls == 1
     assert rig.pods.deletes == []
@@ -602,7 +610,7 @@ async def test_a_flip_still_in_flight_at_the_final_check_stops_the_delete() -> N
             namespace=pod.namespace, pod_name=pod.name, active=True, state=ExecutionState.ACTIVE
         )
     )
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.CHANGED
     assert rig.pods.deletes == []
 
@@ -613,7 +621,7 @@ async def test_delete_tokens_are_spent_on_verified_candidates_only() -> None:
     await _expire(rig, pod)
     # The server already has the pod Running again (the watch has not delivered it yet).
     rig.pods.pods[pod.key] = structs.replace(pod, phase=PodPhase.RUNNING, resource_version="7")
-    result = await rig.reconciler.reconcile(pod.key)
+    result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.CHANGED
     assert rig.pods.deletes == []
     assert rig.budget.granted_in_window() == 0

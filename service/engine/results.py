@@ -1,0 +1,73 @@
+"""What one key's reconcile ends in: one :class:`ReconcileResult` (controller-runtime's Result).
+
+Every step of the pipeline (``engine/reconciler.py``) either lets the key go on or ends it with a
+result; the worker loop (``engine/controller.py``) counts the result and applies it to the work
+queue, the one place that does either.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from service.domain import ReconcileOutcome, SkipReason
+
+INACTIVE = "inactive"
+"""Outcome of a reconcile that found the replica disabled or not leader (nothing counted)."""
+
+
+class Action(enum.StrEnum):
+    """What the worker loop does with the key afterwards."""
+
+    DONE = "done"
+    """Forget the key's backoff; nothing scheduled (events bring it back)."""
+    REQUEUE_AFTER = "requeue_after"
+    """Forget the backoff and add the key again after ``requeue_after_s``."""
+    BACKOFF = "backoff"
+    """A transient failure: requeue with the key's exponential backoff."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileResult:
+    action: Action
+    outcome: str
+    """The outcome label (a verdict or a :class:`ReconcileOutcome`), or :data:`INACTIVE`."""
+    requeue_after_s: float = 0.0
+    skip_reason: SkipReason | None = None
+    """Why the pod is not reapable, for ``skipped`` (counted by reason)."""
+
+    @staticmethod
+    def done(outcome: str) -> ReconcileResult:
+        return ReconcileResult(Action.DONE, str(outcome))
+
+    @staticmethod
+    def requeue_after(outcome: str, delay_s: float) -> ReconcileResult:
+        return ReconcileResult(Action.REQUEUE_AFTER, str(outcome), max(0.0, delay_s))
+
+    @staticmethod
+    def backoff(outcome: str) -> ReconcileResult:
+        return ReconcileResult(Action.BACKOFF, str(outcome))
+
+    @staticmethod
+    def skipped(reason: SkipReason | None) -> ReconcileResult:
+        return ReconcileResult(Action.DONE, str(ReconcileOutcome.SKIPPED), skip_reason=reason)
+
+    @staticmethod
+    def retry(retry_after_s: float | None) -> ReconcileResult:
+        """An API error: wait as long as the server asked (Retry-After), else back off."""
+        if retry_after_s is None:
+            return ReconcileResult.backoff(ReconcileOutcome.ERROR)
+        return ReconcileResult.requeue_after(ReconcileOutcome.ERROR, retry_after_s)
+
+    @property
+    def counted(self) -> bool:
+        """Whether the outcome metric counts it (an inactive replica counts nothing)."""
+        return self.outcome != INACTIVE
+
+    @property
+    def failed(self) -> bool:
+        """Whether it counts as a reconcile error (backoff, or an error with a Retry-After)."""
+        return self.action is Action.BACKOFF or self.outcome == ReconcileOutcome.ERROR
+
+
+INACTIVE_RESULT = ReconcileResult.done(INACTIVE)
