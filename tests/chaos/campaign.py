@@ -61,8 +61,7 @@ from service.kube.api import new_api_client
 from service.kube.informer import BACKOFF_MAX_S as INFORMER_BACKOFF_MAX_S
 from service.metrics import Metrics
 from service.pg.listener import BACKOFF_MAX_S as LISTENER_BACKOFF_MAX_S
-from service.pg.migrate import DEFAULT_CHANNEL, migrate
-from service.pg.throwaway import ThrowawayPostgres, create_database_async, with_database
+from service.pg.throwaway import with_database
 from tests.chaos.model import (
     NAMESPACE,
     NON_REAPABLE_SHAPES,
@@ -79,8 +78,9 @@ from tests.chaos.model import (
     reapable,
     retire,
 )
-from tests.chaos.pglog import RESOLUTION_S, SERVER_SETTINGS, StatementLog
+from tests.chaos.pglog import RESOLUTION_S
 from tests.chaos.pgproxy import PgProxy
+from tests.chaos.pgserver import SharedPostgres
 from tests.chaos.schedule import CampaignConfig, Step, make_schedule, seed_mode
 
 logger = logging.getLogger(__name__)
@@ -95,54 +95,6 @@ def reproduce_commands(seed: int) -> str:
         f"make chaos SEED={seed}   (or: CHAOS_SEED={seed} .venv/bin/pytest "
         f"tests/chaos/test_campaign.py -k campaign)"
     )
-
-
-# ------------------------------------------------------------------ shared infrastructure
-
-
-class SharedPostgres:
-    """One throwaway server for a whole campaign, a migrated template, and a restart lock."""
-
-    TEMPLATE = "chaos_template"
-
-    def __init__(self) -> None:
-        self.server = ThrowawayPostgres(settings={"max_connections": "500", **SERVER_SETTINGS})
-        self.statements: StatementLog | None = None
-        self._lock = anyio.Lock()
-        self._counter = 0
-        self.restarts = 0
-        self.restarted_at = 0.0
-        """Wall-clock time the last restart ended (``inf`` while one is under way)."""
-
-    async def start(self) -> None:
-        await anyio.to_thread.run_sync(self.server.start)
-        assert self.server.root_dir is not None
-        self.statements = StatementLog(self.server.root_dir / "server.log")
-        await create_database_async(self.server.url, self.TEMPLATE)
-        conn = await asyncpg.connect(with_database(self.server.url, self.TEMPLATE), timeout=10)
-        try:
-            await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=True)
-        finally:
-            await conn.close()
-
-    def stop(self) -> None:
-        self.server.stop()
-
-    async def new_database(self, seed: int) -> str:
-        self._counter += 1
-        name = f"chaos_{seed}_{self._counter}"
-        async with self._lock:  # CREATE DATABASE ... TEMPLATE needs the template idle
-            await create_database_async(self.server.url, name, template=self.TEMPLATE)
-        return name
-
-    async def restart(self) -> None:
-        async with self._lock:
-            self.restarted_at = math.inf
-            try:
-                await anyio.to_thread.run_sync(self.server.restart)
-            finally:
-                self.restarted_at = time.time()
-            self.restarts += 1
 
 
 class ReportCollector(logging.Handler):
