@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import asyncpg
 from prometheus_client import CollectorRegistry
 
 from service.app.service import build, run
@@ -68,12 +67,9 @@ from tests.chaos.model import (
     TERMINAL_REAPABLE,
     PodLife,
     PodShape,
-    PodTruth,
-    RowLife,
     RowTruth,
     continuously_reapable,
     pod_shape_reapable,
-    pod_status,
     reactivate,
     reapable,
     retire,
@@ -82,10 +78,10 @@ from tests.chaos.pglog import RESOLUTION_S
 from tests.chaos.pgproxy import PgProxy
 from tests.chaos.pgserver import SharedPostgres
 from tests.chaos.schedule import CampaignConfig, Step, make_schedule, seed_mode
+from tests.chaos.world import World
 
 logger = logging.getLogger(__name__)
 PREFIX = "SPACE_RETIRED_EXECUTION_POD_GC_"
-SELECTOR_LABEL = ("app.kubernetes.io/managed-by", "space-sandbox")
 RECONCILER_LOGGER = "service.engine.reconciler"
 PODS_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods"
 
@@ -115,189 +111,6 @@ class ReportCollector(logging.Handler):
             return
         uid = str(getattr(record, "uid", ""))
         self.reports.setdefault(int(match.group(1)), []).append((record.created, key, uid))
-
-
-# ------------------------------------------------------------------ the driver (ground truth)
-
-
-@dataclass
-class Sandbox:
-    sandbox_id: str
-    generation: int
-    kind: str
-    managed: bool
-    row_frozen: bool = False
-    """Its row was changed behind the trigger's back: no later step touches the row again."""
-
-    def name(self, generation: int | None = None) -> str:
-        return f"space-sbx-{self.sandbox_id}-g{generation or self.generation}"
-
-
-class World:
-    """Performs every change and records it as ground truth (see :mod:`tests.chaos.model`)."""
-
-    def __init__(
-        self, *, seed: int, emu: Emulator, db_url: str, proxy: PgProxy, shared: SharedPostgres
-    ) -> None:
-        self.seed = seed
-        self.emu = emu
-        self.db_url = db_url
-        self.proxy = proxy
-        self.shared = shared
-        self.db_name = db_url.rsplit("/", 1)[1]
-        self.lives: dict[str, PodLife] = {}
-        self.uid_of: dict[str, str] = {}
-        self.rows: dict[str, RowLife] = {}
-        self.sandboxes: list[Sandbox] = []
-        self.stall_until = 0.0
-        self.threshold_s = 1.0
-        self.stats: Counter[str] = Counter()
-        self._conn: asyncpg.Connection | None = None
-
-    # -- database ------------------------------------------------------------------------
-
-    async def _execute(self, sql: str, *args: Any, silent: bool = False) -> tuple[float, float]:
-        """Run one statement in its own transaction, reconnecting through restarts; (lo, hi) of
-        its commit. ``silent``: with ``session_replication_role = replica``, so no trigger fires
-        (a writer that bypasses the notify trigger)."""
-        lo = time.time()
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if self._conn is None or self._conn.is_closed():
-                    self._conn = await asyncpg.connect(self.db_url, timeout=5)
-                if silent:
-                    async with self._conn.transaction():
-                        await self._conn.execute("SET LOCAL session_replication_role = replica")
-                        await self._conn.execute(sql, *args, timeout=5)
-                else:
-                    await self._conn.execute(sql, *args, timeout=5)
-                return lo, time.time()
-            except (
-                OSError,
-                asyncpg.PostgresError,
-                asyncpg.InterfaceError,
-                asyncpg.InternalClientError,
-                TimeoutError,
-            ):
-                if time.monotonic() > deadline:
-                    raise
-                if self._conn is not None:
-                    self._conn.terminate()
-                    self._conn = None
-                await anyio.sleep(0.05)
-
-    async def close(self) -> None:
-        if self._conn is not None:
-            self._conn.terminate()
-            self._conn = None
-
-    async def insert_row(self, name: str, row: RowTruth) -> None:
-        lo, hi = await self._execute(
-            """INSERT INTO sandbox_k8s_executions (sandbox_id, generation, activation_attempt,
-                   pod_name, pod_kind, execution_state, active)
-               VALUES ($1, $2, 0, $3, $4, $5, $6)""",
-            row.sandbox_id,
-            row.generation,
-            name,
-            row.pod_kind,
-            row.state,
-            row.active,
-        )
-        self.rows.setdefault(name, RowLife(name)).record(lo, hi, row)
-
-    async def update_rows(self, changes: dict[str, RowTruth], *, silent: bool = False) -> None:
-        """One UPDATE for every row in ``changes`` (a burst commits them together)."""
-        if not changes:
-            return
-        names = list(changes)
-        lo, hi = await self._execute(
-            """UPDATE sandbox_k8s_executions AS e SET active = c.active,
-                      execution_state = c.state,
-                      retired_at = CASE WHEN c.active THEN NULL ELSE now() END
-               FROM unnest($1::text[], $2::bool[], $3::text[]) AS c(name, active, state)
-               WHERE e.pod_name = c.name""",
-            names,
-            [changes[n].active for n in names],
-            [changes[n].state for n in names],
-            silent=silent,
-        )
-        for n in names:
-            self.rows[n].record(lo, hi, changes[n])
-
-    # -- pods ----------------------------------------------------------------------------
-
-    def life(self, name: str) -> PodLife | None:
-        """The current UID's life for ``name``, synced with the server (the service may have
-        deleted it)."""
-        uid = self.uid_of.get(name)
-        life = self.lives.get(uid) if uid else None
-        if life is None or life.ended_at is not None:
-            return None
-        obj = self.emu.get_pod(NAMESPACE, name)
-        if obj is None or obj["metadata"]["uid"] != uid or obj["metadata"].get("deletionTimestamp"):
-            life.end(time.time(), by_service=True)
-            return None
-        return life
-
-    def create_pod(self, sb: Sandbox, generation: int, shape: PodShape, kind: str) -> None:
-        name = sb.name(generation)
-        labels = {
-            SELECTOR_LABEL[0]: SELECTOR_LABEL[1],
-            "space.sandbox-id": sb.sandbox_id,
-            "space.generation": str(generation),
-            "space.pod-kind": kind,
-        }
-        body = {
-            "metadata": {"name": name, "labels": labels},
-            "spec": {
-                "nodeName": "node-a",
-                "containers": [{"name": "sandbox", "image": "registry.example/sandbox:1.0"}],
-                "terminationGracePeriodSeconds": 30,
-            },
-            "status": pod_status(shape),
-        }
-        # A pod the service deleted may still be terminating under this name (graceful
-        # deletion of a node-bound Pending pod): the kubelet finishes it before the name is
-        # used again, as a new pod can only be created once the old object is gone.
-        self.emu.finish_terminating(NAMESPACE, name)
-        obj = self.emu.create_pod(body, namespace=NAMESPACE)
-        t = time.time()
-        uid = obj["metadata"]["uid"]
-        life = PodLife(uid=uid, name=name)
-        life.record(
-            t, PodTruth(shape, sb.sandbox_id, generation, kind), obj["metadata"]["resourceVersion"]
-        )
-        self.lives[uid] = life
-        self.uid_of[name] = uid
-
-    def set_shape(self, life: PodLife, shape: PodShape) -> None:
-        obj = self.emu.set_status(NAMESPACE, life.name, pod_status(shape))
-        state = life.states[-1]
-        new = PodTruth(shape, state.sandbox_id, state.generation, state.kind)
-        life.record(time.time(), new, obj["metadata"]["resourceVersion"])
-
-    def delete_pod(self, life: PodLife) -> None:
-        self.emu.delete_pod(NAMESPACE, life.name, grace_period_s=0, uid=life.uid)
-        life.end(time.time(), by_service=False)
-
-    # -- setup ---------------------------------------------------------------------------
-
-    async def populate(self, count: int, rng: random.Random) -> None:
-        for i in range(count):
-            managed = i != count - 1  # one sandbox is not Kubernetes-managed
-            sb = Sandbox(f"s{self.seed}n{i}", 1, "restore" if i % 5 == 4 else "create", managed)
-            self.sandboxes.append(sb)
-            await self._execute(
-                "INSERT INTO sandboxes (id, namespace, managed_by) VALUES ($1, $2, $3)",
-                sb.sandbox_id,
-                NAMESPACE,
-                "kubernetes" if managed else "nomad",
-            )
-            row = RowTruth(sb.sandbox_id, 1, sb.kind, "active", True, managed)
-            await self.insert_row(sb.name(), row)
-            shape = rng.choice([PodShape.PENDING_STUCK, PodShape.RUNNING, PodShape.SUCCEEDED])
-            self.create_pod(sb, 1, shape, sb.kind)
 
 
 # ------------------------------------------------------------------ the checker
