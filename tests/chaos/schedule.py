@@ -34,8 +34,9 @@ class CampaignConfig:
     handed to the API client (engine/budget.py), so this is the request's transit through the
     shared loop. The grants themselves keep the envelope exactly (tests/unit/test_budget.py)."""
     recovery_bound_s: float = 8.0
-    """After faults stop and the service's links are back (see :func:`links_back_at`): a key's
-    requeue backoff (≤ 5 s · 1.1, service/app/service.py), a sync, and the first checks."""
+    """After faults stop and the service's links are back (see
+    :func:`tests.chaos.checker.links_back_at`): a key's requeue backoff (≤ 5 s · 1.1,
+    service/app/service.py), a sync, and the first checks."""
     quiet_s: float = 1.5
     """Disabled mode: how long the quiet phase watches for (forbidden) actions."""
 
