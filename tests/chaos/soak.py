@@ -40,7 +40,7 @@ from service.kube.api import new_api_client
 from service.metrics import Metrics
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
 from service.pg.throwaway import ThrowawayPostgres
-from tests.chaos.campaign import PREFIX
+from tests.chaos.driver import PREFIX
 from tests.chaos.model import NAMESPACE, PodShape, pod_status
 
 SAMPLE_EVERY_S = 10.0
