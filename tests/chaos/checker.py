@@ -275,10 +275,8 @@ def reproduce_commands(seed: int) -> str:
 async def quiet_phase(
     world: World, checker: Checker, cfg: CampaignConfig, mode: str
 ) -> Recovery | None:
-    """Faults stop; every pod reapable now must be acted on within the stated bound."""
-    world.emu.clear_faults()
-    world.proxy.unstall()
-    world.stall_until = 0.0
+    """Faults have just been lifted (:meth:`World.lift_faults`); every pod reapable now must be
+    acted on within the stated bound."""
     t_quiet = time.time()
     due: dict[str, str] = {}
     for name, uid in world.uid_of.items():

@@ -132,10 +132,10 @@ async def run_seed(
                 for n, step in enumerate(schedule):
                     await apply_step(world, step, rng, result.stats)
                     if world.stall_until and time.time() >= world.stall_until:
-                        world.proxy.unstall()
-                        world.stall_until = 0.0
+                        world.end_stall()
                     checker.check(f"step {n} {step.kind}")
                     await anyio.sleep(step.pause_s)
+                world.lift_faults()
                 result.recovery = await quiet_phase(world, checker, cfg, mode)
             finally:
                 stop.set()

@@ -159,8 +159,7 @@ async def while_waiting_for_tokens(
                 sb.row_frozen = sb.row_frozen or sb.name() in retired
     # Nothing else happens meanwhile: this scenario is about the final checks alone.
     await anyio.sleep(2.5)
-    world.proxy.unstall()
-    world.stall_until = 0.0
+    world.end_stall()
 
 
 async def apply_step(world: World, step: Step, rng: random.Random, stats: Counter[str]) -> None:
@@ -277,9 +276,7 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
                 variant = TOKEN_WAIT_VARIANTS[int(step.amount * len(TOKEN_WAIT_VARIANTS))]
                 # This is about the wait for delete tokens alone: lift earlier faults (a
                 # stalled listener or failing GETs would stop the deletes for other reasons).
-                emu.clear_faults()
-                world.proxy.unstall()
-                world.stall_until = 0.0
+                world.lift_faults()
             changes: dict[str, RowTruth] = {}
             for other in world.sandboxes:
                 other_name = other.name()

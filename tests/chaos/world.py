@@ -187,6 +187,18 @@ class World:
         self.emu.delete_pod(NAMESPACE, life.name, grace_period_s=0, uid=life.uid)
         life.end(time.time(), by_service=False)
 
+    # -- faults --------------------------------------------------------------------------
+
+    def end_stall(self) -> None:
+        """Let the listener's connection flow again (and forget when a stall was due to end)."""
+        self.proxy.unstall()
+        self.stall_until = 0.0
+
+    def lift_faults(self) -> None:
+        """Clear the emulator's injected faults and end any listener stall."""
+        self.emu.clear_faults()
+        self.end_stall()
+
     # -- setup ---------------------------------------------------------------------------
 
     async def populate(self, count: int, rng: random.Random) -> None:
