@@ -41,7 +41,8 @@ from service.metrics import Metrics
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
 from service.pg.throwaway import ThrowawayPostgres
 from tests.chaos.driver import PREFIX
-from tests.chaos.model import NAMESPACE, PodShape, pod_status
+from tests.chaos.model import NAMESPACE, PodShape
+from tests.chaos.world import pod_status
 
 SAMPLE_EVERY_S = 10.0
 

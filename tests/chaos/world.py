@@ -4,7 +4,8 @@ Every change the driver makes to a seed's pods (on its API server emulator) or e
 (in its database) goes through :class:`World`, which records it in the timelines of
 :mod:`tests.chaos.model` as it makes it: a pod state at the exact ``time.time()`` of the emulator
 call, a row change as the ``[sent, answered]`` interval of its statement. The checker judges the
-service against these timelines.
+service against these timelines. :func:`pod_status` is how a :class:`tests.chaos.model.PodShape`
+is written to the emulator.
 """
 
 from __future__ import annotations
@@ -19,11 +20,77 @@ import anyio
 import asyncpg
 
 from service.emulator import Emulator
-from tests.chaos.model import NAMESPACE, PodLife, PodShape, PodTruth, RowLife, RowTruth, pod_status
+from tests.chaos.model import NAMESPACE, PodLife, PodShape, PodTruth, RowLife, RowTruth
 from tests.chaos.pgproxy import PgProxy
 from tests.chaos.pgserver import SharedPostgres
 
 SELECTOR_LABEL = ("app.kubernetes.io/managed-by", "space-sandbox")
+
+
+def _cond(kind: str, status: str) -> dict[str, str]:
+    return {"type": kind, "status": status, "lastTransitionTime": "2026-01-01T00:00:00Z"}
+
+
+def pod_status(shape: PodShape) -> dict[str, Any]:
+    """The ``.status`` a kubelet would write for ``shape``."""
+    waiting = {"waiting": {"reason": "ContainerCreating"}}
+    running = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+    terminated = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+
+    def containers(state: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"name": "sandbox", "state": state, "ready": False, "restartCount": 0}]
+
+    base_conditions = [_cond("PodScheduled", "True")]
+    match shape:
+        case PodShape.PENDING_STUCK:
+            return {
+                "phase": "Pending",
+                "conditions": [_cond("PodReadyToStartContainers", "False"), *base_conditions],
+                "containerStatuses": containers(waiting),
+            }
+        case PodShape.PENDING_WITH_IP:
+            return {
+                "phase": "Pending",
+                "podIP": "10.0.0.7",
+                "conditions": [_cond("PodReadyToStartContainers", "False"), *base_conditions],
+                "containerStatuses": containers(waiting),
+            }
+        case PodShape.PENDING_NO_CONDITION:
+            return {
+                "phase": "Pending",
+                "conditions": base_conditions,
+                "containerStatuses": containers(waiting),
+            }
+        case PodShape.PENDING_READY:
+            return {
+                "phase": "Pending",
+                "conditions": [_cond("PodReadyToStartContainers", "True"), *base_conditions],
+                "containerStatuses": containers(waiting),
+            }
+        case PodShape.RUNNING:
+            return {
+                "phase": "Running",
+                "podIP": "10.0.0.7",
+                "conditions": [_cond("PodReadyToStartContainers", "True"), *base_conditions],
+                "containerStatuses": containers(running),
+            }
+        case PodShape.SUCCEEDED | PodShape.FAILED:
+            return {
+                "phase": "Succeeded" if shape is PodShape.SUCCEEDED else "Failed",
+                "conditions": [_cond("PodReadyToStartContainers", "False"), *base_conditions],
+                "containerStatuses": containers(terminated),
+            }
+        case PodShape.SUCCEEDED_NO_STATUSES:
+            return {"phase": "Succeeded", "conditions": base_conditions}
+        case PodShape.FAILED_CONTAINER_RUNNING:
+            return {
+                "phase": "Failed",
+                "conditions": base_conditions,
+                "containerStatuses": containers(running),
+            }
+        case PodShape.UNKNOWN_PHASE:
+            return {"phase": "Unknown", "conditions": base_conditions}
+    raise AssertionError(shape)
 
 
 @dataclass
