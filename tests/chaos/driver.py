@@ -25,7 +25,7 @@ import anyio
 from prometheus_client import CollectorRegistry
 
 from service.app.service import build, run
-from service.config import load
+from service.config import PREFIX, load
 from service.emulator import Emulator, start_emulator
 from service.kube.api import new_api_client
 from service.metrics import Metrics
@@ -39,7 +39,6 @@ from tests.chaos.steps import apply_step
 from tests.chaos.world import World
 
 logger = logging.getLogger(__name__)
-PREFIX = "SPACE_RETIRED_EXECUTION_POD_GC_"
 RECONCILER_LOGGER = "service.engine.reconciler"
 
 
