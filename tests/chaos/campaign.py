@@ -1,7 +1,7 @@
 """Randomized fault campaigns against the real service wiring, checked against ground truth.
 
-This module runs a campaign, many seeds at most ``concurrency`` at a time (:func:`run_campaign`),
-from the command line that prints each seed's verdict and the campaign's totals: ``python -m
+This module runs a campaign: many seeds, at most ``concurrency`` at a time (:func:`run_campaign`).
+Its command line prints each seed's verdict and the campaign's totals: ``python -m
 tests.chaos.campaign --seeds 50`` (``make chaos SEEDS=50``) or ``--seed 1234``.
 
 The parts of a seed, one module each:
