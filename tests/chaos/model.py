@@ -3,7 +3,8 @@
 Written independently of ``service.classifier`` on purpose: the oracle here restates the
 DESIGN table ("The two reapable shapes") over the driver's own model of a pod (a small
 :class:`PodShape` enum, never the wire JSON), so a bug in the classifier or the decoder cannot
-hide itself by being reused by the checker.
+hide itself by being reused by the checker. How the driver writes a shape on the wire is
+:func:`tests.chaos.world.pod_status`: nothing here reads or writes pod JSON.
 
 Timelines:
 
@@ -23,7 +24,6 @@ import bisect
 import enum
 import itertools
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 NAMESPACE = "sandboxes"
 RETIRED_STATES = frozenset({"suspended", "replaced", "cancelled", "failed", "stopped"})
@@ -52,72 +52,6 @@ TERMINAL_REAPABLE = frozenset({PodShape.SUCCEEDED, PodShape.FAILED})
 NON_REAPABLE_SHAPES = tuple(
     s for s in PodShape if s not in TERMINAL_REAPABLE and s is not PodShape.PENDING_STUCK
 )
-
-
-def _cond(kind: str, status: str) -> dict[str, str]:
-    return {"type": kind, "status": status, "lastTransitionTime": "2026-01-01T00:00:00Z"}
-
-
-def pod_status(shape: PodShape) -> dict[str, Any]:
-    """The ``.status`` a kubelet would write for ``shape``."""
-    waiting = {"waiting": {"reason": "ContainerCreating"}}
-    running = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
-    terminated = {"terminated": {"exitCode": 0, "reason": "Completed"}}
-
-    def containers(state: dict[str, Any]) -> list[dict[str, Any]]:
-        return [{"name": "sandbox", "state": state, "ready": False, "restartCount": 0}]
-
-    base_conditions = [_cond("PodScheduled", "True")]
-    match shape:
-        case PodShape.PENDING_STUCK:
-            return {
-                "phase": "Pending",
-                "conditions": [_cond("PodReadyToStartContainers", "False"), *base_conditions],
-                "containerStatuses": containers(waiting),
-            }
-        case PodShape.PENDING_WITH_IP:
-            return {
-                "phase": "Pending",
-                "podIP": "10.0.0.7",
-                "conditions": [_cond("PodReadyToStartContainers", "False"), *base_conditions],
-                "containerStatuses": containers(waiting),
-            }
-        case PodShape.PENDING_NO_CONDITION:
-            return {
-                "phase": "Pending",
-                "conditions": base_conditions,
-                "containerStatuses": containers(waiting),
-            }
-        case PodShape.PENDING_READY:
-            return {
-                "phase": "Pending",
-                "conditions": [_cond("PodReadyToStartContainers", "True"), *base_conditions],
-                "containerStatuses": containers(waiting),
-            }
-        case PodShape.RUNNING:
-            return {
-                "phase": "Running",
-                "podIP": "10.0.0.7",
-                "conditions": [_cond("PodReadyToStartContainers", "True"), *base_conditions],
-                "containerStatuses": containers(running),
-            }
-        case PodShape.SUCCEEDED | PodShape.FAILED:
-            return {
-                "phase": "Succeeded" if shape is PodShape.SUCCEEDED else "Failed",
-                "conditions": [_cond("PodReadyToStartContainers", "False"), *base_conditions],
-                "containerStatuses": containers(terminated),
-            }
-        case PodShape.SUCCEEDED_NO_STATUSES:
-            return {"phase": "Succeeded", "conditions": base_conditions}
-        case PodShape.FAILED_CONTAINER_RUNNING:
-            return {
-                "phase": "Failed",
-                "conditions": base_conditions,
-                "containerStatuses": containers(running),
-            }
-        case PodShape.UNKNOWN_PHASE:
-            return {"phase": "Unknown", "conditions": base_conditions}
-    raise AssertionError(shape)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,9 @@ from service.engine import controller as controller_module
 from service.engine import reconciler as reconciler_module
 from service.engine.budget import DeleteBudget
 from service.kube import client as client_module
-from tests.chaos.campaign import CampaignConfig, SeedResult, run_campaign
+from tests.chaos.campaign import run_campaign
+from tests.chaos.checker import SeedResult
+from tests.chaos.schedule import CampaignConfig
 
 
 def _edited(

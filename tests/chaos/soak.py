@@ -34,14 +34,14 @@ from prometheus_client import CollectorRegistry
 
 from benchmarks.harness import EmulatorProcess, rss_kib
 from service.app.service import Parts, build, run
-from service.config import load
+from service.config import PREFIX, load
 from service.emulator.core import DEFAULT_POD_TEMPLATE
 from service.kube.api import new_api_client
 from service.metrics import Metrics
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
 from service.pg.throwaway import ThrowawayPostgres
-from tests.chaos.campaign import PREFIX
-from tests.chaos.model import NAMESPACE, PodShape, pod_status
+from tests.chaos.model import NAMESPACE, PodShape
+from tests.chaos.world import pod_status
 
 SAMPLE_EVERY_S = 10.0
 

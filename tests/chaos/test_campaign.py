@@ -12,7 +12,8 @@ import os
 
 import pytest
 
-from tests.chaos.campaign import CampaignConfig, run_campaign
+from tests.chaos.campaign import run_campaign
+from tests.chaos.schedule import CampaignConfig
 
 SHORT_CAMPAIGN_SEEDS = 24
 SHORT_CAMPAIGN_CONCURRENCY = 8
