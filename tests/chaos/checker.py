@@ -1,6 +1,6 @@
 """Judges one seed against ground truth: safety after every step, liveness in the quiet phase.
 
-:class:`Checker` holds every safety invariant of DESIGN.md against the emulator's audit log,
+:class:`Checker` holds every safety invariant of docs/architecture.md against the emulator's audit log,
 PostgreSQL's statement log (:mod:`tests.chaos.pglog`) and the driver's ground truth
 (:mod:`tests.chaos.model`, recorded by :class:`tests.chaos.world.World`), incrementally after
 each step of the schedule. :func:`quiet_phase` judges liveness once faults are lifted: every pod

@@ -1,7 +1,7 @@
 """The campaign's ground truth: what each pod UID and each execution row looked like, and when.
 
 Written independently of ``service.classifier`` on purpose: the oracle here restates the
-DESIGN table ("The two reapable shapes") over the driver's own model of a pod (a small
+table of docs/architecture.md ("The two reapable shapes") over the driver's own model of a pod (a small
 :class:`PodShape` enum, never the wire JSON), so a bug in the classifier or the decoder cannot
 hide itself by being reused by the checker. How the driver writes a shape on the wire is
 :func:`tests.chaos.world.pod_status`: nothing here reads or writes pod JSON.
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 NAMESPACE = "sandboxes"
 RETIRED_STATES = frozenset({"suspended", "replaced", "cancelled", "failed", "stopped"})
-"""DESIGN: ``active = false`` with any retired state (``stopped`` included); anything else —
+"""docs/architecture.md: ``active = false`` with any retired state (``stopped`` included); anything else —
 ``active`` or an unknown string — never reaps."""
 
 
@@ -79,7 +79,7 @@ class RowTruth:
 
 
 def reapable(pod: PodTruth | None, row: RowTruth | None) -> bool:
-    """DESIGN "The two reapable shapes", restated over the driver's model."""
+    """The two reapable shapes of docs/architecture.md, restated over the driver's model."""
     if pod is None or row is None or pod.terminating:
         return False
     if not row.managed or row.active or row.state not in RETIRED_STATES:

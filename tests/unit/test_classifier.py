@@ -202,7 +202,7 @@ CONTAINERS = {
 
 
 def _expected(pod: PodSnapshot, row: ExecutionRow | None) -> Verdict | None:
-    """An independent statement of DESIGN.md's table: the only two reapable shapes."""
+    """An independent statement of the table of docs/architecture.md: the only two reapable shapes."""
     if row is None or row.active or pod.terminating:
         return None
     if row.state not in RETIRED_STATES:
