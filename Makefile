@@ -20,7 +20,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict service
+	$(BIN)/mypy --strict service devtools
 
 test: lint typecheck
 	$(BIN)/coverage erase

@@ -18,16 +18,16 @@ from typing import Any
 import anyio
 import asyncpg
 
+from devtools.emulator.core import Emulator
+from devtools.emulator.sandboxpods import Shape, pod_name, sandbox_pod
+from devtools.emulator.server import RunningEmulator, start_emulator
+from devtools.pg.devdata import seed_execution, seed_sandbox
+from devtools.pg.throwaway import ThrowawayPostgres
 from service import config, logs
 from service.app import service
-from service.emulator.core import Emulator
-from service.emulator.sandboxpods import Shape, pod_name, sandbox_pod
-from service.emulator.server import RunningEmulator, start_emulator
 from service.kube.api import new_api_client
 from service.metrics import LOOP, Metrics
-from service.pg.devdata import seed_execution, seed_sandbox
 from service.pg.migrate import migrate
-from service.pg.throwaway import ThrowawayPostgres
 
 NAMESPACE = "sandboxes"
 LEASE_NAMESPACE = "retired-pod-gc"

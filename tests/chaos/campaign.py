@@ -51,18 +51,18 @@ import anyio
 import asyncpg
 from prometheus_client import CollectorRegistry
 
+from devtools.emulator import Emulator, start_emulator
+from devtools.emulator.core import AuditEntry
+from devtools.emulator.faults import RequestRecord
+from devtools.pg.throwaway import ThrowawayPostgres, create_database_async, with_database
 from service.app.service import build, run
 from service.config import load
-from service.emulator import Emulator, start_emulator
-from service.emulator.core import AuditEntry
-from service.emulator.faults import RequestRecord
 from service.kit.ratelimit import capped_shape
 from service.kube.api import new_api_client
 from service.kube.informer import BACKOFF_MAX_S as INFORMER_BACKOFF_MAX_S
 from service.metrics import Metrics
 from service.pg.listener import BACKOFF_MAX_S as LISTENER_BACKOFF_MAX_S
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
-from service.pg.throwaway import ThrowawayPostgres, create_database_async, with_database
 from tests.chaos.model import (
     NAMESPACE,
     NON_REAPABLE_SHAPES,

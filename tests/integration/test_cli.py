@@ -15,9 +15,9 @@ from typing import Any
 import anyio
 import pytest
 
+from devtools.emulator import RunningEmulator
 from service import cli
 from service.config import PREFIX
-from service.emulator import RunningEmulator
 from tests.e2e.harness import (
     CliResult,
     base_env,

@@ -6,11 +6,11 @@ import asyncio
 from enum import StrEnum
 from typing import Any
 
-from service.emulator import statuses as st
-from service.emulator.faults import Faults
-from service.emulator.selectors import Matcher
-from service.emulator.statuses import PODS, Resource
-from service.emulator.store import Entry, Store, Table
+from devtools.emulator import statuses as st
+from devtools.emulator.faults import Faults
+from devtools.emulator.selectors import Matcher
+from devtools.emulator.statuses import PODS, Resource
+from devtools.emulator.store import Entry, Store, Table
 
 
 class Watcher:

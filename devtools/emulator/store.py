@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from service.emulator import statuses as st
-from service.emulator.selectors import Matcher, SelectorError, compile_selector
-from service.emulator.statuses import Resource
+from devtools.emulator import statuses as st
+from devtools.emulator.selectors import Matcher, SelectorError, compile_selector
+from devtools.emulator.statuses import Resource
 
 if TYPE_CHECKING:
-    from service.emulator.watch import Watcher
+    from devtools.emulator.watch import Watcher
 
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
