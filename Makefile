@@ -36,7 +36,7 @@ clean:
 	rm -rf $(VENV) .coverage .coverage.* .mypy_cache .ruff_cache .hypothesis
 
 demo: $(STAMP)
-	$(BIN)/retired-pod-gc demo
+	$(PY) -m devtools.demo
 
 # Benchmarks (benchmarks/RESULTS.md): the event-driven service against the polling baseline.
 BENCH_STAMP := $(VENV)/.bench-installed-stamp

@@ -25,9 +25,9 @@ from typing import Any
 import aiohttp
 import anyio
 
+from devtools import demo
 from devtools.emulator import Emulator
 from devtools.emulator.statuses import LEASES
-from service.app import demo
 from service.config import PREFIX
 from service.domain import Verdict
 

@@ -14,9 +14,9 @@ from typing import Any
 import anyio
 import pytest
 
+from devtools.demo import POPULATION, UNRELATED
 from devtools.emulator import RunningEmulator
 from devtools.emulator.sandboxpods import Shape
-from service.app.demo import POPULATION, UNRELATED
 
 from .harness import (
     SANDBOX_NAMESPACE,
