@@ -20,7 +20,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict service
+	$(BIN)/mypy --strict service devtools
 
 test: lint typecheck
 	$(BIN)/coverage erase
@@ -36,7 +36,7 @@ clean:
 	rm -rf $(VENV) .coverage .coverage.* .mypy_cache .ruff_cache .hypothesis
 
 demo: $(STAMP)
-	$(BIN)/retired-pod-gc demo
+	$(PY) -m devtools.demo
 
 # Benchmarks (benchmarks/RESULTS.md): the event-driven service against the polling baseline.
 BENCH_STAMP := $(VENV)/.bench-installed-stamp

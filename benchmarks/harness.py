@@ -22,10 +22,10 @@ import aiohttp
 import anyio
 import asyncpg
 
+from devtools.emulator.sandboxpods import Shape, sandbox_pod
 from service import config
 from service.app import service
 from service.domain import Verdict
-from service.emulator.sandboxpods import Shape, sandbox_pod
 from service.kube.api import new_api_client
 from service.metrics import Metrics
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
@@ -88,7 +88,7 @@ def median(values: Sequence[float]) -> float:
 
 
 class EmulatorProcess:
-    """``python -m service.emulator`` in a subprocess, with its admin API."""
+    """``python -m devtools.emulator`` in a subprocess, with its admin API."""
 
     def __init__(
         self, *, bookmark_interval_s: float = 60.0, kubelet_finish_after_s: float | None = None
@@ -104,7 +104,7 @@ class EmulatorProcess:
             [
                 sys.executable,
                 "-m",
-                "service.emulator",
+                "devtools.emulator",
                 "--port",
                 "0",
                 "--namespace",

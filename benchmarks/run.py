@@ -21,7 +21,7 @@ import anyio
 
 from benchmarks import report, scenarios
 from benchmarks.harness import EmulatorProcess, Population, create_pods, load_average, seed_rows
-from service.pg.throwaway import ThrowawayPostgres
+from devtools.pg.throwaway import ThrowawayPostgres
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent / "tests" / "fixtures" / "wire"

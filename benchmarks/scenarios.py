@@ -37,9 +37,9 @@ from benchmarks.harness import (
     template,
     wait_queue_idle,
 )
+from devtools.emulator.sandboxpods import Shape
 from service.app import service
 from service.domain import Verdict
-from service.emulator.sandboxpods import Shape
 from service.kube.decode import PodDecoder
 
 logger = logging.getLogger(__name__)

@@ -1,9 +1,9 @@
 """The ``retired-pod-gc`` command line.
 
-Commands: ``run`` (the controller), ``scan``, ``explain``, ``migrate``, ``cancel-create``,
-``config`` and ``demo``. Exit codes: 0 success, 1 runtime failure (the API server or the
-database unreachable, a failed operation), 2 bad configuration or usage. Errors are one line on
-stderr, never a traceback.
+Commands: ``run`` (the controller), ``scan``, ``explain``, ``migrate``, ``cancel-create`` and
+``config``. Exit codes: 0 success, 1 runtime failure (the API server or the database unreachable,
+a failed operation), 2 bad configuration or usage. Errors are one line on stderr, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTO
 from service import config, logs
 from service.app import service
 from service.app.cancel_create import CancelOutcome, cancel_create
-from service.app.demo import run_demo
 from service.app.inspect import IgnoreEvents, explain, explanation_lines, list_pods, scan
 from service.domain import split_key
 from service.kube.api import ApiConfigError, new_api_client
@@ -351,14 +350,6 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-# -------------------------------------------------------------------------------------- demo
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-
-    return run_demo(threshold_s=args.threshold, phase_s=args.phase_seconds)
-
-
 # ------------------------------------------------------------------------------------ parser
 
 
@@ -447,19 +438,6 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.set_defaults(func=_cmd_config)
-
-    p = sub.add_parser(
-        "demo",
-        help="the whole loop on a throwaway PostgreSQL and API emulator",
-        description=(
-            "Start a throwaway PostgreSQL and the Kubernetes API emulator, seed a realistic "
-            "sandbox namespace, and run the real service through the rollout: disabled, dry "
-            "run, live. Leaves nothing running."
-        ),
-    )
-    p.add_argument("--threshold", type=float, default=4.0, help="threshold seconds")
-    p.add_argument("--phase-seconds", type=float, default=10.0, help="seconds per phase")
-    p.set_defaults(func=_cmd_demo)
     return parser
 
 

@@ -16,9 +16,9 @@ import anyio
 import pytest
 from kubernetes_asyncio import client as k8s_client
 
+from devtools.emulator import Emulator, RunningEmulator, start_emulator
 from service.config import KubeSettings
 from service.domain import LabelKeys, PodSnapshot
-from service.emulator import Emulator, RunningEmulator, start_emulator
 from service.kube.api import new_api_client
 from service.ports import PodCache
 

@@ -27,22 +27,22 @@ import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from service.config import DatabaseSettings
-from service.pg.devdata import (
+from devtools.pg.devdata import (
     NAMESPACE,
     seed_execution,
     seed_executions,
     seed_sandbox,
     set_execution,
 )
-from service.pg.migrate import DEFAULT_CHANNEL, migrate
-from service.pg.throwaway import (
+from devtools.pg.throwaway import (
     ThrowawayPostgres,
     create_database_async,
     drop_database_async,
     run_async,
     with_database,
 )
+from service.config import DatabaseSettings
+from service.pg.migrate import DEFAULT_CHANNEL, migrate
 
 __all__ = [
     "NAMESPACE",

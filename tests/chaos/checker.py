@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from service.emulator.core import AuditEntry
-from service.emulator.faults import RequestRecord
+from devtools.emulator.core import AuditEntry
+from devtools.emulator.faults import RequestRecord
 from service.kit.ratelimit import capped_shape
 from service.kube.informer import BACKOFF_MAX_S as INFORMER_BACKOFF_MAX_S
 from service.pg.listener import BACKOFF_MAX_S as LISTENER_BACKOFF_MAX_S

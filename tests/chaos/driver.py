@@ -24,12 +24,12 @@ import time
 import anyio
 from prometheus_client import CollectorRegistry
 
+from devtools.emulator import Emulator, start_emulator
+from devtools.pg.throwaway import with_database
 from service.app.service import build, run
 from service.config import PREFIX, load
-from service.emulator import Emulator, start_emulator
 from service.kube.api import new_api_client
 from service.metrics import Metrics
-from service.pg.throwaway import with_database
 from tests.chaos.checker import Checker, SeedResult, quiet_phase
 from tests.chaos.model import NAMESPACE
 from tests.chaos.pgproxy import PgProxy

@@ -13,8 +13,8 @@ import time
 import anyio
 import asyncpg
 
+from devtools.pg.throwaway import ThrowawayPostgres, create_database_async, with_database
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
-from service.pg.throwaway import ThrowawayPostgres, create_database_async, with_database
 from tests.chaos.pglog import SERVER_SETTINGS, StatementLog
 
 

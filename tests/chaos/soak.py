@@ -1,7 +1,7 @@
 """Bounded soak: 10k sandbox pods with steady churn against the real service wiring (~10 min).
 
 One service instance (``build``/``run``) and a throwaway PostgreSQL in this process; the API
-server emulator in a child process (``python -m service.emulator``), driven over HTTP, so that
+server emulator in a child process (``python -m devtools.emulator``), driven over HTTP, so that
 the RSS sampled is the service's alone. Every second: ~100 pod status changes, ~30
 retirements, ~10 re-activations, and every pod the service deleted is replaced by the next
 generation (new pod + new active row), so the population stays near ``--pods``. Every 60 s the
@@ -33,13 +33,13 @@ import asyncpg
 from prometheus_client import CollectorRegistry
 
 from benchmarks.harness import EmulatorProcess, rss_kib
+from devtools.emulator.core import DEFAULT_POD_TEMPLATE
+from devtools.pg.throwaway import ThrowawayPostgres
 from service.app.service import Parts, build, run
 from service.config import PREFIX, load
-from service.emulator.core import DEFAULT_POD_TEMPLATE
 from service.kube.api import new_api_client
 from service.metrics import Metrics
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
-from service.pg.throwaway import ThrowawayPostgres
 from tests.chaos.model import NAMESPACE, PodShape
 from tests.chaos.world import pod_status
 

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import asyncpg
 
-from service.emulator import Emulator
+from devtools.emulator import Emulator
 from tests.chaos.model import NAMESPACE, PodLife, PodShape, PodTruth, RowLife, RowTruth
 from tests.chaos.pgproxy import PgProxy
 from tests.chaos.pgserver import SharedPostgres

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from devtools.pg.throwaway import run_async
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
-from service.pg.throwaway import run_async
 from tests.deploy.kustomize import Obj, render
 from tests.deploy.support import BASE, MONITORING, OVERLAYS, ExportedMetrics
 from tests.e2e.harness import base_env, cli_command, free_port, write_kubeconfig
@@ -40,7 +40,7 @@ def exported_metric_names(
         procs.append(
             subprocess.Popen(
                 [
-                    *(sys.executable, "-m", "service.emulator"),
+                    *(sys.executable, "-m", "devtools.emulator"),
                     *("--port", str(emu_port), "--namespace", "sandboxes"),
                 ],
                 stdout=subprocess.DEVNULL,

@@ -14,9 +14,9 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from devtools.pg.throwaway import ThrowawayPostgres, run_async
 from service.pg.cancel import retire_for_cancel
 from service.pg.store import LOOKUP_SQL, MANAGED_BY_KUBERNETES
-from service.pg.throwaway import ThrowawayPostgres, run_async
 from tests.deploy.support import DEPLOY
 
 ROLE_SQL = DEPLOY / "db-role" / "role.sql"

@@ -98,14 +98,28 @@ def test_entrypoint_is_the_console_script_and_cmd_is_run() -> None:
     assert "retired-pod-gc" in scripts
 
 
-def test_build_context_sends_only_what_the_build_copies() -> None:
-    lines = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
-    patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    assert patterns[0] == "*", "deny everything first, then allow what the build copies"
-    allowed = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
+def copied_from_the_context() -> set[str]:
+    """What the build's COPY instructions take from the build context (not from a stage)."""
     copied: set[str] = set()
     for stage in stages():
         for word, args in stage:
             if word == "COPY" and not args.startswith("--from="):
                 copied.update(p.rstrip("/") for p in args.split()[:-1])
-    assert copied == allowed
+    return copied
+
+
+def test_build_context_sends_only_what_the_build_copies() -> None:
+    lines = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    assert patterns[0] == "*", "deny everything first, then allow what the build copies"
+    allowed = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
+    assert copied_from_the_context() == allowed
+
+
+def test_the_image_and_the_wheel_carry_the_product_only() -> None:
+    # The dev tools (devtools/: emulator, throwaway PostgreSQL, demo) are neither copied into the
+    # build nor packaged into the wheel it installs (README.md, Architecture).
+    assert (ROOT / "devtools").is_dir()
+    assert copied_from_the_context() == {"pyproject.toml", "README.md", "service"}
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["service"]

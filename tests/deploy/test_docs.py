@@ -48,7 +48,9 @@ def test_architecture_lists_the_seven_invariants() -> None:
 def test_every_path_the_docs_name_exists() -> None:
     for doc in (OPERATIONS, ARCHITECTURE):
         text = doc.read_text(encoding="utf-8")
-        paths = set(re.findall(r"`((?:service|deploy|tests|docs)/[A-Za-z0-9_./-]+)`", text))
+        paths = set(
+            re.findall(r"`((?:service|devtools|deploy|tests|docs)/[A-Za-z0-9_./-]+)`", text)
+        )
         assert paths, doc
         missing = sorted(p for p in paths if not (ROOT / p.rstrip("/")).exists())
         assert missing == [], f"{doc.name} names missing paths: {missing}"

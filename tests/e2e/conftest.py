@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from service.emulator import RunningEmulator
+from devtools.emulator import RunningEmulator
 
 from .harness import LEASE_NAMESPACE, ServiceLauncher
 

@@ -25,11 +25,11 @@ from typing import Any
 import aiohttp
 import anyio
 
-from service.app import demo
+from devtools import demo
+from devtools.emulator import Emulator
+from devtools.emulator.statuses import LEASES
 from service.config import PREFIX
 from service.domain import Verdict
-from service.emulator import Emulator
-from service.emulator.statuses import LEASES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SANDBOX_NAMESPACE = "sandboxes"

@@ -13,10 +13,10 @@ import anyio
 import asyncpg
 import pytest
 
-from service.app.demo import POPULATION
-from service.emulator import RunningEmulator
-from service.emulator.sandboxpods import Shape, sandbox_pod
-from service.pg.devdata import seed_execution, seed_sandbox
+from devtools.demo import POPULATION
+from devtools.emulator import RunningEmulator
+from devtools.emulator.sandboxpods import Shape, sandbox_pod
+from devtools.pg.devdata import seed_execution, seed_sandbox
 
 from .harness import (
     SANDBOX_NAMESPACE,

@@ -14,9 +14,9 @@ from typing import Any
 import anyio
 import pytest
 
-from service.app.demo import POPULATION, UNRELATED
-from service.emulator import RunningEmulator
-from service.emulator.sandboxpods import Shape
+from devtools.demo import POPULATION, UNRELATED
+from devtools.emulator import RunningEmulator
+from devtools.emulator.sandboxpods import Shape
 
 from .harness import (
     SANDBOX_NAMESPACE,

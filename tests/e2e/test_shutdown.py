@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from service.emulator import RunningEmulator
+from devtools.emulator import RunningEmulator
 
 from .harness import SANDBOX_NAMESPACE, ServiceLauncher, lease_holder, seed_population, wait_until
 

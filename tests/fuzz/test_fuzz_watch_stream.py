@@ -19,8 +19,8 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from devtools.emulator import RunningEmulator
 from service.config import KubeSettings
-from service.emulator import RunningEmulator
 from service.kube.decode import PodDecoder
 from service.kube.informer import PodInformer
 from service.metrics import Metrics

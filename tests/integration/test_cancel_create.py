@@ -10,14 +10,14 @@ import asyncpg
 import pytest
 from kubernetes_asyncio import client as k8s_client
 
+from devtools.emulator import RunningEmulator
+from devtools.emulator.sandboxpods import Shape, pod_name, sandbox_pod
+from devtools.pg.devdata import seed_execution, seed_sandbox
 from service.app.cancel_create import CancelOutcome, CancelReport, cancel_create
 from service.config import KubeSettings
-from service.emulator import RunningEmulator
-from service.emulator.sandboxpods import Shape, pod_name, sandbox_pod
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.metrics import Metrics
-from service.pg.devdata import seed_execution, seed_sandbox
 from tests.kubefixtures import eventually
 
 pytestmark = pytest.mark.anyio

@@ -1,6 +1,7 @@
 """The operator commands as real processes (``python -m service.cli``) against the emulator and a
 real PostgreSQL: help, scan, explain, migrate, cancel-create, and their failures — one clear line
-on stderr and a non-zero exit, never a traceback."""
+on stderr and a non-zero exit, never a traceback. Also: the product's command line loads and
+offers no dev tool, and the demo's own entry point (``python -m devtools.demo``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import argparse
 import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,10 +18,11 @@ from typing import Any
 import anyio
 import pytest
 
+from devtools.emulator import RunningEmulator
 from service import cli
 from service.config import PREFIX
-from service.emulator import RunningEmulator
 from tests.e2e.harness import (
+    REPO_ROOT,
     CliResult,
     base_env,
     closed_port,
@@ -79,6 +83,61 @@ def test_top_level_help_lists_every_command() -> None:
     assert result.code == 0
     for command in _commands():
         assert re.search(rf"^\s+{command}\s", result.stdout, re.MULTILINE), command
+
+
+# ------------------------------------------------------------------ the product, not its dev tools
+
+# Import every product module, then name the loaded modules that are dev tools
+# (devtools/__init__.py), by package or by name wherever they live.
+_DEV_TOOL_MODULES = """
+import importlib, pkgutil, sys
+import service, service.cli
+for info in pkgutil.walk_packages(service.__path__, "service."):
+    if not info.name.endswith(".__main__"):
+        importlib.import_module(info.name)
+words = ("emulator", "throwaway", "devdata", "demo")
+print(sorted(m for m in sys.modules if m.startswith("devtools") or any(w in m for w in words)))
+"""
+
+
+def _run(*argv: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_importing_the_whole_product_loads_no_dev_tool() -> None:
+    # The image carries only `service` (Dockerfile); a dev tool the product loaded would fail there.
+    assert _run(sys.executable, "-c", "import devtools.emulator, devtools.demo").returncode == 0
+    done = _run(sys.executable, "-c", _DEV_TOOL_MODULES)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_installed_command_offers_only_what_works_in_the_image(tmp_path: Path) -> None:
+    assert set(_commands()) == {"run", "scan", "explain", "migrate", "cancel-create", "config"}
+    script = str(Path(sys.executable).parent / "retired-pod-gc")
+    helped = _run(script, "--help", cwd=tmp_path)
+    assert helped.returncode == 0, helped.stderr
+    assert re.search(r"^\s+run\s", helped.stdout, re.MULTILINE)
+    assert not re.search(r"\bdemo\b", helped.stdout)
+    refused = _run(script, "demo", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "invalid choice: 'demo'" in refused.stderr
+
+
+def test_the_demo_entry_point_takes_the_threshold_and_the_phase_seconds() -> None:
+    done = _run(sys.executable, "-m", "devtools.demo", "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m devtools.demo")
+    assert "--threshold" in done.stdout
+    assert "--phase-seconds" in done.stdout
 
 
 # ------------------------------------------------------------------------- scan / explain

@@ -11,7 +11,7 @@ import pytest
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio.dynamic import DynamicClient
 
-from service.emulator import RunningEmulator, discovery
+from devtools.emulator import RunningEmulator, discovery
 from tests.integration.test_emulator_wire import sample
 from tests.kubefixtures import SANDBOX_NAMESPACE, sandbox_pod
 

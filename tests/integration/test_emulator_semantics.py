@@ -1,6 +1,6 @@
 """Emulator object semantics over HTTP: graceful deletion, finalizers, the status subresource,
 patch flavours, no-op writes; and the admin endpoints (faults, audit, bulk, kubelet, reset)
-plus ``python -m service.emulator`` as a subprocess.
+plus ``python -m devtools.emulator`` as a subprocess.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import anyio
 import pytest
 from kubernetes_asyncio import client as k8s_client
 
-from service.emulator import Emulator, RunningEmulator
+from devtools.emulator import Emulator, RunningEmulator
 from tests.kubefixtures import SANDBOX_NAMESPACE, sandbox_pod
 
 pytestmark = pytest.mark.anyio
@@ -298,7 +298,10 @@ async def test_the_kubelet_knob_finishes_graceful_deletions_by_itself(
 
 async def test_module_entry_point_serves_over_http(event_loop_guard: None) -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "service.emulator", "--port", "0", "--namespace", NS, "--pods", "3"],
+        [
+            *(sys.executable, "-m", "devtools.emulator"),
+            *("--port", "0", "--namespace", NS, "--pods", "3"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client as k8s_client
 
-from service.emulator import RunningEmulator
+from devtools.emulator import RunningEmulator
 from tests.kubefixtures import SANDBOX_NAMESPACE, sandbox_pod
 
 pytestmark = pytest.mark.anyio

@@ -9,8 +9,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from service.emulator import RunningEmulator
-from service.emulator.watch import WatchListSupport
+from devtools.emulator import RunningEmulator
+from devtools.emulator.watch import WatchListSupport
 from tests.integration.test_emulator_wire import WIRE, read_watch, sample
 from tests.kubefixtures import SANDBOX_NAMESPACE, sandbox_pod
 

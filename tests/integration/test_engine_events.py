@@ -12,8 +12,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from service.emulator import RunningEmulator
-from service.emulator.sandboxpods import Shape
+from devtools.emulator import RunningEmulator
+from devtools.emulator.sandboxpods import Shape
 from service.kube.events import REASON_DELETED
 from service.metrics import EVENT_RESULTS
 from tests.integration.test_engine_safety import (

@@ -20,11 +20,11 @@ import anyio.to_thread
 import asyncpg
 import pytest
 
-from service.emulator import RunningEmulator
-from service.emulator.sandboxpods import Shape, pod_status
+from devtools.emulator import RunningEmulator
+from devtools.emulator.sandboxpods import Shape, pod_status
+from devtools.pg.throwaway import ThrowawayPostgres
 from service.kit.ratelimit import capped_shape
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
-from service.pg.throwaway import ThrowawayPostgres
 from tests.integration.test_engine_safety import (
     EVENTUALLY_S,
     NS,

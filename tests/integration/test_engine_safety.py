@@ -26,10 +26,10 @@ import anyio
 import asyncpg
 import pytest
 
+from devtools.emulator import AuditEntry, Emulator, RunningEmulator
+from devtools.emulator.sandboxpods import Shape, pod_name, sandbox_pod
 from service.app.service import Parts, build, run
 from service.config import PREFIX, load
-from service.emulator import AuditEntry, Emulator, RunningEmulator
-from service.emulator.sandboxpods import Shape, pod_name, sandbox_pod
 from service.kube.api import new_api_client
 from service.metrics import LOOP, Metrics
 from tests.kubefixtures import SANDBOX_NAMESPACE

@@ -20,8 +20,8 @@ import pytest
 from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
+from devtools.emulator import Emulator, RunningEmulator, start_emulator
 from service.config import KubeSettings
-from service.emulator import Emulator, RunningEmulator, start_emulator
 from service.kube.api import new_api_client
 from service.kube.decode import PodDecoder
 from service.kube.informer import PodInformer, SyncMode

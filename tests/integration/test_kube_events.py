@@ -14,8 +14,8 @@ import pytest
 from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
+from devtools.emulator import RunningEmulator
 from service.domain import ExecutionState, Verdict
-from service.emulator import RunningEmulator
 from service.kit.clock import FakeClock
 from service.kube.events import REASON_DELETED, REASON_WOULD_DELETE, KubeEventRecorder
 from service.metrics import EVENT_RESULTS, Metrics

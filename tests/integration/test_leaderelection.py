@@ -10,9 +10,9 @@ import anyio
 import pytest
 from kubernetes_asyncio import client as k8s_client
 
+from devtools.emulator import RunningEmulator
+from devtools.emulator.statuses import LEASES
 from service.config import LeaderSettings
-from service.emulator import RunningEmulator
-from service.emulator.statuses import LEASES
 from service.kit.clock import MonotonicClock
 from service.kube.leaderelection import LeaderElector
 from service.metrics import Metrics

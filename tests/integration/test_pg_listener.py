@@ -21,12 +21,12 @@ import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
+from devtools.pg.throwaway import ThrowawayPostgres
 from service.config import DatabaseSettings
 from service.domain import ExecutionChange, ExecutionState
 from service.metrics import Metrics
 from service.pg.listener import ListenerUnavailable, RetirementListener
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
-from service.pg.throwaway import ThrowawayPostgres
 from tests.pgfixtures import NAMESPACE, db_settings, metric, seed_execution, seed_sandbox
 
 pytestmark = pytest.mark.anyio

@@ -12,8 +12,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from service.pg import throwaway
-from service.pg.throwaway import ThrowawayPostgres, find_bin_dir, run_async
+from devtools.pg import throwaway
+from devtools.pg.throwaway import ThrowawayPostgres, find_bin_dir, run_async
 
 
 def _fetchval(url: str, sql: str) -> object:

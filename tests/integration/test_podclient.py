@@ -11,9 +11,9 @@ import pytest
 from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
+from devtools.emulator import RunningEmulator
 from service.config import KubeSettings
 from service.domain import DeleteResult, PodPhase
-from service.emulator import RunningEmulator
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.errors import KubeApiError

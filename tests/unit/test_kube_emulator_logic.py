@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from service.emulator.patching import PatchError, json_patch, merge_patch, strategic_merge_patch
-from service.emulator.selectors import SelectorError, compile_selector
+from devtools.emulator.patching import PatchError, json_patch, merge_patch, strategic_merge_patch
+from devtools.emulator.selectors import SelectorError, compile_selector
 from service.kube.informer import Backoff
 
 LABELS = {"app": "web", "tier": "front", "env": "prod"}

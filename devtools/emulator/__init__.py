@@ -6,8 +6,8 @@ preconditioned and graceful pod deletion, Lease optimistic concurrency, and faul
 an audit log. It powers the integration tests, the demo and the benchmarks.
 """
 
-from service.emulator.core import Emulator
-from service.emulator.faults import AuditEntry
-from service.emulator.server import RunningEmulator, build_app, start_emulator
+from devtools.emulator.core import Emulator
+from devtools.emulator.faults import AuditEntry
+from devtools.emulator.server import RunningEmulator, build_app, start_emulator
 
 __all__ = ["AuditEntry", "Emulator", "RunningEmulator", "build_app", "start_emulator"]

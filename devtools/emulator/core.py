@@ -19,19 +19,19 @@ from typing import Any
 
 import msgspec
 
-from service.emulator import statuses as st
-from service.emulator.events import EventStore
-from service.emulator.faults import AuditEntry, FaultControls, Faults, RequestRecord
-from service.emulator.patching import (
+from devtools.emulator import statuses as st
+from devtools.emulator.events import EventStore
+from devtools.emulator.faults import AuditEntry, FaultControls, Faults, RequestRecord
+from devtools.emulator.patching import (
     PatchError,
     json_patch,
     merge_patch,
     strategic_merge_patch,
 )
-from service.emulator.sandboxpods import SELECTOR_LABEL, Shape, sandbox_pod
-from service.emulator.statuses import LEASES, NAMESPACES, PODS, ApiError, Resource
-from service.emulator.store import Entry, Table, clone, format_time, ordered, parse_time
-from service.emulator.watch import Watches, WatchListSupport
+from devtools.emulator.sandboxpods import SELECTOR_LABEL, Shape, sandbox_pod
+from devtools.emulator.statuses import LEASES, NAMESPACES, PODS, ApiError, Resource
+from devtools.emulator.store import Entry, Table, clone, format_time, ordered, parse_time
+from devtools.emulator.watch import Watches, WatchListSupport
 
 __all__ = [
     "DEFAULT_POD_TEMPLATE",
@@ -123,7 +123,7 @@ class Emulator(Watches, FaultControls):
             namespace_exists=lambda ns: ns in self.table(NAMESPACES).entries,
             clock=self._clock,
         )
-        """Every Event received (``events.k8s.io/v1``; served by ``service.emulator.events``)."""
+        """Every Event received (``events.k8s.io/v1``; served by ``devtools.emulator.events``)."""
 
     # ------------------------------------------------------------------ create
 

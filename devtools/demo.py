@@ -1,13 +1,18 @@
-"""``retired-pod-gc demo``: the whole loop on a throwaway PostgreSQL and the API emulator.
+"""``python -m devtools.demo`` (``make demo``): the whole loop on a throwaway PostgreSQL and the
+API emulator.
 
 Seeds a realistic sandbox namespace, then runs the real service wiring (informer, listener,
 leader election, workers, budget, preconditioned deletes) through the rollout an operator would
 do: disabled → dry run → live, with a short threshold. Shows a live view while it runs and a
 summary at the end; exits 0 only when exactly the two retired shapes were deleted.
+
+A dev tool (``devtools/__init__.py``): the product's command line does not offer it, since the
+image carries neither the emulator nor a PostgreSQL server.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
 import sys
@@ -18,19 +23,20 @@ from typing import Any
 import anyio
 import asyncpg
 
+from devtools.emulator.core import Emulator
+from devtools.emulator.sandboxpods import Shape, pod_name, sandbox_pod
+from devtools.emulator.server import RunningEmulator, start_emulator
+from devtools.pg.devdata import seed_execution, seed_sandbox
+from devtools.pg.throwaway import ThrowawayPostgres
 from service import config, logs
 from service.app import service
-from service.emulator.core import Emulator
-from service.emulator.sandboxpods import Shape, pod_name, sandbox_pod
-from service.emulator.server import RunningEmulator, start_emulator
 from service.kube.api import new_api_client
 from service.metrics import LOOP, Metrics
-from service.pg.devdata import seed_execution, seed_sandbox
 from service.pg.migrate import migrate
-from service.pg.throwaway import ThrowawayPostgres
 
 NAMESPACE = "sandboxes"
 LEASE_NAMESPACE = "retired-pod-gc"
+_PROG = "python -m devtools.demo"
 
 
 @dataclass(frozen=True)
@@ -362,5 +368,28 @@ def run_demo(*, threshold_s: float, phase_s: float) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
-        print(f"retired-pod-gc demo: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"{_PROG}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=_PROG,
+        description=(
+            "Start a throwaway PostgreSQL and the Kubernetes API emulator, seed a realistic "
+            "sandbox namespace, and run the real service through the rollout: disabled, dry "
+            "run, live. Leaves nothing running."
+        ),
+    )
+    parser.add_argument("--threshold", type=float, default=4.0, help="threshold seconds")
+    parser.add_argument("--phase-seconds", type=float, default=10.0, help="seconds per phase")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_demo(threshold_s=args.threshold, phase_s=args.phase_seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""``python -m service.emulator --port N``: serve the API server emulator until interrupted."""
+"""``python -m devtools.emulator --port N``: serve the API server emulator until interrupted."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import contextlib
 import logging
 import sys
 
-from service.emulator.core import Emulator
-from service.emulator.server import start_emulator
-from service.emulator.watch import WatchListSupport
+from devtools.emulator.core import Emulator
+from devtools.emulator.server import start_emulator
+from devtools.emulator.watch import WatchListSupport
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m service.emulator", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devtools.emulator", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--history-size", type=int, default=10_000)

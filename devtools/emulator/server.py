@@ -18,13 +18,13 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from service.emulator import discovery
-from service.emulator import statuses as st
-from service.emulator.core import MERGE_PATCH, Emulator
-from service.emulator.events import event_routes
-from service.emulator.faults import AuditEntry, RequestRecord
-from service.emulator.statuses import NAMESPACES, PODS, ApiError, Resource
-from service.emulator.watch import WatchExpiredError, WatchListSupport
+from devtools.emulator import discovery
+from devtools.emulator import statuses as st
+from devtools.emulator.core import MERGE_PATCH, Emulator
+from devtools.emulator.events import event_routes
+from devtools.emulator.faults import AuditEntry, RequestRecord
+from devtools.emulator.statuses import NAMESPACES, PODS, ApiError, Resource
+from devtools.emulator.watch import WatchExpiredError, WatchListSupport
 
 logger = logging.getLogger(__name__)
 

@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from enum import StrEnum
 from typing import Any
 
-from service.emulator import statuses as st
-from service.emulator.faults import Faults
-from service.emulator.selectors import Matcher
-from service.emulator.statuses import PODS, Resource
-from service.emulator.store import Entry, Store, Table
-
-
-class Watcher:
-    """One open watch stream's queue of encoded event lines."""
-
-    __slots__ = ("abort", "closed", "lines", "matcher", "namespace", "wake")
-
-    def __init__(self, namespace: str | None, matcher: Matcher | None) -> None:
-        self.namespace = namespace
-        self.matcher = matcher
-        self.lines: list[bytes] = []
-        self.wake = asyncio.Event()
-        self.closed = False
-        self.abort = False
+from devtools.emulator import statuses as st
+from devtools.emulator.faults import Faults
+from devtools.emulator.statuses import PODS, Resource
+from devtools.emulator.store import Entry, Store, Table
+from devtools.emulator.watcher import Watcher
 
 
 class WatchExpiredError(Exception):

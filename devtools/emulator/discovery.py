@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from service.emulator.events import EVENTS
-from service.emulator.statuses import LEASES, NAMESPACES, PODS, Resource
+from devtools.emulator.events import EVENTS
+from devtools.emulator.statuses import LEASES, NAMESPACES, PODS, Resource
 
 AGGREGATED = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 _CRUD = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")

@@ -13,16 +13,14 @@ import calendar
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
-from service.emulator import statuses as st
-from service.emulator.selectors import Matcher, SelectorError, compile_selector
-from service.emulator.statuses import Resource
-
-if TYPE_CHECKING:
-    from service.emulator.watch import Watcher
+from devtools.emulator import statuses as st
+from devtools.emulator.selectors import Matcher, SelectorError, compile_selector
+from devtools.emulator.statuses import Resource
+from devtools.emulator.watcher import Watcher
 
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode

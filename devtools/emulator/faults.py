@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.emulator import statuses as st
-from service.emulator.statuses import ApiError
+from devtools.emulator import statuses as st
+from devtools.emulator.statuses import ApiError
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from service.emulator import statuses as st
-from service.emulator.statuses import ApiError, Resource
+from devtools.emulator import statuses as st
+from devtools.emulator.statuses import ApiError, Resource
 
 EVENTS = Resource("events", "Event", "events.k8s.io/v1", "events.k8s.io", True, False, True)
 _EVENTS_PATH = "/apis/events.k8s.io/v1/namespaces/{namespace}/events"
