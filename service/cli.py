@@ -1,51 +1,25 @@
-"""The ``retired-pod-gc`` command line.
+"""The ``retired-pod-gc`` command line: parses the arguments and the configuration, dispatches.
 
 Commands: ``run`` (the controller), ``scan``, ``explain``, ``migrate``, ``cancel-create`` and
-``config``. Exit codes: 0 success, 1 runtime failure (the API server or the database unreachable,
-a failed operation), 2 bad configuration or usage. Errors are one line on stderr, never a
-traceback.
+``config`` (``service/app/commands.py`` does each). Exit codes: 0 success, 1 runtime failure, 2
+bad configuration or usage (one line on stderr naming the variable, never a traceback).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import logging
 import os
-import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
-import aiohttp
-import anyio
-import asyncpg
-from kubernetes_asyncio.client import CoreV1Api
-from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
-
-from service import config, logs
-from service.app import service
-from service.app.cancel_create import CancelOutcome, cancel_create
-from service.app.inspect import IgnoreEvents, explain, explanation_lines, list_pods, scan
+from service import config
+from service.app import commands
 from service.domain import split_key
-from service.kube.api import ApiConfigError, new_api_client
-from service.kube.client import KubePodClient
-from service.kube.decode import PodDecoder
-from service.kube.errors import read_whole, status_message
-from service.kube.informer import PodInformer
-from service.metrics import Metrics
-from service.pg.migrate import migrate
-from service.pg.store import PgExecutionStore
 
-logger = logging.getLogger("service.cli")
+Command = Callable[[config.Settings, argparse.Namespace], int]
 
 
-class CommandError(Exception):
-    """A failure worth one line on stderr (exit code 1)."""
-
-
-def _settings_or_exit(*, need_database: bool = True) -> config.Settings | int:
+def _settings_or_exit(*, need_database: bool) -> config.Settings | int:
     try:
         settings = config.load(os.environ)
     except config.ConfigError as exc:
@@ -61,293 +35,13 @@ def _settings_or_exit(*, need_database: bool = True) -> config.Settings | int:
     return settings
 
 
-def _run_async(fn: Callable[[], Awaitable[int]]) -> int:
-    try:
-        return anyio.run(fn)
-    except CommandError as exc:
-        print(f"retired-pod-gc: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(_describe(e) for e in exc.exceptions)
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
-async def _api(settings: config.Settings) -> Any:
-
-    try:
-        return await new_api_client()
-    except ApiConfigError as exc:
-        raise CommandError(f"Kubernetes API: {exc}") from None
-
-
-async def _probe_api(api: Any, settings: config.Settings) -> None:
-    """One cheap list call, so that an unreachable or refusing API server fails a one-shot
-    command at once (the informer would retry quietly until ``--timeout``)."""
-    namespace = settings.kube.namespace
-    try:
-        response, body = await read_whole(
-            CoreV1Api(api).list_namespaced_pod(
-                namespace,
-                limit=1,
-                label_selector=settings.kube.label_selector,
-                _preload_content=False,
-                _request_timeout=aiohttp.ClientTimeout(total=settings.kube.api_timeout_s),
-            )
-        )
-    except Exception as exc:
-        raise CommandError(
-            f"Kubernetes API unreachable ({api.configuration.host}): {_describe(exc)}"
-        ) from None
-    if response.status != 200:
-        raise CommandError(
-            f"Kubernetes API answered {response.status} listing pods in {namespace}: "
-            f"{status_message(body)}"
-        )
-
-
-# ------------------------------------------------------------------------------------ run
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    settings = _settings_or_exit()
-    if isinstance(settings, int):
-        return settings
-    logs.setup(settings.log_level, settings.log_format)
-    for warning in settings.warnings:
-        logger.warning(warning)
-
-    async def main() -> int:
-        registry = CollectorRegistry()
-        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-            registry.register(collector)
-        api = await _api(settings)
-        try:
-            parts = service.build(settings, api=api, metrics=Metrics(registry))
-            stop = anyio.Event()
-            async with anyio.create_task_group() as tg:
-
-                async def on_signal() -> None:
-                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                        async for signum in signals:
-                            logger.info("received %s", signal.Signals(signum).name)
-                            stop.set()
-                            return
-
-                tg.start_soon(on_signal)
-                await service.run(parts, stop=stop)
-                tg.cancel_scope.cancel()
-        except Exception as exc:
-            logger.critical("service failed: %s", _describe(exc), exc_info=exc)
-            return 1
-        finally:
-            with anyio.move_on_after(5, shield=True):
-                await api.close()
-        return 0
-
-    return _run_async(main)
-
-
-# ---------------------------------------------------------------------------------- migrate
-
-
-def _cmd_migrate(args: argparse.Namespace) -> int:
-    settings = _settings_or_exit()
-    if isinstance(settings, int):
-        return settings
-
-    async def main() -> int:
-        try:
-            with anyio.fail_after(max(30.0, settings.database.connect_timeout_s * 3)):
-                applied = await migrate(
-                    settings.database.url,
-                    channel=settings.database.notify_channel,
-                    with_schema=args.with_schema,
-                )
-        except Exception as exc:
-            raise CommandError(
-                f"migrate failed ({settings.database.masked_url}): {_describe(exc)}"
-            ) from None
-        if applied:
-            print("applied: " + ", ".join(applied))
-        else:
-            print("nothing to apply: the database is up to date")
-        return 0
-
-    return _run_async(main)
-
-
-# ------------------------------------------------------------------------------ scan/explain
-
-
-@contextlib.asynccontextmanager
-async def _store_and_api(settings: config.Settings) -> AsyncIterator[tuple[Any, Any]]:
-    """The execution store (pinged: an unreachable database is one error line) and an API
-    client, both closed on the way out."""
-    store = PgExecutionStore(
-        settings.database, namespace=settings.kube.namespace, metrics=Metrics()
-    )
-    await store.start()
-    try:
-        if not await store.ping():
-            raise CommandError(f"database unreachable: {settings.database.masked_url}")
-        api = await _api(settings)
-        try:
-            yield store, api
-        finally:
-            await api.close()
-    finally:
-        await store.aclose()
-
-
-def _cmd_scan(args: argparse.Namespace) -> int:
-    settings = _settings_or_exit()
-    if isinstance(settings, int):
-        return settings
-    logs.setup("warning", settings.log_format)
-
-    async def main() -> int:
-        async with _store_and_api(settings) as (store, api):
-            await _probe_api(api, settings)
-            informer = PodInformer(
-                api,
-                settings.kube,
-                PodDecoder(settings.kube.label_keys),
-                IgnoreEvents(),
-                Metrics(),
-                backoff_max_s=1.0,
-            )
-            try:
-                pods = await list_pods(informer, timeout_s=args.timeout)
-            except TimeoutError:
-                raise CommandError(
-                    f"Kubernetes API: could not list pods within {args.timeout:g}s"
-                ) from None
-            report = await scan(settings, pods=pods, store=store)
-        if args.output == "json":
-            print(json.dumps(report.to_json(), indent=2))
-            return 0
-        print(f"namespace {report.namespace}: {report.pods} pods")
-        print("reapable shapes (a clock would run; deletion after the threshold):")
-        for verdict, count in report.verdicts.items() or [("(none)", 0)]:
-            print(f"  {verdict:<34} {count}")
-        print("skipped, by reason:")
-        for reason, count in report.skips.items() or [("(none)", 0)]:
-            print(f"  {reason:<34} {count}")
-        if report.candidates:
-            print("candidates:")
-            for c in report.candidates:
-                print(f"  {c['pod']:<50} {c['verdict']:<24} age {c['age_s']}s")
-        return 0
-
-    return _run_async(main)
-
-
-def _cmd_explain(args: argparse.Namespace) -> int:
-    settings = _settings_or_exit()
-    if isinstance(settings, int):
-        return settings
-
+def _explain(settings: config.Settings, args: argparse.Namespace) -> int:
     try:
         split_key(args.pod)
     except ValueError:
         print("retired-pod-gc: explain takes NAMESPACE/POD", file=sys.stderr)
         return 2
-    logs.setup("warning", settings.log_format)
-
-    async def main() -> int:
-        async with _store_and_api(settings) as (store, api):
-            client = KubePodClient(
-                api, settings.kube, PodDecoder(settings.kube.label_keys), Metrics()
-            )
-            try:
-                exp = await explain(settings, key=args.pod, pods=client, store=store)
-            except Exception as exc:
-                raise CommandError(f"explain failed: {_describe(exc)}") from None
-        print("\n".join(explanation_lines(exp)))
-        return 0
-
-    return _run_async(main)
-
-
-# ----------------------------------------------------------------------------- cancel-create
-
-
-def _cmd_cancel_create(args: argparse.Namespace) -> int:
-    settings = _settings_or_exit()
-    if isinstance(settings, int):
-        return settings
-    logs.setup(settings.log_level, settings.log_format)
-
-    async def main() -> int:
-        try:
-            conn = await asyncpg.connect(
-                settings.database.url, timeout=settings.database.connect_timeout_s
-            )
-        except Exception as exc:
-            raise CommandError(
-                f"database unreachable ({settings.database.masked_url}): {_describe(exc)}"
-            ) from None
-        try:
-            api = await _api(settings)
-            try:
-                client = KubePodClient(
-                    api, settings.kube, PodDecoder(settings.kube.label_keys), Metrics()
-                )
-                report = await cancel_create(
-                    conn=conn,
-                    pods=client,
-                    namespace=settings.kube.namespace,
-                    sandbox_id=args.sandbox_id,
-                    generation=args.generation,
-                    activation_attempt=args.activation_attempt,
-                    timeout_s=settings.kube.api_timeout_s,
-                )
-            except CommandError:
-                raise
-            except Exception as exc:
-                raise CommandError(f"cancel-create failed: {_describe(exc)}") from None
-            finally:
-                await api.close()
-        finally:
-            await conn.close()
-        print(
-            f"{report.outcome}: pod {report.pod_name or '-'} "
-            f"(retired by this call: {'yes' if report.retired_now else 'no'})"
-            + (f" {report.detail}" if report.detail else "")
-        )
-        ok = {
-            CancelOutcome.DELETED,
-            CancelOutcome.POD_ABSENT,
-            CancelOutcome.LEFT_ALONE_ACTIVE,
-            CancelOutcome.LEFT_ALONE_OTHER_POD,
-            CancelOutcome.NO_EXECUTION,
-        }
-        return 0 if report.outcome in ok else 1
-
-    return _run_async(main)
-
-
-# ------------------------------------------------------------------------------------ config
-
-
-def _cmd_config(args: argparse.Namespace) -> int:
-    settings = _settings_or_exit(need_database=False)
-    if isinstance(settings, int):
-        return settings
-    for warning in settings.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    rows = config.effective(settings, os.environ)
-    width = max(len(name) for name, _, _ in rows)
-    print(f"# mode: {settings.mode}")
-    for name, value, source in rows:
-        print(f"{name:<{width}}  {value}  ({source})")
-    return 0
+    return commands.explain_pod(settings, key=args.pod)
 
 
 # ------------------------------------------------------------------------------------ parser
@@ -363,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
             "in-cluster service account or KUBECONFIG."
         ),
     )
+    parser.set_defaults(needs_database=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -375,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
             "drains in-flight work and releases the lease."
         ),
     )
-    p.set_defaults(func=_cmd_run)
+    p.set_defaults(command_fn=lambda s, a: commands.run(s))
 
     p = sub.add_parser(
         "scan",
@@ -388,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--output", choices=("text", "json"), default="text")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to list pods")
-    p.set_defaults(func=_cmd_scan)
+    p.set_defaults(
+        command_fn=lambda s, a: commands.scan_pods(s, output=a.output, timeout_s=a.timeout)
+    )
 
     p = sub.add_parser(
         "explain",
@@ -399,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("pod", metavar="NAMESPACE/POD")
-    p.set_defaults(func=_cmd_explain)
+    p.set_defaults(command_fn=_explain)
 
     p = sub.add_parser(
         "migrate",
@@ -411,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--with-schema", action="store_true", help="also create the dev schema")
-    p.set_defaults(func=_cmd_migrate)
+    p.set_defaults(command_fn=lambda s, a: commands.migrate_database(s, with_schema=a.with_schema))
 
     p = sub.add_parser(
         "cancel-create",
@@ -426,7 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sandbox_id")
     p.add_argument("generation", type=int)
     p.add_argument("activation_attempt", type=int)
-    p.set_defaults(func=_cmd_cancel_create)
+    p.set_defaults(
+        command_fn=lambda s, a: commands.cancel_create_execution(
+            s,
+            sandbox_id=a.sandbox_id,
+            generation=a.generation,
+            activation_attempt=a.activation_attempt,
+        )
+    )
 
     p = sub.add_parser(
         "config",
@@ -437,15 +141,20 @@ def build_parser() -> argparse.ArgumentParser:
             "variable when one cannot be parsed."
         ),
     )
-    p.set_defaults(func=_cmd_config)
+    p.set_defaults(
+        command_fn=lambda s, a: commands.show_config(s, os.environ), needs_database=False
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    code: int = args.func(args)
-    return code
+    settings = _settings_or_exit(need_database=args.needs_database)
+    if isinstance(settings, int):
+        return settings
+    command: Command = args.command_fn
+    return command(settings, args)
 
 
 if __name__ == "__main__":

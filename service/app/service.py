@@ -1,6 +1,8 @@
-"""The wiring: builds every part from the settings and runs them under one root task group.
+"""The composition root: builds every part from the settings and runs them under one task group.
 
-Only this package puts the Kubernetes and PostgreSQL adapters and the engine together. The
+Only this module constructs the Kubernetes and PostgreSQL adapters (:func:`new_store`,
+:func:`new_pod_client`, :func:`new_informer`) and puts them together with the engine
+(:func:`build`); every command of ``service/app/commands.py`` takes its adapters from here. The
 task group holds the HTTP server, the informer, the listener, the leader elector, the resync
 timer, a watchdog and N workers; any child that crashes takes the whole process down (non-zero
 exit), which is what a kubelet restart is for. A stop request drains: no new work, in-flight
@@ -31,6 +33,7 @@ from service.kit.clock import MonotonicClock
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
+from service.kube.informer import BACKOFF_MAX_S as INFORMER_BACKOFF_MAX_S
 from service.kube.informer import PodInformer
 from service.kube.leaderelection import LeaderElector, default_identity
 from service.metrics import Metrics
@@ -114,13 +117,34 @@ class Parts:
     health: HealthServer
 
 
+def new_store(settings: Settings, metrics: Metrics) -> PgExecutionStore:
+    return PgExecutionStore(settings.database, namespace=settings.kube.namespace, metrics=metrics)
+
+
+def new_pod_client(settings: Settings, api: ApiClient, metrics: Metrics) -> KubePodClient:
+    return KubePodClient(api, settings.kube, PodDecoder(settings.kube.label_keys), metrics)
+
+
+def new_informer(
+    settings: Settings, api: ApiClient, metrics: Metrics, *, backoff_max_s: float | None = None
+) -> PodInformer:
+    return PodInformer(
+        api,
+        settings.kube,
+        PodDecoder(settings.kube.label_keys),
+        _LateHandler(),
+        metrics,
+        backoff_max_s=INFORMER_BACKOFF_MAX_S if backoff_max_s is None else backoff_max_s,
+    )
+
+
 def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     clock = MonotonicClock()
-    decoder = PodDecoder(settings.kube.label_keys)
-    store = PgExecutionStore(settings.database, namespace=settings.kube.namespace, metrics=metrics)
-    late = _LateHandler()
-    informer = PodInformer(api, settings.kube, decoder, late, metrics)
-    pods = KubePodClient(api, settings.kube, decoder, metrics)
+    store = new_store(settings, metrics)
+    informer = new_informer(settings, api, metrics)
+    late = informer._handler
+    assert isinstance(late, _LateHandler)
+    pods = new_pod_client(settings, api, metrics)
     queue = WorkQueue(
         clock=clock,
         metrics=metrics,
