@@ -34,7 +34,7 @@ from service.kube.events import KubeEventRecorder
 from service.kube.informer import PodInformer
 from service.kube.leaderelection import LeaderElector, default_identity
 from service.metrics import Metrics
-from service.pg.listener import ListenerUnavailable, RetirementListener
+from service.pg.listener import RetirementListener
 from service.pg.store import PgExecutionStore
 
 from .health import HealthServer, Heartbeats
@@ -69,19 +69,6 @@ class _LateHandler:
     def cache_synced(self) -> None:
         if self.target is not None:
             self.target.cache_synced()
-
-
-class _LateBarrier:
-    """The reconciler's notification barrier is the listener, which needs the controller (built
-    after the reconciler) as its handler."""
-
-    def __init__(self) -> None:
-        self.target: RetirementListener | None = None
-
-    async def sync(self) -> None:
-        if self.target is None:
-            raise ListenerUnavailable("the notify listener is not built yet")
-        await self.target.sync()
 
 
 def lease_namespace(settings: Settings) -> str:
@@ -137,7 +124,8 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         if settings.leader.enabled
         else None,
     )
-    barrier = _LateBarrier()
+    # The reconciler's notification barrier; the controller becomes its handler once built.
+    listener = RetirementListener(settings.database, metrics=metrics, clock=clock)
     recorder = (
         KubeEventRecorder(
             api,
@@ -160,7 +148,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         activation=activation,
         clock=clock,
         metrics=metrics,
-        barrier=barrier,
+        barrier=listener,
         recorder=recorder,
     )
     controller = Controller(
@@ -184,8 +172,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
             clock=clock,
             request_timeout_s=settings.kube.api_timeout_s,
         )
-    listener = RetirementListener(settings.database, handler=controller, metrics=metrics)
-    barrier.target = listener
+    listener.add_handler(controller)
     heartbeats = Heartbeats(clock=clock)
     health = HealthServer(
         metrics=metrics,
