@@ -37,7 +37,7 @@ from service.kube.informer import BACKOFF_MAX_S as INFORMER_BACKOFF_MAX_S
 from service.kube.informer import PodInformer
 from service.kube.leaderelection import LeaderElector, default_identity
 from service.metrics import Metrics
-from service.pg.listener import ListenerUnavailable, RetirementListener
+from service.pg.listener import RetirementListener
 from service.pg.store import PgExecutionStore
 
 from .health import HealthServer, Heartbeats
@@ -72,19 +72,6 @@ class _LateHandler:
     def cache_synced(self) -> None:
         if self.target is not None:
             self.target.cache_synced()
-
-
-class _LateBarrier:
-    """The reconciler's notification barrier is the listener, which needs the controller (built
-    after the reconciler) as its handler."""
-
-    def __init__(self) -> None:
-        self.target: RetirementListener | None = None
-
-    async def sync(self) -> None:
-        if self.target is None:
-            raise ListenerUnavailable("the notify listener is not built yet")
-        await self.target.sync()
 
 
 def lease_namespace(settings: Settings) -> str:
@@ -161,7 +148,8 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         if settings.leader.enabled
         else None,
     )
-    barrier = _LateBarrier()
+    # The reconciler's notification barrier; the controller becomes its handler once built.
+    listener = RetirementListener(settings.database, metrics=metrics, clock=clock)
     recorder = (
         KubeEventRecorder(
             api,
@@ -184,7 +172,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         activation=activation,
         clock=clock,
         metrics=metrics,
-        barrier=barrier,
+        barrier=listener,
         recorder=recorder,
     )
     controller = Controller(
@@ -208,8 +196,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
             clock=clock,
             request_timeout_s=settings.kube.api_timeout_s,
         )
-    listener = RetirementListener(settings.database, handler=controller, metrics=metrics)
-    barrier.target = listener
+    listener.add_handler(controller)
     heartbeats = Heartbeats(clock=clock)
     health = HealthServer(
         metrics=metrics,

@@ -2,8 +2,9 @@
 the batched ``ExecutionStore`` (``store``) and the LISTEN ``RetirementListener`` (``listener``).
 The throwaway server for tests, benchmarks and the demo is a dev tool (``devtools/pg``).
 
-Depends on the domain, ports, config and metrics only; never on the engine or the Kubernetes
-adapter.
+Every expected failure of the database leaves the adapter as a kit error (``errors``: the
+taxonomy and the one mapping from asyncpg's exceptions). Depends on the kit, the domain, ports,
+config and metrics only; never on the engine or the Kubernetes adapter.
 """
 
 from service.pg import tlsprobe

@@ -1,13 +1,16 @@
 """The cancel-create write: the one UPDATE this project ever issues.
 
 Retires an execution fenced on its generation and activation attempt, so a cancel that races a
-newer activation of the same sandbox can never retire the newer one.
+newer activation of the same sandbox can never retire the newer one. A failure of the database
+raises its kit error (``service/pg/errors.py``): ``Unavailable`` or ``DatabaseError``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from service.pg.errors import database_errors
 
 _RETIRE = """
 UPDATE sandbox_k8s_executions AS e
@@ -56,11 +59,14 @@ async def retire_for_cancel(
     timeout_s: float,
 ) -> CancelRow:
     """Run the fenced UPDATE, then read back the execution of that generation."""
-    async with conn.transaction():
-        updated = await conn.fetch(
-            _RETIRE, namespace, sandbox_id, generation, activation_attempt, timeout=timeout_s
-        )
-        row = await conn.fetchrow(_CURRENT, namespace, sandbox_id, generation, timeout=timeout_s)
+    with database_errors():
+        async with conn.transaction():
+            updated = await conn.fetch(
+                _RETIRE, namespace, sandbox_id, generation, activation_attempt, timeout=timeout_s
+            )
+            row = await conn.fetchrow(
+                _CURRENT, namespace, sandbox_id, generation, timeout=timeout_s
+            )
     if row is None:
         return CancelRow(
             retired_now=bool(updated),

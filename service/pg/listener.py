@@ -2,7 +2,10 @@
 
 :class:`RetirementListener` holds its own asyncpg connection (never a pooled one: a pool would
 reset it and drop the LISTEN), parses each payload into :class:`service.domain.ExecutionChange`
-and hands it to an :class:`service.ports.ExecutionEventHandler`.
+and hands it to every :class:`service.ports.ExecutionEventHandler` registered with
+:meth:`~RetirementListener.add_handler`. It is also the reconciler's
+:class:`service.ports.NotificationBarrier` (:meth:`~RetirementListener.sync`), so it is built
+before its consumer and told about it afterwards.
 
 Three ways a connection dies, and how each is noticed:
 
@@ -12,14 +15,20 @@ Three ways a connection dies, and how each is noticed:
   heartbeat query, bounded by a timeout, also checks the channel is still listened on.
 
 After every successful LISTEN, the first included, ``handler.notifications_missed()`` is called:
-notifications sent while no connection listened are lost, so the consumer must resync.
+notifications sent while no connection listened are lost, so the consumer must resync. Between
+attempts the listener backs off (the kit's :class:`~service.kit.backoff.Backoff`, equal jitter);
+its waits (the backoff, the heartbeat period) run on the injected clock, while each network
+call is bounded by a real-time timeout.
+
+Errors: :meth:`~RetirementListener.sync` raises
+:class:`~service.pg.errors.ListenerUnavailable` (a kit ``Unavailable``) when it cannot vouch
+for the notifications; :meth:`~RetirementListener.run` never raises for a failure of the
+database (it reconnects), only for a bug.
 """
 
 from __future__ import annotations
 
 import logging
-import random
-import time
 from collections.abc import Callable
 from typing import Literal
 
@@ -31,21 +40,23 @@ from anyio.abc import TaskStatus
 
 from service.config import DatabaseSettings
 from service.domain import ExecutionChange, ExecutionState
+from service.kit.backoff import Attempts, Backoff
+from service.kit.clock import MonotonicClock, SchedulingClock, sleep_until, wait_until
+from service.kit.errors import ExternalError, Unavailable
 from service.metrics import Metrics
+from service.pg.errors import ListenerUnavailable, database_errors, describe
 from service.ports import ExecutionEventHandler
 
 logger = logging.getLogger(__name__)
 
+BACKOFF_INITIAL_S = 0.1
+"""The delay after the first failed attempt (before jitter)."""
 BACKOFF_MAX_S = 30.0
 """Cap of the delay between connection attempts after failures."""
+BACKOFF_JITTER = 0.5
+"""Equal jitter: each delay is uniform in [d/2, d], so that replicas cut off by the same server
+restart do not reconnect in lockstep."""
 HEARTBEAT_SQL = "SELECT 1 FROM pg_listening_channels() AS c(name) WHERE c.name = $1"
-_TRANSIENT = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-)
 
 
 class _Payload(msgspec.Struct, forbid_unknown_fields=False):
@@ -86,36 +97,36 @@ def parse_payload(payload: str, *, received_at_s: float) -> ExecutionChange | No
     )
 
 
-class ListenerUnavailable(Exception):
-    """The listener cannot vouch that every committed notification has been delivered."""
+def default_backoff() -> Backoff:
+    """The reconnect policy: BACKOFF_INITIAL_S doubling up to BACKOFF_MAX_S, equal jitter."""
+    return Backoff(initial_s=BACKOFF_INITIAL_S, max_s=BACKOFF_MAX_S, jitter=BACKOFF_JITTER)
 
 
-class _ConnectionLost(Exception):
+class _ConnectionLost(Unavailable):
     """Internal: the watch loop noticed the connection is gone (message says how)."""
 
 
 class RetirementListener:
-    """LISTEN on the notify channel until cancelled; see the module docstring."""
+    """LISTEN on the notify channel until cancelled; see the module docstring.
+
+    ``backoff`` is the reconnect policy (default :func:`default_backoff`); ``clock`` the time
+    the listener reads (``received_at_s`` of each change) and waits on.
+    """
 
     def __init__(
         self,
         settings: DatabaseSettings,
         *,
-        handler: ExecutionEventHandler,
         metrics: Metrics,
-        clock: Callable[[], float] = time.monotonic,
-        backoff_initial_s: float = 0.1,
-        backoff_max_s: float = BACKOFF_MAX_S,
-        rng: Callable[[], float] = random.random,
+        clock: SchedulingClock | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
         self._settings = settings
         self._channel = settings.notify_channel
-        self._handler = handler
+        self._handlers: list[ExecutionEventHandler] = []
         self._metrics = metrics
-        self._clock = clock
-        self._backoff_initial_s = backoff_initial_s
-        self._backoff_max_s = backoff_max_s
-        self._rng = rng
+        self._clock: SchedulingClock = clock or MonotonicClock()
+        self._attempts = Attempts(backoff or default_backoff())
         self._connected = False
         self._ever_connected = False
         self._conn: asyncpg.Connection | None = None
@@ -131,43 +142,42 @@ class RetirementListener:
     def channel(self) -> str:
         return self._channel
 
-    def _backoff_s(self, failures: int) -> float:
-        # Jittered ("equal jitter": uniform in [base/2, base]) so that replicas cut off by the
-        # same server restart do not reconnect in lockstep.
-        base = min(self._backoff_max_s, self._backoff_initial_s * (2.0 ** min(failures, 30)))
-        return base * (0.5 + 0.5 * self._rng())
+    def add_handler(self, handler: ExecutionEventHandler) -> None:
+        """Hand every change to ``handler`` from now on. Added while a connection listens, it is
+        told ``notifications_missed()`` at once: it missed whatever was handed over before."""
+        self._handlers.append(handler)
+        if self._connected:
+            handler.notifications_missed()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled. ``task_status.started()`` after the first successful LISTEN."""
-        failures = 0
         started = False
         while True:
             conn: asyncpg.Connection | None = None
             try:
-                conn = await asyncpg.connect(
-                    self._settings.url,
-                    timeout=self._settings.connect_timeout_s,
-                    server_settings={"application_name": "retired-pod-gc-listener"},
-                )
-                lost = anyio.Event()
-                self._conn = conn
-                conn.add_termination_listener(_setter(lost))
-                with anyio.fail_after(self._settings.statement_timeout_s):
-                    await conn.add_listener(self._channel, self._on_notification)
+                with database_errors():
+                    conn = await asyncpg.connect(
+                        self._settings.url,
+                        timeout=self._settings.connect_timeout_s,
+                        server_settings={"application_name": "retired-pod-gc-listener"},
+                    )
+                    lost = anyio.Event()
+                    self._conn = conn
+                    conn.add_termination_listener(_setter(lost))
+                    with anyio.fail_after(self._settings.statement_timeout_s):
+                        await conn.add_listener(self._channel, self._on_notification)
                 self._on_connected()
-                failures = 0
+                self._attempts.reset()
                 if not started:
                     started = True
                     task_status.started()
                 await self._watch(conn, lost)
-            except _TRANSIENT as exc:
+            except ExternalError as exc:
                 logger.warning(
                     "notify listener connection %s: %s",
                     "lost" if self._connected else "failed",
-                    _describe(exc),
+                    exc,
                 )
-            except _ConnectionLost as exc:
-                logger.warning("notify listener connection lost: %s", exc)
             finally:
                 if self._connected:
                     self._connected = False
@@ -176,9 +186,7 @@ class RetirementListener:
                 if conn is not None:
                     # terminate() is synchronous: no await, so it also runs under cancellation.
                     conn.terminate()
-            delay = self._backoff_s(failures)
-            failures += 1
-            await anyio.sleep(delay)
+            await sleep_until(self._clock, self._clock.monotonic() + self._attempts.next_delay())
 
     def _on_connected(self) -> None:
         if self._ever_connected:
@@ -189,20 +197,21 @@ class RetirementListener:
         self._ever_connected = True
         self._connected = True
         self._metrics.listener_connected.set(1)
-        # Whatever was sent while nobody listened is gone: the consumer must resync.
-        self._handler.notifications_missed()
+        # Whatever was sent while nobody listened is gone: the consumers must resync.
+        for handler in self._handlers:
+            handler.notifications_missed()
 
     async def _watch(self, conn: asyncpg.Connection, lost: anyio.Event) -> None:
         s = self._settings
         while True:
-            with anyio.move_on_after(s.heartbeat_interval_s):
-                await lost.wait()
+            await wait_until(lost, self._clock, self._clock.monotonic() + s.heartbeat_interval_s)
             if lost.is_set() or conn.is_closed():
                 raise _ConnectionLost("connection closed")
             try:
                 with anyio.fail_after(s.heartbeat_timeout_s):
                     async with self._query_lock:
-                        listening = await conn.fetchval(HEARTBEAT_SQL, self._channel)
+                        with database_errors():
+                            listening = await conn.fetchval(HEARTBEAT_SQL, self._channel)
             except TimeoutError:
                 raise _ConnectionLost(
                     f"heartbeat got no answer within {s.heartbeat_timeout_s:g}s"
@@ -215,19 +224,20 @@ class RetirementListener:
         committed before the call has been handed to the handler: the server signals listening
         backends at commit and sends pending notifications before answering a query, on the same
         socket, and asyncpg schedules the callbacks before it resumes the caller. Raises
-        :class:`ListenerUnavailable` when the connection is down or does not answer in time
-        (a silently stalled connection holds notifications back)."""
+        :class:`~service.pg.errors.ListenerUnavailable` when the connection is down, fails or
+        does not answer in time (a silently stalled connection holds notifications back)."""
         conn = self._conn
         if conn is None or not self._connected or conn.is_closed():
             raise ListenerUnavailable("the notify listener is not connected")
         try:
             with anyio.fail_after(self._settings.heartbeat_timeout_s):
                 async with self._query_lock:
-                    listening = await conn.fetchval(HEARTBEAT_SQL, self._channel)
-        except TimeoutError:
-            raise ListenerUnavailable("the notify listener did not answer in time") from None
-        except _TRANSIENT as exc:
-            raise ListenerUnavailable(f"notify listener: {_describe(exc)}") from exc
+                    with database_errors():
+                        listening = await conn.fetchval(HEARTBEAT_SQL, self._channel)
+        except TimeoutError as exc:
+            raise ListenerUnavailable("the notify listener did not answer in time") from exc
+        except ExternalError as exc:
+            raise ListenerUnavailable(f"notify listener: {describe(exc)}") from exc
         if listening != 1:
             raise ListenerUnavailable(f"the listener no longer listens on {self._channel}")
         # The notification callbacks were scheduled before this task resumed; let them run.
@@ -235,12 +245,13 @@ class RetirementListener:
 
     def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         self._metrics.notifications.inc()
-        change = parse_payload(payload, received_at_s=self._clock())
+        change = parse_payload(payload, received_at_s=self._clock.monotonic())
         if change is None:
             self._metrics.notifications_malformed.inc()
             logger.warning("malformed notification skipped on %s: %.200r", self._channel, payload)
             return
-        self._handler.execution_changed(change)
+        for handler in self._handlers:
+            handler.execution_changed(change)
 
 
 def _setter(event: anyio.Event) -> Callable[[object], None]:
@@ -248,8 +259,3 @@ def _setter(event: anyio.Event) -> Callable[[object], None]:
         event.set()
 
     return on_terminated
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__

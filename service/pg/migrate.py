@@ -5,7 +5,9 @@ SHA-256 of the SQL as rendered (the channel name is part of it); a step whose re
 skipped, so running ``migrate`` twice changes nothing, not even catalog rows. A step whose
 rendered SQL differs (a new version of the file, another channel) is applied again: every file
 is itself idempotent. The whole run is one transaction under an advisory lock, so two replicas
-migrating at once serialise.
+migrating at once serialise. A step the server refuses raises :class:`MigrationError` (nothing of
+the run committed); a database that gives no answer raises the kit's ``Unavailable``
+(``service/pg/errors.py``): whether the run committed is then unknown, and running again is safe.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import re
 from dataclasses import dataclass
 
 import asyncpg
+
+from service.pg.errors import DatabaseError, database_errors
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +86,13 @@ async def migrate(
 ) -> list[str]:
     """Apply the trigger (and, with ``with_schema``, the dev schema); return the steps applied.
 
-    An empty list means everything was already in place. Raises :class:`MigrationError`.
+    An empty list means everything was already in place. Raises :class:`MigrationError` or
+    ``Unavailable`` (see the module docstring).
     """
     planned = steps(channel=channel, with_schema=with_schema)
     if isinstance(conn_or_url, str):
-        conn = await asyncpg.connect(conn_or_url, timeout=_CONNECT_TIMEOUT_S)
+        with database_errors():
+            conn = await asyncpg.connect(conn_or_url, timeout=_CONNECT_TIMEOUT_S)
         try:
             return await _apply(conn, planned)
         finally:
@@ -97,32 +103,33 @@ async def migrate(
 async def _apply(conn: asyncpg.Connection, planned: list[Step]) -> list[str]:
     applied: list[str] = []
     try:
-        async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
-            exists = await conn.fetchval(
-                "SELECT to_regclass('retired_pod_gc_migrations') IS NOT NULL"
-            )
-            if not exists:
-                await conn.execute(_RECORD_TABLE)
-            recorded: dict[str, str] = {
-                r["name"]: r["sha256"]
-                for r in await conn.fetch("SELECT name, sha256 FROM retired_pod_gc_migrations")
-            }
-            for step in planned:
-                if recorded.get(step.name) == step.sha256:
-                    continue
-                await conn.execute(step.sql)
-                await conn.execute(
-                    """
-                    INSERT INTO retired_pod_gc_migrations (name, sha256) VALUES ($1, $2)
-                    ON CONFLICT (name) DO UPDATE SET sha256 = EXCLUDED.sha256, applied_at = now()
-                    """,
-                    step.name,
-                    step.sha256,
+        with database_errors():
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+                exists = await conn.fetchval(
+                    "SELECT to_regclass('retired_pod_gc_migrations') IS NOT NULL"
                 )
-                applied.append(step.name)
-    except asyncpg.PostgresError as exc:
-        raise MigrationError(f"migration failed: {exc.__class__.__name__}: {exc}") from exc
+                if not exists:
+                    await conn.execute(_RECORD_TABLE)
+                recorded: dict[str, str] = {
+                    r["name"]: r["sha256"]
+                    for r in await conn.fetch("SELECT name, sha256 FROM retired_pod_gc_migrations")
+                }
+                for step in planned:
+                    if recorded.get(step.name) == step.sha256:
+                        continue
+                    await conn.execute(step.sql)
+                    await conn.execute(
+                        """
+                        INSERT INTO retired_pod_gc_migrations (name, sha256) VALUES ($1, $2)
+                        ON CONFLICT (name) DO UPDATE SET sha256 = EXCLUDED.sha256, applied_at = now()
+                        """,
+                        step.name,
+                        step.sha256,
+                    )
+                    applied.append(step.name)
+    except DatabaseError as exc:
+        raise MigrationError(f"migration failed: {exc}") from exc
     for name in applied:
         logger.info("migration step applied: %s", name)
     if not applied:

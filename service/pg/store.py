@@ -11,8 +11,11 @@ Rows are decoded into :class:`service.domain.ExecutionRow` at this boundary: unk
 pod-kind strings become the explicit unknown members; a row with a NULL where a value is required
 is counted, logged and treated as absent (never reaped), never raised.
 
-Errors: every failure to get an answer (timeout, connection, server error) raises
-:class:`StoreError`, to every waiter of the batch that failed.
+Errors (the taxonomy is drawn in ``service/pg/errors.py``): a failed query raises a kit
+``ExternalError`` to every waiter of the batch that failed — ``Unavailable`` when the database
+gave no answer (refused, reset, timed out, connection lost; ``StoreClosed`` once
+:meth:`PgExecutionStore.aclose` has begun), ``DatabaseError`` when the server answered with an
+error. Nothing else is converted: any other exception (a bug) reaches the caller as raised.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ import asyncpg
 
 from service.config import DatabaseSettings
 from service.domain import ExecutionRow, ExecutionState, PodKind
+from service.kit.errors import ExternalError
 from service.metrics import Metrics
+from service.pg.errors import StoreClosed, database_errors, describe
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -60,17 +65,6 @@ _REQUIRED = (
     "execution_state",
     "active",
 )
-_TRANSIENT = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-)
-
-
-class StoreError(Exception):
-    """The store could not answer (timeout, connection lost, server error, store closed)."""
 
 
 def decode_row(record: Mapping[str, Any]) -> ExecutionRow | None:
@@ -125,7 +119,7 @@ class PgExecutionStore:
 
     async def start(self) -> None:
         """Create the pool. Connections open lazily, so a database that is down does not fail
-        the start; :meth:`ping` reports it and lookups raise :class:`StoreError`."""
+        the start; :meth:`ping` reports it and lookups raise ``Unavailable``."""
         if self._pool is not None:
             return
         s = self._settings
@@ -150,7 +144,7 @@ class PgExecutionStore:
             self._timer.cancel()
             self._timer = None
         pending, self._pending = self._pending, {}
-        _fail_all(pending.values(), StoreError("store closed"))
+        _fail_all(pending.values(), StoreClosed("store closed"))
         tasks = list(self._inflight)
         for t in tasks:
             t.cancel()
@@ -218,10 +212,11 @@ class PgExecutionStore:
         ok = False
         if self._pool is not None:
             try:
-                rows = await self._fetch(self._pool, "SELECT 1")
+                with database_errors():
+                    rows = await self._fetch(self._pool, "SELECT 1")
                 ok = len(rows) == 1 and rows[0][0] == 1
-            except _TRANSIENT as exc:
-                logger.warning("database ping failed: %s", _describe(exc))
+            except ExternalError as exc:
+                logger.warning("database ping failed: %s", describe(exc))
         self._metrics.database_up.set(1 if ok else 0)
         return ok
 
@@ -229,7 +224,7 @@ class PgExecutionStore:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StoreError("store closed")
+            raise StoreClosed("store closed")
         if self._pool is None:
             raise RuntimeError("PgExecutionStore used before start()")
 
@@ -247,9 +242,10 @@ class PgExecutionStore:
         finally:
             with anyio.CancelScope(shield=True):
                 try:
-                    await pool.release(conn, timeout=s.statement_timeout_s)
-                except _TRANSIENT as exc:  # asyncpg has terminated the connection
-                    logger.debug("pooled connection dropped on release: %s", _describe(exc))
+                    with database_errors():
+                        await pool.release(conn, timeout=s.statement_timeout_s)
+                except ExternalError as exc:  # asyncpg has terminated the connection
+                    logger.debug("pooled connection dropped on release: %s", exc)
 
     def _flush(self) -> None:
         if self._timer is not None:
@@ -272,12 +268,14 @@ class PgExecutionStore:
     async def _run_batch(self, batch: dict[str, asyncio.Future[ExecutionRow | None]]) -> None:
         try:
             rows = await self._query(list(batch), kind="batch")
-        except StoreError as exc:
+        except asyncio.CancelledError:
+            _fail_all(batch.values(), StoreClosed("store closed"))
+            raise
+        except Exception as exc:
+            # Not handled here: every waiter gets it as raised (a database failure as its kit
+            # error, a bug unchanged); a waiter left hanging would be worse than either.
             _fail_all(batch.values(), exc)
             return
-        except asyncio.CancelledError:
-            _fail_all(batch.values(), StoreError("store closed"))
-            raise
         for name, fut in batch.items():
             if not fut.done():
                 fut.set_result(rows.get(name))
@@ -287,14 +285,17 @@ class PgExecutionStore:
     ) -> dict[str, ExecutionRow]:
         pool = self._pool
         if pool is None:
-            raise StoreError("store closed")
+            raise StoreClosed("store closed")
         self._metrics.row_queries.labels(kind=kind).inc()
         try:
-            records = await self._fetch(pool, sql, names, self._namespace, MANAGED_BY_KUBERNETES)
-        except _TRANSIENT as exc:
+            with database_errors():
+                records = await self._fetch(
+                    pool, sql, names, self._namespace, MANAGED_BY_KUBERNETES
+                )
+        except ExternalError as exc:
             self._metrics.row_query_errors.inc()
-            logger.warning("execution-row query failed (%s): %s", kind, _describe(exc))
-            raise StoreError(_describe(exc)) from exc
+            logger.warning("execution-row query failed (%s): %s", kind, describe(exc))
+            raise
         out: dict[str, ExecutionRow] = {}
         for record in records:
             row = decode_row(record)
@@ -323,8 +324,3 @@ def _fail_all(futures: Iterable[asyncio.Future[Any]], exc: BaseException) -> Non
             # Mark retrieved: a waiter that gave up must not leave "never retrieved" noise.
             with contextlib.suppress(BaseException):
                 fut.exception()
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__

@@ -3,6 +3,7 @@ retire, then a delete under the UID of a pod whose labels match — or nothing a
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import anyio
@@ -15,9 +16,11 @@ from devtools.emulator.sandboxpods import Shape, pod_name, sandbox_pod
 from devtools.pg.devdata import seed_execution, seed_sandbox
 from service.app.cancel_create import CancelOutcome, CancelReport, cancel_create
 from service.config import KubeSettings
+from service.kit.errors import Unavailable
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.metrics import Metrics
+from service.pg.errors import DatabaseError
 from tests.kubefixtures import eventually
 
 pytestmark = pytest.mark.anyio
@@ -180,4 +183,41 @@ async def test_no_pod_and_no_execution(
     await _seed(pg_conn)
     report = await _cancel(pg_conn, pods)
     assert report == CancelReport(CancelOutcome.POD_ABSENT, True, NAME)
+    assert _deletes(emulator) == []
+
+
+async def test_a_retire_the_server_refuses_raises_database_error_and_deletes_nothing(
+    emulator: RunningEmulator, pg_conn: asyncpg.Connection, pods: KubePodClient
+) -> None:
+    await _seed(pg_conn)
+    _create_pod(emulator)
+    role = f"rpg_read_only_{os.getpid()}"
+    await pg_conn.execute(f"DROP ROLE IF EXISTS {role}")
+    await pg_conn.execute(f"CREATE ROLE {role} NOLOGIN")
+    await pg_conn.execute(f"GRANT SELECT ON sandboxes, sandbox_k8s_executions TO {role}")
+    try:
+        await pg_conn.execute(f"SET ROLE {role}")
+        with pytest.raises(DatabaseError) as raised:
+            await _cancel(pg_conn, pods)
+        assert raised.value.sqlstate == "42501"  # insufficient_privilege
+        assert isinstance(raised.value.__cause__, asyncpg.InsufficientPrivilegeError)
+    finally:
+        await pg_conn.execute("RESET ROLE")
+        await pg_conn.execute(f"DROP OWNED BY {role}")
+        await pg_conn.execute(f"DROP ROLE {role}")
+    assert await _row(pg_conn) == (True, "active", 0)
+    assert _deletes(emulator) == []
+
+
+async def test_a_retire_on_a_closed_connection_raises_unavailable_and_deletes_nothing(
+    emulator: RunningEmulator, pg_url: str, pg_conn: asyncpg.Connection, pods: KubePodClient
+) -> None:
+    await _seed(pg_conn)
+    _create_pod(emulator)
+    closed = await asyncpg.connect(pg_url)
+    await closed.close()
+    with pytest.raises(Unavailable) as raised:
+        await _cancel(closed, pods)
+    assert isinstance(raised.value.__cause__, asyncpg.InterfaceError)
+    assert await _row(pg_conn) == (True, "active", 0)
     assert _deletes(emulator) == []

@@ -7,14 +7,19 @@ The three failure modes each have a test that fails without its recovery code:
 * server stop/start: the same, plus connect attempts that must be retried until it is back;
 * silent death (a proxy that stops forwarding but keeps both sockets open): only the heartbeat
   can notice, and it must do so within interval + timeout.
+
+Between attempts the listener waits on its injected clock: under a ``FakeClock`` each backoff is
+a timer the test can read and fire.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
+import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio
 import asyncpg
@@ -24,8 +29,12 @@ from prometheus_client import CollectorRegistry
 from devtools.pg.throwaway import ThrowawayPostgres
 from service.config import DatabaseSettings
 from service.domain import ExecutionChange, ExecutionState
+from service.kit.backoff import Backoff
+from service.kit.clock import FakeClock
+from service.kit.errors import Unavailable
 from service.metrics import Metrics
-from service.pg.listener import ListenerUnavailable, RetirementListener
+from service.pg.errors import ListenerUnavailable
+from service.pg.listener import BACKOFF_MAX_S, RetirementListener
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
 from tests.pgfixtures import NAMESPACE, db_settings, metric, seed_execution, seed_sandbox
 
@@ -68,11 +77,10 @@ async def running(
 ) -> AsyncIterator[RetirementListener]:
     listener = RetirementListener(
         settings,
-        handler=handler,
         metrics=Metrics(registry),
-        backoff_initial_s=0.05,
-        backoff_max_s=0.5,
+        backoff=Backoff(initial_s=0.05, max_s=0.5, jitter=0.5),
     )
+    listener.add_handler(handler)
     async with anyio.create_task_group() as tg:
         with anyio.fail_after(10):
             await tg.start(listener.run)
@@ -117,13 +125,9 @@ async def test_notify_arrives_after_commit_and_not_before(
     await seed_sandbox(pg_conn, "s1")
     await seed_execution(pg_conn, pod_name=POD, sandbox_id="s1", pod_kind="restore")
     handler, registry = RecordingHandler(), CollectorRegistry()
-    clock_now = [1000.0]
-    listener = RetirementListener(
-        db_settings(pg_url),
-        handler=handler,
-        metrics=Metrics(registry),
-        clock=lambda: clock_now[0],
-    )
+    clock = FakeClock(start_s=1000.0)
+    listener = RetirementListener(db_settings(pg_url), metrics=Metrics(registry), clock=clock)
+    listener.add_handler(handler)
     async with anyio.create_task_group() as tg:
         await tg.start(listener.run)
         assert listener.connected and handler.missed == 1
@@ -136,7 +140,7 @@ async def test_notify_arrives_after_commit_and_not_before(
             )
             await anyio.sleep(0.3)
             assert handler.changes == []
-            clock_now[0] = 2000.0
+            clock.advance(1000.0)
         await wait_for(lambda: len(handler.changes) == 1, timeout_s=5, what="notification")
         change = handler.changes[0]
         assert change == ExecutionChange(
@@ -346,8 +350,11 @@ async def test_run_retries_until_the_first_connection_succeeds(pg_url: str) -> N
             pg_url.replace(f":{port}/", f":{proxy.port}/"), connect_timeout_s=1.0
         )
         listener = RetirementListener(
-            settings, handler=handler, metrics=Metrics(registry), backoff_initial_s=0.02
+            settings,
+            metrics=Metrics(registry),
+            backoff=Backoff(initial_s=0.02, max_s=BACKOFF_MAX_S, jitter=0.5),
         )
+        listener.add_handler(handler)
         tg.start_soon(listener.run)
         await anyio.sleep(0.3)
         assert not listener.connected and handler.missed == 0
@@ -395,6 +402,125 @@ async def test_sync_refuses_when_the_connection_is_silently_stalled(
             await listener.sync()
             assert proxy.stall_existing() == 1
             started = time.monotonic()
-            with pytest.raises(ListenerUnavailable):
+            with pytest.raises(ListenerUnavailable) as raised:
                 await listener.sync()
             assert time.monotonic() - started < 2
+            assert isinstance(raised.value, Unavailable)
+            assert isinstance(raised.value.__cause__, TimeoutError)
+
+
+async def test_sync_without_a_connection_raises_a_kit_unavailable() -> None:
+    listener = RetirementListener(
+        db_settings("postgresql://postgres@127.0.0.1:1/none"), metrics=Metrics(CollectorRegistry())
+    )
+    with pytest.raises(Unavailable) as raised:
+        await listener.sync()
+    assert isinstance(raised.value, ListenerUnavailable)
+
+
+async def test_each_handler_gets_every_change_and_one_added_while_listening_is_told_it_missed(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    await seed_sandbox(pg_conn, "s1")
+    await seed_execution(pg_conn, pod_name=POD, sandbox_id="s1")
+    first, late, registry = RecordingHandler(), RecordingHandler(), CollectorRegistry()
+    async with running(db_settings(pg_url), first, registry) as listener:
+        assert (first.missed, late.missed) == (1, 0)
+        listener.add_handler(late)
+        # Whatever was handed over before, the late handler never saw: it must resync at once.
+        assert (first.missed, late.missed) == (1, 1)
+        await _retire(pg_conn, POD, "suspended")
+        await listener.sync()
+        assert [c.pod_name for c in first.changes] == [POD]
+        assert late.changes == first.changes
+
+
+@contextlib.contextmanager
+def _refusing_port() -> Iterator[int]:
+    """A loopback port bound but not listening: a connect there is refused, and nobody else can
+    take the port while the test runs."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+async def _next_timer(clock: FakeClock) -> float:
+    """The delay of the next timer the listener sets on ``clock`` (it sets one after each failed
+    attempt, once the real connect has failed)."""
+    with anyio.fail_after(5):
+        while (deadline := clock.next_deadline) is None:
+            await anyio.sleep(0.005)
+    return deadline - clock.monotonic()
+
+
+async def test_reconnect_delays_follow_the_backoff_policy_on_the_injected_clock() -> None:
+    clock, handler = FakeClock(), RecordingHandler()
+
+    def policy() -> Backoff:
+        return Backoff(initial_s=0.1, max_s=1.6, jitter=0.5, rng=random.Random(7))
+
+    twin = policy()  # the same draws, in the same order, as the listener's
+    with _refusing_port() as port:
+        listener = RetirementListener(
+            db_settings(f"postgresql://postgres@127.0.0.1:{port}/none", connect_timeout_s=2.0),
+            metrics=Metrics(CollectorRegistry()),
+            clock=clock,
+            backoff=policy(),
+        )
+        listener.add_handler(handler)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listener.run)
+            delays = []
+            for failures in range(8):
+                delay = await _next_timer(clock)
+                assert delay == pytest.approx(twin.delay_s(failures), abs=1e-9)
+                delays.append(delay)
+                clock.advance(delay)
+            tg.cancel_scope.cancel()
+    assert not listener.connected and handler.missed == 0
+    # Doubling from 0.1 s (equal jitter: each within [d/2, d]) up to the cap.
+    for failures, delay in enumerate(delays):
+        base = min(1.6, 0.1 * 2**failures)
+        assert base / 2 <= delay <= base
+
+
+async def test_a_successful_listen_resets_the_backoff(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    clock, handler = FakeClock(), RecordingHandler()
+
+    def policy() -> Backoff:
+        return Backoff(initial_s=0.1, max_s=30.0, jitter=0.5, rng=random.Random(11))
+
+    twin = policy()
+    port = int(pg_url.rsplit(":", 1)[1].split("/", 1)[0])
+    async with StallableProxy(port) as proxy, anyio.create_task_group() as tg:
+        proxy.pause_accepting()
+        settings = db_settings(
+            pg_url.replace(f":{port}/", f":{proxy.port}/"),
+            connect_timeout_s=2.0,
+            heartbeat_interval_s=3600.0,  # no heartbeat timer among the backoff timers
+        )
+        listener = RetirementListener(
+            settings,
+            metrics=Metrics(CollectorRegistry()),
+            clock=clock,
+            backoff=policy(),
+        )
+        listener.add_handler(handler)
+        tg.start_soon(listener.run)
+        for failures in range(3):
+            delay = await _next_timer(clock)
+            assert delay == pytest.approx(twin.delay_s(failures), abs=1e-9)
+            if failures == 2:
+                proxy.resume_accepting()
+            clock.advance(delay)
+        await wait_for(lambda: listener.connected, timeout_s=5, what="connected")
+        assert handler.missed == 1
+        assert await pg_conn.fetchval(
+            "SELECT pg_terminate_backend($1)", await _listener_pid(pg_conn)
+        )
+        await wait_for(lambda: not listener.connected, timeout_s=5, what="the loss noticed")
+        # Three failures before the success; after it, the count starts from zero again.
+        assert await _next_timer(clock) == pytest.approx(twin.delay_s(0), abs=1e-9)
+        tg.cancel_scope.cancel()

@@ -1,18 +1,32 @@
-"""``PgExecutionStore`` against a real server: scoping, batching, decoding, errors."""
+"""``PgExecutionStore`` against a real server: scoping, batching, decoding, errors.
+
+Errors: every expected failure of the database leaves the store as a kit error (``Unavailable``
+when there was no answer, ``DatabaseError`` when the server answered with one), never as
+asyncpg's or the socket's own exception; a bug (here: an argument asyncpg cannot encode) is not
+a failure of the database and leaves as it was raised.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import anyio
 import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
+from devtools.pg.throwaway import ThrowawayPostgres
 from service.domain import ExecutionRow, ExecutionState, PodKind
+from service.kit.errors import ExternalError, Unavailable
 from service.metrics import Metrics
-from service.pg.store import LOOKUP_SQL, PgExecutionStore, StoreError
+from service.pg.errors import DRIVER_ERRORS, DatabaseError, StoreClosed
+from service.pg.migrate import DEFAULT_CHANNEL, migrate
+from service.pg.store import LOOKUP_SQL, PgExecutionStore
 from tests.pgfixtures import (
     NAMESPACE,
     db_settings,
@@ -187,7 +201,7 @@ async def test_malformed_row_is_counted_and_treated_as_absent(
     assert metric(registry, "retired_pod_gc_rows_malformed_total") == 3
 
 
-async def test_query_failure_reaches_every_waiter_as_store_error(
+async def test_query_failure_reaches_every_waiter_as_one_external_error(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
     names = await seed_executions(pg_conn, ["l1", "l2", "l3"])
@@ -198,7 +212,7 @@ async def test_query_failure_reaches_every_waiter_as_store_error(
         async def one(name: str) -> None:
             try:
                 await store.lookup(name)
-            except StoreError as exc:
+            except ExternalError as exc:
                 errors.append(exc)
 
         # An exclusive lock held elsewhere makes the lookup outlive its statement timeout.
@@ -208,7 +222,10 @@ async def test_query_failure_reaches_every_waiter_as_store_error(
                 async with anyio.create_task_group() as tg:
                     for name in names:
                         tg.start_soon(one, name)
-        assert len(errors) == 3
+        # The server's statement timeout (a DatabaseError) or the client's (Unavailable),
+        # whichever came first: one failed query, the same error for each of its waiters.
+        assert len(errors) == 3 and errors[0] is errors[1] is errors[2]
+        assert isinstance(errors[0], Unavailable | DatabaseError)
         assert metric(registry, "retired_pod_gc_row_query_errors_total") == 1
         assert metric(registry, BATCH, kind="batch") == 1
         # The store recovers once the lock is gone.
@@ -216,20 +233,100 @@ async def test_query_failure_reaches_every_waiter_as_store_error(
         assert row is not None
 
 
-async def test_unreachable_database_fails_lookups_and_ping(pg_url: str) -> None:
-    # A port nobody listens on: connect is refused at once.
+@contextlib.contextmanager
+def _refusing_port() -> Iterator[int]:
+    """A loopback port bound but not listening: a connect there is refused, and nobody else can
+    take the port while the test runs."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+def _reads(store: PgExecutionStore, name: Any) -> dict[str, Callable[[], Awaitable[object]]]:
+    """Each read of the store, by name (batched, many, fresh)."""
+    return {
+        "lookup": lambda: store.lookup(name),
+        "lookup_many": lambda: store.lookup_many([name]),
+        "read_fresh": lambda: store.read_fresh(name),
+    }
+
+
+async def test_a_refused_connection_raises_unavailable_not_the_socket_error() -> None:
     registry = CollectorRegistry()
-    url = "postgresql://postgres@127.0.0.1:1/none"
-    async with _store(url, registry, connect_timeout_s=1.0) as store:
-        assert await store.ping() is False
-        assert metric(registry, "retired_pod_gc_database_up") == 0
-        with pytest.raises(StoreError):
-            await store.lookup("x")
-        with pytest.raises(StoreError):
-            await store.read_fresh("x")
-        with pytest.raises(StoreError):
-            await store.lookup_many(["x", "y"])
+    with _refusing_port() as port:
+        url = f"postgresql://postgres@127.0.0.1:{port}/none"
+        async with _store(url, registry, connect_timeout_s=1.0) as store:
+            assert await store.ping() is False
+            assert metric(registry, "retired_pod_gc_database_up") == 0
+            for what, read in _reads(store, "x").items():
+                with pytest.raises(Unavailable) as raised:
+                    await read()
+                assert not isinstance(raised.value, DRIVER_ERRORS), what
+                assert isinstance(raised.value.__cause__, ConnectionRefusedError), what
     assert metric(registry, "retired_pod_gc_row_query_errors_total") == 3
+
+
+async def test_reads_raise_unavailable_once_the_server_is_stopped() -> None:
+    # Its own server: stopping the session's would disturb other tests.
+    with ThrowawayPostgres() as pg:
+        await migrate(pg.url, channel=DEFAULT_CHANNEL, with_schema=True)
+        conn = await asyncpg.connect(pg.url)
+        try:
+            await seed_sandbox(conn, "s1")
+            await seed_execution(conn, pod_name="space-sbx-s1-g1", sandbox_id="s1")
+        finally:
+            await conn.close()
+        registry = CollectorRegistry()
+        async with _store(pg.url, registry, connect_timeout_s=1.0) as store:
+            # Every read works first, so the pool holds a live connection when the server goes.
+            for read in _reads(store, "space-sbx-s1-g1").values():
+                assert await read()
+            pg.stop()
+            for what, read in _reads(store, "space-sbx-s1-g1").items():
+                with pytest.raises(Unavailable) as raised:
+                    await read()
+                assert not isinstance(raised.value, DRIVER_ERRORS), what
+                assert isinstance(raised.value.__cause__, DRIVER_ERRORS), what
+            assert await store.ping() is False
+    assert metric(registry, "retired_pod_gc_row_query_errors_total") == 3
+
+
+async def test_an_error_the_server_answers_with_raises_database_error_with_its_sqlstate(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    await seed_sandbox(pg_conn, "s1")
+    await seed_execution(pg_conn, pod_name="space-sbx-s1-g1", sandbox_id="s1")
+    await pg_conn.execute("ALTER TABLE sandbox_k8s_executions RENAME TO executions_elsewhere")
+    registry = CollectorRegistry()
+    async with _store(pg_url, registry) as store:
+        for what, read in _reads(store, "space-sbx-s1-g1").items():
+            with pytest.raises(DatabaseError) as raised:
+                await read()
+            assert not isinstance(raised.value, Unavailable), what
+            assert raised.value.sqlstate == "42P01", what  # undefined_table
+            assert isinstance(raised.value.__cause__, asyncpg.UndefinedTableError), what
+        # The server answers SELECT 1: the database is reachable, whatever the reads hit.
+        assert await store.ping() is True
+    assert metric(registry, "retired_pod_gc_row_query_errors_total") == 3
+
+
+async def test_an_argument_asyncpg_cannot_encode_is_a_bug_and_propagates_as_raised(
+    pg_url: str,
+) -> None:
+    registry = CollectorRegistry()
+    async with _store(pg_url, registry) as store:
+        for what, read in _reads(store, 12345).items():
+            # asyncpg's own DataError ("invalid input for query argument $1"), raised before
+            # anything was sent: not a kit error.
+            with pytest.raises(asyncpg.DataError) as raised:
+                await read()
+            assert not isinstance(raised.value, ExternalError), what
+        # The store still works afterwards.
+        assert await store.lookup_many(["absent"]) == {}
+    assert metric(registry, "retired_pod_gc_row_query_errors_total") == 0
+
+
+async def test_ping_reports_a_reachable_database(pg_url: str) -> None:
     up = CollectorRegistry()
     async with _store(pg_url, up) as store:
         assert await store.ping() is True
@@ -244,10 +341,11 @@ async def test_close_fails_waiting_lookups_and_leaves_no_task(pg_url: str) -> No
     )
     await anyio.sleep(0.01)
     await store.aclose()
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreClosed):
         await waiter
-    with pytest.raises(StoreError):
-        await store.lookup("after-close")
+    for read in _reads(store, "after-close").values():
+        with pytest.raises(StoreClosed):
+            await read()
 
 
 async def test_batched_lookup_uses_the_pod_name_index(

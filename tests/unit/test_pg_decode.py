@@ -1,4 +1,5 @@
-"""Pure parts of the PostgreSQL adapter: row decoding, payload parsing, SQL rendering, backoff."""
+"""Pure parts of the PostgreSQL adapter: row decoding, payload parsing, SQL rendering, the
+listener's reconnect policy."""
 
 from __future__ import annotations
 
@@ -6,14 +7,11 @@ import json
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from service.domain import ExecutionState, PodKind
-from service.metrics import Metrics
-from service.pg.listener import RetirementListener, parse_payload
+from service.pg.listener import BACKOFF_MAX_S, default_backoff, parse_payload
 from service.pg.migrate import DEFAULT_CHANNEL, render_trigger_sql, steps
 from service.pg.store import _REQUIRED, decode_row
-from tests.pgfixtures import db_settings
 
 
 def _record(**overrides: Any) -> dict[str, Any]:
@@ -153,27 +151,8 @@ def test_steps_include_the_schema_only_when_asked() -> None:
     assert a.sha256 != b.sha256
 
 
-class _NullHandler:
-    def execution_changed(self, change: object) -> None:
-        raise AssertionError("not expected")
-
-    def notifications_missed(self) -> None:
-        raise AssertionError("not expected")
-
-
-@pytest.mark.parametrize("draw", [0.0, 0.5, 0.999])
-def test_backoff_grows_exponentially_with_jitter_and_is_capped(draw: float) -> None:
-    listener = RetirementListener(
-        db_settings("postgresql://x@127.0.0.1/x"),
-        handler=_NullHandler(),
-        metrics=Metrics(CollectorRegistry()),
-        backoff_initial_s=0.1,
-        backoff_max_s=5.0,
-        rng=lambda: draw,
-    )
-    delays = [listener._backoff_s(n) for n in range(12)]
-    for n, delay in enumerate(delays):
-        base = min(5.0, 0.1 * 2**n)
-        assert base / 2 <= delay <= base
-    assert delays[-1] <= 5.0
-    assert delays[3] > delays[0]
+def test_the_default_reconnect_policy_is_equal_jitter_from_0_1_s_to_the_cap() -> None:
+    policy = default_backoff()
+    assert (policy.initial_s, policy.max_s, policy.jitter) == (0.1, BACKOFF_MAX_S, 0.5)
+    # Each call makes a policy of its own (its own random source), never a shared one.
+    assert default_backoff().rng is not policy.rng

@@ -1,0 +1,117 @@
+"""What a failed database call raises: asyncpg's exceptions typed as the kit's, in one place.
+
+::
+
+    ExternalError (kit)        the database did not give an expected answer
+    ├── Unavailable (kit)      no answer: refused, reset, timed out, connection lost
+    │   ├── StoreClosed        the execution store was closed before it could answer
+    │   └── ListenerUnavailable  the notify listener cannot vouch that every committed
+    │                            notification has been handed over (``sync``)
+    └── DatabaseError          the server answered with an error (``sqlstate``): permission
+                               denied, undefined table, statement timeout, ...
+
+:data:`DRIVER_ERRORS` is what asyncpg and the socket under it raise when a call fails;
+:func:`to_external` says which kit error each one stands for, and :func:`database_errors`
+raises it, the original chained as ``__cause__``:
+
+* **Unavailable**: ``OSError`` (refused, reset, unreachable; ``TimeoutError`` is one: our own
+  timeouts and asyncpg's client-side ``timeout=``), asyncpg's ``InterfaceError`` (the
+  connection or pool is closed), its ``InternalClientError`` (the driver lost track of the
+  connection's state; seen after a server restart, docs/reliability.md), and the server errors
+  that end the connection: SQLSTATE class 08 (connection exception, ``ConnectionDoesNotExist``
+  among them), 57P01, 57P02 and 57P03 (the backend was terminated, the server crashed or is
+  starting).
+* **DatabaseError**: every other ``asyncpg.PostgresError`` the server sent, and a schema that
+  changed under a cached statement (``OutdatedSchemaCacheError``): the server answered.
+* **Not a failure of the database**: what asyncpg raises itself for a misuse of the driver. A
+  ``PostgresError`` the server did not send (it has no ``severity``, which every error the
+  server sends carries): asyncpg's ``DataError`` for a query argument it cannot encode (a
+  ``str`` column given an ``int``), ``NoActiveSQLTransactionError`` for a cursor outside a
+  transaction; and an ``InterfaceError`` that is also a ``ValueError`` (a bad connection
+  option). That is a bug of the caller: :func:`database_errors` lets it through unchanged, as it
+  does every exception outside :data:`DRIVER_ERRORS`, so the engine's worker loop reports it as
+  a bug (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import asyncpg
+
+from service.kit.errors import ExternalError, Unavailable
+
+DRIVER_ERRORS: tuple[type[Exception], ...] = (
+    OSError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
+"""What a database call raises when the call fails (caught at the adapter's edge only)."""
+
+_CONNECTION_ENDED = frozenset({"57P01", "57P02", "57P03"})
+"""admin_shutdown (pg_terminate_backend, a fast shutdown), crash_shutdown, cannot_connect_now."""
+
+
+class DatabaseError(ExternalError):
+    """The server answered with an error. ``sqlstate`` is its code (empty when it sent none)."""
+
+    def __init__(self, message: str, *, sqlstate: str = "") -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class StoreClosed(Unavailable):
+    """The execution store was closed (shutdown) before it could answer."""
+
+
+class ListenerUnavailable(Unavailable):
+    """The notify listener cannot vouch that every committed notification has been delivered:
+    it is not connected, or its connection did not answer in time."""
+
+
+def to_external(exc: BaseException) -> ExternalError | None:
+    """The kit error ``exc`` stands for (with ``exc`` as its ``__cause__``), or ``None`` when
+    ``exc`` is not a failure of the database (a bug: let it propagate unchanged)."""
+    err: ExternalError
+    if isinstance(exc, asyncpg.InterfaceError) and isinstance(exc, ValueError):
+        return None
+    if isinstance(exc, asyncpg.OutdatedSchemaCacheError):
+        err = DatabaseError(describe(exc))
+    elif isinstance(exc, asyncpg.PostgresError):
+        sqlstate = str(getattr(exc, "sqlstate", "") or "")
+        if sqlstate.startswith("08") or sqlstate in _CONNECTION_ENDED:
+            # asyncpg raises ConnectionDoesNotExistError itself when the connection drops.
+            err = Unavailable(describe(exc))
+        elif getattr(exc, "severity", None) is None:
+            return None  # raised by asyncpg, not sent by the server
+        else:
+            err = DatabaseError(describe(exc), sqlstate=sqlstate)
+    elif isinstance(exc, TimeoutError):
+        err = Unavailable(f"no answer in time: {exc}" if str(exc) else "no answer in time")
+    elif isinstance(exc, DRIVER_ERRORS):
+        err = Unavailable(describe(exc))
+    else:
+        return None
+    err.__cause__ = exc
+    return err
+
+
+@contextlib.contextmanager
+def database_errors() -> Iterator[None]:
+    """Raise a failed database call inside as its kit error (see :func:`to_external`); every
+    other exception, cancellation included, passes through unchanged."""
+    try:
+        yield
+    except DRIVER_ERRORS as exc:
+        err = to_external(exc)
+        if err is None:
+            raise
+        raise err from exc
+
+
+def describe(exc: BaseException) -> str:
+    """``Class: message`` (just the class when there is no message), for logs and messages."""
+    text = str(exc)
+    return f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__
