@@ -138,15 +138,23 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         backoff=Backoff(initial_s=0.005, max_s=MAX_BACKOFF_S, jitter=0.1),
     )
     clocks = ObservationClocks(metrics=metrics)
-    elector: LeaderElector | None = None
+    elector = (
+        LeaderElector(
+            api,
+            settings=settings.leader,
+            namespace=lease_namespace(settings),
+            metrics=metrics,
+            clock=clock,
+            request_timeout_s=settings.kube.api_timeout_s,
+        )
+        if settings.leader.enabled
+        else None
+    )
     # Checked right before every DELETE or report: a leader whose renewals lapse stops acting
-    # at the renew deadline, before its lease can expire for anybody else. (Late-bound: the
-    # elector needs the controller's callback, the controller needs this activation.)
+    # at the renew deadline, before its lease can expire for anybody else.
     activation = Activation(
         enabled=settings.enabled,
-        leader_check=(lambda: elector is not None and elector.is_leader())
-        if settings.leader.enabled
-        else None,
+        leader_check=elector.is_leader if elector is not None else None,
     )
     # The reconciler's notification barrier; the controller becomes its handler once built.
     listener = RetirementListener(settings.database, metrics=metrics, clock=clock)
@@ -185,18 +193,12 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         metrics=metrics,
         batch_size=settings.database.batch_max_size,
     )
+    # Handlers are added once everything exists (client-go's AddEventHandler): no part needs
+    # another that is built after it.
     late.target = controller
-    if settings.leader.enabled:
-        elector = LeaderElector(
-            api,
-            settings=settings.leader,
-            namespace=lease_namespace(settings),
-            on_change=controller.set_leader,
-            metrics=metrics,
-            clock=clock,
-            request_timeout_s=settings.kube.api_timeout_s,
-        )
     listener.add_handler(controller)
+    if elector is not None:
+        elector.add_handler(controller.set_leader)
     heartbeats = Heartbeats(clock=clock)
     health = HealthServer(
         metrics=metrics,

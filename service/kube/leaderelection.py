@@ -55,7 +55,8 @@ class LeaseConflict(Exception):
 
 
 class LeaderElector:
-    """Runs the acquire/renew loop and flips ``on_change(True|False)`` on transitions."""
+    """Runs the acquire/renew loop and tells every handler added with :meth:`add_handler`
+    ``True``/``False`` on each transition."""
 
     def __init__(
         self,
@@ -63,7 +64,6 @@ class LeaderElector:
         *,
         settings: LeaderSettings,
         namespace: str,
-        on_change: Callable[[bool], None],
         metrics: Metrics,
         clock: Clock,
         request_timeout_s: float = 5.0,
@@ -72,7 +72,7 @@ class LeaderElector:
         self._settings = settings
         self._namespace = namespace
         self._identity = settings.identity or default_identity()
-        self._on_change = on_change
+        self._handlers: list[Callable[[bool], None]] = []
         self._metrics = metrics
         self._clock = clock
         self._timeout_s = request_timeout_s
@@ -129,7 +129,12 @@ class LeaderElector:
     def _set_leading(self, leading: bool) -> None:
         self._leading = leading
         self._metrics.is_leader.set(1 if leading else 0)
-        self._on_change(leading)
+        for handler in self._handlers:
+            handler(leading)
+
+    def add_handler(self, on_change: Callable[[bool], None]) -> None:
+        """Register ``on_change(leading)`` for every later transition (before :meth:`run`)."""
+        self._handlers.append(on_change)
 
     async def _request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         response = await self._api.call_api(

@@ -50,11 +50,11 @@ class Elector:
             api,
             settings=settings,
             namespace=NS,
-            on_change=self.changes.append,
             metrics=self.metrics,
             clock=MonotonicClock(),
             request_timeout_s=2.0,
         )
+        self.elector.add_handler(self.changes.append)
 
     @property
     def gauge(self) -> float:
