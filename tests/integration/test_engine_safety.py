@@ -15,6 +15,7 @@ This module also holds the small harness the other ``test_engine_*`` modules sha
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -496,3 +497,44 @@ async def test_a_listener_reconnect_clears_clocks_and_delays_the_delete_a_full_t
     sent = deletes(emu, name)
     assert len(sent) == 1 and sent[0].status == 200
     assert_not_before(sent, t_gap + threshold_s, "after a listener reconnect")
+
+
+# ---------------------------------------------------------------- logs
+
+
+async def test_a_store_log_line_inside_a_reconcile_carries_its_reconcile_id(
+    emulator: RunningEmulator,
+    pg_url: str,
+    pg_conn: asyncpg.Connection,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The real store logs a malformed row while the worker loop reconciles its key: that line,
+    written by service.pg, carries the id of the reconcile, as the reconciler's own lines do."""
+    emu = emulator.emulator
+    caplog.set_level(logging.INFO, logger="service")
+    await pg_conn.execute("ALTER TABLE sandbox_k8s_executions ALTER COLUMN active DROP NOT NULL")
+    malformed = await seed_row(pg_conn, "l1", active=False, state="suspended")
+    await pg_conn.execute(
+        "UPDATE sandbox_k8s_executions SET active = NULL WHERE pod_name = $1", malformed
+    )
+    reaped = await seed_row(pg_conn, "l2", active=False, state="suspended")
+    create_pod(emu, "l1", Shape.SUCCEEDED)
+    create_pod(emu, "l2", Shape.SUCCEEDED)
+    async with running_service(emulator, pg_url):
+        await eventually(lambda: bool(deletes(emu, reaped)), "the DELETE of the well-formed pod")
+    store_lines = [
+        r
+        for r in caplog.records
+        if r.name == "service.pg.store" and "malformed execution row" in r.getMessage()
+    ]
+    assert store_lines, "the store logged no malformed row"
+    assert all(getattr(r, "reconcile_id", None) for r in store_lines)
+    [deleted] = [
+        r
+        for r in caplog.records
+        if r.name == "service.engine.reconciler" and r.getMessage().startswith("deleted ")
+    ]
+    assert getattr(deleted, "reconcile_id", None)
+    outside = [r for r in caplog.records if "starting in" in r.getMessage()]
+    assert outside and not any(hasattr(r, "reconcile_id") for r in outside)
+    assert emu.get_pod(NS, malformed) is not None  # a malformed row never deletes
