@@ -144,7 +144,6 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
             # The Lease's holder identity, so an Event names the replica that acted.
             instance=settings.leader.identity or default_identity(),
             metrics=metrics,
-            clock=clock,
             timeout_s=settings.kube.api_timeout_s,
         )
         if settings.events_enabled
