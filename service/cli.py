@@ -28,8 +28,9 @@ from service import config, logs
 from service.app import service
 from service.app.cancel_create import CancelOutcome, cancel_create
 from service.app.demo import run_demo
-from service.app.inspect import IgnoreEvents, explain, explanation_lines, list_pods, scan
+from service.app.inspect import explain, explanation_lines, list_pods, scan
 from service.domain import split_key
+from service.kit.backoff import Backoff
 from service.kube.api import ApiConfigError, new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
@@ -219,9 +220,8 @@ def _cmd_scan(args: argparse.Namespace) -> int:
                 api,
                 settings.kube,
                 PodDecoder(settings.kube.label_keys),
-                IgnoreEvents(),
                 Metrics(),
-                backoff_max_s=1.0,
+                backoff=Backoff(initial_s=0.5, max_s=1.0, jitter=0.5),
             )
             try:
                 pods = await list_pods(informer, timeout_s=args.timeout)

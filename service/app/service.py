@@ -19,7 +19,6 @@ from anyio.abc import TaskStatus
 from kubernetes_asyncio.client import ApiClient
 
 from service.config import Settings
-from service.domain import PodSnapshot
 from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget
 from service.engine.controller import Controller
@@ -49,26 +48,6 @@ MAX_BACKOFF_S = 5.0
 """Cap of a key's retry backoff. What fails here is global (the database or the API server is
 down), so every key backs off together; a short cap means keys come back within seconds of the
 recovery, and a retry costs one batched lookup or one GET, so the load stays small."""
-
-
-class _LateHandler:
-    """The informer needs its handler before the controller (which needs the informer as its
-    cache) exists; this forwards to the controller once it is built."""
-
-    def __init__(self) -> None:
-        self.target: Controller | None = None
-
-    def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
-        if self.target is not None:
-            self.target.pod_changed(old, new)
-
-    def cache_cold(self) -> None:
-        if self.target is not None:
-            self.target.cache_cold()
-
-    def cache_synced(self) -> None:
-        if self.target is not None:
-            self.target.cache_synced()
 
 
 class _LateBarrier:
@@ -118,8 +97,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     clock = MonotonicClock()
     decoder = PodDecoder(settings.kube.label_keys)
     store = PgExecutionStore(settings.database, namespace=settings.kube.namespace, metrics=metrics)
-    late = _LateHandler()
-    informer = PodInformer(api, settings.kube, decoder, late, metrics)
+    informer = PodInformer(api, settings.kube, decoder, metrics)
     pods = KubePodClient(api, settings.kube, decoder, metrics)
     queue = WorkQueue(
         clock=clock,
@@ -172,7 +150,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         metrics=metrics,
         batch_size=settings.database.batch_max_size,
     )
-    late.target = controller
+    informer.add_handler(controller)
     if settings.leader.enabled:
         elector = LeaderElector(
             api,
