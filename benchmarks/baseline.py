@@ -17,7 +17,6 @@ from collections.abc import Callable
 
 import anyio
 
-from service.app.inspect import IgnoreEvents
 from service.classifier import classify, prefilter
 from service.config import Settings
 from service.domain import DeleteResult, PodSnapshot, Verdict
@@ -135,7 +134,7 @@ async def run_baseline(
     clock = MonotonicClock()
     decoder = PodDecoder(settings.kube.label_keys)
     store = PgExecutionStore(settings.database, namespace=settings.kube.namespace, metrics=metrics)
-    informer = PodInformer(api, settings.kube, decoder, IgnoreEvents(), metrics)
+    informer = PodInformer(api, settings.kube, decoder, metrics)
     gc = PollingGC(
         settings=settings,
         informer=informer,

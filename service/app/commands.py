@@ -27,6 +27,7 @@ from service import config, logs
 from service.app import service
 from service.app.cancel_create import CancelOutcome, cancel_create
 from service.app.inspect import explain, explanation_lines, list_pods, scan
+from service.kit.backoff import Backoff
 from service.kube.api import ApiConfigError, new_api_client
 from service.kube.errors import read_whole, status_message
 from service.metrics import Metrics
@@ -184,7 +185,9 @@ def scan_pods(settings: config.Settings, *, output: str, timeout_s: float) -> in
     async def main() -> int:
         async with _store_and_api(settings) as (store, api):
             await _probe_api(api, settings)
-            informer = service.new_informer(settings, api, Metrics(), backoff_max_s=1.0)
+            informer = service.new_informer(
+                settings, api, Metrics(), backoff=Backoff(initial_s=0.5, max_s=1.0, jitter=0.5)
+            )
             try:
                 pods = await list_pods(informer, timeout_s=timeout_s)
             except TimeoutError:

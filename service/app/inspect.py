@@ -23,19 +23,6 @@ from service.kube.informer import PodInformer
 from service.ports import ExecutionStore
 
 
-class IgnoreEvents:
-    """A handler for a one-shot list: nobody reacts to events."""
-
-    def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
-        pass
-
-    def cache_cold(self) -> None:
-        pass
-
-    def cache_synced(self) -> None:
-        pass
-
-
 @dataclass
 class ScanReport:
     namespace: str

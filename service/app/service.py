@@ -21,7 +21,6 @@ from anyio.abc import TaskStatus
 from kubernetes_asyncio.client import ApiClient
 
 from service.config import Settings
-from service.domain import PodSnapshot
 from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget
 from service.engine.controller import Controller
@@ -29,11 +28,10 @@ from service.engine.observation import ObservationClocks
 from service.engine.reconciler import Reconciler
 from service.engine.workqueue import WorkQueue
 from service.kit.backoff import Backoff
-from service.kit.clock import MonotonicClock
+from service.kit.clock import MonotonicClock, SchedulingClock
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
-from service.kube.informer import BACKOFF_MAX_S as INFORMER_BACKOFF_MAX_S
 from service.kube.informer import PodInformer
 from service.kube.leaderelection import LeaderElector, default_identity
 from service.metrics import Metrics
@@ -52,26 +50,6 @@ MAX_BACKOFF_S = 5.0
 """Cap of a key's retry backoff. What fails here is global (the database or the API server is
 down), so every key backs off together; a short cap means keys come back within seconds of the
 recovery, and a retry costs one batched lookup or one GET, so the load stays small."""
-
-
-class _LateHandler:
-    """The informer needs its handler before the controller (which needs the informer as its
-    cache) exists; this forwards to the controller once it is built."""
-
-    def __init__(self) -> None:
-        self.target: Controller | None = None
-
-    def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
-        if self.target is not None:
-            self.target.pod_changed(old, new)
-
-    def cache_cold(self) -> None:
-        if self.target is not None:
-            self.target.cache_cold()
-
-    def cache_synced(self) -> None:
-        if self.target is not None:
-            self.target.cache_synced()
 
 
 def lease_namespace(settings: Settings) -> str:
@@ -113,24 +91,27 @@ def new_pod_client(settings: Settings, api: ApiClient, metrics: Metrics) -> Kube
 
 
 def new_informer(
-    settings: Settings, api: ApiClient, metrics: Metrics, *, backoff_max_s: float | None = None
+    settings: Settings,
+    api: ApiClient,
+    metrics: Metrics,
+    *,
+    clock: SchedulingClock | None = None,
+    backoff: Backoff | None = None,
 ) -> PodInformer:
     return PodInformer(
         api,
         settings.kube,
         PodDecoder(settings.kube.label_keys),
-        _LateHandler(),
         metrics,
-        backoff_max_s=INFORMER_BACKOFF_MAX_S if backoff_max_s is None else backoff_max_s,
+        clock=clock,
+        backoff=backoff,
     )
 
 
 def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     clock = MonotonicClock()
     store = new_store(settings, metrics)
-    informer = new_informer(settings, api, metrics)
-    late = informer._handler
-    assert isinstance(late, _LateHandler)
+    informer = new_informer(settings, api, metrics, clock=clock)
     pods = new_pod_client(settings, api, metrics)
     queue = WorkQueue(
         clock=clock,
@@ -164,7 +145,6 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
             # The Lease's holder identity, so an Event names the replica that acted.
             instance=settings.leader.identity or default_identity(),
             metrics=metrics,
-            clock=clock,
             timeout_s=settings.kube.api_timeout_s,
         )
         if settings.events_enabled
@@ -195,7 +175,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     )
     # Handlers are added once everything exists (client-go's AddEventHandler): no part needs
     # another that is built after it.
-    late.target = controller
+    informer.add_handler(controller)
     listener.add_handler(controller)
     if elector is not None:
         elector.add_handler(controller.set_leader)

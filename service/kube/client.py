@@ -1,13 +1,14 @@
 """Fresh pod reads and preconditioned deletes (implements ``ports.PodClient``).
 
 Responses are read raw (``_preload_content=False``) and decoded straight into a
-:class:`PodSnapshot`; no client models are built. Expected DELETE outcomes (404, 409) are typed
-values, not exceptions; every call has its own timeout (``KubeSettings.api_timeout_s``).
+:class:`PodSnapshot`; no client models are built. Every call has its own timeout
+(``KubeSettings.api_timeout_s``). A GET raises only kit errors: ``Unavailable`` when no answer
+came, :class:`KubeApiError` for an unexpected one. A DELETE raises nothing expected: every outcome,
+404, 409, other statuses and no answer at all, is a typed :class:`DeleteOutcome`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, cast
 
@@ -17,12 +18,17 @@ from kubernetes_asyncio import client as k8s_client
 from service.config import KubeSettings
 from service.domain import DeleteOutcome, DeleteResult, PodSnapshot
 from service.kube.decode import PodDecodeError, PodDecoder
-from service.kube.errors import KubeApiError, parse_retry_after, read_whole, status_message
+from service.kube.errors import (
+    TRANSIENT_ERRORS,
+    KubeApiError,
+    parse_retry_after,
+    read_whole,
+    status_message,
+    unavailable,
+)
 from service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
-
-_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
 class KubePodClient:
@@ -47,18 +53,17 @@ class KubePodClient:
         self._metrics.api_requests.labels(op=op, result=result).inc()
 
     async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
-        """The pod as the server has it now; ``None`` on 404; :class:`KubeApiError` otherwise."""
+        """The pod as the server has it now; ``None`` on 404. Raises ``Unavailable`` when no
+        answer came, :class:`KubeApiError` for any other status or an undecodable pod."""
         try:
             response, body = await read_whole(
                 self._core.read_namespaced_pod(
                     name, namespace, _preload_content=False, _request_timeout=self._timeout()
                 )
             )
-        except _TRANSPORT_ERRORS as exc:
+        except TRANSIENT_ERRORS as exc:
             self._count("get", "transport")
-            raise KubeApiError(
-                0, f"GET pod {namespace}/{name}: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise unavailable(f"GET pod {namespace}/{name}", exc) from exc
         status = response.status
         if status == 404:
             self._count("get", "404")
@@ -100,7 +105,7 @@ class KubePodClient:
                     _request_timeout=self._timeout(),
                 )
             )
-        except _TRANSPORT_ERRORS as exc:
+        except TRANSIENT_ERRORS as exc:
             self._count("delete", "transport")
             return DeleteOutcome(DeleteResult.ERROR, 0, f"{type(exc).__name__}: {exc}")
         status = response.status

@@ -1,8 +1,15 @@
-"""Errors of the Kubernetes adapter, and reading ``Status`` bodies of failed responses.
+"""The Kubernetes adapter's error edge: what counts as no answer, and reading failed answers.
 
-``KubeApiError`` (status, message, retry_after_s) is raised by the pod client's ``get_pod`` on
-anything but 200/404, and used inside the informer to decide between relist (410) and backoff
-(everything else). ``status == 0`` means no HTTP answer (timeout, refused connection).
+Every request of the adapter fails in one of two typed ways (``service.kit.errors``):
+
+- :data:`TRANSIENT_ERRORS` — what aiohttp and the socket layer raise when no answer arrives
+  (refused, reset, dropped, timed out) — becomes :class:`~service.kit.errors.Unavailable` through
+  :func:`unavailable`, the original chained as ``__cause__``;
+- an answer with an unexpected status becomes :class:`KubeApiError` (an ``ApiError``: status,
+  the ``Status`` body's message, ``Retry-After``).
+
+Expected answers (a 404 on GET, a 409 on DELETE, a 410 on a watch) are values of the caller, not
+errors.
 """
 
 from __future__ import annotations
@@ -13,7 +20,23 @@ from typing import Any, cast
 import aiohttp
 import msgspec
 
-from service.kit.errors import ApiError
+from service.kit.errors import ApiError, Unavailable
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    aiohttp.ClientError,
+    TimeoutError,  # asyncio.TimeoutError is TimeoutError (an OSError) since Python 3.11
+    OSError,
+)
+"""No answer from the API server: connection refused, reset or dropped, a response cut short,
+or a timeout (``aiohttp.ClientTimeout`` raises ``asyncio.TimeoutError``)."""
+
+
+def unavailable(what: str, exc: BaseException) -> Unavailable:
+    """The kit's :class:`~service.kit.errors.Unavailable` for one of :data:`TRANSIENT_ERRORS`,
+    with ``exc`` as its ``__cause__`` (raise it: ``raise unavailable("GET pod", exc) from exc``)."""
+    error = Unavailable(f"{what}: {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
 
 
 async def raw_response(call: Awaitable[Any]) -> aiohttp.ClientResponse:
@@ -33,7 +56,7 @@ async def read_whole(call: Awaitable[Any]) -> tuple[aiohttp.ClientResponse, byte
 
 
 class KubeApiError(ApiError):
-    """A Kubernetes API call that did not give the expected answer."""
+    """A Kubernetes API call answered, but not as expected (``status`` is the HTTP status)."""
 
 
 class WireStatus(msgspec.Struct):

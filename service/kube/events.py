@@ -10,9 +10,9 @@ The Events API must never be in the way of a delete:
   report and counts it); it never awaits and never raises;
 - one drain task of its own writes the Events, one at a time (so a hanging Events API holds at
   most one connection of the shared client), each call under its own timeout;
-- a token bucket (``EVENT_BURST``, then ``EVENTS_PER_SECOND``) bounds the write rate: a burst of
-  thousands of deletes or reports becomes at most that many writes, the rest waits in the buffer
-  or is dropped with a counter. Each Event regards another pod, so there is nothing to aggregate
+- a rate limiter (the kit's aiolimiter bucket: ``EVENT_BURST``, then ``EVENTS_PER_SECOND``)
+  bounds the write rate: a burst of thousands of deletes or reports becomes at most that many
+  writes, the rest waits in the buffer or is dropped with a counter. Each Event regards another pod, so there is nothing to aggregate
   into a ``series``, and the Role needs only ``create``;
 - a failed write (403, other 4xx, 5xx, timeout, no connection) is counted
   (``retired_pod_gc_events_total{result}``), logged as a warning the first time of its kind, and
@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -34,7 +34,7 @@ import anyio
 from anyio.abc import TaskStatus
 from kubernetes_asyncio import client as k8s_client
 
-from service.kit.clock import Clock
+from service.kit.ratelimit import limiter
 from service.kube.errors import read_whole, status_message
 from service.metrics import Metrics
 from service.ports import ReapReport
@@ -56,23 +56,6 @@ FLUSH_TIMEOUT_S = 2.0
 _NOTE_MAX_BYTES = 1024
 """The API server rejects a longer ``note``."""
 _INSTANCE_MAX = 128
-
-
-class _TokenBucket:
-    def __init__(self, *, burst: int, per_second: float, now: float) -> None:
-        self._burst = float(burst)
-        self._rate = per_second
-        self._tokens = float(burst)
-        self._at = now
-
-    def take(self, now: float) -> float:
-        """Take a token and return 0, or return the seconds until one is available."""
-        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
-        self._at = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return 0.0
-        return (1.0 - self._tokens) / self._rate
 
 
 def event_time(ts: float) -> str:
@@ -142,22 +125,19 @@ class KubeEventRecorder:
         *,
         instance: str,
         metrics: Metrics,
-        clock: Clock,
         timeout_s: float,
         buffer_size: int = EVENT_BUFFER_SIZE,
         burst: int = EVENT_BURST,
         per_second: float = EVENTS_PER_SECOND,
-        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._events = k8s_client.EventsV1Api(api)
         self._instance = instance
         self._metrics = metrics
-        self._clock = clock
         self._timeout_s = timeout_s
         self._buffer_size = buffer_size
-        self._bucket = _TokenBucket(burst=burst, per_second=per_second, now=clock.monotonic())
-        self._sleep = sleep
+        # Waits on the event loop's clock; nothing else here reads or waits for time.
+        self._limiter = limiter(burst=burst, per_second=per_second)
         self._wall_clock = wall_clock
         self._pending: deque[tuple[ReapReport, float]] = deque()
         self._sending = False
@@ -190,10 +170,9 @@ class KubeEventRecorder:
                 self._wake = anyio.Event()
                 await self._wake.wait()
                 continue
-            delay_s = self._bucket.take(self._clock.monotonic())
-            if delay_s > 0:
-                await self._sleep(delay_s)
-                continue
+            await self._limiter.acquire()
+            if not self._pending:
+                continue  # flushed while this waited for its turn
             report, at_s = self._pending.popleft()
             self._sending = True
             try:

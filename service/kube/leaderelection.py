@@ -20,12 +20,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio
+import msgspec
 from anyio.abc import TaskStatus
 from kubernetes_asyncio.client import ApiClient
 
 from service.config import LeaderSettings
 from service.kit.clock import Clock
 from service.kube.decode import decode_json
+from service.kube.errors import TRANSIENT_ERRORS, KubeApiError, unavailable
 from service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -137,24 +139,34 @@ class LeaderElector:
         self._handlers.append(on_change)
 
     async def _request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        response = await self._api.call_api(
-            path,
-            method,
-            header_params={"Content-Type": "application/json", "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _return_http_data_only=True,
-            _request_timeout=self._timeout_s,
-        )
+        """(status, the decoded Lease of a success or ``None``); ``Unavailable`` when no answer
+        came, :class:`KubeApiError` for a success whose body is not JSON."""
         try:
-            raw = await response.read()
-            status = int(response.status)
-        finally:
-            response.release()
+            response = await self._api.call_api(
+                path,
+                method,
+                header_params={"Content-Type": "application/json", "Accept": "application/json"},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                _request_timeout=self._timeout_s,
+            )
+            try:
+                raw = await response.read()
+                status = int(response.status)
+            finally:
+                response.release()
+        except TRANSIENT_ERRORS as exc:
+            raise unavailable(f"lease {method}", exc) from exc
         result = "ok" if status < 400 else str(status)
         self._metrics.api_requests.labels(op="lease", result=result).inc()
-        return status, decode_json(raw) if raw else None
+        if status >= 400 or not raw:
+            return status, None
+        try:
+            return status, decode_json(raw)
+        except msgspec.DecodeError as exc:
+            raise KubeApiError(status, f"undecodable lease: {exc}") from exc
 
     def _lease_body(self, *, holder: str, duration_s: float, acquire: bool) -> dict[str, Any]:
         now = _now_micro()
@@ -206,11 +218,11 @@ class LeaderElector:
             if status == 409:
                 raise LeaseConflict
             if status >= 400:
-                raise RuntimeError(f"lease create answered {status}")
+                raise KubeApiError(status, f"lease create answered {status}")
             self._observe(lease)
             return True
         if status >= 400:
-            raise RuntimeError(f"lease get answered {status}")
+            raise KubeApiError(status, f"lease get answered {status}")
         self._observe(lease)
         observed = self._observed
         assert observed is not None
@@ -231,7 +243,7 @@ class LeaderElector:
         if status == 409:
             raise LeaseConflict
         if status >= 400:
-            raise RuntimeError(f"lease update answered {status}")
+            raise KubeApiError(status, f"lease update answered {status}")
         self._observe(lease)
         return True
 

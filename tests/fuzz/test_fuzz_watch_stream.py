@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
 from service.config import KubeSettings
+from service.kit.backoff import Backoff
 from service.kube.decode import PodDecoder
 from service.kube.informer import PodInformer
 from service.metrics import Metrics
@@ -103,13 +104,12 @@ async def test_garbage_lines_never_kill_the_informer_nor_poison_its_cache(
         kube_api,  # type: ignore[arg-type]
         kube_settings,
         PodDecoder(kube_settings.label_keys),
-        handler,
         Metrics(CollectorRegistry()),
         rng=random.Random(seed),
-        backoff_initial_s=0.01,
-        backoff_max_s=0.05,
+        backoff=Backoff(initial_s=0.01, max_s=0.05, jitter=0.5, rng=random.Random(seed)),
         min_watch_s=0.0,
     )
+    informer.add_handler(handler)
     async with anyio.create_task_group() as tg:
         await tg.start(informer.run)
         with anyio.fail_after(10):

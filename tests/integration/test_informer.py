@@ -22,9 +22,11 @@ from prometheus_client import CollectorRegistry
 
 from devtools.emulator import Emulator, RunningEmulator, start_emulator
 from service.config import KubeSettings
+from service.kit.backoff import Backoff
 from service.kube.api import new_api_client
 from service.kube.decode import PodDecoder
-from service.kube.informer import PodInformer, SyncMode
+from service.kube.informer import PodInformer
+from service.kube.listwatch import SyncMode
 from service.metrics import Metrics
 from tests.kubefixtures import (
     SANDBOX_NAMESPACE,
@@ -54,14 +56,13 @@ async def running_informer(
         api,
         settings,
         PodDecoder(settings.label_keys),
-        handler,
         metrics,
         rng=random.Random(7),
-        backoff_initial_s=0.02,
-        backoff_max_s=0.1,
+        backoff=Backoff(initial_s=0.02, max_s=0.1, jitter=0.5, rng=random.Random(7)),
         min_watch_s=0.0,
         **kwargs,  # type: ignore[arg-type]
     )
+    informer.add_handler(handler)
     async with anyio.create_task_group() as tg:
         await tg.start(informer.run)
         try:

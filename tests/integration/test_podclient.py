@@ -6,7 +6,9 @@ The emulator's audit log proves what was sent (and that nothing else was deleted
 from __future__ import annotations
 
 import dataclasses
+import socket
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
@@ -14,6 +16,8 @@ from prometheus_client import CollectorRegistry
 from devtools.emulator import RunningEmulator
 from service.config import KubeSettings
 from service.domain import DeleteResult, PodPhase
+from service.kit.errors import ApiError, Unavailable
+from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.errors import KubeApiError
@@ -48,20 +52,46 @@ async def test_get_pod_decodes_the_server_state_and_none_when_missing(
     assert ok == 1
 
 
-async def test_get_pod_raises_on_server_errors_and_timeouts(
+async def test_get_pod_raises_kube_api_error_on_a_server_error_and_unavailable_on_a_timeout(
     emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("g2"), namespace=NS)
-    client, _ = make_client(kube_api, dataclasses.replace(kube_settings, api_timeout_s=0.2))
-    emu.fail_next(1, code=500, method="GET")
+    client, metrics = make_client(kube_api, dataclasses.replace(kube_settings, api_timeout_s=0.2))
+    emu.fail_next(1, code=429, method="GET", retry_after_s=7)
     with pytest.raises(KubeApiError) as err:
         await client.get_pod(NS, "space-sbx-g2-g1")
-    assert err.value.status == 500
+    assert (err.value.status, err.value.retry_after_s) == (429, 7.0)
     emu.add_latency(1.0, method="GET", count=1)
-    with pytest.raises(KubeApiError) as err:
+    with pytest.raises(Unavailable) as unavailable:
         await client.get_pod(NS, "space-sbx-g2-g1")
-    assert err.value.status == 0
+    assert not isinstance(unavailable.value, ApiError)
+    assert isinstance(unavailable.value.__cause__, TimeoutError)
+    transport = metrics.registry.get_sample_value(
+        "retired_pod_gc_api_requests_total", {"op": "get", "result": "transport"}
+    )
+    assert transport == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_a_refused_connection_is_unavailable_on_get_and_a_typed_error_on_delete(
+    event_loop_guard: None, kube_settings: KubeSettings
+) -> None:
+    api = await new_api_client(host=f"http://127.0.0.1:{_free_port()}")
+    try:
+        client, _ = make_client(api, kube_settings)
+        with pytest.raises(Unavailable) as unavailable:
+            await client.get_pod(NS, "space-sbx-any-g1")
+        assert isinstance(unavailable.value.__cause__, aiohttp.ClientError | OSError)
+        outcome = await client.delete_pod(NS, "space-sbx-any-g1", uid="u", resource_version="1")
+        assert (outcome.result, outcome.status) == (DeleteResult.ERROR, 0)
+    finally:
+        await api.close()
 
 
 async def test_delete_with_a_stale_uid_is_a_conflict_and_deletes_nothing(

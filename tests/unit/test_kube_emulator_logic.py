@@ -1,14 +1,11 @@
-"""Pure parts of the Kubernetes side: label selectors, patch semantics, informer backoff."""
+"""Pure parts of the emulator: label selectors and patch semantics."""
 
 from __future__ import annotations
-
-import random
 
 import pytest
 
 from devtools.emulator.patching import PatchError, json_patch, merge_patch, strategic_merge_patch
 from devtools.emulator.selectors import SelectorError, compile_selector
-from service.kube.informer import Backoff
 
 LABELS = {"app": "web", "tier": "front", "env": "prod"}
 
@@ -112,14 +109,3 @@ def test_json_patch_operations() -> None:
         json_patch(doc, [{"op": "test", "path": "/metadata/labels/a", "value": "2"}])
     with pytest.raises(PatchError):
         json_patch(doc, [{"op": "remove", "path": "/nope/x"}])
-
-
-def test_backoff_grows_exponentially_with_jitter_caps_and_honours_a_floor() -> None:
-    backoff = Backoff(initial_s=1.0, max_s=8.0, rng=random.Random(1))
-    delays = [backoff.next_delay() for _ in range(6)]
-    for attempt, delay in enumerate(delays):
-        base = min(8.0, 2.0**attempt)
-        assert base / 2 <= delay <= base
-    assert backoff.next_delay(floor_s=30.0) == 30.0
-    backoff.reset()
-    assert 0.5 <= backoff.next_delay() <= 1.0

@@ -1,0 +1,157 @@
+"""The pod cache: ``namespace/name`` → :class:`PodSnapshot`, and how far it matches the server.
+
+:class:`PodStore` implements ``ports.PodCache``. Its one piece of state besides the pods is a
+:class:`SyncState`. A sync (a list, or the initial events of a streaming list) puts every pod the
+server has; the store remembers the keys it was told about, and when the sync is complete it
+reports every cached pod the sync did not mention as deleted. Every change is reported to one
+``ports.PodEventHandler`` (the informer's dispatch), on the event loop, as it happens.
+
+::
+
+    begin_sync    COLD, LISTING ──▶ LISTING       SYNCED, RELISTING ──▶ RELISTING
+    finish_sync   LISTING, RELISTING ──▶ SYNCED
+
+(``begin_sync`` during a sync starts it over: a retry after a failure, a list restarted.)
+Leaving ``SYNCED`` tells the handler ``cache_cold()`` (observations may have gaps from now on);
+reaching it, ``cache_synced()``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+import anyio
+
+from service.domain import PodSnapshot
+from service.metrics import Metrics
+from service.ports import PodEventHandler
+
+
+class SyncState(enum.StrEnum):
+    """How far the cache matches the server."""
+
+    COLD = "cold"
+    """Never filled: nothing is known yet."""
+    LISTING = "listing"
+    """Being filled for the first time."""
+    SYNCED = "synced"
+    """Matches the server as of the last event applied."""
+    RELISTING = "relisting"
+    """Being filled again after it was synced (a 410, a rejected watch): it may have missed
+    changes; the pods it holds are the old ones until the sync reports the difference."""
+
+
+_SYNCED = SyncState.SYNCED  # a global read on the per-event path instead of an attribute chain
+
+
+class PodStore:
+    """Implements ``ports.PodCache``; reports changes to ``sink``."""
+
+    __slots__ = ("_pods", "_seen", "_size", "_synced_event", "_synced_gauge", "sink", "state")
+
+    def __init__(self, metrics: Metrics, sink: PodEventHandler) -> None:
+        self.state = SyncState.COLD
+        """Read it; only :meth:`begin_sync` and :meth:`finish_sync` move it."""
+        self.sink = sink
+        """Where changes go (the informer replaces it as handlers are added)."""
+        self._pods: dict[str, PodSnapshot] = {}
+        self._seen: set[str] = set()
+        """The keys the sync in progress has put (empty outside a sync)."""
+        self._synced_event = anyio.Event()
+        self._size = metrics.cache_pods
+        self._synced_gauge = metrics.cache_synced
+        self._size.set(0)
+        self._synced_gauge.set(0)
+
+    # ------------------------------------------------------------------ PodCache
+
+    def get(self, key: str) -> PodSnapshot | None:
+        return self._pods.get(key)
+
+    def keys(self) -> Iterable[str]:
+        """A copy of the cached keys (safe to iterate while events arrive)."""
+        return list(self._pods)
+
+    @property
+    def synced(self) -> bool:
+        return self.state is _SYNCED
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    async def wait_synced(self) -> None:
+        """Return once the cache matches the server (immediately if it does now)."""
+        while self.state is not _SYNCED:
+            await self._synced_event.wait()
+
+    # ------------------------------------------------------------------ sync
+
+    def begin_sync(self) -> SyncState:
+        """Start filling the cache from the server, or start over (a failed or restarted sync):
+        the keys put so far are forgotten, the pods are kept. Returns the new state."""
+        match self.state:
+            case SyncState.COLD | SyncState.LISTING:
+                self.state = SyncState.LISTING
+            case SyncState.SYNCED:
+                self.state = SyncState.RELISTING
+                self._synced_gauge.set(0)
+                self._synced_event = anyio.Event()
+                self.sink.cache_cold()
+            case SyncState.RELISTING:
+                pass
+        self._seen = set()
+        return self.state
+
+    def finish_sync(self) -> None:
+        """The sync is complete: every cached pod it did not put is reported deleted."""
+        if self.state not in (SyncState.LISTING, SyncState.RELISTING):
+            raise RuntimeError(f"finish_sync in state {self.state}: no sync in progress")
+        pods, seen, sink = self._pods, self._seen, self.sink
+        for key in [k for k in pods if k not in seen]:
+            sink.pod_changed(pods.pop(key), None)
+        self._seen = set()
+        self._size.set(len(pods))
+        self.state = SyncState.SYNCED
+        self._synced_gauge.set(1)
+        self._synced_event.set()
+        sink.cache_synced()
+
+    # ------------------------------------------------------------------ changes
+
+    def put(self, snap: PodSnapshot) -> None:
+        """The server has this pod in this state. While synced this is a change (a watch event)
+        and always reported; during a sync only when the pod is new or changed since cached."""
+        key = snap.key
+        pods = self._pods
+        before = pods.get(key)
+        if self.state is _SYNCED:
+            pods[key] = snap
+            self.sink.pod_changed(before, snap)
+            self._size.set(len(pods))
+            return
+        self._seen.add(key)
+        if (
+            before is None
+            or before.resource_version != snap.resource_version
+            or before.uid != snap.uid
+        ):
+            pods[key] = snap
+            self.sink.pod_changed(before, snap)
+
+    def delete(self, snap: PodSnapshot) -> None:
+        """The server deleted this pod; reported with the last cached state (or ``snap``)."""
+        key = snap.key
+        pods = self._pods
+        before = pods.pop(key, None)
+        if self.state is not _SYNCED:
+            self._seen.discard(key)
+        self.sink.pod_changed(before if before is not None else snap, None)
+        self._size.set(len(pods))
+
+    def forget(self, key: str) -> None:
+        """Drop a pod whose state can no longer be read; reported deleted if it was cached."""
+        before = self._pods.pop(key, None)
+        if before is not None:
+            self.sink.pod_changed(before, None)
+            self._size.set(len(self._pods))

@@ -1,0 +1,523 @@
+"""The reflector's decisions, one expected protocol event at a time, against a scripted fake of
+its requests (``ListerWatcher``) and virtual time.
+
+Each script is the exact sequence of requests the reflector must make; a request out of order
+fails the test (the fake raises, which is a bug to the reflector, so it propagates). Virtual time
+shows which steps waited for a backoff: the backoff policy has no jitter here, so the n-th
+consecutive failure waits exactly ``2**n`` seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+import anyio
+import msgspec
+import pytest
+from prometheus_client import CollectorRegistry
+
+from service.config import KubeSettings
+from service.domain import LabelKeys
+from service.kit.backoff import Attempts, Backoff
+from service.kit.clock import FakeClock
+from service.kit.errors import Unavailable
+from service.kube.decode import PodDecoder
+from service.kube.errors import KubeApiError
+from service.kube.informer import BACKOFF_MAX_S, default_backoff
+from service.kube.listwatch import End, Refused, SyncMode, WatchEnd
+from service.kube.reflector import LineReader, Reflector, Stream
+from service.kube.store import PodStore, SyncState
+from service.metrics import Metrics
+from tests.kubefixtures import SANDBOX_NAMESPACE, SANDBOX_SELECTOR, RecordingHandler, sandbox_pod
+
+pytestmark = pytest.mark.anyio
+NS = SANDBOX_NAMESPACE
+DECODER = PodDecoder()
+
+
+# ---------------------------------------------------------------------------- wire lines
+
+
+def pod(name: str, rv: int, *, uid: str | None = None) -> dict[str, Any]:
+    body = sandbox_pod(name)
+    body["metadata"].update(
+        {"namespace": NS, "uid": uid or f"uid-{name}", "resourceVersion": str(rv)}
+    )
+    return body
+
+
+def key(name: str) -> str:
+    return f"{NS}/space-sbx-{name}-g1"
+
+
+def event(kind: str, obj: dict[str, Any]) -> bytes:
+    return msgspec.json.encode({"type": kind, "object": obj}) + b"\n"
+
+
+def added(name: str, rv: int) -> bytes:
+    return event("ADDED", pod(name, rv))
+
+
+def modified(name: str, rv: int) -> bytes:
+    return event("MODIFIED", pod(name, rv))
+
+
+def bookmark(rv: int, *, end: bool = False) -> bytes:
+    meta: dict[str, Any] = {"resourceVersion": str(rv)}
+    if end:
+        meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+    return event("BOOKMARK", {"kind": "Pod", "metadata": meta})
+
+
+def error(code: int, message: str = "boom") -> bytes:
+    return event("ERROR", {"kind": "Status", "code": code, "message": message})
+
+
+# ---------------------------------------------------------------------------- the fake
+
+
+class FakeStream:
+    """A watch response whose lines are scripted; ``fail`` is raised once they are read."""
+
+    def __init__(self, lines: Sequence[bytes], *, fail: BaseException | None = None) -> None:
+        self._lines = deque(lines)
+        self._fail = fail
+        self.closed = False
+
+    @property
+    def content(self) -> LineReader:
+        return self
+
+    async def readline(self) -> bytes:
+        await anyio.lowlevel.checkpoint()
+        if self._lines:
+            return self._lines.popleft()
+        if self._fail is not None:
+            raise self._fail
+        return b""
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Listing:
+    rv: str
+    pods: Sequence[dict[str, Any]] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    op: str
+    """``stream``, ``watch``, ``list_cached`` or ``list_quorum``."""
+    arg: str | None = None
+    """The version asked for (``known`` or ``rv``; ``None`` for the newest state)."""
+    answer: object = None
+    """A FakeStream, a WatchEnd, a Listing, a Refused, or an exception to raise."""
+
+
+class ScriptError(AssertionError):
+    pass
+
+
+class FakeListWatch:
+    """Answers each request with the next step of the script, and records when it came."""
+
+    def __init__(self, clock: FakeClock, script: Sequence[Call]) -> None:
+        self._clock = clock
+        self._script = deque(script)
+        self.calls: list[tuple[str, str | None, float]] = []
+        self.exhausted = anyio.Event()
+        self.streams: list[FakeStream] = []
+
+    async def _next(self, op: str, arg: str | None) -> object:
+        self.calls.append((op, arg, self._clock.monotonic()))
+        if not self._script:
+            self.exhausted.set()
+            await anyio.sleep_forever()
+        step = self._script.popleft()
+        if (step.op, step.arg) != (op, arg):
+            raise ScriptError(f"expected {step.op}({step.arg!r}), got {op}({arg!r})")
+        if isinstance(step.answer, BaseException):
+            raise step.answer
+        if isinstance(step.answer, FakeStream):
+            self.streams.append(step.answer)
+        return step.answer
+
+    async def list_cached(self, store: PodStore, known: str | None) -> str | Refused:
+        answer = await self._next("list_cached", known)
+        if isinstance(answer, Refused):
+            return answer
+        assert isinstance(answer, Listing)
+        for body in answer.pods:
+            store.put(DECODER.decode(msgspec.json.encode(body)))
+        return answer.rv
+
+    async def list_quorum(self, store: PodStore) -> str:
+        answer = await self._next("list_quorum", None)
+        assert isinstance(answer, Listing)
+        for body in answer.pods:
+            store.put(DECODER.decode(msgspec.json.encode(body)))
+        return answer.rv
+
+    async def open_stream(self, known: str | None) -> Stream | WatchEnd:
+        answer = await self._next("stream", known)
+        assert isinstance(answer, FakeStream | WatchEnd)
+        return answer
+
+    async def open_watch(self, rv: str) -> Stream | WatchEnd:
+        answer = await self._next("watch", rv)
+        assert isinstance(answer, FakeStream | WatchEnd)
+        return answer
+
+
+@dataclasses.dataclass
+class Run:
+    reflector: Reflector
+    store: PodStore
+    handler: RecordingHandler
+    metrics: Metrics
+    lw: FakeListWatch
+    clock: FakeClock
+
+    def count(self, name: str, **labels: str) -> float:
+        value = self.metrics.registry.get_sample_value(name, labels or None)
+        return 0.0 if value is None else value
+
+    def restarts(self, reason: str) -> float:
+        return self.count("retired_pod_gc_watch_restarts_total", reason=reason)
+
+    def times(self) -> list[float]:
+        """Virtual time of each request, from the first."""
+        start = self.lw.calls[0][2]
+        return [at - start for _, _, at in self.lw.calls]
+
+    def requests(self) -> list[tuple[str, str | None]]:
+        return [(op, arg) for op, arg, _ in self.lw.calls]
+
+
+async def run_script(
+    script: Sequence[Call], *, list_mode: str = "auto", min_watch_s: float = 0.0
+) -> Run:
+    """Run a reflector until it asks for more than the script holds, advancing virtual time
+    through every backoff; then stop it."""
+    clock = FakeClock()
+    lw = FakeListWatch(clock, script)
+    handler = RecordingHandler()
+    metrics = Metrics(CollectorRegistry())
+    store = PodStore(metrics, sink=handler)
+    settings = KubeSettings(
+        namespace=NS,
+        label_selector=SANDBOX_SELECTOR,
+        label_keys=LabelKeys(),
+        api_timeout_s=5.0,
+        watch_timeout_s=30.0,
+        list_page_size=500,
+        delete_grace_period_s=None,
+        list_mode=list_mode,
+    )
+    reflector = Reflector(
+        lw,
+        store,
+        DECODER,
+        metrics,
+        settings=settings,
+        clock=clock,
+        backoff=Backoff(initial_s=1.0, max_s=BACKOFF_MAX_S),
+        min_watch_s=min_watch_s,
+    )
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reflector.run)
+            while not lw.exhausted.is_set():
+                await anyio.wait_all_tasks_blocked()
+                deadline = clock.next_deadline
+                if deadline is not None and not lw.exhausted.is_set():
+                    clock.advance(deadline - clock.monotonic())
+            tg.cancel_scope.cancel()
+    assert all(s.closed for s in lw.streams), "every stream opened was closed"
+    return Run(reflector, store, handler, metrics, lw, clock)
+
+
+def streamed(*lines: bytes, rv: int, fail: BaseException | None = None) -> FakeStream:
+    """A streaming list that sends ``lines`` and ends its initial events at ``rv``."""
+    return FakeStream([*lines, bookmark(rv, end=True)], fail=fail)
+
+
+# ---------------------------------------------------------------------------- the claims
+
+
+async def test_a_streaming_list_syncs_at_its_end_bookmark_and_goes_on_as_the_watch() -> None:
+    run = await run_script(
+        [
+            Call("stream", None, streamed(added("a", 900), added("b", 800), rv=950)),
+        ]
+    )
+    # The stream was followed after its end bookmark: no second request until it ended.
+    assert run.requests()[:2] == [("stream", None), ("watch", "950")]
+    assert run.store.state is SyncState.SYNCED
+    assert run.reflector.sync_mode is SyncMode.STREAM
+    assert run.handler.log == [f"add {key('a')}", f"add {key('b')}", "synced"]
+
+
+async def test_initial_events_do_not_move_the_resume_version_until_their_end_bookmark() -> None:
+    # Initial events are not ordered by resourceVersion: 900 must not become the resume point.
+    stream = FakeStream([added("a", 900), added("b", 800)], fail=aiohttp.ClientPayloadError("cut"))
+    run = await run_script(
+        [
+            Call("stream", None, stream),
+            Call("stream", None, streamed(added("a", 900), rv=950)),
+        ]
+    )
+    assert run.requests()[2] == ("watch", "950")
+    assert run.times()[1] == 1.0  # the cut stream was a failure: backed off
+
+
+async def test_watch_events_and_bookmarks_advance_the_version_the_next_watch_resumes_from() -> None:
+    run = await run_script(
+        [
+            Call("list_cached", None, Listing("100", [pod("a", 90)])),
+            Call("watch", "100", FakeStream([modified("a", 120), bookmark(130)])),
+            Call("watch", "130", FakeStream([bookmark(150), modified("a", 160)])),
+        ],
+        list_mode="list",
+    )
+    assert run.requests()[-1] == ("watch", "160")
+    assert run.times() == [0.0, 0.0, 0.0, 0.0]  # a stream that ends is resumed at once
+    assert run.restarts("closed") == 2
+    assert run.count("retired_pod_gc_relists_total") == 0
+
+
+async def test_a_410_event_on_the_watch_relists_from_the_version_last_seen() -> None:
+    run = await run_script(
+        [
+            Call("stream", None, FakeStream([added("a", 90), bookmark(100, end=True), error(410)])),
+            Call("stream", "100", streamed(added("a", 90), added("c", 105), rv=110)),
+        ]
+    )
+    assert run.requests() == [("stream", None), ("stream", "100"), ("watch", "110")]
+    assert run.times() == [0.0, 0.0, 0.0]  # a 410 is not a failure: no backoff
+    assert run.handler.log == [f"add {key('a')}", "synced", "cold", f"add {key('c')}", "synced"]
+    assert run.restarts("expired") == 1
+    assert run.count("retired_pod_gc_relists_total") == 1
+
+
+async def test_a_410_on_the_sync_asks_the_next_sync_for_the_newest_and_then_known_again() -> None:
+    run = await run_script(
+        [
+            Call("stream", None, FakeStream([bookmark(100, end=True), error(410)])),
+            Call("stream", "100", WatchEnd(End.EXPIRED, 410, "too old")),
+            Call("stream", None, FakeStream([bookmark(300, end=True), error(410)])),
+            Call("stream", "300", streamed(rv=400)),
+        ]
+    )
+    assert run.requests()[-1] == ("watch", "400")
+    assert run.times()[-1] == 0.0
+    assert run.restarts("expired") == 3
+
+
+async def test_a_refused_cache_list_falls_back_to_a_quorum_list_until_a_sync_completes() -> None:
+    run = await run_script(
+        [
+            Call("list_cached", None, Refused(410, "too old")),
+            Call("list_quorum", None, Unavailable("reset")),  # the quorum list fails ...
+            Call("list_quorum", None, Listing("200", [pod("a", 150)])),  # ... and is retried
+            Call("watch", "200", FakeStream([error(410)])),
+            Call("list_cached", "200", Listing("300", [pod("a", 150)])),  # then the cache again
+        ],
+        list_mode="list",
+    )
+    assert run.requests()[-1] == ("watch", "300")
+    assert run.reflector.sync_mode is SyncMode.LIST_CACHE
+    assert run.times()[:3] == [0.0, 0.0, 1.0]
+    assert run.handler.added_keys() == [key("a")]  # listed twice, reported once
+
+
+async def test_auto_mode_falls_back_to_a_list_in_the_same_sync_and_never_streams_again() -> None:
+    run = await run_script(
+        [
+            Call("stream", None, WatchEnd(End.UNSUPPORTED, 422, "sendInitialEvents forbidden")),
+            Call("list_cached", None, Listing("100", [pod("a", 90)])),
+            Call("watch", "100", FakeStream([error(410)])),
+            Call("list_cached", "100", Listing("200", [pod("a", 90)])),
+        ]
+    )
+    assert run.requests()[-1] == ("watch", "200")
+    assert run.times() == [0.0] * 5  # falling back is not a failure
+    assert run.restarts("error") == 0
+    assert run.count("retired_pod_gc_relists_total") == 1
+    assert run.reflector.sync_mode is SyncMode.LIST_CACHE
+
+
+async def test_a_plain_bookmark_before_the_end_bookmark_is_a_stream_not_honoured() -> None:
+    run = await run_script(
+        [
+            Call("stream", None, FakeStream([added("a", 90), bookmark(95)])),
+            Call("list_cached", None, Listing("100", [pod("a", 90), pod("b", 92)])),
+        ]
+    )
+    assert run.requests()[-1] == ("watch", "100")
+    assert run.reflector.sync_mode is SyncMode.LIST_CACHE
+    # What the stream applied is reconciled by the list, not reported twice.
+    assert run.handler.log == [f"add {key('a')}", f"add {key('b')}", "synced"]
+
+
+async def test_stream_mode_backs_off_and_streams_again_when_the_stream_is_rejected() -> None:
+    run = await run_script(
+        [
+            Call("stream", None, WatchEnd(End.UNSUPPORTED, 422, "forbidden")),
+            Call("stream", None, WatchEnd(End.UNSUPPORTED, 422, "forbidden")),
+            Call("stream", None, streamed(added("a", 90), rv=100)),
+        ],
+        list_mode="stream",
+    )
+    assert [op for op, _ in run.requests()] == ["stream", "stream", "stream", "watch"]
+    assert run.times()[:3] == [0.0, 1.0, 3.0]
+    assert run.restarts("error") == 2
+
+
+async def test_an_error_event_backs_off_and_resumes_the_watch_without_a_relist() -> None:
+    run = await run_script(
+        [
+            Call(
+                "stream",
+                None,
+                FakeStream([bookmark(100, end=True), modified("a", 110), error(500)]),
+            ),
+            Call("watch", "110", FakeStream([error(503)])),
+            Call("watch", "110", FakeStream([modified("a", 120)])),
+            Call("watch", "120", FakeStream([error(500)])),
+        ]
+    )
+    assert run.times() == [0.0, 1.0, 3.0, 3.0, 4.0]  # the event between reset the backoff
+    assert run.restarts("error") == 3
+    assert run.count("retired_pod_gc_relists_total") == 0
+    assert run.handler.cold == 0
+
+
+async def test_an_error_event_with_a_4xx_relists_after_the_backoff() -> None:
+    run = await run_script(
+        [
+            Call("stream", None, FakeStream([bookmark(100, end=True), error(400, "bad rv")])),
+            Call("stream", "100", streamed(rv=200)),
+        ]
+    )
+    assert run.requests()[-1] == ("watch", "200")
+    assert run.times()[1] == 1.0
+    assert run.handler.log == ["synced", "cold", "synced"]
+
+
+async def test_an_end_bookmark_without_a_version_breaks_the_stream_and_the_sync_is_retried() -> (
+    None
+):
+    no_version = event(
+        "BOOKMARK", {"metadata": {"annotations": {"k8s.io/initial-events-end": "true"}}}
+    )
+    run = await run_script(
+        [
+            Call("stream", None, FakeStream([added("a", 90), no_version])),
+            Call("stream", None, streamed(added("a", 90), rv=100)),
+        ]
+    )
+    assert run.requests()[-1] == ("watch", "100")
+    assert run.times()[1] == 1.0
+    assert run.handler.log == [f"add {key('a')}", "synced"]
+
+
+async def test_a_stream_that_ends_before_its_initial_events_do_is_retried_after_a_backoff() -> None:
+    run = await run_script(
+        [
+            Call("stream", None, FakeStream([added("a", 90)])),
+            Call("stream", None, streamed(added("a", 90), rv=100)),
+        ]
+    )
+    assert run.requests()[-1] == ("watch", "100")
+    assert run.times()[1] == 1.0
+    assert run.reflector.sync_mode is SyncMode.STREAM  # not a reason to stop streaming
+
+
+async def test_a_watch_closed_at_once_without_events_backs_off_one_with_events_does_not() -> None:
+    run = await run_script(
+        [
+            Call("list_cached", None, Listing("100")),
+            Call("watch", "100", FakeStream([])),
+            Call("watch", "100", FakeStream([bookmark(110)])),
+            Call("watch", "110", FakeStream([])),
+        ],
+        list_mode="list",
+        min_watch_s=1.0,
+    )
+    # Virtual time stands still while a stream is read: "at once" every time.
+    assert run.times() == [0.0, 0.0, 1.0, 1.0, 2.0]
+    assert run.restarts("error") == 2
+    assert run.restarts("closed") == 1
+
+
+async def test_failures_back_off_exponentially_with_retry_after_as_the_least_delay() -> None:
+    run = await run_script(
+        [
+            Call("stream", None, KubeApiError(500, "down")),
+            Call("stream", None, Unavailable("refused")),
+            Call("stream", None, KubeApiError(429, "slow down", retry_after_s=30.0)),
+            Call("stream", None, KubeApiError(429, "slow down", retry_after_s=0.5)),
+            Call("stream", None, streamed(rv=100)),
+        ]
+    )
+    assert run.times() == [0.0, 1.0, 3.0, 33.0, 41.0, 41.0]
+    assert run.restarts("error") == 4
+
+
+async def test_a_rejected_watch_request_relists_and_a_server_error_resumes() -> None:
+    run = await run_script(
+        [
+            Call("list_cached", None, Listing("100")),
+            Call("watch", "100", KubeApiError(503, "unavailable")),
+            Call("watch", "100", KubeApiError(400, "cannot parse resourceVersion")),
+            Call("list_cached", "100", Listing("200")),
+        ],
+        list_mode="list",
+    )
+    assert run.requests()[-1] == ("watch", "200")
+    assert run.count("retired_pod_gc_relists_total") == 1
+
+
+async def test_a_broken_connection_while_reading_is_unavailable_and_a_timeout_is_counted_as_one() -> (
+    None
+):
+    run = await run_script(
+        [
+            Call("list_cached", None, Listing("100")),
+            Call(
+                "watch", "100", FakeStream([bookmark(110)], fail=aiohttp.ClientPayloadError("cut"))
+            ),
+            Call("watch", "110", FakeStream([], fail=aiohttp.SocketTimeoutError("silent"))),
+            Call("watch", "110", FakeStream([], fail=ConnectionResetError())),
+        ],
+        list_mode="list",
+    )
+    assert run.requests()[-1] == ("watch", "110")
+    assert run.restarts("error") == 2
+    assert run.restarts("timeout") == 1
+    assert run.count("retired_pod_gc_relists_total") == 0
+
+
+async def test_anything_but_an_external_error_is_a_bug_that_ends_the_loop() -> None:
+    for bug in (ValueError("a bug"), KeyError("a bug"), RuntimeError("a bug")):
+        with pytest.raises(BaseExceptionGroup) as raised:
+            await run_script([Call("stream", None, bug)])
+        assert raised.value.exceptions == (bug,)
+
+
+def test_the_informer_default_backoff_doubles_to_its_cap_each_delay_in_its_upper_half() -> None:
+    attempts = Attempts(dataclasses.replace(default_backoff(), rng=random.Random(1)))
+    for failures in range(12):
+        base = min(BACKOFF_MAX_S, 0.5 * 2.0**failures)
+        assert base / 2 <= attempts.next_delay() <= base
+    assert attempts.next_delay(floor_s=60.0) == 60.0
+    attempts.reset()
+    assert 0.25 <= attempts.next_delay() <= 0.5
