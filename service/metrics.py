@@ -24,9 +24,11 @@ EVENT_RESULTS = (
     "transport_error",
     "dropped_buffer_full",
     "dropped_shutdown",
+    "bug",
 )
 """Results of Kubernetes Event writes: written, refused (403, other 4xx), failed (5xx, no answer
-within the call's timeout, no connection), or never sent (buffer full, shutdown flush over)."""
+within the call's timeout, no connection), never sent (buffer full, shutdown flush over), or
+dropped because writing it raised something unexpected (a bug, logged with its traceback)."""
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 

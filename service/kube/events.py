@@ -35,7 +35,7 @@ from anyio.abc import TaskStatus
 from kubernetes_asyncio import client as k8s_client
 
 from service.kit.ratelimit import limiter
-from service.kube.errors import read_whole, status_message
+from service.kube.errors import TRANSIENT_ERRORS, read_whole, status_message
 from service.metrics import Metrics
 from service.ports import ReapReport
 
@@ -201,11 +201,11 @@ class KubeEventRecorder:
         return dropped
 
     async def _write(self, report: ReapReport, at_s: float) -> None:
-        body = event_body(report, instance=self._instance, at_s=at_s)
         namespace = report.pod.namespace
-        # The one broad catch of this task: whatever goes wrong with an Event is counted and
-        # forgotten; it must not end the drain task (and with it the process).
+        # Whatever goes wrong with an Event is counted and forgotten; it must not end the drain
+        # task (and with it the process). A bug is logged with its traceback as well.
         try:
+            body = event_body(report, instance=self._instance, at_s=at_s)
             with anyio.fail_after(self._timeout_s):
                 response, raw = await read_whole(
                     self._events.create_namespaced_event(
@@ -218,8 +218,12 @@ class KubeEventRecorder:
         except TimeoutError:
             self._count("timeout", f"Event write timed out after {self._timeout_s:.1f}s")
             return
-        except Exception as exc:  # refused connection, reset, anything else: never fatal here
+        except TRANSIENT_ERRORS as exc:  # refused connection, reset: never fatal here
             self._count("transport_error", f"Event write failed: {type(exc).__name__}: {exc}")
+            return
+        except Exception:
+            logger.exception("writing an Event raised (a bug); the Event is dropped")
+            self._metrics.events.labels(result="bug").inc()
             return
         status = response.status
         if status in (200, 201):

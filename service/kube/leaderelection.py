@@ -26,6 +26,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from service.config import LeaderSettings
 from service.kit.clock import Clock
+from service.kit.errors import ExternalError
 from service.kube.decode import decode_json
 from service.kube.errors import TRANSIENT_ERRORS, KubeApiError, unavailable
 from service.metrics import Metrics
@@ -112,7 +113,7 @@ class LeaderElector:
             acquired = await self._try_acquire_or_renew()
         except LeaseConflict:
             acquired = False
-        except Exception as exc:  # API down, timeouts: judged by the renew deadline below
+        except ExternalError as exc:  # API down, timeouts: judged by the renew deadline below
             logger.warning("lease %s: %s", self._settings.lease_name, exc)
             acquired = False
         now = self._clock.monotonic()
@@ -267,7 +268,7 @@ class LeaderElector:
                     if status == 200:
                         self._observe(lease)
                         continue
-            except Exception as exc:
+            except ExternalError as exc:
                 logger.warning("could not release the lease: %s", exc)
                 return
             if status >= 400:

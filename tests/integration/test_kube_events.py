@@ -169,3 +169,19 @@ async def test_flush_at_shutdown_is_bounded_and_counts_what_it_leaves(
     assert dropped == 3
     assert results(metrics) == {"created": 1, "dropped_shutdown": 4}
     assert len(emu.events.events(NS)) == 1
+
+
+async def test_a_bug_writing_one_event_is_logged_counted_and_the_next_is_still_written(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A NaN wall clock makes the Event's name unbuildable (int(nan) raises ValueError): a bug of
+    # the recorder's own, not a failure of the API server.
+    times = iter([float("nan"), 1_796_000_001.0])
+    recorder, metrics = make_recorder(kube_api, wall_clock=lambda: next(times))
+    async with draining(recorder):
+        recorder.record(report(1))
+        recorder.record(report(2))
+        await eventually(lambda: results(metrics) == {"bug": 1, "created": 1})
+    [bug] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert bug.exc_info is not None and isinstance(bug.exc_info[1], ValueError)
+    assert len(emulator.emulator.events.events(NS)) == 1
