@@ -158,11 +158,10 @@ REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "dry_run_suppression": lambda: _reconciler_edit(
         "_act", "if self._settings.dry_run:", "if False:"
     ),
-    # One place each since observation is batch-native (it used to be written twice).
-    "cold_cache_guard": lambda: _reconciler_edit(
-        "observe", "if not self._cache.synced:", "if False:"
+    # One place each since observation is batch-native (each used to be written twice).
+    "observation_threshold": lambda: _reconciler_edit(
+        "_observe", "elif elapsed < threshold_s:", "elif False:"
     ),
-    "observation_bracket": lambda: _reconciler_edit("observe", "self._clocks.begin(key)", "pass"),
     "observed_row": lambda: _reconciler_edit(
         "_observe", "decision = classify(pod, rows.get(pod.name))", "decision = classify(pod, None)"
     ),
