@@ -265,7 +265,8 @@ class Controller:
                 observed = await self._reconciler.observe(keys)
             except Exception:
                 if len(keys) > 1:
-                    logger.exception("observing %d keys raised; one by one now", len(keys))
+                    logger.exception("observing %d keys raised (a bug); one by one now", len(keys))
+                    self._metrics.reconcile_bugs.inc()
                     for key in keys:
                         results.update(await self.process([key], finished=finished))
                     return results
