@@ -26,6 +26,7 @@ REQUIRED_ALERTS = {
     "RetiredPodGcDeletesFailing",
     "RetiredPodGcReapBacklogGrowing",
     "RetiredPodGcReconcileErrors",
+    "RetiredPodGcReconcileBugs",
 }
 SEVERITIES = {"critical", "warning", "info"}
 # Labels Prometheus attaches from the scrape target (ServiceMonitor), not the service.
