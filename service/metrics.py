@@ -45,17 +45,22 @@ class Metrics:
             ["loop", "mode", "verdict"],
             registry=r,
         )
-        for mode in MODES:
-            for verdict in OUTCOME_LABELS:
-                self.outcomes.labels(loop=LOOP, mode=mode, verdict=verdict)
+        # Children bound once: the worker loop counts every key of a 10k-key burst, and a
+        # labels() lookup costs several times the increment.
+        self._outcome_children: dict[tuple[str, str], Counter] = {
+            (mode, verdict): self.outcomes.labels(loop=LOOP, mode=mode, verdict=verdict)
+            for mode in MODES
+            for verdict in OUTCOME_LABELS
+        }
         self.skips = Counter(
             "retired_pod_gc_skips",
             "Pods classified as not reapable, by skip reason.",
             ["reason"],
             registry=r,
         )
-        for reason in SkipReason:
-            self.skips.labels(reason=str(reason))
+        self._skip_children: dict[str, Counter] = {
+            str(reason): self.skips.labels(reason=str(reason)) for reason in SkipReason
+        }
         self.reconcile_duration = Histogram(
             "retired_pod_gc_reconcile_duration_seconds",
             "Duration of one key's reconcile.",
@@ -216,4 +221,13 @@ class Metrics:
         )
 
     def outcome(self, mode: str, verdict: str, count: int = 1) -> None:
-        self.outcomes.labels(loop=LOOP, mode=mode, verdict=verdict).inc(count)
+        child = self._outcome_children.get((mode, verdict))
+        if child is None:
+            child = self.outcomes.labels(loop=LOOP, mode=mode, verdict=verdict)
+        child.inc(count)
+
+    def skip(self, reason: str) -> None:
+        child = self._skip_children.get(reason)
+        if child is None:
+            child = self.skips.labels(reason=reason)
+        child.inc()

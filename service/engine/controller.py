@@ -274,17 +274,21 @@ class Controller:
                 return results
             for key, result in observed.results.items():
                 self._finish(key, result, started, results, finished)
+            observing_s = time.perf_counter() - started
             for due in observed.due:
                 if self._queue.shutting_down:
                     break  # the rest are dropped like queued keys (a restart relists)
                 if len(keys) > 1:  # a batch of one keeps its id from observation to action
                     logs.reconcile_id.set(_new_reconcile_id())
+                # A due key's reconcile is the batch's observation and its own action, not the
+                # actions of the due keys before it.
+                key_started = time.perf_counter() - observing_s
                 try:
                     result = await self._reconciler.act(due)
                 except Exception:
-                    self._bug(due.key, started, results, finished)
+                    self._bug(due.key, key_started, results, finished)
                 else:
-                    self._finish(due.key, result, started, results, finished)
+                    self._finish(due.key, result, key_started, results, finished)
             return results
         finally:
             logs.reconcile_id.reset(token)
@@ -319,7 +323,7 @@ class Controller:
                 metrics.outcome(self._reconciler.mode, result.outcome)
                 metrics.reconcile_duration.observe(time.perf_counter() - started)
                 if result.skip_reason is not None:
-                    metrics.skips.labels(reason=str(result.skip_reason)).inc()
+                    metrics.skip(result.skip_reason)
                 if result.failed:
                     metrics.reconcile_errors.inc()
             match result.action:

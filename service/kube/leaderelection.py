@@ -189,15 +189,22 @@ class LeaderElector:
             body["metadata"]["resourceVersion"] = observed.resource_version
         return body
 
-    def _observe(self, lease: dict[str, Any]) -> None:
-        spec = lease.get("spec") or {}
-        current = _Observed(
-            holder=str(spec.get("holderIdentity") or ""),
-            renew_time=str(spec.get("renewTime") or ""),
-            duration_s=float(spec.get("leaseDurationSeconds") or self._settings.lease_duration_s),
-            resource_version=str((lease.get("metadata") or {}).get("resourceVersion") or ""),
-            transitions=int(spec.get("leaseTransitions") or 0),
-        )
+    def _observe(self, lease: Any) -> None:
+        try:
+            spec = lease.get("spec") or {}
+            current = _Observed(
+                holder=str(spec.get("holderIdentity") or ""),
+                renew_time=str(spec.get("renewTime") or ""),
+                duration_s=float(
+                    spec.get("leaseDurationSeconds") or self._settings.lease_duration_s
+                ),
+                resource_version=str((lease.get("metadata") or {}).get("resourceVersion") or ""),
+                transitions=int(spec.get("leaseTransitions") or 0),
+            )
+        except (AttributeError, TypeError, ValueError) as exc:
+            # A Lease the server sent that we cannot read is the server's answer, not our bug:
+            # typed here, at the edge, so the loop treats it like any unexpected answer.
+            raise KubeApiError(0, f"malformed lease: {type(exc).__name__}: {exc}") from exc
         previous = self._observed
         if previous is None or (previous.holder, previous.renew_time) != (
             current.holder,

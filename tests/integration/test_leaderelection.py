@@ -217,3 +217,30 @@ async def test_release_retries_when_its_view_of_the_lease_is_stale(
     assert _spec(emulator)["holderIdentity"] == ""
     # Releasing keeps the transition count (client-go does too).
     assert _spec(emulator)["leaseTransitions"] == 5
+
+
+async def test_a_lease_it_cannot_read_is_an_unexpected_answer_not_a_crash(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The server holds a Lease whose duration is not a number: the elector must neither crash
+    # nor take the lease over; it keeps retrying, as for any unexpected answer.
+    emulator.emulator.create(
+        LEASES,
+        NS,
+        {
+            "metadata": {"name": LEASE, "namespace": NS},
+            "spec": {"holderIdentity": "other", "leaseDurationSeconds": "soon"},
+        },
+    )
+    candidate = Elector(kube_api, _settings("candidate"))
+    async with anyio.create_task_group() as tg:
+        await tg.start(candidate.elector.run)
+        # Read, judged unreadable, and read again: the loop lived on.
+        await eventually(
+            lambda: sum("malformed lease" in r.getMessage() for r in caplog.records) >= 3,
+            timeout_s=5,
+        )
+        assert not candidate.elector.is_leader()
+        assert candidate.changes == []
+        tg.cancel_scope.cancel()
+    assert _spec(emulator)["holderIdentity"] == "other"
