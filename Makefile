@@ -64,6 +64,17 @@ SEEDS ?= 100
 chaos: $(STAMP)
 	$(PY) -m tests.chaos.campaign $(if $(SEED),--seed $(SEED),--seeds $(SEEDS))
 
+# Deterministic simulation of the whole engine (tests/sim, docs/reliability.md): `make sim SEEDS=100000
+# [JOBS=2]` sweeps seeds on virtual time; replay one with its trace: `make sim SEED=1234`;
+# `make sim-removals` runs the mutation check of tests/chaos/removals.py on the simulator.
+.PHONY: sim sim-removals
+JOBS ?= 1
+sim: $(STAMP)
+	$(PY) -m tests.sim $(if $(SEED),--seed $(SEED),--seeds $(SEEDS) --jobs $(JOBS))
+
+sim-removals: $(STAMP)
+	$(PY) -m tests.chaos.removals --engine sim --seeds $(if $(filter command line,$(origin SEEDS)),$(SEEDS),2000)
+
 # `make test-under-load RUNS=10`: run LOAD_CMD (default `make test`) RUNS times while an unrelated
 # process keeps one core busy (tests/underload.py; the spinner is always killed afterwards).
 .PHONY: test-under-load

@@ -4,6 +4,8 @@ Nothing under ``service/`` is edited: each removal patches a *copy* in memory (a
 source is copied and edited, or a replacement method) for the duration of one campaign, then
 restores the original. Run ``python -m tests.chaos.removals [--seeds N] [--only NAME ...]``; the
 table it prints is what docs/reliability.md records. Exit status 1 when a removal went unnoticed.
+``--engine sim`` applies the same removals to the deterministic simulator (``tests/sim``)
+instead of the campaign; :data:`REMOVALS` is what both apply.
 """
 
 from __future__ import annotations
@@ -177,7 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=24)
     parser.add_argument("--start", type=int, default=1)
     parser.add_argument("--only", nargs="*", choices=sorted(REMOVALS))
+    parser.add_argument("--engine", choices=("campaign", "sim"), default="campaign")
     args = parser.parse_args(argv)
+    if args.engine == "sim":
+        # Imported here: the simulator's runner imports REMOVALS from this module.
+        from tests.sim.runner import removals  # noqa: PLC0415
+
+        return removals(args.only, args.seeds, args.start)
     seeds = list(range(args.start, args.start + args.seeds))
     unnoticed = []
     runs: list[tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = [

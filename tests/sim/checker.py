@@ -1,0 +1,224 @@
+"""Judges one simulated seed from the models' ground truth, as the campaign's checker does.
+
+Safety (docs/architecture.md's invariants), from what the models saw: every DELETE as the API
+server model received it (its body, its status, the UID it deleted), every final re-read as the
+database model ran it, every GET, every dry-run report; the pods' and rows' timelines
+(:mod:`tests.chaos.model`, the same oracle as the campaign's, written independently of the
+classifier). Times are exact virtual instants, so the campaign's tolerances for clock skew and
+for a commit known only to lie inside an interval are not needed here: the only slack is the
+DELETE's uplink latency in the budget's windows (the budget bounds grants; the server counts
+arrivals).
+
+Liveness: once the faults are lifted, every pod reapable then must be deleted (reported, in dry
+run) within ``threshold + recovery_bound + backlog / pace``, counted from when the service's
+links are back (capped by the product's backoff caps), as :func:`tests.chaos.checker.quiet_phase`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+from service.engine.reconciler import FINAL_CHECK_MAX_AGE_S
+from service.kit.ratelimit import capped_shape
+from tests.chaos.checker import RECONNECT_CAP_S
+from tests.chaos.model import PodLife, continuously_reapable, pod_shape_reapable, reapable
+from tests.sim.world import World
+
+Violation = tuple[float, str]
+
+
+class Checker:
+    def __init__(
+        self,
+        world: World,
+        *,
+        mode: str,
+        threshold_s: float,
+        deletes_per_minute: int,
+        uplink_slack_s: float = 0.0,
+    ) -> None:
+        self.world = world
+        self.mode = mode
+        self.threshold_s = threshold_s
+        self.cap = deletes_per_minute
+        self.slack_s = uplink_slack_s
+        shape = capped_shape(deletes_per_minute)
+        self.capacity, self.rate_per_s = shape if shape is not None else (1, 0.0)
+        self.violations: list[Violation] = []
+        self.deleted: dict[str, float] = {}
+        self.reported: dict[str, float] = {}
+
+    def _fail(self, t: float, message: str) -> None:
+        self.violations.append((t, message))
+
+    # -- safety ----------------------------------------------------------------------------
+
+    def check(self, reports: list[tuple[float, object]]) -> None:
+        for d in self.world.server.deletes:
+            self._check_delete(d.time, d.name, d.body, d.status, d.uid)
+            reread = self._last_reread(d.name, d.sent)
+            if reread is not None and d.sent - reread > FINAL_CHECK_MAX_AGE_S + 1e-9:
+                self._fail(
+                    d.time,
+                    f"DELETE {d.name} sent {d.sent - reread:.3f}s after its final re-read "
+                    f"(bound {FINAL_CHECK_MAX_AGE_S}s, invariant 1)",
+                )
+        for t, report in reports:
+            pod = report.pod  # type: ignore[attr-defined]
+            if report.dry_run:  # type: ignore[attr-defined]
+                self._check_report(t, pod.name, pod.uid)
+        self._check_budget()
+
+    def _last_reread(self, name: str, t: float) -> float | None:
+        times = self.world.db.rereads.get(name, [])
+        i = bisect.bisect_right(times, t) - 1
+        return times[i] if i >= 0 else None
+
+    def _last_get(self, name: str, t: float) -> float | None:
+        best = None
+        for g in self.world.server.gets:
+            if g.name == name and g.time <= t and g.uid is not None:
+                best = g.time
+        return best
+
+    def _check_delete(
+        self, t: float, name: str, body: dict[str, object], status: int, uid: str | None
+    ) -> None:
+        if self.mode != "live":
+            self._fail(t, f"{self.mode}: a DELETE was sent for {name} (invariants 5/6)")
+        pre = body.get("preconditions")
+        pre = pre if isinstance(pre, dict) else {}
+        if not pre.get("uid") or not pre.get("resourceVersion"):
+            self._fail(t, f"DELETE {name} without uid+resourceVersion preconditions (inv. 7)")
+        if status != 200 or uid is None:
+            return
+        life = self.world.lives.get(uid)
+        if life is None or life.name != name:
+            self._fail(t, f"DELETE {name} deleted a pod UID the world never created ({uid})")
+            return
+        self.deleted.setdefault(uid, t)
+        if pre.get("uid") and pre["uid"] != uid:
+            self._fail(t, f"DELETE {name}: deleted uid {uid}, not the precondition's (inv. 2)")
+        i = max(0, bisect.bisect_right(life.times, t) - 1)
+        if pre.get("resourceVersion") and life.rvs[i] != pre["resourceVersion"]:
+            self._fail(t, f"DELETE {name}: precondition rv is not the pod's {life.rvs[i]} (inv. 7)")
+        if not pod_shape_reapable(life.states[i]):
+            self._fail(t, f"DELETE {name} uid {uid}: pod state {life.states[i]} (inv. 2)")
+        ok, why = self._window(life, t, deleted=True)
+        if not ok:
+            self._fail(
+                t,
+                f"DELETE {name} uid {uid}: not continuously reapable for the threshold "
+                f"{self.threshold_s}s before it: {why} (invariants 1/3)",
+            )
+
+    def _window(self, life: PodLife, t: float, *, deleted: bool) -> tuple[bool, str]:
+        """Invariants 1 and 3 for an action on ``life`` at ``t`` (as the campaign judges: pod
+        and row reapable together from a threshold before ``t`` up to the final re-read; the
+        pod also up to a DELETE, which its resourceVersion precondition pins)."""
+        reread = self._last_reread(life.name, t)
+        if reread is None:
+            return False, "no final re-read of its row before it"
+        a = t - self.threshold_s
+        row = self.world.rows.get(life.name)
+        if not deleted:
+            got = self._last_get(life.name, reread)
+            pod_at_get = life.at(got) if got is not None else None
+            if got is None or pod_at_get is None:
+                return False, "no fresh GET of a live pod before its final re-read"
+            ok, why = continuously_reapable(life, row, a, got)
+            if ok:
+                frozen = PodLife(life.uid, life.name, [got], [pod_at_get], [life.rv_at(got) or ""])
+                ok, why = continuously_reapable(frozen, row, got, reread)
+            if not ok:
+                return False, f"{why}; fresh GET at {got:.6f}, final re-read at {reread:.6f}"
+            return True, ""
+        ok, why = continuously_reapable(life, row, a, reread)
+        if not ok:
+            return False, f"{why}; final re-read at {reread:.6f}"
+        for changed, state in zip(life.times, life.states, strict=True):
+            if reread < changed <= t and not pod_shape_reapable(state):
+                return False, f"pod {state} at {changed:.6f}, after the final re-read"
+        return True, ""
+
+    def _check_report(self, t: float, name: str, uid: str) -> None:
+        if self.mode != "dry_run":
+            self._fail(t, f"{self.mode}: a would-reap report for {name} (invariant 6)")
+        if uid in self.reported:
+            self._fail(t, f"dry run reported uid {uid} ({name}) twice (invariant 5)")
+        self.reported.setdefault(uid, t)
+        life = self.world.lives.get(uid)
+        if life is None or life.name != name:
+            self._fail(t, f"report for {name} names an unknown uid {uid}")
+            return
+        ok, why = self._window(life, t, deleted=False)
+        if not ok:
+            self._fail(t, f"dry-run report {name} uid {uid}: {why} (invariants 1/3)")
+
+    def _check_budget(self) -> None:
+        # The budget bounds its grants, the times the DELETEs were handed to the client; each
+        # reaches the server a latency later (more, if the loop stalled while it was on its way).
+        times = sorted(d.sent for d in self.world.server.deletes)
+        cap, slack = self.cap, self.slack_s
+        lo = 0
+        for hi, t in enumerate(times):
+            while times[lo] <= t - 60.0 + slack:
+                lo += 1
+            if hi - lo + 1 > cap:
+                self._fail(t, f"{hi - lo + 1} DELETEs within 60 s (cap {cap}, invariant 4)")
+                return
+        for i in range(len(times)):
+            for j in range(i + self.capacity, len(times)):
+                span = times[j] - times[i]
+                if span > 60:
+                    break
+                if j - i + 1 > self.capacity + self.rate_per_s * (span + slack):
+                    self._fail(
+                        times[j],
+                        f"{j - i + 1} DELETEs within {span:.3f}s exceed the budget's pace "
+                        f"(burst {self.capacity} + {self.rate_per_s:.3f}/s, invariant 4)",
+                    )
+                    return
+
+    # -- liveness --------------------------------------------------------------------------
+
+    def due_now(self) -> dict[str, str]:
+        world = self.world
+        due: dict[str, str] = {}
+        for name, uid in world.uid_of.items():
+            life = world.life(name)
+            row = world.rows.get(name)
+            if life is not None and row is not None and reapable(life.current, row.current):
+                due[uid] = name
+        return due
+
+    def liveness_bound_s(self, due: int, recovery_bound_s: float) -> float:
+        backlog_s = 0.0
+        if self.mode == "live" and self.rate_per_s > 0:
+            backlog_s = max(0, due - self.capacity + 1) / self.rate_per_s
+        return self.threshold_s + recovery_bound_s + backlog_s
+
+    def judge_liveness(
+        self,
+        due: dict[str, str],
+        *,
+        t_quiet: float,
+        bound_s: float,
+        links_back: Callable[[], float],
+    ) -> None:
+        acted = self.deleted if self.mode == "live" else self.reported
+        back_at = links_back()
+        deadline = min(back_at, t_quiet + RECONNECT_CAP_S) + bound_s
+        late = {uid: name for uid, name in due.items() if uid not in acted or acted[uid] > deadline}
+        if late:
+            self._fail(
+                deadline,
+                f"[liveness] {len(late)} pod(s) reapable when the faults stopped (at "
+                f"{t_quiet:.3f}) were not {'deleted' if self.mode == 'live' else 'reported'} "
+                f"within {bound_s:.1f}s of the links being back (at {back_at:.3f}): "
+                + ", ".join(
+                    f"{name} ({f'at {acted[uid]:.3f}' if uid in acted else 'never'})"
+                    for uid, name in sorted(late.items(), key=lambda kv: kv[1])
+                ),
+            )

@@ -1,0 +1,170 @@
+"""The real service, built on the models: the parts of ``service.app.service.build``, wired alike.
+
+What differs from ``build`` is only what a deterministic run needs: every part reads and waits
+on :class:`tests.sim.loop.LoopClock` (virtual time), every random choice (backoff jitter, the
+watch timeout's jitter) comes from the seed, the Kubernetes client's ``CoreV1Api`` is the model's
+(:class:`tests.sim.kube.SimCoreV1Api`), ``asyncpg.connect``/``create_pool`` are the database
+model's (:class:`tests.sim.pg.Asyncpg`), the reap reports are collected by a recorder of the
+simulator's (the Event writer is not run), and there is no HTTP server, watchdog or leader
+election (a step flips the leadership through ``Controller.set_leader`` instead).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import asyncpg
+
+from service.app.service import MAX_BACKOFF_S, new_pod_client, new_store
+from service.config import Settings
+from service.engine.activation import Activation
+from service.engine.budget import DeleteBudget
+from service.engine.controller import Controller
+from service.engine.observation import ObservationClocks
+from service.engine.reconciler import Reconciler
+from service.engine.workqueue import WorkQueue
+from service.kit.backoff import Backoff
+from service.kube import informer as informer_module
+from service.kube.decode import PodDecoder
+from service.kube.informer import PodInformer
+from service.metrics import Metrics
+from service.pg import listener as listener_module
+from service.pg.listener import RetirementListener
+from service.ports import ReapReport
+from tests.sim.kube import SimCoreV1Api
+from tests.sim.loop import LoopClock, VirtualLoop
+from tests.sim.pg import Asyncpg
+
+
+@dataclass
+class Recorder:
+    """``ports.ReapRecorder``: every delete and dry-run report, with its virtual time."""
+
+    loop: VirtualLoop
+    reports: list[tuple[float, ReapReport]] = field(default_factory=list)
+    on_record: Any = None
+
+    def record(self, report: ReapReport) -> None:
+        self.reports.append((self.loop.time(), report))
+        if self.on_record is not None:
+            self.on_record()
+
+
+@dataclass
+class Service:
+    settings: Settings
+    controller: Controller
+    informer: PodInformer
+    listener: RetirementListener
+    store: Any
+    queue: WorkQueue
+    recorder: Recorder
+
+
+_API = object()
+"""Stands for the ``ApiClient`` the adapters are built with (their ``CoreV1Api`` is replaced)."""
+
+
+def build(
+    settings: Settings,
+    *,
+    loop: VirtualLoop,
+    core: SimCoreV1Api,
+    rng: random.Random,
+    metrics: Metrics,
+) -> Service:
+    clock = LoopClock(loop)
+
+    def seeded(policy: Backoff) -> Backoff:
+        return dataclasses.replace(policy, rng=random.Random(rng.random()))
+
+    store = new_store(settings, metrics)
+    informer = PodInformer(
+        _API,  # type: ignore[arg-type]
+        settings.kube,
+        PodDecoder(settings.kube.label_keys),
+        metrics,
+        clock=clock,
+        rng=random.Random(rng.random()),
+        backoff=seeded(informer_module.default_backoff()),
+    )
+    informer._reflector._lw._core = core  # type: ignore[attr-defined]
+    pods = new_pod_client(settings, _API, metrics)  # type: ignore[arg-type]
+    pods._core = core  # type: ignore[assignment]
+    queue = WorkQueue(
+        clock=clock,
+        metrics=metrics,
+        backoff=seeded(Backoff(initial_s=0.005, max_s=MAX_BACKOFF_S, jitter=0.1)),
+    )
+    clocks = ObservationClocks(metrics=metrics)
+    activation = Activation(enabled=settings.enabled)
+    listener = RetirementListener(
+        settings.database,
+        metrics=metrics,
+        clock=clock,
+        backoff=seeded(listener_module.default_backoff()),
+    )
+    recorder = Recorder(loop)
+    reconciler = Reconciler(
+        settings=settings,
+        cache=informer,
+        pods=pods,
+        store=store,
+        clocks=clocks,
+        budget=DeleteBudget(settings.deletes_per_minute, clock=clock),
+        activation=activation,
+        clock=clock,
+        metrics=metrics,
+        barrier=listener,
+        recorder=recorder,
+    )
+    controller = Controller(
+        cache=informer,
+        queue=queue,
+        reconciler=reconciler,
+        clocks=clocks,
+        activation=activation,
+        clock=clock,
+        metrics=metrics,
+        batch_size=settings.database.batch_max_size,
+    )
+    informer.add_handler(controller)
+    listener.add_handler(controller)
+    return Service(settings, controller, informer, listener, store, queue, recorder)
+
+
+async def run(service: Service, *, stop: anyio.Event) -> None:
+    """As ``service.app.service.run``, without the HTTP server, watchdog and elector."""
+    settings = service.settings
+    await service.store.start()
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(service.informer.run)
+            tg.start_soon(service.listener.run)
+            await tg.start(service.controller.run_workers, settings.workers)
+            await tg.start(service.controller.run_resync, settings.resync_period_s)
+            service.controller.set_leader(True)
+            await stop.wait()
+            await service.controller.stop(settings.shutdown_timeout_s)
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await service.store.aclose()
+
+
+@contextlib.contextmanager
+def asyncpg_models(models: Asyncpg) -> Iterator[None]:
+    """``asyncpg.connect`` and ``asyncpg.create_pool`` are the database model's meanwhile."""
+    saved = asyncpg.connect, asyncpg.create_pool
+    asyncpg.connect = models.connect  # type: ignore[assignment]
+    asyncpg.create_pool = models.create_pool  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        asyncpg.connect, asyncpg.create_pool = saved

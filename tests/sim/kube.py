@@ -1,0 +1,570 @@
+"""A model of the API server for one namespace of pods, behind the product's real client code.
+
+The seam is ``kubernetes_asyncio``'s ``CoreV1Api``: :class:`SimCoreV1Api` has the three methods
+the product calls (``read_namespaced_pod``, ``delete_namespaced_pod``, ``list_namespaced_pod``,
+the last one also as a watch), takes the same arguments and answers as a
+``_preload_content=False`` call does, with an aiohttp-like response. So everything the product
+does with an answer — ``KubePodClient`` (the DELETE preconditions it builds, its status
+mapping), ``ListWatch`` (pages, continue tokens, fallback), the ``Reflector`` (decoding raw watch
+lines, bookmarks, 410s, resume and relist), the ``PodStore`` and the informer's dispatch — runs
+as in production.
+
+:class:`ApiServer` is the server side: pods with UIDs and resourceVersions from one counter,
+an event history for watches to resume from (compaction makes older versions 410 Gone), watch
+streams with bookmarks and a server timeout, streaming lists (``sendInitialEvents`` and the
+initial-events-end bookmark), paginated lists, DELETE with preconditions (UID and
+resourceVersion; 409 on mismatch, 404 when gone) and graceful deletion (a node-bound pod is
+marked terminating, then removed a moment later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from tests.chaos.model import NAMESPACE, PodShape
+from tests.chaos.world import SELECTOR_LABEL, pod_status
+from tests.sim.net import Call, Net
+
+SELECTOR = f"{SELECTOR_LABEL[0]}={SELECTOR_LABEL[1]}"
+_encode = msgspec.json.encode
+
+
+@dataclass(slots=True)
+class ServerPod:
+    name: str
+    uid: str
+    rv: int
+    labels: dict[str, str]
+    shape: PodShape
+    terminating: bool = False
+    body: bytes = b""
+
+
+def _pod_body(pod: ServerPod) -> bytes:
+    meta: dict[str, Any] = {
+        "name": pod.name,
+        "namespace": NAMESPACE,
+        "uid": pod.uid,
+        "resourceVersion": str(pod.rv),
+        "creationTimestamp": "2026-01-01T00:00:00Z",
+        "labels": pod.labels,
+    }
+    if pod.terminating:
+        meta["deletionTimestamp"] = "2026-01-01T00:01:00Z"
+        meta["deletionGracePeriodSeconds"] = 30
+    return _encode(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {"nodeName": "node-a", "terminationGracePeriodSeconds": 30},
+            "status": pod_status(pod.shape),
+        }
+    )
+
+
+def _status_body(code: int, reason: str, message: str) -> bytes:
+    return _encode(
+        {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": code,
+        }
+    )
+
+
+class Response:
+    """What a ``_preload_content=False`` call returns (the parts the product reads)."""
+
+    __slots__ = ("_body", "headers", "status")
+
+    def __init__(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.status = status
+        self._body = body
+        self.headers = headers or {}
+
+    async def read(self) -> bytes:
+        return self._body
+
+    def release(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class Delete:
+    """A DELETE as the server received it (the checker's audit log)."""
+
+    time: float
+    """When it reached the server."""
+    sent: float
+    """When the client handed it to the connection (the budget's grant time)."""
+    name: str
+    body: dict[str, Any]
+    status: int
+    uid: str | None = None
+    """The UID of the pod it deleted (200 only)."""
+
+
+@dataclass(slots=True)
+class Get:
+    time: float
+    name: str
+    uid: str | None
+    rv: str | None
+
+
+_END = object()
+
+
+class WatchStream:
+    """An open watch response: ``content.readline()`` gives the lines as they arrive (FIFO, each
+    after a downlink latency), ``b""`` at a clean end; an abrupt end raises as aiohttp does."""
+
+    def __init__(self, server: ApiServer, sock_read_s: float | None) -> None:
+        self.server = server
+        self.net = server.net
+        self.status = 200
+        self.headers: dict[str, str] = {}
+        self.content = self
+        self.sent_rv = 0
+        self._lines: deque[Any] = deque()
+        self._last_at = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+        self._sock_read_s = sock_read_s
+        self.closed = False
+        self.ended = False
+        self.stalled = False
+        self._timers: list[asyncio.TimerHandle] = []
+
+    # -- server side -----------------------------------------------------------------------
+
+    def push(self, item: Any) -> None:
+        """A line (bytes), or the end: ``_END`` (clean) or an exception (abrupt)."""
+        if self.ended:
+            return
+        if item is _END or isinstance(item, BaseException):
+            self.ended = True
+        loop = self.net.loop
+        at = max(self._last_at, loop.time() + self.net.latency())
+        self._last_at = at
+        self._lines.append((at, item))
+        if not self.stalled:
+            loop.call_at(at, self._wake)
+
+    def unstall(self) -> None:
+        self.stalled = False
+        now = self.net.loop.time()
+        self._last_at = max(self._last_at, now)
+        self._lines = deque((max(at, now), item) for at, item in self._lines)
+        for at, _ in self._lines:
+            self.net.loop.call_at(at, self._wake)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _ready(self) -> bool:
+        return not self.stalled and bool(self._lines) and self._lines[0][0] <= self.net.loop.time()
+
+    # -- the client's side (aiohttp.ClientResponse / StreamReader) --------------------------
+
+    async def readline(self) -> bytes:
+        loop = self.net.loop
+        while not self._ready():
+            if self.closed:
+                return b""
+            self._waiter = waiter = loop.create_future()
+            timer = (
+                loop.call_at(loop.time() + self._sock_read_s, self._read_timeout, waiter)
+                if self._sock_read_s is not None
+                else None
+            )
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+        _, item = self._lines.popleft()
+        if item is _END:
+            self.closed = True
+            return b""
+        if isinstance(item, BaseException):
+            self.closed = True
+            raise item
+        line: bytes = item
+        return line
+
+    def _read_timeout(self, waiter: asyncio.Future[None]) -> None:
+        if not waiter.done():
+            waiter.set_exception(TimeoutError())
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+        self.server.watches.discard(self)
+        for timer in self._timers:
+            timer.cancel()
+        self._wake()
+
+
+class ApiServer:
+    """The server side; ``watches`` are the open streams."""
+
+    def __init__(self, net: Net) -> None:
+        self.net = net
+        self.trace = net.trace
+        self.rv = 1000
+        self.pods: dict[str, ServerPod] = {}
+        self.history: list[tuple[int, bytes]] = []
+        """(resourceVersion, event line) of every change, oldest first."""
+        self.compacted = 0
+        """Versions up to this one are gone: a watch from them gets 410."""
+        self.watches: set[WatchStream] = set()
+        self.deletes: list[Delete] = []
+        self.gets: list[Get] = []
+        self.syncs: list[float] = []
+        """Times of every list and watch request that reached the server."""
+        self._uids = 0
+        self.bookmark_every_s = 2.0
+        self.finish_after_s = 0.2
+        self.on_change: Callable[[str, ServerPod | None], None] = lambda name, pod: None
+        """The world's ground-truth recorder: told every change, at the instant it happens."""
+        self.expire_next = 0
+        """The next N watch requests are answered 410."""
+        self.on_delete: Callable[[], object] = lambda: None
+
+    # -- changes (the driver's, the kubelet's, the service's DELETE) -----------------------
+
+    def _emit(self, kind: str, pod: ServerPod) -> None:
+        line = b'{"type":"%s","object":%s}\n' % (kind.encode(), pod.body)
+        self.history.append((pod.rv, line))
+        for watch in list(self.watches):
+            watch.push(line)
+            watch.sent_rv = pod.rv
+
+    def _version(self, pod: ServerPod) -> None:
+        self.rv += 1
+        pod.rv = self.rv
+        pod.body = _pod_body(pod)
+
+    def create(self, name: str, labels: dict[str, str], shape: PodShape) -> ServerPod:
+        assert name not in self.pods, name
+        self._uids += 1
+        pod = ServerPod(name, f"uid-{self._uids:04d}", 0, labels, shape)
+        self._version(pod)
+        self.pods[name] = pod
+        self.trace(f"kube create {name} {pod.uid} rv={pod.rv} {shape}")
+        self.on_change(name, pod)
+        self._emit("ADDED", pod)
+        return pod
+
+    def set_shape(self, name: str, shape: PodShape) -> ServerPod:
+        pod = self.pods[name]
+        pod.shape = shape
+        self._version(pod)
+        self.trace(f"kube update {name} rv={pod.rv} {shape}")
+        self.on_change(name, pod)
+        self._emit("MODIFIED", pod)
+        return pod
+
+    def remove(self, name: str) -> None:
+        """The object is gone (grace period over, or deleted with grace 0)."""
+        pod = self.pods.pop(name)
+        self._version(pod)
+        self.trace(f"kube gone {name} {pod.uid} rv={pod.rv}")
+        self.on_change(name, None)
+        self._emit("DELETED", pod)
+
+    def _terminate(self, pod: ServerPod) -> None:
+        pod.terminating = True
+        self._version(pod)
+        self.on_change(pod.name, pod)
+        self._emit("MODIFIED", pod)
+        uid = pod.uid
+        self.net.at(self.finish_after_s, self._finish, pod.name, uid)
+
+    def _finish(self, name: str, uid: str) -> None:
+        pod = self.pods.get(name)
+        if pod is not None and pod.uid == uid:
+            self.remove(name)
+
+    def finish_terminating(self, name: str) -> None:
+        pod = self.pods.get(name)
+        if pod is not None and pod.terminating:
+            self.remove(name)
+
+    def compact(self) -> None:
+        self.compacted = self.rv
+        self.history.clear()
+        self.trace(f"kube compact at {self.rv}")
+
+    def drop_watches(self, *, abrupt: bool) -> None:
+        for watch in list(self.watches):
+            watch.push(aiohttp.ClientPayloadError("connection reset") if abrupt else _END)
+            self.watches.discard(watch)
+        self.trace(f"kube drop watches abrupt={abrupt}")
+
+    def stall_watches(self) -> list[WatchStream]:
+        stalled = list(self.watches)
+        for watch in stalled:
+            watch.stalled = True
+        return stalled
+
+    # -- requests --------------------------------------------------------------------------
+
+    def get(self, name: str) -> Response:
+        pod = self.pods.get(name)
+        self.gets.append(
+            Get(self.net.loop.time(), name, pod.uid if pod else None, str(pod.rv) if pod else None)
+        )
+        self.trace(f"kube GET {name} -> {pod.rv if pod else 404}")
+        if pod is None:
+            return Response(404, _status_body(404, "NotFound", f'pods "{name}" not found'))
+        return Response(200, pod.body)
+
+    def delete(self, name: str, body: dict[str, Any], sent: float) -> Response:
+        pod = self.pods.get(name)
+        now = self.net.loop.time()
+        pre = body.get("preconditions") or {}
+        status = 200
+        if pod is None:
+            status = 404
+        elif ("uid" in pre and pre["uid"] != pod.uid) or (
+            "resourceVersion" in pre and pre["resourceVersion"] != str(pod.rv)
+        ):
+            status = 409
+        record = Delete(now, sent, name, body, status)
+        self.deletes.append(record)
+        self.trace(f"kube DELETE {name} pre={pre} -> {status}")
+        if status == 404:
+            return Response(404, _status_body(404, "NotFound", f'pods "{name}" not found'))
+        assert pod is not None
+        if status == 409:
+            return Response(
+                409,
+                _status_body(409, "Conflict", "Precondition failed: UID or resourceVersion"),
+            )
+        record.uid = pod.uid
+        self.on_delete()
+        if pod.terminating:
+            return Response(200, pod.body)
+        if body.get("gracePeriodSeconds") == 0:
+            self.remove(name)
+        else:
+            self._terminate(pod)  # the kubelet finishes it a moment later
+        return Response(200, pod.body)
+
+    def list_page(
+        self, limit: int | None, token: str | None, version: str | None, match: str | None
+    ) -> Response:
+        self.syncs.append(self.net.loop.time())
+        self.trace(f"kube LIST limit={limit} continue={token} rv={version} {match}")
+        if token:
+            at_rv, offset = (int(x) for x in token.split(":"))
+            if at_rv <= self.compacted:
+                return Response(410, _status_body(410, "Expired", "continue token expired"))
+        else:
+            if match == "NotOlderThan" and version and int(version) > self.rv:
+                return Response(504, _status_body(504, "Timeout", "Too large resource version"))
+            at_rv, offset = self.rv, 0
+        # The model serves a page from the state now (the real one from its snapshot at
+        # at_rv; with pages of a handful of pods, a change between pages is rare but possible).
+        names = sorted(self.pods)
+        end = len(names) if not limit else offset + limit
+        items = b",".join(self.pods[n].body for n in names[offset:end])
+        cont = f"{at_rv}:{end}" if end < len(names) else ""
+        meta = b'{"resourceVersion":"%d","continue":"%s"}' % (
+            at_rv,
+            cont.encode(),
+        )
+        return Response(200, b'{"kind":"PodList","metadata":%s,"items":[%s]}' % (meta, items))
+
+    def open_watch(
+        self,
+        *,
+        version: str | None,
+        initial: bool,
+        timeout_s: float,
+        sock_read_s: float | None,
+    ) -> Response | WatchStream:
+        self.syncs.append(self.net.loop.time())
+        self.trace(f"kube WATCH rv={version} initial={initial}")
+        if self.expire_next > 0:
+            self.expire_next -= 1
+            return Response(410, _status_body(410, "Expired", "too old resource version"))
+        stream = WatchStream(self, sock_read_s)
+        if initial:
+            for name in sorted(self.pods):
+                pod = self.pods[name]
+                stream.push(b'{"type":"ADDED","object":%s}\n' % pod.body)
+            stream.push(
+                b'{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":'
+                b'{"resourceVersion":"%d","annotations":{"k8s.io/initial-events-end":"true"}}}}\n'
+                % self.rv
+            )
+        else:
+            since = int(version or 0)
+            if since < self.compacted:
+                if self.net.rng.random() < 0.5:
+                    return Response(410, _status_body(410, "Expired", "too old resource version"))
+                stream.push(
+                    b'{"type":"ERROR","object":%s}\n'
+                    % _status_body(410, "Expired", "too old resource version")
+                )
+                stream.push(_END)
+                return stream
+            for rv, line in self.history:
+                if rv > since:
+                    stream.push(line)
+        stream.sent_rv = self.rv
+        self.watches.add(stream)
+        loop = self.net.loop
+        stream._timers.append(loop.call_at(loop.time() + timeout_s, self._expire, stream))
+        stream._timers.append(
+            loop.call_at(loop.time() + self.bookmark_every_s, self._bookmark, stream)
+        )
+        return stream
+
+    def _expire(self, stream: WatchStream) -> None:
+        if stream in self.watches:
+            self.watches.discard(stream)
+            stream.push(_END)
+
+    def _bookmark(self, stream: WatchStream) -> None:
+        if stream in self.watches:
+            stream.push(
+                b'{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":'
+                b'{"resourceVersion":"%d"}}}\n' % self.rv
+            )
+            loop = self.net.loop
+            stream._timers.append(
+                loop.call_at(loop.time() + self.bookmark_every_s, self._bookmark, stream)
+            )
+
+
+@dataclass
+class _Fault:
+    status: int = 0
+    """An HTTP status to answer with (0: none)."""
+    reset: bool = False
+    """The connection drops: no answer."""
+    slow_s: float = 0.0
+    retry_after: str | None = None
+
+
+@dataclass
+class KubeFaults:
+    """Per-op injected answers consumed by the next calls (``op``: get, delete, list, watch)."""
+
+    armed: dict[str, list[_Fault]] = field(default_factory=dict)
+
+
+class SimCoreV1Api:
+    """The ``CoreV1Api`` methods the product calls, against :class:`ApiServer`."""
+
+    def __init__(self, server: ApiServer) -> None:
+        self.server = server
+        self.net = server.net
+
+    def _fault(self, op: str) -> _Fault | None:
+        net = self.net
+        armed = net.take_armed(op)
+        if armed is not None:
+            fault: _Fault = armed
+            return fault
+        if net.fails():
+            rng = net.rng
+            r = rng.random()
+            if r < 0.4:
+                return _Fault(reset=True)
+            if r < 0.7:
+                return _Fault(status=500)
+            if r < 0.85:
+                return _Fault(status=429, retry_after="1")
+            return _Fault(slow_s=rng.uniform(0.5, 3.0))
+        return None
+
+    async def _call(
+        self, op: str, timeout: aiohttp.ClientTimeout | None, handler: Callable[[], Any]
+    ) -> Any:
+        net = self.net
+        fault = self._fault(op)
+        total = timeout.total if timeout is not None else None
+        call = Call(net, total)
+        up = net.latency() + (fault.slow_s if fault else 0.0)
+
+        def arrive() -> None:
+            if fault is not None and fault.reset:
+                net.trace(f"kube {op} reset")
+                call.fail(aiohttp.ClientConnectionError("Connection reset by peer"), 0.0)
+                return
+            if fault is not None and fault.status:
+                net.trace(f"kube {op} fault {fault.status}")
+                headers = {"Retry-After": fault.retry_after} if fault.retry_after else None
+                call.answer(
+                    Response(fault.status, _status_body(fault.status, "Fault", "injected"), headers)
+                )
+                return
+            call.answer(handler())
+
+        net.at(up, arrive)
+        return await call.wait()
+
+    async def read_namespaced_pod(self, name: str, namespace: str, **kw: Any) -> Response:
+        assert namespace == NAMESPACE and kw.get("_preload_content") is False
+        return await self._call("get", kw.get("_request_timeout"), lambda: self.server.get(name))
+
+    async def delete_namespaced_pod(
+        self, name: str, namespace: str, body: Any = None, **kw: Any
+    ) -> Response:
+        assert namespace == NAMESPACE and kw.get("_preload_content") is False
+        wire = msgspec.json.decode(msgspec.json.encode(body or {}))  # as serialized on the wire
+        sent = self.net.loop.time()
+        return await self._call(
+            "delete", kw.get("_request_timeout"), lambda: self.server.delete(name, wire, sent)
+        )
+
+    async def list_namespaced_pod(self, namespace: str, **kw: Any) -> Any:
+        assert namespace == NAMESPACE and kw.get("label_selector") == SELECTOR
+        assert kw.get("_preload_content") is False
+        server = self.server
+        timeout: aiohttp.ClientTimeout | None = kw.get("_request_timeout")
+        if not kw.get("watch"):
+            return await self._call(
+                "list",
+                timeout,
+                lambda: server.list_page(
+                    kw.get("limit"),
+                    kw.get("_continue"),
+                    kw.get("resource_version"),
+                    kw.get("resource_version_match"),
+                ),
+            )
+        initial = bool(kw.get("send_initial_events"))
+        connect = timeout.connect if timeout is not None else None
+        sock_read = timeout.sock_read if timeout is not None else None
+        return await self._call(
+            "watch",
+            aiohttp.ClientTimeout(total=connect),
+            lambda: server.open_watch(
+                version=kw.get("resource_version"),
+                initial=initial,
+                timeout_s=float(kw.get("timeout_seconds") or 300),
+                sock_read_s=sock_read,
+            ),
+        )

@@ -1,0 +1,134 @@
+"""An asyncio event loop on virtual time, whose choices come from a seed.
+
+:class:`VirtualLoop` is a :class:`asyncio.BaseEventLoop` with no selector and no real clock:
+
+- ``time()`` is virtual; when nothing is ready the loop jumps straight to the next timer, so
+  nothing ever sleeps for real and a seed's minutes of virtual time take milliseconds;
+- the scheduling choices asyncio leaves open are drawn from the seed: timers that fall due at the
+  same virtual instant run in a permuted order, and a due timer may be held back for one
+  iteration (it runs after the callbacks already ready, as if its I/O had arrived a moment
+  later). Callbacks made ready by ``call_soon`` keep asyncio's FIFO order, which real code may
+  rely on (the listener's notification barrier does);
+- there is no I/O at all: every adapter is a model that completes its calls with timers.
+
+:class:`LoopClock` is the product's ``SchedulingClock`` on this loop's time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import random
+from collections.abc import Callable
+from typing import Any
+
+
+class Deadlock(RuntimeError):
+    """Nothing is ready and no timer is pending: every task waits for something that never comes."""
+
+
+class VirtualLoop(asyncio.BaseEventLoop):
+    def __init__(self, rng: random.Random, *, hold_p: float = 0.1) -> None:
+        super().__init__()
+        self._now = 0.0
+        self._rng = rng
+        self._hold_p = hold_p
+        self.iterations = 0
+        self._seq = itertools.count()
+        self.stalls: list[tuple[float, float]] = []
+
+    # -- the clock -------------------------------------------------------------------------
+
+    def time(self) -> float:
+        return self._now
+
+    def stall(self, seconds: float) -> None:
+        """The loop was starved (a busy machine, a long GC pause): time moves on at once while
+        the current callback runs."""
+        self.stalls.append((self._now, seconds))
+        self._now += seconds
+
+    # -- what BaseEventLoop needs from a concrete loop -------------------------------------
+
+    def _process_events(self, event_list: Any) -> None:
+        pass
+
+    def _write_to_self(self) -> None:
+        pass
+
+    def call_at(
+        self, when: float, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        # The heap holds (when, sequence, handle): compared in C, not by TimerHandle.__lt__.
+        timer = asyncio.TimerHandle(when, callback, args, self, context)
+        heapq.heappush(self._scheduled, (when, next(self._seq), timer))
+        timer._scheduled = True
+        return timer
+
+    def _run_once(self) -> None:
+        self.iterations += 1
+        scheduled: list[tuple[float, int, asyncio.TimerHandle]] = self._scheduled
+        ready = self._ready
+        if not ready:
+            while scheduled and scheduled[0][2]._cancelled:
+                self._timer_cancelled_count -= 1
+                heapq.heappop(scheduled)[2]._scheduled = False
+            if not scheduled:
+                if self._stopping:
+                    return
+                raise Deadlock("no task is ready and no timer is pending")
+            when = scheduled[0][0]
+            if when > self._now:
+                self._now = when
+        now = self._now
+        due: list[tuple[float, int, asyncio.TimerHandle]] = []
+        while scheduled and scheduled[0][0] <= now:
+            entry = heapq.heappop(scheduled)
+            handle = entry[2]
+            handle._scheduled = False
+            if handle._cancelled:
+                self._timer_cancelled_count -= 1
+                continue
+            due.append(entry)
+        if due:
+            rng = self._rng
+            if len(due) > 1:
+                # Equal deadlines in a permuted order; earlier deadlines still first.
+                due.sort(key=lambda e: (e[0], rng.random()))
+            if self._hold_p and rng.random() < self._hold_p:
+                # Held back: runs after what is ready now and what the others make ready (it is
+                # due again at the next iteration).
+                held = due.pop(int(rng.random() * len(due)))
+                held[2]._scheduled = True
+                heapq.heappush(scheduled, held)
+            for entry in due:
+                ready.append(entry[2])
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()
+
+    def close_quietly(self) -> None:
+        """Forget every pending timer and callback (the seed is over)."""
+        for _, _, handle in self._scheduled:
+            handle._scheduled = False
+        self._scheduled.clear()
+        self._ready.clear()
+        self._timer_cancelled_count = 0
+        self.close()
+
+
+class LoopClock:
+    """``service.kit.clock.SchedulingClock`` on a loop's (virtual) time."""
+
+    __slots__ = ("_loop",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def monotonic(self) -> float:
+        return self._loop.time()
+
+    def call_at(self, deadline: float, callback: Callable[[], object]) -> asyncio.TimerHandle:
+        return self._loop.call_at(deadline, callback)

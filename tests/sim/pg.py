@@ -1,0 +1,415 @@
+"""A model of the database behind the product's real PostgreSQL adapter code.
+
+The seam is the ``asyncpg`` module: :func:`connect` (the listener's own connection) and
+:func:`create_pool` (the store's pool) are swapped in for ``asyncpg.connect`` and
+``asyncpg.create_pool`` while a seed runs, so ``PgExecutionStore`` (its micro-batcher, its
+store-owned query tasks, ``decode_row``, the error edge of ``service/pg/errors.py``) and
+``RetirementListener`` (connect, LISTEN, heartbeat, reconnect with backoff, payload parsing,
+``sync()``) run unchanged. Failures are raised as asyncpg raises them
+(``ConnectionDoesNotExistError``, ``ConnectionRefusedError``, a server error with a severity,
+``TimeoutError`` for ``timeout=``), so the product's mapping to kit errors is exercised too.
+
+:class:`Database` is the server: rows and the sandboxes they join, transactions applied at their
+COMMIT, and the trigger's NOTIFY queued at COMMIT, in commit order, to every connection that
+listens. A connection's answers and notifications come back through one FIFO pipe (the socket),
+so a reply to a query sent after a COMMIT arrives after that COMMIT's notification — the
+property ``RetirementListener.sync()`` relies on. A stalled pipe holds everything back (a
+black-holed proxy); a killed backend ends the connection (``pg_terminate_backend``); a restart
+kills every backend and refuses connections for a while.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from service.pg.store import FRESH_SQL, MANAGED_BY_KUBERNETES
+from tests.chaos.model import NAMESPACE, RowTruth
+from tests.sim.net import Call, Net
+
+_encode = msgspec.json.encode
+
+
+def _lost() -> BaseException:
+    return asyncpg.exceptions.ConnectionDoesNotExistError(
+        "connection was closed in the middle of operation"
+    )
+
+
+def _server_error() -> BaseException:
+    exc = asyncpg.exceptions.QueryCanceledError("canceling statement due to statement timeout")
+    exc.severity = "ERROR"  # sent by the server (asyncpg's own errors carry none)
+    return exc
+
+
+@dataclass(slots=True)
+class Reread:
+    time: float
+    name: str
+
+
+class Database:
+    def __init__(self, net: Net) -> None:
+        self.net = net
+        self.trace = net.trace
+        self.rows: dict[str, RowTruth] = {}
+        self.listening: set[ListenConn] = set()
+        self.conns: set[Conn] = set()
+        self.down_until = 0.0
+        self.rereads: dict[str, list[float]] = {}
+        """Server time of every final re-read (``FRESH_SQL``) of a row, by pod name."""
+        self.listener_connects: list[float] = []
+        self.on_commit: Callable[[str, RowTruth | None], None] = lambda name, row: None
+        self._pid = 100
+
+    # -- the writers' side -----------------------------------------------------------------
+
+    def commit(self, changes: dict[str, RowTruth | None], *, silent: bool = False) -> None:
+        """One transaction, committed now; the trigger's notifications go out in this order
+        (none when ``silent``: a writer that bypasses the trigger)."""
+        payloads: list[str] = []
+        for name, new in changes.items():
+            old = self.rows.get(name)
+            if new is None:
+                self.rows.pop(name, None)
+                op = "delete"
+                shown = old
+            else:
+                self.rows[name] = new
+                op = "insert" if old is None else "update"
+                shown = new
+            self.on_commit(name, new)
+            fires = op != "update" or (
+                old is not None
+                and new is not None
+                and (old.active != new.active or old.state != new.state)
+            )
+            if fires and shown is not None and not silent:
+                payloads.append(
+                    _encode(
+                        {
+                            "op": op,
+                            "namespace": NAMESPACE,
+                            "pod_name": name,
+                            "active": shown.active,
+                            "execution_state": shown.state,
+                        }
+                    ).decode()
+                )
+        self.trace(
+            "pg COMMIT "
+            + " ".join(
+                f"{n}={'-' if r is None else ('active' if r.active else r.state)}"
+                for n, r in changes.items()
+            )
+            + (" silent" if silent else "")
+        )
+        for conn in list(self.listening):
+            for payload in payloads:
+                conn.pipe("notify", payload)
+
+    def kill(self, app: str) -> None:
+        """``pg_terminate_backend`` of every connection of ``app`` ('' for all)."""
+        self.trace(f"pg kill {app or 'all'}")
+        for conn in list(self.conns):
+            if not app or conn.app == app:
+                conn.server_close()
+
+    def restart(self, down_s: float) -> None:
+        self.kill("")
+        self.down_until = self.net.loop.time() + down_s
+        self.trace(f"pg restart, down {down_s:.3f}s")
+
+    def stall_listeners(self) -> None:
+        for conn in self.listening:
+            conn.stalled = True
+
+    def unstall(self) -> None:
+        for conn in list(self.conns):
+            if isinstance(conn, ListenConn) and conn.stalled:
+                conn.unstall()
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def run(self, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+        names, namespace, managed = args
+        assert managed == MANAGED_BY_KUBERNETES
+        now = self.net.loop.time()
+        fresh = sql == FRESH_SQL
+        out = []
+        for name in names:
+            if fresh:
+                self.rereads.setdefault(name, []).append(now)
+            row = self.rows.get(name)
+            if row is None or not row.managed or namespace != NAMESPACE:
+                continue
+            out.append(
+                {
+                    "pod_name": name,
+                    "namespace": NAMESPACE,
+                    "sandbox_id": row.sandbox_id,
+                    "generation": row.generation,
+                    "activation_attempt": 0,
+                    "pod_kind": row.pod_kind,
+                    "execution_state": row.state,
+                    "active": row.active,
+                }
+            )
+        self.trace(f"pg {'REREAD' if fresh else 'LOOKUP'} {','.join(names)} -> {len(out)}")
+        return out
+
+    def next_pid(self) -> int:
+        self._pid += 1
+        return self._pid
+
+
+class Conn:
+    """A server connection (a backend) as the client holds it."""
+
+    app = "retired-pod-gc"
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.net = db.net
+        self.pid = db.next_pid()
+        self.server_closed = False
+        self.client_closed = False
+        self.calls: set[Call] = set()
+        db.conns.add(self)
+
+    def is_closed(self) -> bool:
+        return self.client_closed
+
+    def server_close(self) -> None:
+        """The backend is gone; the client learns it when the connection reset reaches it."""
+        if self.server_closed:
+            return
+        self.server_closed = True
+        self.db.conns.discard(self)
+        self._reset_reaches_client()
+
+    def _reset_reaches_client(self) -> None:
+        self.net.at(self.net.latency(), self._client_lost)
+
+    def _client_lost(self) -> None:
+        self.client_closed = True
+        for call in list(self.calls):
+            call.fail(_lost(), 0.0)
+        self.calls.clear()
+
+    def terminate(self) -> None:
+        self.client_closed = True
+        self.server_closed = True
+        self.db.conns.discard(self)
+        for call in list(self.calls):
+            call.fail(_lost(), 0.0)
+        self.calls.clear()
+
+    def _fault(self) -> str | None:
+        net = self.net
+        armed = net.take_armed("pg")
+        if armed is not None:
+            fault: str = armed
+            return fault
+        if net.fails():
+            r = net.rng.random()
+            return "reset" if r < 0.4 else "error" if r < 0.7 else "slow"
+        return None
+
+    async def _request(
+        self, timeout: float | None, at_server: Callable[[Call], None], extra_s: float = 0.0
+    ) -> Any:
+        if self.client_closed:
+            raise asyncpg.exceptions.InterfaceError("connection is closed")
+        net = self.net
+        call = Call(net, timeout)
+        self.calls.add(call)
+        fault = self._fault()
+        up = net.latency() + extra_s + (net.rng.uniform(0.5, 3.0) if fault == "slow" else 0.0)
+
+        def arrive() -> None:
+            if self.server_closed:
+                return  # nobody answers; the reset tells the client
+            if fault == "reset":
+                net.trace(f"pg {self.app} reset")
+                self.server_close()
+                return
+            if fault == "error":
+                net.trace(f"pg {self.app} error")
+                call.fail(_server_error())
+                return
+            at_server(call)
+
+        net.at(up, arrive)
+        try:
+            return await call.wait()
+        finally:
+            self.calls.discard(call)
+
+
+class PoolConn(Conn):
+    async def fetch(self, sql: str, *args: Any, timeout: float | None = None) -> list[Any]:
+        db = self.db
+        result: list[Any] = await self._request(
+            timeout, lambda call: call.answer(db.run(sql, args))
+        )
+        return result
+
+
+class Pool:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.idle: list[PoolConn] = []
+        self.closed = False
+
+    async def acquire(self) -> PoolConn:
+        if self.closed:
+            raise asyncpg.exceptions.InterfaceError("pool is closed")
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.is_closed():
+                return conn
+        await _connect_round_trip(self.db, None)
+        return PoolConn(self.db)
+
+    async def release(self, conn: PoolConn, *, timeout: float | None = None) -> None:
+        if not conn.is_closed() and not self.closed:
+            self.idle.append(conn)
+
+    async def close(self) -> None:
+        self.terminate()
+
+    def terminate(self) -> None:
+        self.closed = True
+        for conn in self.idle:
+            conn.terminate()
+        self.idle.clear()
+
+
+async def _connect_round_trip(db: Database, timeout: float | None) -> None:
+    net = db.net
+    call = Call(net, timeout)
+    fault = net.take_armed("connect") if net.faults_on else None
+
+    def arrive() -> None:
+        if net.loop.time() < db.down_until or fault == "refused" or net.fails():
+            call.fail(ConnectionRefusedError(111, "Connection refused"))
+        else:
+            call.answer(None)
+
+    net.at(net.latency(), arrive)
+    await call.wait()
+
+
+class ListenConn(Conn):
+    """The listener's connection: replies and notifications through one FIFO pipe."""
+
+    app = "retired-pod-gc-listener"
+
+    def __init__(self, db: Database) -> None:
+        super().__init__(db)
+        self.stalled = False
+        self._items: deque[tuple[float, str, Any]] = deque()
+        self._last_at = 0.0
+        self._listeners: dict[str, Callable[..., object]] = {}
+        self._on_terminated: list[Callable[[object], object]] = []
+
+    # -- the pipe (server -> client) -------------------------------------------------------
+
+    def pipe(self, kind: str, payload: Any) -> None:
+        loop = self.net.loop
+        at = max(self._last_at, loop.time() + self.net.latency())
+        self._last_at = at
+        self._items.append((at, kind, payload))
+        if not self.stalled:
+            loop.call_at(at, self._pump)
+
+    def unstall(self) -> None:
+        self.stalled = False
+        loop = self.net.loop
+        now = loop.time()
+        self._last_at = max(self._last_at, now)
+        self._items = deque((max(at, now), kind, p) for at, kind, p in self._items)
+        for at, _, _ in self._items:
+            loop.call_at(at, self._pump)
+        self.net.trace("pg listener unstalled")
+
+    def _pump(self) -> None:
+        loop = self.net.loop
+        now = loop.time()
+        items = self._items
+        while items and not self.stalled and items[0][0] <= now:
+            _, kind, payload = items.popleft()
+            if self.client_closed:
+                continue
+            if kind == "notify":
+                for channel, callback in self._listeners.items():
+                    # As asyncpg: a plain callback is scheduled, not called, from the protocol.
+                    loop.call_soon(callback, self, self.pid, channel, payload)
+                self.net.trace(f"pg listener got {payload}")
+            elif kind == "reply":
+                call, value = payload
+                call.deliver(value)
+            elif kind == "closed":
+                self._client_lost()
+
+    def _reset_reaches_client(self) -> None:
+        self.db.listening.discard(self)
+        self.pipe("closed", None)
+
+    def _client_lost(self) -> None:
+        if self.client_closed:
+            return
+        super()._client_lost()
+        loop = self.net.loop
+        for callback in self._on_terminated:
+            loop.call_soon(callback, self)
+
+    def terminate(self) -> None:
+        self.db.listening.discard(self)
+        super().terminate()
+
+    # -- asyncpg.Connection ----------------------------------------------------------------
+
+    def add_termination_listener(self, callback: Callable[[object], object]) -> None:
+        self._on_terminated.append(callback)
+
+    async def add_listener(self, channel: str, callback: Callable[..., object]) -> None:
+        def at_server(call: Call) -> None:
+            self._listeners[channel] = callback
+            self.db.listening.add(self)
+            self.pipe("reply", (call, None))
+
+        await self._request(None, at_server)
+
+    async def fetchval(self, sql: str, *args: Any, timeout: float | None = None) -> Any:
+        def at_server(call: Call) -> None:
+            value = 1 if self in self.db.listening and args[0] in self._listeners else None
+            self.pipe("reply", (call, value))
+
+        return await self._request(timeout, at_server)
+
+
+# -- the asyncpg module functions, as the product calls them ---------------------------------
+
+
+class Asyncpg:
+    """``connect`` and ``create_pool`` bound to one seed's :class:`Database`."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def connect(self, dsn: str, *, timeout: float | None = None, **_: Any) -> ListenConn:
+        await _connect_round_trip(self.db, timeout)
+        conn = ListenConn(self.db)
+        self.db.listener_connects.append(self.db.net.loop.time())
+        self.db.trace("pg listener connected")
+        return conn
+
+    async def create_pool(self, dsn: str, **_: Any) -> Pool:
+        return Pool(self.db)

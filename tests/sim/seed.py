@@ -1,0 +1,303 @@
+"""One simulated seed: draw everything from the seed, run the real service on the models, judge.
+
+Everything a seed does is drawn from the seed up front or in order while it runs, each from its
+own stream (so that shrinking the schedule leaves the other streams as they were): the
+service's configuration variant, the schedule of steps, the latencies and faults of every call,
+the loop's scheduling choices, the product's own random choices. The trace (every model event
+with its virtual time) is hashed; the same seed gives the same hash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import logging
+import random
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+
+import anyio
+
+from service.config import PREFIX, Settings, load
+from service.metrics import Metrics
+from tests.chaos.checker import RECONNECT_CAP_S
+from tests.chaos.model import NAMESPACE
+from tests.chaos.schedule import Step, seed_mode
+from tests.sim.checker import Checker, Violation
+from tests.sim.engine import asyncpg_models, build, run
+from tests.sim.kube import SimCoreV1Api
+from tests.sim.loop import VirtualLoop
+from tests.sim.net import Net, Trace
+from tests.sim.pg import Asyncpg
+from tests.sim.world import World, make_schedule
+
+THRESHOLD_S = 1.0
+RECOVERY_BOUND_S = 8.0
+"""As the campaign's (tests/chaos/schedule.py): a key's requeue backoff, a sync, first checks."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    steps: int = 20
+    sandboxes: int = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """The service's configuration and the fault profile of one seed."""
+
+    mode: str
+    list_mode: str
+    deletes_per_minute: int
+    workers: int
+    reconcile_timeout_s: float
+    resync_s: float
+    p_fail: float
+    p_slow: float
+    hold_p: float
+
+    @classmethod
+    def draw(cls, seed: int) -> Variant:
+        rng = random.Random(f"{seed}:variant")
+        return cls(
+            mode=seed_mode(seed),
+            list_mode=rng.choice(("auto", "stream", "list")),
+            deletes_per_minute=rng.choice((20, 60)),
+            workers=rng.choice((1, 2, 4)),
+            reconcile_timeout_s=rng.choice((5.0, 15.0)),
+            resync_s=rng.choice((5.0, 600.0)),
+            p_fail=rng.choice((0.0, 0.02, 0.08)),
+            p_slow=rng.choice((0.0, 0.05)),
+            hold_p=rng.choice((0.0, 0.1, 0.3)),
+        )
+
+
+_settings: dict[Variant, Settings] = {}
+
+
+def settings_for(v: Variant) -> Settings:
+    s = _settings.get(v)
+    if s is None:
+        env = {
+            "ENABLED": "false" if v.mode == "disabled" else "true",
+            "DRY_RUN": "true" if v.mode == "dry_run" else "false",
+            "THRESHOLD_SECONDS": str(THRESHOLD_S),
+            "DELETES_PER_MINUTE": str(v.deletes_per_minute),
+            "RECONCILE_TIMEOUT_SECONDS": str(v.reconcile_timeout_s),
+            "NAMESPACE": NAMESPACE,
+            "WORKERS": str(v.workers),
+            "RESYNC_PERIOD_SECONDS": str(v.resync_s),
+            "SHUTDOWN_TIMEOUT_SECONDS": "2",
+            "API_TIMEOUT_SECONDS": "2",
+            "WATCH_TIMEOUT_SECONDS": "5",
+            "LIST_MODE": v.list_mode,
+            "LIST_PAGE_SIZE": "2",
+            "DATABASE_URL": "postgresql://sim@127.0.0.1:1/sim",
+            "DB_CONNECT_TIMEOUT_SECONDS": "2",
+            "DB_STATEMENT_TIMEOUT_SECONDS": "2",
+            "LISTENER_HEARTBEAT_SECONDS": "1.0",
+            "LISTENER_HEARTBEAT_TIMEOUT_SECONDS": "1.0",
+            "METRICS_BIND_ADDRESS": "127.0.0.1:0",
+            "LEADER_ELECTION": "false",
+            "EVENTS_ENABLED": "false",
+            "LOG_LEVEL": "info",
+        }
+        s = _settings[v] = load({PREFIX + k: val for k, val in env.items()})
+    return s
+
+
+@dataclass
+class SimResult:
+    seed: int
+    mode: str
+    violations: list[Violation] = field(default_factory=list)
+    deletes: int = 0
+    reports: int = 0
+    virtual_s: float = 0.0
+    trace_hash: str = ""
+    trace: list[str] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    stats: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+_metrics: Metrics | None = None
+
+
+def shared_metrics() -> Metrics:
+    """One registry for every seed of a process: the engine only writes metrics, so sharing
+    them changes nothing a seed does (a registry costs a millisecond to build)."""
+    global _metrics
+    if _metrics is None:
+        _metrics = Metrics()
+    return _metrics
+
+
+class _LogTap(logging.Handler):
+    """Replay only: the product's log lines, with their virtual time, beside the trace."""
+
+    def __init__(self, loop: VirtualLoop, out: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.loop = loop
+        self.out = out
+
+    def emit(self, record: logging.LogRecord) -> None:
+        key = getattr(record, "key", "")
+        self.out.append(
+            f"{self.loop.time():.6f} # {record.levelname.lower()} {record.name}: "
+            f"{record.getMessage()}{f' [{key}]' if key else ''}"
+        )
+
+
+def schedule_for(seed: int, cfg: SimConfig) -> list[Step]:
+    return make_schedule(random.Random(f"{seed}:schedule"), cfg.steps, cfg.sandboxes)
+
+
+def run_seed(
+    seed: int,
+    cfg: SimConfig = SimConfig(),
+    *,
+    steps: list[Step] | None = None,
+    keep_trace: bool = False,
+    logs: bool = False,
+) -> SimResult:
+    variant = Variant.draw(seed)
+    schedule = schedule_for(seed, cfg) if steps is None else steps
+    result = SimResult(seed, variant.mode, steps=schedule)
+    loop = VirtualLoop(random.Random(f"{seed}:loop"), hold_p=variant.hold_p)
+    trace = Trace(loop)
+    net = Net(loop, random.Random(f"{seed}:net"), trace)
+    net.p_fail = variant.p_fail
+    net.p_slow = variant.p_slow
+    world = World(loop, net, threshold_s=THRESHOLD_S)
+    world.populate(cfg.sandboxes, random.Random(f"{seed}:populate"))
+    settings = settings_for(variant)
+    metrics = shared_metrics()
+    bugs_before = metrics.reconcile_bugs._value.get()
+    service = build(
+        settings,
+        loop=loop,
+        core=SimCoreV1Api(world.server),
+        rng=random.Random(f"{seed}:service"),
+        metrics=metrics,
+    )
+    world.hooks.set_leader = service.controller.set_leader
+    checker = Checker(
+        world,
+        mode=variant.mode,
+        threshold_s=THRESHOLD_S,
+        deletes_per_minute=variant.deletes_per_minute,
+        uplink_slack_s=1e-9,
+    )
+    acted = asyncio.Event()
+    service.recorder.on_record = acted.set
+    log_lines: list[str] = []
+    tap = None
+    if logs:
+        tap = _LogTap(loop, log_lines)
+        logging.getLogger("service").addHandler(tap)
+
+    async def main() -> None:
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(run, service, stop=stop))
+            await asyncio.sleep(0.3)
+            for step in schedule:
+                await world.apply(step)
+                await asyncio.sleep(step.pause_s)
+            world.lift_faults()
+            trace("faults lifted")
+            await quiet(world, checker, service, acted)
+            stop.set()
+
+    world.server.on_delete = acted.set
+    try:
+        with asyncpg_models(Asyncpg(world.db)):
+            asyncio.set_event_loop(loop)
+            loop.run_until_complete(main())
+    except Exception as exc:  # a crash of the service (a bug ends a loop) fails the seed
+        result.violations.append((loop.time(), f"crashed: {_describe(exc)}"))
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close_quietly()
+        if tap is not None:
+            logging.getLogger("service").removeHandler(tap)
+    checker.check(service.recorder.reports)
+    bugs = metrics.reconcile_bugs._value.get() - bugs_before
+    if bugs:
+        result.violations.append((loop.time(), f"{bugs:.0f} reconcile(s) raised (a bug)"))
+    result.violations.extend(checker.violations)
+    result.violations.sort(key=lambda v: v[0])
+    result.deletes = sum(1 for d in world.server.deletes if d.status == 200)
+    result.reports = len(checker.reported)
+    result.virtual_s = loop.time()
+    result.trace_hash = hashlib.blake2b("\n".join(trace.lines).encode(), digest_size=8).hexdigest()
+    result.stats = world.stats
+    if keep_trace:
+        merged = trace.lines + log_lines
+        merged.sort(key=lambda line: float(line.split(" ", 1)[0]))
+        result.trace = merged
+    return result
+
+
+def _describe(exc: BaseException) -> str:
+    """The exception and, for a group, its leaves, with where each was raised."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(e) for e in exc.exceptions)
+    where = traceback.extract_tb(exc.__traceback__)[-3:] if exc.__traceback__ else []
+    return f"{type(exc).__name__}: {exc} at " + " < ".join(
+        f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in reversed(where)
+    )
+
+
+async def quiet(world: World, checker: Checker, service: object, acted: asyncio.Event) -> None:
+    """The quiet phase: faults are lifted; every pod reapable now must be acted on in time."""
+    loop = world.loop
+    t_quiet = loop.time()
+    if checker.mode == "disabled":
+        await asyncio.sleep(THRESHOLD_S + 1.5)
+        return
+    due = checker.due_now()
+    bound_s = checker.liveness_bound_s(len(due), RECOVERY_BOUND_S)
+    server, db = world.server, world.db
+    informer_back = t_quiet if server.watches else None
+    listener_back = t_quiet if db.listening else None
+
+    def links_back() -> float:
+        inf = informer_back
+        if inf is None:
+            inf = next((t for t in server.syncs if t >= t_quiet), float("inf"))
+        connects = [t for t in db.listener_connects if t >= t_quiet]
+        lis = max(connects) if connects else (listener_back or float("inf"))
+        return max(t_quiet, inf, lis)
+
+    def done() -> bool:
+        acted_uids = (
+            {d.uid for d in server.deletes if d.status == 200}
+            if checker.mode == "live"
+            else {r.pod.uid for _, r in service.recorder.reports}  # type: ignore[attr-defined]
+        )
+        return all(uid in acted_uids for uid in due)
+
+    until = t_quiet + RECONNECT_CAP_S + bound_s
+    while not done() and loop.time() < until:
+        acted.clear()
+        try:
+            await asyncio.wait_for(acted.wait(), until - loop.time())
+        except TimeoutError:
+            break
+    if checker.mode == "live":
+        for d in server.deletes:
+            if d.status == 200 and d.uid is not None:
+                checker.deleted.setdefault(d.uid, d.time)
+    else:
+        for t, r in service.recorder.reports:  # type: ignore[attr-defined]
+            checker.reported.setdefault(r.pod.uid, t)
+    checker.judge_liveness(due, t_quiet=t_quiet, bound_s=bound_s, links_back=links_back)
+    checker.deleted.clear()
+    checker.reported.clear()

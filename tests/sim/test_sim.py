@@ -1,0 +1,76 @@
+"""The deterministic simulation in ``make test``: a slice of seeds, replay, and that it can fail.
+
+The slice runs as ``python -m tests.sim`` in a subprocess (on two processes, and outside the
+suite's coverage tracing, which would multiply its time); its verdict is the closing line it
+prints. Replay determinism is checked within this process and against the subprocess's hashes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.removals import REMOVALS
+from tests.sim.seed import run_seed
+
+ROOT = Path(__file__).resolve().parents[2]
+SLICE = 20_000
+CLOSING = re.compile(r"^(\d+) seeds, (\d+) failed, (\d+) deletes, (\d+) reports, ", re.M)
+
+
+def _sim(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env.pop("COVERAGE_PROCESS_START", None)
+    return subprocess.run(
+        [sys.executable, "-m", "tests.sim", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_slice_of_seeds_passes() -> None:
+    done = _sim("--seeds", str(SLICE), "--start", "1", "--jobs", "2", timeout_s=880)
+    match = CLOSING.search(done.stdout)
+    assert match is not None, done.stdout[-3000:] + done.stderr[-3000:]
+    seeds, failed, deletes, reports = (int(g) for g in match.groups())
+    assert (seeds, failed) == (SLICE, 0), done.stdout[-6000:]
+    # The seeds did act: deletes in live mode, reports in dry run.
+    assert deletes > SLICE and reports > SLICE // 20
+    assert done.returncode == 0
+
+
+def test_a_seed_replays_to_the_same_trace() -> None:
+    logging.disable(logging.CRITICAL)
+    try:
+        first = {s: run_seed(s).trace_hash for s in range(1, 9)}
+        again = {s: run_seed(s).trace_hash for s in range(1, 9)}
+    finally:
+        logging.disable(logging.NOTSET)
+    assert first == again
+    assert len(set(first.values())) == len(first)  # different seeds, different traces
+    done = _sim("--seeds", "8", "--start", "1", "--hashes", timeout_s=300)
+    printed = dict(re.findall(r"^seed (\d+) trace ([0-9a-f]+)", done.stdout, re.M))
+    assert {int(k): v for k, v in printed.items()} == first
+
+
+def test_the_simulator_catches_a_removed_check() -> None:
+    # The notification barrier removed: some seed must fail, or "0 failed" above means nothing.
+    logging.disable(logging.CRITICAL)
+    try:
+        with REMOVALS["notification_sync"]():
+            failed = next((s for s in range(1, 400) if not run_seed(s).ok), None)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert failed is not None

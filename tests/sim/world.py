@@ -1,0 +1,450 @@
+"""A seed's simulated world: the models, the ground truth they record, and the steps that drive it.
+
+The ground truth uses the campaign's timelines (:mod:`tests.chaos.model`): every pod state of a
+UID at the virtual instant the API server model made it, every row state at its COMMIT (an exact
+instant here: the model *is* the database). The steps are the campaign's kinds
+(:mod:`tests.chaos.schedule`, :mod:`tests.chaos.steps`), performed on the models, plus a few
+only a simulation can do cheaply: a starved event loop, a lagging watch, a leadership flip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tests.chaos.model import (
+    NON_REAPABLE_SHAPES,
+    TERMINAL_REAPABLE,
+    PodLife,
+    PodShape,
+    PodTruth,
+    RowLife,
+    RowTruth,
+    reactivate,
+    reapable,
+    retire,
+)
+from tests.chaos.schedule import _STEP_WEIGHTS, Step
+from tests.chaos.steps import TOKEN_WAIT_VARIANTS
+from tests.chaos.world import SELECTOR_LABEL, Sandbox
+from tests.sim.kube import ApiServer, ServerPod, _Fault
+from tests.sim.loop import VirtualLoop
+from tests.sim.net import Net
+from tests.sim.pg import Database
+
+SIM_STEP_WEIGHTS: dict[str, int] = {
+    **_STEP_WEIGHTS,
+    "loop_stall": 2,
+    "watch_lag": 3,
+    "leader_flip": 2,
+}
+"""The campaign's step kinds and weights, and the simulator's own."""
+
+_RETIRE_STATES = ("suspended", "replaced", "replaced", "failed", "cancelled", "stopped", "paused")
+_TARGETED = frozenset(
+    {"pod_blip", "row_blip", "stale_recreate", "stall_reactivate", "silent_reactivate"}
+)
+_ROW_STEPS = frozenset(
+    {"retire", "reactivate", "row_blip", "new_generation", "stall_reactivate", "silent_reactivate"}
+)
+
+
+def make_schedule(rng: random.Random, steps: int, sandboxes: int) -> list[Step]:
+    kinds = list(SIM_STEP_WEIGHTS)
+    weights = list(SIM_STEP_WEIGHTS.values())
+    shapes = list(PodShape)
+    out = []
+    for _ in range(steps):
+        long_pause = rng.random() < 0.15
+        out.append(
+            Step(
+                kind=rng.choices(kinds, weights)[0],
+                index=rng.randrange(sandboxes),
+                shape=rng.choice(shapes),
+                state=rng.choice(_RETIRE_STATES),
+                amount=rng.random(),
+                flag=rng.random() < 0.5,
+                pause_s=rng.uniform(0.5, 1.6) if long_pause else rng.uniform(0.02, 0.25),
+            )
+        )
+    return out
+
+
+@dataclass
+class Hooks:
+    """What steps may do to the service itself (set by the engine)."""
+
+    set_leader: Callable[[bool], None] = lambda leader: None
+
+
+class World:
+    def __init__(self, loop: VirtualLoop, net: Net, *, threshold_s: float) -> None:
+        self.loop = loop
+        self.net = net
+        self.trace = net.trace
+        self.server = ApiServer(net)
+        self.db = Database(net)
+        self.server.on_change = self._pod_changed
+        self.db.on_commit = self._row_committed
+        self.lives: dict[str, PodLife] = {}
+        self.uid_of: dict[str, str] = {}
+        self.rows: dict[str, RowLife] = {}
+        self.sandboxes: list[Sandbox] = []
+        self.threshold_s = threshold_s
+        self.stats: Counter[str] = Counter()
+        self.hooks = Hooks()
+        self._pending: list[tuple[asyncio.TimerHandle, Callable[[], None]]] = []
+
+    # -- ground truth ----------------------------------------------------------------------
+
+    def _pod_changed(self, name: str, pod: ServerPod | None) -> None:
+        now = self.loop.time()
+        if pod is None or pod.terminating:
+            uid = self.uid_of.get(name)
+            if uid is not None:
+                self.lives[uid].end(now, by_service=False)
+            return
+        life = self.lives.get(pod.uid)
+        labels = pod.labels
+        state = PodTruth(
+            pod.shape,
+            labels["space.sandbox-id"],
+            int(labels["space.generation"]),
+            labels["space.pod-kind"],
+        )
+        if life is None:
+            life = self.lives[pod.uid] = PodLife(pod.uid, name)
+            self.uid_of[name] = pod.uid
+        life.record(now, state, str(pod.rv))
+
+    def _row_committed(self, name: str, row: RowTruth | None) -> None:
+        now = self.loop.time()
+        self.rows.setdefault(name, RowLife(name)).record(now, now, row)
+
+    def life(self, name: str) -> PodLife | None:
+        uid = self.uid_of.get(name)
+        life = self.lives.get(uid) if uid else None
+        if life is None or life.ended_at is not None:
+            return None
+        return life
+
+    # -- changes ---------------------------------------------------------------------------
+
+    def create_pod(self, sb: Sandbox, generation: int, shape: PodShape, kind: str) -> None:
+        name = sb.name(generation)
+        self.server.finish_terminating(name)
+        if name in self.server.pods:
+            self.server.remove(name)
+        labels = {
+            SELECTOR_LABEL[0]: SELECTOR_LABEL[1],
+            "space.sandbox-id": sb.sandbox_id,
+            "space.generation": str(generation),
+            "space.pod-kind": kind,
+        }
+        self.server.create(name, labels, shape)
+
+    def set_shape(self, life: PodLife, shape: PodShape) -> None:
+        self.server.set_shape(life.name, shape)
+
+    def delete_pod(self, life: PodLife) -> None:
+        if life.name in self.server.pods:
+            self.server.remove(life.name)
+
+    def update_rows(self, changes: dict[str, RowTruth], *, silent: bool = False) -> None:
+        if changes:
+            self.db.commit(dict(changes), silent=silent)
+
+    def later(self, delay_s: float, callback: Callable[[], None]) -> None:
+        """End a fault after ``delay_s`` (or when the faults are lifted, if that is sooner)."""
+        self._pending.append((self.net.at(delay_s, callback), callback))
+
+    def populate(self, count: int, rng: random.Random) -> None:
+        for i in range(count):
+            managed = i != count - 1  # one sandbox is not Kubernetes-managed
+            sb = Sandbox(f"s{i}", 1, "restore" if i % 5 == 4 else "create", managed)
+            self.sandboxes.append(sb)
+            self.db.commit(
+                {sb.name(): RowTruth(sb.sandbox_id, 1, sb.kind, "active", True, managed)}
+            )
+            shape = rng.choice([PodShape.PENDING_STUCK, PodShape.RUNNING, PodShape.SUCCEEDED])
+            self.create_pod(sb, 1, shape, sb.kind)
+
+    def lift_faults(self) -> None:
+        self.net.lift()
+        self.server.expire_next = 0
+        pending, self._pending = self._pending, []
+        for timer, callback in pending:
+            if not timer.cancelled() and timer.when() > self.loop.time():
+                timer.cancel()
+                callback()
+        self.db.unstall()
+        for watch in list(self.server.watches):
+            if watch.stalled:
+                watch.unstall()
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def oldest_reapable(self, amount: float) -> int | None:
+        candidates: list[tuple[float, int]] = []
+        for i, sb in enumerate(self.sandboxes):
+            name = sb.name()
+            life = self.life(name)
+            row = self.rows.get(name)
+            if life is None or row is None or not reapable(life.current, row.current):
+                continue
+            candidates.append((max(life.times[-1], row.his[-1]), i))
+        if not candidates:
+            return None
+        candidates.sort()
+        return candidates[int(amount * min(3, len(candidates)))][1]
+
+    async def apply(self, step: Step) -> None:
+        index = step.index
+        if step.kind in _TARGETED:
+            target = self.oldest_reapable(step.amount)
+            index = index if target is None else target
+        sb = self.sandboxes[index]
+        name = sb.name()
+        life = self.life(name)
+        row_life = self.rows.get(name)
+        row = row_life.current if row_life else None
+        server, db, net = self.server, self.db, self.net
+        kind = step.kind
+        applied = True
+        if sb.row_frozen and kind in _ROW_STEPS:
+            kind = "skip"
+        self.trace(f"step {step.kind} {name}")
+        match kind:
+            case "skip":
+                applied = False
+                kind = step.kind
+            case "shape" | "shape_reapable" | "ip" | "condition":
+                if life is None:
+                    applied = False
+                else:
+                    if kind == "shape":
+                        shape = step.shape
+                    elif kind == "shape_reapable":
+                        shape = [PodShape.SUCCEEDED, PodShape.FAILED, PodShape.PENDING_STUCK][
+                            int(step.amount * 3)
+                        ]
+                    elif kind == "ip":
+                        shape = PodShape.PENDING_WITH_IP
+                    else:
+                        current = life.states[-1].shape
+                        shape = (
+                            PodShape.PENDING_READY
+                            if current is PodShape.PENDING_STUCK
+                            else PodShape.PENDING_STUCK
+                        )
+                    self.set_shape(life, shape)
+            case "pod_blip":
+                if life is None:
+                    applied = False
+                else:
+                    current = life.states[-1].shape
+                    if (
+                        step.flag
+                        and current in TERMINAL_REAPABLE
+                        and life.states[-1].kind == "create"
+                    ):
+                        between = PodShape.PENDING_STUCK
+                    else:
+                        between = NON_REAPABLE_SHAPES[int(step.amount * len(NON_REAPABLE_SHAPES))]
+                    self.set_shape(life, between)
+                    await asyncio.sleep(net.latency())
+                    if self.life(name) is life:
+                        self.set_shape(life, current)
+            case "recreate" | "stale_recreate":
+                if kind == "stale_recreate":
+                    server.drop_watches(abrupt=True)
+                    net.arm("watch", _Fault(status=500), 3)
+                    net.arm("list", _Fault(status=500), 3)
+                if life is not None:
+                    self.delete_pod(life)
+                pod_kind = (
+                    sb.kind
+                    if step.amount < 0.85
+                    else ("restore" if sb.kind == "create" else "create")
+                )
+                shape = step.shape if not step.flag else PodShape.SUCCEEDED
+                self.create_pod(sb, sb.generation, shape, pod_kind)
+            case "delete_other":
+                if life is None:
+                    applied = False
+                else:
+                    self.delete_pod(life)
+            case "create_missing":
+                if life is not None:
+                    applied = False
+                else:
+                    self.create_pod(sb, sb.generation, step.shape, sb.kind)
+            case "retire":
+                if row is None:
+                    applied = False
+                else:
+                    self.update_rows({name: retire(row, step.state)})
+            case "reactivate":
+                if row is None or row.active:
+                    applied = False
+                else:
+                    self.update_rows({name: reactivate(row)})
+            case "row_blip":
+                if row is None or row.active:
+                    applied = False
+                else:
+                    middle = (
+                        retire(row, "suspended")
+                        if step.flag and row.state == "replaced"
+                        else reactivate(row)
+                    )
+                    self.update_rows({name: middle})
+                    await asyncio.sleep(0.001 + net.latency() * 5)
+                    self.update_rows({name: row})
+            case "new_generation":
+                if row is not None and row.active:
+                    self.update_rows({name: retire(row, "replaced")})
+                sb.generation += 1
+                new_row = RowTruth(
+                    sb.sandbox_id, sb.generation, sb.kind, "active", True, sb.managed
+                )
+                self.update_rows({sb.name(): new_row})
+                self.create_pod(sb, sb.generation, PodShape.PENDING_STUCK, sb.kind)
+            case "burst":
+                await self._burst(step)
+            case "watch_drop":
+                server.drop_watches(abrupt=step.flag)
+            case "watch_410":
+                server.expire_next += 1
+                server.drop_watches(abrupt=False)
+            case "compact":
+                server.compact()
+                server.drop_watches(abrupt=step.flag)
+            case "api_error":
+                code = 429 if step.flag else 500
+                op = ["get", "delete", "watch"][int(step.amount * 3)]
+                net.arm(
+                    op,
+                    _Fault(status=code, retry_after="1" if code == 429 else None),
+                    1 + int(step.amount * 2),
+                )
+            case "latency":
+                net.arm("get", _Fault(slow_s=0.05 + 0.35 * step.amount), 1 + int(step.amount * 4))
+            case "kill_db":
+                app = ["retired-pod-gc-listener", "retired-pod-gc", ""][int(step.amount * 3)]
+                db.kill(app)
+            case "pg_restart":
+                db.restart(0.2 + 1.5 * step.amount)
+            case "stall_listener":
+                db.stall_listeners()
+                self.later(0.3 + 0.9 * step.amount, db.unstall)
+            case "stall_reactivate":
+                if row is None or row.active:
+                    applied = False
+                else:
+                    db.stall_listeners()
+                    self.later(0.6 + 0.8 * step.amount, db.unstall)
+                    self.update_rows({name: reactivate(row)})
+                    if step.flag:
+                        await asyncio.sleep(0.1 + 0.3 * step.amount)
+                        self.update_rows({name: row})
+            case "silent_reactivate":
+                if row is None or row.active:
+                    applied = False
+                else:
+                    self.update_rows({name: reactivate(row)}, silent=True)
+                    sb.row_frozen = True
+            case "loop_stall":
+                self.loop.stall(0.05 + 0.6 * step.amount)
+                self.trace("loop stalled")
+            case "watch_lag":
+                stalled = server.stall_watches()
+
+                def unstall() -> None:
+                    for watch in stalled:
+                        if watch.stalled:
+                            watch.unstall()
+
+                self.later(0.2 + 2.0 * step.amount, unstall)
+            case "leader_flip":
+                self.hooks.set_leader(False)
+                self.later(0.05 + step.amount, lambda: self.hooks.set_leader(True))
+            case _:
+                raise AssertionError(kind)
+        self.stats[kind if applied else f"{kind} (n/a)"] += 1
+
+    async def _burst(self, step: Step) -> None:
+        variant = None
+        if step.flag:
+            variant = TOKEN_WAIT_VARIANTS[int(step.amount * len(TOKEN_WAIT_VARIANTS))]
+            self.lift_faults()
+            self.net.faults_on = True
+        changes: dict[str, RowTruth] = {}
+        for other in self.sandboxes:
+            other_name = other.name()
+            other_life = self.life(other_name)
+            other_row = self.rows[other_name].current if other_name in self.rows else None
+            if other_life is None or other_row is None or other.row_frozen:
+                continue
+            pod_now = other_life.states[-1]
+            if variant == "retired_blip" and pod_now.kind == "create":
+                if pod_now.shape is not PodShape.PENDING_STUCK:
+                    self.set_shape(other_life, PodShape.PENDING_STUCK)
+                changes[other_name] = retire(other_row, "replaced")
+                continue
+            if pod_now.shape not in TERMINAL_REAPABLE:
+                self.set_shape(other_life, PodShape.SUCCEEDED)
+            changes[other_name] = retire(other_row, "suspended")
+        self.update_rows(changes)
+        if variant is not None:
+            fraction = (step.amount * len(TOKEN_WAIT_VARIANTS)) % 1
+            await self._while_waiting(list(changes), variant, fraction)
+
+    async def _while_waiting(self, names: list[str], variant: str, fraction: float) -> None:
+        """The campaign's changes while workers wait for delete tokens (one check each)."""
+        await asyncio.sleep(self.threshold_s + 0.3 + 1.2 * fraction)
+        lives = [life for life in map(self.life, names) if life is not None]
+        left = [life.name for life in lives]
+        server, db = self.server, self.db
+        self.trace(f"token wait: {variant}")
+        if variant in ("lagged", "recreated"):
+            self.net.arm("watch", _Fault(status=500), 3)
+            server.drop_watches(abrupt=True)
+        if variant == "recreated":
+            for life in lives:
+                state = life.states[-1]
+                self.delete_pod(life)
+                sb = next(sb for sb in self.sandboxes if sb.name() == life.name)
+                self.create_pod(sb, state.generation, state.shape, state.kind)
+        elif variant == "lagged":
+            for life in lives:
+                current = life.states[-1].shape
+                self.set_shape(life, NON_REAPABLE_SHAPES[len(life.name) % len(NON_REAPABLE_SHAPES)])
+                self.set_shape(life, current)
+        elif variant == "pending_blip":
+            for life in lives:
+                state = life.states[-1]
+                if state.shape in TERMINAL_REAPABLE and state.kind == "create":
+                    self.set_shape(life, PodShape.PENDING_STUCK)
+                    self.set_shape(life, state.shape)
+        else:
+            if variant == "stalled":
+                db.stall_listeners()
+            retired = {name: self.rows[name].current for name in left}
+            middle = {
+                name: retire(row, "suspended") if variant == "retired_blip" else reactivate(row)
+                for name, row in retired.items()
+                if row is not None
+            }
+            self.update_rows(middle, silent=variant == "silent")
+            if variant != "silent":
+                await asyncio.sleep(0.02)
+                self.update_rows({n: r for n, r in retired.items() if r is not None})
+            else:
+                for sb in self.sandboxes:
+                    sb.row_frozen = sb.row_frozen or sb.name() in retired
+        await asyncio.sleep(2.5)
+        db.unstall()
