@@ -216,7 +216,7 @@ class WatchStream:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-        self.server.watches.discard(self)
+        self.server.watches.pop(self, None)
         for timer in self._timers:
             timer.cancel()
         self._wake()
@@ -234,18 +234,21 @@ class ApiServer:
         """(resourceVersion, event line) of every change, oldest first."""
         self.compacted = 0
         """Versions up to this one are gone: a watch from them gets 410."""
-        self.watches: set[WatchStream] = set()
+        self.watches: dict[WatchStream, None] = {}
+        """Open streams, in the order they opened (a dict: iterated in a stable order)."""
         self.deletes: list[Delete] = []
         self.gets: list[Get] = []
         self.syncs: list[float] = []
         """Times of every list and watch request that reached the server."""
         self._uids = 0
-        self.bookmark_every_s = 2.0
+        self.bookmark_every_s = 3.0
         self.finish_after_s = 0.2
         self.on_change: Callable[[str, ServerPod | None], None] = lambda name, pod: None
         """The world's ground-truth recorder: told every change, at the instant it happens."""
         self.expire_next = 0
         """The next N watch requests are answered 410."""
+        self.fail_after_expire = 0
+        """After serving the next 410, the next N list and watch requests fail (500)."""
         self.on_delete: Callable[[], object] = lambda: None
 
     # -- changes (the driver's, the kubelet's, the service's DELETE) -----------------------
@@ -316,7 +319,7 @@ class ApiServer:
     def drop_watches(self, *, abrupt: bool) -> None:
         for watch in list(self.watches):
             watch.push(aiohttp.ClientPayloadError("connection reset") if abrupt else _END)
-            self.watches.discard(watch)
+            self.watches.pop(watch, None)
         self.trace(f"kube drop watches abrupt={abrupt}")
 
     def stall_watches(self) -> list[WatchStream]:
@@ -406,6 +409,10 @@ class ApiServer:
         self.trace(f"kube WATCH rv={version} initial={initial}")
         if self.expire_next > 0:
             self.expire_next -= 1
+            if self.fail_after_expire:
+                self.net.arm("watch", _Fault(status=500), self.fail_after_expire)
+                self.net.arm("list", _Fault(status=500), self.fail_after_expire)
+                self.fail_after_expire = 0
             return Response(410, _status_body(410, "Expired", "too old resource version"))
         stream = WatchStream(self, sock_read_s)
         if initial:
@@ -432,7 +439,7 @@ class ApiServer:
                 if rv > since:
                     stream.push(line)
         stream.sent_rv = self.rv
-        self.watches.add(stream)
+        self.watches[stream] = None
         loop = self.net.loop
         stream._timers.append(loop.call_at(loop.time() + timeout_s, self._expire, stream))
         stream._timers.append(
@@ -442,7 +449,7 @@ class ApiServer:
 
     def _expire(self, stream: WatchStream) -> None:
         if stream in self.watches:
-            self.watches.discard(stream)
+            self.watches.pop(stream, None)
             stream.push(_END)
 
     def _bookmark(self, stream: WatchStream) -> None:

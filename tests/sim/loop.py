@@ -28,6 +28,22 @@ class Deadlock(RuntimeError):
     """Nothing is ready and no timer is pending: every task waits for something that never comes."""
 
 
+class SimTask(asyncio.Task):  # type: ignore[type-arg]
+    """A task hashed by its creation order in the seed, not by its address: code that keeps
+    tasks in a set (anyio's cancel scopes do) then iterates them in the same order in every
+    process."""
+
+    def __init__(self, coro: Any, *, loop: VirtualLoop, **kwargs: Any) -> None:
+        self.sim_id = next(loop._task_ids)  # before: the task registers itself (hashed) at once
+        super().__init__(coro, loop=loop, **kwargs)
+
+    def __hash__(self) -> int:
+        return self.sim_id
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
 class VirtualLoop(asyncio.BaseEventLoop):
     def __init__(self, rng: random.Random, *, hold_p: float = 0.1) -> None:
         super().__init__()
@@ -36,6 +52,7 @@ class VirtualLoop(asyncio.BaseEventLoop):
         self._hold_p = hold_p
         self.iterations = 0
         self._seq = itertools.count()
+        self._task_ids = itertools.count()
         self.stalls: list[tuple[float, float]] = []
 
     # -- the clock -------------------------------------------------------------------------
@@ -57,6 +74,24 @@ class VirtualLoop(asyncio.BaseEventLoop):
     def _write_to_self(self) -> None:
         pass
 
+    def create_task(self, coro: Any, *, name: str | None = None, context: Any = None) -> SimTask:
+        task = SimTask(coro, loop=self, name=name, context=context)
+        if task._source_traceback:  # type: ignore[attr-defined]
+            del task._source_traceback[-1]  # type: ignore[attr-defined]
+        return task
+
+    def finish_tasks(self) -> None:
+        """Cancel what is left, in creation order, and let it end (no coroutine may be left for
+        the garbage collector to close later, in another seed's loop)."""
+        left = sorted(
+            (t for t in asyncio.all_tasks(self) if isinstance(t, SimTask)),
+            key=lambda t: t.sim_id,
+        )
+        for task in left:
+            task.cancel()
+        if left:
+            self.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+
     def call_at(
         self, when: float, callback: Callable[..., object], *args: Any, context: Any = None
     ) -> asyncio.TimerHandle:
@@ -70,10 +105,11 @@ class VirtualLoop(asyncio.BaseEventLoop):
         self.iterations += 1
         scheduled: list[tuple[float, int, asyncio.TimerHandle]] = self._scheduled
         ready = self._ready
+        heappop = heapq.heappop
         if not ready:
             while scheduled and scheduled[0][2]._cancelled:
                 self._timer_cancelled_count -= 1
-                heapq.heappop(scheduled)[2]._scheduled = False
+                heappop(scheduled)[2]._scheduled = False
             if not scheduled:
                 if self._stopping:
                     return
@@ -82,30 +118,32 @@ class VirtualLoop(asyncio.BaseEventLoop):
             if when > self._now:
                 self._now = when
         now = self._now
-        due: list[tuple[float, int, asyncio.TimerHandle]] = []
-        while scheduled and scheduled[0][0] <= now:
-            entry = heapq.heappop(scheduled)
-            handle = entry[2]
-            handle._scheduled = False
-            if handle._cancelled:
-                self._timer_cancelled_count -= 1
-                continue
-            due.append(entry)
-        if due:
-            rng = self._rng
-            if len(due) > 1:
-                # Equal deadlines in a permuted order; earlier deadlines still first.
-                due.sort(key=lambda e: (e[0], rng.random()))
-            if self._hold_p and rng.random() < self._hold_p:
-                # Held back: runs after what is ready now and what the others make ready (it is
-                # due again at the next iteration).
-                held = due.pop(int(rng.random() * len(due)))
-                held[2]._scheduled = True
-                heapq.heappush(scheduled, held)
-            for entry in due:
-                ready.append(entry[2])
+        if scheduled and scheduled[0][0] <= now:
+            due = []
+            while scheduled and scheduled[0][0] <= now:
+                entry = heappop(scheduled)
+                handle = entry[2]
+                handle._scheduled = False
+                if handle._cancelled:
+                    self._timer_cancelled_count -= 1
+                else:
+                    due.append(entry)
+            if due:
+                rng = self._rng
+                if len(due) > 1:
+                    # Equal deadlines in a permuted order; earlier deadlines still first.
+                    random_ = rng.random
+                    due.sort(key=lambda e: (e[0], random_()))
+                if self._hold_p and rng.random() < self._hold_p:
+                    # Held back: runs after what is ready now and what the others make ready
+                    # (it is due again at the next iteration).
+                    held = due.pop(int(rng.random() * len(due)))
+                    held[2]._scheduled = True
+                    heapq.heappush(scheduled, held)
+                ready.extend([entry[2] for entry in due])
+        popleft = ready.popleft
         for _ in range(len(ready)):
-            handle = ready.popleft()
+            handle = popleft()
             if not handle._cancelled:
                 handle._run()
 
@@ -129,6 +167,24 @@ class LoopClock:
 
     def monotonic(self) -> float:
         return self._loop.time()
+
+    def create_task(self, coro: Any, *, name: str | None = None, context: Any = None) -> SimTask:
+        task = SimTask(coro, loop=self, name=name, context=context)
+        if task._source_traceback:  # type: ignore[attr-defined]
+            del task._source_traceback[-1]  # type: ignore[attr-defined]
+        return task
+
+    def finish_tasks(self) -> None:
+        """Cancel what is left, in creation order, and let it end (no coroutine may be left for
+        the garbage collector to close later, in another seed's loop)."""
+        left = sorted(
+            (t for t in asyncio.all_tasks(self) if isinstance(t, SimTask)),
+            key=lambda t: t.sim_id,
+        )
+        for task in left:
+            task.cancel()
+        if left:
+            self.run_until_complete(asyncio.gather(*left, return_exceptions=True))
 
     def call_at(self, deadline: float, callback: Callable[[], object]) -> asyncio.TimerHandle:
         return self._loop.call_at(deadline, callback)

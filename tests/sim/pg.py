@@ -58,8 +58,9 @@ class Database:
         self.net = net
         self.trace = net.trace
         self.rows: dict[str, RowTruth] = {}
-        self.listening: set[ListenConn] = set()
-        self.conns: set[Conn] = set()
+        self.listening: dict[ListenConn, None] = {}
+        """Dicts, not sets, everywhere the models iterate: insertion order, not addresses."""
+        self.conns: dict[Conn, None] = {}
         self.down_until = 0.0
         self.rereads: dict[str, list[float]] = {}
         """Server time of every final re-read (``FRESH_SQL``) of a row, by pod name."""
@@ -179,8 +180,8 @@ class Conn:
         self.pid = db.next_pid()
         self.server_closed = False
         self.client_closed = False
-        self.calls: set[Call] = set()
-        db.conns.add(self)
+        self.calls: dict[Call, None] = {}
+        db.conns[self] = None
 
     def is_closed(self) -> bool:
         return self.client_closed
@@ -190,7 +191,7 @@ class Conn:
         if self.server_closed:
             return
         self.server_closed = True
-        self.db.conns.discard(self)
+        self.db.conns.pop(self, None)
         self._reset_reaches_client()
 
     def _reset_reaches_client(self) -> None:
@@ -205,7 +206,7 @@ class Conn:
     def terminate(self) -> None:
         self.client_closed = True
         self.server_closed = True
-        self.db.conns.discard(self)
+        self.db.conns.pop(self, None)
         for call in list(self.calls):
             call.fail(_lost(), 0.0)
         self.calls.clear()
@@ -228,7 +229,7 @@ class Conn:
             raise asyncpg.exceptions.InterfaceError("connection is closed")
         net = self.net
         call = Call(net, timeout)
-        self.calls.add(call)
+        self.calls[call] = None
         fault = self._fault()
         up = net.latency() + extra_s + (net.rng.uniform(0.5, 3.0) if fault == "slow" else 0.0)
 
@@ -249,7 +250,7 @@ class Conn:
         try:
             return await call.wait()
         finally:
-            self.calls.discard(call)
+            self.calls.pop(call, None)
 
 
 class PoolConn(Conn):
@@ -359,7 +360,7 @@ class ListenConn(Conn):
                 self._client_lost()
 
     def _reset_reaches_client(self) -> None:
-        self.db.listening.discard(self)
+        self.db.listening.pop(self, None)
         self.pipe("closed", None)
 
     def _client_lost(self) -> None:
@@ -371,7 +372,7 @@ class ListenConn(Conn):
             loop.call_soon(callback, self)
 
     def terminate(self) -> None:
-        self.db.listening.discard(self)
+        self.db.listening.pop(self, None)
         super().terminate()
 
     # -- asyncpg.Connection ----------------------------------------------------------------
@@ -382,7 +383,7 @@ class ListenConn(Conn):
     async def add_listener(self, channel: str, callback: Callable[..., object]) -> None:
         def at_server(call: Call) -> None:
             self._listeners[channel] = callback
-            self.db.listening.add(self)
+            self.db.listening[self] = None
             self.pipe("reply", (call, None))
 
         await self._request(None, at_server)

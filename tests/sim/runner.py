@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tests.chaos.removals import REMOVALS
 from tests.chaos.schedule import Step
+from tests.sim.calibration import REVERTS
 from tests.sim.seed import SimConfig, SimResult, run_seed, schedule_for
 
 CONTEXT_S = 1.5
@@ -170,17 +171,26 @@ def _nothing() -> Iterator[None]:
     yield
 
 
-def removals(names: list[str] | None, seeds: int, start: int) -> int:
-    """Each removal of tests/chaos/removals.py in turn; stops at the first seed that fails."""
+def removals(
+    names: list[str] | None,
+    seeds: int,
+    start: int,
+    *,
+    table: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = REMOVALS,
+    what: str = "removals",
+    baseline: bool = True,
+) -> int:
+    """Each removal of tests/chaos/removals.py (or each revert of ``table``) in turn, after a
+    baseline of the same seeds; each stops at the first seed that fails."""
     quiet_logs()
     tune_gc()
     cfg = SimConfig()
     unnoticed = []
-    runs: list[tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = [
-        ("baseline", _nothing)
-    ]
-    runs += [(n, REMOVALS[n]) for n in names or list(REMOVALS)]
-    print(f"removals on the simulator: up to {seeds} seeds each from seed {start}")
+    runs: list[tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = (
+        [("baseline", _nothing)] if baseline else []
+    )
+    runs += [(n, table[n]) for n in names or list(table)]
+    print(f"{what} on the simulator: up to {seeds} seeds each from seed {start}")
     for name, removal in runs:
         started = time.process_time()
         caught: SimResult | None = None
@@ -208,7 +218,7 @@ def removals(names: list[str] | None, seeds: int, start: int) -> int:
                 f"{caught.violations[0][1][:150]}"
             )
     if unnoticed:
-        print(f"UNNOTICED removals: {', '.join(unnoticed)}")
+        print(f"UNNOTICED {what}: {', '.join(unnoticed)}")
         return 1
     return 0
 
@@ -243,13 +253,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", help="replay: only these steps of the schedule (0,3,7)")
     parser.add_argument("--hashes", action="store_true", help="print each seed's trace hash")
     parser.add_argument("--removals", action="store_true", help="the mutation check")
+    parser.add_argument(
+        "--calibrate", action="store_true", help="the two race fixes reverted, one at a time"
+    )
+    parser.add_argument("--no-baseline", action="store_true", help="removals: skip the baseline")
     parser.add_argument("--only", nargs="*", help="removals: only these")
     args = parser.parse_args(argv)
     cfg = SimConfig()
     if args.seed is not None:
         return replay(args.seed, cfg, args.steps)
     if args.removals:
-        return removals(args.only, args.seeds, args.start)
+        return removals(args.only, args.seeds, args.start, baseline=not args.no_baseline)
+    if args.calibrate:
+        return removals(
+            args.only,
+            args.seeds,
+            args.start,
+            table=REVERTS,
+            what="reverted race fixes",
+            baseline=not args.no_baseline,
+        )
     seeds = range(args.start, args.start + args.seeds)
     wall = time.monotonic()
     cpu = time.process_time()

@@ -40,7 +40,7 @@ RECOVERY_BOUND_S = 8.0
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
-    steps: int = 20
+    steps: int = 12
     sandboxes: int = 5
 
 
@@ -54,6 +54,7 @@ class Variant:
     workers: int
     reconcile_timeout_s: float
     resync_s: float
+    heartbeat_s: float
     p_fail: float
     p_slow: float
     hold_p: float
@@ -64,10 +65,11 @@ class Variant:
         return cls(
             mode=seed_mode(seed),
             list_mode=rng.choice(("auto", "stream", "list")),
-            deletes_per_minute=rng.choice((20, 60)),
+            deletes_per_minute=rng.choice((20, 60, 60, 60)),
             workers=rng.choice((1, 2, 4)),
             reconcile_timeout_s=rng.choice((5.0, 15.0)),
             resync_s=rng.choice((5.0, 600.0)),
+            heartbeat_s=rng.choice((1.0, 4.0)),
             p_fail=rng.choice((0.0, 0.02, 0.08)),
             p_slow=rng.choice((0.0, 0.05)),
             hold_p=rng.choice((0.0, 0.1, 0.3)),
@@ -97,7 +99,7 @@ def settings_for(v: Variant) -> Settings:
             "DATABASE_URL": "postgresql://sim@127.0.0.1:1/sim",
             "DB_CONNECT_TIMEOUT_SECONDS": "2",
             "DB_STATEMENT_TIMEOUT_SECONDS": "2",
-            "LISTENER_HEARTBEAT_SECONDS": "1.0",
+            "LISTENER_HEARTBEAT_SECONDS": str(v.heartbeat_s),
             "LISTENER_HEARTBEAT_TIMEOUT_SECONDS": "1.0",
             "METRICS_BIND_ADDRESS": "127.0.0.1:0",
             "LEADER_ELECTION": "false",
@@ -219,7 +221,10 @@ def run_seed(
     try:
         with asyncpg_models(Asyncpg(world.db)):
             asyncio.set_event_loop(loop)
-            loop.run_until_complete(main())
+            try:
+                loop.run_until_complete(main())
+            finally:
+                loop.finish_tasks()
     except Exception as exc:  # a crash of the service (a bug ends a loop) fails the seed
         result.violations.append((loop.time(), f"crashed: {_describe(exc)}"))
     finally:

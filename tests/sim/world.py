@@ -255,7 +255,8 @@ class World:
                     else:
                         between = NON_REAPABLE_SHAPES[int(step.amount * len(NON_REAPABLE_SHAPES))]
                     self.set_shape(life, between)
-                    await asyncio.sleep(net.latency())
+                    # Back at once (a latency), or after a while.
+                    await asyncio.sleep(net.latency() if step.amount < 0.5 else step.amount / 2)
                     if self.life(name) is life:
                         self.set_shape(life, current)
             case "recreate" | "stale_recreate":
@@ -320,6 +321,9 @@ class World:
             case "watch_410":
                 server.expire_next += 1
                 server.drop_watches(abrupt=False)
+                if step.flag:
+                    # ... and the relist that follows fails a few times (it stays relisting).
+                    server.fail_after_expire = 1 + int(step.amount * 3)
             case "compact":
                 server.compact()
                 server.drop_watches(abrupt=step.flag)
