@@ -73,7 +73,7 @@ sim: $(STAMP)
 	$(PY) -m tests.sim $(if $(SEED),--seed $(SEED),--seeds $(SEEDS) --jobs $(JOBS))
 
 sim-removals: $(STAMP)
-	$(PY) -m tests.chaos.removals --engine sim --seeds $(if $(filter command line,$(origin SEEDS)),$(SEEDS),2000)
+	$(PY) -m tests.chaos.removals --engine sim $(if $(filter command line,$(origin SEEDS)),--seeds $(SEEDS))
 
 # `make test-under-load RUNS=10`: run LOAD_CMD (default `make test`) RUNS times while an unrelated
 # process keeps one core busy (tests/underload.py; the spinner is always killed afterwards).

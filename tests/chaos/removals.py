@@ -176,7 +176,7 @@ def first_violation(result: SeedResult) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=24)
+    parser.add_argument("--seeds", type=int, help="24 on the campaign, 2000 on the simulator")
     parser.add_argument("--start", type=int, default=1)
     parser.add_argument("--only", nargs="*", choices=sorted(REMOVALS))
     parser.add_argument("--engine", choices=("campaign", "sim"), default="campaign")
@@ -185,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         # Imported here: the simulator's runner imports REMOVALS from this module.
         from tests.sim.runner import removals  # noqa: PLC0415
 
-        return removals(args.only, args.seeds, args.start)
-    seeds = list(range(args.start, args.start + args.seeds))
+        return removals(args.only, args.seeds or 2000, args.start)
+    seeds = list(range(args.start, args.start + (args.seeds or 24)))
     unnoticed = []
     runs: list[tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = [
         (

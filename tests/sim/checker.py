@@ -5,9 +5,11 @@ server model received it (its body, its status, the UID it deleted), every final
 database model ran it, every GET, every dry-run report; the pods' and rows' timelines
 (:mod:`tests.chaos.model`, the same oracle as the campaign's, written independently of the
 classifier). Times are exact virtual instants, so the campaign's tolerances for clock skew and
-for a commit known only to lie inside an interval are not needed here: the only slack is the
-DELETE's uplink latency in the budget's windows (the budget bounds grants; the server counts
-arrivals).
+for a commit known only to lie inside an interval are not needed here. The budget's windows are
+judged on the times the DELETEs were handed to the client (the grants the budget bounds; each
+reaches the server a latency later, or later still when the loop stalled meanwhile), and so is
+the final check's age bound (a DELETE sent more than ``FINAL_CHECK_MAX_AGE_S`` after its row's
+last re-read reached the database is a violation of invariant 1).
 
 Liveness: once the faults are lifted, every pod reapable then must be deleted (reported, in dry
 run) within ``threshold + recovery_bound + backlog / pace``, counted from when the service's

@@ -138,7 +138,9 @@ def excerpt(result: SimResult, at: float) -> list[str]:
     return lines[-120:]
 
 
-def report_failure(seed: int, cfg: SimConfig, out: Callable[[str], None] = print) -> None:
+def report_failure(
+    seed: int, cfg: SimConfig, out: Callable[[str], None] = print, applied: str | None = None
+) -> None:
     quiet_logs()
     original = schedule_for(seed, cfg)
     first = run_seed(seed, cfg)
@@ -160,7 +162,11 @@ def report_failure(seed: int, cfg: SimConfig, out: Callable[[str], None] = print
         out("  the interleaving before it (# lines are the service's log, not hashed):")
         for line in excerpt(replay, at):
             out("    " + line)
-    out(f"  replay: make sim SEED={seed}")
+    out(
+        f"  replay: python -m tests.sim --seed {seed} --with {applied}"
+        if applied
+        else f"  replay: make sim SEED={seed}"
+    )
 
 
 # -- the removals check ---------------------------------------------------------------------
@@ -258,8 +264,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-baseline", action="store_true", help="removals: skip the baseline")
     parser.add_argument("--only", nargs="*", help="removals: only these")
+    parser.add_argument(
+        "--with",
+        dest="applied",
+        choices=sorted({*REMOVALS, *REVERTS}),
+        help="replay or sweep with one removal (tests/chaos/removals.py) or revert applied",
+    )
     args = parser.parse_args(argv)
     cfg = SimConfig()
+    if args.applied is not None:
+        with {**REMOVALS, **REVERTS}[args.applied]():
+            return _main(args, cfg)
+    return _main(args, cfg)
+
+
+def _main(args: argparse.Namespace, cfg: SimConfig) -> int:
     if args.seed is not None:
         return replay(args.seed, cfg, args.steps)
     if args.removals:
@@ -284,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in results:
             print(f"seed {r.seed} trace {r.trace_hash}{'' if r.ok else ' FAILED'}")
     for r in failed[:3]:
-        report_failure(r.seed, cfg)
+        report_failure(r.seed, cfg, applied=args.applied)
     for r in failed[3:20]:
         print(f"FAILED seed {r.seed}: {r.first[:200]}")
     n = len(results)

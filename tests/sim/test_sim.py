@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.removals import REMOVALS
-from tests.sim.seed import run_seed
+from tests.sim.calibration import REVERTS
+from tests.sim.seed import SimConfig, run_seed, schedule_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SLICE = 20_000
@@ -60,7 +61,7 @@ def test_a_seed_replays_to_the_same_trace() -> None:
         logging.disable(logging.NOTSET)
     assert first == again
     assert len(set(first.values())) == len(first)  # different seeds, different traces
-    done = _sim("--seeds", "8", "--start", "1", "--hashes", timeout_s=300)
+    done = _sim("--seeds", "8", "--start", "1", "--hashes", "--jobs", "2", timeout_s=300)
     printed = dict(re.findall(r"^seed (\d+) trace ([0-9a-f]+)", done.stdout, re.M))
     assert {int(k): v for k, v in printed.items()} == first
 
@@ -74,3 +75,21 @@ def test_the_simulator_catches_a_removed_check() -> None:
     finally:
         logging.disable(logging.NOTSET)
     assert failed is not None
+
+
+def test_the_relisting_race_is_found_and_the_fix_holds() -> None:
+    # Seed 4414's schedule shrunk to three steps (docs/reliability.md, "Deterministic
+    # simulation"): a 410 whose relist keeps failing, a retirement (its notification starts a
+    # clock from the relisting cache's stale snapshot), a pod blip the relist then collapses.
+    schedule = schedule_for(4414, SimConfig())
+    steps = [schedule[0], schedule[5], schedule[6]]
+    assert [s.kind for s in steps] == ["watch_410", "retire", "pod_blip"]
+    logging.disable(logging.CRITICAL)
+    try:
+        with REVERTS["relisting_cache"]():
+            reverted = run_seed(4414, steps=steps)
+        fixed = run_seed(4414, steps=steps)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert any("not continuously reapable" in v for _, v in reverted.violations)
+    assert fixed.ok, fixed.violations
