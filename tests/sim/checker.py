@@ -58,7 +58,7 @@ class Checker:
 
     def check(self, reports: list[tuple[float, object]]) -> None:
         for d in self.world.server.deletes:
-            self._check_delete(d.time, d.name, d.body, d.status, d.uid)
+            self._check_delete(d.time, d.sent, d.name, d.body, d.status, d.uid)
             reread = self._last_reread(d.name, d.sent)
             if reread is not None and d.sent - reread > FINAL_CHECK_MAX_AGE_S + 1e-9:
                 self._fail(
@@ -85,7 +85,13 @@ class Checker:
         return best
 
     def _check_delete(
-        self, t: float, name: str, body: dict[str, object], status: int, uid: str | None
+        self,
+        t: float,
+        sent: float,
+        name: str,
+        body: dict[str, object],
+        status: int,
+        uid: str | None,
     ) -> None:
         if self.mode != "live":
             self._fail(t, f"{self.mode}: a DELETE was sent for {name} (invariants 5/6)")
@@ -107,7 +113,7 @@ class Checker:
             self._fail(t, f"DELETE {name}: precondition rv is not the pod's {life.rvs[i]} (inv. 7)")
         if not pod_shape_reapable(life.states[i]):
             self._fail(t, f"DELETE {name} uid {uid}: pod state {life.states[i]} (inv. 2)")
-        ok, why = self._window(life, t, deleted=True)
+        ok, why = self._window(life, t, deleted=True, sent=sent)
         if not ok:
             self._fail(
                 t,
@@ -115,14 +121,23 @@ class Checker:
                 f"{self.threshold_s}s before it: {why} (invariants 1/3)",
             )
 
-    def _window(self, life: PodLife, t: float, *, deleted: bool) -> tuple[bool, str]:
+    def _window(
+        self, life: PodLife, t: float, *, deleted: bool, sent: float | None = None
+    ) -> tuple[bool, str]:
         """Invariants 1 and 3 for an action on ``life`` at ``t`` (as the campaign judges: pod
-        and row reapable together from a threshold before ``t`` up to the final re-read; the
-        pod also up to a DELETE, which its resourceVersion precondition pins)."""
-        reread = self._last_reread(life.name, t)
+        and row reapable together from a threshold before the action up to its final re-read;
+        the pod also up to a DELETE's arrival, which its resourceVersion precondition pins).
+
+        A DELETE is judged from when it was handed to the client (``sent``: the clock said a
+        threshold then, and its final re-read came before it); it may reach the server much
+        later (a slow uplink outliving the client's timeout), and a re-read made meanwhile for
+        another reconcile is not its own. A row change after its re-read is the accepted race
+        (docs/architecture.md, invariant 1)."""
+        acted = t if sent is None else sent
+        reread = self._last_reread(life.name, acted)
         if reread is None:
             return False, "no final re-read of its row before it"
-        a = t - self.threshold_s
+        a = acted - self.threshold_s
         row = self.world.rows.get(life.name)
         if not deleted:
             got = self._last_get(life.name, reread)

@@ -379,7 +379,9 @@ class ApiServer:
         self.trace(f"kube LIST limit={limit} continue={token} rv={version} {match}")
         if token:
             at_rv, offset = (int(x) for x in token.split(":"))
-            if at_rv <= self.compacted:
+            if at_rv < self.compacted:
+                # The list's version was compacted away (a list at the compacted version
+                # itself is still served: compaction removes what came before it).
                 return Response(410, _status_body(410, "Expired", "continue token expired"))
         else:
             if match == "NotOlderThan" and version and int(version) > self.rv:
