@@ -130,12 +130,11 @@ def describe_steps(steps: list[Step], original: list[Step]) -> str:
 
 
 def excerpt(result: SimResult, at: float) -> list[str]:
-    lines = []
-    for line in result.trace:
-        t = float(line.split(" ", 1)[0])
-        if at - CONTEXT_S <= t <= at + 0.1:
-            lines.append(line)
-    return lines[-120:]
+    """The trace of the ``CONTEXT_S`` before ``at`` (at least its last 30 lines: a liveness
+    deadline may fall in a quiet stretch)."""
+    before = [line for line in result.trace if float(line.split(" ", 1)[0]) <= at + 0.1]
+    recent = [line for line in before if float(line.split(" ", 1)[0]) >= at - CONTEXT_S]
+    return (recent if len(recent) >= 30 else before[-30:])[-120:]
 
 
 def report_failure(
