@@ -260,9 +260,11 @@ class ReconcileOutcome(enum.StrEnum):
     """The final check kept aging past its bound (a starved loop, slow database); requeued."""
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutionChange:
-    """A parsed change notification: which pod's execution changed, and how."""
+class ExecutionChange(msgspec.Struct, frozen=True, gc=False):
+    """One parsed change of a notification: which pod's execution changed, and how.
+
+    A frozen msgspec Struct, as :class:`PodSnapshot`: a mass retirement parses 10,000 of them at
+    once, and a Struct is built in C."""
 
     namespace: str
     pod_name: str

@@ -81,7 +81,10 @@ class PodEventHandler(Protocol):
 class ExecutionEventHandler(Protocol):
     """What the PostgreSQL listener tells its consumer. Must not block."""
 
-    def execution_changed(self, change: ExecutionChange) -> None: ...
+    def executions_changed(self, changes: Sequence[ExecutionChange]) -> None:
+        """The changes of one notification, as one unit (a batch of a statement's changed rows;
+        a single change is a batch of one). Never empty."""
+        ...
 
     def notifications_missed(self) -> None:
         """The listener (re)connected: notifications may have been lost meanwhile."""

@@ -16,7 +16,9 @@ synchronously on the event loop:
   and a leadership change clear every clock;
 - **enqueues** the key, so it is reconciled as soon as something changes. Pod events for pods
   that fail the prefilter are not enqueued: their reconcile could only say "skipped", and at
-  10k events/s that would be pure load. Row notifications always enqueue.
+  10k events/s that would be pure load. Row notifications always enqueue. A notification is a
+  batch (every row one statement changed, chunked by the trigger): its clocks are cleared
+  together, then its keys go on the queue as one burst.
 
 Workers take keys in batches (a share of what is ready, at most ``LOOKUP_BATCH_SIZE``; one key
 is a batch of one): ``Reconciler.observe`` takes the batch to its clocks with one row query,
@@ -159,16 +161,23 @@ class Controller:
 
     # ------------------------------------------------ ExecutionEventHandler
 
-    def execution_changed(self, change: ExecutionChange) -> None:
-        # The row's active flag or state changed (or it was inserted or deleted): re-activated
+    def executions_changed(self, changes: Sequence[ExecutionChange]) -> None:
+        # Each row's active flag or state changed (or it was inserted or deleted): re-activated
         # is not reapable as of now, and one retired state for another can change the verdict
-        # (a Pending pod is reapable only when the row is retired as `replaced`). The clock
-        # restarts; the reconcile this enqueues starts it again if the pod is reapable.
-        self._clocks.clear_key(change.key)
-        self._enqueue(change.key)
-        if change.retired and change.received_at_s > 0:
+        # (a Pending pod is reapable only when the row is retired as `replaced`). Every clock of
+        # the batch restarts the moment it arrives, before anything is enqueued; the reconciles
+        # this enqueues (one burst, taken by the workers in observation batches) start them
+        # again where the pod is reapable.
+        keys = [change.key for change in changes]
+        self._clocks.clear_keys(keys)
+        self._enqueue_many(keys)
+        received_at_s = min(
+            (c.received_at_s for c in changes if c.retired and c.received_at_s > 0), default=None
+        )
+        if received_at_s is not None:
+            # One sample per notification that carries a retirement.
             self._metrics.retirement_to_enqueue.observe(
-                max(0.0, self._clock.monotonic() - change.received_at_s)
+                max(0.0, self._clock.monotonic() - received_at_s)
             )
 
     def notifications_missed(self) -> None:
@@ -193,6 +202,10 @@ class Controller:
     def _enqueue(self, key: str) -> None:
         if self._activation.active:
             self._queue.add(key)
+
+    def _enqueue_many(self, keys: Sequence[str]) -> None:
+        if self._activation.active:
+            self._queue.add_many(keys)
 
     # -------------------------------------------------------------- workers
 

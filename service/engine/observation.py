@@ -106,6 +106,16 @@ class ObservationClocks:
         if uid is not None:
             self._by_uid.pop(uid, None)
 
+    def clear_keys(self, keys: Iterable[str]) -> None:
+        """:meth:`clear_key` for each of ``keys`` (a notification batch, cleared as one unit)."""
+        inflight, uid_by_key, by_uid = self._inflight, self._uid_by_key, self._by_uid
+        for key in keys:
+            if key in inflight:
+                inflight[key] = True
+            uid = uid_by_key.pop(key, None)
+            if uid is not None:
+                by_uid.pop(uid, None)
+
     def clear_all(self) -> None:
         """Forget every clock (cold cache, missed notifications, leadership change)."""
         self._by_uid.clear()

@@ -31,6 +31,7 @@ import contextlib
 import heapq
 import itertools
 from collections import deque
+from collections.abc import Iterable
 
 import anyio
 
@@ -74,18 +75,33 @@ class WorkQueue:
 
     def add(self, key: str) -> None:
         """Mark ``key`` for processing (no-op when already waiting or after shutdown)."""
+        self.add_many((key,))
+
+    def add_many(self, keys: Iterable[str]) -> None:
+        """:meth:`add` each of ``keys``, as one burst: one clock read, one metric update, and as
+        many getters woken as keys became ready."""
         if self._shutting_down:
             return
-        if self._metrics is not None:
-            self._metrics.queue_adds.inc()
-        if key in self._dirty:
-            return
-        self._dirty.add(key)
-        self._dirty_since[key] = self._clock.monotonic()
-        if key in self._processing:
-            return  # re-queued by done()
-        self._ready.append(key)
-        self._wake_one()
+        dirty, processing, ready, since = self._dirty, self._processing, self._ready, None
+        added = became_ready = 0
+        for key in keys:
+            added += 1
+            if key in dirty:
+                continue
+            dirty.add(key)
+            if since is None:
+                since = self._clock.monotonic()
+            self._dirty_since[key] = since
+            if key in processing:
+                continue  # re-queued by done()
+            ready.append(key)
+            became_ready += 1
+        if self._metrics is not None and added:
+            self._metrics.queue_adds.inc(added)
+        for _ in range(became_ready):
+            if not self._getters:
+                break
+            self._wake_one()
 
     def add_after(self, key: str, delay_s: float) -> None:
         """Add ``key`` once ``delay_s`` has passed; an earlier pending time for it wins."""

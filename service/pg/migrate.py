@@ -26,7 +26,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CHANNEL = "sandbox_execution_changed"
 SCHEMA_STEP = "0001_dev_schema"
-TRIGGER_STEP = "0002_notify_trigger"
+TRIGGER_STEP = "0003_notify_statement_trigger"
+"""The trigger step. It supersedes ``0002_notify_trigger`` (whose per-row triggers it drops), so a
+run never applies 0002: a database that has 0002 recorded gets 0003 applied over it."""
+_TRIGGER_ARGUMENTS = 3
 _CHANNEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _DEFAULT_CHANNEL_LITERAL = f"('{DEFAULT_CHANNEL}')"
 # Arbitrary but fixed: pg_advisory_xact_lock key shared by every migrating replica.
@@ -66,8 +69,10 @@ def render_trigger_sql(channel: str) -> str:
     if not _CHANNEL.fullmatch(channel):
         raise ValueError(f"notify channel must be an SQL identifier, got {channel!r}")
     sql = read_sql(TRIGGER_STEP)
-    if sql.count(_DEFAULT_CHANNEL_LITERAL) != 2:
-        raise MigrationError(f"{TRIGGER_STEP}.sql: expected two trigger arguments to substitute")
+    if sql.count(_DEFAULT_CHANNEL_LITERAL) != _TRIGGER_ARGUMENTS:
+        raise MigrationError(
+            f"{TRIGGER_STEP}.sql: expected {_TRIGGER_ARGUMENTS} trigger arguments to substitute"
+        )
     # The identifier regex admits no quote, so the literal needs no escaping.
     return sql.replace(_DEFAULT_CHANNEL_LITERAL, f"('{channel}')")
 

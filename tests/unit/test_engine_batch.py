@@ -24,8 +24,8 @@ def _retire_all(rig: EngineRig, n: int) -> list[str]:
     for pod in pods:
         rig.add(pod, make_row(pod), event=False)
     for pod in pods:
-        rig.controller.execution_changed(
-            ExecutionChange(pod.namespace, pod.name, active=False, state=ExecutionState.SUSPENDED)
+        rig.controller.executions_changed(
+            [ExecutionChange(pod.namespace, pod.name, active=False, state=ExecutionState.SUSPENDED)]
         )
     return [pod.key for pod in pods]
 
@@ -84,8 +84,8 @@ async def test_a_notification_during_the_batch_lookup_keeps_that_clock_stopped()
         # Active and back to retired while the query was in flight: the query may have read
         # either state, so its answer must not start this clock.
         for active, state in ((True, ExecutionState.ACTIVE), (False, ExecutionState.SUSPENDED)):
-            rig.controller.execution_changed(
-                ExecutionChange(flipped.namespace, flipped.name, active=active, state=state)
+            rig.controller.executions_changed(
+                [ExecutionChange(flipped.namespace, flipped.name, active=active, state=state)]
             )
         again = anyio.Event()  # holds the re-read of the flipped key
         rig.store.lookup_gate = again

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable
 
@@ -113,8 +112,8 @@ async def test_a_row_flipping_and_back_between_two_reconciles_restarts_the_clock
     pod = make_pod()
     await _observed_for_100s(rig, pod, make_row(pod))
     # Between two reconciles the row flips and flips back; only notifications see it.
-    rig.controller.execution_changed(flip)
-    rig.controller.execution_changed(_change(pod, active=False, state=ExecutionState.SUSPENDED))
+    rig.controller.executions_changed([flip])
+    rig.controller.executions_changed([_change(pod, active=False, state=ExecutionState.SUSPENDED)])
     await _assert_clock_restarted(rig, pod)
 
 
@@ -165,8 +164,8 @@ async def test_a_row_moving_between_retired_states_restarts_the_clock() -> None:
     rig = make_rig()
     pod = make_pod(phase=PodPhase.PENDING, container_count=0, all_containers_terminated=False)
     await _observed_for_100s(rig, pod, make_row(pod, state=ExecutionState.REPLACED))
-    rig.controller.execution_changed(_change(pod, active=False, state=ExecutionState.SUSPENDED))
-    rig.controller.execution_changed(_change(pod, active=False, state=ExecutionState.REPLACED))
+    rig.controller.executions_changed([_change(pod, active=False, state=ExecutionState.SUSPENDED)])
+    rig.controller.executions_changed([_change(pod, active=False, state=ExecutionState.REPLACED)])
     await _assert_clock_restarted(rig, pod)
 
 
@@ -308,11 +307,11 @@ async def test_a_retirement_notification_enqueues_and_records_its_latency() -> N
     rig = make_rig()
     pod = make_pod()
     rig.add(pod, make_row(pod), event=False)
-    change = dataclasses.replace(
+    change = structs.replace(
         _change(pod, active=False, state=ExecutionState.REPLACED),
         received_at_s=rig.clock.monotonic() - 0.004,
     )
-    rig.controller.execution_changed(change)
+    rig.controller.executions_changed([change])
     assert rig.queue.is_dirty(pod.key)
     assert rig.sample("retired_pod_gc_retirement_to_enqueue_seconds_count") == 1
     assert rig.sample("retired_pod_gc_retirement_to_enqueue_seconds_sum") == pytest.approx(0.004)
@@ -371,8 +370,8 @@ async def test_disabled_sends_nothing() -> None:
     pods = [make_pod(f"s{i}") for i in range(3)]
     async with rig.workers():
         _retired(rig, pods)
-        rig.controller.execution_changed(
-            _change(pods[0], active=False, state=ExecutionState.SUSPENDED)
+        rig.controller.executions_changed(
+            [_change(pods[0], active=False, state=ExecutionState.SUSPENDED)]
         )
         rig.controller.cache_synced()
         assert rig.controller.resync() == 0

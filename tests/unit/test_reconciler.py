@@ -296,8 +296,8 @@ async def test_a_clearing_event_during_the_lookup_keeps_the_clock_from_starting(
         await anyio.wait_all_tasks_blocked()
         assert rig.store.lookups == 1  # the lookup is in flight
         # The row flips active (notification) while the lookup (old snapshot) is in flight.
-        rig.controller.execution_changed(
-            ExecutionChange(pod.namespace, pod.name, active=True, state=ExecutionState.ACTIVE)
+        rig.controller.executions_changed(
+            [ExecutionChange(pod.namespace, pod.name, active=True, state=ExecutionState.ACTIVE)]
         )
         gate.set()
     assert results[0].outcome == ReconcileOutcome.CHANGED
@@ -322,8 +322,12 @@ async def test_a_clock_cleared_while_waiting_for_a_delete_token_prevents_the_del
         tg.start_soon(run)
         await anyio.wait_all_tasks_blocked()  # waiting for the budget (1 per minute)
         # The row flips active and back while we wait: the notification clears the clock.
-        rig.controller.execution_changed(
-            ExecutionChange(second.namespace, second.name, active=True, state=ExecutionState.ACTIVE)
+        rig.controller.executions_changed(
+            [
+                ExecutionChange(
+                    second.namespace, second.name, active=True, state=ExecutionState.ACTIVE
+                )
+            ]
         )
         await rig.advance(60)
     assert results[0].outcome == ReconcileOutcome.CHANGED
@@ -605,10 +609,12 @@ async def test_a_flip_still_in_flight_at_the_final_check_stops_the_delete() -> N
     await _expire(rig, pod)
     # The row was re-activated and retired again; the re-read already shows "retired" but the
     # re-activation's notification is only handed over by the sync.
-    barrier.deliver = lambda: rig.controller.execution_changed(
-        ExecutionChange(
-            namespace=pod.namespace, pod_name=pod.name, active=True, state=ExecutionState.ACTIVE
-        )
+    barrier.deliver = lambda: rig.controller.executions_changed(
+        [
+            ExecutionChange(
+                namespace=pod.namespace, pod_name=pod.name, active=True, state=ExecutionState.ACTIVE
+            )
+        ]
     )
     result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.CHANGED
