@@ -234,7 +234,7 @@ def test_migrate_twice_applies_then_has_nothing_to_apply(
     first = run_cli("migrate", "--with-schema", env=env)
     assert first.code == 0, first.stderr
     assert first.stdout.startswith("applied: ")
-    assert "0001" in first.stdout and "0002" in first.stdout
+    assert "0001" in first.stdout and "0003" in first.stdout
     second = run_cli("migrate", "--with-schema", env=env)
     assert second.code == 0, second.stderr
     assert second.stdout.strip() == "nothing to apply: the database is up to date"
