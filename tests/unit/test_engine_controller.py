@@ -317,6 +317,50 @@ async def test_a_retirement_notification_enqueues_and_records_its_latency() -> N
     assert rig.sample("retired_pod_gc_retirement_to_enqueue_seconds_sum") == pytest.approx(0.004)
 
 
+@pytest.mark.anyio
+async def test_a_batch_clears_exactly_its_keys_clocks_at_once_and_enqueues_them_as_one_burst() -> (
+    None
+):
+    rig = make_rig()
+    pods = [make_pod(f"b{i}") for i in range(6)]
+    for pod in pods:
+        rig.add(pod, make_row(pod), event=False)
+        assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert len(rig.clocks) == 6
+    while len(rig.queue):
+        rig.queue.done(await rig.queue.get())
+    in_batch, outside = pods[:4], pods[4:]
+    batch = [
+        _change(in_batch[0], active=True, state=ExecutionState.ACTIVE),  # a re-activation
+        _change(in_batch[1], active=False, state=ExecutionState.REPLACED),
+        _change(in_batch[2], active=False, state=ExecutionState.SUSPENDED),
+        ExecutionChange(in_batch[3].namespace, in_batch[3].name, None, None, deleted=True),
+    ]
+    received_at_s = rig.clock.monotonic() - 0.004
+    batch = [structs.replace(c, received_at_s=received_at_s) for c in batch]
+    rig.controller.executions_changed(batch)
+    # Every clock of the batch is gone the moment it is handed over; the others run on.
+    assert [rig.clocks.uid_for(p.key) for p in in_batch] == [None] * 4
+    assert [rig.clocks.uid_for(p.key) for p in outside] == [p.uid for p in outside]
+    assert rig.sample("retired_pod_gc_queue_adds_total") >= 4
+    keys = await rig.queue.get_batch(100)
+    assert keys == [p.key for p in in_batch]
+    # One latency sample for the notification (it carries retirements), not one per row.
+    assert rig.sample("retired_pod_gc_retirement_to_enqueue_seconds_count") == 1
+    assert rig.sample("retired_pod_gc_retirement_to_enqueue_seconds_sum") == pytest.approx(0.004)
+
+
+@pytest.mark.anyio
+async def test_an_inactive_controller_clears_a_batch_but_enqueues_nothing() -> None:
+    rig = make_rig(leader=False)
+    pod = make_pod()
+    rig.add(pod, make_row(pod), event=False)
+    rig.clocks.observe(pod.uid, pod.key, Verdict.TERMINAL_RETIRED, rig.clock.monotonic())
+    rig.controller.executions_changed([_change(pod, active=True, state=ExecutionState.ACTIVE)])
+    assert rig.clocks.uid_for(pod.key) is None
+    assert len(rig.queue) == 0
+
+
 # ------------------------------------------------------------ invariant 4
 
 

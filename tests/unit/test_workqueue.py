@@ -311,3 +311,49 @@ async def test_get_batch_takes_a_share_of_the_ready_keys_within_its_bounds() -> 
     assert len(q) == 0
     q.done("k5")
     assert await q.get_batch(10) == ["k5"]
+
+
+@pytest.mark.anyio
+async def test_add_many_is_add_of_each_key_in_order() -> None:
+    # The same keys, some waiting, some in flight, some repeated: one burst leaves the queue as
+    # one add per key would.
+    rng = random.Random(5)
+    for _ in range(50):
+        keys = [f"ns/{rng.randrange(8)}" for _ in range(rng.randrange(1, 20))]
+        states = []
+        for burst in (True, False):
+            queue, _ = _queue(metrics=Metrics(CollectorRegistry()))
+            queue.add("ns/1")
+            queue.add("ns/2")
+            held = await _get_now(queue)  # ns/1 in flight
+            if burst:
+                queue.add_many(keys)
+            else:
+                for key in keys:
+                    queue.add(key)
+            assert held is not None
+            queue.done(held)
+            order = []
+            while len(queue):
+                order.append(await _get_now(queue))
+            states.append(order)
+        assert states[0] == states[1]
+
+
+@pytest.mark.anyio
+async def test_add_many_wakes_one_getter_per_key_that_became_ready() -> None:
+    queue, _ = _queue()
+    got: list[str | None] = []
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(lambda: _append(queue, got))
+        await anyio.wait_all_tasks_blocked()
+        queue.add_many(["ns/a", "ns/a", "ns/b"])  # two keys ready: two getters
+        await anyio.wait_all_tasks_blocked()
+        assert sorted(k or "" for k in got) == ["ns/a", "ns/b"]
+        queue.shut_down()
+    assert got[-1] is None
+
+
+async def _append(queue: WorkQueue, got: list[str | None]) -> None:
+    got.append(await queue.get())
