@@ -49,92 +49,150 @@
 -- Idempotent: CREATE OR REPLACE FUNCTION, DROP ... IF EXISTS, then the triggers are created
 -- again (all in the one transaction `migrate` runs this file in).
 
+-- One change as compact JSON: [op, namespace, pod_name, active, execution_state], the texts cut
+-- as 0002 cut them. Texts JSON would not escape are quoted as they are (most of what to_json
+-- costs is its per-call type lookup); the others go through to_json; either way the text is
+-- the same. Inlined into the queries below (its arguments there are plain columns).
+CREATE OR REPLACE FUNCTION retired_pod_gc_change_json(
+    op text, namespace text, pod_name text, active boolean, execution_state text
+)
+RETURNS text
+LANGUAGE sql
+STABLE
+PARALLEL SAFE
+AS $fn$
+    SELECT CASE
+        WHEN (coalesce(namespace, '') || coalesce(pod_name, '') || coalesce(execution_state, ''))
+             ~ '[\x01-\x1f"\\]'
+        THEN '["' || op || '",'
+            || coalesce(to_json(left(namespace, 253))::text, 'null') || ','
+            || coalesce(to_json(left(pod_name, 253))::text, 'null') || ','
+            || coalesce(active::text, 'null') || ','
+            || coalesce(to_json(left(execution_state, 64))::text, 'null') || ']'
+        ELSE '["' || op || '",'
+            || coalesce('"' || left(namespace, 253) || '"', 'null') || ','
+            || coalesce('"' || left(pod_name, 253) || '"', 'null') || ','
+            || coalesce(active::text, 'null') || ','
+            || coalesce('"' || left(execution_state, 64) || '"', 'null') || ']'
+    END
+$fn$;
+
+-- The batch a change goes in (see the bound above): `bytes` is the change's length, `packed`
+-- the running sum of (length + 1) over the changes up to and including it counting only those
+-- of at most 512 bytes, `nth` its position. Inlined into the queries below.
+CREATE OR REPLACE FUNCTION retired_pod_gc_change_batch(bytes integer, packed bigint, nth bigint)
+RETURNS bigint
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $fn$
+    SELECT CASE WHEN bytes <= 512
+                -- The offset at which the change starts among the packed ones, in 7000s.
+                THEN (packed - bytes - 1) / 7000
+                -- A long change alone, in a batch numbered apart from the packed ones.
+                ELSE -nth
+           END
+$fn$;
+
+-- Each branch is one query for the whole statement: the rows the service must hear of, their
+-- namespaces (sandboxes joined once), one JSON text per change, the batches, one pg_notify per
+-- batch (PERFORM runs the query to its end). They differ only in where the rows come from:
+-- transition tables allow one event per trigger, and a query may name only the transition
+-- tables of its own trigger.
 CREATE OR REPLACE FUNCTION retired_pod_gc_notify_executions_changed()
 RETURNS trigger
 LANGUAGE plpgsql
+-- One plan per query for the session: a custom plan (the default for the first runs of a
+-- query with parameters) would be planned again for every statement.
 SET plan_cache_mode = force_generic_plan
 AS $fn$
-DECLARE
-    -- The statement's changes, column by column (zipped again by unnest below).
-    ops         text[];
-    sandbox_ids text[];
-    pod_names   text[];
-    actives     boolean[];
-    states      text[];
 BEGIN
     IF TG_OP = 'UPDATE' THEN
-        SELECT array_agg(CASE WHEN o.id IS NULL THEN 'insert'
-                              WHEN n.id IS NULL THEN 'delete'
-                              ELSE 'update' END),
-               array_agg(CASE WHEN n.id IS NULL THEN o.sandbox_id ELSE n.sandbox_id END),
-               array_agg(CASE WHEN n.id IS NULL THEN o.pod_name ELSE n.pod_name END),
-               array_agg(CASE WHEN n.id IS NULL THEN o.active ELSE n.active END),
-               array_agg(CASE WHEN n.id IS NULL THEN o.execution_state
-                              ELSE n.execution_state END)
-          INTO ops, sandbox_ids, pod_names, actives, states
-          FROM old_rows AS o
-          FULL JOIN new_rows AS n ON n.id = o.id
-         WHERE o.id IS NULL
-            OR n.id IS NULL
-            OR o.active IS DISTINCT FROM n.active
-            OR o.execution_state IS DISTINCT FROM n.execution_state;
-    ELSIF TG_OP = 'INSERT' THEN
-        SELECT array_agg('insert'::text), array_agg(n.sandbox_id), array_agg(n.pod_name),
-               array_agg(n.active), array_agg(n.execution_state)
-          INTO ops, sandbox_ids, pod_names, actives, states
-          FROM new_rows AS n;
-    ELSE
-        SELECT array_agg('delete'::text), array_agg(o.sandbox_id), array_agg(o.pod_name),
-               array_agg(o.active), array_agg(o.execution_state)
-          INTO ops, sandbox_ids, pod_names, actives, states
-          FROM old_rows AS o;
-    END IF;
-    IF ops IS NULL THEN
-        RETURN NULL;  -- nothing the service reads changed
-    END IF;
-    -- One query for the whole statement: the namespaces (sandboxes joined once), one JSON text
-    -- per change, the batches (see the bound above), one pg_notify per batch. PERFORM runs
-    -- the query to its end.
-    PERFORM pg_notify(TG_ARGV[0], '{"rows":[' || string_agg(b.change, ',') || ']}')
-    FROM (
-        SELECT j.change,
-               CASE WHEN j.bytes <= 512
-                    -- The offset at which this change starts among the packed ones.
-                    THEN (sum(CASE WHEN j.bytes <= 512 THEN j.bytes + 1 ELSE 0 END)
-                              OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
-                          - j.bytes - 1) / 7000
-                    -- A long change alone, in a batch numbered apart from the packed ones.
-                    ELSE -row_number() OVER ()
-               END AS batch
+        PERFORM pg_notify(TG_ARGV[0], '{"rows":[' || string_agg(b.change, ',') || ']}')
         FROM (
-            SELECT t.change, octet_length(t.change) AS bytes
+            SELECT j.change,
+                   retired_pod_gc_change_batch(
+                       j.bytes,
+                       sum(CASE WHEN j.bytes <= 512 THEN j.bytes + 1 ELSE 0 END)
+                           OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
+                       row_number() OVER ()) AS batch
             FROM (
-                SELECT CASE
-                    -- Texts JSON would not escape are quoted as they are (most of the cost of
-                    -- to_json is its per-call type lookup); the others go through to_json.
-                    -- Either way the text is the same.
-                    WHEN (coalesce(s.namespace, '') || coalesce(u.pod_name, '')
-                          || coalesce(u.execution_state, '')) ~ '[\x01-\x1f"\\]'
-                    THEN '["' || u.op || '",'
-                        || coalesce(to_json(left(s.namespace, 253))::text, 'null') || ','
-                        || coalesce(to_json(left(u.pod_name, 253))::text, 'null') || ','
-                        || coalesce(u.active::text, 'null') || ','
-                        || coalesce(to_json(left(u.execution_state, 64))::text, 'null') || ']'
-                    ELSE '["' || u.op || '",'
-                        || coalesce('"' || left(s.namespace, 253) || '"', 'null') || ','
-                        || coalesce('"' || left(u.pod_name, 253) || '"', 'null') || ','
-                        || coalesce(u.active::text, 'null') || ','
-                        || coalesce('"' || left(u.execution_state, 64) || '"', 'null') || ']'
-                    END AS change
-                FROM unnest(ops, sandbox_ids, pod_names, actives, states)
-                         AS u(op, sandbox_id, pod_name, active, execution_state)
-                LEFT JOIN sandboxes AS s ON s.id = u.sandbox_id
-                -- Not flattened into the queries around it: each change is built once.
-                OFFSET 0
-            ) AS t
-        ) AS j
-    ) AS b
-    GROUP BY b.batch;
+                SELECT c.change, octet_length(c.change) AS bytes
+                FROM (
+                    SELECT retired_pod_gc_change_json(
+                               u.op, s.namespace, u.pod_name, u.active, u.execution_state
+                           ) AS change
+                    FROM (
+                        SELECT CASE WHEN o.id IS NULL THEN 'insert'
+                                    WHEN n.id IS NULL THEN 'delete'
+                                    ELSE 'update' END AS op,
+                               CASE WHEN n.id IS NULL THEN o.sandbox_id
+                                    ELSE n.sandbox_id END AS sandbox_id,
+                               CASE WHEN n.id IS NULL THEN o.pod_name
+                                    ELSE n.pod_name END AS pod_name,
+                               CASE WHEN n.id IS NULL THEN o.active
+                                    ELSE n.active END AS active,
+                               CASE WHEN n.id IS NULL THEN o.execution_state
+                                    ELSE n.execution_state END AS execution_state
+                        FROM old_rows AS o
+                        FULL JOIN new_rows AS n ON n.id = o.id
+                        WHERE o.id IS NULL
+                           OR n.id IS NULL
+                           OR o.active IS DISTINCT FROM n.active
+                           OR o.execution_state IS DISTINCT FROM n.execution_state
+                        OFFSET 0  -- kept apart: the change's columns stay plain columns
+                    ) AS u
+                    LEFT JOIN sandboxes AS s ON s.id = u.sandbox_id
+                    OFFSET 0  -- kept apart: each change is built once
+                ) AS c
+            ) AS j
+        ) AS b
+        GROUP BY b.batch;
+    ELSIF TG_OP = 'INSERT' THEN
+        PERFORM pg_notify(TG_ARGV[0], '{"rows":[' || string_agg(b.change, ',') || ']}')
+        FROM (
+            SELECT j.change,
+                   retired_pod_gc_change_batch(
+                       j.bytes,
+                       sum(CASE WHEN j.bytes <= 512 THEN j.bytes + 1 ELSE 0 END)
+                           OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
+                       row_number() OVER ()) AS batch
+            FROM (
+                SELECT c.change, octet_length(c.change) AS bytes
+                FROM (
+                    SELECT retired_pod_gc_change_json(
+                               'insert', s.namespace, n.pod_name, n.active, n.execution_state
+                           ) AS change
+                    FROM new_rows AS n
+                    LEFT JOIN sandboxes AS s ON s.id = n.sandbox_id
+                    OFFSET 0
+                ) AS c
+            ) AS j
+        ) AS b
+        GROUP BY b.batch;
+    ELSE
+        PERFORM pg_notify(TG_ARGV[0], '{"rows":[' || string_agg(b.change, ',') || ']}')
+        FROM (
+            SELECT j.change,
+                   retired_pod_gc_change_batch(
+                       j.bytes,
+                       sum(CASE WHEN j.bytes <= 512 THEN j.bytes + 1 ELSE 0 END)
+                           OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
+                       row_number() OVER ()) AS batch
+            FROM (
+                SELECT c.change, octet_length(c.change) AS bytes
+                FROM (
+                    SELECT retired_pod_gc_change_json(
+                               'delete', s.namespace, o.pod_name, o.active, o.execution_state
+                           ) AS change
+                    FROM old_rows AS o
+                    LEFT JOIN sandboxes AS s ON s.id = o.sandbox_id
+                    OFFSET 0
+                ) AS c
+            ) AS j
+        ) AS b
+        GROUP BY b.batch;
+    END IF;
     RETURN NULL;
 END
 $fn$;
