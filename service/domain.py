@@ -36,13 +36,14 @@ class ExecutionState(enum.StrEnum):
 
     @classmethod
     def parse(cls, raw: object) -> ExecutionState:
+        # A dict lookup: every row of a 10,000-row burst, and every change of its notifications,
+        # is parsed here.
         if isinstance(raw, str):
-            try:
-                member = cls(raw)
-            except ValueError:
-                return cls.UNKNOWN
-            return member
+            return _EXECUTION_STATES.get(raw, cls.UNKNOWN)
         return cls.UNKNOWN
+
+
+_EXECUTION_STATES: dict[str, ExecutionState] = {m.value: m for m in ExecutionState}
 
 
 RETIRED_STATES: frozenset[ExecutionState] = frozenset(
@@ -184,9 +185,9 @@ class ExecutionRow(msgspec.Struct, frozen=True, gc=False):
     kubernetes_managed: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """The classifier's answer: exactly one of ``verdict`` and ``reason`` is set."""
+class Decision(msgspec.Struct, frozen=True, gc=False):
+    """The classifier's answer: exactly one of ``verdict`` and ``reason`` is set (a frozen
+    msgspec Struct, built in C: a burst classifies 10,000 pods at once)."""
 
     verdict: Verdict | None
     reason: SkipReason | None

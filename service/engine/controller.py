@@ -40,7 +40,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import anyio
 import msgspec
@@ -55,7 +55,7 @@ from service.engine.reconciler import Reconciler
 from service.engine.results import INACTIVE_RESULT, Action, ReconcileResult
 from service.engine.workqueue import WorkQueue
 from service.kit.clock import SchedulingClock, sleep_until
-from service.metrics import Metrics
+from service.metrics import Metrics, observe_many
 from service.ports import PodCache
 
 logger = logging.getLogger(__name__)
@@ -285,8 +285,7 @@ class Controller:
                     return results
                 self._bug(keys[0], started, results, finished)
                 return results
-            for key, result in observed.results.items():
-                self._finish(key, result, started, results, finished)
+            self._finish_many(observed.results.items(), started, results, finished)
             observing_s = time.perf_counter() - started
             for due in observed.due:
                 if self._queue.shutting_down:
@@ -328,24 +327,57 @@ class Controller:
         results: dict[str, ReconcileResult],
         finished: Callable[[str], None],
     ) -> None:
-        """Count ``result`` and apply it to the queue: the one place that does either."""
-        results[key] = result
+        """Count ``result`` and apply it to the queue: the one place that does either (for a
+        batch of results, :meth:`_finish_many`, which this is for one)."""
+        self._finish_many(((key, result),), started, results, finished)
+
+    def _finish_many(
+        self,
+        items: Iterable[tuple[str, ReconcileResult]],
+        started: float,
+        results: dict[str, ReconcileResult],
+        finished: Callable[[str], None],
+    ) -> None:
+        """Count each result and apply it to the queue, then ``finished(key)``. The results of
+        one batch share their duration (``started`` to now), so the counters and the duration
+        histogram are updated once per distinct label, not once per key."""
+        outcomes: dict[str, int] = {}
+        skips: dict[str, int] = {}
+        counted = failed = 0
+        queue = self._queue
+        later: list[tuple[str, float]] = []
         try:
-            if result.counted:
-                metrics = self._metrics
-                metrics.outcome(self._reconciler.mode, result.outcome)
-                metrics.reconcile_duration.observe(time.perf_counter() - started)
-                if result.skip_reason is not None:
-                    metrics.skip(result.skip_reason)
-                if result.failed:
-                    metrics.reconcile_errors.inc()
-            match result.action:
-                case Action.DONE:
-                    self._queue.forget(key)
-                case Action.REQUEUE_AFTER:
-                    self._queue.forget(key)
-                    self._queue.add_after(key, result.requeue_after_s)
-                case Action.BACKOFF:
-                    self._queue.add_rate_limited(key)
+            for key, result in items:
+                results[key] = result
+                try:
+                    if result.counted:
+                        counted += 1
+                        outcome = str(result.outcome)
+                        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+                        if result.skip_reason is not None:
+                            reason = str(result.skip_reason)
+                            skips[reason] = skips.get(reason, 0) + 1
+                        if result.failed:
+                            failed += 1
+                    match result.action:
+                        case Action.DONE:
+                            queue.forget(key)
+                        case Action.REQUEUE_AFTER:
+                            queue.forget(key)
+                            later.append((key, result.requeue_after_s))
+                        case Action.BACKOFF:
+                            queue.add_rate_limited(key)
+                finally:
+                    finished(key)
         finally:
-            finished(key)
+            # Before any key is finished would be the same: a key's delayed add only arms the
+            # timer, and done() never looks at the delay heap.
+            queue.add_after_many(later)
+            metrics = self._metrics
+            for outcome, count in outcomes.items():
+                metrics.outcome(self._reconciler.mode, outcome, count)
+            for reason, count in skips.items():
+                metrics.skip(reason, count)
+            if failed:
+                metrics.reconcile_errors.inc(failed)
+            observe_many(metrics.reconcile_duration, time.perf_counter() - started, counted)

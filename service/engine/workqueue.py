@@ -37,7 +37,7 @@ import anyio
 
 from service.kit.backoff import Backoff
 from service.kit.clock import Cancellable, SchedulingClock, wait_until
-from service.metrics import Metrics
+from service.metrics import Metrics, observe_many
 
 
 class WorkQueue:
@@ -105,18 +105,27 @@ class WorkQueue:
 
     def add_after(self, key: str, delay_s: float) -> None:
         """Add ``key`` once ``delay_s`` has passed; an earlier pending time for it wins."""
+        self.add_after_many(((key, delay_s),))
+
+    def add_after_many(self, delays: Iterable[tuple[str, float]]) -> None:
+        """:meth:`add_after` for each ``(key, delay_s)``, the timer armed once at the end."""
         if self._shutting_down:
             return
-        if delay_s <= 0:
-            self.add(key)
-            return
-        due = self._clock.monotonic() + delay_s
-        current = self._waiting.get(key)
-        if current is not None and current <= due:
-            return
-        self._waiting[key] = due
-        heapq.heappush(self._heap, (due, next(self._seq), key))
-        self._arm()
+        now = self._clock.monotonic()
+        waiting, heap, pushed = self._waiting, self._heap, False
+        for key, delay_s in delays:
+            if delay_s <= 0:
+                self.add(key)
+                continue
+            due = now + delay_s
+            current = waiting.get(key)
+            if current is not None and current <= due:
+                continue
+            waiting[key] = due
+            heapq.heappush(heap, (due, next(self._seq), key))
+            pushed = True
+        if pushed:
+            self._arm()
 
     def add_rate_limited(self, key: str) -> None:
         """Requeue ``key`` after its per-key exponential backoff."""
@@ -159,12 +168,18 @@ class WorkQueue:
                 take = max(1, min(limit, max(least, -(-len(ready) // max(1, shares)))))
                 keys = [ready.popleft() for _ in range(min(take, len(ready)))]
                 now = self._clock.monotonic()
+                # Keys of one burst share the time they were added: one observation each,
+                # recorded per distinct time.
+                waited: dict[float, int] = {}
                 for key in keys:
                     self._dirty.discard(key)
                     self._processing.add(key)
                     since = self._dirty_since.pop(key, None)
-                    if self._metrics is not None and since is not None:
-                        self._metrics.queue_wait.observe(max(0.0, now - since))
+                    if since is not None:
+                        waited[since] = waited.get(since, 0) + 1
+                if self._metrics is not None:
+                    for since, count in waited.items():
+                        observe_many(self._metrics.queue_wait, max(0.0, now - since), count)
                 if ready:
                     self._wake_one()
                 return keys

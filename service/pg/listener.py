@@ -31,7 +31,6 @@ database (it reconnects), only for a bug.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -183,16 +182,10 @@ def _change(row: _Row, received_at_s: float) -> ExecutionChange | None:
         namespace=namespace,
         pod_name=pod_name,
         active=active,
-        state=None if state is None else _state(state),
+        state=None if state is None else ExecutionState.parse(state),
         deleted=False,
         received_at_s=received_at_s,
     )
-
-
-@functools.lru_cache(maxsize=64)
-def _state(raw: str) -> ExecutionState:
-    # Cached: a batch repeats the same few states; unknown strings are cached too (bounded).
-    return ExecutionState.parse(raw)
 
 
 def default_backoff() -> Backoff:

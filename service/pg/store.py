@@ -55,7 +55,7 @@ FRESH_SQL = "/* retired-pod-gc: final re-read */" + LOOKUP_SQL
 """The final re-read before a delete: the lookup's query, marked so that a DBA (or a test reading
 the server's statement log) can tell it apart from batched lookups."""
 
-_REQUIRED = (
+_REQUIRED = (  # the columns decode_row requires (a NULL in any: absent)
     "pod_name",
     "namespace",
     "sandbox_id",
@@ -68,31 +68,32 @@ _REQUIRED = (
 
 
 def decode_row(record: Mapping[str, Any]) -> ExecutionRow | None:
-    """One joined row as the domain type; ``None`` when a required column is NULL or mistyped."""
-    if any(record[c] is None for c in _REQUIRED):
+    """One joined row as the domain type; ``None`` when a required column is NULL or mistyped.
+
+    Each column is read once and its exact type checked (``bool`` is not an ``int`` here, and
+    a NULL is never a ``str``): a burst decodes 10,000 rows."""
+    pod_name, namespace, sandbox_id = record["pod_name"], record["namespace"], record["sandbox_id"]
+    generation, attempt = record["generation"], record["activation_attempt"]
+    active, pod_kind, state = record["active"], record["pod_kind"], record["execution_state"]
+    if (
+        type(pod_name) is not str
+        or type(namespace) is not str
+        or type(sandbox_id) is not str
+        or type(generation) is not int
+        or type(attempt) is not int
+        or type(active) is not bool
+        or pod_kind is None
+        or state is None
+    ):
         return None
-    generation, attempt, active = (
-        record["generation"],
-        record["activation_attempt"],
-        record["active"],
-    )
-    if isinstance(generation, bool) or not isinstance(generation, int):
-        return None
-    if isinstance(attempt, bool) or not isinstance(attempt, int):
-        return None
-    if not isinstance(active, bool):
-        return None
-    for text_col in ("pod_name", "namespace", "sandbox_id"):
-        if not isinstance(record[text_col], str):
-            return None
     return ExecutionRow(
-        pod_name=record["pod_name"],
-        namespace=record["namespace"],
-        sandbox_id=record["sandbox_id"],
+        pod_name=pod_name,
+        namespace=namespace,
+        sandbox_id=sandbox_id,
         generation=generation,
         activation_attempt=attempt,
-        pod_kind=PodKind.parse(record["pod_kind"]),
-        state=ExecutionState.parse(record["execution_state"]),
+        pod_kind=PodKind.parse(pod_kind),
+        state=ExecutionState.parse(state),
         active=active,
         # The query only returns rows of Kubernetes-managed sandboxes.
         kubernetes_managed=True,
