@@ -30,8 +30,9 @@ TRIGGER_STEP = "0003_notify_statement_trigger"
 """The trigger step. It supersedes ``0002_notify_trigger`` (whose per-row triggers it drops), so a
 run never applies 0002: a database that has 0002 recorded gets 0003 applied over it."""
 _TRIGGER_ARGUMENTS = 3
+"""The channel literals in the trigger file: one pg_notify call per trigger event."""
 _CHANNEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-_DEFAULT_CHANNEL_LITERAL = f"('{DEFAULT_CHANNEL}')"
+_DEFAULT_CHANNEL_LITERAL = f"pg_notify('{DEFAULT_CHANNEL}', "
 # Arbitrary but fixed: pg_advisory_xact_lock key shared by every migrating replica.
 _LOCK_KEY = 0x72706763_6D696772  # "rpgcmigr"
 _CONNECT_TIMEOUT_S = 10.0
@@ -65,16 +66,16 @@ def read_sql(name: str) -> str:
 
 
 def render_trigger_sql(channel: str) -> str:
-    """The trigger file with ``channel`` as the trigger argument (the NOTIFY channel)."""
+    """The trigger file with ``channel`` as the NOTIFY channel of its ``pg_notify`` calls."""
     if not _CHANNEL.fullmatch(channel):
         raise ValueError(f"notify channel must be an SQL identifier, got {channel!r}")
     sql = read_sql(TRIGGER_STEP)
     if sql.count(_DEFAULT_CHANNEL_LITERAL) != _TRIGGER_ARGUMENTS:
         raise MigrationError(
-            f"{TRIGGER_STEP}.sql: expected {_TRIGGER_ARGUMENTS} trigger arguments to substitute"
+            f"{TRIGGER_STEP}.sql: expected {_TRIGGER_ARGUMENTS} channel literals to substitute"
         )
     # The identifier regex admits no quote, so the literal needs no escaping.
-    return sql.replace(_DEFAULT_CHANNEL_LITERAL, f"('{channel}')")
+    return sql.replace(_DEFAULT_CHANNEL_LITERAL, f"pg_notify('{channel}', ")
 
 
 def steps(*, channel: str, with_schema: bool) -> list[Step]:

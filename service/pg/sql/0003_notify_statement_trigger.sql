@@ -3,10 +3,12 @@
 -- Replaces 0002 in place: 0002's per-row triggers and their function are dropped, and three
 -- statement-level triggers take their place. Every statement that inserts or deletes
 -- sandbox_k8s_executions rows, or updates rows so that `active` or `execution_state` changes,
--- sends as few NOTIFYs as its changes fit in, on the channel given as the trigger argument
--- (TG_ARGV[0]). `retired-pod-gc migrate` substitutes the configured channel for the default
--- literal 'sandbox_execution_changed' below (three trigger arguments); applied by hand
--- (psql -f) it uses the default.
+-- sends as few NOTIFYs as its changes fit in, on the channel named in the trigger function.
+-- `retired-pod-gc migrate` substitutes the configured channel for the default literal
+-- 'sandbox_execution_changed' below (three pg_notify calls); applied by hand (psql -f) it uses
+-- the default. A literal rather than a trigger argument: the function's queries then have no
+-- parameters, so each is planned once per session (a query with parameters is planned again for
+-- each of its first runs, which a one-row statement would pay every time).
 --
 -- Why statement level: a FOR EACH ROW trigger runs a query on `sandboxes`, builds a payload and
 -- calls pg_notify once per changed row, inside the writer's transaction; a mass retirement
@@ -102,13 +104,10 @@ $fn$;
 CREATE OR REPLACE FUNCTION retired_pod_gc_notify_executions_changed()
 RETURNS trigger
 LANGUAGE plpgsql
--- One plan per query for the session: a custom plan (the default for the first runs of a
--- query with parameters) would be planned again for every statement.
-SET plan_cache_mode = force_generic_plan
 AS $fn$
 BEGIN
     IF TG_OP = 'UPDATE' THEN
-        PERFORM pg_notify(TG_ARGV[0], '{"rows":[' || string_agg(b.change, ',') || ']}')
+        PERFORM pg_notify('sandbox_execution_changed', '{"rows":[' || string_agg(b.change, ',') || ']}')
         FROM (
             SELECT j.change,
                    retired_pod_gc_change_batch(
@@ -149,7 +148,7 @@ BEGIN
         ) AS b
         GROUP BY b.batch;
     ELSIF TG_OP = 'INSERT' THEN
-        PERFORM pg_notify(TG_ARGV[0], '{"rows":[' || string_agg(b.change, ',') || ']}')
+        PERFORM pg_notify('sandbox_execution_changed', '{"rows":[' || string_agg(b.change, ',') || ']}')
         FROM (
             SELECT j.change,
                    retired_pod_gc_change_batch(
@@ -171,7 +170,7 @@ BEGIN
         ) AS b
         GROUP BY b.batch;
     ELSE
-        PERFORM pg_notify(TG_ARGV[0], '{"rows":[' || string_agg(b.change, ',') || ']}')
+        PERFORM pg_notify('sandbox_execution_changed', '{"rows":[' || string_agg(b.change, ',') || ']}')
         FROM (
             SELECT j.change,
                    retired_pod_gc_change_batch(
@@ -208,18 +207,18 @@ CREATE TRIGGER retired_pod_gc_executions_inserted
     AFTER INSERT ON sandbox_k8s_executions
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT
-    EXECUTE FUNCTION retired_pod_gc_notify_executions_changed('sandbox_execution_changed');
+    EXECUTE FUNCTION retired_pod_gc_notify_executions_changed();
 
 DROP TRIGGER IF EXISTS retired_pod_gc_executions_updated ON sandbox_k8s_executions;
 CREATE TRIGGER retired_pod_gc_executions_updated
     AFTER UPDATE ON sandbox_k8s_executions
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT
-    EXECUTE FUNCTION retired_pod_gc_notify_executions_changed('sandbox_execution_changed');
+    EXECUTE FUNCTION retired_pod_gc_notify_executions_changed();
 
 DROP TRIGGER IF EXISTS retired_pod_gc_executions_deleted ON sandbox_k8s_executions;
 CREATE TRIGGER retired_pod_gc_executions_deleted
     AFTER DELETE ON sandbox_k8s_executions
     REFERENCING OLD TABLE AS old_rows
     FOR EACH STATEMENT
-    EXECUTE FUNCTION retired_pod_gc_notify_executions_changed('sandbox_execution_changed');
+    EXECUTE FUNCTION retired_pod_gc_notify_executions_changed();
