@@ -45,7 +45,7 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
-.PHONY: bench bench-large bench-limit
+.PHONY: bench bench-large bench-limit bench-trigger
 bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run
 
@@ -57,6 +57,11 @@ bench-large: $(BENCH_STAMP)
 bench-limit: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run --pods 100000 --limit-pods 150000 --only B1L,B2,B3,B4,B5 \
 		--repeats 3 --idle-s 30 --backlog-s 30 --name limit
+
+# The change-notify trigger (issue 21, ~2 min): B7 writer overhead (no trigger, 0002, 0003) and
+# B2b (10,000 rows retired in one statement at 100k cached pods, 5 repeats, polling beside it).
+bench-trigger: $(BENCH_STAMP)
+	$(PY) -m benchmarks.run --pods 100000 --only B7,B2B --repeats 5 --name trigger
 
 # Randomized fault campaigns (tests/chaos): `make chaos SEEDS=200` or replay one: `make chaos SEED=1234`.
 .PHONY: chaos soak

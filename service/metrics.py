@@ -129,7 +129,8 @@ class Metrics:
         )
         self.retirement_to_enqueue = Histogram(
             "retired_pod_gc_retirement_to_enqueue_seconds",
-            "From receiving a retirement notification to its pod key being enqueued.",
+            "From receiving a notification that carries a retirement to its keys being enqueued (one "
+            "sample per notification, which may be a batch of many rows).",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -214,11 +215,14 @@ class Metrics:
             registry=r,
         )
         self.notifications = Counter(
-            "retired_pod_gc_notifications", "Change notifications received.", registry=r
+            "retired_pod_gc_notifications",
+            "Change notifications received (payloads; one may carry a batch of changes).",
+            registry=r,
         )
         self.notifications_malformed = Counter(
             "retired_pod_gc_notifications_malformed",
-            "Notification payloads that could not be parsed (skipped).",
+            "Notification payloads skipped whole (malformed, oversized), plus bad rows skipped "
+            "inside otherwise valid batches.",
             registry=r,
         )
         self.row_queries = Counter(
