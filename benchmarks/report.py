@@ -197,7 +197,7 @@ def _section(name: str, r: dict[str, Any]) -> str:
                         _f(run["p50_ms"]),
                         _f(run["p99_ms"]),
                         _f(run["all_started_s"], 3),
-                        _f(run.get("notifications")),
+                        _f(int(run.get("notifications", 0))),
                         _f(run.get("cpu_to_all_started_s"), 3),
                         _f(run.get("cpu_to_idle_s"), 3),
                     ]
@@ -209,7 +209,7 @@ def _section(name: str, r: dict[str, Any]) -> str:
                         _f(e["p50_ms"]),
                         _f(e["p99_ms"]),
                         _f(e["all_started_s"], 3),
-                        _f(e.get("notifications")),
+                        _f(int(e.get("notifications", 0))),
                         _f(e.get("cpu_to_all_started_s"), 3),
                         _f(e.get("cpu_to_idle_s"), 3),
                     ],
