@@ -746,3 +746,62 @@ async def test_both_payload_shapes_and_bad_rows_inside_a_batch(
     # Two bad rows of the batch, and the junk payload.
     assert metric(registry, "retired_pod_gc_notifications_malformed_total") == 3
     assert metric(registry, "retired_pod_gc_notifications_total") == 3
+
+
+async def test_a_one_row_statement_says_what_the_same_row_says_in_a_batch(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    # One-row statements take the trigger's short path; the payload must be the general path's.
+    names = await _seed_many(pg_conn, 3, prefix="o")
+    weird = 'space-sbx-"\\\x01é-g1'
+    await pg_conn.execute(
+        "UPDATE sandbox_k8s_executions SET pod_name = $1 WHERE pod_name = $2", weird, names[2]
+    )
+    names[2] = weird
+    async with raw_payloads(pg_url) as payloads:
+        await payloads.drain()
+        payloads.clear()
+        retire = (
+            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'"
+            " WHERE pod_name = ANY($1)"
+        )
+        reactivate = (
+            "UPDATE sandbox_k8s_executions SET active = true, execution_state = 'active'"
+            " WHERE pod_name = ANY($1)"
+        )
+        for name in names:
+            await pg_conn.execute(retire, [name])
+        await payloads.drain()
+        alone = [json.loads(p) for p in payloads]
+        payloads.clear()
+        await pg_conn.execute(reactivate, names)
+        await pg_conn.execute(retire, names)
+        await payloads.drain()
+        together = json.loads(payloads[-1])
+    assert [a["rows"] for a in alone] == [
+        [r] for r in sorted(together["rows"], key=lambda r: names.index(r[2]))
+    ]  # type: ignore[arg-type]
+    assert together["rows"][0][:2] == ["update", NAMESPACE]
+    assert [r[2] for r in (a["rows"][0] for a in alone)] == names
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+async def test_an_update_of_the_key_itself_reports_the_old_row_deleted_and_the_new_inserted(
+    rows: int, pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    names = await _seed_many(pg_conn, rows, prefix=f"k{rows}")
+    async with raw_payloads(pg_url) as payloads:
+        await payloads.drain()
+        payloads.clear()
+        ids = await pg_conn.fetch(
+            "SELECT id FROM sandbox_k8s_executions WHERE pod_name = ANY($1) ORDER BY id", names
+        )
+        await pg_conn.execute(
+            "UPDATE sandbox_k8s_executions SET id = id + 1000000 WHERE pod_name = ANY($1)", names
+        )
+        await payloads.drain()
+        reported = sorted(_rows(payloads))  # type: ignore[type-var]
+    assert len(ids) == rows
+    assert reported == sorted(
+        [op, NAMESPACE, name, True, "active"] for name in names for op in ("delete", "insert")
+    )
