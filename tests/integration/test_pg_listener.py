@@ -710,6 +710,29 @@ async def test_worst_case_rows_never_reach_the_payload_limit(
     for payload in payloads:
         parsed = parse_payload(payload, received_at_s=0)
         assert parsed.malformed == 0 and parsed.changes
+    # The worst row alone, through the one-row path of each trigger event.
+    worst_ns, worst_pod, worst_state = "\x01" * 600, "\x01" * 1000, "\x01" * 200
+    async with raw_payloads(pg_url) as payloads:
+        await pg_conn.execute("INSERT INTO sandboxes VALUES ('worst', $1, 'kubernetes')", worst_ns)
+        await pg_conn.execute(
+            "INSERT INTO sandbox_k8s_executions (sandbox_id, generation, activation_attempt,"
+            " pod_name, pod_kind, execution_state, active) VALUES ('worst', 1, 0, $1, 'create',"
+            " $2, true)",
+            worst_pod,
+            worst_state,
+        )
+        await pg_conn.execute(
+            "UPDATE sandbox_k8s_executions SET active = false WHERE sandbox_id = 'worst'"
+        )
+        await pg_conn.execute("DELETE FROM sandbox_k8s_executions WHERE sandbox_id = 'worst'")
+        await payloads.drain()
+    # The bound, exactly reached (`true` is a byte shorter than `false`).
+    assert [len(p.encode()) for p in payloads] == [3455, 3456, 3456]
+    assert [json.loads(p)["rows"] for p in payloads] == [
+        [["insert", worst_ns[:253], worst_pod[:253], True, worst_state[:64]]],
+        [["update", worst_ns[:253], worst_pod[:253], False, worst_state[:64]]],
+        [["delete", worst_ns[:253], worst_pod[:253], False, worst_state[:64]]],
+    ]
 
 
 async def test_both_payload_shapes_and_bad_rows_inside_a_batch(

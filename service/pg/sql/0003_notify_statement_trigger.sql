@@ -37,9 +37,10 @@
 --     namespace and pod name are each at most 2 + 253 * 6 = 1,520 bytes with their quotes,
 --     the state 2 + 64 * 6 = 386, the op 8 ("update" quoted), active 5 (false), plus 2
 --     brackets and 4 commas: 1,520 + 1,520 + 386 + 8 + 5 + 6 = 3,445;
+--   * a statement of one row sends its one change alone: at most 11 + 3,445 = 3,456 bytes with
+--     the envelope `{"rows":[` + `]}` (11 bytes);
 --   * a change longer than 512 bytes (never one of a Kubernetes pod: names are at most 253
---     ASCII characters) goes out alone: at most 11 + 3,445 = 3,456 bytes with the envelope
---     `{"rows":[` + `]}` (11 bytes);
+--     ASCII characters) goes out alone too: at most 3,456 bytes;
 --   * the others are packed in order: each gets the offset at which it starts (the running
 --     sum of the preceding packed changes' lengths plus one comma each), and the changes whose
 --     offsets fall in [7000 k, 7000 (k + 1)) form batch k. The last of them starts below
