@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -48,6 +49,43 @@ def free_port() -> int:
 def closed_port() -> int:
     """A local port nobody listens on: connecting to it is refused at once."""
     return free_port()
+
+
+class SilentServer:
+    """A loopback TCP server that accepts every connection and never sends a byte: a database
+    (or any server) that never answers. ``accepted`` is set once a client got through."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self.port = int(self._sock.getsockname()[1])
+        self.accepted = threading.Event()
+        self._held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, name="silent-server", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            self._held.append(conn)  # held open, never read from nor written to
+            self.accepted.set()
+
+    def close(self) -> None:
+        self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._thread.join(timeout=5)
+        for conn in self._held:
+            conn.close()
+
+    def __enter__(self) -> SilentServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def write_kubeconfig(path: Path, server_url: str) -> Path:
