@@ -139,6 +139,27 @@ def cli_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "service.cli", *args]
 
 
+# A command run as PID 1 of a new PID namespace, as in a container (the tests run as root).
+# unshare forwards no signal: signal its child (:func:`child_of`), it exits with the child's
+# status.
+AS_PID1 = ("unshare", "--pid", "--fork", "--kill-child", "--")
+
+
+def child_of(pid: int, *, timeout_s: float = 60.0) -> int:
+    """The one child of ``pid`` (``unshare --fork``'s command), once it exists."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except FileNotFoundError:
+            children = []
+        if children:
+            (child,) = children
+            return int(child)
+        time.sleep(0.01)
+    raise AssertionError(f"{pid} started no child within {timeout_s}s")
+
+
 @dataclass(frozen=True, slots=True)
 class CliResult:
     code: int
@@ -222,6 +243,9 @@ class ServiceProcess:
     log_path: Path
     started_at: float
     stopped: bool = field(default=False)
+    signal_pid: int | None = (
+        None  # under unshare (``as_pid1``): the command, PID 1 of its namespace
+    )
 
     @property
     def base_url(self) -> str:
@@ -291,7 +315,10 @@ class ServiceProcess:
         """SIGTERM (or ``signum``); (exit code or None if still running after ``timeout_s``,
         seconds taken)."""
         started = time.monotonic()
-        self.proc.send_signal(signum)
+        if self.signal_pid is None:
+            self.proc.send_signal(signum)
+        else:
+            os.kill(self.signal_pid, signum)
         code = await self.wait_exit(timeout_s)
         self.stopped = code is not None
         return code, time.monotonic() - started
@@ -316,7 +343,12 @@ class ServiceLauncher:
         return base_env(kubeconfig=self.kubeconfig, database_url=self.database_url, **settings)
 
     def start(
-        self, name: str, *, database_url: str | None = None, **settings: object
+        self,
+        name: str,
+        *,
+        database_url: str | None = None,
+        as_pid1: bool = False,
+        **settings: object,
     ) -> ServiceProcess:
         port = free_port()
         values: dict[str, object] = {
@@ -335,9 +367,12 @@ class ServiceLauncher:
         if database_url is not None:
             env[PREFIX + "DATABASE_URL"] = database_url
         log_path = self.tmp_path / f"{name}.stderr.log"
+        command = cli_command("run")
+        if as_pid1:
+            command = [*AS_PID1, *command]
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                cli_command("run"),
+                command,
                 env=env,
                 cwd=REPO_ROOT,
                 stdin=subprocess.DEVNULL,
@@ -345,7 +380,12 @@ class ServiceLauncher:
                 stderr=subprocess.STDOUT,
             )
         service = ServiceProcess(
-            name=name, proc=proc, port=port, log_path=log_path, started_at=time.monotonic()
+            name=name,
+            proc=proc,
+            port=port,
+            log_path=log_path,
+            started_at=time.monotonic(),
+            signal_pid=child_of(proc.pid) if as_pid1 else None,
         )
         self.processes.append(service)
         return service

@@ -1,13 +1,14 @@
 """Every command ends on SIGTERM (exit 143) and SIGINT (exit 130), as PID 1 too: the one-shot
 commands as real processes blocked on a database that never answers (a loopback server that
-accepts and never replies), and ``migrate``'s own connect timeout (``DB_CONNECT_TIMEOUT_SECONDS``).
+accepts and never replies); ``run`` as PID 1 drains and exits 0; and ``migrate``'s own connect
+timeout (``DB_CONNECT_TIMEOUT_SECONDS``).
 
 Nothing here is timed: a command blocked on the silent database is signalled once the server
 has accepted its connection, with a connect timeout (120 s) far beyond the hang guard (60 s), so
 an exit with 143 or 130 is an exit caused by the signal, before the timeout could have fired.
 As PID 1 of its own PID namespace (``unshare --pid``, as in a container) the kernel drops a
 signal the process has no handler for, even one sent from outside the namespace: without the
-handlers (``service/app/signals.py``) ``migrate`` sits out the signal until the hang guard.
+handlers (``service/app/signals.py``) the signal is lost and ``migrate`` goes on waiting.
 """
 
 from __future__ import annotations
@@ -22,9 +23,19 @@ from pathlib import Path
 
 import pytest
 
+from devtools.emulator import RunningEmulator
 from service.config import PREFIX
 
-from .harness import REPO_ROOT, SilentServer, base_env, cli_command
+from .harness import (
+    AS_PID1,
+    REPO_ROOT,
+    ServiceLauncher,
+    SilentServer,
+    base_env,
+    child_of,
+    cli_command,
+    lease_holder,
+)
 
 CONNECT_TIMEOUT_S = 120  # the maximum DB_CONNECT_TIMEOUT_SECONDS: never fires within a test
 HANG_GUARD_S = 60.0  # a process that has not done its step by then never will
@@ -69,21 +80,6 @@ def _env(tmp_path: Path, port: int, **settings: object) -> dict[str, str]:
     )
 
 
-def _child_of(pid: int) -> int:
-    """The one child of ``pid`` (unshare --fork's command), once it exists."""
-    deadline = time.monotonic() + HANG_GUARD_S
-    while time.monotonic() < deadline:
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except FileNotFoundError:
-            children = []
-        if children:
-            (child,) = children
-            return int(child)
-        time.sleep(0.01)
-    raise AssertionError(f"unshare ({pid}) started no command")
-
-
 Launch = Callable[..., Started]
 
 
@@ -94,7 +90,7 @@ def start(tmp_path: Path) -> Iterator[Launch]:
     def launch(args: tuple[str, ...], env: dict[str, str], *, as_pid1: bool = False) -> Started:
         command = cli_command(*args)
         if as_pid1:
-            command = ["unshare", "--pid", "--fork", "--kill-child", "--", *command]
+            command = [*AS_PID1, *command]
         path = tmp_path / f"stderr-{len(started)}.log"
         with path.open("wb") as err:
             proc = subprocess.Popen(
@@ -105,7 +101,7 @@ def start(tmp_path: Path) -> Iterator[Launch]:
                 stdout=subprocess.DEVNULL,
                 stderr=err,
             )
-        one = Started(proc, _child_of(proc.pid) if as_pid1 else proc.pid, path)
+        one = Started(proc, child_of(proc.pid) if as_pid1 else proc.pid, path)
         started.append(one)
         return one
 
@@ -146,10 +142,7 @@ def test_migrate_as_pid_1_exits_on_the_signal(
     tmp_path: Path, silent: SilentServer, start: Launch, signum: signal.Signals
 ) -> None:
     started = start(ONE_SHOT["migrate"], _env(tmp_path, silent.port), as_pid1=True)
-    # The command is PID 1 of its namespace (NSpid: its pid here, then in its namespace).
-    status = Path(f"/proc/{started.target}/status").read_text().splitlines()
-    (nspid,) = (line.split()[1:] for line in status if line.startswith("NSpid:"))
-    assert nspid == [str(started.target), "1"], nspid
+    assert _pid_in_its_namespace(started.target) == "1"
     code = _signal_while_connecting(started, silent, signum)
     # unshare exits with its command's status.
     assert code == 128 + signum, started.stderr()
@@ -167,6 +160,28 @@ def test_every_one_shot_command_blocked_on_the_database_exits_143_on_sigterm(
     assert code == 143, started.stderr()
     assert "interrupted by SIGTERM" in started.stderr()
     assert "Traceback" not in started.stderr()
+
+
+def _pid_in_its_namespace(pid: int) -> str:
+    """NSpid: the pid here, then in its own namespace (1 for a namespace's init)."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    (nspid,) = (line.split()[1:] for line in status if line.startswith("NSpid:"))
+    return nspid[-1]
+
+
+@pytest.mark.anyio
+async def test_run_as_pid_1_drains_and_exits_0_on_sigterm(
+    emulator: RunningEmulator, launcher: ServiceLauncher
+) -> None:
+    svc = launcher.start("pid1", as_pid1=True, ENABLED=True, DRY_RUN=True)
+    assert svc.signal_pid is not None
+    assert _pid_in_its_namespace(svc.signal_pid) == "1"
+    await svc.wait_for("/readyz", 200, timeout_s=HANG_GUARD_S)
+    assert lease_holder(emulator.emulator) == "pid1"
+    code, took_s = await svc.terminate(timeout_s=HANG_GUARD_S)
+    print(f"\nrun as PID 1: SIGTERM, exited {code} after {took_s:.2f}s")
+    assert code == 0, svc.log_tail()
+    assert lease_holder(emulator.emulator) == ""  # drained: the lease released
 
 
 def test_migrate_gives_up_after_the_configured_connect_timeout(
