@@ -6,7 +6,7 @@ The pods are held by namespace, then by name: the name a pod is found by is the 
 
 :class:`PodStore` implements ``ports.PodCache``. Its one piece of state besides the pods is a
 :class:`SyncState`. A sync (a list, or the initial events of a streaming list) puts every pod the
-server has; the store remembers the keys it was told about, and when the sync is complete it
+server has; the store remembers the names it was told about, and when the sync is complete it
 reports every cached pod the sync did not mention as deleted. Every change is reported to one
 ``ports.PodEventHandler`` (the informer's dispatch), on the event loop, as it happens.
 
