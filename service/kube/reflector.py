@@ -146,7 +146,7 @@ class Reflector:
         self._store = store
         self._decoder = decoder
         self._metrics = metrics
-        self._namespace = settings.namespace
+        self._namespace = store.namespace
         self._stream_sync_timeout_s = settings.stream_sync_timeout_s
         self._mode = ListMode(settings.list_mode)
         self._next = SyncRequest.first(self._mode)

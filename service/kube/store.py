@@ -1,4 +1,5 @@
-"""The pod cache: ``namespace/name`` → :class:`PodSnapshot`, and how far it matches the server.
+"""The pod cache of one namespace: ``namespace/name`` → :class:`PodSnapshot`, and how far it
+matches the server.
 
 :class:`PodStore` implements ``ports.PodCache``. Its one piece of state besides the pods is a
 :class:`SyncState`. A sync (a list, or the initial events of a streaming list) puts every pod the
@@ -12,8 +13,8 @@ reports every cached pod the sync did not mention as deleted. Every change is re
     finish_sync   LISTING, RELISTING ──▶ SYNCED
 
 (``begin_sync`` during a sync starts it over: a retry after a failure, a list restarted.)
-Leaving ``SYNCED`` tells the handler ``cache_cold()`` (observations may have gaps from now on);
-reaching it, ``cache_synced()``.
+Leaving ``SYNCED`` tells the handler ``cache_cold(namespace)`` (observations of this namespace may
+have gaps from now on); reaching it, ``cache_synced(namespace)``.
 """
 
 from __future__ import annotations
@@ -48,9 +49,20 @@ _SYNCED = SyncState.SYNCED  # a global read on the per-event path instead of an 
 class PodStore:
     """Implements ``ports.PodCache``; reports changes to ``sink``."""
 
-    __slots__ = ("_pods", "_seen", "_size", "_synced_event", "_synced_gauge", "sink", "state")
+    __slots__ = (
+        "_pods",
+        "_seen",
+        "_size",
+        "_synced_event",
+        "_synced_gauge",
+        "namespace",
+        "sink",
+        "state",
+    )
 
-    def __init__(self, metrics: Metrics, sink: PodEventHandler) -> None:
+    def __init__(self, metrics: Metrics, sink: PodEventHandler, *, namespace: str) -> None:
+        self.namespace = namespace
+        """The one namespace whose pods this store holds (named in its gauges and signals)."""
         self.state = SyncState.COLD
         """Read it; only :meth:`begin_sync` and :meth:`finish_sync` move it."""
         self.sink = sink
@@ -59,8 +71,8 @@ class PodStore:
         self._seen: set[str] = set()
         """The keys the sync in progress has put (empty outside a sync)."""
         self._synced_event = anyio.Event()
-        self._size = metrics.cache_pods
-        self._synced_gauge = metrics.cache_synced
+        self._size = metrics.cache_pods.labels(namespace=namespace)
+        self._synced_gauge = metrics.cache_synced.labels(namespace=namespace)
         self._size.set(0)
         self._synced_gauge.set(0)
 
@@ -97,7 +109,7 @@ class PodStore:
                 self.state = SyncState.RELISTING
                 self._synced_gauge.set(0)
                 self._synced_event = anyio.Event()
-                self.sink.cache_cold()
+                self.sink.cache_cold(self.namespace)
             case SyncState.RELISTING:
                 pass
         self._seen = set()
@@ -115,7 +127,7 @@ class PodStore:
         self.state = SyncState.SYNCED
         self._synced_gauge.set(1)
         self._synced_event.set()
-        sink.cache_synced()
+        sink.cache_synced(self.namespace)
 
     # ------------------------------------------------------------------ changes
 
