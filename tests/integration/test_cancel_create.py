@@ -70,7 +70,7 @@ async def _cancel(conn: asyncpg.Connection, pods: KubePodClient, attempt: int = 
     return await cancel_create(
         conn=conn,
         pods=pods,
-        namespace=NS,
+        namespaces=(NS,),
         sandbox_id=SID,
         generation=1,
         activation_attempt=attempt,
