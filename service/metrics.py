@@ -79,7 +79,7 @@ class Metrics:
             "retired_pod_gc_deletes",
             "DELETE requests sent, by sandbox namespace and result (deleted, gone, conflict, "
             "error).",
-            ["namespace", "result"],
+            ["sandbox_namespace", "result"],
             registry=r,
         )
         self.final_check_reverifications = Counter(
@@ -137,17 +137,18 @@ class Metrics:
             registry=r,
         )
         # Kubernetes
-        # The namespace label's values are fixed by configuration (NAMESPACES): bounded.
+        # sandbox_namespace: values fixed by configuration (NAMESPACES), so bounded; not
+        # `namespace`, which Prometheus gives the scraped target (the controller's own).
         self.cache_pods = Gauge(
             "retired_pod_gc_cache_pods",
             "Pods in the informer cache, by sandbox namespace.",
-            ["namespace"],
+            ["sandbox_namespace"],
             registry=r,
         )
         self.cache_synced = Gauge(
             "retired_pod_gc_cache_synced",
             "1 when the informer cache of the sandbox namespace is synced.",
-            ["namespace"],
+            ["sandbox_namespace"],
             registry=r,
         )
         self.watch_events = Counter(
@@ -237,10 +238,10 @@ class Metrics:
     def bind_namespaces(self, namespaces: Iterable[str]) -> None:
         """Create the per-namespace label sets at zero (the namespaces are fixed by config)."""
         for namespace in namespaces:
-            self.cache_pods.labels(namespace=namespace)
-            self.cache_synced.labels(namespace=namespace)
+            self.cache_pods.labels(sandbox_namespace=namespace)
+            self.cache_synced.labels(sandbox_namespace=namespace)
             for result in DELETE_RESULTS:
-                self.deletes.labels(namespace=namespace, result=result)
+                self.deletes.labels(sandbox_namespace=namespace, result=result)
 
     def outcome(self, mode: str, verdict: str, count: int = 1) -> None:
         child = self._outcome_children.get((mode, verdict))

@@ -518,11 +518,13 @@ class Reconciler:
             )
         except StepFailed as exc:
             self._metrics.deletes.labels(
-                namespace=fresh.namespace, result=str(DeleteResult.ERROR)
+                sandbox_namespace=fresh.namespace, result=str(DeleteResult.ERROR)
             ).inc()
             logger.warning("DELETE failed: %s", exc, extra=extra)
             return ReconcileResult.backoff(ReconcileOutcome.ERROR)
-        self._metrics.deletes.labels(namespace=fresh.namespace, result=str(outcome.result)).inc()
+        self._metrics.deletes.labels(
+            sandbox_namespace=fresh.namespace, result=str(outcome.result)
+        ).inc()
         match outcome.result:
             case DeleteResult.DELETED:
                 self._clocks.clear(due.pod.uid)

@@ -71,8 +71,8 @@ class PodStore:
         self._seen: set[str] = set()
         """The keys the sync in progress has put (empty outside a sync)."""
         self._synced_event = anyio.Event()
-        self._size = metrics.cache_pods.labels(namespace=namespace)
-        self._synced_gauge = metrics.cache_synced.labels(namespace=namespace)
+        self._size = metrics.cache_pods.labels(sandbox_namespace=namespace)
+        self._synced_gauge = metrics.cache_synced.labels(sandbox_namespace=namespace)
         self._size.set(0)
         self._synced_gauge.set(0)
 

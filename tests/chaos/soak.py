@@ -204,7 +204,7 @@ def take_sample(parts: Parts, t_s: float, emulator_rss_mib: float) -> Sample:
     registry = parts.metrics.registry
     deletes = sum(
         registry.get_sample_value(
-            "retired_pod_gc_deletes_total", {"namespace": ns, "result": "deleted"}
+            "retired_pod_gc_deletes_total", {"sandbox_namespace": ns, "result": "deleted"}
         )
         or 0.0
         for ns in parts.settings.kube.namespaces

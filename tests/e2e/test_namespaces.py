@@ -194,7 +194,8 @@ async def test_two_namespaces_are_reaped_and_a_third_is_never_touched(
                 and sample(text, "retired_pod_gc_notifications_ignored_total") >= 1
                 and all(gone(k) for k in reaped_all)
                 and all(
-                    sample(text, "retired_pod_gc_cache_pods", namespace=ns) == pods_in(kept, ns)
+                    sample(text, "retired_pod_gc_cache_pods", sandbox_namespace=ns)
+                    == pods_in(kept, ns)
                     and len(emu.events.events(ns, "reason=RetiredPodDeleted"))
                     == pods_in(reaped_all, ns)
                     for ns in (A, B)
@@ -220,12 +221,12 @@ async def test_two_namespaces_are_reaped_and_a_third_is_never_touched(
     # Everything the service and the CLI asked for was granted by the Roles.
     assert [(r.method, r.path) for r in emu.requests if r.status == 403] == []
     for ns in (A, B):
-        assert sample(text, "retired_pod_gc_cache_synced", namespace=ns) == 1
-        assert sample(text, "retired_pod_gc_deletes_total", namespace=ns, result="deleted") == len(
-            [k for k in reaped_all if k.startswith(f"{ns}/")]
-        )
+        assert sample(text, "retired_pod_gc_cache_synced", sandbox_namespace=ns) == 1
+        assert sample(
+            text, "retired_pod_gc_deletes_total", sandbox_namespace=ns, result="deleted"
+        ) == len([k for k in reaped_all if k.startswith(f"{ns}/")])
     labelled = {
-        labels.get("namespace")
+        labels.get("sandbox_namespace")
         for name, labels, _ in parse_metrics(text)
         if name.startswith(("retired_pod_gc_cache_", "retired_pod_gc_deletes"))
     }

@@ -131,7 +131,10 @@ async def test_delete_answered_404_or_409_is_benign_and_a_conflict_is_decided_ag
         assert outcome(parts, TERMINAL) == 2
         assert (
             sample(
-                parts, "retired_pod_gc_deletes_total", namespace=SANDBOX_NAMESPACE, result="gone"
+                parts,
+                "retired_pod_gc_deletes_total",
+                sandbox_namespace=SANDBOX_NAMESPACE,
+                result="gone",
             )
             == 1
         )
@@ -146,7 +149,10 @@ async def test_delete_answered_404_or_409_is_benign_and_a_conflict_is_decided_ag
         )
         assert (
             sample(
-                parts, "retired_pod_gc_deletes_total", namespace=SANDBOX_NAMESPACE, result="deleted"
+                parts,
+                "retired_pod_gc_deletes_total",
+                sandbox_namespace=SANDBOX_NAMESPACE,
+                result="deleted",
             )
             == 2
         )

@@ -276,7 +276,10 @@ async def test_dry_run_verifies_but_never_deletes_and_reports_once(
         assert outcome(parts, TERMINAL, mode="live") == 0
         assert (
             sample(
-                parts, "retired_pod_gc_deletes_total", namespace=SANDBOX_NAMESPACE, result="deleted"
+                parts,
+                "retired_pod_gc_deletes_total",
+                sandbox_namespace=SANDBOX_NAMESPACE,
+                result="deleted",
             )
             == 0
         )

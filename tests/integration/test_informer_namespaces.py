@@ -83,9 +83,13 @@ async def test_each_namespace_has_its_own_cache_and_nothing_else_is_listed(
         for ns, count in ((A, 4), (B, 4)):
             registry = metrics.registry
             assert (
-                registry.get_sample_value("retired_pod_gc_cache_pods", {"namespace": ns}) == count
+                registry.get_sample_value("retired_pod_gc_cache_pods", {"sandbox_namespace": ns})
+                == count
             )
-            assert registry.get_sample_value("retired_pod_gc_cache_synced", {"namespace": ns}) == 1
+            assert (
+                registry.get_sample_value("retired_pod_gc_cache_synced", {"sandbox_namespace": ns})
+                == 1
+            )
         # A change in C is not seen; one in B is, under B's key.
         emu.create_pod(sandbox_pod("late"), namespace=C)
         emu.create_pod(sandbox_pod("late"), namespace=B)

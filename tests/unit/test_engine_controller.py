@@ -689,7 +689,8 @@ async def test_pods_of_every_configured_namespace_share_one_delete_budget() -> N
         count = sum(1 for call in rig.pods.deletes if call.namespace == namespace)
         assert (
             rig.sample(
-                "retired_pod_gc_deletes_total", {"namespace": namespace, "result": "deleted"}
+                "retired_pod_gc_deletes_total",
+                {"sandbox_namespace": namespace, "result": "deleted"},
             )
             == count
         )

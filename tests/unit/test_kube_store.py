@@ -41,7 +41,7 @@ def store_in(state: SyncState) -> tuple[PodStore, RecordingHandler, Metrics]:
 
 def gauge(metrics: Metrics, name: str) -> float | None:
     """The store's gauge: every series of it is labelled with the store's namespace."""
-    return metrics.registry.get_sample_value(name, {"namespace": NAMESPACE})
+    return metrics.registry.get_sample_value(name, {"sandbox_namespace": NAMESPACE})
 
 
 BEGIN = {

@@ -86,7 +86,9 @@ async def test_invariant7_delete_preconditions_come_from_the_fresh_get() -> None
     assert (call.uid, call.resource_version) == (pod.uid, pod.resource_version)
     assert rig.pods.gets == [pod.key]
     assert (
-        rig.sample("retired_pod_gc_deletes_total", {"namespace": NAMESPACE, "result": "deleted"})
+        rig.sample(
+            "retired_pod_gc_deletes_total", {"sandbox_namespace": NAMESPACE, "result": "deleted"}
+        )
         == 1
     )
 
@@ -191,7 +193,9 @@ async def test_invariant2_uid_precondition_protects_a_pod_recreated_after_the_fr
     assert recreating.pods[pod.key].uid == "uid-new"  # the new pod survives
     assert rig.outcome(ReconcileOutcome.CONFLICT) == 1
     assert (
-        rig.sample("retired_pod_gc_deletes_total", {"namespace": NAMESPACE, "result": "conflict"})
+        rig.sample(
+            "retired_pod_gc_deletes_total", {"sandbox_namespace": NAMESPACE, "result": "conflict"}
+        )
         == 1
     )
 
@@ -350,7 +354,10 @@ async def test_404_on_delete_is_benign_and_counted() -> None:
     assert rig.outcome(ReconcileOutcome.GONE) == 1
     assert rig.outcome(Verdict.TERMINAL_RETIRED) == 0
     assert (
-        rig.sample("retired_pod_gc_deletes_total", {"namespace": NAMESPACE, "result": "gone"}) == 1
+        rig.sample(
+            "retired_pod_gc_deletes_total", {"sandbox_namespace": NAMESPACE, "result": "gone"}
+        )
+        == 1
     )
     assert rig.clocks.get(pod.uid) is None
 
@@ -384,7 +391,10 @@ async def test_a_delete_error_backs_off(failure: str) -> None:
     result = await rig.reconcile(pod.key)
     assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
     assert (
-        rig.sample("retired_pod_gc_deletes_total", {"namespace": NAMESPACE, "result": "error"}) == 1
+        rig.sample(
+            "retired_pod_gc_deletes_total", {"sandbox_namespace": NAMESPACE, "result": "error"}
+        )
+        == 1
     )
 
 
