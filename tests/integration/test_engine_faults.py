@@ -142,7 +142,7 @@ async def test_delete_answered_404_or_409_is_benign_and_a_conflict_is_decided_ag
             sample(
                 parts,
                 "retired_pod_gc_deletes_total",
-                namespace=SANDBOX_NAMESPACE,
+                sandbox_namespace=SANDBOX_NAMESPACE,
                 result="conflict",
             )
             == 1
