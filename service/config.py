@@ -225,7 +225,7 @@ LOOKUP_BATCH_WAIT_SECONDS = _var("LOOKUP_BATCH_WAIT_SECONDS", 0.002, _parse_floa
 METRICS_BIND_ADDRESS = _var("METRICS_BIND_ADDRESS", ("0.0.0.0", 8080), _parse_bind, "HOST:PORT of the /metrics, /healthz and /readyz server.")
 LEADER_ELECTION = _var("LEADER_ELECTION", True, _parse_bool, "Elect one active replica through a coordination.k8s.io/v1 Lease; only the leader deletes or reports.")
 LEASE_NAME = _var("LEASE_NAME", "retired-pod-gc", _regex(_DNS_NAME, "a Lease name"), "Name of the Lease.")
-LEASE_NAMESPACE = _var("LEASE_NAMESPACE", "", _parse_text, "Namespace of the Lease; empty means this pod's namespace (service account), else NAMESPACE.")
+LEASE_NAMESPACE = _var("LEASE_NAMESPACE", "", _parse_text, "Namespace of the Lease; empty means this pod's namespace (service account), else the (first) sandbox namespace.")
 LEASE_DURATION_SECONDS = _var("LEASE_DURATION_SECONDS", 15.0, _parse_float, "How long a lease holds without renewal before another replica may take it.", lo=1, hi=300)
 RENEW_DEADLINE_SECONDS = _var("RENEW_DEADLINE_SECONDS", 10.0, _parse_float, "A leader that has not renewed for this long stops deleting (kept below LEASE_DURATION_SECONDS).", lo=0.5, hi=300)
 RETRY_PERIOD_SECONDS = _var("RETRY_PERIOD_SECONDS", 2.0, _parse_float, "How often the lease is renewed or its acquisition retried (kept below RENEW_DEADLINE_SECONDS).", lo=0.1, hi=60)

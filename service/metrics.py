@@ -165,8 +165,9 @@ class Metrics:
         )
         self.list_mode = Gauge(
             "retired_pod_gc_informer_list_mode",
-            "1 for the way the pod cache was last filled (stream, list_cache, list_quorum).",
-            ["mode"],
+            "1 for the way the pod cache of the sandbox namespace was last filled (stream, "
+            "list_cache, list_quorum).",
+            ["sandbox_namespace", "mode"],
             registry=r,
         )
         self.decode_errors = Counter(

@@ -254,7 +254,9 @@ class Reflector:
         self.sync_mode = mode
         self._next = self._next.synced()
         for m in SyncMode:
-            self._metrics.list_mode.labels(mode=m.value).set(1 if m is mode else 0)
+            self._metrics.list_mode.labels(sandbox_namespace=self._namespace, mode=m.value).set(
+                1 if m is mode else 0
+            )
         self._store.finish_sync()
         logger.info(
             "pod cache synced by %s: %d pods at resourceVersion %s (namespace %s)",

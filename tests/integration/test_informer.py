@@ -103,8 +103,21 @@ async def test_initial_sync_streams_by_default_and_honours_the_selector(
         _assert_selected_once(informer, handler, emu)
         assert informer.sync_mode is SyncMode.STREAM
         assert informer.resource_version == str(emu.resource_version)
-        assert metric(metrics, "retired_pod_gc_informer_list_mode", mode="stream") == 1
-        assert metric(metrics, "retired_pod_gc_informer_list_mode", mode="list_cache") == 0
+        assert (
+            metric(
+                metrics, "retired_pod_gc_informer_list_mode", sandbox_namespace=NS, mode="stream"
+            )
+            == 1
+        )
+        assert (
+            metric(
+                metrics,
+                "retired_pod_gc_informer_list_mode",
+                sandbox_namespace=NS,
+                mode="list_cache",
+            )
+            == 0
+        )
         assert (
             metric(metrics, "retired_pod_gc_api_requests_total", op="watchlist", result="ok") == 1
         )
@@ -137,7 +150,15 @@ async def test_quorum_list_pages_through_the_list_and_honours_the_selector(
         await informer.wait_synced()
         _assert_selected_once(informer, handler, emu)
         assert informer.sync_mode is SyncMode.LIST_QUORUM
-        assert metric(metrics, "retired_pod_gc_informer_list_mode", mode="list_quorum") == 1
+        assert (
+            metric(
+                metrics,
+                "retired_pod_gc_informer_list_mode",
+                sandbox_namespace=NS,
+                mode="list_quorum",
+            )
+            == 1
+        )
         assert metric(metrics, "retired_pod_gc_api_requests_total", op="list", result="410") == 1
         assert metric(metrics, "retired_pod_gc_api_requests_total", op="list", result="ok") == 4
         assert (
