@@ -694,3 +694,23 @@ async def test_pods_of_every_configured_namespace_share_one_delete_budget() -> N
             )
             == count
         )
+
+
+def test_clearing_a_namespace_stops_its_clocks_and_its_observations_in_flight_only() -> None:
+    clocks = ObservationClocks()
+    ours = make_pod("a")
+    theirs = make_pod("b", namespace=OTHER)
+    # A namespace that is a prefix of another's name is a different namespace.
+    lookalike = make_pod("c", namespace=f"{OTHER}-2")
+    for pod in (ours, theirs, lookalike):
+        assert clocks.observe(pod.uid, pod.key, Verdict.TERMINAL_RETIRED, 0.0) == 0.0
+    for pod in (ours, theirs):
+        clocks.begin(pod.key)
+    clocks.clear_namespace(OTHER)
+    assert clocks.elapsed(theirs.uid, 10.0) is None and clocks.uid_for(theirs.key) is None
+    assert clocks.elapsed(ours.uid, 10.0) == 10.0
+    assert clocks.elapsed(lookalike.uid, 10.0) == 10.0
+    # The observation of OTHER's key that was reading when the clear came starts no clock.
+    assert clocks.observe(theirs.uid, theirs.key, Verdict.TERMINAL_RETIRED, 10.0) is None
+    assert clocks.observe(ours.uid, ours.key, Verdict.TERMINAL_RETIRED, 10.0) == 10.0
+    assert len(clocks) == 2
