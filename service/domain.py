@@ -183,6 +183,11 @@ class ExecutionRow(msgspec.Struct, frozen=True, gc=False):
     active: bool
     kubernetes_managed: bool
 
+    @property
+    def key(self) -> str:
+        """The key of the pod this row is for: its pod name in its sandbox's namespace."""
+        return pod_key(self.namespace, self.pod_name)
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:

@@ -73,28 +73,29 @@ async def _api(settings: config.Settings) -> Any:
 
 
 async def _probe_api(api: Any, settings: config.Settings) -> None:
-    """One cheap list call, so that an unreachable or refusing API server fails a one-shot
-    command at once (the informer would retry quietly until ``--timeout``)."""
-    namespace = settings.kube.namespace
-    try:
-        response, body = await read_whole(
-            CoreV1Api(api).list_namespaced_pod(
-                namespace,
-                limit=1,
-                label_selector=settings.kube.label_selector,
-                _preload_content=False,
-                _request_timeout=aiohttp.ClientTimeout(total=settings.kube.api_timeout_s),
+    """One cheap list call in each sandbox namespace, so that an unreachable or refusing API
+    server fails a one-shot command at once (the informer would retry quietly until
+    ``--timeout``)."""
+    for namespace in settings.kube.namespaces:
+        try:
+            response, body = await read_whole(
+                CoreV1Api(api).list_namespaced_pod(
+                    namespace,
+                    limit=1,
+                    label_selector=settings.kube.label_selector,
+                    _preload_content=False,
+                    _request_timeout=aiohttp.ClientTimeout(total=settings.kube.api_timeout_s),
+                )
             )
-        )
-    except Exception as exc:
-        raise CommandError(
-            f"Kubernetes API unreachable ({api.configuration.host}): {_describe(exc)}"
-        ) from None
-    if response.status != 200:
-        raise CommandError(
-            f"Kubernetes API answered {response.status} listing pods in {namespace}: "
-            f"{status_message(body)}"
-        )
+        except Exception as exc:
+            raise CommandError(
+                f"Kubernetes API unreachable ({api.configuration.host}): {_describe(exc)}"
+            ) from None
+        if response.status != 200:
+            raise CommandError(
+                f"Kubernetes API answered {response.status} listing pods in {namespace}: "
+                f"{status_message(body)}"
+            )
 
 
 # ------------------------------------------------------------------------------------ run
@@ -195,7 +196,8 @@ def scan_pods(settings: config.Settings, *, output: str, timeout_s: float) -> in
         if output == "json":
             print(json.dumps(report.to_json(), indent=2))
             return 0
-        print(f"namespace {report.namespace}: {report.pods} pods")
+        for namespace, count in report.pods_by_namespace.items():
+            print(f"namespace {namespace}: {count} pods")
         print("reapable shapes (a clock would run; deletion after the threshold):")
         for verdict, count in report.verdicts.items() or [("(none)", 0)]:
             print(f"  {verdict:<34} {count}")
@@ -253,7 +255,7 @@ def cancel_create_execution(
                 report = await cancel_create(
                     conn=conn,
                     pods=client,
-                    namespace=settings.kube.namespace,
+                    namespaces=settings.kube.namespaces,
                     sandbox_id=sandbox_id,
                     generation=generation,
                     activation_attempt=activation_attempt,

@@ -34,6 +34,7 @@ from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
 from service.kube.informer import PodInformer
 from service.kube.leaderelection import LeaderElector, default_identity
+from service.kube.namespaces import MultiNamespaceInformer
 from service.metrics import Metrics
 from service.pg.listener import RetirementListener
 from service.pg.store import PgExecutionStore
@@ -56,9 +57,9 @@ def lease_namespace(settings: Settings) -> str:
     if settings.leader.lease_namespace:
         return settings.leader.lease_namespace
     try:
-        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or settings.kube.namespace
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or settings.kube.namespaces[0]
     except OSError:
-        return settings.kube.namespace
+        return settings.kube.namespaces[0]
 
 
 @dataclass
@@ -69,7 +70,8 @@ class Parts:
     metrics: Metrics
     clock: MonotonicClock
     store: PgExecutionStore
-    informer: PodInformer
+    informer: MultiNamespaceInformer
+    """One pod cache per sandbox namespace (``informer.informers``)."""
     pods: KubePodClient
     queue: WorkQueue
     clocks: ObservationClocks
@@ -83,7 +85,7 @@ class Parts:
 
 
 def new_store(settings: Settings, metrics: Metrics) -> PgExecutionStore:
-    return PgExecutionStore(settings.database, namespace=settings.kube.namespace, metrics=metrics)
+    return PgExecutionStore(settings.database, namespaces=settings.kube.namespaces, metrics=metrics)
 
 
 def new_pod_client(settings: Settings, api: ApiClient, metrics: Metrics) -> KubePodClient:
@@ -97,15 +99,22 @@ def new_informer(
     *,
     clock: SchedulingClock | None = None,
     backoff: Backoff | None = None,
-) -> PodInformer:
-    return PodInformer(
-        api,
-        settings.kube,
-        PodDecoder(settings.kube.label_keys),
-        metrics,
-        clock=clock,
-        backoff=backoff,
-    )
+) -> MultiNamespaceInformer:
+    """One namespaced informer per sandbox namespace (never a cluster-wide watch)."""
+    decoder = PodDecoder(settings.kube.label_keys)
+
+    def informer(namespace: str) -> PodInformer:
+        return PodInformer(
+            api,
+            settings.kube,
+            decoder,
+            metrics,
+            namespace=namespace,
+            clock=clock,
+            backoff=backoff,
+        )
+
+    return MultiNamespaceInformer(settings.kube.namespaces, informer)
 
 
 def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
@@ -138,7 +147,9 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         leader_check=elector.is_leader if elector is not None else None,
     )
     # The reconciler's notification barrier; the controller becomes its handler once built.
-    listener = RetirementListener(settings.database, metrics=metrics, clock=clock)
+    listener = RetirementListener(
+        settings.database, metrics=metrics, clock=clock, namespaces=settings.kube.namespaces
+    )
     recorder = (
         KubeEventRecorder(
             api,
@@ -252,11 +263,11 @@ async def run(
     """Run until ``stop`` is set (then drain) or a child fails (then raise)."""
     settings = parts.settings
     logger.info(
-        "starting in %s mode (threshold %.0fs, %d deletes/min, namespace %s)",
+        "starting in %s mode (threshold %.0fs, %d deletes/min, namespaces %s)",
         settings.mode,
         settings.threshold_s,
         settings.deletes_per_minute,
-        settings.kube.namespace,
+        ",".join(settings.kube.namespaces),
         extra={"database": settings.database.masked_url},
     )
     await parts.store.start()

@@ -113,6 +113,17 @@ class ObservationClocks:
         for key in self._inflight:
             self._inflight[key] = True
 
+    def clear_namespace(self, namespace: str) -> None:
+        """Forget every clock of ``namespace``'s pods (that namespace's cache went cold)."""
+        prefix = namespace + "/"
+        for uid in [u for u, o in self._by_uid.items() if o.key.startswith(prefix)]:
+            del self._by_uid[uid]
+        for key in [k for k in self._uid_by_key if k.startswith(prefix)]:
+            del self._uid_by_key[key]
+        for key in self._inflight:
+            if key.startswith(prefix):
+                self._inflight[key] = True
+
     def forget_pod(self, uid: str, key: str) -> None:
         """The pod is gone: drop its clock and its dry-run report mark."""
         self.clear(uid)

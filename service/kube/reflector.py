@@ -147,7 +147,7 @@ class Reflector:
         self._store = store
         self._decoder = decoder
         self._metrics = metrics
-        self._namespace = settings.namespace
+        self._namespace = store.namespace
         self._stream_sync_timeout_s = settings.stream_sync_timeout_s
         self._mode = ListMode(settings.list_mode)
         self._next = SyncRequest.first(self._mode)
@@ -255,7 +255,9 @@ class Reflector:
         self.sync_mode = mode
         self._next = self._next.synced()
         for m in SyncMode:
-            self._metrics.list_mode.labels(mode=m.value).set(1 if m is mode else 0)
+            self._metrics.list_mode.labels(sandbox_namespace=self._namespace, mode=m.value).set(
+                1 if m is mode else 0
+            )
         self._store.finish_sync()
         trim_heap()  # the sync's garbage back to the OS: once a sync, never per event
         logger.info(

@@ -1,8 +1,9 @@
-"""The pod cache: ``namespace/name`` → :class:`PodSnapshot`, and how far it matches the server.
+"""The pod cache of one namespace: ``namespace/name`` → :class:`PodSnapshot`, and how far it
+matches the server.
 
-The pods are held by namespace, then by name: the name a pod is found by is the snapshot's own
-``name`` string, so a cached pod costs no key string of its own (a ``namespace/name`` key is
-84 bytes more a pod; ``keys()`` builds the keys when asked).
+The pods are held by name: the name a pod is found by is the snapshot's own ``name`` string, so
+a cached pod costs no key string of its own (a ``namespace/name`` key is 84 bytes more a pod;
+``keys()`` builds the keys when asked, and ``get`` answers ``None`` for another namespace's key).
 
 :class:`PodStore` implements ``ports.PodCache``. Its one piece of state besides the pods is a
 :class:`SyncState`. A sync (a list, or the initial events of a streaming list) puts every pod the
@@ -16,8 +17,8 @@ reports every cached pod the sync did not mention as deleted. Every change is re
     finish_sync   LISTING, RELISTING ──▶ SYNCED
 
 (``begin_sync`` during a sync starts it over: a retry after a failure, a list restarted.)
-Leaving ``SYNCED`` tells the handler ``cache_cold()`` (observations may have gaps from now on);
-reaching it, ``cache_synced()``.
+Leaving ``SYNCED`` tells the handler ``cache_cold(namespace)`` (observations of this namespace may
+have gaps from now on); reaching it, ``cache_synced(namespace)``.
 """
 
 from __future__ import annotations
@@ -48,36 +49,36 @@ class SyncState(enum.StrEnum):
 
 
 _SYNCED = SyncState.SYNCED  # a global read on the per-event path instead of an attribute chain
-_NONE: frozenset[str] = frozenset()
 
 
 class PodStore:
     """Implements ``ports.PodCache``; reports changes to ``sink``."""
 
     __slots__ = (
-        "_count",
         "_pods",
         "_seen",
         "_size",
         "_synced_event",
         "_synced_gauge",
+        "namespace",
         "sink",
         "state",
     )
 
-    def __init__(self, metrics: Metrics, sink: PodEventHandler) -> None:
+    def __init__(self, metrics: Metrics, sink: PodEventHandler, *, namespace: str) -> None:
+        self.namespace = namespace
+        """The one namespace whose pods this store holds (named in its gauges and signals)."""
         self.state = SyncState.COLD
         """Read it; only :meth:`begin_sync` and :meth:`finish_sync` move it."""
         self.sink = sink
         """Where changes go (the informer replaces it as handlers are added)."""
-        self._pods: dict[str, dict[str, PodSnapshot]] = {}
-        """namespace → name → snapshot (a namespace without pods has no entry)."""
-        self._count = 0
-        self._seen: dict[str, set[str]] = {}
-        """namespace → the names the sync in progress has put (empty outside a sync)."""
+        self._pods: dict[str, PodSnapshot] = {}
+        """name → snapshot; the key is the snapshot's own ``name`` string."""
+        self._seen: set[str] = set()
+        """The names the sync in progress has put (empty outside a sync)."""
         self._synced_event = anyio.Event()
-        self._size = metrics.cache_pods
-        self._synced_gauge = metrics.cache_synced
+        self._size = metrics.cache_pods.labels(sandbox_namespace=namespace)
+        self._synced_gauge = metrics.cache_synced.labels(sandbox_namespace=namespace)
         self._size.set(0)
         self._synced_gauge.set(0)
 
@@ -85,21 +86,19 @@ class PodStore:
 
     def get(self, key: str) -> PodSnapshot | None:
         namespace, _, name = key.partition("/")
-        names = self._pods.get(namespace)
-        return None if names is None else names.get(name)
+        return self._pods.get(name) if namespace == self.namespace else None
 
     def keys(self) -> Iterable[str]:
         """A copy of the cached keys (safe to iterate while events arrive)."""
-        return [
-            pod_key(namespace, name) for namespace, names in self._pods.items() for name in names
-        ]
+        namespace = self.namespace
+        return [pod_key(namespace, name) for name in self._pods]
 
     @property
     def synced(self) -> bool:
         return self.state is _SYNCED
 
     def __len__(self) -> int:
-        return self._count
+        return len(self._pods)
 
     async def wait_synced(self) -> None:
         """Return once the cache matches the server (immediately if it does now)."""
@@ -110,7 +109,7 @@ class PodStore:
 
     def begin_sync(self) -> SyncState:
         """Start filling the cache from the server, or start over (a failed or restarted sync):
-        the keys put so far are forgotten, the pods are kept. Returns the new state."""
+        the names put so far are forgotten, the pods are kept. Returns the new state."""
         match self.state:
             case SyncState.COLD | SyncState.LISTING:
                 self.state = SyncState.LISTING
@@ -118,93 +117,66 @@ class PodStore:
                 self.state = SyncState.RELISTING
                 self._synced_gauge.set(0)
                 self._synced_event = anyio.Event()
-                self.sink.cache_cold()
+                self.sink.cache_cold(self.namespace)
             case SyncState.RELISTING:
                 pass
-        self._seen = {}
+        self._seen = set()
         return self.state
 
     def finish_sync(self) -> None:
         """The sync is complete: every cached pod it did not put is reported deleted."""
         if self.state not in (SyncState.LISTING, SyncState.RELISTING):
             raise RuntimeError(f"finish_sync in state {self.state}: no sync in progress")
-        seen, sink = self._seen, self.sink
-        for namespace, names in list(self._pods.items()):
-            put = seen.get(namespace, _NONE)
-            for name in [n for n in names if n not in put]:
-                sink.pod_changed(names.pop(name), None)
-            if not names:
-                del self._pods[namespace]
-        self._seen = {}
-        self._count = sum(len(names) for names in self._pods.values())
-        self._size.set(self._count)
+        pods, seen, sink = self._pods, self._seen, self.sink
+        for name in [n for n in pods if n not in seen]:
+            sink.pod_changed(pods.pop(name), None)
+        self._seen = set()
+        self._size.set(len(pods))
         self.state = SyncState.SYNCED
         self._synced_gauge.set(1)
         self._synced_event.set()
-        sink.cache_synced()
+        sink.cache_synced(self.namespace)
 
     # ------------------------------------------------------------------ changes
 
     def put(self, snap: PodSnapshot) -> None:
         """The server has this pod in this state. While synced this is a change (a watch event)
         and always reported; during a sync only when the pod is new or changed since cached."""
-        namespace, name = snap.namespace, snap.name
-        names = self._pods.get(namespace)
-        if names is None:
-            names = self._pods[namespace] = {}
-        before = names.get(name)
+        pods = self._pods
+        before = pods.get(snap.name)
         if self.state is _SYNCED:
-            self.sink.pod_changed(before, self._replace(names, before, snap))
-            self._size.set(self._count)
+            self.sink.pod_changed(before, self._replace(before, snap))
+            self._size.set(len(pods))
             return
-        put = self._seen.get(namespace)
-        if put is None:
-            put = self._seen[namespace] = set()
         if before is None:
-            put.add(name)
+            self._seen.add(snap.name)
         else:
-            put.add(before.name)  # the string the store holds already, not a copy of it
+            self._seen.add(before.name)  # the string the store holds already, not a copy of it
             if before.resource_version == snap.resource_version and before.uid == snap.uid:
                 return
-        self.sink.pod_changed(before, self._replace(names, before, snap))
+        self.sink.pod_changed(before, self._replace(before, snap))
 
     def delete(self, snap: PodSnapshot) -> None:
         """The server deleted this pod; reported with the last cached state (or ``snap``)."""
-        before = self._pop(snap.namespace, snap.name)
+        pods = self._pods
+        before = pods.pop(snap.name, None)
         if self.state is not _SYNCED:
-            put = self._seen.get(snap.namespace)
-            if put is not None:
-                put.discard(snap.name)
+            self._seen.discard(snap.name)
         self.sink.pod_changed(before if before is not None else snap, None)
-        self._size.set(self._count)
+        self._size.set(len(pods))
 
     def forget(self, key: str) -> None:
         """Drop a pod whose state can no longer be read; reported deleted if it was cached."""
         namespace, _, name = key.partition("/")
-        before = self._pop(namespace, name)
+        before = self._pods.pop(name, None) if namespace == self.namespace else None
         if before is not None:
             self.sink.pod_changed(before, None)
-            self._size.set(self._count)
+            self._size.set(len(self._pods))
 
-    def _replace(
-        self, names: dict[str, PodSnapshot], before: PodSnapshot | None, snap: PodSnapshot
-    ) -> PodSnapshot:
+    def _replace(self, before: PodSnapshot | None, snap: PodSnapshot) -> PodSnapshot:
         """Store ``snap``; returns it as stored. A dict keeps the key it has, and that key is
         ``before.name``: the new snapshot takes that string instead of keeping a second copy."""
-        if before is None:
-            self._count += 1
-        elif snap.name is not before.name:
+        if before is not None and snap.name is not before.name:
             snap = msgspec.structs.replace(snap, name=before.name)
-        names[snap.name] = snap
+        self._pods[snap.name] = snap
         return snap
-
-    def _pop(self, namespace: str, name: str) -> PodSnapshot | None:
-        names = self._pods.get(namespace)
-        if names is None:
-            return None
-        before = names.pop(name, None)
-        if before is not None:
-            self._count -= 1
-            if not names:
-                del self._pods[namespace]
-        return before

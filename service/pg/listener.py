@@ -29,7 +29,7 @@ database (it reconnects), only for a bug.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import anyio
@@ -110,7 +110,8 @@ class RetirementListener:
     """LISTEN on the notify channel until cancelled; see the module docstring.
 
     ``backoff`` is the reconnect policy (default :func:`default_backoff`); ``clock`` the time
-    the listener reads (``received_at_s`` of each change) and waits on.
+    the listener reads (``received_at_s`` of each change) and waits on; ``namespaces`` the
+    sandbox namespaces whose changes are handed on (the others are counted and ignored).
     """
 
     def __init__(
@@ -120,8 +121,12 @@ class RetirementListener:
         metrics: Metrics,
         clock: SchedulingClock | None = None,
         backoff: Backoff | None = None,
+        namespaces: Iterable[str] | None = None,
     ) -> None:
         self._settings = settings
+        self._namespaces = None if namespaces is None else frozenset(namespaces)
+        """The sandbox namespaces whose changes are handed on (``None``: every namespace); a
+        notification of any other namespace is counted and ignored."""
         self._channel = settings.notify_channel
         self._handlers: list[ExecutionEventHandler] = []
         self._metrics = metrics
@@ -249,6 +254,10 @@ class RetirementListener:
         if change is None:
             self._metrics.notifications_malformed.inc()
             logger.warning("malformed notification skipped on %s: %.200r", self._channel, payload)
+            return
+        if self._namespaces is not None and change.namespace not in self._namespaces:
+            # One channel carries every namespace's changes; only the watched ones matter.
+            self._metrics.notifications_ignored.inc()
             return
         for handler in self._handlers:
             handler.execution_changed(change)
