@@ -146,6 +146,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
             instance=settings.leader.identity or default_identity(),
             metrics=metrics,
             timeout_s=settings.kube.api_timeout_s,
+            deletes_per_minute=settings.deletes_per_minute,
         )
         if settings.events_enabled
         else None
