@@ -229,6 +229,19 @@ class Decision:
         return Decision(verdict=None, reason=reason, rule=rule)
 
 
+class Waiting(enum.StrEnum):
+    """What a pod whose clock runs waits for (``GET /debug/pending``)."""
+
+    THRESHOLD = "threshold"
+    """Not yet continuously reapable for the threshold."""
+    VERIFICATION = "verification"
+    """Due: the fresh GET, the row re-read and the notification sync, or its turn for them."""
+    BUDGET = "budget"
+    """Verified, waiting for its turn at the delete budget (or throttled and requeued)."""
+    REPORTED = "reported"
+    """Dry run: reported once; nothing more happens to this UID."""
+
+
 class DeleteResult(enum.StrEnum):
     """Typed outcome of a preconditioned DELETE (no exceptions for expected outcomes)."""
 

@@ -11,10 +11,13 @@ reconciles get ``SHUTDOWN_TIMEOUT_SECONDS``, then everything is cancelled and th
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -39,6 +42,7 @@ from service.pg.listener import RetirementListener
 from service.pg.store import PgExecutionStore
 
 from .health import HealthServer, Heartbeats
+from .pending import pending_document
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +192,11 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         database_ok=_cached_ping(store, clock),
         host=settings.bind_host,
         port=settings.bind_port,
+        pending=(
+            functools.partial(_pending, settings, clocks, clock, controller)
+            if settings.debug_pending
+            else None
+        ),
     )
     metrics.enabled.set(1 if settings.enabled else 0)
     metrics.dry_run.set(1 if settings.dry_run else 0)
@@ -207,6 +216,19 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         recorder=recorder,
         heartbeats=heartbeats,
         health=health,
+    )
+
+
+def _pending(
+    settings: Settings, clocks: ObservationClocks, clock: MonotonicClock, controller: Controller
+) -> dict[str, Any]:
+    return pending_document(
+        clocks=clocks,
+        threshold_s=settings.threshold_s,
+        mode=settings.mode,
+        active=controller.active,
+        now_s=clock.monotonic(),
+        wall_now_s=time.time(),
     )
 
 
