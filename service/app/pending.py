@@ -4,8 +4,9 @@ The running service builds the document (:func:`pending_document`) from its cloc
 whose clock runs, with its UID, verdict, since when it has been observed, when it is due and what
 it waits for. ``retired-pod-gc pending`` fetches it (:func:`fetch_pending`) and prints it as a
 table (:func:`pending_lines`); ``explain --url`` prints the entry of one pod
-(:func:`live_clock_lines`). Times in the document are wall-clock UTC, converted from the
-service's monotonic clock at the moment of the request.
+(:func:`live_clock_lines`). Times in the document are UTC: the service's monotonic clock
+mapped onto the wall clock once, at start, so that one clock shows the same times in every
+answer (a wall-clock step after the start is not followed).
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ def pending_document(
     mode: str,
     active: bool,
     now_s: float,
-    wall_now_s: float,
+    wall_offset_s: float,
 ) -> dict[str, Any]:
-    """Every running clock, soonest due first. ``now_s`` is the service's monotonic clock and
-    ``wall_now_s`` the wall clock at the same moment."""
-    offset = wall_now_s - now_s
+    """Every running clock, soonest due first. ``now_s`` is the service's monotonic clock, and
+    ``wall_offset_s`` what to add to it for Unix time."""
+    offset = wall_offset_s
     pods = []
     for observation, waiting in clocks.running():
         due_s = observation.since_s + threshold_s
@@ -64,7 +65,7 @@ def pending_document(
         "mode": mode,
         "active": active,
         "threshold_s": threshold_s,
-        "now": iso(wall_now_s),
+        "now": iso(now_s + offset),
         "count": len(pods),
         "pods": pods,
     }

@@ -193,7 +193,9 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         host=settings.bind_host,
         port=settings.bind_port,
         pending=(
-            functools.partial(_pending, settings, clocks, clock, controller)
+            functools.partial(
+                _pending, settings, clocks, clock, controller, time.time() - clock.monotonic()
+            )
             if settings.debug_pending
             else None
         ),
@@ -220,15 +222,20 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
 
 
 def _pending(
-    settings: Settings, clocks: ObservationClocks, clock: MonotonicClock, controller: Controller
+    settings: Settings,
+    clocks: ObservationClocks,
+    clock: MonotonicClock,
+    controller: Controller,
+    wall_offset_s: float,
 ) -> dict[str, Any]:
+    """The live view (``GET /debug/pending``), the clock mapped onto UTC once, at build."""
     return pending_document(
         clocks=clocks,
         threshold_s=settings.threshold_s,
         mode=settings.mode,
         active=controller.active,
         now_s=clock.monotonic(),
-        wall_now_s=time.time(),
+        wall_offset_s=wall_offset_s,
     )
 
 

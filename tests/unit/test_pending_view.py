@@ -28,7 +28,7 @@ def _doc(rig: EngineRig) -> dict[str, Any]:
         mode=rig.settings.mode,
         active=rig.controller.active,
         now_s=now,
-        wall_now_s=now + WALL_OFFSET_S,
+        wall_offset_s=WALL_OFFSET_S,
     )
 
 
