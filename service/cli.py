@@ -122,10 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="the replica's health port (default %(default)s)",
     )
     p.add_argument("--output", choices=("text", "json"), default="text")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="show the N soonest due (the service's default: 1000)",
+    )
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
     p.set_defaults(
         command_fn=lambda s, a: commands.show_pending(
-            s, url=a.url, output=a.output, timeout_s=a.timeout
+            s, url=a.url, output=a.output, timeout_s=a.timeout, limit=a.limit
         ),
         needs_database=False,
     )

@@ -233,7 +233,7 @@ def explain_pod(
         live: dict[str, Any] | str | None = None
         if url is not None:
             try:
-                live = await fetch_pending(url, timeout_s=timeout_s)
+                live = await fetch_pending(url, timeout_s=timeout_s, key=key)
             except PendingUnavailable as exc:
                 live = str(exc)
         print("\n".join([*explanation_lines(exp), *live_clock_lines(key, url, live)]))
@@ -245,13 +245,15 @@ def explain_pod(
 # ----------------------------------------------------------------------------------- pending
 
 
-def show_pending(settings: config.Settings, *, url: str, output: str, timeout_s: float) -> int:
-    """Every pod whose clock runs in the replica at ``url`` (``GET /debug/pending``)."""
+def show_pending(
+    settings: config.Settings, *, url: str, output: str, timeout_s: float, limit: int | None
+) -> int:
+    """The pods whose clock runs in the replica at ``url`` (``GET /debug/pending``)."""
     logs.setup("warning", settings.log_format)
 
     async def main() -> int:
         try:
-            document = await fetch_pending(url, timeout_s=timeout_s)
+            document = await fetch_pending(url, timeout_s=timeout_s, limit=limit)
         except PendingUnavailable as exc:
             raise CommandError(str(exc)) from None
         if output == "json":

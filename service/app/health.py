@@ -19,6 +19,7 @@ from aiohttp import web
 from anyio.abc import TaskStatus
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from service.app.pending import DEFAULT_LIMIT as PENDING_LIMIT
 from service.app.pending import PATH as PENDING_PATH
 from service.kit.clock import Clock
 from service.metrics import Metrics
@@ -60,7 +61,7 @@ class HealthServer:
         database_ok: Callable[[], Awaitable[bool]],
         host: str,
         port: int,
-        pending: Callable[[], dict[str, Any]] | None = None,
+        pending: Callable[[int, str | None], dict[str, Any]] | None = None,
     ) -> None:
         self._metrics = metrics
         self._pending = pending
@@ -80,9 +81,13 @@ class HealthServer:
             app.router.add_get(PENDING_PATH, self._serve_pending)
         return app
 
-    async def _serve_pending(self, _: web.Request) -> web.Response:
+    async def _serve_pending(self, request: web.Request) -> web.Response:
+        """``?limit=N`` (the soonest due N, default ``DEFAULT_LIMIT``), ``?key=NS/POD``."""
         assert self._pending is not None
-        return web.json_response(self._pending())
+        raw = request.query.get("limit", str(PENDING_LIMIT))
+        if not raw.isascii() or not raw.isdigit():
+            return web.Response(status=400, text="limit: expected a non-negative integer\n")
+        return web.json_response(self._pending(int(raw), request.query.get("key")))
 
     async def _serve_metrics(self, _: web.Request) -> web.Response:
         body = generate_latest(self._metrics.registry)

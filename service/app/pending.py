@@ -11,6 +11,7 @@ answer (a wall-clock step after the start is not followed).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +22,9 @@ from service.domain import Waiting
 from service.engine.observation import ObservationClocks
 
 PATH = "/debug/pending"
+DEFAULT_LIMIT = 1000
+"""Entries in one answer unless ``?limit=`` says otherwise (the soonest due first): building an
+entry costs microseconds, and 100k of them would hold the event loop for seconds."""
 
 
 def iso(ts: float) -> str:
@@ -35,12 +39,23 @@ def pending_document(
     active: bool,
     now_s: float,
     wall_offset_s: float,
+    limit: int = DEFAULT_LIMIT,
+    key: str | None = None,
 ) -> dict[str, Any]:
-    """Every running clock, soonest due first. ``now_s`` is the service's monotonic clock, and
+    """The running clocks, soonest due first, at most ``limit`` of them (``count`` says how many
+    run); with ``key``, only that pod's. ``now_s`` is the service's monotonic clock, and
     ``wall_offset_s`` what to add to it for Unix time."""
     offset = wall_offset_s
+    if key is not None:
+        uid = clocks.uid_for(key)
+        running = [(o, w) for o, w in clocks.running_uid(uid)] if uid is not None else []
+    else:
+        # Every clock has the same threshold: the soonest started is the soonest due.
+        running = heapq.nsmallest(
+            limit, clocks.running(), key=lambda entry: (entry[0].since_s, entry[0].key)
+        )
     pods = []
-    for observation, waiting in clocks.running():
+    for observation, waiting in running:
         due_s = observation.since_s + threshold_s
         if now_s < due_s:
             waits_for = Waiting.THRESHOLD
@@ -60,13 +75,13 @@ def pending_document(
                 "waits_for": str(waits_for),
             }
         )
-    pods.sort(key=lambda p: (p["due_at"], p["key"]))
     return {
         "mode": mode,
         "active": active,
         "threshold_s": threshold_s,
         "now": iso(now_s + offset),
-        "count": len(pods),
+        "count": len(clocks),
+        "shown": len(pods),
         "pods": pods,
     }
 
@@ -75,13 +90,20 @@ class PendingUnavailable(Exception):
     """The service could not be asked (no answer, the view off, an unexpected answer)."""
 
 
-async def fetch_pending(url: str, *, timeout_s: float) -> dict[str, Any]:
+async def fetch_pending(
+    url: str, *, timeout_s: float, limit: int | None = None, key: str | None = None
+) -> dict[str, Any]:
     """``GET {url}/debug/pending``; raises :class:`PendingUnavailable` with a printable reason."""
     target = url.rstrip("/") + PATH
+    params = {}
+    if limit is not None:
+        params["limit"] = str(limit)
+    if key is not None:
+        params["key"] = key
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
-            session.get(target) as response,
+            session.get(target, params=params) as response,
         ):
             if response.status == 404:
                 raise PendingUnavailable(
@@ -109,6 +131,11 @@ def pending_lines(document: Mapping[str, Any]) -> list[str]:
         f"mode {document.get('mode')}, active {str(document.get('active')).lower()}, "
         f"threshold {document.get('threshold_s')}s, at {document.get('now')}: "
         f"{document.get('count')} pods with a running clock"
+        + (
+            f", the {document.get('shown')} soonest due shown"
+            if document.get("shown") != document.get("count")
+            else ""
+        )
     ]
     rows = [
         (

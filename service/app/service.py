@@ -11,7 +11,6 @@ reconciles get ``SHUTDOWN_TIMEOUT_SECONDS``, then everything is cancelled and th
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -193,11 +192,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         host=settings.bind_host,
         port=settings.bind_port,
         pending=(
-            functools.partial(
-                _pending, settings, clocks, clock, controller, time.time() - clock.monotonic()
-            )
-            if settings.debug_pending
-            else None
+            _pending_view(settings, clocks, clock, controller) if settings.debug_pending else None
         ),
     )
     metrics.enabled.set(1 if settings.enabled else 0)
@@ -221,22 +216,25 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     )
 
 
-def _pending(
-    settings: Settings,
-    clocks: ObservationClocks,
-    clock: MonotonicClock,
-    controller: Controller,
-    wall_offset_s: float,
-) -> dict[str, Any]:
-    """The live view (``GET /debug/pending``), the clock mapped onto UTC once, at build."""
-    return pending_document(
-        clocks=clocks,
-        threshold_s=settings.threshold_s,
-        mode=settings.mode,
-        active=controller.active,
-        now_s=clock.monotonic(),
-        wall_offset_s=wall_offset_s,
-    )
+def _pending_view(
+    settings: Settings, clocks: ObservationClocks, clock: MonotonicClock, controller: Controller
+) -> Callable[[int, str | None], dict[str, Any]]:
+    """The live view (``GET /debug/pending``); the clock is mapped onto UTC once, here."""
+    wall_offset_s = time.time() - clock.monotonic()
+
+    def view(limit: int, key: str | None) -> dict[str, Any]:
+        return pending_document(
+            clocks=clocks,
+            threshold_s=settings.threshold_s,
+            mode=settings.mode,
+            active=controller.active,
+            now_s=clock.monotonic(),
+            wall_offset_s=wall_offset_s,
+            limit=limit,
+            key=key,
+        )
+
+    return view
 
 
 def _cached_ping(store: PgExecutionStore, clock: MonotonicClock) -> Callable[[], Awaitable[bool]]:

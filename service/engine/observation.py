@@ -105,6 +105,11 @@ class ObservationClocks:
         """Every running clock with what it waits for past the threshold, if recorded."""
         return [(o, self._waiting.get(uid)) for uid, o in self._by_uid.items()]
 
+    def running_uid(self, uid: str) -> list[tuple[Observation, Waiting | None]]:
+        """``uid``'s clock as :meth:`running` lists it (empty when none runs)."""
+        current = self._by_uid.get(uid)
+        return [] if current is None else [(current, self._waiting.get(uid))]
+
     # -------------------------------------------------------------- clearing
 
     def clear(self, uid: str) -> None:

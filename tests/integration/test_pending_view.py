@@ -173,7 +173,7 @@ async def test_explain_shows_the_live_clock_of_a_pod_and_none_for_a_kept_one(
     assert "live clock: not asked" in not_asked.stdout
 
 
-async def test_off_by_default_the_path_is_404_and_the_cli_says_how_to_turn_it_on(
+async def test_off_by_default_the_path_is_404_and_the_cli_says_how_to_turn_it_on_bad_limits_400(
     tmp_path: Path, emulator: RunningEmulator, pg_url: str
 ) -> None:
     env = base_env(
@@ -188,6 +188,15 @@ async def test_off_by_default_the_path_is_404_and_the_cli_says_how_to_turn_it_on
         explained = await run_cli_async(
             "explain", f"{NS}/space-sbx-nope-g1", "--url", f"http://127.0.0.1:{port}", env=env
         )
+    async with running_service(emulator, pg_url, DEBUG_PENDING=True) as parts:
+        port = parts.health.bound_port
+        assert port is not None
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{port}{PATH}?limit=-1") as response,
+        ):
+            assert response.status == 400
+            assert "limit" in await response.text()
     unreachable = await run_cli_async(
         "pending", "--url", f"http://127.0.0.1:{closed_port()}", env=env
     )

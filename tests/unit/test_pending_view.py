@@ -20,7 +20,7 @@ WALL_OFFSET_S = 1_796_000_000.0
 """The wall clock reads this much more than the fake monotonic clock."""
 
 
-def _doc(rig: EngineRig) -> dict[str, Any]:
+def _doc(rig: EngineRig, **options: Any) -> dict[str, Any]:
     now = rig.clock.monotonic()
     return pending_document(
         clocks=rig.clocks,
@@ -29,6 +29,7 @@ def _doc(rig: EngineRig) -> dict[str, Any]:
         active=rig.controller.active,
         now_s=now,
         wall_offset_s=WALL_OFFSET_S,
+        **options,
     )
 
 
@@ -75,6 +76,24 @@ async def test_lists_exactly_the_running_clocks_each_due_one_threshold_after_it_
         ExecutionChange(stuck.namespace, stuck.name, active=True, state=ExecutionState.ACTIVE)
     )
     assert [p["key"] for p in _doc(rig)["pods"]] == [terminal.key]
+
+
+async def test_a_limit_shows_the_soonest_due_and_a_key_shows_one_pod() -> None:
+    rig = make_rig(make_settings(threshold_s=THRESHOLD_S))
+    pods = [make_pod(f"p{i}") for i in range(5)]
+    for pod in reversed(pods):  # the last is observed first, so it is due first
+        rig.add(pod, make_row(pod), event=False)
+        await rig.reconcile(pod.key)
+        rig.clock.advance(1)
+    doc = _doc(rig, limit=2)
+    assert (doc["count"], doc["shown"]) == (5, 2)
+    assert [p["key"] for p in doc["pods"]] == [pods[4].key, pods[3].key]
+    assert [p["key"] for p in _doc(rig)["pods"]] == [p.key for p in reversed(pods)]
+    [one] = _doc(rig, key=pods[2].key)["pods"]
+    assert (one["key"], one["uid"]) == (pods[2].key, pods[2].uid)
+    assert _doc(rig, key="sandboxes/space-sbx-none-g1")["pods"] == []
+    header = pending_lines(doc)[0]
+    assert "5 pods with a running clock, the 2 soonest due shown" in header
 
 
 async def test_a_due_pod_waits_for_verification_then_the_budget_then_leaves_when_deleted() -> None:
