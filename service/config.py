@@ -194,7 +194,7 @@ DELETE_GRACE_PERIOD_SECONDS = _var("DELETE_GRACE_PERIOD_SECONDS", None, _optiona
 DATABASE_URL = _var("DATABASE_URL", "", _parse_text, "PostgreSQL URL (postgresql://user:password@host:port/db). Never logged unmasked.", secret=True)
 DATABASE_URL_FILE = _var("DATABASE_URL_FILE", "", _parse_text, "Path of a file holding the database URL (a mounted Secret); exclusive with DATABASE_URL.")
 DB_POOL_SIZE = _var("DB_POOL_SIZE", 4, _parse_int, "Maximum connections in the lookup pool (the listener has its own).", lo=1, hi=64)
-DB_CONNECT_TIMEOUT_SECONDS = _var("DB_CONNECT_TIMEOUT_SECONDS", 5.0, _parse_float, "Timeout to open one database connection.", lo=0.1, hi=120)
+DB_CONNECT_TIMEOUT_SECONDS = _var("DB_CONNECT_TIMEOUT_SECONDS", 5.0, _parse_float, "Timeout to open one database connection (the service's and every command's, migrate included).", lo=0.1, hi=120)
 DB_STATEMENT_TIMEOUT_SECONDS = _var("DB_STATEMENT_TIMEOUT_SECONDS", 5.0, _parse_float, "Timeout of one database query.", lo=0.1, hi=120)
 NOTIFY_CHANNEL = _var("NOTIFY_CHANNEL", "sandbox_execution_changed", _regex(_IDENTIFIER, "an SQL identifier"), "LISTEN/NOTIFY channel the trigger publishes execution changes on.")
 LISTENER_HEARTBEAT_SECONDS = _var("LISTENER_HEARTBEAT_SECONDS", 10.0, _parse_float, "How often the listener checks its connection with a query.", lo=0.1, hi=300)

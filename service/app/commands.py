@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -25,7 +24,7 @@ from kubernetes_asyncio.client import CoreV1Api
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 
 from service import config, logs
-from service.app import service
+from service.app import service, signals
 from service.app.cancel_create import CancelOutcome, cancel_create
 from service.app.inspect import explain, explanation_lines, list_pods, scan
 from service.app.pending import PendingUnavailable, fetch_pending, live_clock_lines, pending_lines
@@ -43,13 +42,21 @@ class CommandError(Exception):
 
 
 def _run_async(fn: Callable[[], Awaitable[int]]) -> int:
+    """A one-shot command's event loop: cancelled by SIGTERM or SIGINT (``signals``)."""
+    return _one_line_on_error(lambda: signals.run_async(lambda stop: fn()))
+
+
+def _run_draining(fn: Callable[[anyio.Event], Awaitable[int]]) -> int:
+    """``run``'s event loop: the first SIGTERM or SIGINT sets ``stop`` (``signals``)."""
+    return _one_line_on_error(lambda: signals.run_async(fn, drains=True))
+
+
+def _one_line_on_error(call: Callable[[], int]) -> int:
     try:
-        return anyio.run(fn)
+        return call()
     except CommandError as exc:
         print(f"retired-pod-gc: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
 
 
 def _describe(exc: BaseException) -> str:
@@ -96,31 +103,20 @@ async def _probe_api(api: Any, settings: config.Settings) -> None:
 
 
 def run(settings: config.Settings) -> int:
-    """The controller, until SIGTERM or SIGINT (then drained)."""
+    """The controller, until SIGTERM or SIGINT (then drained; a second signal cuts the drain
+    short: ``signals``)."""
     logs.setup(settings.log_level, settings.log_format)
     for warning in settings.warnings:
         logger.warning(warning)
 
-    async def main() -> int:
+    async def main(stop: anyio.Event) -> int:
         registry = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             registry.register(collector)
         api = await _api(settings)
         try:
             parts = service.build(settings, api=api, metrics=Metrics(registry))
-            stop = anyio.Event()
-            async with anyio.create_task_group() as tg:
-
-                async def on_signal() -> None:
-                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                        async for signum in signals:
-                            logger.info("received %s", signal.Signals(signum).name)
-                            stop.set()
-                            return
-
-                tg.start_soon(on_signal)
-                await service.run(parts, stop=stop)
-                tg.cancel_scope.cancel()
+            await service.run(parts, stop=stop)
         except Exception as exc:
             logger.critical("service failed: %s", _describe(exc), exc_info=exc)
             return 1
@@ -129,7 +125,7 @@ def run(settings: config.Settings) -> int:
                 await api.close()
         return 0
 
-    return _run_async(main)
+    return _run_draining(main)
 
 
 # ---------------------------------------------------------------------------------- migrate
@@ -145,6 +141,7 @@ def migrate_database(settings: config.Settings, *, with_schema: bool) -> int:
                     settings.database.url,
                     channel=settings.database.notify_channel,
                     with_schema=with_schema,
+                    connect_timeout_s=settings.database.connect_timeout_s,
                 )
         except Exception as exc:
             raise CommandError(
