@@ -27,6 +27,7 @@ from service.config import KubeSettings
 from service.kit.backoff import Attempts, Backoff
 from service.kit.clock import SchedulingClock, sleep_until
 from service.kit.errors import ApiError, ExternalError
+from service.kit.memory import trim_heap
 from service.kube.decode import PodDecodeError, PodDecoder
 from service.kube.errors import TRANSIENT_ERRORS, WireStatus, unavailable
 from service.kube.listwatch import (
@@ -256,6 +257,7 @@ class Reflector:
         for m in SyncMode:
             self._metrics.list_mode.labels(mode=m.value).set(1 if m is mode else 0)
         self._store.finish_sync()
+        trim_heap()  # the sync's garbage back to the OS: once a sync, never per event
         logger.info(
             "pod cache synced by %s: %d pods at resourceVersion %s (namespace %s)",
             mode.value,
