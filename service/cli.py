@@ -1,7 +1,7 @@
 """The ``retired-pod-gc`` command line: parses the arguments and the configuration, dispatches.
 
-Commands: ``run`` (the controller), ``scan``, ``explain``, ``migrate``, ``cancel-create`` and
-``config`` (``service/app/commands.py`` does each). Exit codes: 0 success, 1 runtime failure, 2
+Commands: ``run`` (the controller), ``scan``, ``explain``, ``pending``, ``migrate``,
+``cancel-create`` and ``config`` (``service/app/commands.py`` does each). Exit codes: 0 success, 1 runtime failure, 2
 bad configuration or usage (one line on stderr naming the variable, never a traceback), 143 and
 130 when SIGTERM or SIGINT interrupted the command (``service/app/signals.py``: every command,
 from the first line of :func:`main`, so that the process is a good PID 1 even while it imports).
@@ -50,7 +50,17 @@ def _dispatch(settings: config.Settings, args: argparse.Namespace) -> int:
             except ValueError:
                 print("retired-pod-gc: explain takes NAMESPACE/POD", file=sys.stderr)
                 return 2
-            return commands.explain_pod(settings, key=args.pod)
+            return commands.explain_pod(
+                settings, key=args.pod, url=args.url, timeout_s=args.timeout
+            )
+        case "pending":
+            return commands.show_pending(
+                settings,
+                url=args.url,
+                output=args.output,
+                timeout_s=args.timeout,
+                limit=args.limit,
+            )
         case "migrate":
             return commands.migrate_database(settings, with_schema=args.with_schema)
         case "cancel-create":
@@ -110,10 +120,43 @@ def build_parser() -> argparse.ArgumentParser:
         help="show every input of one pod's decision and the rule that decided",
         description=(
             "GET one pod, read its execution row, and print every input the classifier uses "
-            "and the rule that decided. Read-only."
+            "and the rule that decided. Read-only. With --url, also the pod's live observation "
+            "clock in the running replica there (its GET /debug/pending), or why it could not "
+            "be asked."
         ),
     )
     p.add_argument("pod", metavar="NAMESPACE/POD")
+    p.add_argument(
+        "--url",
+        default=None,
+        help="a running replica's health port, e.g. http://127.0.0.1:8080 (kubectl port-forward)",
+    )
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for --url")
+
+    p = sub.add_parser(
+        "pending",
+        help="list the pods whose observation clock runs in a running replica",
+        description=(
+            "GET /debug/pending from a running replica (DEBUG_PENDING=true) and print every pod "
+            "whose observation clock runs: key, UID, verdict, observed since, due at, and what "
+            "it waits for (threshold, verification, budget; reported in a dry run). Reach a "
+            "replica with `kubectl port-forward deploy/retired-pod-gc 8080`."
+        ),
+    )
+    p.add_argument(
+        "--url",
+        default="http://127.0.0.1:8080",
+        help="the replica's health port (default %(default)s)",
+    )
+    p.add_argument("--output", choices=("text", "json"), default="text")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="show the N soonest due (the service's default: 1000)",
+    )
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
+    p.set_defaults(needs_database=False)
 
     p = sub.add_parser(
         "migrate",

@@ -223,6 +223,7 @@ LISTENER_HEARTBEAT_TIMEOUT_SECONDS = _var("LISTENER_HEARTBEAT_TIMEOUT_SECONDS", 
 LOOKUP_BATCH_SIZE = _var("LOOKUP_BATCH_SIZE", 500, _parse_int, "Most pod names one batched row lookup carries.", lo=1, hi=10000)
 LOOKUP_BATCH_WAIT_SECONDS = _var("LOOKUP_BATCH_WAIT_SECONDS", 0.002, _parse_float, "Longest a lookup waits for others to share its query.", lo=0, hi=1)
 METRICS_BIND_ADDRESS = _var("METRICS_BIND_ADDRESS", ("0.0.0.0", 8080), _parse_bind, "HOST:PORT of the /metrics, /healthz and /readyz server.")
+DEBUG_PENDING = _var("DEBUG_PENDING", False, _parse_bool, "Serve GET /debug/pending on the METRICS_BIND_ADDRESS port: every pod whose observation clock runs (key, UID, verdict, since, due at, what it waits for), as JSON. Off by default: it names pods, which /metrics never does.")
 LEADER_ELECTION = _var("LEADER_ELECTION", True, _parse_bool, "Elect one active replica through a coordination.k8s.io/v1 Lease; only the leader deletes or reports.")
 LEASE_NAME = _var("LEASE_NAME", "retired-pod-gc", _regex(_DNS_NAME, "a Lease name"), "Name of the Lease.")
 LEASE_NAMESPACE = _var("LEASE_NAMESPACE", "", _parse_text, "Namespace of the Lease; empty means this pod's namespace (service account), else the (first) sandbox namespace.")
@@ -302,6 +303,8 @@ class Settings:
     """Record Kubernetes Events for deletes and dry-run reports."""
     log_level: str
     log_format: str
+    debug_pending: bool = False
+    """Serve ``GET /debug/pending`` on the health port."""
     warnings: tuple[str, ...] = ()
     """Clamp warnings produced while loading (also logged)."""
 
@@ -452,6 +455,7 @@ def load(env: Mapping[str, str]) -> Settings:
         ),
         bind_host=host,
         bind_port=port,
+        debug_pending=DEBUG_PENDING.read(env, w),
         events_enabled=EVENTS_ENABLED.read(env, w),
         log_level=LOG_LEVEL.read(env, w),
         log_format=LOG_FORMAT.read(env, w),
@@ -502,6 +506,7 @@ def effective(settings: Settings, env: Mapping[str, str]) -> list[tuple[str, str
         LOOKUP_BATCH_SIZE.name: settings.database.batch_max_size,
         LOOKUP_BATCH_WAIT_SECONDS.name: settings.database.batch_max_wait_s,
         METRICS_BIND_ADDRESS.name: f"{settings.bind_host}:{settings.bind_port}",
+        DEBUG_PENDING.name: settings.debug_pending,
         LEADER_ELECTION.name: settings.leader.enabled,
         LEASE_NAME.name: settings.leader.lease_name,
         LEASE_NAMESPACE.name: settings.leader.lease_namespace,

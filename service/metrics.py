@@ -26,11 +26,13 @@ EVENT_RESULTS = (
     "transport_error",
     "dropped_buffer_full",
     "dropped_shutdown",
+    "summarized",
     "bug",
 )
 """Results of Kubernetes Event writes: written, refused (403, other 4xx), failed (5xx, no answer
-within the call's timeout, no connection), never sent (buffer full, shutdown flush over), or
-dropped because writing it raised something unexpected (a bug, logged with its traceback)."""
+within the call's timeout, no connection), never sent (buffer full, shutdown flush over, a
+dry-run report beyond the bound that is named in a summary line instead), or dropped because
+writing it raised something unexpected (a bug, logged with its traceback)."""
 DELETE_RESULTS = ("deleted", "gone", "conflict", "error")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 

@@ -1,6 +1,7 @@
 """The commands of ``retired-pod-gc``: each takes the effective settings and returns an exit code.
 
-``run`` (the controller), ``scan``, ``explain``, ``migrate``, ``cancel-create`` and ``config``.
+``run`` (the controller), ``scan``, ``explain``, ``pending``, ``migrate``, ``cancel-create`` and
+``config``.
 Every adapter a command needs comes from the composition root (``service/app/service.py``), so
 the controller and the one-shot commands build their parts one way. Exit codes: 0 success, 1
 runtime failure (the API server or the database unreachable, a failed operation); errors are
@@ -26,6 +27,7 @@ from service import config, logs
 from service.app import service, signals
 from service.app.cancel_create import CancelOutcome, cancel_create
 from service.app.inspect import explain, explanation_lines, list_pods, scan
+from service.app.pending import PendingUnavailable, fetch_pending, live_clock_lines, pending_lines
 from service.kit.backoff import Backoff
 from service.kube.api import ApiConfigError, new_api_client
 from service.kube.errors import read_whole, status_message
@@ -213,8 +215,11 @@ def scan_pods(settings: config.Settings, *, output: str, timeout_s: float) -> in
     return _run_async(main)
 
 
-def explain_pod(settings: config.Settings, *, key: str) -> int:
-    """Every input of one pod's decision and the rule that decided (read-only)."""
+def explain_pod(
+    settings: config.Settings, *, key: str, url: str | None = None, timeout_s: float = 5.0
+) -> int:
+    """Every input of one pod's decision and the rule that decided (read-only); with ``url``,
+    the live clock of the running replica there too."""
     logs.setup("warning", settings.log_format)
 
     async def main() -> int:
@@ -224,7 +229,36 @@ def explain_pod(settings: config.Settings, *, key: str) -> int:
                 exp = await explain(settings, key=key, pods=client, store=store)
             except Exception as exc:
                 raise CommandError(f"explain failed: {_describe(exc)}") from None
-        print("\n".join(explanation_lines(exp)))
+        live: dict[str, Any] | str | None = None
+        if url is not None:
+            try:
+                live = await fetch_pending(url, timeout_s=timeout_s, key=key)
+            except PendingUnavailable as exc:
+                live = str(exc)
+        print("\n".join([*explanation_lines(exp), *live_clock_lines(key, url, live)]))
+        return 0
+
+    return _run_async(main)
+
+
+# ----------------------------------------------------------------------------------- pending
+
+
+def show_pending(
+    settings: config.Settings, *, url: str, output: str, timeout_s: float, limit: int | None
+) -> int:
+    """The pods whose clock runs in the replica at ``url`` (``GET /debug/pending``)."""
+    logs.setup("warning", settings.log_format)
+
+    async def main() -> int:
+        try:
+            document = await fetch_pending(url, timeout_s=timeout_s, limit=limit)
+        except PendingUnavailable as exc:
+            raise CommandError(str(exc)) from None
+        if output == "json":
+            print(json.dumps(document, indent=2))
+        else:
+            print("\n".join(pending_lines(document)))
         return 0
 
     return _run_async(main)

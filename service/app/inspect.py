@@ -17,7 +17,14 @@ from msgspec import structs
 
 from service.classifier import classify, prefilter
 from service.config import Settings
-from service.domain import Decision, ExecutionRow, PodSnapshot, split_key
+from service.domain import (
+    KEEP_ANNOTATION,
+    Decision,
+    ExecutionRow,
+    PodSnapshot,
+    SkipReason,
+    split_key,
+)
 from service.kube.client import KubePodClient
 from service.kube.namespaces import MultiNamespaceInformer
 from service.ports import ExecutionStore
@@ -143,6 +150,12 @@ def explanation_lines(exp: Explanation) -> list[str]:
         outcome = "REAPABLE" if exp.decision.reapable else "skip"
         lines.append(f"decision: {outcome} {exp.decision.label}")
         lines.append(f"  rule: {exp.decision.rule}")
+        if exp.decision.reason is SkipReason.KEEP_ANNOTATION:
+            namespace, name = split_key(exp.key)
+            lines.append(
+                f"  kept until: kubectl annotate pod -n {namespace} {name} {KEEP_ANNOTATION}- "
+                "(a full threshold of observation starts then)"
+            )
         if exp.decision.reapable:
             lines.append(
                 f"  the running leader deletes it after {exp.threshold_s:g}s of continuous "

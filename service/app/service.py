@@ -12,9 +12,11 @@ reconciles get ``SHUTDOWN_TIMEOUT_SECONDS``, then everything is cancelled and th
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -40,6 +42,7 @@ from service.pg.listener import RetirementListener
 from service.pg.store import PgExecutionStore
 
 from .health import HealthServer, Heartbeats
+from .pending import pending_document
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +160,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
             instance=settings.leader.identity or default_identity(),
             metrics=metrics,
             timeout_s=settings.kube.api_timeout_s,
+            deletes_per_minute=settings.deletes_per_minute,
         )
         if settings.events_enabled
         else None
@@ -198,6 +202,9 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         database_ok=_cached_ping(store, clock),
         host=settings.bind_host,
         port=settings.bind_port,
+        pending=(
+            _pending_view(settings, clocks, clock, controller) if settings.debug_pending else None
+        ),
     )
     metrics.enabled.set(1 if settings.enabled else 0)
     metrics.dry_run.set(1 if settings.dry_run else 0)
@@ -218,6 +225,27 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         heartbeats=heartbeats,
         health=health,
     )
+
+
+def _pending_view(
+    settings: Settings, clocks: ObservationClocks, clock: MonotonicClock, controller: Controller
+) -> Callable[[int, str | None], dict[str, Any]]:
+    """The live view (``GET /debug/pending``); the clock is mapped onto UTC once, here."""
+    wall_offset_s = time.time() - clock.monotonic()
+
+    def view(limit: int, key: str | None) -> dict[str, Any]:
+        return pending_document(
+            clocks=clocks,
+            threshold_s=settings.threshold_s,
+            mode=settings.mode,
+            active=controller.active,
+            now_s=clock.monotonic(),
+            wall_offset_s=wall_offset_s,
+            limit=limit,
+            key=key,
+        )
+
+    return view
 
 
 def _cached_ping(store: PgExecutionStore, clock: MonotonicClock) -> Callable[[], Awaitable[bool]]:

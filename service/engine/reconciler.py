@@ -63,6 +63,7 @@ from service.domain import (
     PodSnapshot,
     ReconcileOutcome,
     Verdict,
+    Waiting,
     split_key,
 )
 from service.engine.activation import Activation
@@ -331,6 +332,7 @@ class Reconciler:
 
     async def _act(self, due: Due) -> ReconcileResult:
         # Verified before waiting for a delete token, so only verified candidates wait in line.
+        self._clocks.set_waiting(due.pod.uid, None)
         if (stop := await self._verify(due)) is not None:
             return stop
         if self._settings.dry_run:
@@ -338,6 +340,8 @@ class Reconciler:
                 return stop
             return self._report_dry_run(due)
         turn: Turn | None = None
+        uid = due.pod.uid
+        self._clocks.set_waiting(uid, Waiting.BUDGET)
         with anyio.move_on_after(self._budget_wait_s):
             turn = await self._budget.turn()
         if turn is None:
@@ -348,6 +352,7 @@ class Reconciler:
                 extra={"key": due.key},
             )
             return ReconcileResult.requeue_after(ReconcileOutcome.THROTTLED, delay_s)
+        self._clocks.set_waiting(uid, None)
         try:
             if (stop := await self._final_check(due)) is not None:
                 return stop  # the turn passes to the next candidate; no token spent

@@ -166,6 +166,20 @@ def test_every_one_shot_command_blocked_on_the_database_exits_143_on_sigterm(
     assert "Traceback" not in started.stderr()
 
 
+@pytest.mark.parametrize(("signum", "expected"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_pending_blocked_on_a_replica_that_never_answers_exits_on_the_signal(
+    tmp_path: Path, silent: SilentServer, start: Launch, signum: signal.Signals, expected: int
+) -> None:
+    # ``pending`` needs no database: the silent server stands for a replica's health port.
+    url = f"http://127.0.0.1:{silent.port}"
+    started = start(("pending", "--url", url, "--timeout", "120"), _env(tmp_path, silent.port))
+    code = _signal_while_connecting(started, silent, signum)
+    assert code == expected, started.stderr()
+    assert started.stderr().strip().splitlines() == [
+        f"retired-pod-gc: interrupted by {signum.name}"
+    ]
+
+
 def _pid_in_its_namespace(pid: int) -> str:
     """NSpid: the pid here, then in its own namespace (1 for a namespace's init)."""
     status = Path(f"/proc/{pid}/status").read_text().splitlines()
