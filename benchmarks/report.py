@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-RUN_ORDER = ("default", "large", "limit", "limit-b2")
+RUN_ORDER = ("default", "large", "limit", "limit-b2", "rss-before", "rss-after")
 
 
 def _f(value: Any, digits: int = 1) -> str:
@@ -43,8 +43,10 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def _section(name: str, r: dict[str, Any]) -> str:
     m = r["machine"]
     cfg = r["config"]
+    only_limit = "B1L" in r and not any(k in r for k in ("B1", "B2", "B3", "B4", "B5", "B6"))
+    pods = r["B1L"]["pods"] if only_limit else r["pods"]  # a B1L-only run: its population
     out = [
-        f"## Run `{name}`: {r['pods']:,} pods ({r['started']})",
+        f"## Run `{name}`: {pods:,} pods ({r['started']})",
         "",
         f"Machine: {m['nproc']} CPUs, {m['cpu_model']}; Python {m['python']}; "
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items())

@@ -94,6 +94,8 @@ class SkipReason(enum.StrEnum):
     """Why a pod is not reaped. One member per rule; the value is the metric/log label."""
 
     # pod-only reasons (decided before any database lookup)
+    KEEP_ANNOTATION = "keep_annotation"
+    """An operator asked to keep the pod (:data:`KEEP_ANNOTATION`)."""
     TERMINATING = "terminating"
     POD_RUNNING = "pod_running"
     PHASE_UNKNOWN = "phase_unknown"
@@ -117,6 +119,18 @@ class SkipReason(enum.StrEnum):
     UNKNOWN_STATE = "unknown_state"
     ROW_INCONSISTENT = "row_inconsistent"
     PENDING_NOT_REPLACED = "pending_not_replaced"
+
+
+KEEP_ANNOTATION = "retired-pod-gc.space.sandbox/keep"
+"""A pod annotated with this key is never deleted nor reported: ``"true"`` keeps it, and so does
+any value other than ``"false"`` (a typo must never delete a pod someone meant to keep); absent
+or ``"false"`` (any case), the pod is classified as usual. Removing the annotation is a change of
+the pod, so its observation clock starts from that moment."""
+
+
+def keep_value_keeps(value: str | None) -> bool:
+    """Whether the keep annotation's value (``None``: absent) keeps the pod."""
+    return value is not None and value.strip().lower() != "false"
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +162,8 @@ class PodSnapshot(msgspec.Struct, frozen=True, gc=False):
     event) and, holding only scalars, never tracked by the garbage collector.
     ``all_containers_terminated`` is true only when ``container_count > 0`` and every container
     status is ``terminated``; ``created_at_s`` is ``creationTimestamp`` as Unix seconds, ``None``
-    when absent or unparsable.
+    when absent or unparsable; ``keep`` is whether the :data:`KEEP_ANNOTATION` keeps the pod (a
+    bool: the annotation map itself is never kept).
     """
 
     namespace: str
@@ -165,6 +180,7 @@ class PodSnapshot(msgspec.Struct, frozen=True, gc=False):
     generation: int | None
     kind: PodKind
     created_at_s: float | None
+    keep: bool = False
 
     @property
     def key(self) -> str:
@@ -183,6 +199,11 @@ class ExecutionRow(msgspec.Struct, frozen=True, gc=False):
     state: ExecutionState
     active: bool
     kubernetes_managed: bool
+
+    @property
+    def key(self) -> str:
+        """The key of the pod this row is for: its pod name in its sandbox's namespace."""
+        return pod_key(self.namespace, self.pod_name)
 
 
 class Decision(msgspec.Struct, frozen=True, gc=False):
@@ -212,6 +233,19 @@ class Decision(msgspec.Struct, frozen=True, gc=False):
     @staticmethod
     def skip(reason: SkipReason, rule: str) -> Decision:
         return Decision(verdict=None, reason=reason, rule=rule)
+
+
+class Waiting(enum.StrEnum):
+    """What a pod whose clock runs waits for (``GET /debug/pending``)."""
+
+    THRESHOLD = "threshold"
+    """Not yet continuously reapable for the threshold."""
+    VERIFICATION = "verification"
+    """Due: the fresh GET, the row re-read and the notification sync, or its turn for them."""
+    BUDGET = "budget"
+    """Verified, waiting for its turn at the delete budget (or throttled and requeued)."""
+    REPORTED = "reported"
+    """Dry run: reported once; nothing more happens to this UID."""
 
 
 class DeleteResult(enum.StrEnum):

@@ -12,8 +12,8 @@ synchronously on the event loop:
   latest state, so a state that is not reapable with the row (a Pending pod whose row is
   retired as ``suspended``, say) between two reconciles would otherwise go unseen. A clock
   therefore runs only while nothing the classifier reads changes; the reconcile that follows
-  the event starts it again if the new state is reapable. A cold cache, a listener reconnect
-  and a leadership change clear every clock;
+  the event starts it again if the new state is reapable. A namespace's cache going cold clears
+  the clocks of that namespace; a listener reconnect and a leadership change clear every clock;
 - **enqueues** the key, so it is reconciled as soon as something changes. Pod events for pods
   that fail the prefilter are not enqueued: their reconcile could only say "skipped", and at
   10k events/s that would be pure load. Row notifications always enqueue. A notification is a
@@ -144,20 +144,20 @@ class Controller:
         if prefilter(new) is not None:
             self._clocks.clear_key(key)
             return
-        if self._cache.synced:
-            # While a (re)list fills the cache nothing is enqueued: its end (cache_synced)
-            # enqueues every candidate, and reconciles would only slow the sync down.
+        if self._cache.namespace_synced(new.namespace):
+            # While a (re)list fills the namespace's cache nothing of it is enqueued: its end
+            # (cache_synced) enqueues every candidate, and reconciles would only slow it down.
             self._enqueue(key)
 
-    def cache_cold(self) -> None:
-        logger.info("pod cache cold: clearing every observation clock")
-        self._clocks.clear_all()
+    def cache_cold(self, namespace: str) -> None:
+        logger.info("pod cache of namespace %s cold: clearing its observation clocks", namespace)
+        self._clocks.clear_namespace(namespace)
 
-    def cache_synced(self) -> None:
+    def cache_synced(self, namespace: str) -> None:
         self._clocks.retain_reported(
             pod.uid for pod in (self._cache.get(k) for k in list(self._cache.keys())) if pod
         )
-        self.resync()
+        self.resync(namespace)
 
     # ------------------------------------------------ ExecutionEventHandler
 
@@ -187,12 +187,16 @@ class Controller:
 
     # ----------------------------------------------------------- enqueueing
 
-    def resync(self) -> int:
-        """Enqueue every cached pod that passes the prefilter; returns how many."""
+    def resync(self, namespace: str | None = None) -> int:
+        """Enqueue every cached pod (of ``namespace``, or of all) that passes the prefilter;
+        returns how many."""
         if not self._activation.active:
             return 0
         count = 0
-        for key in list(self._cache.keys()):
+        keys = list(self._cache.keys())
+        if namespace is not None:
+            keys = [key for key in keys if key.startswith(namespace + "/")]
+        for key in keys:
             pod = self._cache.get(key)
             if pod is not None and prefilter(pod) is None:
                 self._queue.add(key)

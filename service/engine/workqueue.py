@@ -19,6 +19,12 @@ Failures back off per key (``add_rate_limited``, client-go's item exponential fa
 the queue counts each key's failures and asks the kit's :class:`~service.kit.backoff.Backoff`
 for the delay; :meth:`forget` resets the count.
 
+A burst (the catch-up after a sync enqueues every cached candidate) grows the dirty set and its
+timestamps to the burst's size, and Python's sets and dicts never shrink as keys leave: when a
+burst's last ready key is taken, tables grown past ``_COMPACT_BYTES`` are rebuilt at the size of
+what is left in them, and the freed memory is handed back to the OS (kit ``trim_heap``), once a
+burst, never per key.
+
 Shutdown differs from client-go on purpose: after :meth:`shut_down`, :meth:`get` returns ``None``
 at once (queued keys are dropped: a restart relists everything), adds are ignored, and in-flight
 keys may still be marked :meth:`done`; :meth:`shut_down_with_drain` additionally waits, at most
@@ -30,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import sys
 from collections import deque
 from collections.abc import Iterable
 
@@ -37,7 +44,11 @@ import anyio
 
 from service.kit.backoff import Backoff
 from service.kit.clock import Cancellable, SchedulingClock, wait_until
+from service.kit.memory import trim_heap
 from service.metrics import Metrics, observe_many
+
+_COMPACT_BYTES = 1 << 20
+"""A dirty set this large (about 30,000 keys' table) is rebuilt once its burst is taken."""
 
 
 class WorkQueue:
@@ -182,6 +193,8 @@ class WorkQueue:
                         observe_many(self._metrics.queue_wait, max(0.0, now - since), count)
                 if ready:
                     self._wake_one()
+                elif sys.getsizeof(self._dirty) > _COMPACT_BYTES:
+                    self._compact()
                 return keys
             event = anyio.Event()
             self._getters.append(event)
@@ -195,6 +208,13 @@ class WorkQueue:
                 else:
                     self._remove_getter(event)
                 raise
+
+    def _compact(self) -> None:
+        """Rebuild the burst-sized tables at the size of what is left (keys re-added while in
+        flight), and give the freed memory back."""
+        self._dirty = set(self._dirty)
+        self._dirty_since = dict(self._dirty_since)
+        trim_heap()
 
     def done(self, key: str) -> None:
         """The worker finished ``key``; a re-add that arrived meanwhile is queued now."""

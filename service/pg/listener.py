@@ -32,7 +32,7 @@ database (it reconnects), only for a bug.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -201,7 +201,8 @@ class RetirementListener:
     """LISTEN on the notify channel until cancelled; see the module docstring.
 
     ``backoff`` is the reconnect policy (default :func:`default_backoff`); ``clock`` the time
-    the listener reads (``received_at_s`` of each change) and waits on.
+    the listener reads (``received_at_s`` of each change) and waits on; ``namespaces`` the
+    sandbox namespaces whose changes are handed on (the others are counted and ignored).
     """
 
     def __init__(
@@ -211,8 +212,12 @@ class RetirementListener:
         metrics: Metrics,
         clock: SchedulingClock | None = None,
         backoff: Backoff | None = None,
+        namespaces: Iterable[str] | None = None,
     ) -> None:
         self._settings = settings
+        self._namespaces = None if namespaces is None else frozenset(namespaces)
+        """The sandbox namespaces whose changes are handed on (``None``: every namespace); a
+        notification of any other namespace is counted and ignored."""
         self._channel = settings.notify_channel
         self._handlers: list[ExecutionEventHandler] = []
         self._metrics = metrics
@@ -346,9 +351,16 @@ class RetirementListener:
                 parsed.problem,
                 payload,
             )
-        if parsed.changes:
+        changes = parsed.changes
+        if self._namespaces is not None:
+            # One channel carries every namespace's changes; only the watched ones matter.
+            watched = [c for c in changes if c.namespace in self._namespaces]
+            if len(watched) < len(changes):
+                self._metrics.notifications_ignored.inc(len(changes) - len(watched))
+            changes = watched
+        if changes:
             for handler in self._handlers:
-                handler.executions_changed(parsed.changes)
+                handler.executions_changed(changes)
 
 
 def _setter(event: anyio.Event) -> Callable[[object], None]:

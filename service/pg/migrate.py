@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from service.config import DB_CONNECT_TIMEOUT_SECONDS
 from service.pg.errors import DatabaseError, database_errors
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,6 @@ _CHANNEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _DEFAULT_CHANNEL_LITERAL = f"pg_notify('{DEFAULT_CHANNEL}', "
 # Arbitrary but fixed: pg_advisory_xact_lock key shared by every migrating replica.
 _LOCK_KEY = 0x72706763_6D696772  # "rpgcmigr"
-_CONNECT_TIMEOUT_S = 10.0
 
 _RECORD_TABLE = """
 CREATE TABLE IF NOT EXISTS retired_pod_gc_migrations (
@@ -89,21 +89,29 @@ def steps(*, channel: str, with_schema: bool) -> list[Step]:
 
 
 async def migrate(
-    conn_or_url: asyncpg.Connection | str, *, channel: str, with_schema: bool
+    conn_or_url: asyncpg.Connection | str,
+    *,
+    channel: str,
+    with_schema: bool,
+    connect_timeout_s: float = DB_CONNECT_TIMEOUT_SECONDS.default,
 ) -> list[str]:
     """Apply the trigger (and, with ``with_schema``, the dev schema); return the steps applied.
 
-    An empty list means everything was already in place. Raises :class:`MigrationError` or
-    ``Unavailable`` (see the module docstring).
+    An empty list means everything was already in place. Given a URL, the connection is opened
+    within ``connect_timeout_s`` (``DB_CONNECT_TIMEOUT_SECONDS``) and closed afterwards. Raises
+    :class:`MigrationError` or ``Unavailable`` (see the module docstring).
     """
     planned = steps(channel=channel, with_schema=with_schema)
     if isinstance(conn_or_url, str):
         with database_errors():
-            conn = await asyncpg.connect(conn_or_url, timeout=_CONNECT_TIMEOUT_S)
+            try:
+                conn = await asyncpg.connect(conn_or_url, timeout=connect_timeout_s)
+            except TimeoutError as exc:
+                raise TimeoutError(f"no connection within {connect_timeout_s:g}s") from exc
         try:
             return await _apply(conn, planned)
         finally:
-            await conn.close(timeout=_CONNECT_TIMEOUT_S)
+            await conn.close(timeout=connect_timeout_s)
     return await _apply(conn_or_url, planned)
 
 

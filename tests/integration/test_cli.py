@@ -121,7 +121,15 @@ def test_importing_the_whole_product_loads_no_dev_tool() -> None:
 
 
 def test_the_installed_command_offers_only_what_works_in_the_image(tmp_path: Path) -> None:
-    assert set(_commands()) == {"run", "scan", "explain", "migrate", "cancel-create", "config"}
+    assert set(_commands()) == {
+        "run",
+        "scan",
+        "explain",
+        "pending",
+        "migrate",
+        "cancel-create",
+        "config",
+    }
     script = str(Path(sys.executable).parent / "retired-pod-gc")
     helped = _run(script, "--help", cwd=tmp_path)
     assert helped.returncode == 0, helped.stderr

@@ -828,3 +828,64 @@ async def test_an_update_of_the_key_itself_reports_the_old_row_deleted_and_the_n
     assert reported == sorted(
         [op, NAMESPACE, name, True, "active"] for name in names for op in ("delete", "insert")
     )
+
+
+async def test_changes_of_namespaces_not_watched_are_counted_and_not_handed_on(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    # One channel carries every namespace's changes; the listener hands on its namespaces' only.
+    for sandbox, namespace in (("s1", NAMESPACE), ("s2", "tenant-b"), ("s3", "elsewhere")):
+        await seed_sandbox(pg_conn, sandbox, namespace=namespace)
+        await seed_execution(pg_conn, pod_name=f"space-sbx-{sandbox}-g1", sandbox_id=sandbox)
+    handler, registry = RecordingHandler(), CollectorRegistry()
+    listener = RetirementListener(
+        db_settings(pg_url), metrics=Metrics(registry), namespaces=(NAMESPACE, "tenant-b")
+    )
+    listener.add_handler(handler)
+    async with anyio.create_task_group() as tg:
+        with anyio.fail_after(10):
+            await tg.start(listener.run)
+        # (The trigger fires on a change only: s3 is retired twice, in two states.)
+        for sandbox, state in (("s3", "suspended"), ("s1", "suspended"), ("s3", "replaced")):
+            await _retire(pg_conn, f"space-sbx-{sandbox}-g1", state)
+        await _retire(pg_conn, "space-sbx-s2-g1")
+        await wait_for(lambda: len(handler.changes) == 2, timeout_s=5, what="two notifications")
+        # The sync round trip: every notification committed before it has been handled.
+        await listener.sync()
+        tg.cancel_scope.cancel()
+    assert [(c.namespace, c.pod_name) for c in handler.changes] == [
+        (NAMESPACE, "space-sbx-s1-g1"),
+        ("tenant-b", "space-sbx-s2-g1"),
+    ]
+    assert metric(registry, "retired_pod_gc_notifications_total") == 4
+    assert metric(registry, "retired_pod_gc_notifications_ignored_total") == 2
+
+
+async def test_a_batch_of_several_namespaces_hands_on_exactly_the_watched_rows(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    # One statement changes rows of three namespaces: one batch, filtered row by row.
+    spread = [("b1", NAMESPACE), ("b2", "tenant-b"), ("b3", "elsewhere"), ("b4", "elsewhere")]
+    for sandbox, namespace in spread:
+        await seed_sandbox(pg_conn, sandbox, namespace=namespace)
+        await seed_execution(pg_conn, pod_name=f"space-sbx-{sandbox}-g1", sandbox_id=sandbox)
+    handler, registry = RecordingHandler(), CollectorRegistry()
+    listener = RetirementListener(
+        db_settings(pg_url), metrics=Metrics(registry), namespaces=(NAMESPACE, "tenant-b")
+    )
+    listener.add_handler(handler)
+    async with anyio.create_task_group() as tg:
+        with anyio.fail_after(10):
+            await tg.start(listener.run)
+        await pg_conn.execute(
+            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'"
+        )
+        await listener.sync()
+        tg.cancel_scope.cancel()
+    assert len(handler.batches) == 1
+    assert sorted((c.namespace, c.pod_name) for c in handler.batches[0]) == [
+        (NAMESPACE, "space-sbx-b1-g1"),
+        ("tenant-b", "space-sbx-b2-g1"),
+    ]
+    assert metric(registry, "retired_pod_gc_notifications_total") == 1
+    assert metric(registry, "retired_pod_gc_notifications_ignored_total") == 2

@@ -153,7 +153,7 @@ async def test_a_batch_skips_what_is_not_reapable_and_queries_only_candidates() 
         for pod in [*running_pods, *active, *no_row]:
             rig.queue.add(pod.key)
         await anyio.wait_all_tasks_blocked()
-    assert sorted(queried) == sorted(p.name for p in [*active, *no_row])
+    assert sorted(queried) == sorted(p.key for p in [*active, *no_row])
     assert rig.outcome(ReconcileOutcome.SKIPPED) == 150
     assert len(rig.clocks) == 0 and rig.queue.delayed == 0
 

@@ -357,3 +357,28 @@ async def test_add_many_wakes_one_getter_per_key_that_became_ready() -> None:
 
 async def _append(queue: WorkQueue, got: list[str | None]) -> None:
     got.append(await queue.get())
+
+
+@pytest.mark.anyio
+async def test_a_burst_large_enough_to_be_compacted_keeps_the_keys_readded_in_flight() -> None:
+    # 50,000 keys grow the dirty set past the size that is rebuilt when the burst's last ready
+    # key is taken; keys re-added while in flight must survive the rebuild (and come back).
+    queue, _ = _queue()
+    keys = [f"ns/p{i}" for i in range(50_000)]
+    for key in keys:
+        queue.add(key)
+    with anyio.fail_after(5):
+        first = await queue.get_batch(49_990)
+    assert first == keys[:49_990]
+    queue.add("ns/p0")  # re-added while in flight, before the burst is drained
+    with anyio.fail_after(5):
+        rest = await queue.get_batch(100)  # takes the last ready keys: the tables are rebuilt
+    assert rest == keys[49_990:]
+    assert len(queue) == 0
+    assert queue.is_dirty("ns/p0")
+    for key in first + rest:
+        queue.done(key)
+    assert len(queue) == 1
+    assert await _get_now(queue) == "ns/p0"
+    queue.add("ns/p1")  # adds after the rebuild are kept as before
+    assert await _get_now(queue) == "ns/p1"
