@@ -73,12 +73,12 @@ class PollingGC:
             pod = informer.get(key)
             if pod is not None and prefilter(pod) is None:
                 candidates.append(pod)
-        rows = await self._store.lookup_many([p.name for p in candidates])
+        rows = await self._store.lookup_many([p.key for p in candidates])
         now = self._clock.monotonic()
         seen: dict[tuple[str, Verdict], float] = {}
         due: list[tuple[PodSnapshot, Verdict]] = []
         for pod in candidates:
-            verdict = classify(pod, rows.get(pod.name)).verdict
+            verdict = classify(pod, rows.get(pod.key)).verdict
             if verdict is None:
                 continue
             mark = (pod.uid, verdict)
@@ -102,7 +102,7 @@ class PollingGC:
         fresh = await self._pods.get_pod(pod.namespace, pod.name)
         if fresh is None or fresh.uid != pod.uid:
             return
-        row = await self._store.read_fresh(pod.name)
+        row = await self._store.read_fresh(pod.key)
         if classify(fresh, row).verdict is not verdict:
             return
         outcome = await self._pods.delete_pod(
@@ -133,8 +133,12 @@ async def run_baseline(
     api = await new_api_client(host=emulator_url)
     clock = MonotonicClock()
     decoder = PodDecoder(settings.kube.label_keys)
-    store = PgExecutionStore(settings.database, namespace=settings.kube.namespace, metrics=metrics)
-    informer = PodInformer(api, settings.kube, decoder, metrics)
+    store = PgExecutionStore(
+        settings.database, namespaces=settings.kube.namespaces, metrics=metrics
+    )
+    informer = PodInformer(
+        api, settings.kube, decoder, metrics, namespace=settings.kube.namespaces[0]
+    )
     gc = PollingGC(
         settings=settings,
         informer=informer,

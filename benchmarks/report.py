@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-RUN_ORDER = ("default", "large", "limit", "limit-b2")
+RUN_ORDER = ("default", "large", "limit", "limit-b2", "rss-before", "rss-after")
 
 
 def _f(value: Any, digits: int = 1) -> str:
@@ -43,8 +43,10 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def _section(name: str, r: dict[str, Any]) -> str:
     m = r["machine"]
     cfg = r["config"]
+    only_limit = "B1L" in r and not any(k in r for k in ("B1", "B2", "B3", "B4", "B5", "B6"))
+    pods = r["B1L"]["pods"] if only_limit else r["pods"]  # a B1L-only run: its population
     out = [
-        f"## Run `{name}`: {r['pods']:,} pods ({r['started']})",
+        f"## Run `{name}`: {pods:,} pods ({r['started']})",
         "",
         f"Machine: {m['nproc']} CPUs, {m['cpu_model']}; Python {m['python']}; "
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
@@ -140,6 +142,96 @@ def _section(name: str, r: dict[str, Any]) -> str:
             "_synced_: the informer's list is complete (readiness). _catch-up_: the resync that "
             "follows sync has reconciled every cached candidate (one row lookup each). "
             "_RSS B/pod_: (RSS after catch-up - RSS of the empty service) / pods.",
+            "",
+        ]
+    if "B7" in r:
+        b7 = r["B7"]
+        out += [
+            f"### B7 writer overhead: the same statements with no trigger, 0002 and 0003 "
+            f"({b7['rows']:,} rows)",
+            "",
+        ]
+        kinds = (
+            ("one_row", "one row (median of {n})".format(n=_f(b7["one_row_runs"]))),
+            ("statement_10k", f"{b7['rows']:,} rows in one statement"),
+            ("single_row_statements_10k", f"{b7['rows']:,} one-row statements in one tx"),
+        )
+        rows = []
+        for kind, label in kinds:
+            row = [label]
+            for variant in ("none", "0002", "0003"):
+                v = b7["variants"][variant][kind]
+                digits = 3 if kind == "one_row" else 1
+                row.append(
+                    f"{_f(v['median_ms'], digits)} ({v['ratio_to_none']:.2f}x, "
+                    f"{_f(v['notifies'])} NOTIFY)"
+                )
+            rows.append(row)
+        out += [
+            _table(["the writer's transaction", "no trigger ms", "0002 ms", "0003 ms"], rows),
+            "",
+            f"Median over {b7['rounds']} rounds (variants in turn, the table vacuumed before "
+            "each timed run); the time is `BEGIN; ...; COMMIT` in one round trip; NOTIFY = "
+            "notifications one transaction sent (one-row: per transaction). Largest payload "
+            f"0003 sent: {_f(b7['variants']['0003']['max_payload_bytes'])} bytes. "
+            f"Load avg {b7['load_average']}.",
+            "",
+        ]
+    if "B2B" in r:
+        b = r["B2B"]
+        e, p = b["event"]["10000"], b["baseline"].get("10000", {})
+        out += [
+            f"### B2b: 10,000 rows retired in one statement, {r['pods']:,} pods cached",
+            "",
+            _table(
+                [
+                    "run",
+                    "p50 ms",
+                    "p99 ms",
+                    "last clock s",
+                    "NOTIFYs",
+                    "CPU-s to last clock",
+                    "CPU-s to idle",
+                ],
+                [
+                    [
+                        str(i + 1),
+                        _f(run["p50_ms"]),
+                        _f(run["p99_ms"]),
+                        _f(run["all_started_s"], 3),
+                        _f(int(run.get("notifications", 0))),
+                        _f(run.get("cpu_to_all_started_s"), 3),
+                        _f(run.get("cpu_to_idle_s"), 3),
+                    ]
+                    for i, run in enumerate(e["runs"])
+                ]
+                + [
+                    [
+                        "median",
+                        _f(e["p50_ms"]),
+                        _f(e["p99_ms"]),
+                        _f(e["all_started_s"], 3),
+                        _f(int(e.get("notifications", 0))),
+                        _f(e.get("cpu_to_all_started_s"), 3),
+                        _f(e.get("cpu_to_idle_s"), 3),
+                    ],
+                    [
+                        "polling",
+                        _f(p.get("p50_ms"), 0),
+                        _f(p.get("p99_ms"), 0),
+                        _f(p.get("all_started_s"), 2),
+                        "-",
+                        "-",
+                        "-",
+                    ],
+                ],
+            ),
+            "",
+            f"Event-driven ahead of polling by {_ratio(p.get('all_started_s', float('nan')), e['all_started_s'])} "
+            "to the last clock (median run against the polling run). Latencies from just before "
+            "COMMIT; CPU-s are the benchmark process's (the service runs in it) from before the "
+            "COMMIT to the last clock, and to every key of the burst reconciled. "
+            f"Load avg {b['load_average']}.",
             "",
         ]
     if "B2" in r:

@@ -1,6 +1,6 @@
 """The benchmark runner: ``python -m benchmarks.run [--pods N]`` (``make bench`` / ``bench-large``).
 
-Starts a throwaway PostgreSQL and emulator subprocesses, runs B1-B6, writes the raw results to
+Starts a throwaway PostgreSQL and emulator subprocesses, runs B1-B7, writes the raw results to
 ``benchmarks/results/<name>.json`` (``default`` or ``large``, or ``--name``), then renders the
 plots and ``benchmarks/RESULTS.md`` from every results file present.
 """
@@ -19,15 +19,18 @@ from typing import Any
 
 import anyio
 
-from benchmarks import report, scenarios
+from benchmarks import report, scenarios, writer
 from benchmarks.harness import EmulatorProcess, Population, create_pods, load_average, seed_rows
 from devtools.pg.throwaway import ThrowawayPostgres
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parent / "tests" / "fixtures" / "wire"
-ALL = ("B1", "B2", "B3", "B4", "B5", "B6")
+ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7")
 LIMIT = "B1L"
 """B1 at the limit (``--limit-pods``): the three list modes side by side, with a forced relist."""
+MASS = "B2B"
+"""B2b (in ``--only``): one statement retiring 10,000 rows at ``--pods`` cached, at least five
+repeats, the service's CPU-seconds per retirement burst, polling beside it."""
 
 
 def _machine() -> dict[str, Any]:
@@ -64,7 +67,14 @@ def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
     p.add_argument("--pods", type=int, default=20_000, help="population for B2-B5, top of B1")
     p.add_argument("--name", default=None, help="results file name (default: default|large)")
-    p.add_argument("--only", default=",".join(ALL), help="comma-separated subset of B1..B6")
+    p.add_argument(
+        "--only", default=",".join(ALL), help=f"comma-separated subset of B1..B7, {LIMIT}, {MASS}"
+    )
+    p.add_argument(
+        "--profile", action="store_true", help=f"cProfile the first {MASS} burst (results/*.prof)"
+    )
+    p.add_argument("--b7-rows", type=int, default=10_000, help="rows of B7's table (and statement)")
+    p.add_argument("--b7-rounds", type=int, default=5, help="turns each B7 variant takes")
     p.add_argument("--repeats", type=int, default=3, help="repeats of B1 and of B2 (event-driven)")
     p.add_argument("--tick-s", type=float, default=10.0, help="polling baseline tick")
     p.add_argument("--idle-s", type=float, default=None, help="B4 window per design")
@@ -101,10 +111,17 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         scenarios._progress(
             f"B6 msgspec {results['B6']['median_msgspec_us']:.1f} us vs model {results['B6']['median_model_us']:.0f} us"
         )
-    needs_env = only & {"B1", "B2", "B3", "B4", "B5"}
-    if not (needs_env or LIMIT in only):
+    needs_env = only & {"B1", "B2", "B3", "B4", "B5", MASS}
+    if not (needs_env or only & {LIMIT, "B7"}):
         return results
     with ThrowawayPostgres() as pg:
+        if "B7" in only:
+            scenarios._progress(f"B7 writer overhead, {args.b7_rows} rows")
+            results["B7"] = await writer.b7_writer(
+                pg.create_database("bench_b7"), rows=args.b7_rows, rounds=args.b7_rounds
+            )
+            for line in writer.summary_lines(results["B7"]):
+                scenarios._progress(line)
         if LIMIT in only:
             emulator = await EmulatorProcess().start()
             try:
@@ -171,6 +188,18 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
                     tick_s=args.tick_s,
                     with_baseline=False,
                     overrides={"WORKERS": "32"},
+                )
+            if MASS in only:
+                results[MASS] = await scenarios.b2_retirement(
+                    main_emulator,
+                    main_db,
+                    population,
+                    sizes=(10_000,),
+                    repeats=max(5, args.repeats),
+                    tick_s=args.tick_s,
+                    profile=(HERE / "results" / f"{args.name or MASS}.prof")
+                    if args.profile
+                    else None,
                 )
             if "B3" in only:
                 results["B3"] = await scenarios.b3_expiry(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import assert_never
 
 from service.domain import (
+    KEEP_ANNOTATION,
     RETIRED_STATES,
     ConditionStatus,
     Decision,
@@ -24,6 +25,10 @@ from service.domain import (
 
 def prefilter(pod: PodSnapshot) -> Decision | None:
     """Skip decisions that need no database row; ``None`` means "look the row up"."""
+    if pod.keep:
+        return Decision.skip(
+            SkipReason.KEEP_ANNOTATION, f"an operator keeps this pod ({KEEP_ANNOTATION})"
+        )
     if pod.terminating:
         return Decision.skip(SkipReason.TERMINATING, "pod has a deletionTimestamp")
     if pod.sandbox_id is None or pod.generation is None:

@@ -1,8 +1,10 @@
 """The ``retired-pod-gc`` command line: parses the arguments and the configuration, dispatches.
 
-Commands: ``run`` (the controller), ``scan``, ``explain``, ``migrate``, ``cancel-create`` and
-``config`` (``service/app/commands.py`` does each). Exit codes: 0 success, 1 runtime failure, 2
-bad configuration or usage (one line on stderr naming the variable, never a traceback).
+Commands: ``run`` (the controller), ``scan``, ``explain``, ``pending``, ``migrate``,
+``cancel-create`` and ``config`` (``service/app/commands.py`` does each). Exit codes: 0 success, 1 runtime failure, 2
+bad configuration or usage (one line on stderr naming the variable, never a traceback), 143 and
+130 when SIGTERM or SIGINT interrupted the command (``service/app/signals.py``: every command,
+from the first line of :func:`main`, so that the process is a good PID 1 even while it imports).
 """
 
 from __future__ import annotations
@@ -10,13 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from service import config
-from service.app import commands
+from service.app import signals
 from service.domain import split_key
-
-Command = Callable[[config.Settings, argparse.Namespace], int]
 
 
 def _settings_or_exit(*, need_database: bool) -> config.Settings | int:
@@ -35,13 +35,45 @@ def _settings_or_exit(*, need_database: bool) -> config.Settings | int:
     return settings
 
 
-def _explain(settings: config.Settings, args: argparse.Namespace) -> int:
-    try:
-        split_key(args.pod)
-    except ValueError:
-        print("retired-pod-gc: explain takes NAMESPACE/POD", file=sys.stderr)
-        return 2
-    return commands.explain_pod(settings, key=args.pod)
+def _dispatch(settings: config.Settings, args: argparse.Namespace) -> int:
+    # Imported here, under the signal handlers: the adapters take most of a second to import.
+    from service.app import commands  # noqa: PLC0415
+
+    match args.command:
+        case "run":
+            return commands.run(settings)
+        case "scan":
+            return commands.scan_pods(settings, output=args.output, timeout_s=args.timeout)
+        case "explain":
+            try:
+                split_key(args.pod)
+            except ValueError:
+                print("retired-pod-gc: explain takes NAMESPACE/POD", file=sys.stderr)
+                return 2
+            return commands.explain_pod(
+                settings, key=args.pod, url=args.url, timeout_s=args.timeout
+            )
+        case "pending":
+            return commands.show_pending(
+                settings,
+                url=args.url,
+                output=args.output,
+                timeout_s=args.timeout,
+                limit=args.limit,
+            )
+        case "migrate":
+            return commands.migrate_database(settings, with_schema=args.with_schema)
+        case "cancel-create":
+            return commands.cancel_create_execution(
+                settings,
+                sandbox_id=args.sandbox_id,
+                generation=args.generation,
+                activation_attempt=args.activation_attempt,
+            )
+        case "config":
+            return commands.show_config(settings, os.environ)
+        case _ as unreachable:
+            raise AssertionError(f"no such command: {unreachable}")
 
 
 # ------------------------------------------------------------------------------------ parser
@@ -70,7 +102,6 @@ def build_parser() -> argparse.ArgumentParser:
             "drains in-flight work and releases the lease."
         ),
     )
-    p.set_defaults(command_fn=lambda s, a: commands.run(s))
 
     p = sub.add_parser(
         "scan",
@@ -83,20 +114,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--output", choices=("text", "json"), default="text")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to list pods")
-    p.set_defaults(
-        command_fn=lambda s, a: commands.scan_pods(s, output=a.output, timeout_s=a.timeout)
-    )
 
     p = sub.add_parser(
         "explain",
         help="show every input of one pod's decision and the rule that decided",
         description=(
             "GET one pod, read its execution row, and print every input the classifier uses "
-            "and the rule that decided. Read-only."
+            "and the rule that decided. Read-only. With --url, also the pod's live observation "
+            "clock in the running replica there (its GET /debug/pending), or why it could not "
+            "be asked."
         ),
     )
     p.add_argument("pod", metavar="NAMESPACE/POD")
-    p.set_defaults(command_fn=_explain)
+    p.add_argument(
+        "--url",
+        default=None,
+        help="a running replica's health port, e.g. http://127.0.0.1:8080 (kubectl port-forward)",
+    )
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for --url")
+
+    p = sub.add_parser(
+        "pending",
+        help="list the pods whose observation clock runs in a running replica",
+        description=(
+            "GET /debug/pending from a running replica (DEBUG_PENDING=true) and print every pod "
+            "whose observation clock runs: key, UID, verdict, observed since, due at, and what "
+            "it waits for (threshold, verification, budget; reported in a dry run). Reach a "
+            "replica with `kubectl port-forward deploy/retired-pod-gc 8080`."
+        ),
+    )
+    p.add_argument(
+        "--url",
+        default="http://127.0.0.1:8080",
+        help="the replica's health port (default %(default)s)",
+    )
+    p.add_argument("--output", choices=("text", "json"), default="text")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="show the N soonest due (the service's default: 1000)",
+    )
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
+    p.set_defaults(needs_database=False)
 
     p = sub.add_parser(
         "migrate",
@@ -108,7 +168,6 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--with-schema", action="store_true", help="also create the dev schema")
-    p.set_defaults(command_fn=lambda s, a: commands.migrate_database(s, with_schema=a.with_schema))
 
     p = sub.add_parser(
         "cancel-create",
@@ -123,14 +182,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sandbox_id")
     p.add_argument("generation", type=int)
     p.add_argument("activation_attempt", type=int)
-    p.set_defaults(
-        command_fn=lambda s, a: commands.cancel_create_execution(
-            s,
-            sandbox_id=a.sandbox_id,
-            generation=a.generation,
-            activation_attempt=a.activation_attempt,
-        )
-    )
 
     p = sub.add_parser(
         "config",
@@ -141,20 +192,20 @@ def build_parser() -> argparse.ArgumentParser:
             "variable when one cannot be parsed."
         ),
     )
-    p.set_defaults(
-        command_fn=lambda s, a: commands.show_config(s, os.environ), needs_database=False
-    )
+    p.set_defaults(needs_database=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    return signals.exit_code_of(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
     settings = _settings_or_exit(need_database=args.needs_database)
     if isinstance(settings, int):
         return settings
-    command: Command = args.command_fn
-    return command(settings, args)
+    return _dispatch(settings, args)
 
 
 if __name__ == "__main__":

@@ -106,6 +106,26 @@ def _choice(*options: str) -> Callable[[str], str]:
     return parse
 
 
+MAX_NAMESPACES = 64
+"""Most sandbox namespaces one replica watches (each is a list+watch and a label value)."""
+
+
+def _parse_namespaces(raw: str) -> tuple[str, ...]:
+    names = [part.strip() for part in raw.split(",")]
+    if not any(names):
+        return ()
+    out: list[str] = []
+    for name in names:
+        if not _DNS_NAME.fullmatch(name) or len(name) > 63:
+            raise ValueError(f"expected comma-separated namespace names, bad entry {name!r}")
+        if name in out:
+            raise ValueError(f"namespace {name!r} is listed twice")
+        out.append(name)
+    if len(out) > MAX_NAMESPACES:
+        raise ValueError(f"at most {MAX_NAMESPACES} namespaces, got {len(out)}")
+    return tuple(out)
+
+
 def _optional_int(raw: str) -> int | None:
     return None if not raw.strip() else _parse_int(raw)
 
@@ -177,7 +197,8 @@ DRY_RUN = _var("DRY_RUN", True, _parse_bool, "When enabled, verify candidates an
 THRESHOLD_SECONDS = _var("THRESHOLD_SECONDS", 300.0, _parse_float, "How long a pod must be seen continuously in a reapable shape before it is deleted.", lo=1, hi=86400)
 DELETES_PER_MINUTE = _var("DELETES_PER_MINUTE", 120, _parse_int, "Delete budget: at most this many DELETEs in any rolling 60 s window.", lo=1, hi=6000)
 RECONCILE_TIMEOUT_SECONDS = _var("RECONCILE_TIMEOUT_SECONDS", 45.0, _parse_float, "Time budget of one key's reconcile; each API and database call inside it is bounded too.", lo=1, hi=600)
-NAMESPACE = _var("NAMESPACE", "sandboxes", _regex(_DNS_NAME, "a namespace name"), "The sandbox namespace: the only namespace watched and the scope of every row lookup.")
+NAMESPACE = _var("NAMESPACE", "sandboxes", _regex(_DNS_NAME, "a namespace name"), "The sandbox namespace, when there is one: the only namespace watched and the scope of every row lookup. Exclusive with NAMESPACES.")
+NAMESPACES: Var[tuple[str, ...]] = _var("NAMESPACES", (), _parse_namespaces, "Several sandbox namespaces, comma-separated (a,b): one pod cache (a namespaced list+watch) each, every row lookup scoped to the pod's own namespace; one listener, one Lease and one delete budget for them all. Exclusive with NAMESPACE; empty means NAMESPACE.")
 LABEL_SELECTOR = _var("LABEL_SELECTOR", "app.kubernetes.io/managed-by=space-sandbox", _parse_selector, "Label selector of the sandbox pods to watch.")
 SANDBOX_ID_LABEL = _var("SANDBOX_ID_LABEL", "space.sandbox-id", _regex(_LABEL_KEY, "a label key"), "Pod label that carries the sandbox id.")
 GENERATION_LABEL = _var("GENERATION_LABEL", "space.generation", _regex(_LABEL_KEY, "a label key"), "Pod label that carries the execution generation.")
@@ -194,7 +215,7 @@ DELETE_GRACE_PERIOD_SECONDS = _var("DELETE_GRACE_PERIOD_SECONDS", None, _optiona
 DATABASE_URL = _var("DATABASE_URL", "", _parse_text, "PostgreSQL URL (postgresql://user:password@host:port/db). Never logged unmasked.", secret=True)
 DATABASE_URL_FILE = _var("DATABASE_URL_FILE", "", _parse_text, "Path of a file holding the database URL (a mounted Secret); exclusive with DATABASE_URL.")
 DB_POOL_SIZE = _var("DB_POOL_SIZE", 4, _parse_int, "Maximum connections in the lookup pool (the listener has its own).", lo=1, hi=64)
-DB_CONNECT_TIMEOUT_SECONDS = _var("DB_CONNECT_TIMEOUT_SECONDS", 5.0, _parse_float, "Timeout to open one database connection.", lo=0.1, hi=120)
+DB_CONNECT_TIMEOUT_SECONDS = _var("DB_CONNECT_TIMEOUT_SECONDS", 5.0, _parse_float, "Timeout to open one database connection (the service's and every command's, migrate included).", lo=0.1, hi=120)
 DB_STATEMENT_TIMEOUT_SECONDS = _var("DB_STATEMENT_TIMEOUT_SECONDS", 5.0, _parse_float, "Timeout of one database query.", lo=0.1, hi=120)
 NOTIFY_CHANNEL = _var("NOTIFY_CHANNEL", "sandbox_execution_changed", _regex(_IDENTIFIER, "an SQL identifier"), "LISTEN/NOTIFY channel the trigger publishes execution changes on.")
 LISTENER_HEARTBEAT_SECONDS = _var("LISTENER_HEARTBEAT_SECONDS", 10.0, _parse_float, "How often the listener checks its connection with a query.", lo=0.1, hi=300)
@@ -202,9 +223,10 @@ LISTENER_HEARTBEAT_TIMEOUT_SECONDS = _var("LISTENER_HEARTBEAT_TIMEOUT_SECONDS", 
 LOOKUP_BATCH_SIZE = _var("LOOKUP_BATCH_SIZE", 500, _parse_int, "Most pod names one batched row lookup carries.", lo=1, hi=10000)
 LOOKUP_BATCH_WAIT_SECONDS = _var("LOOKUP_BATCH_WAIT_SECONDS", 0.002, _parse_float, "Longest a lookup waits for others to share its query.", lo=0, hi=1)
 METRICS_BIND_ADDRESS = _var("METRICS_BIND_ADDRESS", ("0.0.0.0", 8080), _parse_bind, "HOST:PORT of the /metrics, /healthz and /readyz server.")
+DEBUG_PENDING = _var("DEBUG_PENDING", False, _parse_bool, "Serve GET /debug/pending on the METRICS_BIND_ADDRESS port: every pod whose observation clock runs (key, UID, verdict, since, due at, what it waits for), as JSON. Off by default: it names pods, which /metrics never does.")
 LEADER_ELECTION = _var("LEADER_ELECTION", True, _parse_bool, "Elect one active replica through a coordination.k8s.io/v1 Lease; only the leader deletes or reports.")
 LEASE_NAME = _var("LEASE_NAME", "retired-pod-gc", _regex(_DNS_NAME, "a Lease name"), "Name of the Lease.")
-LEASE_NAMESPACE = _var("LEASE_NAMESPACE", "", _parse_text, "Namespace of the Lease; empty means this pod's namespace (service account), else NAMESPACE.")
+LEASE_NAMESPACE = _var("LEASE_NAMESPACE", "", _parse_text, "Namespace of the Lease; empty means this pod's namespace (service account), else the (first) sandbox namespace.")
 LEASE_DURATION_SECONDS = _var("LEASE_DURATION_SECONDS", 15.0, _parse_float, "How long a lease holds without renewal before another replica may take it.", lo=1, hi=300)
 RENEW_DEADLINE_SECONDS = _var("RENEW_DEADLINE_SECONDS", 10.0, _parse_float, "A leader that has not renewed for this long stops deleting (kept below LEASE_DURATION_SECONDS).", lo=0.5, hi=300)
 RETRY_PERIOD_SECONDS = _var("RETRY_PERIOD_SECONDS", 2.0, _parse_float, "How often the lease is renewed or its acquisition retried (kept below RENEW_DEADLINE_SECONDS).", lo=0.1, hi=60)
@@ -217,8 +239,8 @@ LOG_FORMAT = _var("LOG_FORMAT", "json", _choice("json", "text"), "json: one JSON
 
 @dataclass(frozen=True, slots=True)
 class KubeSettings:
-    namespace: str
-    """The sandbox namespace."""
+    namespaces: tuple[str, ...]
+    """The sandbox namespaces (at least one, no duplicates), in the order configured."""
     label_selector: str
     label_keys: LabelKeys
     api_timeout_s: float
@@ -255,7 +277,7 @@ class LeaderSettings:
     enabled: bool
     lease_name: str
     lease_namespace: str
-    """Empty: resolved at start (service-account namespace, else the sandbox namespace)."""
+    """Empty: resolved at start (service-account namespace, else the first sandbox namespace)."""
     lease_duration_s: float
     renew_deadline_s: float
     retry_period_s: float
@@ -281,6 +303,8 @@ class Settings:
     """Record Kubernetes Events for deletes and dry-run reports."""
     log_level: str
     log_format: str
+    debug_pending: bool = False
+    """Serve ``GET /debug/pending`` on the health port."""
     warnings: tuple[str, ...] = ()
     """Clamp warnings produced while loading (also logged)."""
 
@@ -352,6 +376,17 @@ def _database_url(env: Mapping[str, str], warnings: list[str]) -> str:
     return text
 
 
+def _namespaces(env: Mapping[str, str], warnings: list[str]) -> tuple[str, ...]:
+    """NAMESPACES when set, else the one NAMESPACE; both set is an error (which one wins would
+    be a guess about the scope of every delete)."""
+    several = NAMESPACES.read(env, warnings)
+    if not several:
+        return (NAMESPACE.read(env, warnings),)
+    if env.get(NAMESPACE.name, "").strip():
+        raise ConfigError(NAMESPACES.name, f"set only one of it and {NAMESPACE.name}")
+    return several
+
+
 def load(env: Mapping[str, str]) -> Settings:
     """Build the settings from ``env`` (usually ``os.environ``). Raises :class:`ConfigError`."""
     w: list[str] = []
@@ -372,7 +407,7 @@ def load(env: Mapping[str, str]) -> Settings:
             f"{RENEW_DEADLINE_SECONDS.name}={renew:g}; using {used:g}"
         )
         retry = used
-    namespace = NAMESPACE.read(env, w)
+    namespaces = _namespaces(env, w)
     host, port = METRICS_BIND_ADDRESS.read(env, w)
     settings = Settings(
         enabled=ENABLED.read(env, w),
@@ -384,7 +419,7 @@ def load(env: Mapping[str, str]) -> Settings:
         resync_period_s=RESYNC_PERIOD_SECONDS.read(env, w),
         shutdown_timeout_s=SHUTDOWN_TIMEOUT_SECONDS.read(env, w),
         kube=KubeSettings(
-            namespace=namespace,
+            namespaces=namespaces,
             label_selector=LABEL_SELECTOR.read(env, w),
             label_keys=LabelKeys(
                 sandbox_id=SANDBOX_ID_LABEL.read(env, w),
@@ -420,6 +455,7 @@ def load(env: Mapping[str, str]) -> Settings:
         ),
         bind_host=host,
         bind_port=port,
+        debug_pending=DEBUG_PENDING.read(env, w),
         events_enabled=EVENTS_ENABLED.read(env, w),
         log_level=LOG_LEVEL.read(env, w),
         log_format=LOG_FORMAT.read(env, w),
@@ -440,7 +476,8 @@ def effective(settings: Settings, env: Mapping[str, str]) -> list[tuple[str, str
         THRESHOLD_SECONDS.name: settings.threshold_s,
         DELETES_PER_MINUTE.name: settings.deletes_per_minute,
         RECONCILE_TIMEOUT_SECONDS.name: settings.reconcile_timeout_s,
-        NAMESPACE.name: settings.kube.namespace,
+        NAMESPACE.name: settings.kube.namespaces[0] if len(settings.kube.namespaces) == 1 else "",
+        NAMESPACES.name: ",".join(settings.kube.namespaces),
         LABEL_SELECTOR.name: settings.kube.label_selector,
         SANDBOX_ID_LABEL.name: settings.kube.label_keys.sandbox_id,
         GENERATION_LABEL.name: settings.kube.label_keys.generation,
@@ -469,6 +506,7 @@ def effective(settings: Settings, env: Mapping[str, str]) -> list[tuple[str, str
         LOOKUP_BATCH_SIZE.name: settings.database.batch_max_size,
         LOOKUP_BATCH_WAIT_SECONDS.name: settings.database.batch_max_wait_s,
         METRICS_BIND_ADDRESS.name: f"{settings.bind_host}:{settings.bind_port}",
+        DEBUG_PENDING.name: settings.debug_pending,
         LEADER_ELECTION.name: settings.leader.enabled,
         LEASE_NAME.name: settings.leader.lease_name,
         LEASE_NAMESPACE.name: settings.leader.lease_namespace,

@@ -36,13 +36,14 @@ class ExecutionState(enum.StrEnum):
 
     @classmethod
     def parse(cls, raw: object) -> ExecutionState:
+        # A dict lookup: every row of a 10,000-row burst, and every change of its notifications,
+        # is parsed here.
         if isinstance(raw, str):
-            try:
-                member = cls(raw)
-            except ValueError:
-                return cls.UNKNOWN
-            return member
+            return _EXECUTION_STATES.get(raw, cls.UNKNOWN)
         return cls.UNKNOWN
+
+
+_EXECUTION_STATES: dict[str, ExecutionState] = {m.value: m for m in ExecutionState}
 
 
 RETIRED_STATES: frozenset[ExecutionState] = frozenset(
@@ -93,6 +94,8 @@ class SkipReason(enum.StrEnum):
     """Why a pod is not reaped. One member per rule; the value is the metric/log label."""
 
     # pod-only reasons (decided before any database lookup)
+    KEEP_ANNOTATION = "keep_annotation"
+    """An operator asked to keep the pod (:data:`KEEP_ANNOTATION`)."""
     TERMINATING = "terminating"
     POD_RUNNING = "pod_running"
     PHASE_UNKNOWN = "phase_unknown"
@@ -116,6 +119,18 @@ class SkipReason(enum.StrEnum):
     UNKNOWN_STATE = "unknown_state"
     ROW_INCONSISTENT = "row_inconsistent"
     PENDING_NOT_REPLACED = "pending_not_replaced"
+
+
+KEEP_ANNOTATION = "retired-pod-gc.space.sandbox/keep"
+"""A pod annotated with this key is never deleted nor reported: ``"true"`` keeps it, and so does
+any value other than ``"false"`` (a typo must never delete a pod someone meant to keep); absent
+or ``"false"`` (any case), the pod is classified as usual. Removing the annotation is a change of
+the pod, so its observation clock starts from that moment."""
+
+
+def keep_value_keeps(value: str | None) -> bool:
+    """Whether the keep annotation's value (``None``: absent) keeps the pod."""
+    return value is not None and value.strip().lower() != "false"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +162,8 @@ class PodSnapshot(msgspec.Struct, frozen=True, gc=False):
     event) and, holding only scalars, never tracked by the garbage collector.
     ``all_containers_terminated`` is true only when ``container_count > 0`` and every container
     status is ``terminated``; ``created_at_s`` is ``creationTimestamp`` as Unix seconds, ``None``
-    when absent or unparsable.
+    when absent or unparsable; ``keep`` is whether the :data:`KEEP_ANNOTATION` keeps the pod (a
+    bool: the annotation map itself is never kept).
     """
 
     namespace: str
@@ -164,6 +180,7 @@ class PodSnapshot(msgspec.Struct, frozen=True, gc=False):
     generation: int | None
     kind: PodKind
     created_at_s: float | None
+    keep: bool = False
 
     @property
     def key(self) -> str:
@@ -183,10 +200,15 @@ class ExecutionRow(msgspec.Struct, frozen=True, gc=False):
     active: bool
     kubernetes_managed: bool
 
+    @property
+    def key(self) -> str:
+        """The key of the pod this row is for: its pod name in its sandbox's namespace."""
+        return pod_key(self.namespace, self.pod_name)
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """The classifier's answer: exactly one of ``verdict`` and ``reason`` is set."""
+
+class Decision(msgspec.Struct, frozen=True, gc=False):
+    """The classifier's answer: exactly one of ``verdict`` and ``reason`` is set (a frozen
+    msgspec Struct, built in C: a burst classifies 10,000 pods at once)."""
 
     verdict: Verdict | None
     reason: SkipReason | None
@@ -211,6 +233,19 @@ class Decision:
     @staticmethod
     def skip(reason: SkipReason, rule: str) -> Decision:
         return Decision(verdict=None, reason=reason, rule=rule)
+
+
+class Waiting(enum.StrEnum):
+    """What a pod whose clock runs waits for (``GET /debug/pending``)."""
+
+    THRESHOLD = "threshold"
+    """Not yet continuously reapable for the threshold."""
+    VERIFICATION = "verification"
+    """Due: the fresh GET, the row re-read and the notification sync, or its turn for them."""
+    BUDGET = "budget"
+    """Verified, waiting for its turn at the delete budget (or throttled and requeued)."""
+    REPORTED = "reported"
+    """Dry run: reported once; nothing more happens to this UID."""
 
 
 class DeleteResult(enum.StrEnum):
@@ -260,9 +295,11 @@ class ReconcileOutcome(enum.StrEnum):
     """The final check kept aging past its bound (a starved loop, slow database); requeued."""
 
 
-@dataclass(frozen=True, slots=True)
-class ExecutionChange:
-    """A parsed change notification: which pod's execution changed, and how."""
+class ExecutionChange(msgspec.Struct, frozen=True, gc=False):
+    """One parsed change of a notification: which pod's execution changed, and how.
+
+    A frozen msgspec Struct, as :class:`PodSnapshot`: a mass retirement parses 10,000 of them at
+    once, and a Struct is built in C."""
 
     namespace: str
     pod_name: str

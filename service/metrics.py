@@ -6,6 +6,8 @@ created at zero so that dashboards and alerts see them before the first event.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from service.domain import ReconcileOutcome, SkipReason, Verdict
@@ -24,11 +26,37 @@ EVENT_RESULTS = (
     "transport_error",
     "dropped_buffer_full",
     "dropped_shutdown",
+    "summarized",
     "bug",
 )
 """Results of Kubernetes Event writes: written, refused (403, other 4xx), failed (5xx, no answer
-within the call's timeout, no connection), never sent (buffer full, shutdown flush over), or
-dropped because writing it raised something unexpected (a bug, logged with its traceback)."""
+within the call's timeout, no connection), never sent (buffer full, shutdown flush over, a
+dry-run report beyond the bound that is named in a summary line instead), or dropped because
+writing it raised something unexpected (a bug, logged with its traceback)."""
+DELETE_RESULTS = ("deleted", "gone", "conflict", "error")
+
+
+def observe_many(histogram: Histogram, amount: float, count: int) -> None:
+    """``count`` observations of ``amount`` at once: what ``count`` calls of ``observe(amount)``
+    record (a burst of keys that share one duration), in one update of the sum and one of the
+    bucket. Uses the cells ``Histogram.observe`` itself updates; a histogram without them (a
+    client library that changed its layout) is observed ``count`` times instead."""
+    if count <= 0:
+        return
+    total = getattr(histogram, "_sum", None)
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    if count == 1 or total is None or bounds is None or buckets is None:
+        for _ in range(count):
+            histogram.observe(amount)
+        return
+    total.inc(amount * count)
+    for i, bound in enumerate(bounds):
+        if amount <= bound:
+            buckets[i].inc(count)
+            break
+
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -74,12 +102,11 @@ class Metrics:
         )
         self.deletes = Counter(
             "retired_pod_gc_deletes",
-            "DELETE requests sent, by result (deleted, gone, conflict, error).",
-            ["result"],
+            "DELETE requests sent, by sandbox namespace and result (deleted, gone, conflict, "
+            "error).",
+            ["sandbox_namespace", "result"],
             registry=r,
         )
-        for result in ("deleted", "gone", "conflict", "error"):
-            self.deletes.labels(result=result)
         self.final_check_reverifications = Counter(
             "retired_pod_gc_final_check_reverifications",
             "Verifications redone because the final row re-read was older than the bound "
@@ -106,7 +133,8 @@ class Metrics:
         )
         self.retirement_to_enqueue = Histogram(
             "retired_pod_gc_retirement_to_enqueue_seconds",
-            "From receiving a retirement notification to its pod key being enqueued.",
+            "From receiving a notification that carries a retirement to its keys being enqueued (one "
+            "sample per notification, which may be a batch of many rows).",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -135,11 +163,19 @@ class Metrics:
             registry=r,
         )
         # Kubernetes
+        # sandbox_namespace: values fixed by configuration (NAMESPACES), so bounded; not
+        # `namespace`, which Prometheus gives the scraped target (the controller's own).
         self.cache_pods = Gauge(
-            "retired_pod_gc_cache_pods", "Pods in the informer cache.", registry=r
+            "retired_pod_gc_cache_pods",
+            "Pods in the informer cache, by sandbox namespace.",
+            ["sandbox_namespace"],
+            registry=r,
         )
         self.cache_synced = Gauge(
-            "retired_pod_gc_cache_synced", "1 when the informer cache is synced.", registry=r
+            "retired_pod_gc_cache_synced",
+            "1 when the informer cache of the sandbox namespace is synced.",
+            ["sandbox_namespace"],
+            registry=r,
         )
         self.watch_events = Counter(
             "retired_pod_gc_watch_events", "Watch events received, by type.", ["type"], registry=r
@@ -155,8 +191,9 @@ class Metrics:
         )
         self.list_mode = Gauge(
             "retired_pod_gc_informer_list_mode",
-            "1 for the way the pod cache was last filled (stream, list_cache, list_quorum).",
-            ["mode"],
+            "1 for the way the pod cache of the sandbox namespace was last filled (stream, "
+            "list_cache, list_quorum).",
+            ["sandbox_namespace", "mode"],
             registry=r,
         )
         self.decode_errors = Counter(
@@ -191,11 +228,19 @@ class Metrics:
             registry=r,
         )
         self.notifications = Counter(
-            "retired_pod_gc_notifications", "Change notifications received.", registry=r
+            "retired_pod_gc_notifications",
+            "Change notifications received (payloads; one may carry a batch of changes).",
+            registry=r,
+        )
+        self.notifications_ignored = Counter(
+            "retired_pod_gc_notifications_ignored",
+            "Changes (rows of a notification) about a namespace this replica does not watch (ignored).",
+            registry=r,
         )
         self.notifications_malformed = Counter(
             "retired_pod_gc_notifications_malformed",
-            "Notification payloads that could not be parsed (skipped).",
+            "Notification payloads skipped whole (malformed, oversized), plus bad rows skipped "
+            "inside otherwise valid batches.",
             registry=r,
         )
         self.row_queries = Counter(
@@ -220,14 +265,22 @@ class Metrics:
             registry=r,
         )
 
+    def bind_namespaces(self, namespaces: Iterable[str]) -> None:
+        """Create the per-namespace label sets at zero (the namespaces are fixed by config)."""
+        for namespace in namespaces:
+            self.cache_pods.labels(sandbox_namespace=namespace)
+            self.cache_synced.labels(sandbox_namespace=namespace)
+            for result in DELETE_RESULTS:
+                self.deletes.labels(sandbox_namespace=namespace, result=result)
+
     def outcome(self, mode: str, verdict: str, count: int = 1) -> None:
         child = self._outcome_children.get((mode, verdict))
         if child is None:
             child = self.outcomes.labels(loop=LOOP, mode=mode, verdict=verdict)
         child.inc(count)
 
-    def skip(self, reason: str) -> None:
+    def skip(self, reason: str, count: int = 1) -> None:
         child = self._skip_children.get(reason)
         if child is None:
             child = self.skips.labels(reason=reason)
-        child.inc()
+        child.inc(count)

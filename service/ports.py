@@ -22,14 +22,20 @@ from service.domain import (
 
 
 class PodCache(Protocol):
-    """The informer's view of the sandbox namespace."""
+    """The informer's view of the sandbox namespaces (one cache each)."""
 
     def get(self, key: str) -> PodSnapshot | None: ...
 
     def keys(self) -> Iterable[str]: ...
 
     @property
-    def synced(self) -> bool: ...
+    def synced(self) -> bool:
+        """Every namespace's cache matches the server."""
+        ...
+
+    def namespace_synced(self, namespace: str) -> bool:
+        """The cache of ``namespace`` matches the server; False for a namespace not watched."""
+        ...
 
 
 class PodClient(Protocol):
@@ -47,17 +53,18 @@ class PodClient(Protocol):
 
 
 class ExecutionStore(Protocol):
-    """Execution rows, scoped to the sandbox namespace and Kubernetes-managed sandboxes."""
+    """Execution rows of Kubernetes-managed sandboxes, looked up by pod key (``namespace/name``):
+    a row is found for a key only when its sandbox's namespace is the key's namespace."""
 
-    async def lookup(self, pod_name: str) -> ExecutionRow | None:
+    async def lookup(self, key: str) -> ExecutionRow | None:
         """One row through the micro-batcher (concurrent callers share one query)."""
         ...
 
-    async def lookup_many(self, pod_names: Sequence[str]) -> dict[str, ExecutionRow]:
-        """Rows for many names in as few queries as the batch size allows."""
+    async def lookup_many(self, keys: Sequence[str]) -> dict[str, ExecutionRow]:
+        """Rows by pod key for many keys, in as few queries as the batch size allows."""
         ...
 
-    async def read_fresh(self, pod_name: str) -> ExecutionRow | None:
+    async def read_fresh(self, key: str) -> ExecutionRow | None:
         """A direct single-row read, bypassing any batching (the final re-check)."""
         ...
 
@@ -69,19 +76,23 @@ class PodEventHandler(Protocol):
         """Add: ``old`` is None. Delete: ``new`` is None (``old`` is the last state)."""
         ...
 
-    def cache_cold(self) -> None:
-        """The cache is being rebuilt (410, restart): observations may have gaps."""
+    def cache_cold(self, namespace: str) -> None:
+        """The cache of ``namespace`` is being rebuilt (410, restart): its observations may
+        have gaps."""
         ...
 
-    def cache_synced(self) -> None:
-        """The cache matches the server again."""
+    def cache_synced(self, namespace: str) -> None:
+        """The cache of ``namespace`` matches the server again."""
         ...
 
 
 class ExecutionEventHandler(Protocol):
     """What the PostgreSQL listener tells its consumer. Must not block."""
 
-    def execution_changed(self, change: ExecutionChange) -> None: ...
+    def executions_changed(self, changes: Sequence[ExecutionChange]) -> None:
+        """The changes of one notification, as one unit (a batch of a statement's changed rows;
+        a single change is a batch of one). Never empty."""
+        ...
 
     def notifications_missed(self) -> None:
         """The listener (re)connected: notifications may have been lost meanwhile."""

@@ -147,10 +147,25 @@ def make_settings(
 class FakePodCache:
     """The informer's cache: a dict keyed by ``namespace/name``."""
 
-    def __init__(self, pods: Iterable[PodSnapshot] = (), *, synced: bool = True) -> None:
+    def __init__(
+        self,
+        pods: Iterable[PodSnapshot] = (),
+        *,
+        synced: bool = True,
+        namespaces: Iterable[str] = (NAMESPACE,),
+    ) -> None:
         self.pods: dict[str, PodSnapshot] = {p.key: p for p in pods}
+        self.namespaces = frozenset(namespaces)
+        """The namespaces watched: any other has no synced cache (as the real informer)."""
         self.synced = synced
-        """False while the informer relists (between ``cache_cold`` and ``cache_synced``)."""
+        """False while every namespace relists (between ``cache_cold`` and ``cache_synced``)."""
+        self.cold_namespaces: set[str] = set()
+        """Namespaces whose own cache relists while the others stay synced."""
+
+    def namespace_synced(self, namespace: str) -> bool:
+        return (
+            self.synced and namespace in self.namespaces and namespace not in self.cold_namespaces
+        )
 
     def get(self, key: str) -> PodSnapshot | None:
         return self.pods.get(key)
@@ -229,12 +244,14 @@ class FakePodClient:
 
 
 class FakeExecutionStore:
-    """Rows by pod name; counts queries; ``lookup_error`` / ``fresh_error`` make calls fail."""
+    """Rows by pod key (``namespace/name``), as the real store answers: a row is found only
+    under the key of its own namespace. Counts queries; ``lookup_error`` / ``fresh_error`` make
+    calls fail."""
 
     def __init__(
         self, rows: Iterable[ExecutionRow] = (), *, clock: FakeClock | None = None
     ) -> None:
-        self.rows: dict[str, ExecutionRow] = {r.pod_name: r for r in rows}
+        self.rows: dict[str, ExecutionRow] = {r.key: r for r in rows}
         self.clock = clock
         self.fresh_read_times: list[float] = []
         """The fake clock's time when each ``read_fresh`` began (the earliest its answer can
@@ -260,35 +277,35 @@ class FakeExecutionStore:
         return self.lookups + self.lookup_many_calls + self.fresh_reads
 
     def put(self, row: ExecutionRow) -> None:
-        self.rows[row.pod_name] = row
+        self.rows[row.key] = row
 
-    async def lookup(self, pod_name: str) -> ExecutionRow | None:
+    async def lookup(self, key: str) -> ExecutionRow | None:
         self.lookups += 1
         if self.lookup_gate is not None:
             await self.lookup_gate.wait()
         if self.lookup_error is not None:
             raise self.lookup_error
         rows = self.batched_rows if self.batched_rows is not None else self.rows
-        return rows.get(pod_name)
+        return rows.get(key)
 
-    async def lookup_many(self, pod_names: Sequence[str]) -> dict[str, ExecutionRow]:
+    async def lookup_many(self, keys: Sequence[str]) -> dict[str, ExecutionRow]:
         self.lookup_many_calls += 1
         if self.lookup_gate is not None:
             await self.lookup_gate.wait()
         if self.lookup_error is not None:
             raise self.lookup_error
         rows = self.batched_rows if self.batched_rows is not None else self.rows
-        return {n: rows[n] for n in pod_names if n in rows}
+        return {k: rows[k] for k in keys if k in rows}
 
-    async def read_fresh(self, pod_name: str) -> ExecutionRow | None:
+    async def read_fresh(self, key: str) -> ExecutionRow | None:
         self.fresh_reads += 1
         if self.clock is not None:
             self.fresh_read_times.append(self.clock.monotonic())
         if self.fresh_error is not None:
             raise self.fresh_error
         if self.fresh_read_log is not None:
-            logger.info(self.fresh_read_log, pod_name)
-        row = self.rows.get(pod_name)
+            logger.info(self.fresh_read_log, key)
+        row = self.rows.get(key)
         if self.fresh_read_delays and self.clock is not None:
             self.clock.advance(self.fresh_read_delays.popleft())
         return row
@@ -374,7 +391,7 @@ def make_rig(
     settings = settings if settings is not None else make_settings()
     clock = clock if clock is not None else FakeClock(start_s)
     metrics = Metrics(CollectorRegistry())
-    cache = FakePodCache()
+    cache = FakePodCache(namespaces=settings.kube.namespaces)
     pods = FakePodClient(clock=clock)
     store = FakeExecutionStore(clock=clock)
     clocks = ObservationClocks(metrics=metrics)

@@ -59,7 +59,7 @@ async def kube_api(
 @pytest.fixture
 def kube_settings() -> KubeSettings:
     return KubeSettings(
-        namespace=SANDBOX_NAMESPACE,
+        namespaces=(SANDBOX_NAMESPACE,),
         label_selector=SANDBOX_SELECTOR,
         label_keys=LabelKeys(),
         api_timeout_s=5.0,
@@ -80,6 +80,8 @@ class RecordingHandler:
         self.cold = 0
         self.synced = 0
         self.log: list[str] = []
+        self.namespaces: list[str] = []
+        """The namespace named by each ``cache_cold`` / ``cache_synced``, in order."""
 
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
         self.changes.append((old, new))
@@ -88,13 +90,15 @@ class RecordingHandler:
         assert snap is not None
         self.log.append(f"{kind} {snap.key}")
 
-    def cache_cold(self) -> None:
+    def cache_cold(self, namespace: str) -> None:
         self.cold += 1
         self.log.append("cold")
+        self.namespaces.append(namespace)
 
-    def cache_synced(self) -> None:
+    def cache_synced(self, namespace: str) -> None:
         self.synced += 1
         self.log.append("synced")
+        self.namespaces.append(namespace)
 
     def deleted_keys(self) -> list[str]:
         return [old.key for old, new in self.changes if new is None and old is not None]

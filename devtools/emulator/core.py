@@ -28,6 +28,7 @@ from devtools.emulator.patching import (
     merge_patch,
     strategic_merge_patch,
 )
+from devtools.emulator.rbac import RbacPolicy
 from devtools.emulator.sandboxpods import SELECTOR_LABEL, Shape, sandbox_pod
 from devtools.emulator.statuses import LEASES, NAMESPACES, PODS, ApiError, Resource
 from devtools.emulator.store import Entry, Table, clone, format_time, ordered, parse_time
@@ -97,6 +98,9 @@ class Emulator(Watches, FaultControls):
         self.kubelet_finish_after_s = kubelet_finish_after_s
         self.watch_list = watch_list
         self._clock = clock
+        self.rbac: RbacPolicy | None = None
+        """When set, every API request is authorized against it (``devtools/emulator/rbac.py``);
+        ``None``: everything is allowed. Kept across :meth:`reset`."""
         self.reset()
 
     # ------------------------------------------------------------------ state

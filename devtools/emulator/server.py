@@ -1,7 +1,9 @@
 """The emulator's HTTP face: the Kubernetes REST paths, watch streaming, and ``/_emulator`` admin.
 
 API paths (``/api/v1/...``, ``/apis/coordination.k8s.io/v1/...``, the Events paths of
-``events.py``) go through one middleware that applies injected latency and faults and writes the audit log of mutating requests; admin paths
+``events.py``) go through one middleware that applies injected latency and faults, authorizes
+the request when an RBAC policy is installed (``rbac.py``) and writes the audit log of mutating
+requests; admin paths
 under ``/_emulator/`` bypass all three so tests and benchmarks can steer a running emulator.
 """
 
@@ -11,14 +13,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from devtools.emulator import discovery
+from devtools.emulator import discovery, rbac
 from devtools.emulator import statuses as st
 from devtools.emulator.core import MERGE_PATCH, Emulator
 from devtools.emulator.events import event_routes
@@ -56,6 +58,19 @@ async def _read_json(request: web.Request) -> Any:
         raise st.bad_request("the request body is not valid JSON") from None
 
 
+def _authorize(
+    emulator: Emulator, method: str, path: str, query: Mapping[str, str]
+) -> ApiError | None:
+    """The 403 of a request the installed RBAC policy does not allow; ``None``: allowed."""
+    policy = emulator.rbac
+    if policy is None:
+        return None
+    attrs = rbac.attributes(method, path, query)
+    if attrs is None or policy.allows(attrs):
+        return None
+    return policy.forbidden(attrs)
+
+
 @web.middleware
 async def _api_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     path = request.path
@@ -71,9 +86,13 @@ async def _api_middleware(request: web.Request, handler: Handler) -> web.StreamR
         await asyncio.sleep(delay)
     await emulator.intercept(method, path)
     record.time_s = time.time()
-    fault = emulator.take_fault(method, path, request.query)
-    if fault is not None:
-        response: web.StreamResponse = _error_response(fault)
+    # Authorization first, as a kube-apiserver: a denied request reaches no handler or fault.
+    denied = _authorize(emulator, method, path, request.query)
+    fault = None if denied is not None else emulator.take_fault(method, path, request.query)
+    if denied is not None:
+        response: web.StreamResponse = _error_response(denied)
+    elif fault is not None:
+        response = _error_response(fault)
     else:
         try:
             response = await handler(request)

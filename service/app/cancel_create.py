@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +52,7 @@ async def cancel_create(
     *,
     conn: Any,
     pods: PodClient,
-    namespace: str,
+    namespaces: Sequence[str],
     sandbox_id: str,
     generation: int,
     activation_attempt: int,
@@ -60,13 +61,13 @@ async def cancel_create(
     """Retire (fenced) and, if the execution is retired, delete its pod under preconditions."""
     row = await retire_for_cancel(
         conn,
-        namespace=namespace,
+        namespaces=namespaces,
         sandbox_id=sandbox_id,
         generation=generation,
         activation_attempt=activation_attempt,
         timeout_s=timeout_s,
     )
-    if row.pod_name is None:
+    if row.pod_name is None or row.namespace is None:
         return CancelReport(CancelOutcome.NO_EXECUTION, row.retired_now, None)
     if row.active:
         logger.info(
@@ -75,6 +76,7 @@ async def cancel_create(
             row.pod_name,
         )
         return CancelReport(CancelOutcome.LEFT_ALONE_ACTIVE, row.retired_now, row.pod_name)
+    namespace = row.namespace  # the sandbox's own namespace, one of those configured
     with anyio.fail_after(timeout_s):
         pod = await pods.get_pod(namespace, row.pod_name)
     if pod is None:

@@ -1,6 +1,7 @@
 """The commands of ``retired-pod-gc``: each takes the effective settings and returns an exit code.
 
-``run`` (the controller), ``scan``, ``explain``, ``migrate``, ``cancel-create`` and ``config``.
+``run`` (the controller), ``scan``, ``explain``, ``pending``, ``migrate``, ``cancel-create`` and
+``config``.
 Every adapter a command needs comes from the composition root (``service/app/service.py``), so
 the controller and the one-shot commands build their parts one way. Exit codes: 0 success, 1
 runtime failure (the API server or the database unreachable, a failed operation); errors are
@@ -12,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -24,9 +24,10 @@ from kubernetes_asyncio.client import CoreV1Api
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 
 from service import config, logs
-from service.app import service
+from service.app import service, signals
 from service.app.cancel_create import CancelOutcome, cancel_create
 from service.app.inspect import explain, explanation_lines, list_pods, scan
+from service.app.pending import PendingUnavailable, fetch_pending, live_clock_lines, pending_lines
 from service.kit.backoff import Backoff
 from service.kube.api import ApiConfigError, new_api_client
 from service.kube.errors import read_whole, status_message
@@ -41,13 +42,21 @@ class CommandError(Exception):
 
 
 def _run_async(fn: Callable[[], Awaitable[int]]) -> int:
+    """A one-shot command's event loop: cancelled by SIGTERM or SIGINT (``signals``)."""
+    return _one_line_on_error(lambda: signals.run_async(lambda stop: fn()))
+
+
+def _run_draining(fn: Callable[[anyio.Event], Awaitable[int]]) -> int:
+    """``run``'s event loop: the first SIGTERM or SIGINT sets ``stop`` (``signals``)."""
+    return _one_line_on_error(lambda: signals.run_async(fn, drains=True))
+
+
+def _one_line_on_error(call: Callable[[], int]) -> int:
     try:
-        return anyio.run(fn)
+        return call()
     except CommandError as exc:
         print(f"retired-pod-gc: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
 
 
 def _describe(exc: BaseException) -> str:
@@ -66,59 +75,49 @@ async def _api(settings: config.Settings) -> Any:
 
 
 async def _probe_api(api: Any, settings: config.Settings) -> None:
-    """One cheap list call, so that an unreachable or refusing API server fails a one-shot
-    command at once (the informer would retry quietly until ``--timeout``)."""
-    namespace = settings.kube.namespace
-    try:
-        response, body = await read_whole(
-            CoreV1Api(api).list_namespaced_pod(
-                namespace,
-                limit=1,
-                label_selector=settings.kube.label_selector,
-                _preload_content=False,
-                _request_timeout=aiohttp.ClientTimeout(total=settings.kube.api_timeout_s),
+    """One cheap list call in each sandbox namespace, so that an unreachable or refusing API
+    server fails a one-shot command at once (the informer would retry quietly until
+    ``--timeout``)."""
+    for namespace in settings.kube.namespaces:
+        try:
+            response, body = await read_whole(
+                CoreV1Api(api).list_namespaced_pod(
+                    namespace,
+                    limit=1,
+                    label_selector=settings.kube.label_selector,
+                    _preload_content=False,
+                    _request_timeout=aiohttp.ClientTimeout(total=settings.kube.api_timeout_s),
+                )
             )
-        )
-    except Exception as exc:
-        raise CommandError(
-            f"Kubernetes API unreachable ({api.configuration.host}): {_describe(exc)}"
-        ) from None
-    if response.status != 200:
-        raise CommandError(
-            f"Kubernetes API answered {response.status} listing pods in {namespace}: "
-            f"{status_message(body)}"
-        )
+        except Exception as exc:
+            raise CommandError(
+                f"Kubernetes API unreachable ({api.configuration.host}): {_describe(exc)}"
+            ) from None
+        if response.status != 200:
+            raise CommandError(
+                f"Kubernetes API answered {response.status} listing pods in {namespace}: "
+                f"{status_message(body)}"
+            )
 
 
 # ------------------------------------------------------------------------------------ run
 
 
 def run(settings: config.Settings) -> int:
-    """The controller, until SIGTERM or SIGINT (then drained)."""
+    """The controller, until SIGTERM or SIGINT (then drained; a second signal cuts the drain
+    short: ``signals``)."""
     logs.setup(settings.log_level, settings.log_format)
     for warning in settings.warnings:
         logger.warning(warning)
 
-    async def main() -> int:
+    async def main(stop: anyio.Event) -> int:
         registry = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             registry.register(collector)
         api = await _api(settings)
         try:
             parts = service.build(settings, api=api, metrics=Metrics(registry))
-            stop = anyio.Event()
-            async with anyio.create_task_group() as tg:
-
-                async def on_signal() -> None:
-                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                        async for signum in signals:
-                            logger.info("received %s", signal.Signals(signum).name)
-                            stop.set()
-                            return
-
-                tg.start_soon(on_signal)
-                await service.run(parts, stop=stop)
-                tg.cancel_scope.cancel()
+            await service.run(parts, stop=stop)
         except Exception as exc:
             logger.critical("service failed: %s", _describe(exc), exc_info=exc)
             return 1
@@ -127,7 +126,7 @@ def run(settings: config.Settings) -> int:
                 await api.close()
         return 0
 
-    return _run_async(main)
+    return _run_draining(main)
 
 
 # ---------------------------------------------------------------------------------- migrate
@@ -143,6 +142,7 @@ def migrate_database(settings: config.Settings, *, with_schema: bool) -> int:
                     settings.database.url,
                     channel=settings.database.notify_channel,
                     with_schema=with_schema,
+                    connect_timeout_s=settings.database.connect_timeout_s,
                 )
         except Exception as exc:
             raise CommandError(
@@ -198,7 +198,8 @@ def scan_pods(settings: config.Settings, *, output: str, timeout_s: float) -> in
         if output == "json":
             print(json.dumps(report.to_json(), indent=2))
             return 0
-        print(f"namespace {report.namespace}: {report.pods} pods")
+        for namespace, count in report.pods_by_namespace.items():
+            print(f"namespace {namespace}: {count} pods")
         print("reapable shapes (a clock would run; deletion after the threshold):")
         for verdict, count in report.verdicts.items() or [("(none)", 0)]:
             print(f"  {verdict:<34} {count}")
@@ -214,8 +215,11 @@ def scan_pods(settings: config.Settings, *, output: str, timeout_s: float) -> in
     return _run_async(main)
 
 
-def explain_pod(settings: config.Settings, *, key: str) -> int:
-    """Every input of one pod's decision and the rule that decided (read-only)."""
+def explain_pod(
+    settings: config.Settings, *, key: str, url: str | None = None, timeout_s: float = 5.0
+) -> int:
+    """Every input of one pod's decision and the rule that decided (read-only); with ``url``,
+    the live clock of the running replica there too."""
     logs.setup("warning", settings.log_format)
 
     async def main() -> int:
@@ -225,7 +229,36 @@ def explain_pod(settings: config.Settings, *, key: str) -> int:
                 exp = await explain(settings, key=key, pods=client, store=store)
             except Exception as exc:
                 raise CommandError(f"explain failed: {_describe(exc)}") from None
-        print("\n".join(explanation_lines(exp)))
+        live: dict[str, Any] | str | None = None
+        if url is not None:
+            try:
+                live = await fetch_pending(url, timeout_s=timeout_s, key=key)
+            except PendingUnavailable as exc:
+                live = str(exc)
+        print("\n".join([*explanation_lines(exp), *live_clock_lines(key, url, live)]))
+        return 0
+
+    return _run_async(main)
+
+
+# ----------------------------------------------------------------------------------- pending
+
+
+def show_pending(
+    settings: config.Settings, *, url: str, output: str, timeout_s: float, limit: int | None
+) -> int:
+    """The pods whose clock runs in the replica at ``url`` (``GET /debug/pending``)."""
+    logs.setup("warning", settings.log_format)
+
+    async def main() -> int:
+        try:
+            document = await fetch_pending(url, timeout_s=timeout_s, limit=limit)
+        except PendingUnavailable as exc:
+            raise CommandError(str(exc)) from None
+        if output == "json":
+            print(json.dumps(document, indent=2))
+        else:
+            print("\n".join(pending_lines(document)))
         return 0
 
     return _run_async(main)
@@ -256,7 +289,7 @@ def cancel_create_execution(
                 report = await cancel_create(
                     conn=conn,
                     pods=client,
-                    namespace=settings.kube.namespace,
+                    namespaces=settings.kube.namespaces,
                     sandbox_id=sandbox_id,
                     generation=generation,
                     activation_attempt=activation_attempt,

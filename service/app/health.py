@@ -1,4 +1,5 @@
-"""The operator-facing HTTP server: ``/metrics``, ``/healthz`` and ``/readyz``.
+"""The operator-facing HTTP server: ``/metrics``, ``/healthz``, ``/readyz`` and, when
+``DEBUG_PENDING`` is on, ``/debug/pending`` (the live view of the clocks, ``service/app/pending.py``).
 
 ``/healthz`` answers 200 while every registered loop has checked in recently (a loop that stops
 beating — a wedged informer, listener or worker — makes the process restartable by the
@@ -11,12 +12,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 from aiohttp import web
 from anyio.abc import TaskStatus
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from service.app.pending import DEFAULT_LIMIT as PENDING_LIMIT
+from service.app.pending import PATH as PENDING_PATH
 from service.kit.clock import Clock
 from service.metrics import Metrics
 
@@ -57,8 +61,10 @@ class HealthServer:
         database_ok: Callable[[], Awaitable[bool]],
         host: str,
         port: int,
+        pending: Callable[[int, str | None], dict[str, Any]] | None = None,
     ) -> None:
         self._metrics = metrics
+        self._pending = pending
         self._heartbeats = heartbeats
         self._cache_synced = cache_synced
         self._database_ok = database_ok
@@ -71,7 +77,17 @@ class HealthServer:
         app.router.add_get("/metrics", self._serve_metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
+        if self._pending is not None:
+            app.router.add_get(PENDING_PATH, self._serve_pending)
         return app
+
+    async def _serve_pending(self, request: web.Request) -> web.Response:
+        """``?limit=N`` (the soonest due N, default ``DEFAULT_LIMIT``), ``?key=NS/POD``."""
+        assert self._pending is not None
+        raw = request.query.get("limit", str(PENDING_LIMIT))
+        if not raw.isascii() or not raw.isdigit():
+            return web.Response(status=400, text="limit: expected a non-negative integer\n")
+        return web.json_response(self._pending(int(raw), request.query.get("key")))
 
     async def _serve_metrics(self, _: web.Request) -> web.Response:
         body = generate_latest(self._metrics.registry)
@@ -102,7 +118,12 @@ class HealthServer:
             server = site._server
             sockets = getattr(server, "sockets", None) or []
             self.bound_port = sockets[0].getsockname()[1] if sockets else self._port
-            logger.info("serving /metrics /healthz /readyz on %s:%s", self._host, self.bound_port)
+            logger.info(
+                "serving /metrics /healthz /readyz%s on %s:%s",
+                f" {PENDING_PATH}" if self._pending is not None else "",
+                self._host,
+                self.bound_port,
+            )
             task_status.started(self.bound_port)
             await anyio.sleep_forever()
         finally:

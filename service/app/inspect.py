@@ -17,16 +17,26 @@ from msgspec import structs
 
 from service.classifier import classify, prefilter
 from service.config import Settings
-from service.domain import Decision, ExecutionRow, PodSnapshot, split_key
+from service.domain import (
+    KEEP_ANNOTATION,
+    Decision,
+    ExecutionRow,
+    PodSnapshot,
+    SkipReason,
+    split_key,
+)
 from service.kube.client import KubePodClient
-from service.kube.informer import PodInformer
+from service.kube.namespaces import MultiNamespaceInformer
 from service.ports import ExecutionStore
 
 
 @dataclass
 class ScanReport:
-    namespace: str
+    namespaces: list[str]
+    """Every configured sandbox namespace, in the order configured."""
     pods: int
+    """Pods listed, all namespaces together."""
+    pods_by_namespace: dict[str, int] = field(default_factory=dict)
     verdicts: dict[str, int] = field(default_factory=dict)
     skips: dict[str, int] = field(default_factory=dict)
     candidates: list[dict[str, Any]] = field(default_factory=list)
@@ -35,8 +45,8 @@ class ScanReport:
         return asdict(self)
 
 
-async def list_pods(informer: PodInformer, *, timeout_s: float) -> list[PodSnapshot]:
-    """One paginated list through the informer's own code path, then stop."""
+async def list_pods(informer: MultiNamespaceInformer, *, timeout_s: float) -> list[PodSnapshot]:
+    """One list of every sandbox namespace through the informers' own code path, then stop."""
     # The deadline wraps the task group: raised inside it, the TimeoutError would reach the
     # caller wrapped in an ExceptionGroup (and the CLI would print a traceback).
     with anyio.fail_after(timeout_s):
@@ -49,7 +59,13 @@ async def list_pods(informer: PodInformer, *, timeout_s: float) -> list[PodSnaps
 
 
 async def scan(settings: Settings, *, pods: list[PodSnapshot], store: ExecutionStore) -> ScanReport:
-    report = ScanReport(namespace=settings.kube.namespace, pods=len(pods))
+    namespaces = list(settings.kube.namespaces)
+    by_namespace = Counter(pod.namespace for pod in pods)
+    report = ScanReport(
+        namespaces=namespaces,
+        pods=len(pods),
+        pods_by_namespace={ns: by_namespace.get(ns, 0) for ns in namespaces},
+    )
     decisions: dict[str, Decision] = {}
     need_rows: list[PodSnapshot] = []
     for pod in pods:
@@ -58,10 +74,10 @@ async def scan(settings: Settings, *, pods: list[PodSnapshot], store: ExecutionS
             need_rows.append(pod)
         else:
             decisions[pod.key] = early
-    rows = await store.lookup_many([p.name for p in need_rows])
+    rows = await store.lookup_many([p.key for p in need_rows])
     now = time.time()
     for pod in need_rows:
-        decision = classify(pod, rows.get(pod.name))
+        decision = classify(pod, rows.get(pod.key))
         decisions[pod.key] = decision
         if decision.verdict is not None:
             age = None if pod.created_at_s is None else round(now - pod.created_at_s)
@@ -97,11 +113,16 @@ async def explain(
     settings: Settings, *, key: str, pods: KubePodClient, store: ExecutionStore
 ) -> Explanation:
     namespace, name = split_key(key)
+    if namespace not in settings.kube.namespaces:
+        raise ValueError(
+            f"namespace {namespace!r} is not a configured sandbox namespace "
+            f"({', '.join(settings.kube.namespaces)}): the controller never acts on it"
+        )
     with anyio.fail_after(settings.kube.api_timeout_s):
         pod = await pods.get_pod(namespace, name)
     row = None
     with anyio.fail_after(settings.database.statement_timeout_s):
-        row = await store.read_fresh(name)
+        row = await store.read_fresh(key)
     decision = None if pod is None else classify(pod, row)
     return Explanation(
         key=key,
@@ -129,6 +150,12 @@ def explanation_lines(exp: Explanation) -> list[str]:
         outcome = "REAPABLE" if exp.decision.reapable else "skip"
         lines.append(f"decision: {outcome} {exp.decision.label}")
         lines.append(f"  rule: {exp.decision.rule}")
+        if exp.decision.reason is SkipReason.KEEP_ANNOTATION:
+            namespace, name = split_key(exp.key)
+            lines.append(
+                f"  kept until: kubectl annotate pod -n {namespace} {name} {KEEP_ANNOTATION}- "
+                "(a full threshold of observation starts then)"
+            )
         if exp.decision.reapable:
             lines.append(
                 f"  the running leader deletes it after {exp.threshold_s:g}s of continuous "

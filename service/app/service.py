@@ -12,9 +12,11 @@ reconciles get ``SHUTDOWN_TIMEOUT_SECONDS``, then everything is cancelled and th
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -34,11 +36,13 @@ from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
 from service.kube.informer import PodInformer
 from service.kube.leaderelection import LeaderElector, default_identity
+from service.kube.namespaces import MultiNamespaceInformer
 from service.metrics import Metrics
 from service.pg.listener import RetirementListener
 from service.pg.store import PgExecutionStore
 
 from .health import HealthServer, Heartbeats
+from .pending import pending_document
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +60,9 @@ def lease_namespace(settings: Settings) -> str:
     if settings.leader.lease_namespace:
         return settings.leader.lease_namespace
     try:
-        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or settings.kube.namespace
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or settings.kube.namespaces[0]
     except OSError:
-        return settings.kube.namespace
+        return settings.kube.namespaces[0]
 
 
 @dataclass
@@ -69,7 +73,8 @@ class Parts:
     metrics: Metrics
     clock: MonotonicClock
     store: PgExecutionStore
-    informer: PodInformer
+    informer: MultiNamespaceInformer
+    """One pod cache per sandbox namespace (``informer.informers``)."""
     pods: KubePodClient
     queue: WorkQueue
     clocks: ObservationClocks
@@ -83,7 +88,7 @@ class Parts:
 
 
 def new_store(settings: Settings, metrics: Metrics) -> PgExecutionStore:
-    return PgExecutionStore(settings.database, namespace=settings.kube.namespace, metrics=metrics)
+    return PgExecutionStore(settings.database, namespaces=settings.kube.namespaces, metrics=metrics)
 
 
 def new_pod_client(settings: Settings, api: ApiClient, metrics: Metrics) -> KubePodClient:
@@ -97,15 +102,22 @@ def new_informer(
     *,
     clock: SchedulingClock | None = None,
     backoff: Backoff | None = None,
-) -> PodInformer:
-    return PodInformer(
-        api,
-        settings.kube,
-        PodDecoder(settings.kube.label_keys),
-        metrics,
-        clock=clock,
-        backoff=backoff,
-    )
+) -> MultiNamespaceInformer:
+    """One namespaced informer per sandbox namespace (never a cluster-wide watch)."""
+    decoder = PodDecoder(settings.kube.label_keys)
+
+    def informer(namespace: str) -> PodInformer:
+        return PodInformer(
+            api,
+            settings.kube,
+            decoder,
+            metrics,
+            namespace=namespace,
+            clock=clock,
+            backoff=backoff,
+        )
+
+    return MultiNamespaceInformer(settings.kube.namespaces, informer)
 
 
 def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
@@ -138,7 +150,9 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         leader_check=elector.is_leader if elector is not None else None,
     )
     # The reconciler's notification barrier; the controller becomes its handler once built.
-    listener = RetirementListener(settings.database, metrics=metrics, clock=clock)
+    listener = RetirementListener(
+        settings.database, metrics=metrics, clock=clock, namespaces=settings.kube.namespaces
+    )
     recorder = (
         KubeEventRecorder(
             api,
@@ -146,6 +160,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
             instance=settings.leader.identity or default_identity(),
             metrics=metrics,
             timeout_s=settings.kube.api_timeout_s,
+            deletes_per_minute=settings.deletes_per_minute,
         )
         if settings.events_enabled
         else None
@@ -187,6 +202,9 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         database_ok=_cached_ping(store, clock),
         host=settings.bind_host,
         port=settings.bind_port,
+        pending=(
+            _pending_view(settings, clocks, clock, controller) if settings.debug_pending else None
+        ),
     )
     metrics.enabled.set(1 if settings.enabled else 0)
     metrics.dry_run.set(1 if settings.dry_run else 0)
@@ -207,6 +225,27 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         heartbeats=heartbeats,
         health=health,
     )
+
+
+def _pending_view(
+    settings: Settings, clocks: ObservationClocks, clock: MonotonicClock, controller: Controller
+) -> Callable[[int, str | None], dict[str, Any]]:
+    """The live view (``GET /debug/pending``); the clock is mapped onto UTC once, here."""
+    wall_offset_s = time.time() - clock.monotonic()
+
+    def view(limit: int, key: str | None) -> dict[str, Any]:
+        return pending_document(
+            clocks=clocks,
+            threshold_s=settings.threshold_s,
+            mode=settings.mode,
+            active=controller.active,
+            now_s=clock.monotonic(),
+            wall_offset_s=wall_offset_s,
+            limit=limit,
+            key=key,
+        )
+
+    return view
 
 
 def _cached_ping(store: PgExecutionStore, clock: MonotonicClock) -> Callable[[], Awaitable[bool]]:
@@ -252,11 +291,11 @@ async def run(
     """Run until ``stop`` is set (then drain) or a child fails (then raise)."""
     settings = parts.settings
     logger.info(
-        "starting in %s mode (threshold %.0fs, %d deletes/min, namespace %s)",
+        "starting in %s mode (threshold %.0fs, %d deletes/min, namespaces %s)",
         settings.mode,
         settings.threshold_s,
         settings.deletes_per_minute,
-        settings.kube.namespace,
+        ",".join(settings.kube.namespaces),
         extra={"database": settings.database.masked_url},
     )
     await parts.store.start()

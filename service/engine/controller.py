@@ -12,11 +12,13 @@ synchronously on the event loop:
   latest state, so a state that is not reapable with the row (a Pending pod whose row is
   retired as ``suspended``, say) between two reconciles would otherwise go unseen. A clock
   therefore runs only while nothing the classifier reads changes; the reconcile that follows
-  the event starts it again if the new state is reapable. A cold cache, a listener reconnect
-  and a leadership change clear every clock;
+  the event starts it again if the new state is reapable. A namespace's cache going cold clears
+  the clocks of that namespace; a listener reconnect and a leadership change clear every clock;
 - **enqueues** the key, so it is reconciled as soon as something changes. Pod events for pods
   that fail the prefilter are not enqueued: their reconcile could only say "skipped", and at
-  10k events/s that would be pure load. Row notifications always enqueue.
+  10k events/s that would be pure load. Row notifications always enqueue. A notification is a
+  batch (every row one statement changed, chunked by the trigger): its clocks are cleared
+  together, then its keys go on the queue as one burst.
 
 Workers take keys in batches (a share of what is ready, at most ``LOOKUP_BATCH_SIZE``; one key
 is a batch of one): ``Reconciler.observe`` takes the batch to its clocks with one row query,
@@ -38,7 +40,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import anyio
 import msgspec
@@ -53,7 +55,7 @@ from service.engine.reconciler import Reconciler
 from service.engine.results import INACTIVE_RESULT, Action, ReconcileResult
 from service.engine.workqueue import WorkQueue
 from service.kit.clock import SchedulingClock, sleep_until
-from service.metrics import Metrics
+from service.metrics import Metrics, observe_many
 from service.ports import PodCache
 
 logger = logging.getLogger(__name__)
@@ -142,33 +144,40 @@ class Controller:
         if prefilter(new) is not None:
             self._clocks.clear_key(key)
             return
-        if self._cache.synced:
-            # While a (re)list fills the cache nothing is enqueued: its end (cache_synced)
-            # enqueues every candidate, and reconciles would only slow the sync down.
+        if self._cache.namespace_synced(new.namespace):
+            # While a (re)list fills the namespace's cache nothing of it is enqueued: its end
+            # (cache_synced) enqueues every candidate, and reconciles would only slow it down.
             self._enqueue(key)
 
-    def cache_cold(self) -> None:
-        logger.info("pod cache cold: clearing every observation clock")
-        self._clocks.clear_all()
+    def cache_cold(self, namespace: str) -> None:
+        logger.info("pod cache of namespace %s cold: clearing its observation clocks", namespace)
+        self._clocks.clear_namespace(namespace)
 
-    def cache_synced(self) -> None:
+    def cache_synced(self, namespace: str) -> None:
         self._clocks.retain_reported(
             pod.uid for pod in (self._cache.get(k) for k in list(self._cache.keys())) if pod
         )
-        self.resync()
+        self.resync(namespace)
 
     # ------------------------------------------------ ExecutionEventHandler
 
-    def execution_changed(self, change: ExecutionChange) -> None:
-        # The row's active flag or state changed (or it was inserted or deleted): re-activated
+    def executions_changed(self, changes: Sequence[ExecutionChange]) -> None:
+        # Each row's active flag or state changed (or it was inserted or deleted): re-activated
         # is not reapable as of now, and one retired state for another can change the verdict
-        # (a Pending pod is reapable only when the row is retired as `replaced`). The clock
-        # restarts; the reconcile this enqueues starts it again if the pod is reapable.
-        self._clocks.clear_key(change.key)
-        self._enqueue(change.key)
-        if change.retired and change.received_at_s > 0:
+        # (a Pending pod is reapable only when the row is retired as `replaced`). Every clock of
+        # the batch restarts the moment it arrives, before anything is enqueued; the reconciles
+        # this enqueues (one burst, taken by the workers in observation batches) start them
+        # again where the pod is reapable.
+        keys = [change.key for change in changes]
+        self._clocks.clear_keys(keys)
+        self._enqueue_many(keys)
+        received_at_s = min(
+            (c.received_at_s for c in changes if c.retired and c.received_at_s > 0), default=None
+        )
+        if received_at_s is not None:
+            # One sample per notification that carries a retirement.
             self._metrics.retirement_to_enqueue.observe(
-                max(0.0, self._clock.monotonic() - change.received_at_s)
+                max(0.0, self._clock.monotonic() - received_at_s)
             )
 
     def notifications_missed(self) -> None:
@@ -178,12 +187,16 @@ class Controller:
 
     # ----------------------------------------------------------- enqueueing
 
-    def resync(self) -> int:
-        """Enqueue every cached pod that passes the prefilter; returns how many."""
+    def resync(self, namespace: str | None = None) -> int:
+        """Enqueue every cached pod (of ``namespace``, or of all) that passes the prefilter;
+        returns how many."""
         if not self._activation.active:
             return 0
         count = 0
-        for key in list(self._cache.keys()):
+        keys = list(self._cache.keys())
+        if namespace is not None:
+            keys = [key for key in keys if key.startswith(namespace + "/")]
+        for key in keys:
             pod = self._cache.get(key)
             if pod is not None and prefilter(pod) is None:
                 self._queue.add(key)
@@ -193,6 +206,10 @@ class Controller:
     def _enqueue(self, key: str) -> None:
         if self._activation.active:
             self._queue.add(key)
+
+    def _enqueue_many(self, keys: Sequence[str]) -> None:
+        if self._activation.active:
+            self._queue.add_many(keys)
 
     # -------------------------------------------------------------- workers
 
@@ -272,8 +289,7 @@ class Controller:
                     return results
                 self._bug(keys[0], started, results, finished)
                 return results
-            for key, result in observed.results.items():
-                self._finish(key, result, started, results, finished)
+            self._finish_many(observed.results.items(), started, results, finished)
             observing_s = time.perf_counter() - started
             for due in observed.due:
                 if self._queue.shutting_down:
@@ -315,24 +331,57 @@ class Controller:
         results: dict[str, ReconcileResult],
         finished: Callable[[str], None],
     ) -> None:
-        """Count ``result`` and apply it to the queue: the one place that does either."""
-        results[key] = result
+        """Count ``result`` and apply it to the queue: the one place that does either (for a
+        batch of results, :meth:`_finish_many`, which this is for one)."""
+        self._finish_many(((key, result),), started, results, finished)
+
+    def _finish_many(
+        self,
+        items: Iterable[tuple[str, ReconcileResult]],
+        started: float,
+        results: dict[str, ReconcileResult],
+        finished: Callable[[str], None],
+    ) -> None:
+        """Count each result and apply it to the queue, then ``finished(key)``. The results of
+        one batch share their duration (``started`` to now), so the counters and the duration
+        histogram are updated once per distinct label, not once per key."""
+        outcomes: dict[str, int] = {}
+        skips: dict[str, int] = {}
+        counted = failed = 0
+        queue = self._queue
+        later: list[tuple[str, float]] = []
         try:
-            if result.counted:
-                metrics = self._metrics
-                metrics.outcome(self._reconciler.mode, result.outcome)
-                metrics.reconcile_duration.observe(time.perf_counter() - started)
-                if result.skip_reason is not None:
-                    metrics.skip(result.skip_reason)
-                if result.failed:
-                    metrics.reconcile_errors.inc()
-            match result.action:
-                case Action.DONE:
-                    self._queue.forget(key)
-                case Action.REQUEUE_AFTER:
-                    self._queue.forget(key)
-                    self._queue.add_after(key, result.requeue_after_s)
-                case Action.BACKOFF:
-                    self._queue.add_rate_limited(key)
+            for key, result in items:
+                results[key] = result
+                try:
+                    if result.counted:
+                        counted += 1
+                        outcome = str(result.outcome)
+                        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+                        if result.skip_reason is not None:
+                            reason = str(result.skip_reason)
+                            skips[reason] = skips.get(reason, 0) + 1
+                        if result.failed:
+                            failed += 1
+                    match result.action:
+                        case Action.DONE:
+                            queue.forget(key)
+                        case Action.REQUEUE_AFTER:
+                            queue.forget(key)
+                            later.append((key, result.requeue_after_s))
+                        case Action.BACKOFF:
+                            queue.add_rate_limited(key)
+                finally:
+                    finished(key)
         finally:
-            finished(key)
+            # Before any key is finished would be the same: a key's delayed add only arms the
+            # timer, and done() never looks at the delay heap.
+            queue.add_after_many(later)
+            metrics = self._metrics
+            for outcome, count in outcomes.items():
+                metrics.outcome(self._reconciler.mode, outcome, count)
+            for reason, count in skips.items():
+                metrics.skip(reason, count)
+            if failed:
+                metrics.reconcile_errors.inc(failed)
+            observe_many(metrics.reconcile_duration, time.perf_counter() - started, counted)

@@ -13,6 +13,9 @@ of that key in between makes its :meth:`observe` return ``None`` ("state changed
 A clock also restarts when the reapable shape (verdict) changes: a Pending pod that became a
 Failed one has not been in *one* reapable shape for the threshold.
 
+Beside each clock, what its pod waits for past the threshold when the reconciler says so (the
+delete budget); read by ``GET /debug/pending``, cleared with the clock.
+
 The dry-run "reported" set is kept here too (one would-reap report per UID). It survives clock
 clears — a UID is reported at most once per process — and is pruned when the pod goes away.
 """
@@ -20,14 +23,16 @@ clears — a UID is reported at most once per process — and is pruned when the
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from service.domain import Verdict
+import msgspec
+
+from service.domain import Verdict, Waiting
 from service.metrics import Metrics
 
 
-@dataclass(frozen=True, slots=True)
-class Observation:
+class Observation(msgspec.Struct, frozen=True, gc=False):
+    """A frozen msgspec Struct (built in C): a burst starts 10,000 clocks at once."""
+
     uid: str
     key: str
     verdict: Verdict
@@ -42,6 +47,8 @@ class ObservationClocks:
         self._inflight: dict[str, bool] = {}
         """key -> "a clearing event arrived since begin(key)"."""
         self._reported: set[str] = set()
+        self._waiting: dict[str, Waiting] = {}
+        """uid -> what it waits for past the threshold, when not verification."""
         if metrics is not None:
             # Read when scraped: no gauge write per clock started or cleared.
             metrics.tracked_clocks.set_function(lambda: len(self._by_uid))
@@ -69,8 +76,10 @@ class ObservationClocks:
         previous_uid = self._uid_by_key.get(key)
         if previous_uid is not None and previous_uid != uid:
             self._by_uid.pop(previous_uid, None)
+            self._waiting.pop(previous_uid, None)
         if current is not None and current.key != key:
             self._uid_by_key.pop(current.key, None)
+        self._waiting.pop(uid, None)
         self._by_uid[uid] = Observation(uid=uid, key=key, verdict=verdict, since_s=now)
         self._uid_by_key[key] = uid
         return 0.0
@@ -86,6 +95,23 @@ class ObservationClocks:
     def uid_for(self, key: str) -> str | None:
         return self._uid_by_key.get(key)
 
+    def set_waiting(self, uid: str, waiting: Waiting | None) -> None:
+        """Record what ``uid`` waits for past the threshold (``None``: verification); only
+        while its clock runs."""
+        if waiting is None or uid not in self._by_uid:
+            self._waiting.pop(uid, None)
+        else:
+            self._waiting[uid] = waiting
+
+    def running(self) -> list[tuple[Observation, Waiting | None]]:
+        """Every running clock with what it waits for past the threshold, if recorded."""
+        return [(o, self._waiting.get(uid)) for uid, o in self._by_uid.items()]
+
+    def running_uid(self, uid: str) -> list[tuple[Observation, Waiting | None]]:
+        """``uid``'s clock as :meth:`running` lists it (empty when none runs)."""
+        current = self._by_uid.get(uid)
+        return [] if current is None else [(current, self._waiting.get(uid))]
+
     # -------------------------------------------------------------- clearing
 
     def clear(self, uid: str) -> None:
@@ -93,6 +119,7 @@ class ObservationClocks:
         current = self._by_uid.pop(uid, None)
         if current is None:
             return
+        self._waiting.pop(uid, None)
         if self._uid_by_key.get(current.key) == uid:
             del self._uid_by_key[current.key]
         if current.key in self._inflight:
@@ -105,13 +132,36 @@ class ObservationClocks:
         uid = self._uid_by_key.pop(key, None)
         if uid is not None:
             self._by_uid.pop(uid, None)
+            self._waiting.pop(uid, None)
+
+    def clear_keys(self, keys: Iterable[str]) -> None:
+        """:meth:`clear_key` for each of ``keys`` (a notification batch, cleared as one unit)."""
+        inflight, uid_by_key, by_uid = self._inflight, self._uid_by_key, self._by_uid
+        for key in keys:
+            if key in inflight:
+                inflight[key] = True
+            uid = uid_by_key.pop(key, None)
+            if uid is not None:
+                by_uid.pop(uid, None)
 
     def clear_all(self) -> None:
         """Forget every clock (cold cache, missed notifications, leadership change)."""
         self._by_uid.clear()
         self._uid_by_key.clear()
+        self._waiting.clear()
         for key in self._inflight:
             self._inflight[key] = True
+
+    def clear_namespace(self, namespace: str) -> None:
+        """Forget every clock of ``namespace``'s pods (that namespace's cache went cold)."""
+        prefix = namespace + "/"
+        for uid in [u for u, o in self._by_uid.items() if o.key.startswith(prefix)]:
+            del self._by_uid[uid]
+        for key in [k for k in self._uid_by_key if k.startswith(prefix)]:
+            del self._uid_by_key[key]
+        for key in self._inflight:
+            if key.startswith(prefix):
+                self._inflight[key] = True
 
     def forget_pod(self, uid: str, key: str) -> None:
         """The pod is gone: drop its clock and its dry-run report mark."""

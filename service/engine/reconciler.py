@@ -9,7 +9,8 @@ counts results and applies them to the queue (``engine/controller.py``). The ste
 
 Observe (one row query for the whole batch):
 
-1. the replica active (else ``inactive``, nothing counted), the cache synced (relisting:
+1. the replica active (else ``inactive``, nothing counted), the key's namespace configured
+   (else ``error``, never acted on), the cache of *that* namespace synced (relisting:
    ``cache_cold``, nothing observed), the pod cached (missing: clear the key's clock, ``gone``);
 2. pod-only prefilter (skip: clear, ``skipped``, no database query);
 3. batched row lookup (failure: clear, ``lookup_failed``, back off);
@@ -62,6 +63,7 @@ from service.domain import (
     PodSnapshot,
     ReconcileOutcome,
     Verdict,
+    Waiting,
     split_key,
 )
 from service.engine.activation import Activation
@@ -189,6 +191,8 @@ class Reconciler:
         self._recorder = recorder
         self.mode = "dry_run" if settings.dry_run else "live"
         """The ``mode`` label of the outcome metric."""
+        self._namespaces = frozenset(settings.kube.namespaces)
+        metrics.bind_namespaces(settings.kube.namespaces)
 
     # ================================================================= observe
 
@@ -198,15 +202,23 @@ class Reconciler:
         if not self._activation.active:
             observed.results = dict.fromkeys(keys, INACTIVE_RESULT)
             return observed
-        if not self._cache.synced:
-            # A relist collapses the states it skipped: a clock started now, from a
-            # snapshot the relist may be about to replace with the same state at a newer
-            # version, would cover a non-reapable state it never saw. Synced, every
-            # candidate is enqueued.
-            observed.results = dict.fromkeys(
-                keys, ReconcileResult.done(ReconcileOutcome.CACHE_COLD)
-            )
+        ready: list[str] = []
+        for key in keys:
+            namespace = key.partition("/")[0]
+            if namespace not in self._namespaces:
+                # No cache and no row lookup covers it: never acted on (a malformed key too).
+                observed.results[key] = self._not_watched(key)
+            elif not self._cache.namespace_synced(namespace):
+                # Judged by the cache of the key's own namespace only. A relist collapses the
+                # states it skipped: a clock started now, from a snapshot the relist may be
+                # about to replace with the same state at a newer version, would cover a
+                # non-reapable state it never saw. Synced, every candidate is enqueued.
+                observed.results[key] = ReconcileResult.done(ReconcileOutcome.CACHE_COLD)
+            else:
+                ready.append(key)
+        if not ready:
             return observed
+        keys = ready
         for key in keys:
             self._clocks.begin(key)
         try:
@@ -244,7 +256,7 @@ class Reconciler:
             return
         try:
             rows = await _bounded(
-                "row lookup", self._db_timeout_s, self._lookup([pod.name for pod in candidates])
+                "row lookup", self._db_timeout_s, self._lookup([pod.key for pod in candidates])
             )
         except StepFailed as exc:
             # A failed lookup is a gap in the observation (invariant 3).
@@ -257,7 +269,7 @@ class Reconciler:
         threshold_s = self._settings.threshold_s
         for pod in candidates:
             key = pod.key
-            decision = classify(pod, rows.get(pod.name))
+            decision = classify(pod, rows.get(key))
             verdict = decision.verdict
             if verdict is None:
                 self._clocks.clear_key(key)
@@ -280,20 +292,26 @@ class Reconciler:
             else:
                 observed.due.append(Due(key, pod, verdict))
 
-    async def _lookup(self, names: list[str]) -> dict[str, ExecutionRow]:
-        """Rows by pod name. One name goes through the store's micro-batcher, so that workers
+    async def _lookup(self, keys: list[str]) -> dict[str, ExecutionRow]:
+        """Rows by pod key. One key goes through the store's micro-batcher, so that workers
         taking single keys at the same time still share one query."""
-        if len(names) == 1:
-            row = await self._store.lookup(names[0])
-            return {} if row is None else {names[0]: row}
-        return await self._store.lookup_many(names)
+        if len(keys) == 1:
+            row = await self._store.lookup(keys[0])
+            return {} if row is None else {keys[0]: row}
+        return await self._store.lookup_many(keys)
 
-    def _gone(self, key: str) -> ReconcileResult:
+    def _not_watched(self, key: str) -> ReconcileResult:
+        """A key outside the configured namespaces (or malformed): dropped, never acted on."""
         try:
-            split_key(key)
+            namespace, _ = split_key(key)
         except ValueError as exc:
             logger.error("dropping a malformed work-queue key: %s", exc)  # noqa: TRY400 (expected)
-            return ReconcileResult.done(ReconcileOutcome.ERROR)
+        else:
+            logger.error("dropping a key of namespace %s, which is not configured", namespace)
+        self._clocks.clear_key(key)
+        return ReconcileResult.done(ReconcileOutcome.ERROR)
+
+    def _gone(self, key: str) -> ReconcileResult:
         self._clocks.clear_key(key)
         return ReconcileResult.done(ReconcileOutcome.GONE)
 
@@ -314,6 +332,7 @@ class Reconciler:
 
     async def _act(self, due: Due) -> ReconcileResult:
         # Verified before waiting for a delete token, so only verified candidates wait in line.
+        self._clocks.set_waiting(due.pod.uid, None)
         if (stop := await self._verify(due)) is not None:
             return stop
         if self._settings.dry_run:
@@ -321,6 +340,8 @@ class Reconciler:
                 return stop
             return self._report_dry_run(due)
         turn: Turn | None = None
+        uid = due.pod.uid
+        self._clocks.set_waiting(uid, Waiting.BUDGET)
         with anyio.move_on_after(self._budget_wait_s):
             turn = await self._budget.turn()
         if turn is None:
@@ -331,6 +352,7 @@ class Reconciler:
                 extra={"key": due.key},
             )
             return ReconcileResult.requeue_after(ReconcileOutcome.THROTTLED, delay_s)
+        self._clocks.set_waiting(uid, None)
         try:
             if (stop := await self._final_check(due)) is not None:
                 return stop  # the turn passes to the next candidate; no token spent
@@ -358,7 +380,7 @@ class Reconciler:
         reread_at_s = self._clock.monotonic()
         try:
             fresh_row = await _bounded(
-                "row re-read", self._db_timeout_s, self._store.read_fresh(pod.name)
+                "row re-read", self._db_timeout_s, self._store.read_fresh(pod.key)
             )
         except StepFailed as exc:
             self._clocks.clear_key(key)
@@ -500,10 +522,14 @@ class Reconciler:
                 ),
             )
         except StepFailed as exc:
-            self._metrics.deletes.labels(result=str(DeleteResult.ERROR)).inc()
+            self._metrics.deletes.labels(
+                sandbox_namespace=fresh.namespace, result=str(DeleteResult.ERROR)
+            ).inc()
             logger.warning("DELETE failed: %s", exc, extra=extra)
             return ReconcileResult.backoff(ReconcileOutcome.ERROR)
-        self._metrics.deletes.labels(result=str(outcome.result)).inc()
+        self._metrics.deletes.labels(
+            sandbox_namespace=fresh.namespace, result=str(outcome.result)
+        ).inc()
         match outcome.result:
             case DeleteResult.DELETED:
                 self._clocks.clear(due.pod.uid)

@@ -8,7 +8,8 @@ queue, the one place that does either.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+
+import msgspec
 
 from service.domain import ReconcileOutcome, SkipReason
 
@@ -27,8 +28,9 @@ class Action(enum.StrEnum):
     """A transient failure: requeue with the key's exponential backoff."""
 
 
-@dataclass(frozen=True, slots=True)
-class ReconcileResult:
+class ReconcileResult(msgspec.Struct, frozen=True, gc=False):
+    """A frozen msgspec Struct (built in C): a burst ends 10,000 reconciles at once."""
+
     action: Action
     outcome: str
     """The outcome label (a verdict or a :class:`ReconcileOutcome`), or :data:`INACTIVE`."""

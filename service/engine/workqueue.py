@@ -19,6 +19,12 @@ Failures back off per key (``add_rate_limited``, client-go's item exponential fa
 the queue counts each key's failures and asks the kit's :class:`~service.kit.backoff.Backoff`
 for the delay; :meth:`forget` resets the count.
 
+A burst (the catch-up after a sync enqueues every cached candidate) grows the dirty set and its
+timestamps to the burst's size, and Python's sets and dicts never shrink as keys leave: when a
+burst's last ready key is taken, tables grown past ``_COMPACT_BYTES`` are rebuilt at the size of
+what is left in them, and the freed memory is handed back to the OS (kit ``trim_heap``), once a
+burst, never per key.
+
 Shutdown differs from client-go on purpose: after :meth:`shut_down`, :meth:`get` returns ``None``
 at once (queued keys are dropped: a restart relists everything), adds are ignored, and in-flight
 keys may still be marked :meth:`done`; :meth:`shut_down_with_drain` additionally waits, at most
@@ -30,13 +36,19 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import sys
 from collections import deque
+from collections.abc import Iterable
 
 import anyio
 
 from service.kit.backoff import Backoff
 from service.kit.clock import Cancellable, SchedulingClock, wait_until
-from service.metrics import Metrics
+from service.kit.memory import trim_heap
+from service.metrics import Metrics, observe_many
+
+_COMPACT_BYTES = 1 << 20
+"""A dirty set this large (about 30,000 keys' table) is rebuilt once its burst is taken."""
 
 
 class WorkQueue:
@@ -74,33 +86,57 @@ class WorkQueue:
 
     def add(self, key: str) -> None:
         """Mark ``key`` for processing (no-op when already waiting or after shutdown)."""
+        self.add_many((key,))
+
+    def add_many(self, keys: Iterable[str]) -> None:
+        """:meth:`add` each of ``keys``, as one burst: one clock read, one metric update, and as
+        many getters woken as keys became ready."""
         if self._shutting_down:
             return
-        if self._metrics is not None:
-            self._metrics.queue_adds.inc()
-        if key in self._dirty:
-            return
-        self._dirty.add(key)
-        self._dirty_since[key] = self._clock.monotonic()
-        if key in self._processing:
-            return  # re-queued by done()
-        self._ready.append(key)
-        self._wake_one()
+        dirty, processing, ready, since = self._dirty, self._processing, self._ready, None
+        added = became_ready = 0
+        for key in keys:
+            added += 1
+            if key in dirty:
+                continue
+            dirty.add(key)
+            if since is None:
+                since = self._clock.monotonic()
+            self._dirty_since[key] = since
+            if key in processing:
+                continue  # re-queued by done()
+            ready.append(key)
+            became_ready += 1
+        if self._metrics is not None and added:
+            self._metrics.queue_adds.inc(added)
+        for _ in range(became_ready):
+            if not self._getters:
+                break
+            self._wake_one()
 
     def add_after(self, key: str, delay_s: float) -> None:
         """Add ``key`` once ``delay_s`` has passed; an earlier pending time for it wins."""
+        self.add_after_many(((key, delay_s),))
+
+    def add_after_many(self, delays: Iterable[tuple[str, float]]) -> None:
+        """:meth:`add_after` for each ``(key, delay_s)``, the timer armed once at the end."""
         if self._shutting_down:
             return
-        if delay_s <= 0:
-            self.add(key)
-            return
-        due = self._clock.monotonic() + delay_s
-        current = self._waiting.get(key)
-        if current is not None and current <= due:
-            return
-        self._waiting[key] = due
-        heapq.heappush(self._heap, (due, next(self._seq), key))
-        self._arm()
+        now = self._clock.monotonic()
+        waiting, heap, pushed = self._waiting, self._heap, False
+        for key, delay_s in delays:
+            if delay_s <= 0:
+                self.add(key)
+                continue
+            due = now + delay_s
+            current = waiting.get(key)
+            if current is not None and current <= due:
+                continue
+            waiting[key] = due
+            heapq.heappush(heap, (due, next(self._seq), key))
+            pushed = True
+        if pushed:
+            self._arm()
 
     def add_rate_limited(self, key: str) -> None:
         """Requeue ``key`` after its per-key exponential backoff."""
@@ -143,14 +179,22 @@ class WorkQueue:
                 take = max(1, min(limit, max(least, -(-len(ready) // max(1, shares)))))
                 keys = [ready.popleft() for _ in range(min(take, len(ready)))]
                 now = self._clock.monotonic()
+                # Keys of one burst share the time they were added: one observation each,
+                # recorded per distinct time.
+                waited: dict[float, int] = {}
                 for key in keys:
                     self._dirty.discard(key)
                     self._processing.add(key)
                     since = self._dirty_since.pop(key, None)
-                    if self._metrics is not None and since is not None:
-                        self._metrics.queue_wait.observe(max(0.0, now - since))
+                    if since is not None:
+                        waited[since] = waited.get(since, 0) + 1
+                if self._metrics is not None:
+                    for since, count in waited.items():
+                        observe_many(self._metrics.queue_wait, max(0.0, now - since), count)
                 if ready:
                     self._wake_one()
+                elif sys.getsizeof(self._dirty) > _COMPACT_BYTES:
+                    self._compact()
                 return keys
             event = anyio.Event()
             self._getters.append(event)
@@ -164,6 +208,13 @@ class WorkQueue:
                 else:
                     self._remove_getter(event)
                 raise
+
+    def _compact(self) -> None:
+        """Rebuild the burst-sized tables at the size of what is left (keys re-added while in
+        flight), and give the freed memory back."""
+        self._dirty = set(self._dirty)
+        self._dirty_since = dict(self._dirty_since)
+        trim_heap()
 
     def done(self, key: str) -> None:
         """The worker finished ``key``; a re-add that arrived meanwhile is queued now."""

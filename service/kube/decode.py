@@ -14,13 +14,24 @@ from typing import Any
 
 import msgspec
 
-from service.domain import ConditionStatus, LabelKeys, PodKind, PodPhase, PodSnapshot
+from service.domain import (
+    KEEP_ANNOTATION,
+    ConditionStatus,
+    LabelKeys,
+    PodKind,
+    PodPhase,
+    PodSnapshot,
+    keep_value_keeps,
+)
 
 READY_TO_START = "PodReadyToStartContainers"
 
 
 class PodDecodeError(ValueError):
     """A pod object that cannot be turned into a snapshot (skip it, count it, log it)."""
+
+
+_ABSENT = msgspec.Raw(b"")
 
 
 class WireMeta(msgspec.Struct):
@@ -31,14 +42,13 @@ class WireMeta(msgspec.Struct):
     creationTimestamp: str | None = None
     deletionTimestamp: str | None = None
     labels: dict[str, str] | None = None
+    # Raw: only one key matters, so the map is decoded only when that key may be in it.
+    annotations: msgspec.Raw = _ABSENT
 
 
 class WireCondition(msgspec.Struct):
     type: str = ""
     status: str = ""
-
-
-_ABSENT = msgspec.Raw(b"")
 
 
 class WireContainerState(msgspec.Struct):
@@ -84,6 +94,8 @@ _CONDITIONS: dict[str, ConditionStatus] = {
     "Unknown": ConditionStatus.UNKNOWN,
 }
 _pod_decoder = msgspec.json.Decoder(WirePod)
+_annotations_decoder = msgspec.json.Decoder(dict[str, str])
+_KEEP_KEY = KEEP_ANNOTATION.encode()
 _list_decoder = msgspec.json.Decoder(WirePodList)
 
 
@@ -114,6 +126,23 @@ def _ready_to_start(conditions: list[WireCondition] | None) -> ConditionStatus:
 
 def _present(raw: msgspec.Raw) -> bool:
     return len(raw) > 0 and bytes(raw) != b"null"
+
+
+def _keep(annotations: msgspec.Raw) -> bool:
+    """Whether the keep annotation keeps the pod. The map is decoded only when the key's bytes
+    occur in it: the API server re-encodes every object it serves and writes such a key as is
+    (it escapes only quotes, backslashes, control characters and ``<>&``), so a search of the raw
+    bytes finds it, and costs far less than building the map (a ``last-applied-configuration``
+    alone is kilobytes). A map holding the key that does not decode keeps the pod (fail closed:
+    it cannot be shown that nobody asked to keep it)."""
+    raw = bytes(annotations)  # absent (b"") and null do not hold it
+    if _KEEP_KEY not in raw:
+        return False
+    try:
+        values = _annotations_decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return True
+    return keep_value_keeps(values.get(KEEP_ANNOTATION))
 
 
 def _containers(statuses: list[WireContainerStatus] | None) -> tuple[int, bool]:
@@ -190,6 +219,7 @@ class PodDecoder:
             generation=_parse_generation(labels.get(keys.generation)),
             kind=PodKind.parse(labels.get(keys.pod_kind)),
             created_at_s=_parse_time(meta.creationTimestamp),
+            keep=_keep(meta.annotations),
         )
 
 

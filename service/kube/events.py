@@ -6,17 +6,26 @@ and every dry-run report a ``RetiredPodWouldDelete``, so ``kubectl get events`` 
 
 The Events API must never be in the way of a delete:
 
-- :meth:`KubeEventRecorder.record` only appends to a bounded buffer (a full buffer drops the
-  report and counts it); it never awaits and never raises;
+- :meth:`KubeEventRecorder.record` only appends to a bounded buffer; it never awaits and never
+  raises;
 - one drain task of its own writes the Events, one at a time (so a hanging Events API holds at
   most one connection of the shared client), each call under its own timeout;
-- a rate limiter (the kit's aiolimiter bucket: ``EVENT_BURST``, then ``EVENTS_PER_SECOND``)
-  bounds the write rate: a burst of thousands of deletes or reports becomes at most that many
-  writes, the rest waits in the buffer or is dropped with a counter. Each Event regards another pod, so there is nothing to aggregate
-  into a ``series``, and the Role needs only ``create``;
-- a failed write (403, other 4xx, 5xx, timeout, no connection) is counted
-  (``retired_pod_gc_events_total{result}``), logged as a warning the first time of its kind, and
-  never retried;
+- **an Event for every delete, whatever the budget**: deletes are already capped by the delete
+  budget (``DELETES_PER_MINUTE``), so their Events are written as they come, not paced again,
+  and the buffer holds two minutes of deletes at the cap (at least ``EVENT_BUFFER_SIZE``). Only
+  an Events API that cannot keep up for that long fills it (``dropped_buffer_full``);
+- **dry-run reports are paced and bounded**: a dry run takes no delete token, so a backlog is
+  reported all at once. Reports are written at the pace live deletes would go (at least
+  ``EVENTS_PER_SECOND``, after ``EVENT_BURST``), at most ``report_bound`` of them wait, and the
+  ones beyond are summarised: counted (``summarized``) and named in one warning ("N more
+  would-delete reports") when the drain catches up, or every ``SUMMARY_INTERVAL_S`` while it
+  cannot. Each of them is still in the log as its own "dry run: would reap" line. Each Event
+  regards another pod, so there is nothing to aggregate into a ``series``, and the Role needs
+  only ``create``;
+- every report that is not written is counted with its reason
+  (``retired_pod_gc_events_total{result}``): refused or failed writes (403, other 4xx, 5xx,
+  timeout, no connection: logged as a warning the first time of its kind, never retried), a
+  full buffer, a summarised report, the end of the shutdown flush;
 - on shutdown, :meth:`KubeEventRecorder.flush` gives pending Events a short, bounded time.
 """
 
@@ -46,11 +55,17 @@ REASON_DELETED = "RetiredPodDeleted"
 REASON_WOULD_DELETE = "RetiredPodWouldDelete"
 ACTION = "Delete"
 EVENT_BUFFER_SIZE = 1000
-"""Reports waiting to be written; more are dropped (``dropped_buffer_full``)."""
+"""Fewest reports that may wait to be written (the buffer holds two minutes of deletes at the
+delete budget's cap when that is more); more are dropped (``dropped_buffer_full``)."""
+REPORT_BOUND = 1000
+"""Most dry-run reports waiting to be written; more are summarised (``summarized``)."""
 EVENT_BURST = 20
-"""Events written back to back before the rate limit applies."""
+"""Dry-run reports written back to back before their pace applies."""
 EVENTS_PER_SECOND = 2.0
-"""Sustained write rate (the default delete budget, 120 a minute, fits within it)."""
+"""Slowest pace of dry-run reports (it is the pace of live deletes at the budget's cap when that
+is faster)."""
+SUMMARY_INTERVAL_S = 60.0
+"""While reports are being summarised, how often the summary is logged at most."""
 FLUSH_TIMEOUT_S = 2.0
 """On shutdown, how long pending Events may still be written."""
 _NOTE_MAX_BYTES = 1024
@@ -126,20 +141,40 @@ class KubeEventRecorder:
         instance: str,
         metrics: Metrics,
         timeout_s: float,
-        buffer_size: int = EVENT_BUFFER_SIZE,
+        deletes_per_minute: int = 120,
+        buffer_size: int | None = None,
+        report_bound: int = REPORT_BOUND,
         burst: int = EVENT_BURST,
-        per_second: float = EVENTS_PER_SECOND,
+        per_second: float | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._events = k8s_client.EventsV1Api(api)
         self._instance = instance
         self._metrics = metrics
         self._timeout_s = timeout_s
-        self._buffer_size = buffer_size
-        # Waits on the event loop's clock; nothing else here reads or waits for time.
-        self._limiter = limiter(burst=burst, per_second=per_second)
+        self.buffer_size = (
+            buffer_size
+            if buffer_size is not None
+            else max(EVENT_BUFFER_SIZE, 2 * deletes_per_minute)
+        )
+        """Most reports waiting to be written."""
+        self.report_bound = min(report_bound, self.buffer_size)
+        """Most dry-run reports waiting to be written."""
+        self.reports_per_second = (
+            per_second
+            if per_second is not None
+            else max(EVENTS_PER_SECOND, deletes_per_minute / 60.0)
+        )
+        """The pace of dry-run reports (deletes are paced by the delete budget alone)."""
+        # Paces dry-run reports on the event loop's clock, as the summary interval is measured.
+        self._limiter = limiter(burst=burst, per_second=self.reports_per_second)
         self._wall_clock = wall_clock
         self._pending: deque[tuple[ReapReport, float]] = deque()
+        self._pending_reports = 0
+        """Dry-run reports among ``_pending``."""
+        self._summarized = 0
+        """Dry-run reports summarised since the last summary was logged."""
+        self._summary_at = -SUMMARY_INTERVAL_S
         self._sending = False
         self._wake = anyio.Event()
         self._progress = anyio.Event()
@@ -152,28 +187,42 @@ class KubeEventRecorder:
         """Reports buffered or being written."""
         return len(self._pending) + self._sending
 
+    @property
+    def summarized(self) -> int:
+        """Dry-run reports summarised and not yet named in a summary line."""
+        return self._summarized
+
     def record(self, report: ReapReport) -> None:
         if self._closed:
             self._metrics.events.labels(result="dropped_shutdown").inc()
             return
-        if len(self._pending) >= self._buffer_size:
+        if report.dry_run and self._pending_reports >= self.report_bound:
+            self._summarized += 1
+            self._metrics.events.labels(result="summarized").inc()
+            self._wake.set()
+            return
+        if len(self._pending) >= self.buffer_size:
             self._count("dropped_buffer_full", "event buffer full; dropping Events")
             return
         self._pending.append((report, self._wall_clock()))
+        self._pending_reports += report.dry_run
         self._wake.set()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Write buffered reports until cancelled."""
         task_status.started()
         while True:
+            self._summarize(caught_up=not self._pending)
             if not self._pending:
                 self._wake = anyio.Event()
                 await self._wake.wait()
                 continue
-            await self._limiter.acquire()
+            if self._pending[0][0].dry_run:
+                await self._limiter.acquire()
             if not self._pending:
                 continue  # flushed while this waited for its turn
             report, at_s = self._pending.popleft()
+            self._pending_reports -= report.dry_run
             self._sending = True
             try:
                 with anyio.CancelScope() as self._write_scope:
@@ -191,14 +240,36 @@ class KubeEventRecorder:
             while self.pending:
                 await self._progress.wait()
         self._closed = True
+        self._summarize(caught_up=True)
         dropped = self.pending
         self._pending.clear()
+        self._pending_reports = 0
         if self._sending:
             self._write_scope.cancel()
         if dropped:
             self._metrics.events.labels(result="dropped_shutdown").inc(dropped)
             logger.warning("shutting down: %d Events not written", dropped)
         return dropped
+
+    def _summarize(self, *, caught_up: bool) -> None:
+        """Name the summarised reports in one warning: when the drain caught up, or every
+        ``SUMMARY_INTERVAL_S`` while it cannot."""
+        if not self._summarized:
+            return
+        now = anyio.current_time()
+        if not caught_up and now - self._summary_at < SUMMARY_INTERVAL_S:
+            return
+        logger.warning(
+            "dry run: %d more would-delete reports were not written as Events (at most %d wait "
+            "to be written, %.1f a second); each is logged as 'dry run: would reap' and counted "
+            'in retired_pod_gc_events_total{result="summarized"}',
+            self._summarized,
+            self.report_bound,
+            self.reports_per_second,
+            extra={"summarized": self._summarized},
+        )
+        self._summarized = 0
+        self._summary_at = now
 
     async def _write(self, report: ReapReport, at_s: float) -> None:
         namespace = report.pod.namespace

@@ -1,11 +1,12 @@
-"""The pod informer: the slim cache of the sandbox namespace, and the handlers it tells.
+"""The pod informer: the slim cache of one sandbox namespace, and the handlers it tells.
 
 :class:`PodInformer` composes the parts as client-go's shared informer does:
 :class:`~service.kube.listwatch.ListWatch` makes the requests, the
 :class:`~service.kube.reflector.Reflector` runs the list-watch loop, the
 :class:`~service.kube.store.PodStore` holds the pods and their sync state. The informer
 implements ``ports.PodCache`` for its consumers and delivers every change, in order, to each
-``ports.PodEventHandler`` registered with :meth:`PodInformer.add_handler`.
+``ports.PodEventHandler`` registered with :meth:`PodInformer.add_handler`. Several namespaces
+are several informers behind one cache (``service/kube/namespaces.py``).
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ class _NoHandler:
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
         pass
 
-    def cache_cold(self) -> None:
+    def cache_cold(self, namespace: str) -> None:
         pass
 
-    def cache_synced(self) -> None:
+    def cache_synced(self, namespace: str) -> None:
         pass
 
 
@@ -63,13 +64,13 @@ class _Handlers:
         for handler in self._handlers:
             handler.pod_changed(old, new)
 
-    def cache_cold(self) -> None:
+    def cache_cold(self, namespace: str) -> None:
         for handler in self._handlers:
-            handler.cache_cold()
+            handler.cache_cold(namespace)
 
-    def cache_synced(self) -> None:
+    def cache_synced(self, namespace: str) -> None:
         for handler in self._handlers:
-            handler.cache_synced()
+            handler.cache_synced(namespace)
 
 
 class PodInformer:
@@ -87,6 +88,7 @@ class PodInformer:
         decoder: PodDecoder,
         metrics: Metrics,
         *,
+        namespace: str,
         clock: SchedulingClock | None = None,
         rng: random.Random | None = None,
         backoff: Backoff | None = None,
@@ -95,13 +97,16 @@ class PodInformer:
     ) -> None:
         self._handlers: tuple[PodEventHandler, ...] = ()
         self._running = False
-        self._store = PodStore(metrics, sink=_NoHandler())
+        self.namespace = namespace
+        """The namespace watched (a namespaced list+watch: no cluster-wide request)."""
+        self._store = PodStore(metrics, sink=_NoHandler(), namespace=namespace)
         self._reflector = Reflector(
             ListWatch(
                 api,
                 settings,
                 decoder,
                 metrics,
+                namespace=namespace,
                 rng=rng or random.Random(),
                 watch_jitter=watch_jitter,
             ),
@@ -140,6 +145,9 @@ class PodInformer:
     @property
     def synced(self) -> bool:
         return self._store.synced
+
+    def namespace_synced(self, namespace: str) -> bool:
+        return namespace == self.namespace and self._store.synced
 
     def __len__(self) -> int:
         return len(self._store)

@@ -161,11 +161,13 @@ class ListWatch:
         decoder: PodDecoder,
         metrics: Metrics,
         *,
+        namespace: str,
         rng: random.Random,
         watch_jitter: float,
     ) -> None:
         self._core = k8s_client.CoreV1Api(api)
         self._settings = settings
+        self._namespace = namespace
         self._decoder = decoder
         self._metrics = metrics
         self._rng = rng
@@ -234,7 +236,7 @@ class ListWatch:
         try:
             response, body = await read_whole(
                 self._core.list_namespaced_pod(
-                    settings.namespace,
+                    self._namespace,
                     label_selector=settings.label_selector,
                     limit=cast(int, limit),  # None: not sent
                     _continue=cast(str, token),  # None (first page): not sent
@@ -280,7 +282,7 @@ class ListWatch:
         try:
             response = await raw_response(
                 self._core.list_namespaced_pod(
-                    settings.namespace,
+                    self._namespace,
                     label_selector=settings.label_selector,
                     watch=True,
                     allow_watch_bookmarks=True,

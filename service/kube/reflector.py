@@ -27,6 +27,7 @@ from service.config import KubeSettings
 from service.kit.backoff import Attempts, Backoff
 from service.kit.clock import SchedulingClock, sleep_until
 from service.kit.errors import ApiError, ExternalError
+from service.kit.memory import trim_heap
 from service.kube.decode import PodDecodeError, PodDecoder
 from service.kube.errors import TRANSIENT_ERRORS, WireStatus, unavailable
 from service.kube.listwatch import (
@@ -146,7 +147,7 @@ class Reflector:
         self._store = store
         self._decoder = decoder
         self._metrics = metrics
-        self._namespace = settings.namespace
+        self._namespace = store.namespace
         self._stream_sync_timeout_s = settings.stream_sync_timeout_s
         self._mode = ListMode(settings.list_mode)
         self._next = SyncRequest.first(self._mode)
@@ -254,8 +255,11 @@ class Reflector:
         self.sync_mode = mode
         self._next = self._next.synced()
         for m in SyncMode:
-            self._metrics.list_mode.labels(mode=m.value).set(1 if m is mode else 0)
+            self._metrics.list_mode.labels(sandbox_namespace=self._namespace, mode=m.value).set(
+                1 if m is mode else 0
+            )
         self._store.finish_sync()
+        trim_heap()  # the sync's garbage back to the OS: once a sync, never per event
         logger.info(
             "pod cache synced by %s: %d pods at resourceVersion %s (namespace %s)",
             mode.value,

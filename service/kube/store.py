@@ -1,8 +1,13 @@
-"""The pod cache: ``namespace/name`` → :class:`PodSnapshot`, and how far it matches the server.
+"""The pod cache of one namespace: ``namespace/name`` → :class:`PodSnapshot`, and how far it
+matches the server.
+
+The pods are held by name: the name a pod is found by is the snapshot's own ``name`` string, so
+a cached pod costs no key string of its own (a ``namespace/name`` key is 84 bytes more a pod;
+``keys()`` builds the keys when asked, and ``get`` answers ``None`` for another namespace's key).
 
 :class:`PodStore` implements ``ports.PodCache``. Its one piece of state besides the pods is a
 :class:`SyncState`. A sync (a list, or the initial events of a streaming list) puts every pod the
-server has; the store remembers the keys it was told about, and when the sync is complete it
+server has; the store remembers the names it was told about, and when the sync is complete it
 reports every cached pod the sync did not mention as deleted. Every change is reported to one
 ``ports.PodEventHandler`` (the informer's dispatch), on the event loop, as it happens.
 
@@ -12,8 +17,8 @@ reports every cached pod the sync did not mention as deleted. Every change is re
     finish_sync   LISTING, RELISTING ──▶ SYNCED
 
 (``begin_sync`` during a sync starts it over: a retry after a failure, a list restarted.)
-Leaving ``SYNCED`` tells the handler ``cache_cold()`` (observations may have gaps from now on);
-reaching it, ``cache_synced()``.
+Leaving ``SYNCED`` tells the handler ``cache_cold(namespace)`` (observations of this namespace may
+have gaps from now on); reaching it, ``cache_synced(namespace)``.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import enum
 from collections.abc import Iterable
 
 import anyio
+import msgspec
 
-from service.domain import PodSnapshot
+from service.domain import PodSnapshot, pod_key
 from service.metrics import Metrics
 from service.ports import PodEventHandler
 
@@ -48,30 +54,44 @@ _SYNCED = SyncState.SYNCED  # a global read on the per-event path instead of an 
 class PodStore:
     """Implements ``ports.PodCache``; reports changes to ``sink``."""
 
-    __slots__ = ("_pods", "_seen", "_size", "_synced_event", "_synced_gauge", "sink", "state")
+    __slots__ = (
+        "_pods",
+        "_seen",
+        "_size",
+        "_synced_event",
+        "_synced_gauge",
+        "namespace",
+        "sink",
+        "state",
+    )
 
-    def __init__(self, metrics: Metrics, sink: PodEventHandler) -> None:
+    def __init__(self, metrics: Metrics, sink: PodEventHandler, *, namespace: str) -> None:
+        self.namespace = namespace
+        """The one namespace whose pods this store holds (named in its gauges and signals)."""
         self.state = SyncState.COLD
         """Read it; only :meth:`begin_sync` and :meth:`finish_sync` move it."""
         self.sink = sink
         """Where changes go (the informer replaces it as handlers are added)."""
         self._pods: dict[str, PodSnapshot] = {}
+        """name → snapshot; the key is the snapshot's own ``name`` string."""
         self._seen: set[str] = set()
-        """The keys the sync in progress has put (empty outside a sync)."""
+        """The names the sync in progress has put (empty outside a sync)."""
         self._synced_event = anyio.Event()
-        self._size = metrics.cache_pods
-        self._synced_gauge = metrics.cache_synced
+        self._size = metrics.cache_pods.labels(sandbox_namespace=namespace)
+        self._synced_gauge = metrics.cache_synced.labels(sandbox_namespace=namespace)
         self._size.set(0)
         self._synced_gauge.set(0)
 
     # ------------------------------------------------------------------ PodCache
 
     def get(self, key: str) -> PodSnapshot | None:
-        return self._pods.get(key)
+        namespace, _, name = key.partition("/")
+        return self._pods.get(name) if namespace == self.namespace else None
 
     def keys(self) -> Iterable[str]:
         """A copy of the cached keys (safe to iterate while events arrive)."""
-        return list(self._pods)
+        namespace = self.namespace
+        return [pod_key(namespace, name) for name in self._pods]
 
     @property
     def synced(self) -> bool:
@@ -89,7 +109,7 @@ class PodStore:
 
     def begin_sync(self) -> SyncState:
         """Start filling the cache from the server, or start over (a failed or restarted sync):
-        the keys put so far are forgotten, the pods are kept. Returns the new state."""
+        the names put so far are forgotten, the pods are kept. Returns the new state."""
         match self.state:
             case SyncState.COLD | SyncState.LISTING:
                 self.state = SyncState.LISTING
@@ -97,7 +117,7 @@ class PodStore:
                 self.state = SyncState.RELISTING
                 self._synced_gauge.set(0)
                 self._synced_event = anyio.Event()
-                self.sink.cache_cold()
+                self.sink.cache_cold(self.namespace)
             case SyncState.RELISTING:
                 pass
         self._seen = set()
@@ -108,50 +128,55 @@ class PodStore:
         if self.state not in (SyncState.LISTING, SyncState.RELISTING):
             raise RuntimeError(f"finish_sync in state {self.state}: no sync in progress")
         pods, seen, sink = self._pods, self._seen, self.sink
-        for key in [k for k in pods if k not in seen]:
-            sink.pod_changed(pods.pop(key), None)
+        for name in [n for n in pods if n not in seen]:
+            sink.pod_changed(pods.pop(name), None)
         self._seen = set()
         self._size.set(len(pods))
         self.state = SyncState.SYNCED
         self._synced_gauge.set(1)
         self._synced_event.set()
-        sink.cache_synced()
+        sink.cache_synced(self.namespace)
 
     # ------------------------------------------------------------------ changes
 
     def put(self, snap: PodSnapshot) -> None:
         """The server has this pod in this state. While synced this is a change (a watch event)
         and always reported; during a sync only when the pod is new or changed since cached."""
-        key = snap.key
         pods = self._pods
-        before = pods.get(key)
+        before = pods.get(snap.name)
         if self.state is _SYNCED:
-            pods[key] = snap
-            self.sink.pod_changed(before, snap)
+            self.sink.pod_changed(before, self._replace(before, snap))
             self._size.set(len(pods))
             return
-        self._seen.add(key)
-        if (
-            before is None
-            or before.resource_version != snap.resource_version
-            or before.uid != snap.uid
-        ):
-            pods[key] = snap
-            self.sink.pod_changed(before, snap)
+        if before is None:
+            self._seen.add(snap.name)
+        else:
+            self._seen.add(before.name)  # the string the store holds already, not a copy of it
+            if before.resource_version == snap.resource_version and before.uid == snap.uid:
+                return
+        self.sink.pod_changed(before, self._replace(before, snap))
 
     def delete(self, snap: PodSnapshot) -> None:
         """The server deleted this pod; reported with the last cached state (or ``snap``)."""
-        key = snap.key
         pods = self._pods
-        before = pods.pop(key, None)
+        before = pods.pop(snap.name, None)
         if self.state is not _SYNCED:
-            self._seen.discard(key)
+            self._seen.discard(snap.name)
         self.sink.pod_changed(before if before is not None else snap, None)
         self._size.set(len(pods))
 
     def forget(self, key: str) -> None:
         """Drop a pod whose state can no longer be read; reported deleted if it was cached."""
-        before = self._pods.pop(key, None)
+        namespace, _, name = key.partition("/")
+        before = self._pods.pop(name, None) if namespace == self.namespace else None
         if before is not None:
             self.sink.pod_changed(before, None)
             self._size.set(len(self._pods))
+
+    def _replace(self, before: PodSnapshot | None, snap: PodSnapshot) -> PodSnapshot:
+        """Store ``snap``; returns it as stored. A dict keeps the key it has, and that key is
+        ``before.name``: the new snapshot takes that string instead of keeping a second copy."""
+        if before is not None and snap.name is not before.name:
+            snap = msgspec.structs.replace(snap, name=before.name)
+        self._pods[snap.name] = snap
+        return snap

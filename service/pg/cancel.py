@@ -7,6 +7,7 @@ raises its kit error (``service/pg/errors.py``): ``Unavailable`` or ``DatabaseEr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ UPDATE sandbox_k8s_executions AS e
    SET active = false, execution_state = 'cancelled', retired_at = now()
   FROM sandboxes AS s
  WHERE s.id = e.sandbox_id
-   AND s.namespace = $1
+   AND s.namespace = ANY($1::text[])
    AND s.managed_by = 'kubernetes'
    AND e.sandbox_id = $2
    AND e.generation = $3
@@ -27,10 +28,10 @@ RETURNING e.pod_name
 """
 
 _CURRENT = """
-SELECT e.pod_name, e.active, e.execution_state, e.activation_attempt
+SELECT e.pod_name, s.namespace, e.active, e.execution_state, e.activation_attempt
   FROM sandbox_k8s_executions AS e
   JOIN sandboxes AS s ON s.id = e.sandbox_id
- WHERE s.namespace = $1
+ WHERE s.namespace = ANY($1::text[])
    AND s.managed_by = 'kubernetes'
    AND e.sandbox_id = $2
    AND e.generation = $3
@@ -44,6 +45,8 @@ class CancelRow:
     retired_now: bool
     """True when this call's UPDATE matched (it retired the execution)."""
     pod_name: str | None
+    namespace: str | None
+    """The namespace of the execution's sandbox (where its pod is)."""
     active: bool | None
     state: str | None
     activation_attempt: int | None
@@ -52,25 +55,32 @@ class CancelRow:
 async def retire_for_cancel(
     conn: Any,
     *,
-    namespace: str,
+    namespaces: Sequence[str],
     sandbox_id: str,
     generation: int,
     activation_attempt: int,
     timeout_s: float,
 ) -> CancelRow:
-    """Run the fenced UPDATE, then read back the execution of that generation."""
+    """Run the fenced UPDATE, then read back the execution of that generation; only sandboxes of
+    ``namespaces`` (the configured sandbox namespaces) are in scope."""
     with database_errors():
         async with conn.transaction():
             updated = await conn.fetch(
-                _RETIRE, namespace, sandbox_id, generation, activation_attempt, timeout=timeout_s
+                _RETIRE,
+                list(namespaces),
+                sandbox_id,
+                generation,
+                activation_attempt,
+                timeout=timeout_s,
             )
             row = await conn.fetchrow(
-                _CURRENT, namespace, sandbox_id, generation, timeout=timeout_s
+                _CURRENT, list(namespaces), sandbox_id, generation, timeout=timeout_s
             )
     if row is None:
         return CancelRow(
             retired_now=bool(updated),
             pod_name=None,
+            namespace=None,
             active=None,
             state=None,
             activation_attempt=None,
@@ -78,6 +88,7 @@ async def retire_for_cancel(
     return CancelRow(
         retired_now=bool(updated),
         pod_name=row["pod_name"],
+        namespace=row["namespace"],
         active=row["active"],
         state=row["execution_state"],
         activation_attempt=row["activation_attempt"],

@@ -1,9 +1,12 @@
 """The LISTEN side of the change trigger: one dedicated connection, kept alive, reconnected.
 
 :class:`RetirementListener` holds its own asyncpg connection (never a pooled one: a pool would
-reset it and drop the LISTEN), parses each payload into :class:`service.domain.ExecutionChange`
-and hands it to every :class:`service.ports.ExecutionEventHandler` registered with
-:meth:`~RetirementListener.add_handler`. It is also the reconciler's
+reset it and drop the LISTEN), parses each payload (:func:`parse_payload`: trigger 0003's batch,
+or 0002's single change as a batch of one) into :class:`service.domain.ExecutionChange` values
+and hands them, as one unit, to every :class:`service.ports.ExecutionEventHandler` registered
+with :meth:`~RetirementListener.add_handler`. Malformed or oversized payloads, and bad rows
+inside a batch, are logged, counted (``notifications_malformed``) and skipped; the other rows of
+the batch are handed over. It is also the reconciler's
 :class:`service.ports.NotificationBarrier` (:meth:`~RetirementListener.sync`), so it is built
 before its consumer and told about it afterwards.
 
@@ -29,7 +32,8 @@ database (it reconnects), only for a bug.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Literal
 
 import anyio
@@ -59,39 +63,126 @@ restart do not reconnect in lockstep."""
 HEARTBEAT_SQL = "SELECT 1 FROM pg_listening_channels() AS c(name) WHERE c.name = $1"
 
 
-class _Payload(msgspec.Struct, forbid_unknown_fields=False):
-    op: Literal["insert", "update", "delete"]
+MAX_PAYLOAD_BYTES = 8000
+"""PostgreSQL refuses a NOTIFY payload of this many bytes or more, so a longer payload did not
+come from the trigger: it is skipped whole (``oversized``)."""
+
+_Op = Literal["insert", "update", "delete"]
+
+
+class _Single(msgspec.Struct, forbid_unknown_fields=False):
+    """Trigger 0002's payload: one change as an object."""
+
+    op: _Op
     namespace: str
     pod_name: str
     active: bool | None = None
     execution_state: str | None = None
 
 
-_decoder = msgspec.json.Decoder(_Payload)
+_Row = tuple[_Op, str, str, bool | None, str | None]
+"""One change of a 0003 batch: [op, namespace, pod_name, active, execution_state]."""
 
 
-def parse_payload(payload: str, *, received_at_s: float) -> ExecutionChange | None:
-    """The change a trigger payload describes; ``None`` when it is not a valid payload."""
+class _Batch(msgspec.Struct, forbid_unknown_fields=False):
+    """Trigger 0003's payload: ``{"rows": [[op, namespace, pod_name, active, state], ...]}``."""
+
+    rows: list[_Row]
+
+
+class _LooseBatch(msgspec.Struct, forbid_unknown_fields=False):
+    """A batch whose rows are decoded one by one (a bad row must not hide the others)."""
+
+    rows: list[msgspec.Raw]
+
+
+_batch_decoder = msgspec.json.Decoder(_Batch)
+_single_decoder = msgspec.json.Decoder(_Single)
+_loose_decoder = msgspec.json.Decoder(_LooseBatch)
+_row_decoder = msgspec.json.Decoder(_Row)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedPayload:
+    """What one notification payload says: its valid changes, in payload order, and how many
+    parts were skipped (``malformed``: the whole payload counts as one, else each bad row)."""
+
+    changes: list[ExecutionChange]
+    malformed: int = 0
+    problem: str = ""
+    """Why something was skipped (for the log), empty when nothing was."""
+
+
+def parse_payload(payload: str, *, received_at_s: float) -> ParsedPayload:
+    """The changes a trigger payload describes, in either shape: 0003's batch or 0002's single
+    object (a batch of one), so that a listener keeps working while the trigger is upgraded.
+
+    Never raises: a payload that is neither shape, or longer than PostgreSQL allows, is skipped
+    whole; in a batch, each row that is not a valid change (wrong arity or types, an unknown op,
+    an empty namespace or pod name) is skipped alone.
+    """
+    if len(payload) >= MAX_PAYLOAD_BYTES or len(payload.encode()) >= MAX_PAYLOAD_BYTES:
+        return ParsedPayload([], 1, "oversized")
     try:
-        p = _decoder.decode(payload)
+        rows = _batch_decoder.decode(payload).rows
     except msgspec.DecodeError:
+        pass
+    else:
+        changes = [c for row in rows if (c := _change(row, received_at_s)) is not None]
+        if not changes:
+            return ParsedPayload([], max(1, len(rows)), "no valid row in the batch")
+        bad = len(rows) - len(changes)
+        return ParsedPayload(changes, bad, f"{bad} invalid rows in the batch" if bad else "")
+    try:
+        single = _single_decoder.decode(payload)
+    except msgspec.DecodeError:
+        return _parse_rows_one_by_one(payload, received_at_s)
+    change = _change(
+        (single.op, single.namespace, single.pod_name, single.active, single.execution_state),
+        received_at_s,
+    )
+    if change is None:
+        return ParsedPayload([], 1, "empty namespace or pod name")
+    return ParsedPayload([change])
+
+
+def _parse_rows_one_by_one(payload: str, received_at_s: float) -> ParsedPayload:
+    try:
+        raw_rows = _loose_decoder.decode(payload).rows
+    except msgspec.DecodeError:
+        return ParsedPayload([], 1, "not a change payload")
+    changes: list[ExecutionChange] = []
+    for raw in raw_rows:
+        try:
+            row = _row_decoder.decode(raw)
+        except msgspec.DecodeError:
+            continue
+        if (change := _change(row, received_at_s)) is not None:
+            changes.append(change)
+    bad = len(raw_rows) - len(changes)
+    if not changes:
+        return ParsedPayload([], max(1, bad), "no valid row in the batch")
+    return ParsedPayload(changes, bad, f"{bad} invalid rows in the batch")
+
+
+def _change(row: _Row, received_at_s: float) -> ExecutionChange | None:
+    op, namespace, pod_name, active, state = row
+    if not namespace or not pod_name:
         return None
-    if not p.namespace or not p.pod_name:
-        return None
-    if p.op == "delete":
+    if op == "delete":
         return ExecutionChange(
-            namespace=p.namespace,
-            pod_name=p.pod_name,
+            namespace=namespace,
+            pod_name=pod_name,
             active=None,
             state=None,
             deleted=True,
             received_at_s=received_at_s,
         )
     return ExecutionChange(
-        namespace=p.namespace,
-        pod_name=p.pod_name,
-        active=p.active,
-        state=None if p.execution_state is None else ExecutionState.parse(p.execution_state),
+        namespace=namespace,
+        pod_name=pod_name,
+        active=active,
+        state=None if state is None else ExecutionState.parse(state),
         deleted=False,
         received_at_s=received_at_s,
     )
@@ -110,7 +201,8 @@ class RetirementListener:
     """LISTEN on the notify channel until cancelled; see the module docstring.
 
     ``backoff`` is the reconnect policy (default :func:`default_backoff`); ``clock`` the time
-    the listener reads (``received_at_s`` of each change) and waits on.
+    the listener reads (``received_at_s`` of each change) and waits on; ``namespaces`` the
+    sandbox namespaces whose changes are handed on (the others are counted and ignored).
     """
 
     def __init__(
@@ -120,8 +212,12 @@ class RetirementListener:
         metrics: Metrics,
         clock: SchedulingClock | None = None,
         backoff: Backoff | None = None,
+        namespaces: Iterable[str] | None = None,
     ) -> None:
         self._settings = settings
+        self._namespaces = None if namespaces is None else frozenset(namespaces)
+        """The sandbox namespaces whose changes are handed on (``None``: every namespace); a
+        notification of any other namespace is counted and ignored."""
         self._channel = settings.notify_channel
         self._handlers: list[ExecutionEventHandler] = []
         self._metrics = metrics
@@ -245,13 +341,26 @@ class RetirementListener:
 
     def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         self._metrics.notifications.inc()
-        change = parse_payload(payload, received_at_s=self._clock.monotonic())
-        if change is None:
-            self._metrics.notifications_malformed.inc()
-            logger.warning("malformed notification skipped on %s: %.200r", self._channel, payload)
-            return
-        for handler in self._handlers:
-            handler.execution_changed(change)
+        parsed = parse_payload(payload, received_at_s=self._clock.monotonic())
+        if parsed.malformed:
+            self._metrics.notifications_malformed.inc(parsed.malformed)
+            logger.warning(
+                "malformed notification on %s, %d parts skipped (%s): %.200r",
+                self._channel,
+                parsed.malformed,
+                parsed.problem,
+                payload,
+            )
+        changes = parsed.changes
+        if self._namespaces is not None:
+            # One channel carries every namespace's changes; only the watched ones matter.
+            watched = [c for c in changes if c.namespace in self._namespaces]
+            if len(watched) < len(changes):
+                self._metrics.notifications_ignored.inc(len(changes) - len(watched))
+            changes = watched
+        if changes:
+            for handler in self._handlers:
+                handler.executions_changed(changes)
 
 
 def _setter(event: anyio.Event) -> Callable[[object], None]:

@@ -20,18 +20,23 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from service.config import DB_CONNECT_TIMEOUT_SECONDS
 from service.pg.errors import DatabaseError, database_errors
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CHANNEL = "sandbox_execution_changed"
 SCHEMA_STEP = "0001_dev_schema"
-TRIGGER_STEP = "0002_notify_trigger"
+TRIGGER_STEP = "0003_notify_statement_trigger"
+"""The trigger step. It supersedes ``0002_notify_trigger`` (whose per-row triggers it drops), so a
+run never applies 0002: a database that has 0002 recorded gets 0003 applied over it."""
+_TRIGGER_ARGUMENTS = 6
+"""The channel literals in the trigger file: per trigger event, one pg_notify call for a one-row
+statement and one for the general case."""
 _CHANNEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-_DEFAULT_CHANNEL_LITERAL = f"('{DEFAULT_CHANNEL}')"
+_DEFAULT_CHANNEL_LITERAL = f"pg_notify('{DEFAULT_CHANNEL}', "
 # Arbitrary but fixed: pg_advisory_xact_lock key shared by every migrating replica.
 _LOCK_KEY = 0x72706763_6D696772  # "rpgcmigr"
-_CONNECT_TIMEOUT_S = 10.0
 
 _RECORD_TABLE = """
 CREATE TABLE IF NOT EXISTS retired_pod_gc_migrations (
@@ -62,14 +67,16 @@ def read_sql(name: str) -> str:
 
 
 def render_trigger_sql(channel: str) -> str:
-    """The trigger file with ``channel`` as the trigger argument (the NOTIFY channel)."""
+    """The trigger file with ``channel`` as the NOTIFY channel of its ``pg_notify`` calls."""
     if not _CHANNEL.fullmatch(channel):
         raise ValueError(f"notify channel must be an SQL identifier, got {channel!r}")
     sql = read_sql(TRIGGER_STEP)
-    if sql.count(_DEFAULT_CHANNEL_LITERAL) != 2:
-        raise MigrationError(f"{TRIGGER_STEP}.sql: expected two trigger arguments to substitute")
+    if sql.count(_DEFAULT_CHANNEL_LITERAL) != _TRIGGER_ARGUMENTS:
+        raise MigrationError(
+            f"{TRIGGER_STEP}.sql: expected {_TRIGGER_ARGUMENTS} channel literals to substitute"
+        )
     # The identifier regex admits no quote, so the literal needs no escaping.
-    return sql.replace(_DEFAULT_CHANNEL_LITERAL, f"('{channel}')")
+    return sql.replace(_DEFAULT_CHANNEL_LITERAL, f"pg_notify('{channel}', ")
 
 
 def steps(*, channel: str, with_schema: bool) -> list[Step]:
@@ -82,21 +89,29 @@ def steps(*, channel: str, with_schema: bool) -> list[Step]:
 
 
 async def migrate(
-    conn_or_url: asyncpg.Connection | str, *, channel: str, with_schema: bool
+    conn_or_url: asyncpg.Connection | str,
+    *,
+    channel: str,
+    with_schema: bool,
+    connect_timeout_s: float = DB_CONNECT_TIMEOUT_SECONDS.default,
 ) -> list[str]:
     """Apply the trigger (and, with ``with_schema``, the dev schema); return the steps applied.
 
-    An empty list means everything was already in place. Raises :class:`MigrationError` or
-    ``Unavailable`` (see the module docstring).
+    An empty list means everything was already in place. Given a URL, the connection is opened
+    within ``connect_timeout_s`` (``DB_CONNECT_TIMEOUT_SECONDS``) and closed afterwards. Raises
+    :class:`MigrationError` or ``Unavailable`` (see the module docstring).
     """
     planned = steps(channel=channel, with_schema=with_schema)
     if isinstance(conn_or_url, str):
         with database_errors():
-            conn = await asyncpg.connect(conn_or_url, timeout=_CONNECT_TIMEOUT_S)
+            try:
+                conn = await asyncpg.connect(conn_or_url, timeout=connect_timeout_s)
+            except TimeoutError as exc:
+                raise TimeoutError(f"no connection within {connect_timeout_s:g}s") from exc
         try:
             return await _apply(conn, planned)
         finally:
-            await conn.close(timeout=_CONNECT_TIMEOUT_S)
+            await conn.close(timeout=connect_timeout_s)
     return await _apply(conn_or_url, planned)
 
 

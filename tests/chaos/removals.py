@@ -87,9 +87,9 @@ def _no_pod_event_clearing(self: Any, old: Any, new: Any) -> None:
         self._enqueue(new.key)
 
 
-def _no_row_event_clearing(self: Any, change: Any) -> None:
-    # Controller.execution_changed without the clear of a non-retired notification.
-    self._enqueue(change.key)
+def _no_row_event_clearing(self: Any, changes: Any) -> None:
+    # Controller.executions_changed without any clock clearing: only the enqueue is kept.
+    self._enqueue_many([change.key for change in changes])
 
 
 class _FreeTurn:
@@ -109,7 +109,7 @@ REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         controller_module.Controller, "pod_changed", _no_pod_event_clearing
     ),
     "row_event_clearing": lambda: _patched(
-        controller_module.Controller, "execution_changed", _no_row_event_clearing
+        controller_module.Controller, "executions_changed", _no_row_event_clearing
     ),
     "pod_change_clearing": lambda: _patched(
         controller_module.Controller,
@@ -122,13 +122,13 @@ REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     ),
     "retired_notification_clearing": lambda: _patched(
         controller_module.Controller,
-        "execution_changed",
+        "executions_changed",
         _edited(
-            controller_module.Controller.execution_changed,
+            controller_module.Controller.executions_changed,
             controller_module,
             (
-                "self._clocks.clear_key(change.key)",
-                "if not change.retired: self._clocks.clear_key(change.key)",
+                "self._clocks.clear_keys(keys)",
+                "self._clocks.clear_keys([c.key for c in changes if not c.retired])",
             ),
         ),
     ),
@@ -165,7 +165,7 @@ REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         "_observe", "elif elapsed < threshold_s:", "elif False:"
     ),
     "observed_row": lambda: _reconciler_edit(
-        "_observe", "decision = classify(pod, rows.get(pod.name))", "decision = classify(pod, None)"
+        "_observe", "decision = classify(pod, rows.get(key))", "decision = classify(pod, None)"
     ),
 }
 

@@ -202,7 +202,13 @@ async def soak(args: argparse.Namespace) -> list[str]:
 
 def take_sample(parts: Parts, t_s: float, emulator_rss_mib: float) -> Sample:
     registry = parts.metrics.registry
-    deletes = registry.get_sample_value("retired_pod_gc_deletes_total", {"result": "deleted"})
+    deletes = sum(
+        registry.get_sample_value(
+            "retired_pod_gc_deletes_total", {"sandbox_namespace": ns, "result": "deleted"}
+        )
+        or 0.0
+        for ns in parts.settings.kube.namespaces
+    )
     delayed = registry.get_sample_value("retired_pod_gc_queue_delayed")
     return Sample(
         t_s=t_s,

@@ -14,7 +14,11 @@ from tests.deploy.kustomize import Obj
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 BASE = DEPLOY / "base"
-OVERLAYS = {"dry-run": DEPLOY / "overlays" / "dry-run", "live": DEPLOY / "overlays" / "live"}
+OVERLAYS = {
+    "dry-run": DEPLOY / "overlays" / "dry-run",
+    "live": DEPLOY / "overlays" / "live",
+    "two-namespaces": DEPLOY / "overlays" / "two-namespaces",
+}
 MONITORING = DEPLOY / "monitoring"
 
 _TYPE_LINE = re.compile(r"# TYPE (\S+) (\S+)")

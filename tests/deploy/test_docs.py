@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from service.domain import ReconcileOutcome, SkipReason, Verdict
+from service.domain import ReconcileOutcome, SkipReason, Verdict, Waiting
+from service.metrics import EVENT_RESULTS
 from tests.deploy.support import DEPLOY, ROOT
 
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -35,6 +36,16 @@ def test_operations_explains_exactly_every_outcome_label() -> None:
 def test_operations_explains_exactly_every_skip_reason() -> None:
     text = OPERATIONS.read_text(encoding="utf-8")
     assert table_first_cells(text, "### Skip reasons") == {str(r) for r in SkipReason}
+
+
+def test_operations_explains_exactly_every_wait_of_the_live_view() -> None:
+    text = OPERATIONS.read_text(encoding="utf-8")
+    assert table_first_cells(text, "## What is about to happen") == {str(w) for w in Waiting}
+
+
+def test_operations_explains_exactly_every_event_result() -> None:
+    text = OPERATIONS.read_text(encoding="utf-8")
+    assert table_first_cells(text, "## Why was this pod deleted?") == set(EVENT_RESULTS)
 
 
 def test_architecture_lists_the_seven_invariants() -> None:

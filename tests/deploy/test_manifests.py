@@ -76,7 +76,12 @@ def test_renderer_refuses_fields_outside_its_subset(tmp_path: Path) -> None:
         render(tmp_path)
 
 
-@pytest.mark.parametrize("which", ["base", "dry-run", "live"])
+RENDERS = ["base", "dry-run", "live", "two-namespaces"]
+EXTRA_SANDBOX_NAMESPACES = {"two-namespaces": 1}
+"""Renders that grant a sandbox namespace more than the base: one Role and RoleBinding each."""
+
+
+@pytest.mark.parametrize("which", RENDERS)
 def test_render_has_exactly_the_expected_objects(
     which: str, base_objects: list[Obj], overlay_objects: dict[str, list[Obj]]
 ) -> None:
@@ -84,11 +89,15 @@ def test_render_has_exactly_the_expected_objects(
     counts: dict[str, int] = {}
     for obj in objects:
         counts[obj["kind"]] = counts.get(obj["kind"], 0) + 1
-    assert counts == EXPECTED_KINDS
+    extra = EXTRA_SANDBOX_NAMESPACES.get(which, 0)
+    assert counts == EXPECTED_KINDS | {
+        "Role": EXPECTED_KINDS["Role"] + extra,
+        "RoleBinding": EXPECTED_KINDS["RoleBinding"] + extra,
+    }
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-@pytest.mark.parametrize("which", ["base", "dry-run", "live"])
+@pytest.mark.parametrize("which", RENDERS)
 def test_every_object_validates_against_the_kubernetes_schema(
     which: str, version: str, base_objects: list[Obj], overlay_objects: dict[str, list[Obj]]
 ) -> None:
@@ -116,27 +125,57 @@ def test_every_object_is_namespaced_explicitly_except_the_namespace(
 # --- RBAC -----------------------------------------------------------------------------------
 
 
-def test_no_cluster_scoped_rbac_and_no_wildcards(base_objects: list[Obj]) -> None:
-    kinds = {o["kind"] for o in base_objects}
+def rendered_settings(objects: list[Obj], tmp_path: Path) -> config.Settings:
+    """The settings the rendered Deployment's container would load."""
+    env = container_env(only(objects, "Deployment"), of_kind(objects, "ConfigMap"))
+    url_file = tmp_path / "url"
+    url_file.write_text("postgresql://retired_pod_gc:secret@db:5432/space\n")
+    return config.load(env | {config.DATABASE_URL_FILE.name: str(url_file)})
+
+
+SANDBOX_RULES = [
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
+    {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
+]
+"""Events: create only (one Event per pod, never updated: no patch for series), and only in the
+modern group (no core/v1 events)."""
+
+
+@pytest.mark.parametrize("which", RENDERS)
+def test_no_cluster_scoped_rbac_and_no_wildcards(
+    which: str, base_objects: list[Obj], overlay_objects: dict[str, list[Obj]]
+) -> None:
+    objects = all_renders(base_objects, overlay_objects)[which]
+    kinds = {o["kind"] for o in objects}
     assert not kinds & {"ClusterRole", "ClusterRoleBinding"}
-    for role in of_kind(base_objects, "Role"):
+    for binding in of_kind(objects, "RoleBinding"):
+        assert binding["roleRef"]["kind"] == "Role"  # never a ClusterRole bound in a namespace
+    for role in of_kind(objects, "Role"):
         for rule in role["rules"]:
             for key in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
                 assert all("*" not in str(v) for v in rule.get(key, [])), (role, key)
 
 
-def test_sandbox_role_allows_only_pod_get_list_watch_delete_and_event_create_there(
-    base_objects: list[Obj],
+@pytest.mark.parametrize("which", RENDERS)
+def test_each_sandbox_namespace_gets_exactly_the_pod_role_and_no_other_namespace_does(
+    which: str, tmp_path: Path, base_objects: list[Obj], overlay_objects: dict[str, list[Obj]]
 ) -> None:
-    sandbox_ns = configmap_data(base_objects)[config.NAMESPACE.name]
-    roles = [r for r in of_kind(base_objects, "Role") if r["metadata"]["namespace"] == sandbox_ns]
-    assert len(roles) == 1
-    # Events: create only (one Event per pod, never updated: no patch for series), and only in
-    # the modern group (no core/v1 events).
-    assert roles[0]["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
-        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
-    ]
+    objects = all_renders(base_objects, overlay_objects)[which]
+    settings = rendered_settings(objects, tmp_path)
+    own_ns = only(objects, "Deployment")["metadata"]["namespace"]
+    assert len(settings.kube.namespaces) == 1 + EXTRA_SANDBOX_NAMESPACES.get(which, 0)
+    roles_by_ns: dict[str, list[Obj]] = {}
+    for role in of_kind(objects, "Role"):
+        roles_by_ns.setdefault(role["metadata"]["namespace"], []).append(role)
+    # Roles only where the service works: its sandbox namespaces and its own (the Lease).
+    assert set(roles_by_ns) == {*settings.kube.namespaces, own_ns}
+    bound = {
+        (b["metadata"]["namespace"], b["roleRef"]["name"]) for b in of_kind(objects, "RoleBinding")
+    }
+    for namespace in settings.kube.namespaces:
+        [role] = roles_by_ns[namespace]
+        assert role["rules"] == SANDBOX_RULES, namespace
+        assert (namespace, role["metadata"]["name"]) in bound, namespace
 
 
 def test_lease_role_allows_only_get_create_update_of_the_one_lease(
@@ -290,7 +329,7 @@ def test_container_environment_is_only_known_variables(base_objects: list[Obj]) 
     assert set(configmap_data(base_objects)) <= VARIABLE_NAMES
 
 
-@pytest.mark.parametrize("which", ["base", "dry-run", "live"])
+@pytest.mark.parametrize("which", RENDERS)
 def test_rendered_environment_loads_without_warnings(
     which: str,
     tmp_path: Path,
@@ -298,12 +337,10 @@ def test_rendered_environment_loads_without_warnings(
     overlay_objects: dict[str, list[Obj]],
 ) -> None:
     objects = all_renders(base_objects, overlay_objects)[which]
-    env = container_env(only(objects, "Deployment"), of_kind(objects, "ConfigMap"))
-    url_file = tmp_path / "url"
-    url_file.write_text("postgresql://retired_pod_gc:secret@db:5432/space\n")
-    settings = config.load(env | {config.DATABASE_URL_FILE.name: str(url_file)})
+    settings = rendered_settings(objects, tmp_path)
     assert settings.warnings == ()
-    assert settings.mode == {"base": "disabled", "dry-run": "dry_run", "live": "live"}[which]
+    modes = {"base": "disabled", "dry-run": "dry_run", "live": "live", "two-namespaces": "disabled"}
+    assert settings.mode == modes[which]
 
 
 def test_base_configmap_is_disabled_and_dry_run(base_objects: list[Obj]) -> None:
@@ -423,7 +460,7 @@ def test_each_mode_gets_its_own_configmap_name_so_a_switch_rolls_the_pods(
         ref = container(only(objects, "Deployment"))["envFrom"][0]["configMapRef"]["name"]
         assert ref == cm_name
         names.add(cm_name)
-    assert len(names) == 3
+    assert len(names) == len(all_renders(base_objects, overlay_objects))
 
 
 def test_kustomization_files_never_contain_a_secret_value() -> None:

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -48,6 +49,43 @@ def free_port() -> int:
 def closed_port() -> int:
     """A local port nobody listens on: connecting to it is refused at once."""
     return free_port()
+
+
+class SilentServer:
+    """A loopback TCP server that accepts every connection and never sends a byte: a database
+    (or any server) that never answers. ``accepted`` is set once a client got through."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self.port = int(self._sock.getsockname()[1])
+        self.accepted = threading.Event()
+        self._held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, name="silent-server", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            self._held.append(conn)  # held open, never read from nor written to
+            self.accepted.set()
+
+    def close(self) -> None:
+        self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._thread.join(timeout=5)
+        for conn in self._held:
+            conn.close()
+
+    def __enter__(self) -> SilentServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def write_kubeconfig(path: Path, server_url: str) -> Path:
@@ -99,6 +137,27 @@ def base_env(*, kubeconfig: Path, database_url: str, **settings: object) -> dict
 
 def cli_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "service.cli", *args]
+
+
+# A command run as PID 1 of a new PID namespace, as in a container (the tests run as root).
+# unshare forwards no signal: signal its child (:func:`child_of`), it exits with the child's
+# status.
+AS_PID1 = ("unshare", "--pid", "--fork", "--kill-child", "--")
+
+
+def child_of(pid: int, *, timeout_s: float = 60.0) -> int:
+    """The one child of ``pid`` (``unshare --fork``'s command), once it exists."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except FileNotFoundError:
+            children = []
+        if children:
+            (child,) = children
+            return int(child)
+        time.sleep(0.01)
+    raise AssertionError(f"{pid} started no child within {timeout_s}s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +243,9 @@ class ServiceProcess:
     log_path: Path
     started_at: float
     stopped: bool = field(default=False)
+    signal_pid: int | None = (
+        None  # under unshare (``as_pid1``): the command, PID 1 of its namespace
+    )
 
     @property
     def base_url(self) -> str:
@@ -253,7 +315,10 @@ class ServiceProcess:
         """SIGTERM (or ``signum``); (exit code or None if still running after ``timeout_s``,
         seconds taken)."""
         started = time.monotonic()
-        self.proc.send_signal(signum)
+        if self.signal_pid is None:
+            self.proc.send_signal(signum)
+        else:
+            os.kill(self.signal_pid, signum)
         code = await self.wait_exit(timeout_s)
         self.stopped = code is not None
         return code, time.monotonic() - started
@@ -278,7 +343,12 @@ class ServiceLauncher:
         return base_env(kubeconfig=self.kubeconfig, database_url=self.database_url, **settings)
 
     def start(
-        self, name: str, *, database_url: str | None = None, **settings: object
+        self,
+        name: str,
+        *,
+        database_url: str | None = None,
+        as_pid1: bool = False,
+        **settings: object,
     ) -> ServiceProcess:
         port = free_port()
         values: dict[str, object] = {
@@ -297,9 +367,12 @@ class ServiceLauncher:
         if database_url is not None:
             env[PREFIX + "DATABASE_URL"] = database_url
         log_path = self.tmp_path / f"{name}.stderr.log"
+        command = cli_command("run")
+        if as_pid1:
+            command = [*AS_PID1, *command]
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                cli_command("run"),
+                command,
                 env=env,
                 cwd=REPO_ROOT,
                 stdin=subprocess.DEVNULL,
@@ -307,7 +380,12 @@ class ServiceLauncher:
                 stderr=subprocess.STDOUT,
             )
         service = ServiceProcess(
-            name=name, proc=proc, port=port, log_path=log_path, started_at=time.monotonic()
+            name=name,
+            proc=proc,
+            port=port,
+            log_path=log_path,
+            started_at=time.monotonic(),
+            signal_pid=child_of(proc.pid) if as_pid1 else None,
         )
         self.processes.append(service)
         return service

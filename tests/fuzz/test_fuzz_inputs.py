@@ -249,23 +249,62 @@ payload_dicts = st.fixed_dictionaries(
 
 @FUZZ
 @given(st.text(max_size=200))
-def test_arbitrary_text_payloads_parse_to_none_or_a_change(payload: str) -> None:
-    change = parse_payload(payload, received_at_s=1.0)
-    assert change is None or (change.namespace and change.pod_name)
+def test_arbitrary_text_payloads_parse_to_changes_with_keys_or_are_counted(payload: str) -> None:
+    parsed = parse_payload(payload, received_at_s=1.0)
+    assert all(c.namespace and c.pod_name for c in parsed.changes)
+    assert parsed.changes or parsed.malformed >= 1
 
 
 @FUZZ
 @given(payload_dicts)
 def test_a_payload_says_retired_only_when_it_literally_does(doc: dict[str, Any]) -> None:
-    change = parse_payload(json.dumps(doc), received_at_s=1.0)
-    if change is None:
+    parsed = parse_payload(json.dumps(doc), received_at_s=1.0)
+    if not parsed.changes:
+        assert parsed.malformed == 1
         return
+    (change,) = parsed.changes
     assert isinstance(doc.get("namespace"), str) and doc["namespace"]
     assert isinstance(doc.get("pod_name"), str) and doc["pod_name"]
     if change.retired:
         assert doc.get("op") in ("insert", "update")
         assert doc.get("active") is False
         assert ExecutionState.parse(doc.get("execution_state")) in RETIRED_STATES
+
+
+row_values = st.lists(
+    st.sampled_from(["insert", "update", "delete", "truncate", ""])
+    | st.text(max_size=10)
+    | st.booleans()
+    | json_scalars,
+    min_size=0,
+    max_size=6,
+)
+
+
+@FUZZ
+@given(st.lists(row_values, max_size=8))
+def test_a_batch_keeps_exactly_its_valid_rows_and_counts_the_others(rows: list[list[Any]]) -> None:
+    parsed = parse_payload(json.dumps({"rows": rows}), received_at_s=1.0)
+    valid = [
+        r
+        for r in rows
+        if len(r) == 5
+        and r[0] in ("insert", "update", "delete")
+        and isinstance(r[1], str)
+        and r[1]
+        and isinstance(r[2], str)
+        and r[2]
+        and (r[3] is None or isinstance(r[3], bool))
+        and (r[4] is None or isinstance(r[4], str))
+    ]
+    assert [(c.namespace, c.pod_name) for c in parsed.changes] == [(r[1], r[2]) for r in valid]
+    assert parsed.malformed == (max(1, len(rows)) if not valid else len(rows) - len(valid))
+    for change, row in zip(parsed.changes, valid, strict=True):
+        assert change.retired == (
+            row[0] != "delete"
+            and row[3] is False
+            and ExecutionState.parse(row[4]) in RETIRED_STATES
+        )
 
 
 # ------------------------------------------------------------------ configuration

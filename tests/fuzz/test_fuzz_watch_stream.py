@@ -105,6 +105,7 @@ async def test_garbage_lines_never_kill_the_informer_nor_poison_its_cache(
         kube_settings,
         PodDecoder(kube_settings.label_keys),
         Metrics(CollectorRegistry()),
+        namespace=NS,
         rng=random.Random(seed),
         backoff=Backoff(initial_s=0.01, max_s=0.05, jitter=0.5, rng=random.Random(seed)),
         min_watch_s=0.0,

@@ -70,7 +70,7 @@ async def _cancel(conn: asyncpg.Connection, pods: KubePodClient, attempt: int = 
     return await cancel_create(
         conn=conn,
         pods=pods,
-        namespace=NS,
+        namespaces=(NS,),
         sandbox_id=SID,
         generation=1,
         activation_attempt=attempt,
@@ -219,5 +219,46 @@ async def test_a_retire_on_a_closed_connection_raises_unavailable_and_deletes_no
     with pytest.raises(Unavailable) as raised:
         await _cancel(closed, pods)
     assert isinstance(raised.value.__cause__, asyncpg.InterfaceError)
+    assert await _row(pg_conn) == (True, "active", 0)
+    assert _deletes(emulator) == []
+
+
+async def test_with_several_namespaces_the_pod_is_deleted_in_its_sandbox_namespace_only(
+    emulator: RunningEmulator, pg_conn: asyncpg.Connection, pods: KubePodClient
+) -> None:
+    other = "tenant-b"
+    await seed_sandbox(pg_conn, SID, namespace=other)
+    await seed_execution(pg_conn, pod_name=NAME, sandbox_id=SID, generation=1)
+    # A pod of that name in each namespace: only the sandbox's own namespace holds its pod.
+    decoy = _create_pod(emulator)
+    body = sandbox_pod(sandbox_id=SID, generation=1, shape=Shape.PENDING_STUCK, namespace=other)
+    theirs = emulator.emulator.create_pod(body)
+    report = await cancel_create(
+        conn=pg_conn,
+        pods=pods,
+        namespaces=(NS, other),
+        sandbox_id=SID,
+        generation=1,
+        activation_attempt=0,
+        timeout_s=5.0,
+    )
+    assert report == CancelReport(CancelOutcome.DELETED, True, NAME, "")
+    (delete,) = _deletes(emulator)
+    assert delete.path == f"/api/v1/namespaces/{other}/pods/{NAME}"
+    assert delete.body["preconditions"]["uid"] == theirs["metadata"]["uid"]
+    assert emulator.emulator.get_pod(NS, NAME) == decoy
+
+
+async def test_a_sandbox_of_a_namespace_not_configured_is_left_alone(
+    emulator: RunningEmulator, pg_conn: asyncpg.Connection, pods: KubePodClient
+) -> None:
+    await seed_sandbox(pg_conn, SID, namespace="elsewhere")
+    await seed_execution(pg_conn, pod_name=NAME, sandbox_id=SID, generation=1)
+    body = sandbox_pod(
+        sandbox_id=SID, generation=1, shape=Shape.PENDING_STUCK, namespace="elsewhere"
+    )
+    emulator.emulator.create_pod(body)
+    report = await _cancel(pg_conn, pods)
+    assert report.outcome is CancelOutcome.NO_EXECUTION and not report.retired_now
     assert await _row(pg_conn) == (True, "active", 0)
     assert _deletes(emulator) == []

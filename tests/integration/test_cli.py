@@ -121,7 +121,15 @@ def test_importing_the_whole_product_loads_no_dev_tool() -> None:
 
 
 def test_the_installed_command_offers_only_what_works_in_the_image(tmp_path: Path) -> None:
-    assert set(_commands()) == {"run", "scan", "explain", "migrate", "cancel-create", "config"}
+    assert set(_commands()) == {
+        "run",
+        "scan",
+        "explain",
+        "pending",
+        "migrate",
+        "cancel-create",
+        "config",
+    }
     script = str(Path(sys.executable).parent / "retired-pod-gc")
     helped = _run(script, "--help", cwd=tmp_path)
     assert helped.returncode == 0, helped.stderr
@@ -234,7 +242,7 @@ def test_migrate_twice_applies_then_has_nothing_to_apply(
     first = run_cli("migrate", "--with-schema", env=env)
     assert first.code == 0, first.stderr
     assert first.stdout.startswith("applied: ")
-    assert "0001" in first.stdout and "0002" in first.stdout
+    assert "0001" in first.stdout and "0003" in first.stdout
     second = run_cli("migrate", "--with-schema", env=env)
     assert second.code == 0, second.stderr
     assert second.stdout.strip() == "nothing to apply: the database is up to date"

@@ -42,6 +42,7 @@ from tests.integration.test_engine_safety import (
     sample,
     seed_row,
 )
+from tests.kubefixtures import SANDBOX_NAMESPACE
 
 pytestmark = pytest.mark.anyio
 
@@ -128,9 +129,33 @@ async def test_delete_answered_404_or_409_is_benign_and_a_conflict_is_decided_ag
         await eventually(lambda: outcome(parts, TERMINAL) >= 2, "the later DELETE's outcome")
         assert outcome(parts, "conflict") == 1
         assert outcome(parts, TERMINAL) == 2
-        assert sample(parts, "retired_pod_gc_deletes_total", result="gone") == 1
-        assert sample(parts, "retired_pod_gc_deletes_total", result="conflict") == 1
-        assert sample(parts, "retired_pod_gc_deletes_total", result="deleted") == 2
+        assert (
+            sample(
+                parts,
+                "retired_pod_gc_deletes_total",
+                sandbox_namespace=SANDBOX_NAMESPACE,
+                result="gone",
+            )
+            == 1
+        )
+        assert (
+            sample(
+                parts,
+                "retired_pod_gc_deletes_total",
+                sandbox_namespace=SANDBOX_NAMESPACE,
+                result="conflict",
+            )
+            == 1
+        )
+        assert (
+            sample(
+                parts,
+                "retired_pod_gc_deletes_total",
+                sandbox_namespace=SANDBOX_NAMESPACE,
+                result="deleted",
+            )
+            == 2
+        )
     assert [e.status for e in deletes(emu, gone)] == [404]
     first, second = deletes(emu, moved)
     assert (first.status, second.status) == (409, 200)

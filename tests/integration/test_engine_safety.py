@@ -274,7 +274,15 @@ async def test_dry_run_verifies_but_never_deletes_and_reports_once(
         await sleep_until_wall(t_reconnected + 2.5)
         assert outcome(parts, TERMINAL, mode="dry_run") == 1
         assert outcome(parts, TERMINAL, mode="live") == 0
-        assert sample(parts, "retired_pod_gc_deletes_total", result="deleted") == 0
+        assert (
+            sample(
+                parts,
+                "retired_pod_gc_deletes_total",
+                sandbox_namespace=SANDBOX_NAMESPACE,
+                result="deleted",
+            )
+            == 0
+        )
     assert emu.audit_log(method="DELETE") == []
     assert emu.get_pod(NS, name) is not None
 

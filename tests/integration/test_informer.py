@@ -57,6 +57,7 @@ async def running_informer(
         settings,
         PodDecoder(settings.label_keys),
         metrics,
+        namespace=settings.namespaces[0],
         rng=random.Random(7),
         backoff=Backoff(initial_s=0.02, max_s=0.1, jitter=0.5, rng=random.Random(7)),
         min_watch_s=0.0,
@@ -102,13 +103,30 @@ async def test_initial_sync_streams_by_default_and_honours_the_selector(
         _assert_selected_once(informer, handler, emu)
         assert informer.sync_mode is SyncMode.STREAM
         assert informer.resource_version == str(emu.resource_version)
-        assert metric(metrics, "retired_pod_gc_informer_list_mode", mode="stream") == 1
-        assert metric(metrics, "retired_pod_gc_informer_list_mode", mode="list_cache") == 0
+        assert (
+            metric(
+                metrics, "retired_pod_gc_informer_list_mode", sandbox_namespace=NS, mode="stream"
+            )
+            == 1
+        )
+        assert (
+            metric(
+                metrics,
+                "retired_pod_gc_informer_list_mode",
+                sandbox_namespace=NS,
+                mode="list_cache",
+            )
+            == 0
+        )
         assert (
             metric(metrics, "retired_pod_gc_api_requests_total", op="watchlist", result="ok") == 1
         )
-        assert metric(metrics, "retired_pod_gc_cache_pods") == 7
-        assert metric(metrics, "retired_pod_gc_cache_synced") == 1
+        assert (
+            metric(metrics, "retired_pod_gc_cache_pods", sandbox_namespace=SANDBOX_NAMESPACE) == 7
+        )
+        assert (
+            metric(metrics, "retired_pod_gc_cache_synced", sandbox_namespace=SANDBOX_NAMESPACE) == 1
+        )
         # The same stream goes on as the watch: a change arrives without another request.
         emu.create_pod(sandbox_pod("later"), namespace=NS)
         await eventually(lambda: converged(informer, emulator))
@@ -132,11 +150,23 @@ async def test_quorum_list_pages_through_the_list_and_honours_the_selector(
         await informer.wait_synced()
         _assert_selected_once(informer, handler, emu)
         assert informer.sync_mode is SyncMode.LIST_QUORUM
-        assert metric(metrics, "retired_pod_gc_informer_list_mode", mode="list_quorum") == 1
+        assert (
+            metric(
+                metrics,
+                "retired_pod_gc_informer_list_mode",
+                sandbox_namespace=NS,
+                mode="list_quorum",
+            )
+            == 1
+        )
         assert metric(metrics, "retired_pod_gc_api_requests_total", op="list", result="410") == 1
         assert metric(metrics, "retired_pod_gc_api_requests_total", op="list", result="ok") == 4
-        assert metric(metrics, "retired_pod_gc_cache_pods") == 7
-        assert metric(metrics, "retired_pod_gc_cache_synced") == 1
+        assert (
+            metric(metrics, "retired_pod_gc_cache_pods", sandbox_namespace=SANDBOX_NAMESPACE) == 7
+        )
+        assert (
+            metric(metrics, "retired_pod_gc_cache_synced", sandbox_namespace=SANDBOX_NAMESPACE) == 1
+        )
     lists = [r for r in emu.requests if r.method == "GET" and "watch" not in r.query]
     assert lists[0].query["resourceVersion"] == "0"
     pages = lists[1:]
@@ -219,7 +249,9 @@ async def test_forced_410_relists_and_reports_what_changed_while_disconnected(
         assert handler.cold == 1
         assert metric(metrics, "retired_pod_gc_relists_total") == 1
         assert metric(metrics, "retired_pod_gc_watch_restarts_total", reason="expired") == 1
-        assert metric(metrics, "retired_pod_gc_cache_synced") == 1
+        assert (
+            metric(metrics, "retired_pod_gc_cache_synced", sandbox_namespace=SANDBOX_NAMESPACE) == 1
+        )
         # After the relist the informer watches again and keeps following changes.
         emu.delete_pod(NS, "space-sbx-p3-g1")
         await eventually(lambda: converged(informer, emulator))

@@ -78,7 +78,12 @@ async def test_sync_and_relist_converge_to_the_server_pod_set(
         assert informer.sync_mode is first
         assert cache_state(informer) == server_pods(emu)
         assert sorted(handler.added_keys()) == sorted(server_pods(emu))  # once each
-        assert metric(metrics, "retired_pod_gc_informer_list_mode", mode=first.value) == 1
+        assert (
+            metric(
+                metrics, "retired_pod_gc_informer_list_mode", sandbox_namespace=NS, mode=first.value
+            )
+            == 1
+        )
         assert handler.log[-1] == "synced" and handler.synced == 1
         known = informer.resource_version
         handler.changes.clear()
@@ -106,10 +111,21 @@ async def test_sync_and_relist_converge_to_the_server_pod_set(
         assert handler.log[0] == "cold" and handler.log[-1] == "synced"
         assert handler.cold == 1
         assert metric(metrics, "retired_pod_gc_relists_total") == 1
-        assert metric(metrics, "retired_pod_gc_informer_list_mode", mode=relisted.value) == 1
+        assert (
+            metric(
+                metrics,
+                "retired_pod_gc_informer_list_mode",
+                sandbox_namespace=NS,
+                mode=relisted.value,
+            )
+            == 1
+        )
         assert (
             sum(
-                metric(metrics, "retired_pod_gc_informer_list_mode", mode=m.value) for m in SyncMode
+                metric(
+                    metrics, "retired_pod_gc_informer_list_mode", sandbox_namespace=NS, mode=m.value
+                )
+                for m in SyncMode
             )
             == 1
         )

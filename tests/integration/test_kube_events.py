@@ -103,28 +103,73 @@ async def test_a_delete_and_a_dry_run_report_become_valid_events_regarding_the_p
     assert reported["note"].startswith("Would delete (dry run)")
 
 
-async def test_a_burst_is_written_no_sooner_than_the_rate_limit_admits_each_event(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+async def test_dry_run_reports_are_paced_and_those_beyond_the_bound_summarised(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The real limiter on the real loop, at a small rate: it admits ``burst`` writes at once,
+    """The real limiter on the real loop, at a small rate: it admits ``burst`` reports at once,
     then ``per_second``, so the k-th Event cannot reach the server sooner than
-    ``(k - burst) / per_second`` after the drain started (load can only delay it further)."""
+    ``(k - burst) / per_second`` after the drain started (load can only delay it further). The
+    reports beyond the bound are counted and named in one summary line, none silently lost."""
     emu = emulator.emulator
-    burst, per_second, buffer_size, n = 3, 20.0, 12, 30
+    burst, per_second, bound, n = 3, 20.0, 12, 30
     recorder, metrics = make_recorder(
-        kube_api, burst=burst, per_second=per_second, buffer_size=buffer_size
+        kube_api, burst=burst, per_second=per_second, report_bound=bound
     )
+    caplog.set_level(logging.WARNING, logger="service.kube.events")
     for i in range(n):
-        recorder.record(report(i))
-    assert recorder.pending == buffer_size
+        recorder.record(report(i, dry_run=True))
+    assert recorder.pending == bound
     started_s = time.time()  # the emulator stamps requests with time.time() too
     async with draining(recorder):
-        await eventually(lambda: recorder.pending == 0)
-    assert results(metrics) == {"created": buffer_size, "dropped_buffer_full": n - buffer_size}
+        await eventually(lambda: recorder.pending == 0 and recorder.summarized == 0)
+    assert results(metrics) == {"created": bound, "summarized": n - bound}
     arrivals = sorted(e.time_s for e in emu.audit_log(method="POST", path_contains=EVENTS_PATH))
-    assert len(arrivals) == buffer_size
+    assert len(arrivals) == bound
     for k, arrived_s in enumerate(arrivals, start=1):
         assert arrived_s - started_s >= (k - burst) / per_second, (k, arrived_s - started_s)
+    [summary] = [r.getMessage() for r in caplog.records if "more would-delete" in r.getMessage()]
+    assert summary.startswith(f"dry run: {n - bound} more would-delete reports")
+
+
+async def test_delete_events_are_not_paced_again_the_delete_budget_is_their_pace(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+) -> None:
+    """At a pace of one report a minute, fifty deletes recorded at once are still all written
+    (paced, the last would wait most of an hour); none is summarised or dropped."""
+    n = 50
+    recorder, metrics = make_recorder(kube_api, burst=1, per_second=1 / 60)
+    for i in range(n):
+        recorder.record(report(i))
+    async with draining(recorder):
+        await eventually(lambda: results(metrics) == {"created": n})
+    assert {e["regarding"]["uid"] for e in emulator.emulator.events.events(NS)} == {
+        f"uid-{i}" for i in range(n)
+    }
+
+
+async def test_the_buffer_and_the_report_pace_follow_the_delete_budget(
+    kube_api: k8s_client.ApiClient,
+) -> None:
+    small, _ = make_recorder(kube_api)
+    assert (small.buffer_size, small.reports_per_second) == (1000, 2.0)
+    big, _ = make_recorder(kube_api, deletes_per_minute=6000)
+    # two minutes of deletes at the cap wait; reports go at the pace deletes would
+    assert (big.buffer_size, big.reports_per_second, big.report_bound) == (12000, 100.0, 1000)
+
+
+async def test_a_full_buffer_drops_and_counts_what_does_not_fit(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+) -> None:
+    emu = emulator.emulator
+    emu.add_latency(60.0, method="POST", path_contains=EVENTS_PATH)
+    recorder, metrics = make_recorder(kube_api, buffer_size=5, timeout_s=60.0)
+    async with draining(recorder):
+        for i in range(12):
+            recorder.record(report(i))
+        assert recorder.pending == 5
+        assert results(metrics) == {"dropped_buffer_full": 7}
+        await recorder.flush(timeout_s=0.1)
+    assert results(metrics) == {"dropped_buffer_full": 7, "dropped_shutdown": 5}
 
 
 async def test_failures_are_counted_logged_once_per_kind_and_never_stop_the_drain(

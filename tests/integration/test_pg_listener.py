@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 import anyio
+import anyio.lowlevel
 import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
@@ -34,7 +36,7 @@ from service.kit.clock import FakeClock
 from service.kit.errors import Unavailable
 from service.metrics import Metrics
 from service.pg.errors import ListenerUnavailable
-from service.pg.listener import BACKOFF_MAX_S, RetirementListener
+from service.pg.listener import BACKOFF_MAX_S, RetirementListener, parse_payload
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
 from tests.pgfixtures import NAMESPACE, db_settings, metric, seed_execution, seed_sandbox
 
@@ -48,10 +50,13 @@ class RecordingHandler:
 
     def __init__(self) -> None:
         self.changes: list[ExecutionChange] = []
+        self.batches: list[list[ExecutionChange]] = []
         self.missed = 0
 
-    def execution_changed(self, change: ExecutionChange) -> None:
-        self.changes.append(change)
+    def executions_changed(self, changes: Sequence[ExecutionChange]) -> None:
+        assert changes, "a handler is never handed an empty batch"
+        self.changes.extend(changes)
+        self.batches.append(list(changes))
 
     def notifications_missed(self) -> None:
         self.missed += 1
@@ -524,3 +529,363 @@ async def test_a_successful_listen_resets_the_backoff(
         # Three failures before the success; after it, the count starts from zero again.
         assert await _next_timer(clock) == pytest.approx(twin.delay_s(0), abs=1e-9)
         tg.cancel_scope.cancel()
+
+
+# ------------------------------------------------------------- trigger 0003: batches
+
+
+class RawPayloads(list[str]):
+    """Every payload on the default channel, as the server sent it (a plain LISTEN)."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        super().__init__()
+        self._conn = conn
+
+    async def drain(self) -> None:
+        """Return once every notification committed so far is here: the server sends what it
+        has queued for a listening connection before it answers a query on it."""
+        await self._conn.fetchval("SELECT 1")
+        await anyio.lowlevel.checkpoint()
+
+
+@contextlib.asynccontextmanager
+async def raw_payloads(url: str) -> AsyncIterator[RawPayloads]:
+    conn = await asyncpg.connect(url)
+    got = RawPayloads(conn)
+    try:
+        await conn.add_listener(DEFAULT_CHANNEL, lambda _c, _p, _ch, payload: got.append(payload))
+        yield got
+    finally:
+        await conn.close()
+
+
+async def _seed_many(conn: asyncpg.Connection, count: int, *, prefix: str = "m") -> list[str]:
+    await conn.execute(
+        "INSERT INTO sandboxes SELECT $1 || i, $2, 'kubernetes' FROM generate_series(1, $3) i",
+        prefix,
+        NAMESPACE,
+        count,
+    )
+    await conn.execute(
+        "INSERT INTO sandbox_k8s_executions (sandbox_id, generation, activation_attempt, pod_name,"
+        " pod_kind, execution_state, active)"
+        " SELECT $1 || i, 1, 0, 'space-sbx-' || $1 || i || '-g1', 'create', 'active', true"
+        " FROM generate_series(1, $2) i",
+        prefix,
+        count,
+    )
+    return [f"space-sbx-{prefix}{i}-g1" for i in range(1, count + 1)]
+
+
+def _rows(payloads: Sequence[str]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for payload in payloads:
+        rows.extend(json.loads(payload)["rows"])
+    return rows
+
+
+async def test_a_10000_row_statement_is_several_notifications_each_below_the_limit(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    names = await _seed_many(pg_conn, 10_000)
+    handler, registry = RecordingHandler(), CollectorRegistry()
+    async with (
+        raw_payloads(pg_url) as payloads,
+        running(db_settings(pg_url), handler, registry) as listener,
+    ):
+        await pg_conn.execute(
+            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced',"
+            " retired_at = now()"
+        )
+        await listener.sync()
+        await payloads.drain()
+    sizes = [len(p.encode()) for p in payloads]
+    # Far fewer notifications than rows, and none near PostgreSQL's limit.
+    assert 2 <= len(payloads) <= 10_000 // 50
+    assert max(sizes) < 8000
+    assert sorted(r[2] for r in _rows(payloads)) == sorted(names)  # type: ignore[type-var]
+    # The listener hands each notification over as one batch, every row of it.
+    assert len(handler.batches) == len(payloads)
+    assert sorted(c.pod_name for c in handler.changes) == sorted(names)
+    assert all(c.retired and c.state is ExecutionState.REPLACED for c in handler.changes)
+    assert metric(registry, "retired_pod_gc_notifications_total") == len(payloads)
+    assert metric(registry, "retired_pod_gc_notifications_malformed_total") == 0
+
+
+async def test_only_rows_whose_active_or_state_changed_are_reported(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    names = await _seed_many(pg_conn, 300)
+    async with raw_payloads(pg_url) as payloads:
+        await payloads.drain()
+        payloads.clear()
+        # One statement touching all 300 rows: 100 retired, 100 with only their state changed,
+        # 100 with neither changed (other columns, and active/state set to what they were).
+        await pg_conn.execute(
+            """
+            UPDATE sandbox_k8s_executions e
+               SET activation_attempt = activation_attempt + 1,
+                   active = (n % 3 <> 0),
+                   execution_state = CASE n % 3 WHEN 0 THEN 'replaced'
+                                                WHEN 1 THEN 'activating'
+                                                ELSE 'active' END
+              FROM (SELECT id, row_number() OVER (ORDER BY id) AS n
+                      FROM sandbox_k8s_executions) AS o
+             WHERE o.id = e.id
+            """
+        )
+        await payloads.drain()
+        rows = _rows(payloads)
+        assert len(rows) == 200
+        reported = {r[2]: r for r in rows}
+        ordered = sorted(names, key=lambda n: int(n.removeprefix("space-sbx-m").split("-")[0]))
+        for i, name in enumerate(ordered, start=1):
+            if i % 3 == 0:
+                assert reported[name] == ["update", NAMESPACE, name, False, "replaced"]
+            elif i % 3 == 1:
+                assert reported[name] == ["update", NAMESPACE, name, True, "activating"]
+            else:
+                assert name not in reported
+        # A statement changing nothing the service reads sends nothing.
+        payloads.clear()
+        await pg_conn.execute("UPDATE sandbox_k8s_executions SET generation = generation + 1")
+        await pg_conn.execute("UPDATE sandbox_k8s_executions SET active = active")
+        await pg_conn.execute("DELETE FROM sandbox_k8s_executions WHERE false")
+        await payloads.drain()
+        assert payloads == []
+        # Deletes and inserts report every row.
+        await pg_conn.execute(
+            "DELETE FROM sandbox_k8s_executions WHERE pod_name = ANY($1)", names[:7]
+        )
+        await payloads.drain()
+        deleted = _rows(payloads)
+        assert sorted(r[2] for r in deleted) == sorted(names[:7])  # type: ignore[type-var]
+        assert {r[0] for r in deleted} == {"delete"}
+
+
+async def test_worst_case_rows_never_reach_the_payload_limit(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    # Texts longer than the cut and made of characters JSON escapes to 6 bytes (\u0001), of
+    # 2-byte escapes ("), of multibyte characters, mixed with ordinary rows and many of them:
+    # the trigger must never build a payload of 8000 bytes or more (pg_notify would raise and
+    # abort this statement), and every row must arrive, cut as 0002 cut it.
+    rng = random.Random(21)
+    alphabets = ["\x01", '"', "\\", "é", "\u20ac", "\U0001f600", "a", '\x01a"é']
+    specs: list[tuple[str, str, str]] = []
+    for i in range(400):
+
+        def text(n: int) -> str:
+            alphabet = rng.choice(alphabets)
+            return "".join(rng.choice(alphabet) for _ in range(n))
+
+        long_ns, long_pod = rng.random() < 0.5, rng.random() < 0.5
+        namespace = text(rng.choice([300, 253, 600])) if long_ns else NAMESPACE
+        pod = f"p{i:04d}" + (text(rng.choice([249, 300, 1000])) if long_pod else "")
+        state = text(rng.choice([64, 65, 200])) if rng.random() < 0.5 else "replaced"
+        specs.append((namespace, pod, state))
+    specs += [(NAMESPACE, f"space-sbx-n{i}-g1", "replaced") for i in range(3000)]
+    async with raw_payloads(pg_url) as payloads:
+        async with pg_conn.transaction():
+            await pg_conn.executemany(
+                "INSERT INTO sandboxes VALUES ($1, $2, 'kubernetes')",
+                [(f"w{i}", ns) for i, (ns, _, _) in enumerate(specs)],
+            )
+            await pg_conn.execute(
+                "INSERT INTO sandbox_k8s_executions (sandbox_id, generation, activation_attempt,"
+                " pod_name, pod_kind, execution_state, active)"
+                " SELECT 'w' || (u.i - 1), 1, 0, u.pod, 'create', u.state, false"
+                " FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(pod, state, i)",
+                [pod for _, pod, _ in specs],
+                [state for _, _, state in specs],
+            )
+        await payloads.drain()
+    sizes = [len(p.encode()) for p in payloads]
+    assert max(sizes) < 8000
+    assert len(payloads) < len(specs) / 10
+    rows = _rows(payloads)
+    expected = sorted(["insert", ns[:253], pod[:253], False, st[:64]] for ns, pod, st in specs)
+    assert sorted(rows) == expected  # type: ignore[type-var]
+    # The listener parses every one of them.
+    for payload in payloads:
+        parsed = parse_payload(payload, received_at_s=0)
+        assert parsed.malformed == 0 and parsed.changes
+    # The worst row alone, through the one-row path of each trigger event.
+    worst_ns, worst_pod, worst_state = "\x01" * 600, "\x01" * 1000, "\x01" * 200
+    async with raw_payloads(pg_url) as payloads:
+        await pg_conn.execute("INSERT INTO sandboxes VALUES ('worst', $1, 'kubernetes')", worst_ns)
+        await pg_conn.execute(
+            "INSERT INTO sandbox_k8s_executions (sandbox_id, generation, activation_attempt,"
+            " pod_name, pod_kind, execution_state, active) VALUES ('worst', 1, 0, $1, 'create',"
+            " $2, true)",
+            worst_pod,
+            worst_state,
+        )
+        await pg_conn.execute(
+            "UPDATE sandbox_k8s_executions SET active = false WHERE sandbox_id = 'worst'"
+        )
+        await pg_conn.execute("DELETE FROM sandbox_k8s_executions WHERE sandbox_id = 'worst'")
+        await payloads.drain()
+    # The bound, exactly reached (`true` is a byte shorter than `false`).
+    assert [len(p.encode()) for p in payloads] == [3455, 3456, 3456]
+    assert [json.loads(p)["rows"] for p in payloads] == [
+        [["insert", worst_ns[:253], worst_pod[:253], True, worst_state[:64]]],
+        [["update", worst_ns[:253], worst_pod[:253], False, worst_state[:64]]],
+        [["delete", worst_ns[:253], worst_pod[:253], False, worst_state[:64]]],
+    ]
+
+
+async def test_both_payload_shapes_and_bad_rows_inside_a_batch(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    # During a rolling upgrade 0002's single objects and 0003's batches share the channel.
+    handler, registry = RecordingHandler(), CollectorRegistry()
+    single = json.dumps(
+        {
+            "op": "update",
+            "namespace": NAMESPACE,
+            "pod_name": "a",
+            "active": False,
+            "execution_state": "suspended",
+        }
+    )
+    batch = json.dumps(
+        {
+            "rows": [
+                ["update", NAMESPACE, "b", False, "replaced"],
+                ["update", "", "bad", True, None],
+                ["delete", NAMESPACE, "c", None, None],
+                [1, 2, 3],
+            ]
+        }
+    )
+    async with running(db_settings(pg_url), handler, registry) as listener:
+        for payload in (single, batch, "x" * 8000):
+            await pg_conn.execute("SELECT pg_notify($1, $2)", DEFAULT_CHANNEL, payload[:7999])
+        await listener.sync()
+    assert [[c.pod_name for c in b] for b in handler.batches] == [["a"], ["b", "c"]]
+    assert handler.changes[0].retired and handler.changes[1].retired
+    assert handler.changes[2].deleted
+    # Two bad rows of the batch, and the junk payload.
+    assert metric(registry, "retired_pod_gc_notifications_malformed_total") == 3
+    assert metric(registry, "retired_pod_gc_notifications_total") == 3
+
+
+async def test_a_one_row_statement_says_what_the_same_row_says_in_a_batch(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    # One-row statements take the trigger's short path; the payload must be the general path's.
+    names = await _seed_many(pg_conn, 3, prefix="o")
+    weird = 'space-sbx-"\\\x01é-g1'
+    await pg_conn.execute(
+        "UPDATE sandbox_k8s_executions SET pod_name = $1 WHERE pod_name = $2", weird, names[2]
+    )
+    names[2] = weird
+    async with raw_payloads(pg_url) as payloads:
+        await payloads.drain()
+        payloads.clear()
+        retire = (
+            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'"
+            " WHERE pod_name = ANY($1)"
+        )
+        reactivate = (
+            "UPDATE sandbox_k8s_executions SET active = true, execution_state = 'active'"
+            " WHERE pod_name = ANY($1)"
+        )
+        for name in names:
+            await pg_conn.execute(retire, [name])
+        await payloads.drain()
+        alone = [json.loads(p) for p in payloads]
+        payloads.clear()
+        await pg_conn.execute(reactivate, names)
+        await pg_conn.execute(retire, names)
+        await payloads.drain()
+        together = json.loads(payloads[-1])
+    assert [a["rows"] for a in alone] == [
+        [r] for r in sorted(together["rows"], key=lambda r: names.index(r[2]))
+    ]  # type: ignore[arg-type]
+    assert together["rows"][0][:2] == ["update", NAMESPACE]
+    assert [r[2] for r in (a["rows"][0] for a in alone)] == names
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+async def test_an_update_of_the_key_itself_reports_the_old_row_deleted_and_the_new_inserted(
+    rows: int, pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    names = await _seed_many(pg_conn, rows, prefix=f"k{rows}")
+    async with raw_payloads(pg_url) as payloads:
+        await payloads.drain()
+        payloads.clear()
+        ids = await pg_conn.fetch(
+            "SELECT id FROM sandbox_k8s_executions WHERE pod_name = ANY($1) ORDER BY id", names
+        )
+        await pg_conn.execute(
+            "UPDATE sandbox_k8s_executions SET id = id + 1000000 WHERE pod_name = ANY($1)", names
+        )
+        await payloads.drain()
+        reported = sorted(_rows(payloads))  # type: ignore[type-var]
+    assert len(ids) == rows
+    assert reported == sorted(
+        [op, NAMESPACE, name, True, "active"] for name in names for op in ("delete", "insert")
+    )
+
+
+async def test_changes_of_namespaces_not_watched_are_counted_and_not_handed_on(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    # One channel carries every namespace's changes; the listener hands on its namespaces' only.
+    for sandbox, namespace in (("s1", NAMESPACE), ("s2", "tenant-b"), ("s3", "elsewhere")):
+        await seed_sandbox(pg_conn, sandbox, namespace=namespace)
+        await seed_execution(pg_conn, pod_name=f"space-sbx-{sandbox}-g1", sandbox_id=sandbox)
+    handler, registry = RecordingHandler(), CollectorRegistry()
+    listener = RetirementListener(
+        db_settings(pg_url), metrics=Metrics(registry), namespaces=(NAMESPACE, "tenant-b")
+    )
+    listener.add_handler(handler)
+    async with anyio.create_task_group() as tg:
+        with anyio.fail_after(10):
+            await tg.start(listener.run)
+        # (The trigger fires on a change only: s3 is retired twice, in two states.)
+        for sandbox, state in (("s3", "suspended"), ("s1", "suspended"), ("s3", "replaced")):
+            await _retire(pg_conn, f"space-sbx-{sandbox}-g1", state)
+        await _retire(pg_conn, "space-sbx-s2-g1")
+        await wait_for(lambda: len(handler.changes) == 2, timeout_s=5, what="two notifications")
+        # The sync round trip: every notification committed before it has been handled.
+        await listener.sync()
+        tg.cancel_scope.cancel()
+    assert [(c.namespace, c.pod_name) for c in handler.changes] == [
+        (NAMESPACE, "space-sbx-s1-g1"),
+        ("tenant-b", "space-sbx-s2-g1"),
+    ]
+    assert metric(registry, "retired_pod_gc_notifications_total") == 4
+    assert metric(registry, "retired_pod_gc_notifications_ignored_total") == 2
+
+
+async def test_a_batch_of_several_namespaces_hands_on_exactly_the_watched_rows(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    # One statement changes rows of three namespaces: one batch, filtered row by row.
+    spread = [("b1", NAMESPACE), ("b2", "tenant-b"), ("b3", "elsewhere"), ("b4", "elsewhere")]
+    for sandbox, namespace in spread:
+        await seed_sandbox(pg_conn, sandbox, namespace=namespace)
+        await seed_execution(pg_conn, pod_name=f"space-sbx-{sandbox}-g1", sandbox_id=sandbox)
+    handler, registry = RecordingHandler(), CollectorRegistry()
+    listener = RetirementListener(
+        db_settings(pg_url), metrics=Metrics(registry), namespaces=(NAMESPACE, "tenant-b")
+    )
+    listener.add_handler(handler)
+    async with anyio.create_task_group() as tg:
+        with anyio.fail_after(10):
+            await tg.start(listener.run)
+        await pg_conn.execute(
+            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'"
+        )
+        await listener.sync()
+        tg.cancel_scope.cancel()
+    assert len(handler.batches) == 1
+    assert sorted((c.namespace, c.pod_name) for c in handler.batches[0]) == [
+        (NAMESPACE, "space-sbx-b1-g1"),
+        ("tenant-b", "space-sbx-b2-g1"),
+    ]
+    assert metric(registry, "retired_pod_gc_notifications_total") == 1
+    assert metric(registry, "retired_pod_gc_notifications_ignored_total") == 2

@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import anyio
 import asyncpg
 import pytest
 
-from service.pg.migrate import DEFAULT_CHANNEL, SCHEMA_STEP, TRIGGER_STEP, MigrationError, migrate
-from tests.pgfixtures import PgServer, seed_execution, seed_sandbox
+from service.pg.migrate import (
+    DEFAULT_CHANNEL,
+    SCHEMA_STEP,
+    TRIGGER_STEP,
+    MigrationError,
+    Step,
+    _apply,
+    migrate,
+    read_sql,
+)
+from tests.pgfixtures import NAMESPACE, PgServer, seed_execution, seed_sandbox
+
+TRIGGERS_0003 = [
+    "retired_pod_gc_executions_deleted",
+    "retired_pod_gc_executions_inserted",
+    "retired_pod_gc_executions_updated",
+]
+_TRIGGERS = (
+    "SELECT tgname FROM pg_trigger WHERE tgrelid = 'sandbox_k8s_executions'::regclass"
+    " AND NOT tgisinternal ORDER BY 1"
+)
 
 # Every catalog row the migration could touch, with xmin: CREATE OR REPLACE or DROP + CREATE
 # of anything changes at least the xmin of its row even when the definition is identical.
@@ -42,6 +62,21 @@ def empty_db(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[st
         pg_server.drop_database(name)
 
 
+async def _payloads_of(conn: asyncpg.Connection, url: str, statement: str) -> list[str]:
+    """The payloads ``statement`` (run on ``conn``) sends on the default channel."""
+    got: list[str] = []
+    listen = await asyncpg.connect(url)
+    try:
+        await listen.add_listener(DEFAULT_CHANNEL, lambda _c, _p, _ch, payload: got.append(payload))
+        await conn.execute(statement)
+        # The server sends what it queued for a listening connection before answering it.
+        await listen.fetchval("SELECT 1")
+        await anyio.sleep(0)
+    finally:
+        await listen.close()
+    return got
+
+
 async def _notified_channels(conn: asyncpg.Connection, url: str, channels: list[str]) -> list[str]:
     """Which of ``channels`` receive a notification when a row is inserted."""
     got: list[str] = []
@@ -70,10 +105,7 @@ async def test_migrate_on_empty_database_applies_schema_and_trigger(empty_db: st
             "SELECT tgname FROM pg_trigger WHERE tgrelid = 'sandbox_k8s_executions'::regclass"
             " AND NOT tgisinternal ORDER BY 1"
         )
-        assert [r["tgname"] for r in triggers] == [
-            "retired_pod_gc_execution_inserted_deleted",
-            "retired_pod_gc_execution_updated",
-        ]
+        assert [r["tgname"] for r in triggers] == TRIGGERS_0003
         assert await _notified_channels(conn, empty_db, [DEFAULT_CHANNEL]) == [DEFAULT_CHANNEL]
     finally:
         await conn.close()
@@ -118,5 +150,166 @@ async def test_migrate_trigger_without_schema_on_empty_database_fails_and_commit
     conn = await asyncpg.connect(empty_db)
     try:
         assert await conn.fetchval("SELECT to_regclass('retired_pod_gc_migrations')") is None
+    finally:
+        await conn.close()
+
+
+async def _install_0002(conn: asyncpg.Connection) -> None:
+    """What ``migrate`` of the release before 0003 left behind: the schema and 0002, recorded."""
+    await _apply(
+        conn,
+        [
+            Step(SCHEMA_STEP, read_sql(SCHEMA_STEP)),
+            Step("0002_notify_trigger", read_sql("0002_notify_trigger")),
+        ],
+    )
+    assert [r["tgname"] for r in await conn.fetch(_TRIGGERS)] == [
+        "retired_pod_gc_execution_inserted_deleted",
+        "retired_pod_gc_execution_updated",
+    ]
+
+
+@pytest.mark.anyio
+async def test_migrate_replaces_0002_with_0003_in_place(empty_db: str) -> None:
+    conn = await asyncpg.connect(empty_db)
+    try:
+        await _install_0002(conn)
+        await seed_sandbox(conn, "s1")
+        await seed_execution(conn, pod_name="space-sbx-s1-g1", sandbox_id="s1")
+        # 0002 sends one object per row.
+        (before,) = await _payloads_of(
+            conn, empty_db, "UPDATE sandbox_k8s_executions SET execution_state = 'activating'"
+        )
+        assert json.loads(before)["op"] == "update"
+
+        assert await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=False) == [TRIGGER_STEP]
+        # Only 0003's triggers, and 0002's function is gone.
+        assert [r["tgname"] for r in await conn.fetch(_TRIGGERS)] == TRIGGERS_0003
+        assert (
+            await conn.fetchval(
+                "SELECT to_regprocedure('retired_pod_gc_notify_execution_changed()')"
+            )
+            is None
+        )
+        recorded = {
+            r["name"] for r in await conn.fetch("SELECT name FROM retired_pod_gc_migrations")
+        }
+        assert recorded == {SCHEMA_STEP, "0002_notify_trigger", TRIGGER_STEP}
+        # One batch for the statement, nothing sent twice (no row trigger left behind).
+        (after,) = await _payloads_of(
+            conn,
+            empty_db,
+            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'",
+        )
+        assert json.loads(after) == {
+            "rows": [["update", NAMESPACE, "space-sbx-s1-g1", False, "replaced"]]
+        }
+
+        # A second run changes nothing at all.
+        catalog = [tuple(r) for r in await conn.fetch(_CATALOG_STATE)]
+        assert await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=False) == []
+        assert await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=True) == []
+        assert [tuple(r) for r in await conn.fetch(_CATALOG_STATE)] == catalog
+    finally:
+        await conn.close()
+
+
+@pytest.mark.anyio
+async def test_the_0003_file_itself_runs_twice_in_a_row(empty_db: str) -> None:
+    # Applied by hand (psql -f) more than once, the file is idempotent too.
+    conn = await asyncpg.connect(empty_db)
+    try:
+        await _install_0002(conn)
+        for _ in range(2):
+            async with conn.transaction():
+                await conn.execute(read_sql(TRIGGER_STEP))
+        assert [r["tgname"] for r in await conn.fetch(_TRIGGERS)] == TRIGGERS_0003
+    finally:
+        await conn.close()
+
+
+# A production-like schema the project did not write: other column order, extra columns, an
+# identity key, constraints, an index and a row trigger of its owner's, another schema's table
+# of the same name that must not be touched.
+_FOREIGN_SCHEMA = """
+CREATE SCHEMA other;
+CREATE TABLE other.sandbox_k8s_executions (x int);
+CREATE TABLE sandboxes (
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    managed_by  text NOT NULL,
+    namespace   text NOT NULL,
+    id          text PRIMARY KEY,
+    owner       text
+);
+CREATE TABLE sandbox_k8s_executions (
+    pod_name            text NOT NULL UNIQUE,
+    active              boolean NOT NULL DEFAULT true,
+    id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    notes               jsonb,
+    sandbox_id          text NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+    execution_state     text NOT NULL CHECK (execution_state <> ''),
+    generation          integer NOT NULL,
+    activation_attempt  integer NOT NULL DEFAULT 0,
+    pod_kind            text NOT NULL,
+    retired_at          timestamptz,
+    updated_at          timestamptz
+);
+CREATE INDEX executions_active_idx ON sandbox_k8s_executions (active) WHERE active;
+CREATE FUNCTION touch() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN NEW.updated_at := now(); RETURN NEW; END $$;
+CREATE TRIGGER owners_touch BEFORE UPDATE ON sandbox_k8s_executions
+    FOR EACH ROW EXECUTE FUNCTION touch();
+"""
+
+
+@pytest.mark.anyio
+async def test_migrate_on_a_schema_the_project_did_not_write(empty_db: str) -> None:
+    conn = await asyncpg.connect(empty_db)
+    try:
+        await conn.execute(_FOREIGN_SCHEMA)
+        await conn.execute(read_sql("0002_notify_trigger"))  # installed by hand, unrecorded
+        assert await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=False) == [TRIGGER_STEP]
+        assert [r["tgname"] for r in await conn.fetch(_TRIGGERS)] == sorted(
+            [*TRIGGERS_0003, "owners_touch"]
+        )
+        await conn.execute(
+            "INSERT INTO sandboxes (managed_by, namespace, id) VALUES ('kubernetes', $1, 's1'),"
+            " ('kubernetes', 'elsewhere', 's2')",
+            NAMESPACE,
+        )
+        inserted = await _payloads_of(
+            conn,
+            empty_db,
+            "INSERT INTO sandbox_k8s_executions (pod_name, sandbox_id, execution_state,"
+            " generation, pod_kind) VALUES ('space-sbx-s1-g1', 's1', 'active', 1, 'create'),"
+            " ('space-sbx-s2-g1', 's2', 'active', 1, 'create')",
+        )
+        assert sorted(r for p in inserted for r in json.loads(p)["rows"]) == [
+            ["insert", "elsewhere", "space-sbx-s2-g1", True, "active"],
+            ["insert", NAMESPACE, "space-sbx-s1-g1", True, "active"],
+        ]
+        retired = await _payloads_of(
+            conn,
+            empty_db,
+            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'suspended',"
+            " notes = '{}' WHERE sandbox_id = 's1'",
+        )
+        assert [json.loads(p)["rows"] for p in retired] == [
+            [["update", NAMESPACE, "space-sbx-s1-g1", False, "suspended"]]
+        ]
+        # The owner's trigger still runs. A cascade from sandboxes reports the delete; its
+        # sandbox is gone by then, so the namespace is null, as with 0002 (the listener counts
+        # such a row as malformed; the pod then has no row, which never reaps).
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM sandbox_k8s_executions WHERE updated_at IS NOT NULL"
+            )
+            == 1
+        )
+        deleted = await _payloads_of(conn, empty_db, "DELETE FROM sandboxes WHERE id = 's2'")
+        assert [json.loads(p)["rows"] for p in deleted] == [
+            [["delete", None, "space-sbx-s2-g1", True, "active"]]
+        ]
+        assert await conn.fetchval("SELECT count(*) FROM other.sandbox_k8s_executions") == 0
     finally:
         await conn.close()

@@ -41,10 +41,25 @@ pytestmark = pytest.mark.anyio
 BATCH = "retired_pod_gc_row_queries_total"
 
 
-def _store(url: str, registry: CollectorRegistry, **overrides: object) -> PgExecutionStore:
+def _store(
+    url: str,
+    registry: CollectorRegistry,
+    *,
+    namespaces: tuple[str, ...] = (NAMESPACE,),
+    **overrides: object,
+) -> PgExecutionStore:
     return PgExecutionStore(
-        db_settings(url, **overrides), namespace=NAMESPACE, metrics=Metrics(registry)
+        db_settings(url, **overrides), namespaces=namespaces, metrics=Metrics(registry)
     )
+
+
+def key(name: str, namespace: str = NAMESPACE) -> str:
+    """The pod key the store is asked with."""
+    return f"{namespace}/{name}"
+
+
+def keys(names: list[str]) -> list[str]:
+    return [key(n) for n in names]
 
 
 async def _server_lookup_calls(conn: asyncpg.Connection) -> int:
@@ -91,16 +106,59 @@ async def test_lookup_is_scoped_to_namespace_and_kubernetes_managed_sandboxes(
             active=False,
             kubernetes_managed=True,
         )
-        assert await store.lookup("space-sbx-ours-g2") == expected
-        assert await store.read_fresh("space-sbx-ours-g2") == expected
+        assert await store.lookup(key("space-sbx-ours-g2")) == expected
+        assert await store.read_fresh(key("space-sbx-ours-g2")) == expected
         for absent in ("space-sbx-other-ns-g1", "space-sbx-vm-only-g1", "space-sbx-missing-g1"):
-            assert await store.lookup(absent) is None
-            assert await store.read_fresh(absent) is None
+            assert await store.lookup(key(absent)) is None
+            assert await store.read_fresh(key(absent)) is None
         many = await store.lookup_many(
-            ["space-sbx-ours-g2", "space-sbx-other-ns-g1", "space-sbx-vm-only-g1", "nope"]
+            keys(["space-sbx-ours-g2", "space-sbx-other-ns-g1", "space-sbx-vm-only-g1", "nope"])
         )
-        assert many == {"space-sbx-ours-g2": expected}
+        assert many == {key("space-sbx-ours-g2"): expected}
     assert metric(registry, BATCH, kind="fresh") == 4
+
+
+async def test_a_row_of_another_namespace_never_answers_for_a_pod_of_the_same_name(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    # Two sandbox namespaces. The one row of this pod name belongs to a sandbox of tenant-b
+    # (retired: it would authorize a delete). A pod of the same name in NAMESPACE must find no
+    # row, by any read: were the row matched by name alone, it could delete the wrong pod.
+    await seed_sandbox(pg_conn, "shared", namespace="tenant-b")
+    await seed_execution(
+        pg_conn,
+        pod_name="space-sbx-shared-g1",
+        sandbox_id="shared",
+        execution_state="suspended",
+        active=False,
+    )
+    await seed_sandbox(pg_conn, "far", namespace="unwatched")
+    await seed_execution(
+        pg_conn,
+        pod_name="space-sbx-far-g1",
+        sandbox_id="far",
+        execution_state="suspended",
+        active=False,
+    )
+    registry = CollectorRegistry()
+    async with _store(pg_url, registry, namespaces=(NAMESPACE, "tenant-b")) as store:
+        ours, theirs = key("space-sbx-shared-g1"), key("space-sbx-shared-g1", "tenant-b")
+        assert await store.lookup(ours) is None
+        assert await store.read_fresh(ours) is None
+        assert await store.lookup_many([ours]) == {}
+        row = await store.lookup(theirs)
+        assert row is not None and (row.namespace, row.active) == ("tenant-b", False)
+        assert await store.read_fresh(theirs) == row
+        assert await store.lookup_many([ours, theirs]) == {theirs: row}
+        # A namespace not configured has no row, and costs no query.
+        queries = metric(registry, BATCH, kind="batch") + metric(registry, BATCH, kind="fresh")
+        far = key("space-sbx-far-g1", "unwatched")
+        assert await store.lookup(far) is None
+        assert await store.read_fresh(far) is None
+        assert await store.lookup_many([far, "malformed"]) == {}
+        assert metric(registry, BATCH, kind="batch") + metric(registry, BATCH, kind="fresh") == (
+            queries
+        )
 
 
 async def test_thousand_names_resolve_in_one_query(
@@ -110,8 +168,8 @@ async def test_thousand_names_resolve_in_one_query(
     registry = CollectorRegistry()
     async with _store(pg_url, registry, batch_max_size=1000) as store:
         calls_before = await _server_lookup_calls(pg_conn)
-        rows = await store.lookup_many(names)
-        assert set(rows) == set(names)
+        rows = await store.lookup_many(keys(names))
+        assert set(rows) == set(keys(names))
         assert all(r.state is ExecutionState.SUSPENDED and not r.active for r in rows.values())
         assert metric(registry, BATCH, kind="batch") == 1
         assert await _server_lookup_calls(pg_conn) - calls_before == 1
@@ -127,7 +185,7 @@ async def test_thousand_concurrent_lookups_share_one_query(
         results: dict[str, ExecutionRow | None] = {}
 
         async def one(name: str) -> None:
-            results[name] = await store.lookup(name)
+            results[name] = await store.lookup(key(name))
 
         async with anyio.create_task_group() as tg:
             for name in names:
@@ -148,7 +206,7 @@ async def test_concurrent_lookups_coalesce_and_batches_are_bounded(
         results: list[ExecutionRow | None] = []
 
         async def one(name: str) -> None:
-            results.append(await store.lookup(name))
+            results.append(await store.lookup(key(name)))
 
         async with anyio.create_task_group() as tg:
             # 200 callers, each name asked twice in a row: the second caller joins the first's
@@ -172,12 +230,12 @@ async def test_names_with_quotes_and_unicode_round_trip(
         await seed_execution(pg_conn, pod_name=name, sandbox_id=f"odd{i}")
     registry = CollectorRegistry()
     async with _store(pg_url, registry) as store:
-        rows = await store.lookup_many([*odd, "it", "名前"])
-        assert sorted(rows) == sorted(odd)
+        rows = await store.lookup_many(keys([*odd, "it", "名前"]))
+        assert sorted(rows) == sorted(keys(odd))
         for name in odd:
-            row = await store.lookup(name)
+            row = await store.lookup(key(name))
             assert row is not None and row.pod_name == name
-            fresh = await store.read_fresh(name)
+            fresh = await store.read_fresh(key(name))
             assert fresh is not None and fresh.pod_name == name
 
 
@@ -195,9 +253,9 @@ async def test_malformed_row_is_counted_and_treated_as_absent(
     )
     registry = CollectorRegistry()
     async with _store(pg_url, registry) as store:
-        assert set(await store.lookup_many(["good-pod", "bad-pod"])) == {"good-pod"}
-        assert await store.lookup("bad-pod") is None
-        assert await store.read_fresh("bad-pod") is None
+        assert set(await store.lookup_many(keys(["good-pod", "bad-pod"]))) == {key("good-pod")}
+        assert await store.lookup(key("bad-pod")) is None
+        assert await store.read_fresh(key("bad-pod")) is None
     assert metric(registry, "retired_pod_gc_rows_malformed_total") == 3
 
 
@@ -211,7 +269,7 @@ async def test_query_failure_reaches_every_waiter_as_one_external_error(
 
         async def one(name: str) -> None:
             try:
-                await store.lookup(name)
+                await store.lookup(key(name))
             except ExternalError as exc:
                 errors.append(exc)
 
@@ -229,7 +287,7 @@ async def test_query_failure_reaches_every_waiter_as_one_external_error(
         assert metric(registry, "retired_pod_gc_row_query_errors_total") == 1
         assert metric(registry, BATCH, kind="batch") == 1
         # The store recovers once the lock is gone.
-        row = await store.lookup(names[0])
+        row = await store.lookup(key(names[0]))
         assert row is not None
 
 
@@ -242,12 +300,12 @@ def _refusing_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-def _reads(store: PgExecutionStore, name: Any) -> dict[str, Callable[[], Awaitable[object]]]:
+def _reads(store: PgExecutionStore, pod_key: Any) -> dict[str, Callable[[], Awaitable[object]]]:
     """Each read of the store, by name (batched, many, fresh)."""
     return {
-        "lookup": lambda: store.lookup(name),
-        "lookup_many": lambda: store.lookup_many([name]),
-        "read_fresh": lambda: store.read_fresh(name),
+        "lookup": lambda: store.lookup(pod_key),
+        "lookup_many": lambda: store.lookup_many([pod_key]),
+        "read_fresh": lambda: store.read_fresh(pod_key),
     }
 
 
@@ -258,7 +316,7 @@ async def test_a_refused_connection_raises_unavailable_not_the_socket_error() ->
         async with _store(url, registry, connect_timeout_s=1.0) as store:
             assert await store.ping() is False
             assert metric(registry, "retired_pod_gc_database_up") == 0
-            for what, read in _reads(store, "x").items():
+            for what, read in _reads(store, key("x")).items():
                 with pytest.raises(Unavailable) as raised:
                     await read()
                 assert not isinstance(raised.value, DRIVER_ERRORS), what
@@ -279,10 +337,10 @@ async def test_reads_raise_unavailable_once_the_server_is_stopped() -> None:
         registry = CollectorRegistry()
         async with _store(pg.url, registry, connect_timeout_s=1.0) as store:
             # Every read works first, so the pool holds a live connection when the server goes.
-            for read in _reads(store, "space-sbx-s1-g1").values():
+            for read in _reads(store, key("space-sbx-s1-g1")).values():
                 assert await read()
             pg.stop()
-            for what, read in _reads(store, "space-sbx-s1-g1").items():
+            for what, read in _reads(store, key("space-sbx-s1-g1")).items():
                 with pytest.raises(Unavailable) as raised:
                     await read()
                 assert not isinstance(raised.value, DRIVER_ERRORS), what
@@ -299,7 +357,7 @@ async def test_an_error_the_server_answers_with_raises_database_error_with_its_s
     await pg_conn.execute("ALTER TABLE sandbox_k8s_executions RENAME TO executions_elsewhere")
     registry = CollectorRegistry()
     async with _store(pg_url, registry) as store:
-        for what, read in _reads(store, "space-sbx-s1-g1").items():
+        for what, read in _reads(store, key("space-sbx-s1-g1")).items():
             with pytest.raises(DatabaseError) as raised:
                 await read()
             assert not isinstance(raised.value, Unavailable), what
@@ -310,19 +368,19 @@ async def test_an_error_the_server_answers_with_raises_database_error_with_its_s
     assert metric(registry, "retired_pod_gc_row_query_errors_total") == 3
 
 
-async def test_an_argument_asyncpg_cannot_encode_is_a_bug_and_propagates_as_raised(
+async def test_an_argument_that_is_not_a_key_is_a_bug_and_propagates_as_raised(
     pg_url: str,
 ) -> None:
     registry = CollectorRegistry()
     async with _store(pg_url, registry) as store:
         for what, read in _reads(store, 12345).items():
-            # asyncpg's own DataError ("invalid input for query argument $1"), raised before
-            # anything was sent: not a kit error.
-            with pytest.raises(asyncpg.DataError) as raised:
+            # Not a string: splitting it into namespace and name fails before anything is
+            # sent, and that is a bug of the caller, not a kit error.
+            with pytest.raises(AttributeError) as raised:
                 await read()
             assert not isinstance(raised.value, ExternalError), what
         # The store still works afterwards.
-        assert await store.lookup_many(["absent"]) == {}
+        assert await store.lookup_many([key("absent")]) == {}
     assert metric(registry, "retired_pod_gc_row_query_errors_total") == 0
 
 
@@ -337,13 +395,13 @@ async def test_close_fails_waiting_lookups_and_leaves_no_task(pg_url: str) -> No
     store = _store(pg_url, CollectorRegistry(), batch_max_wait_s=10.0)
     await store.start()
     waiter: asyncio.Task[ExecutionRow | None] = asyncio.get_running_loop().create_task(
-        store.lookup("never-flushed")
+        store.lookup(key("never-flushed"))
     )
     await anyio.sleep(0.01)
     await store.aclose()
     with pytest.raises(StoreClosed):
         await waiter
-    for read in _reads(store, "after-close").values():
+    for read in _reads(store, key("after-close")).values():
         with pytest.raises(StoreClosed):
             await read()
 
@@ -356,7 +414,7 @@ async def test_batched_lookup_uses_the_pod_name_index(
     plan = await pg_conn.fetchval(
         f"EXPLAIN (FORMAT JSON) {LOOKUP_SQL}",
         ["space-sbx-i00001-g1", "space-sbx-i00002-g1"],
-        NAMESPACE,
+        [NAMESPACE],
         "kubernetes",
     )
     text = json.dumps(json.loads(plan))
@@ -378,7 +436,7 @@ async def test_a_lookup_many_caller_giving_up_does_not_cancel_its_query(
         async with pg_conn.transaction():
             await pg_conn.execute("LOCK TABLE sandbox_k8s_executions IN ACCESS EXCLUSIVE MODE")
             with anyio.move_on_after(0.2) as gave_up:
-                await store.lookup_many(["space-sbx-s1-g1"])
+                await store.lookup_many([key("space-sbx-s1-g1")])
             assert gave_up.cancelled_caught
             await anyio.sleep(0.1)
             assert len(store._inflight) == 1  # the query still waits for the lock, uncancelled
@@ -387,5 +445,5 @@ async def test_a_lookup_many_caller_giving_up_does_not_cancel_its_query(
             while store._inflight:
                 await anyio.sleep(0.01)
         assert metric(registry, "retired_pod_gc_row_query_errors_total") == 0
-        rows = await store.lookup_many(["space-sbx-s1-g1"])
-        assert set(rows) == {"space-sbx-s1-g1"}
+        rows = await store.lookup_many([key("space-sbx-s1-g1")])
+        assert set(rows) == {key("space-sbx-s1-g1")}

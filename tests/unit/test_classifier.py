@@ -187,6 +187,20 @@ def test_skips_terminating_running_unknown_and_unlabelled_pods_before_any_lookup
     assert prefilter(replace(STUCK, generation=None)) is not None
 
 
+def test_the_keep_annotation_skips_every_pod_before_any_lookup_whatever_the_row() -> None:
+    rows: list[ExecutionRow | None] = [None]
+    for pod in (STUCK, TERMINAL, replace(TERMINAL, terminating=True)):
+        kept = replace(pod, keep=True)
+        early = prefilter(kept)
+        assert early is not None and early.reason is SkipReason.KEEP_ANNOTATION
+        assert "retired-pod-gc.space.sandbox/keep" in early.rule
+        for row in [*rows, *(make_row(pod, state=s) for s in RETIRED_STATES)]:
+            assert classify(kept, row).reason is SkipReason.KEEP_ANNOTATION
+    # the same pods without the annotation are the two reapable shapes
+    assert classify(STUCK, make_row(STUCK)).verdict is Verdict.REPLACED_NEVER_STARTED
+    assert classify(TERMINAL, make_row(TERMINAL)).verdict is Verdict.TERMINAL_RETIRED
+
+
 def test_prefilter_passes_exactly_the_two_candidate_shapes() -> None:
     assert prefilter(STUCK) is None
     assert prefilter(TERMINAL) is None
@@ -283,6 +297,7 @@ pods = st.builds(
     generation=st.one_of(st.none(), st.integers(min_value=0, max_value=4)),
     kind=st.sampled_from(PodKind),
     created_at_s=st.one_of(st.none(), st.floats(allow_nan=False)),
+    keep=st.booleans(),
 )
 rows = st.one_of(
     st.none(),
@@ -319,6 +334,7 @@ def test_classifier_never_reaps_what_an_invariant_forbids(
     assert row.state in RETIRED_STATES
     assert pod.phase not in (PodPhase.RUNNING, PodPhase.UNKNOWN)
     assert not pod.terminating
+    assert not pod.keep
     assert (row.namespace, row.pod_name, row.sandbox_id, row.generation, row.pod_kind) == (
         pod.namespace,
         pod.name,

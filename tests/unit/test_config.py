@@ -22,7 +22,7 @@ def test_defaults_are_safe() -> None:
     assert s.threshold_s == 300.0
     assert s.deletes_per_minute == 120
     assert s.reconcile_timeout_s == 45.0
-    assert s.kube.namespace == "sandboxes"
+    assert s.kube.namespaces == ("sandboxes",)
     assert s.kube.label_selector == "app.kubernetes.io/managed-by=space-sandbox"
     assert s.kube.label_keys.generation == "space.generation"
     assert s.database.notify_channel == "sandbox_execution_changed"
@@ -55,6 +55,10 @@ def test_booleans_reject_anything_else(raw: str) -> None:
         ("DELETES_PER_MINUTE", "1.5"),
         ("WORKERS", "four"),
         ("NAMESPACE", "Not_A_Namespace"),
+        ("NAMESPACES", "a,Not_A_Namespace"),
+        ("NAMESPACES", "a,,b"),
+        ("NAMESPACES", "a,b,a"),
+        ("NAMESPACES", ",".join(f"ns{i}" for i in range(config.MAX_NAMESPACES + 1))),
         ("NOTIFY_CHANNEL", "bad-channel; drop table"),
         ("METRICS_BIND_ADDRESS", "localhost"),
         ("METRICS_BIND_ADDRESS", "0.0.0.0:99999"),
@@ -69,6 +73,29 @@ def test_unparsable_values_name_the_variable(suffix: str, raw: str) -> None:
     assert err.value.variable == P + suffix
     assert str(err.value).startswith(P + suffix)
     assert "\n" not in str(err.value)
+
+
+def test_namespaces_lists_several_sandbox_namespaces_in_order() -> None:
+    s = config.load({P + "NAMESPACES": " tenant-a, tenant-b ,tenant-c"})
+    assert s.kube.namespaces == ("tenant-a", "tenant-b", "tenant-c")
+    assert s.warnings == ()
+    shown = {name: value for name, value, _ in config.effective(s, {})}
+    assert shown[P + "NAMESPACES"] == "tenant-a,tenant-b,tenant-c"
+
+
+def test_the_single_namespace_setting_keeps_working() -> None:
+    assert config.load({P + "NAMESPACE": "tenant-a"}).kube.namespaces == ("tenant-a",)
+    # An empty list means "not set": the one NAMESPACE (or its default) is used.
+    assert config.load({P + "NAMESPACES": " "}).kube.namespaces == ("sandboxes",)
+    s = config.load({P + "NAMESPACES": "tenant-a", P + "NAMESPACE": ""})
+    assert s.kube.namespaces == ("tenant-a",)
+
+
+def test_namespace_and_namespaces_both_set_is_an_error_naming_the_list() -> None:
+    with pytest.raises(config.ConfigError) as err:
+        config.load({P + "NAMESPACE": "tenant-a", P + "NAMESPACES": "tenant-a,tenant-b"})
+    assert err.value.variable == P + "NAMESPACES"
+    assert P + "NAMESPACE" in str(err.value).removeprefix(P + "NAMESPACES")
 
 
 def test_out_of_range_numbers_are_clamped_with_a_warning() -> None:
@@ -174,9 +201,9 @@ def test_docs_and_code_agree_on_the_variables_and_defaults() -> None:
         default = var.default
         if isinstance(default, bool):
             shown = str(default).lower()
-        elif isinstance(default, tuple):
+        elif isinstance(default, tuple) and default:
             shown = f"{default[0]}:{default[1]}"
-        elif default is None or default == "":
+        elif default is None or default in ("", ()):
             shown = "(empty)"
         else:
             shown = str(default)

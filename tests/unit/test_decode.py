@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from service.classifier import classify, prefilter
 from service.domain import (
+    KEEP_ANNOTATION,
     ConditionStatus,
     ExecutionRow,
     ExecutionState,
@@ -191,7 +192,8 @@ json_values = st.recursive(
 
 @given(
     meta=st.dictionaries(
-        st.sampled_from(["name", "namespace", "uid", "resourceVersion", "labels"]), json_values
+        st.sampled_from(["name", "namespace", "uid", "resourceVersion", "labels", "annotations"]),
+        json_values,
     ),
     status=json_values,
 )
@@ -203,3 +205,58 @@ def test_fuzzed_objects_decode_or_raise_the_defined_error(meta: object, status: 
         return
     # a decoded fuzz object has no valid labels, so it can never be a candidate
     assert prefilter(pod) is not None
+
+
+# --- the keep annotation ---------------------------------------------------------------------
+
+KEEPING = {
+    None: False,
+    "true": True,
+    "True": True,
+    " TRUE ": True,
+    "false": False,
+    "FALSE": False,
+    "": True,
+    "yes": True,
+    "1": True,
+}
+
+
+@pytest.mark.parametrize(("value", "kept"), KEEPING.items())
+def test_the_keep_annotation_keeps_unless_absent_or_false(value: str | None, kept: bool) -> None:
+    doc = body("pod-succeeded-suspended.json")
+    annotations = {"kubectl.kubernetes.io/last-applied-configuration": '{"a": "b\\"c"}'}
+    if value is not None:
+        annotations[KEEP_ANNOTATION] = value
+    doc["metadata"]["annotations"] = annotations
+    pod = decoder.decode(json.dumps(doc).encode())
+    assert pod.keep is kept
+    decision = prefilter(pod)
+    assert (decision is not None and decision.reason is SkipReason.KEEP_ANNOTATION) is kept
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        # a value that is not a string cannot be shown not to keep
+        b'{"retired-pod-gc.space.sandbox/keep": 1}',
+        b'{"retired-pod-gc.space.sandbox/keep": null, "x": "y"}',
+        # an escaped value is still the value
+        b'{"a": "\\"q\\"", "retired-pod-gc.space.sandbox/keep": "\\u0074rue"}',
+    ],
+)
+def test_an_odd_or_escaped_value_still_keeps(annotations: bytes) -> None:
+    doc = (
+        b'{"metadata": {"name": "p", "namespace": "sandboxes", "uid": "u", '
+        b'"resourceVersion": "1", "annotations": ' + annotations + b"}}"
+    )
+    assert decoder.decode(doc).keep is True
+
+
+@pytest.mark.parametrize("annotations", [b"null", b"{}", b'{"other/keep": "true"}'])
+def test_no_keep_annotation_keeps_nothing(annotations: bytes) -> None:
+    doc = (
+        b'{"metadata": {"name": "p", "namespace": "sandboxes", "uid": "u", '
+        b'"resourceVersion": "1", "annotations": ' + annotations + b"}}"
+    )
+    assert decoder.decode(doc).keep is False

@@ -24,8 +24,8 @@ def _retire_all(rig: EngineRig, n: int) -> list[str]:
     for pod in pods:
         rig.add(pod, make_row(pod), event=False)
     for pod in pods:
-        rig.controller.execution_changed(
-            ExecutionChange(pod.namespace, pod.name, active=False, state=ExecutionState.SUSPENDED)
+        rig.controller.executions_changed(
+            [ExecutionChange(pod.namespace, pod.name, active=False, state=ExecutionState.SUSPENDED)]
         )
     return [pod.key for pod in pods]
 
@@ -84,8 +84,8 @@ async def test_a_notification_during_the_batch_lookup_keeps_that_clock_stopped()
         # Active and back to retired while the query was in flight: the query may have read
         # either state, so its answer must not start this clock.
         for active, state in ((True, ExecutionState.ACTIVE), (False, ExecutionState.SUSPENDED)):
-            rig.controller.execution_changed(
-                ExecutionChange(flipped.namespace, flipped.name, active=active, state=state)
+            rig.controller.executions_changed(
+                [ExecutionChange(flipped.namespace, flipped.name, active=active, state=state)]
             )
         again = anyio.Event()  # holds the re-read of the flipped key
         rig.store.lookup_gate = again
@@ -153,7 +153,7 @@ async def test_a_batch_skips_what_is_not_reapable_and_queries_only_candidates() 
         for pod in [*running_pods, *active, *no_row]:
             rig.queue.add(pod.key)
         await anyio.wait_all_tasks_blocked()
-    assert sorted(queried) == sorted(p.name for p in [*active, *no_row])
+    assert sorted(queried) == sorted(p.key for p in [*active, *no_row])
     assert rig.outcome(ReconcileOutcome.SKIPPED) == 150
     assert len(rig.clocks) == 0 and rig.queue.delayed == 0
 

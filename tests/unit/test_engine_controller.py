@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable
 
@@ -10,6 +9,7 @@ import anyio
 import pytest
 from msgspec import structs
 
+from service import config
 from service.domain import (
     ExecutionChange,
     ExecutionRow,
@@ -22,7 +22,15 @@ from service.domain import (
 from service.engine.observation import ObservationClocks
 from service.engine.results import Action
 from service.kit.errors import Unavailable
-from tests.fakes import EngineRig, FakePodCache, make_pod, make_rig, make_row, make_settings
+from tests.fakes import (
+    NAMESPACE,
+    EngineRig,
+    FakePodCache,
+    make_pod,
+    make_rig,
+    make_row,
+    make_settings,
+)
 
 T0 = 1000.0
 
@@ -113,8 +121,8 @@ async def test_a_row_flipping_and_back_between_two_reconciles_restarts_the_clock
     pod = make_pod()
     await _observed_for_100s(rig, pod, make_row(pod))
     # Between two reconciles the row flips and flips back; only notifications see it.
-    rig.controller.execution_changed(flip)
-    rig.controller.execution_changed(_change(pod, active=False, state=ExecutionState.SUSPENDED))
+    rig.controller.executions_changed([flip])
+    rig.controller.executions_changed([_change(pod, active=False, state=ExecutionState.SUSPENDED)])
     await _assert_clock_restarted(rig, pod)
 
 
@@ -165,8 +173,8 @@ async def test_a_row_moving_between_retired_states_restarts_the_clock() -> None:
     rig = make_rig()
     pod = make_pod(phase=PodPhase.PENDING, container_count=0, all_containers_terminated=False)
     await _observed_for_100s(rig, pod, make_row(pod, state=ExecutionState.REPLACED))
-    rig.controller.execution_changed(_change(pod, active=False, state=ExecutionState.SUSPENDED))
-    rig.controller.execution_changed(_change(pod, active=False, state=ExecutionState.REPLACED))
+    rig.controller.executions_changed([_change(pod, active=False, state=ExecutionState.SUSPENDED)])
+    rig.controller.executions_changed([_change(pod, active=False, state=ExecutionState.REPLACED)])
     await _assert_clock_restarted(rig, pod)
 
 
@@ -203,7 +211,7 @@ async def test_cold_cache_listener_reconnect_and_new_leadership_restart_clocks(e
     assert len(rig.clocks) == 3
     rig.clock.advance(200)
     if event == "cache_cold":
-        rig.controller.cache_cold()
+        rig.controller.cache_cold(NAMESPACE)
     elif event == "notifications_missed":
         rig.controller.notifications_missed()
     else:
@@ -225,7 +233,7 @@ async def test_no_clock_starts_from_the_stale_snapshot_of_a_relisting_cache() ->
     rig = make_rig()
     pod = make_pod(resource_version="29")
     rig.add(pod, make_row(pod), event=False)
-    rig.controller.cache_cold()
+    rig.controller.cache_cold(NAMESPACE)
     rig.cache.synced = False
     rig.pods.pods[pod.key] = structs.replace(pod, resource_version="46")
     stale = await rig.reconcile(pod.key)
@@ -235,7 +243,7 @@ async def test_no_clock_starts_from_the_stale_snapshot_of_a_relisting_cache() ->
     # The relist delivers the final state (only its version differs), then the cache is synced.
     rig.add(structs.replace(pod, resource_version="46"))
     rig.cache.synced = True
-    rig.controller.cache_synced()
+    rig.controller.cache_synced(NAMESPACE)
     first = await rig.reconcile(pod.key)
     assert (first.outcome, first.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
     rig.clock.advance(299)
@@ -288,10 +296,10 @@ async def test_cache_synced_enqueues_candidates_and_prunes_reports_of_vanished_p
     assert rig.clocks.reported_count == 2
     while len(rig.queue):  # the requeues of those reconciles: not what is asserted below
         rig.queue.done(await rig.queue.get() or "")
-    rig.controller.cache_cold()
+    rig.controller.cache_cold(NAMESPACE)
     rig.cache.remove(vanished.key)  # deleted while the watch was down: no event
     rig.add(running_pod, event=False)
-    rig.controller.cache_synced()
+    rig.controller.cache_synced(NAMESPACE)
     assert rig.clocks.reported_count == 1
     assert rig.clocks.was_reported(kept.uid)
     keys = []
@@ -308,14 +316,58 @@ async def test_a_retirement_notification_enqueues_and_records_its_latency() -> N
     rig = make_rig()
     pod = make_pod()
     rig.add(pod, make_row(pod), event=False)
-    change = dataclasses.replace(
+    change = structs.replace(
         _change(pod, active=False, state=ExecutionState.REPLACED),
         received_at_s=rig.clock.monotonic() - 0.004,
     )
-    rig.controller.execution_changed(change)
+    rig.controller.executions_changed([change])
     assert rig.queue.is_dirty(pod.key)
     assert rig.sample("retired_pod_gc_retirement_to_enqueue_seconds_count") == 1
     assert rig.sample("retired_pod_gc_retirement_to_enqueue_seconds_sum") == pytest.approx(0.004)
+
+
+@pytest.mark.anyio
+async def test_a_batch_clears_exactly_its_keys_clocks_at_once_and_enqueues_them_as_one_burst() -> (
+    None
+):
+    rig = make_rig()
+    pods = [make_pod(f"b{i}") for i in range(6)]
+    for pod in pods:
+        rig.add(pod, make_row(pod), event=False)
+        assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert len(rig.clocks) == 6
+    while len(rig.queue):
+        rig.queue.done(await rig.queue.get())
+    in_batch, outside = pods[:4], pods[4:]
+    batch = [
+        _change(in_batch[0], active=True, state=ExecutionState.ACTIVE),  # a re-activation
+        _change(in_batch[1], active=False, state=ExecutionState.REPLACED),
+        _change(in_batch[2], active=False, state=ExecutionState.SUSPENDED),
+        ExecutionChange(in_batch[3].namespace, in_batch[3].name, None, None, deleted=True),
+    ]
+    received_at_s = rig.clock.monotonic() - 0.004
+    batch = [structs.replace(c, received_at_s=received_at_s) for c in batch]
+    rig.controller.executions_changed(batch)
+    # Every clock of the batch is gone the moment it is handed over; the others run on.
+    assert [rig.clocks.uid_for(p.key) for p in in_batch] == [None] * 4
+    assert [rig.clocks.uid_for(p.key) for p in outside] == [p.uid for p in outside]
+    assert rig.sample("retired_pod_gc_queue_adds_total") >= 4
+    keys = await rig.queue.get_batch(100)
+    assert keys == [p.key for p in in_batch]
+    # One latency sample for the notification (it carries retirements), not one per row.
+    assert rig.sample("retired_pod_gc_retirement_to_enqueue_seconds_count") == 1
+    assert rig.sample("retired_pod_gc_retirement_to_enqueue_seconds_sum") == pytest.approx(0.004)
+
+
+@pytest.mark.anyio
+async def test_an_inactive_controller_clears_a_batch_but_enqueues_nothing() -> None:
+    rig = make_rig(leader=False)
+    pod = make_pod()
+    rig.add(pod, make_row(pod), event=False)
+    rig.clocks.observe(pod.uid, pod.key, Verdict.TERMINAL_RETIRED, rig.clock.monotonic())
+    rig.controller.executions_changed([_change(pod, active=True, state=ExecutionState.ACTIVE)])
+    assert rig.clocks.uid_for(pod.key) is None
+    assert len(rig.queue) == 0
 
 
 # ------------------------------------------------------------ invariant 4
@@ -371,10 +423,10 @@ async def test_disabled_sends_nothing() -> None:
     pods = [make_pod(f"s{i}") for i in range(3)]
     async with rig.workers():
         _retired(rig, pods)
-        rig.controller.execution_changed(
-            _change(pods[0], active=False, state=ExecutionState.SUSPENDED)
+        rig.controller.executions_changed(
+            [_change(pods[0], active=False, state=ExecutionState.SUSPENDED)]
         )
-        rig.controller.cache_synced()
+        rig.controller.cache_synced(NAMESPACE)
         assert rig.controller.resync() == 0
         await rig.advance(10_000)
     assert not rig.controller.active
@@ -419,7 +471,7 @@ async def test_keys_already_queued_when_leadership_is_lost_are_dropped() -> None
 
 class _ExplodingCache(FakePodCache):
     def get(self, key: str) -> PodSnapshot | None:
-        if key.startswith("boom/"):
+        if key.startswith(f"{NAMESPACE}/boom"):
             raise RuntimeError("a bug in a dependency")
         return super().get(key)
 
@@ -433,14 +485,14 @@ async def test_a_malformed_key_never_crashes_a_worker() -> None:
     rig.controller._cache = exploding
     pod = make_pod()
     async with rig.workers(1):
-        for bad in ("no-slash", "a/b/c", "", "boom/pod"):
+        for bad in ("no-slash", "a/b/c", "", f"{NAMESPACE}/boom"):
             rig.queue.add(bad)
         await anyio.wait_all_tasks_blocked()
         rig.clock.advance(1)
         await anyio.wait_all_tasks_blocked()
         rig.add(pod, make_row(pod))
         await rig.advance(300)
-        assert rig.queue.num_requeues("boom/pod") >= 2  # raised, backed off, retried
+        assert rig.queue.num_requeues(f"{NAMESPACE}/boom") >= 2  # raised, backed off, retried
         assert rig.queue.num_requeues("no-slash") == 0  # malformed: dropped, not retried
     assert rig.pods.deleted_keys == [pod.key]  # the one worker lived on
     assert rig.sample("retired_pod_gc_reconcile_errors_total") >= 2
@@ -571,7 +623,7 @@ async def test_a_sync_in_progress_enqueues_nothing_but_still_clears_clocks_at_ev
     rig.add(other, make_row(other))
     assert not rig.queue.is_dirty(pod.key) and not rig.queue.is_dirty(other.key)
     rig.cache.synced = True
-    rig.controller.cache_synced()  # the end of the sync enqueues every candidate
+    rig.controller.cache_synced(NAMESPACE)  # the end of the sync enqueues every candidate
     assert rig.queue.is_dirty(pod.key) and rig.queue.is_dirty(other.key)
 
 
@@ -604,3 +656,104 @@ async def test_a_bug_in_an_adapter_is_logged_counted_and_never_deletes(
     bugs = [r for r in caplog.records if r.levelno == logging.ERROR and "a bug" in r.getMessage()]
     assert len(bugs) == 3
     assert all(r.exc_info and r.exc_info[1] is bug for r in bugs)  # with its traceback
+
+
+# ------------------------------------------------------------ several namespaces
+
+OTHER = "tenant-b"
+
+
+def _two_namespace_rig() -> EngineRig:
+    return make_rig(make_settings(env={config.PREFIX + "NAMESPACES": f"{NAMESPACE},{OTHER}"}))
+
+
+@pytest.mark.anyio
+async def test_a_namespace_going_cold_clears_only_its_own_clocks_and_its_own_keys_wait() -> None:
+    rig = _two_namespace_rig()
+    ours, theirs = make_pod("a"), make_pod("b", namespace=OTHER)
+    for pod in (ours, theirs):
+        rig.add(pod, make_row(pod), event=False)
+        await rig.reconcile(pod.key)
+    assert len(rig.clocks) == 2
+    rig.clock.advance(200)
+    rig.controller.cache_cold(OTHER)
+    rig.cache.cold_namespaces.add(OTHER)
+    assert rig.clocks.get(ours.uid) is not None and rig.clocks.get(theirs.uid) is None
+    # A key is judged by the cache of its own namespace: OTHER's waits, ours goes on.
+    results = await rig.reconcile_batch([ours.key, theirs.key])
+    assert results[theirs.key].outcome == ReconcileOutcome.CACHE_COLD
+    assert results[ours.key].outcome == ReconcileOutcome.TOO_YOUNG
+    assert results[ours.key].requeue_after_s == pytest.approx(100.0)
+    rig.clock.advance(100)
+    assert (await rig.reconcile(ours.key)).outcome == Verdict.TERMINAL_RETIRED
+    assert (await rig.reconcile(theirs.key)).outcome == ReconcileOutcome.CACHE_COLD
+    assert rig.pods.deleted_keys == [ours.key]
+    # Synced again: only then does OTHER's pod start a clock, from zero.
+    rig.cache.cold_namespaces.clear()
+    rig.controller.cache_synced(OTHER)
+    assert rig.queue.is_dirty(theirs.key)
+    assert (await rig.reconcile(theirs.key)).requeue_after_s == 300.0
+
+
+@pytest.mark.anyio
+async def test_a_key_of_a_namespace_not_configured_is_never_acted_on() -> None:
+    rig = _two_namespace_rig()
+    stray = make_pod("c", namespace="not-configured")
+    # Even a cache and a store that answered for it (they do not) would not get it deleted.
+    rig.add(stray, make_row(stray), event=False)
+    for _ in range(3):
+        result = await rig.reconcile(stray.key)
+        assert result.outcome == ReconcileOutcome.ERROR
+        rig.clock.advance(400)
+    assert len(rig.clocks) == 0
+    assert rig.pods.deletes == [] and rig.pods.gets == [] and rig.store.queries == 0
+    # Its events do not enqueue it either: that namespace has no synced cache.
+    rig.controller.pod_changed(None, structs.replace(stray, resource_version="101"))
+    assert not rig.queue.is_dirty(stray.key)
+
+
+@pytest.mark.anyio
+async def test_pods_of_every_configured_namespace_share_one_delete_budget() -> None:
+    rig = make_rig(
+        make_settings(
+            deletes_per_minute=2, env={config.PREFIX + "NAMESPACES": f"{NAMESPACE},{OTHER}"}
+        )
+    )
+    pods = [make_pod(f"n{i}", namespace=(NAMESPACE, OTHER)[i % 2]) for i in range(4)]
+    async with rig.workers(2):
+        for pod in pods:
+            rig.add(pod, make_row(pod))
+        await rig.advance(300)
+        await rig.advance(1)
+    assert len(rig.pods.deletes) == 2  # not two per namespace
+    deleted = {call.namespace for call in rig.pods.deletes}
+    assert deleted <= {NAMESPACE, OTHER}
+    for namespace in (NAMESPACE, OTHER):
+        count = sum(1 for call in rig.pods.deletes if call.namespace == namespace)
+        assert (
+            rig.sample(
+                "retired_pod_gc_deletes_total",
+                {"sandbox_namespace": namespace, "result": "deleted"},
+            )
+            == count
+        )
+
+
+def test_clearing_a_namespace_stops_its_clocks_and_its_observations_in_flight_only() -> None:
+    clocks = ObservationClocks()
+    ours = make_pod("a")
+    theirs = make_pod("b", namespace=OTHER)
+    # A namespace that is a prefix of another's name is a different namespace.
+    lookalike = make_pod("c", namespace=f"{OTHER}-2")
+    for pod in (ours, theirs, lookalike):
+        assert clocks.observe(pod.uid, pod.key, Verdict.TERMINAL_RETIRED, 0.0) == 0.0
+    for pod in (ours, theirs):
+        clocks.begin(pod.key)
+    clocks.clear_namespace(OTHER)
+    assert clocks.elapsed(theirs.uid, 10.0) is None and clocks.uid_for(theirs.key) is None
+    assert clocks.elapsed(ours.uid, 10.0) == 10.0
+    assert clocks.elapsed(lookalike.uid, 10.0) == 10.0
+    # The observation of OTHER's key that was reading when the clear came starts no clock.
+    assert clocks.observe(theirs.uid, theirs.key, Verdict.TERMINAL_RETIRED, 10.0) is None
+    assert clocks.observe(ours.uid, ours.key, Verdict.TERMINAL_RETIRED, 10.0) == 10.0
+    assert len(clocks) == 2

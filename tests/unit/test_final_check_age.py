@@ -169,8 +169,12 @@ async def test_a_clearing_event_during_a_short_token_wait_stops_the_delete() -> 
         tg.start_soon(one, first.key)
         tg.start_soon(one, second.key)
         await anyio.wait_all_tasks_blocked()  # the second waits for the token
-        rig.controller.execution_changed(
-            ExecutionChange(second.namespace, second.name, active=True, state=ExecutionState.ACTIVE)
+        rig.controller.executions_changed(
+            [
+                ExecutionChange(
+                    second.namespace, second.name, active=True, state=ExecutionState.ACTIVE
+                )
+            ]
         )
         await rig.advance(0.1)
 

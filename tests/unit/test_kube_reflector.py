@@ -210,9 +210,9 @@ async def run_script(
     lw = FakeListWatch(clock, script)
     handler = RecordingHandler()
     metrics = Metrics(CollectorRegistry())
-    store = PodStore(metrics, sink=handler)
+    store = PodStore(metrics, sink=handler, namespace=NS)
     settings = KubeSettings(
-        namespace=NS,
+        namespaces=(NS,),
         label_selector=SANDBOX_SELECTOR,
         label_keys=LabelKeys(),
         api_timeout_s=5.0,

@@ -9,14 +9,14 @@ from prometheus_client import CollectorRegistry
 
 from service.kube.store import PodStore, SyncState
 from service.metrics import Metrics
-from tests.fakes import make_pod
+from tests.fakes import NAMESPACE, make_pod
 from tests.kubefixtures import RecordingHandler
 
 
 def new_store() -> tuple[PodStore, RecordingHandler, Metrics]:
     handler = RecordingHandler()
     metrics = Metrics(CollectorRegistry())
-    return PodStore(metrics, sink=handler), handler, metrics
+    return PodStore(metrics, sink=handler, namespace=NAMESPACE), handler, metrics
 
 
 def store_in(state: SyncState) -> tuple[PodStore, RecordingHandler, Metrics]:
@@ -35,11 +35,13 @@ def store_in(state: SyncState) -> tuple[PodStore, RecordingHandler, Metrics]:
             store.finish_sync()
     assert store.state is state
     handler.log.clear()
+    handler.namespaces.clear()
     return store, handler, metrics
 
 
 def gauge(metrics: Metrics, name: str) -> float | None:
-    return metrics.registry.get_sample_value(name)
+    """The store's gauge: every series of it is labelled with the store's namespace."""
+    return metrics.registry.get_sample_value(name, {"sandbox_namespace": NAMESPACE})
 
 
 BEGIN = {
@@ -59,6 +61,7 @@ def test_begin_sync_moves_every_state_and_only_leaving_synced_tells_the_handler_
     assert store.state is BEGIN[state]
     assert not store.synced
     assert handler.log == (["cold"] if state is SyncState.SYNCED else [])
+    assert handler.namespaces == ([NAMESPACE] if state is SyncState.SYNCED else [])
     assert gauge(metrics, "retired_pod_gc_cache_synced") == 0
 
 
@@ -71,6 +74,7 @@ def test_finish_sync_is_the_only_way_to_synced_and_only_from_a_sync_in_progress(
         store.finish_sync()
         assert store.state is SyncState.SYNCED and store.synced
         assert handler.log == ["synced"]
+        assert handler.namespaces == [NAMESPACE]
         assert gauge(metrics, "retired_pod_gc_cache_synced") == 1
     else:
         with pytest.raises(RuntimeError, match="no sync in progress"):

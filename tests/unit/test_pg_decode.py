@@ -8,8 +8,14 @@ from typing import Any
 
 import pytest
 
-from service.domain import ExecutionState, PodKind
-from service.pg.listener import BACKOFF_MAX_S, default_backoff, parse_payload
+from service.domain import ExecutionChange, ExecutionState, PodKind
+from service.pg.listener import (
+    BACKOFF_MAX_S,
+    MAX_PAYLOAD_BYTES,
+    ParsedPayload,
+    default_backoff,
+    parse_payload,
+)
 from service.pg.migrate import DEFAULT_CHANNEL, render_trigger_sql, steps
 from service.pg.store import _REQUIRED, decode_row
 
@@ -79,9 +85,18 @@ def _payload(**overrides: Any) -> str:
     return json.dumps(body)
 
 
+def _batch(*rows: Any) -> str:
+    return json.dumps({"rows": list(rows)}, separators=(",", ":"))
+
+
+def _only(parsed: ParsedPayload) -> ExecutionChange:
+    assert parsed.malformed == 0, parsed.problem
+    (change,) = parsed.changes
+    return change
+
+
 def test_parse_payload_update_retired() -> None:
-    change = parse_payload(_payload(), received_at_s=12.5)
-    assert change is not None
+    change = _only(parse_payload(_payload(), received_at_s=12.5))
     assert change.key == "sandboxes/space-sbx-a-g1"
     assert change.active is False and change.state is ExecutionState.SUSPENDED
     assert change.retired and not change.deleted
@@ -89,21 +104,107 @@ def test_parse_payload_update_retired() -> None:
 
 
 def test_parse_payload_reactivation_is_not_retired() -> None:
-    change = parse_payload(_payload(active=True, execution_state="active"), received_at_s=0)
-    assert change is not None and change.active is True and not change.retired
+    change = _only(parse_payload(_payload(active=True, execution_state="active"), received_at_s=0))
+    assert change.active is True and not change.retired
 
 
 def test_parse_payload_delete_carries_no_state() -> None:
-    change = parse_payload(_payload(op="delete"), received_at_s=0)
-    assert change is not None
+    change = _only(parse_payload(_payload(op="delete"), received_at_s=0))
     assert change.deleted and change.active is None and change.state is None
     assert not change.retired
 
 
 def test_parse_payload_unknown_state_string_is_unknown_member() -> None:
-    change = parse_payload(_payload(execution_state="weird"), received_at_s=0)
-    assert change is not None and change.state is ExecutionState.UNKNOWN
+    change = _only(parse_payload(_payload(execution_state="weird"), received_at_s=0))
+    assert change.state is ExecutionState.UNKNOWN
     assert not change.retired
+
+
+@pytest.mark.parametrize("op", ["insert", "update", "delete"])
+@pytest.mark.parametrize("active", [True, False, None])
+@pytest.mark.parametrize("state", [*(s.value for s in ExecutionState), "weird", None])
+def test_both_payload_shapes_say_the_same_change(
+    op: str, active: bool | None, state: str | None
+) -> None:
+    # 0002's object and a row of 0003's batch carry the same facts: during a rolling upgrade a
+    # change must mean the same whichever trigger sent it.
+    single = parse_payload(_payload(op=op, active=active, execution_state=state), received_at_s=3.0)
+    batch = parse_payload(
+        _batch([op, "sandboxes", "space-sbx-a-g1", active, state]), received_at_s=3.0
+    )
+    assert _only(single) == _only(batch)
+
+
+def test_a_batch_is_parsed_whole_in_order() -> None:
+    rows = [["update", "sandboxes", f"space-sbx-{i}-g1", False, "replaced"] for i in range(100)] + [
+        ["insert", "other", "space-sbx-x-g1", True, "active"],
+        ["delete", "sandboxes", "d", None, None],
+    ]
+    parsed = parse_payload(_batch(*rows), received_at_s=7.0)
+    assert parsed.malformed == 0 and parsed.problem == ""
+    assert [c.key for c in parsed.changes] == [f"{r[1]}/{r[2]}" for r in rows]
+    assert [c.retired for c in parsed.changes] == [True] * 100 + [False, False]
+    assert parsed.changes[-1].deleted and parsed.changes[-2].active is True
+    assert {c.received_at_s for c in parsed.changes} == {7.0}
+
+
+@pytest.mark.parametrize(
+    "bad_row",
+    [
+        ["update", "sandboxes", "space-sbx-bad-g1", False],  # too short
+        ["update", "sandboxes", "space-sbx-bad-g1", False, "replaced", "extra"],
+        ["truncate", "sandboxes", "space-sbx-bad-g1", False, "replaced"],
+        ["update", None, "space-sbx-bad-g1", False, "replaced"],  # no sandboxes row
+        ["update", "", "space-sbx-bad-g1", False, "replaced"],
+        ["update", "sandboxes", "", False, "replaced"],
+        ["update", "sandboxes", 5, False, "replaced"],
+        ["update", "sandboxes", "space-sbx-bad-g1", "false", "replaced"],
+        ["update", "sandboxes", "space-sbx-bad-g1", 0, "replaced"],
+        ["update", "sandboxes", "space-sbx-bad-g1", False, 3],
+        {"op": "update", "namespace": "sandboxes", "pod_name": "space-sbx-bad-g1"},
+        "garbage",
+        None,
+    ],
+)
+def test_a_malformed_row_is_counted_and_never_hides_the_others(bad_row: Any) -> None:
+    good = [["update", "sandboxes", f"space-sbx-{i}-g1", False, "replaced"] for i in range(3)]
+    parsed = parse_payload(_batch(good[0], bad_row, good[1], bad_row, good[2]), received_at_s=0)
+    assert [c.pod_name for c in parsed.changes] == [r[2] for r in good]
+    assert all(c.retired for c in parsed.changes)
+    assert parsed.malformed == 2 and "invalid rows" in parsed.problem
+
+
+def test_a_batch_of_only_malformed_rows_counts_each() -> None:
+    parsed = parse_payload(_batch(["x"], ["update", "", "p", True, "active"], 7), received_at_s=0)
+    assert parsed.changes == [] and parsed.malformed == 3
+
+
+def test_an_empty_batch_is_malformed() -> None:
+    parsed = parse_payload(_batch(), received_at_s=0)
+    assert parsed.changes == [] and parsed.malformed == 1
+
+
+def test_an_oversized_payload_is_skipped_whole() -> None:
+    # PostgreSQL refuses payloads of 8000 bytes or more, so this did not come from the trigger;
+    # valid rows in it are not trusted either.
+    row = ["update", "sandboxes", "space-sbx-0123456789ab-g1", False, "replaced"]
+    row_bytes = len(json.dumps(row, separators=(",", ":"))) + 1  # with its comma
+    rows = [row] * (MAX_PAYLOAD_BYTES // row_bytes + 1)
+    payload = _batch(*rows)
+    assert len(payload.encode()) >= MAX_PAYLOAD_BYTES
+    parsed = parse_payload(payload, received_at_s=0)
+    assert parsed.changes == [] and parsed.malformed == 1 and parsed.problem == "oversized"
+    # The bound is in bytes: fewer characters than the limit, but more bytes, is oversized too.
+    wide = json.dumps(
+        {"rows": [["update", "sandboxes", "\u00e9" * 3980, False, "replaced"]]}, ensure_ascii=False
+    )
+    assert len(wide) < MAX_PAYLOAD_BYTES <= len(wide.encode())
+    assert parse_payload(wide, received_at_s=0).problem == "oversized"
+    # Just below the bound, the same rows are parsed.
+    most = (MAX_PAYLOAD_BYTES - len('{"rows":[]}')) // row_bytes
+    fits = _batch(*rows[:most])
+    assert len(fits.encode()) < MAX_PAYLOAD_BYTES
+    assert len(parse_payload(fits, received_at_s=0).changes) == most
 
 
 @pytest.mark.parametrize(
@@ -115,6 +216,8 @@ def test_parse_payload_unknown_state_string_is_unknown_member() -> None:
         "[1, 2]",
         "{}",
         '{"op": "insert"}',
+        '{"rows": 5}',
+        '{"rows": {"a": 1}}',
         _payload(op="truncate"),
         _payload(namespace=""),
         _payload(pod_name=""),
@@ -124,14 +227,16 @@ def test_parse_payload_unknown_state_string_is_unknown_member() -> None:
     ],
 )
 def test_parse_payload_rejects_garbage(garbage: str) -> None:
-    assert parse_payload(garbage, received_at_s=0) is None
+    parsed = parse_payload(garbage, received_at_s=0)
+    assert parsed.changes == [] and parsed.malformed == 1 and parsed.problem
 
 
 def test_trigger_sql_carries_the_configured_channel_as_trigger_argument() -> None:
     sql = render_trigger_sql("my_channel_2")
-    assert sql.count("('my_channel_2')") == 2
-    assert f"('{DEFAULT_CHANNEL}')" not in sql
-    assert render_trigger_sql(DEFAULT_CHANNEL).count(f"('{DEFAULT_CHANNEL}')") == 2
+    # Two pg_notify calls (one row, any number) for each trigger event (insert, update, delete).
+    assert sql.count("pg_notify('my_channel_2', ") == 6
+    assert f"pg_notify('{DEFAULT_CHANNEL}'" not in sql
+    assert render_trigger_sql(DEFAULT_CHANNEL).count(f"pg_notify('{DEFAULT_CHANNEL}', ") == 6
 
 
 @pytest.mark.parametrize("bad", ["", "1abc", "a-b", "a'b", 'a"b', "x" * 64, "a b"])
@@ -141,10 +246,13 @@ def test_trigger_sql_refuses_a_channel_that_is_not_an_identifier(bad: str) -> No
 
 
 def test_steps_include_the_schema_only_when_asked() -> None:
-    assert [s.name for s in steps(channel="c", with_schema=False)] == ["0002_notify_trigger"]
+    # 0003 supersedes 0002 (it drops 0002's triggers): a run never applies 0002.
+    assert [s.name for s in steps(channel="c", with_schema=False)] == [
+        "0003_notify_statement_trigger"
+    ]
     assert [s.name for s in steps(channel="c", with_schema=True)] == [
         "0001_dev_schema",
-        "0002_notify_trigger",
+        "0003_notify_statement_trigger",
     ]
     # The checksum depends on the channel, so a channel change re-applies the trigger.
     a, b = steps(channel="a", with_schema=False)[0], steps(channel="b", with_schema=False)[0]

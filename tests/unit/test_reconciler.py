@@ -25,6 +25,7 @@ from service.domain import (
 from service.engine.results import INACTIVE, Action
 from service.kit.errors import Unavailable
 from tests.fakes import (
+    NAMESPACE,
     EngineRig,
     FakePodClient,
     make_pending_pod,
@@ -84,7 +85,12 @@ async def test_invariant7_delete_preconditions_come_from_the_fresh_get() -> None
     assert (call.namespace, call.name) == (pod.namespace, pod.name)
     assert (call.uid, call.resource_version) == (pod.uid, pod.resource_version)
     assert rig.pods.gets == [pod.key]
-    assert rig.sample("retired_pod_gc_deletes_total", {"result": "deleted"}) == 1
+    assert (
+        rig.sample(
+            "retired_pod_gc_deletes_total", {"sandbox_namespace": NAMESPACE, "result": "deleted"}
+        )
+        == 1
+    )
 
 
 @pytest.mark.anyio
@@ -124,11 +130,11 @@ async def test_replaced_never_started_pod_is_reaped_with_its_own_verdict() -> No
 async def test_invariant1_no_delete_when_the_final_re_read_is_not_retired(fresh: str) -> None:
     rig, pod = _rig()
     retired = make_row(pod)
-    rig.store.batched_rows = {pod.name: retired}  # the batched lookup still says retired
+    rig.store.batched_rows = {pod.key: retired}  # the batched lookup still says retired
     if fresh == "active":
         rig.store.put(make_row(pod, active=True, state=ExecutionState.ACTIVE))
     elif fresh == "no_row":
-        del rig.store.rows[pod.name]
+        del rig.store.rows[pod.key]
     elif fresh == "unknown_state":
         rig.store.put(make_row(pod, state=ExecutionState.UNKNOWN))
     else:
@@ -186,7 +192,12 @@ async def test_invariant2_uid_precondition_protects_a_pod_recreated_after_the_fr
     assert call.uid == pod.uid  # the observed UID, not the new pod's
     assert recreating.pods[pod.key].uid == "uid-new"  # the new pod survives
     assert rig.outcome(ReconcileOutcome.CONFLICT) == 1
-    assert rig.sample("retired_pod_gc_deletes_total", {"result": "conflict"}) == 1
+    assert (
+        rig.sample(
+            "retired_pod_gc_deletes_total", {"sandbox_namespace": NAMESPACE, "result": "conflict"}
+        )
+        == 1
+    )
 
 
 @pytest.mark.anyio
@@ -296,8 +307,8 @@ async def test_a_clearing_event_during_the_lookup_keeps_the_clock_from_starting(
         await anyio.wait_all_tasks_blocked()
         assert rig.store.lookups == 1  # the lookup is in flight
         # The row flips active (notification) while the lookup (old snapshot) is in flight.
-        rig.controller.execution_changed(
-            ExecutionChange(pod.namespace, pod.name, active=True, state=ExecutionState.ACTIVE)
+        rig.controller.executions_changed(
+            [ExecutionChange(pod.namespace, pod.name, active=True, state=ExecutionState.ACTIVE)]
         )
         gate.set()
     assert results[0].outcome == ReconcileOutcome.CHANGED
@@ -322,8 +333,12 @@ async def test_a_clock_cleared_while_waiting_for_a_delete_token_prevents_the_del
         tg.start_soon(run)
         await anyio.wait_all_tasks_blocked()  # waiting for the budget (1 per minute)
         # The row flips active and back while we wait: the notification clears the clock.
-        rig.controller.execution_changed(
-            ExecutionChange(second.namespace, second.name, active=True, state=ExecutionState.ACTIVE)
+        rig.controller.executions_changed(
+            [
+                ExecutionChange(
+                    second.namespace, second.name, active=True, state=ExecutionState.ACTIVE
+                )
+            ]
         )
         await rig.advance(60)
     assert results[0].outcome == ReconcileOutcome.CHANGED
@@ -342,7 +357,12 @@ async def test_404_on_delete_is_benign_and_counted() -> None:
     assert (result.action, result.outcome) == (Action.DONE, ReconcileOutcome.GONE)
     assert rig.outcome(ReconcileOutcome.GONE) == 1
     assert rig.outcome(Verdict.TERMINAL_RETIRED) == 0
-    assert rig.sample("retired_pod_gc_deletes_total", {"result": "gone"}) == 1
+    assert (
+        rig.sample(
+            "retired_pod_gc_deletes_total", {"sandbox_namespace": NAMESPACE, "result": "gone"}
+        )
+        == 1
+    )
     assert rig.clocks.get(pod.uid) is None
 
 
@@ -374,7 +394,12 @@ async def test_a_delete_error_backs_off(failure: str) -> None:
     )
     result = await rig.reconcile(pod.key)
     assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
-    assert rig.sample("retired_pod_gc_deletes_total", {"result": "error"}) == 1
+    assert (
+        rig.sample(
+            "retired_pod_gc_deletes_total", {"sandbox_namespace": NAMESPACE, "result": "error"}
+        )
+        == 1
+    )
 
 
 @pytest.mark.anyio
@@ -605,10 +630,12 @@ async def test_a_flip_still_in_flight_at_the_final_check_stops_the_delete() -> N
     await _expire(rig, pod)
     # The row was re-activated and retired again; the re-read already shows "retired" but the
     # re-activation's notification is only handed over by the sync.
-    barrier.deliver = lambda: rig.controller.execution_changed(
-        ExecutionChange(
-            namespace=pod.namespace, pod_name=pod.name, active=True, state=ExecutionState.ACTIVE
-        )
+    barrier.deliver = lambda: rig.controller.executions_changed(
+        [
+            ExecutionChange(
+                namespace=pod.namespace, pod_name=pod.name, active=True, state=ExecutionState.ACTIVE
+            )
+        ]
     )
     result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.CHANGED

@@ -311,3 +311,74 @@ async def test_get_batch_takes_a_share_of_the_ready_keys_within_its_bounds() -> 
     assert len(q) == 0
     q.done("k5")
     assert await q.get_batch(10) == ["k5"]
+
+
+@pytest.mark.anyio
+async def test_add_many_is_add_of_each_key_in_order() -> None:
+    # The same keys, some waiting, some in flight, some repeated: one burst leaves the queue as
+    # one add per key would.
+    rng = random.Random(5)
+    for _ in range(50):
+        keys = [f"ns/{rng.randrange(8)}" for _ in range(rng.randrange(1, 20))]
+        states = []
+        for burst in (True, False):
+            queue, _ = _queue(metrics=Metrics(CollectorRegistry()))
+            queue.add("ns/1")
+            queue.add("ns/2")
+            held = await _get_now(queue)  # ns/1 in flight
+            if burst:
+                queue.add_many(keys)
+            else:
+                for key in keys:
+                    queue.add(key)
+            assert held is not None
+            queue.done(held)
+            order = []
+            while len(queue):
+                order.append(await _get_now(queue))
+            states.append(order)
+        assert states[0] == states[1]
+
+
+@pytest.mark.anyio
+async def test_add_many_wakes_one_getter_per_key_that_became_ready() -> None:
+    queue, _ = _queue()
+    got: list[str | None] = []
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(lambda: _append(queue, got))
+        await anyio.wait_all_tasks_blocked()
+        queue.add_many(["ns/a", "ns/a", "ns/b"])  # two keys ready: two getters
+        await anyio.wait_all_tasks_blocked()
+        assert sorted(k or "" for k in got) == ["ns/a", "ns/b"]
+        queue.shut_down()
+    assert got[-1] is None
+
+
+async def _append(queue: WorkQueue, got: list[str | None]) -> None:
+    got.append(await queue.get())
+
+
+@pytest.mark.anyio
+async def test_a_burst_large_enough_to_be_compacted_keeps_the_keys_readded_in_flight() -> None:
+    # 50,000 keys grow the dirty set past the size that is rebuilt when the burst's last ready
+    # key is taken; keys re-added while in flight must survive the rebuild (and come back).
+    queue, _ = _queue()
+    keys = [f"ns/p{i}" for i in range(50_000)]
+    for key in keys:
+        queue.add(key)
+    with anyio.fail_after(5):
+        first = await queue.get_batch(49_990)
+    assert first == keys[:49_990]
+    queue.add("ns/p0")  # re-added while in flight, before the burst is drained
+    with anyio.fail_after(5):
+        rest = await queue.get_batch(100)  # takes the last ready keys: the tables are rebuilt
+    assert rest == keys[49_990:]
+    assert len(queue) == 0
+    assert queue.is_dirty("ns/p0")
+    for key in first + rest:
+        queue.done(key)
+    assert len(queue) == 1
+    assert await _get_now(queue) == "ns/p0"
+    queue.add("ns/p1")  # adds after the rebuild are kept as before
+    assert await _get_now(queue) == "ns/p1"

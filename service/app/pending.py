@@ -1,0 +1,182 @@
+"""The live view of the observation clocks: ``GET /debug/pending`` and its readers.
+
+The running service builds the document (:func:`pending_document`) from its clocks: every pod
+whose clock runs, with its UID, verdict, since when it has been observed, when it is due and what
+it waits for. ``retired-pod-gc pending`` fetches it (:func:`fetch_pending`) and prints it as a
+table (:func:`pending_lines`); ``explain --url`` prints the entry of one pod
+(:func:`live_clock_lines`). Times in the document are UTC: the service's monotonic clock
+mapped onto the wall clock once, at start, so that one clock shows the same times in every
+answer (a wall-clock step after the start is not followed).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from service.domain import Waiting
+from service.engine.observation import ObservationClocks
+
+PATH = "/debug/pending"
+DEFAULT_LIMIT = 1000
+"""Entries in one answer unless ``?limit=`` says otherwise (the soonest due first): building an
+entry costs microseconds, and 100k of them would hold the event loop for seconds."""
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def pending_document(
+    *,
+    clocks: ObservationClocks,
+    threshold_s: float,
+    mode: str,
+    active: bool,
+    now_s: float,
+    wall_offset_s: float,
+    limit: int = DEFAULT_LIMIT,
+    key: str | None = None,
+) -> dict[str, Any]:
+    """The running clocks, soonest due first, at most ``limit`` of them (``count`` says how many
+    run); with ``key``, only that pod's. ``now_s`` is the service's monotonic clock, and
+    ``wall_offset_s`` what to add to it for Unix time."""
+    offset = wall_offset_s
+    if key is not None:
+        uid = clocks.uid_for(key)
+        running = [(o, w) for o, w in clocks.running_uid(uid)] if uid is not None else []
+    else:
+        # Every clock has the same threshold: the soonest started is the soonest due.
+        running = heapq.nsmallest(
+            limit, clocks.running(), key=lambda entry: (entry[0].since_s, entry[0].key)
+        )
+    pods = []
+    for observation, waiting in running:
+        due_s = observation.since_s + threshold_s
+        if now_s < due_s:
+            waits_for = Waiting.THRESHOLD
+        elif mode == "dry_run" and clocks.was_reported(observation.uid):
+            waits_for = Waiting.REPORTED
+        else:
+            waits_for = waiting if waiting is not None else Waiting.VERIFICATION
+        pods.append(
+            {
+                "key": observation.key,
+                "uid": observation.uid,
+                "verdict": str(observation.verdict),
+                "observed_since": iso(observation.since_s + offset),
+                "due_at": iso(due_s + offset),
+                "observed_for_s": round(now_s - observation.since_s, 3),
+                "due_in_s": round(max(0.0, due_s - now_s), 3),
+                "waits_for": str(waits_for),
+            }
+        )
+    return {
+        "mode": mode,
+        "active": active,
+        "threshold_s": threshold_s,
+        "now": iso(now_s + offset),
+        "count": len(clocks),
+        "shown": len(pods),
+        "pods": pods,
+    }
+
+
+class PendingUnavailable(Exception):
+    """The service could not be asked (no answer, the view off, an unexpected answer)."""
+
+
+async def fetch_pending(
+    url: str, *, timeout_s: float, limit: int | None = None, key: str | None = None
+) -> dict[str, Any]:
+    """``GET {url}/debug/pending``; raises :class:`PendingUnavailable` with a printable reason."""
+    target = url.rstrip("/") + PATH
+    params = {}
+    if limit is not None:
+        params["limit"] = str(limit)
+    if key is not None:
+        params["key"] = key
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
+            session.get(target, params=params) as response,
+        ):
+            if response.status == 404:
+                raise PendingUnavailable(
+                    f"{target} answered 404: the service does not serve the live view "
+                    "(set SPACE_RETIRED_EXECUTION_POD_GC_DEBUG_PENDING=true)"
+                )
+            if response.status != 200:
+                raise PendingUnavailable(f"{target} answered {response.status}")
+            document = await response.json()
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise PendingUnavailable(
+            f"could not reach {target}: {type(exc).__name__}: {exc}".rstrip(": ")
+        ) from None
+    if not isinstance(document, dict) or not isinstance(document.get("pods"), list):
+        raise PendingUnavailable(f"{target} did not answer a pending document")
+    return document
+
+
+_COLUMNS = ("KEY", "UID", "VERDICT", "OBSERVED SINCE", "DUE AT", "DUE IN", "WAITS FOR")
+
+
+def pending_lines(document: Mapping[str, Any]) -> list[str]:
+    """The document as a table, with a header line naming the mode and threshold."""
+    lines = [
+        f"mode {document.get('mode')}, active {str(document.get('active')).lower()}, "
+        f"threshold {document.get('threshold_s')}s, at {document.get('now')}: "
+        f"{document.get('count')} pods with a running clock"
+        + (
+            f", the {document.get('shown')} soonest due shown"
+            if document.get("shown") != document.get("count")
+            else ""
+        )
+    ]
+    rows = [
+        (
+            str(p.get("key")),
+            str(p.get("uid")),
+            str(p.get("verdict")),
+            str(p.get("observed_since")),
+            str(p.get("due_at")),
+            f"{float(p.get('due_in_s') or 0):.1f}s",
+            str(p.get("waits_for")),
+        )
+        for p in document.get("pods") or []
+    ]
+    if not rows:
+        return lines
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
+    for row in (_COLUMNS, *rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return lines
+
+
+def live_clock_lines(
+    key: str, url: str | None, document: Mapping[str, Any] | str | None
+) -> list[str]:
+    """``explain``'s live-clock lines: ``document`` is the fetched view, or the reason it could
+    not be fetched (a string), or ``None`` when no URL was given."""
+    if url is None:
+        return [
+            "live clock: not asked (--url http://127.0.0.1:PORT asks a running replica, "
+            "e.g. through kubectl port-forward)"
+        ]
+    if isinstance(document, str) or document is None:
+        return [f"live clock: unknown, {document or 'no answer'}"]
+    entry = next((p for p in document.get("pods") or [] if p.get("key") == key), None)
+    if entry is None:
+        return [
+            f"live clock ({url}): none runs for this pod (mode {document.get('mode')}, "
+            f"active {str(document.get('active')).lower()})"
+        ]
+    return [
+        f"live clock ({url}): uid {entry.get('uid')} {entry.get('verdict')}, observed since "
+        f"{entry.get('observed_since')}, due at {entry.get('due_at')} "
+        f"(in {float(entry.get('due_in_s') or 0):.1f}s), waits for {entry.get('waits_for')}"
+    ]
