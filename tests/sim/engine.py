@@ -33,6 +33,7 @@ from service.kit.backoff import Backoff
 from service.kube import informer as informer_module
 from service.kube.decode import PodDecoder
 from service.kube.informer import PodInformer
+from service.kube.namespaces import MultiNamespaceInformer
 from service.metrics import Metrics
 from service.pg import listener as listener_module
 from service.pg.listener import RetirementListener
@@ -60,7 +61,7 @@ class Recorder:
 class Service:
     settings: Settings
     controller: Controller
-    informer: PodInformer
+    informer: MultiNamespaceInformer
     listener: RetirementListener
     store: Any
     queue: WorkQueue
@@ -85,16 +86,23 @@ def build(
         return dataclasses.replace(policy, rng=random.Random(rng.random()))
 
     store = new_store(settings, metrics)
-    informer = PodInformer(
-        _API,  # type: ignore[arg-type]
-        settings.kube,
-        PodDecoder(settings.kube.label_keys),
-        metrics,
-        clock=clock,
-        rng=random.Random(rng.random()),
-        backoff=seeded(informer_module.default_backoff()),
-    )
-    informer._reflector._lw._core = core  # type: ignore[attr-defined]
+    decoder = PodDecoder(settings.kube.label_keys)
+
+    def namespace_informer(namespace: str) -> PodInformer:
+        informer = PodInformer(
+            _API,  # type: ignore[arg-type]
+            settings.kube,
+            decoder,
+            metrics,
+            namespace=namespace,
+            clock=clock,
+            rng=random.Random(rng.random()),
+            backoff=seeded(informer_module.default_backoff()),
+        )
+        informer._reflector._lw._core = core  # type: ignore[attr-defined]
+        return informer
+
+    informer = MultiNamespaceInformer(settings.kube.namespaces, namespace_informer)
     pods = new_pod_client(settings, _API, metrics)  # type: ignore[arg-type]
     pods._core = core  # type: ignore[assignment]
     queue = WorkQueue(

@@ -67,13 +67,15 @@ class Database:
         self.listener_connects: list[float] = []
         self.on_commit: Callable[[str, RowTruth | None], None] = lambda name, row: None
         self._pid = 100
+        self.batch_rows = 0
+        """0: trigger 0002 (one payload a row); N: trigger 0003 (batches of at most N rows)."""
 
     # -- the writers' side -----------------------------------------------------------------
 
     def commit(self, changes: dict[str, RowTruth | None], *, silent: bool = False) -> None:
         """One transaction, committed now; the trigger's notifications go out in this order
         (none when ``silent``: a writer that bypasses the trigger)."""
-        payloads: list[str] = []
+        reported: list[list[Any]] = []
         for name, new in changes.items():
             old = self.rows.get(name)
             if new is None:
@@ -91,17 +93,8 @@ class Database:
                 and (old.active != new.active or old.state != new.state)
             )
             if fires and shown is not None and not silent:
-                payloads.append(
-                    _encode(
-                        {
-                            "op": op,
-                            "namespace": NAMESPACE,
-                            "pod_name": name,
-                            "active": shown.active,
-                            "execution_state": shown.state,
-                        }
-                    ).decode()
-                )
+                reported.append([op, NAMESPACE, name, shown.active, shown.state])
+        payloads = self._payloads(reported)
         self.trace(
             "pg COMMIT "
             + " ".join(
@@ -113,6 +106,15 @@ class Database:
         for conn in list(self.listening):
             for payload in payloads:
                 conn.pipe("notify", payload)
+
+    def _payloads(self, reported: list[list[Any]]) -> list[str]:
+        """The NOTIFY payloads of one commit's changes, in order: trigger 0002's one object a
+        row (``batch_rows`` 0, a replica mid-upgrade) or trigger 0003's batches."""
+        if not self.batch_rows:
+            keys = ("op", "namespace", "pod_name", "active", "execution_state")
+            return [_encode(dict(zip(keys, row, strict=True))).decode() for row in reported]
+        n = self.batch_rows
+        return [_encode({"rows": reported[i : i + n]}).decode() for i in range(0, len(reported), n)]
 
     def kill(self, app: str) -> None:
         """``pg_terminate_backend`` of every connection of ``app`` ('' for all)."""
@@ -138,7 +140,7 @@ class Database:
     # -- queries ---------------------------------------------------------------------------
 
     def run(self, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
-        names, namespace, managed = args
+        names, namespaces, managed = args
         assert managed == MANAGED_BY_KUBERNETES
         now = self.net.loop.time()
         fresh = sql == FRESH_SQL
@@ -147,7 +149,7 @@ class Database:
             if fresh:
                 self.rereads.setdefault(name, []).append(now)
             row = self.rows.get(name)
-            if row is None or not row.managed or namespace != NAMESPACE:
+            if row is None or not row.managed or NAMESPACE not in namespaces:
                 continue
             out.append(
                 {

@@ -58,6 +58,9 @@ class Variant:
     p_fail: float
     p_slow: float
     hold_p: float
+    batch_rows: int
+    """How the trigger reports a commit's changes: 0 one 0002 object a row; otherwise 0003
+    batches of at most this many rows."""
 
     @classmethod
     def draw(cls, seed: int) -> Variant:
@@ -73,6 +76,7 @@ class Variant:
             p_fail=rng.choice((0.0, 0.02, 0.08)),
             p_slow=rng.choice((0.0, 0.05)),
             hold_p=rng.choice((0.0, 0.1, 0.3)),
+            batch_rows=rng.choice((0, 1, 3, 100, 100)),
         )
 
 
@@ -177,6 +181,7 @@ def run_seed(
     net.p_fail = variant.p_fail
     net.p_slow = variant.p_slow
     world = World(loop, net, threshold_s=THRESHOLD_S)
+    world.db.batch_rows = variant.batch_rows
     world.populate(cfg.sandboxes, random.Random(f"{seed}:populate"))
     settings = settings_for(variant)
     metrics = shared_metrics()
