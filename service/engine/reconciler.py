@@ -54,7 +54,7 @@ from typing import TypeVar
 
 import anyio
 
-from service.classifier import classify, prefilter
+from service.classifier import classify, classify_prefiltered, prefilter
 from service.config import Settings
 from service.domain import (
     DeleteResult,
@@ -219,8 +219,7 @@ class Reconciler:
         if not ready:
             return observed
         keys = ready
-        for key in keys:
-            self._clocks.begin(key)
+        self._clocks.begin_many(keys)
         try:
             with anyio.fail_after(self._settings.reconcile_timeout_s):
                 await self._observe(keys, observed)
@@ -234,8 +233,7 @@ class Reconciler:
                 observed.results.setdefault(key, ReconcileResult.backoff(ReconcileOutcome.ERROR))
             observed.due = []
         finally:
-            for key in keys:
-                self._clocks.end(key)
+            self._clocks.end_many(keys)
         return observed
 
     async def _observe(self, keys: Sequence[str], observed: Observed) -> None:
@@ -269,7 +267,8 @@ class Reconciler:
         threshold_s = self._settings.threshold_s
         for pod in candidates:
             key = pod.key
-            decision = classify(pod, rows.get(key))
+            # Each candidate passed the prefilter above (its snapshot is frozen).
+            decision = classify_prefiltered(pod, rows.get(key))
             verdict = decision.verdict
             if verdict is None:
                 self._clocks.clear_key(key)
