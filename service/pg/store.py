@@ -330,8 +330,9 @@ class PgExecutionStore:
                     record["pod_name"],
                 )
                 continue
-            if row.key in wanted:  # the pod of this name in the row's own namespace only
-                out[row.key] = row
+            key = row.key
+            if key in wanted:  # the pod of this name in the row's own namespace only
+                out[key] = row
         return out
 
 
