@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import cProfile
 import functools
+import gc
 import io
 import json
 import logging
@@ -171,6 +172,29 @@ class ClockStarts:
         self.started.setdefault(key, time.time())
 
 
+class GcTime:
+    """CPU seconds and collections of the garbage collector (``gc.callbacks``) while enabled."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._started = 0.0
+
+    def __enter__(self) -> GcTime:
+        gc.callbacks.append(self._on)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self._on)
+
+    def _on(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._started
+            self.collections[info["generation"]] += 1
+
+
 async def _wait_for(keys: Sequence[str], started: dict[str, float], timeout_s: float) -> None:
     # The count first: scanning 10,000 keys every 5 ms would load the event loop it measures.
     with anyio.move_on_after(timeout_s):
@@ -227,12 +251,14 @@ async def b2_retirement(
                         profiler.enable()
                     cpu_before = cpu_s()
                     notified = counter_total(parts.metrics, "retired_pod_gc_notifications_total")
-                    before, after = await retire(conn, names)
-                    await _wait_for(keys, clocks.started, timeout_s=60)
-                    cpu_started = cpu_s()
-                    # Every key of the burst reconciled (the whole of what it cost the service).
-                    await wait_queue_idle(parts)
-                    cpu_idle = cpu_s()
+                    with GcTime() as gc_time:
+                        before, after = await retire(conn, names)
+                        await _wait_for(keys, clocks.started, timeout_s=60)
+                        cpu_started = cpu_s()
+                        # Every key of the burst reconciled (the whole of what it cost the
+                        # service).
+                        await wait_queue_idle(parts)
+                        cpu_idle = cpu_s()
                     if profiler is not None and profile is not None:
                         profiler.disable()
                         profiler.dump_stats(profile)
@@ -250,6 +276,9 @@ async def b2_retirement(
                             # This process runs the service (and the benchmark's own waiting).
                             "cpu_to_all_started_s": cpu_started - cpu_before,
                             "cpu_to_idle_s": cpu_idle - cpu_before,
+                            # Of which the garbage collector (collections by generation).
+                            "gc_s": gc_time.seconds,
+                            "gc_collections": gc_time.collections,
                             "notifications": counter_total(
                                 parts.metrics, "retired_pod_gc_notifications_total"
                             )
@@ -266,7 +295,9 @@ async def b2_retirement(
                 out["event"][str(size)] = _median_runs(runs)
                 _progress(
                     f"B2 event  {size:>6} retirements: p50 {out['event'][str(size)]['p50_ms']:.1f} ms "
-                    f"p99 {out['event'][str(size)]['p99_ms']:.1f} ms all {out['event'][str(size)]['all_started_s']:.2f} s"
+                    f"p99 {out['event'][str(size)]['p99_ms']:.1f} ms all {out['event'][str(size)]['all_started_s']:.2f} s; "
+                    f"CPU-s per run {[round(r['cpu_to_idle_s'], 3) for r in runs]} "
+                    f"(gc {[round(r['gc_s'], 3) for r in runs]})"
                 )
         if not with_baseline:
             return out
@@ -320,7 +351,7 @@ def _median_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     merged: dict[str, Any] = {"repeats": len(runs), "runs": [_drop(r) for r in runs]}
     for key in ("p50_ms", "p99_ms", "max_ms", "all_started_s", "commit_ms", "count", "missing"):
         merged[key] = median([r[key] for r in runs])
-    for key in ("cpu_to_all_started_s", "cpu_to_idle_s", "notifications"):
+    for key in ("cpu_to_all_started_s", "cpu_to_idle_s", "gc_s", "notifications"):
         if all(key in r for r in runs):
             merged[key] = median([r[key] for r in runs])
     # The CDF plot uses the run with the median p99.

@@ -8,7 +8,10 @@ LISTENs on the channel throughout (the notifications are really queued and deliv
 counts what each statement sends.
 
 Timed: the writer's whole transaction, ``BEGIN; <statement(s)>; COMMIT`` in one round trip
-(NOTIFYs are queued at COMMIT, so it belongs to the cost). Between two timed runs the rows are
+(NOTIFYs are queued at COMMIT, so it belongs to the cost). Beside the wall time, the CPU time of
+the writer's server process for the same transaction (``/proc/<pid>/schedstat``, nanoseconds;
+the server runs on this machine): the trigger runs in that process, and its CPU time is far
+less disturbed by other load on the machine than the wall time. Between two timed runs the rows are
 put back and the table vacuumed (untimed), so every variant meets the same table; each round
 takes the variants in another order. Statements:
 
@@ -90,13 +93,24 @@ class _Notifications:
         await self.conn.fetchval("SELECT 1")
 
 
-async def _timed(conn: asyncpg.Connection, sql: str) -> float:
+def _backend_cpu_s(pid: int) -> float:
+    """CPU seconds the server process ``pid`` has run (0.0 where /proc does not show it)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+async def _timed(conn: asyncpg.Connection, sql: str, pid: int) -> tuple[float, float]:
+    """Wall seconds and the writer's server CPU seconds of ``BEGIN; sql; COMMIT``."""
     # Every timed run starts from the same table: the dead row versions of the runs before it
     # (each run and its undo rewrite every row) would otherwise slow the later variants down.
     await conn.execute("VACUUM sandbox_k8s_executions")
+    cpu = _backend_cpu_s(pid)
     started = time.perf_counter()
     await conn.execute(f"BEGIN; {sql}; COMMIT")
-    return time.perf_counter() - started
+    return time.perf_counter() - started, _backend_cpu_s(pid) - cpu
 
 
 async def b7_writer(
@@ -111,6 +125,10 @@ async def b7_writer(
     note = _Notifications(listen)
     try:
         names = await _prepare(conn, rows)
+        pid = await conn.fetchval("SELECT pg_backend_pid()")
+        cpu: dict[str, dict[str, list[float]]] = {
+            v: {"statement_10k": [], "single_row_statements_10k": []} for v in VARIANTS
+        }
         await listen.add_listener(DEFAULT_CHANNEL, note.on)
         samples: dict[str, dict[str, list[float]]] = {
             v: {"one_row": [], "statement_10k": [], "single_row_statements_10k": []}
@@ -138,13 +156,17 @@ async def b7_writer(
                 await conn.execute(_REACTIVATE)
                 await note.drain()
                 note.count = 0
-                s["statement_10k"].append(await _timed(conn, f"{_RETIRE} WHERE active"))
+                wall, used = await _timed(conn, f"{_RETIRE} WHERE active", pid)
+                s["statement_10k"].append(wall)
+                cpu[variant]["statement_10k"].append(used)
                 await note.drain()
                 counts["statement_10k"] = note.count
                 await conn.execute(_REACTIVATE)
                 await note.drain()
                 note.count = 0
-                s["single_row_statements_10k"].append(await _timed(conn, singles))
+                wall, used = await _timed(conn, singles, pid)
+                s["single_row_statements_10k"].append(wall)
+                cpu[variant]["single_row_statements_10k"].append(used)
                 await note.drain()
                 counts["single_row_statements_10k"] = note.count
                 await conn.execute(_REACTIVATE)
@@ -162,6 +184,7 @@ async def b7_writer(
         "load_average": load_average(),
     }
     base = {k: statistics.median(v) for k, v in samples["none"].items()}
+    base_cpu = {k: statistics.median(v) for k, v in cpu["none"].items()}
     for variant, per in samples.items():
         out["variants"][variant] = {
             kind: {
@@ -174,6 +197,12 @@ async def b7_writer(
             }
             for kind, values in per.items()
         }
+        for kind, values in cpu[variant].items():
+            median = statistics.median(values)
+            out["variants"][variant][kind]["server_cpu_ms"] = median * 1000
+            out["variants"][variant][kind]["server_cpu_ratio_to_none"] = (
+                median / base_cpu[kind] if base_cpu[kind] > 0 else float("nan")
+            )
         out["variants"][variant]["max_payload_bytes"] = max_bytes[variant]
     return out
 
@@ -186,7 +215,10 @@ def summary_lines(b7: dict[str, Any]) -> Sequence[str]:
             f"B7 {variant:>4}: one row {per['one_row']['median_ms']:.3f} ms "
             f"({per['one_row']['ratio_to_none']:.2f}x); {b7['rows']} rows in one statement "
             f"{per['statement_10k']['median_ms']:.1f} ms ({per['statement_10k']['ratio_to_none']:.2f}x, "
-            f"{per['statement_10k']['notifies']} NOTIFYs); {b7['rows']} one-row statements "
+            f"{per['statement_10k']['notifies']} NOTIFYs; server CPU "
+            f"{per['statement_10k'].get('server_cpu_ms', float('nan')):.1f} ms, "
+            f"{per['statement_10k'].get('server_cpu_ratio_to_none', float('nan')):.2f}x); "
+            f"{b7['rows']} one-row statements "
             f"{per['single_row_statements_10k']['median_ms']:.0f} ms "
             f"({per['single_row_statements_10k']['ratio_to_none']:.2f}x, "
             f"{per['single_row_statements_10k']['notifies']} NOTIFYs)"

@@ -48,7 +48,7 @@ from anyio.abc import TaskStatus
 
 from service import logs
 from service.classifier import prefilter
-from service.domain import ExecutionChange, PodSnapshot, ReconcileOutcome
+from service.domain import ExecutionChange, PodSnapshot, ReconcileOutcome, SkipReason
 from service.engine.activation import Activation
 from service.engine.observation import ObservationClocks
 from service.engine.reconciler import Reconciler
@@ -72,9 +72,12 @@ def _new_reconcile_id() -> str:
     return f"{next(_ids):x}"
 
 
-MIN_BATCH = 64
+MIN_BATCH = 250
 """Fewest keys a worker takes from a burst (when that many are ready): a batch costs one row
-query, and below this its fixed cost outweighs spreading the burst over more workers."""
+query, and below this its fixed cost outweighs spreading the burst over more workers. The
+lookup pool has a few connections (``DB_POOL_SIZE``, 4), so parts much smaller than this would
+mostly wait for a connection while each still pays its own round trip (64 made about 106
+queries of a 10,000-row burst, 250 about 41)."""
 
 
 class Controller:
@@ -345,32 +348,31 @@ class Controller:
         """Count each result and apply it to the queue, then ``finished(key)``. The results of
         one batch share their duration (``started`` to now), so the counters and the duration
         histogram are updated once per distinct label, not once per key."""
-        outcomes: dict[str, int] = {}
-        skips: dict[str, int] = {}
-        counted = failed = 0
+        # Results alike (action, outcome, skip reason) are counted together: a burst's keys end
+        # in a handful of distinct results, so each is looked at once, not once per key.
+        alike: dict[tuple[Action, str, SkipReason | None], int] = {}
+        first: dict[tuple[Action, str, SkipReason | None], ReconcileResult] = {}
         queue = self._queue
         later: list[tuple[str, float]] = []
         try:
             for key, result in items:
                 results[key] = result
                 try:
-                    if result.counted:
-                        counted += 1
-                        outcome = str(result.outcome)
-                        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-                        if result.skip_reason is not None:
-                            reason = str(result.skip_reason)
-                            skips[reason] = skips.get(reason, 0) + 1
-                        if result.failed:
-                            failed += 1
-                    match result.action:
-                        case Action.DONE:
-                            queue.forget(key)
-                        case Action.REQUEUE_AFTER:
-                            queue.forget(key)
-                            later.append((key, result.requeue_after_s))
-                        case Action.BACKOFF:
-                            queue.add_rate_limited(key)
+                    action = result.action
+                    group = (action, result.outcome, result.skip_reason)
+                    seen = alike.get(group)
+                    if seen is None:
+                        alike[group] = 1
+                        first[group] = result
+                    else:
+                        alike[group] = seen + 1
+                    if action is Action.DONE:
+                        queue.forget(key)
+                    elif action is Action.REQUEUE_AFTER:
+                        queue.forget(key)
+                        later.append((key, result.requeue_after_s))
+                    elif action is Action.BACKOFF:
+                        queue.add_rate_limited(key)
                 finally:
                     finished(key)
         finally:
@@ -378,10 +380,17 @@ class Controller:
             # timer, and done() never looks at the delay heap.
             queue.add_after_many(later)
             metrics = self._metrics
-            for outcome, count in outcomes.items():
-                metrics.outcome(self._reconciler.mode, outcome, count)
-            for reason, count in skips.items():
-                metrics.skip(reason, count)
+            counted = failed = 0
+            for group, count in alike.items():
+                like = first[group]
+                if not like.counted:
+                    continue
+                counted += count
+                metrics.outcome(self._reconciler.mode, str(like.outcome), count)
+                if like.skip_reason is not None:
+                    metrics.skip(str(like.skip_reason), count)
+                if like.failed:
+                    failed += count
             if failed:
                 metrics.reconcile_errors.inc(failed)
             observe_many(metrics.reconcile_duration, time.perf_counter() - started, counted)

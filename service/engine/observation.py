@@ -62,6 +62,16 @@ class ObservationClocks:
     def end(self, key: str) -> None:
         self._inflight.pop(key, None)
 
+    def begin_many(self, keys: Iterable[str]) -> None:
+        """:meth:`begin` for each of ``keys`` (an observation batch)."""
+        self._inflight.update(dict.fromkeys(keys, False))
+
+    def end_many(self, keys: Iterable[str]) -> None:
+        """:meth:`end` for each of ``keys``."""
+        pop = self._inflight.pop
+        for key in keys:
+            pop(key, None)
+
     def observe(self, uid: str, key: str, verdict: Verdict, now: float) -> float | None:
         """Record that ``uid`` is reapable as ``verdict`` now; return seconds continuously so.
 

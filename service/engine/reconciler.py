@@ -54,7 +54,7 @@ from typing import TypeVar
 
 import anyio
 
-from service.classifier import classify, prefilter
+from service.classifier import classify, classify_prefiltered, prefilter
 from service.config import Settings
 from service.domain import (
     DeleteResult,
@@ -219,8 +219,7 @@ class Reconciler:
         if not ready:
             return observed
         keys = ready
-        for key in keys:
-            self._clocks.begin(key)
+        self._clocks.begin_many(keys)
         try:
             with anyio.fail_after(self._settings.reconcile_timeout_s):
                 await self._observe(keys, observed)
@@ -234,21 +233,23 @@ class Reconciler:
                 observed.results.setdefault(key, ReconcileResult.backoff(ReconcileOutcome.ERROR))
             observed.due = []
         finally:
-            for key in keys:
-                self._clocks.end(key)
+            self._clocks.end_many(keys)
         return observed
 
     async def _observe(self, keys: Sequence[str], observed: Observed) -> None:
         results = observed.results
-        candidates: list[PodSnapshot] = []
+        # The cached pods that passed the prefilter, under their keys (a cached pod's key is
+        # the one it is cached under).
+        candidates: list[tuple[str, PodSnapshot]] = []
+        get = self._cache.get
         for key in keys:
-            pod = self._cache.get(key)
+            pod = get(key)
             if pod is None:
                 results[key] = self._gone(key)
                 continue
             skip = prefilter(pod)
             if skip is None:
-                candidates.append(pod)
+                candidates.append((key, pod))
             else:
                 self._clocks.clear_key(key)
                 results[key] = ReconcileResult.skipped(skip.reason)
@@ -256,20 +257,20 @@ class Reconciler:
             return
         try:
             rows = await _bounded(
-                "row lookup", self._db_timeout_s, self._lookup([pod.key for pod in candidates])
+                "row lookup", self._db_timeout_s, self._lookup([key for key, _ in candidates])
             )
         except StepFailed as exc:
             # A failed lookup is a gap in the observation (invariant 3).
             logger.warning("row lookup of %d keys failed, clocks cleared: %s", len(candidates), exc)
-            for pod in candidates:
-                self._clocks.clear_key(pod.key)
-                results[pod.key] = ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
+            for key, _ in candidates:
+                self._clocks.clear_key(key)
+                results[key] = ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
             return
         now = self._clock.monotonic()
         threshold_s = self._settings.threshold_s
-        for pod in candidates:
-            key = pod.key
-            decision = classify(pod, rows.get(key))
+        for key, pod in candidates:
+            # Each candidate passed the prefilter above (its snapshot is frozen).
+            decision = classify_prefiltered(pod, rows.get(key))
             verdict = decision.verdict
             if verdict is None:
                 self._clocks.clear_key(key)

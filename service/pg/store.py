@@ -141,6 +141,7 @@ class PgExecutionStore:
                 # The server gives up too, so a timed-out query does not keep running there.
                 "statement_timeout": str(max(1, int(s.statement_timeout_s * 1000))),
             },
+            reset=_keep_session,
         )
         self._closed = False
 
@@ -329,9 +330,18 @@ class PgExecutionStore:
                     record["pod_name"],
                 )
                 continue
-            if row.key in wanted:  # the pod of this name in the row's own namespace only
-                out[row.key] = row
+            key = row.key
+            if key in wanted:  # the pod of this name in the row's own namespace only
+                out[key] = row
         return out
+
+
+async def _keep_session(_conn: asyncpg.Connection) -> None:
+    """The pool's reset on release, after asyncpg's own (which rolls back a transaction left
+    open and drops listener callbacks): nothing more. The pool's connections only run the
+    lookup's SELECT and ``SELECT 1``, which leave no session state behind (no SET, LISTEN,
+    cursor or advisory lock), so the default reset query (``RESET ALL``, ``CLOSE ALL``, ...)
+    would be a round trip per query for nothing; a burst runs a hundred queries."""
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:

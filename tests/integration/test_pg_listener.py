@@ -735,6 +735,49 @@ async def test_worst_case_rows_never_reach_the_payload_limit(
     ]
 
 
+@pytest.mark.parametrize(
+    "odd",
+    ['a"b', "a\\b", "a\x1fb", "a\nb", "\u00e9" * 254, "x" * 300],
+    ids=["quote", "backslash", "control", "newline", "multibyte-over-the-cut", "over-the-cut"],
+)
+async def test_one_odd_text_among_plain_rows_of_a_statement_arrives_as_it_is(
+    pg_url: str, pg_conn: asyncpg.Connection, odd: str
+) -> None:
+    # The trigger first builds a statement's changes without escaping and checks its batches;
+    # one text needing JSON escaping (or a cut) among 500 plain rows must still arrive exactly,
+    # through every event: an INSERT, an UPDATE and a DELETE of many rows at once.
+    names = [f"space-sbx-o{i}-g1" for i in range(500)]
+    pods = [*names[:250], f"p-{odd}", *names[250:]]
+    await pg_conn.execute(
+        "INSERT INTO sandboxes SELECT 'o' || i, $1, 'kubernetes' FROM generate_series(0, 500) i",
+        NAMESPACE,
+    )
+    async with raw_payloads(pg_url) as payloads:
+        await payloads.drain()
+        payloads.clear()
+        await pg_conn.execute(
+            "INSERT INTO sandbox_k8s_executions (sandbox_id, generation, activation_attempt,"
+            " pod_name, pod_kind, execution_state, active)"
+            " SELECT 'o' || (u.i - 1), 1, 0, u.pod, 'create', 'active', true"
+            " FROM unnest($1::text[]) WITH ORDINALITY AS u(pod, i)",
+            pods,
+        )
+        await pg_conn.execute(
+            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'"
+        )
+        await pg_conn.execute("DELETE FROM sandbox_k8s_executions")
+        await payloads.drain()
+    assert len(payloads) >= 3
+    assert max(len(p.encode()) for p in payloads) < 8000
+    rows = _rows(payloads)
+    expected = (
+        [["insert", NAMESPACE, pod[:253], True, "active"] for pod in pods]
+        + [["update", NAMESPACE, pod[:253], False, "replaced"] for pod in pods]
+        + [["delete", NAMESPACE, pod[:253], False, "replaced"] for pod in pods]
+    )
+    assert sorted(rows) == sorted(expected)  # type: ignore[type-var]
+
+
 async def test_both_payload_shapes_and_bad_rows_inside_a_batch(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:

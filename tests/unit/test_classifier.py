@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from service.classifier import classify, prefilter
+from service.classifier import classify, classify_prefiltered, prefilter
 from service.domain import (
     RETIRED_STATES,
     ConditionStatus,
@@ -349,6 +349,16 @@ def test_classifier_never_reaps_what_an_invariant_forbids(
     else:
         assert decision.verdict is Verdict.TERMINAL_RETIRED
         assert pod.container_count > 0 and pod.all_containers_terminated
+
+
+@given(pod=pods, row=rows)
+def test_a_pod_the_prefilter_lets_through_is_classified_alike_by_classify_prefiltered(
+    pod: PodSnapshot, row: ExecutionRow | None
+) -> None:
+    # Observation runs the prefilter, then classify_prefiltered on the same snapshot; the
+    # verification step runs classify. Both must say the same for every pod and row.
+    if prefilter(pod) is None:
+        assert classify_prefiltered(pod, row) == classify(pod, row)
 
 
 @given(pod=pods)
