@@ -247,6 +247,8 @@ class ApiServer:
         """The world's ground-truth recorder: told every change, at the instant it happens."""
         self.expire_next = 0
         """The next N watch requests are answered 410."""
+        self._snapshots: dict[int, list[bytes]] = {}
+        """The pods of each list as of its resourceVersion, for its continue tokens."""
         self.fail_after_expire = 0
         """After serving the next 410, the next N list and watch requests fail (500)."""
         self.on_delete: Callable[[], object] = lambda: None
@@ -379,7 +381,8 @@ class ApiServer:
         self.trace(f"kube LIST limit={limit} continue={token} rv={version} {match}")
         if token:
             at_rv, offset = (int(x) for x in token.split(":"))
-            if at_rv < self.compacted:
+            bodies = self._snapshots.get(at_rv)
+            if at_rv < self.compacted or bodies is None:
                 # The list's version was compacted away (a list at the compacted version
                 # itself is still served: compaction removes what came before it).
                 return Response(410, _status_body(410, "Expired", "continue token expired"))
@@ -387,16 +390,13 @@ class ApiServer:
             if match == "NotOlderThan" and version and int(version) > self.rv:
                 return Response(504, _status_body(504, "Timeout", "Too large resource version"))
             at_rv, offset = self.rv, 0
-        # The model serves a page from the state now (the real one from its snapshot at
-        # at_rv; with pages of a handful of pods, a change between pages is rare but possible).
-        names = sorted(self.pods)
-        end = len(names) if not limit else offset + limit
-        items = b",".join(self.pods[n].body for n in names[offset:end])
-        cont = f"{at_rv}:{end}" if end < len(names) else ""
-        meta = b'{"resourceVersion":"%d","continue":"%s"}' % (
-            at_rv,
-            cont.encode(),
-        )
+            # Every page of one list is served from the state at its resourceVersion, as the
+            # continue token pins it.
+            bodies = self._snapshots[at_rv] = [self.pods[n].body for n in sorted(self.pods)]
+        end = len(bodies) if not limit else offset + limit
+        items = b",".join(bodies[offset:end])
+        cont = f"{at_rv}:{end}" if end < len(bodies) else ""
+        meta = b'{"resourceVersion":"%d","continue":"%s"}' % (at_rv, cont.encode())
         return Response(200, b'{"kind":"PodList","metadata":%s,"items":[%s]}' % (meta, items))
 
     def open_watch(

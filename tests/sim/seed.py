@@ -225,7 +225,6 @@ def run_seed(
     world.server.on_delete = acted.set
     try:
         with asyncpg_models(Asyncpg(world.db)):
-            asyncio.set_event_loop(loop)
             try:
                 loop.run_until_complete(main())
             finally:
@@ -233,7 +232,6 @@ def run_seed(
     except Exception as exc:  # a crash of the service (a bug ends a loop) fails the seed
         result.violations.append((loop.time(), f"crashed: {_describe(exc)}"))
     finally:
-        asyncio.set_event_loop(None)
         loop.close_quietly()
         if tap is not None:
             logging.getLogger("service").removeHandler(tap)
