@@ -165,7 +165,9 @@ REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         "_observe", "elif elapsed < threshold_s:", "elif False:"
     ),
     "observed_row": lambda: _reconciler_edit(
-        "_observe", "decision = classify(pod, rows.get(key))", "decision = classify(pod, None)"
+        "_observe",
+        "decision = classify_prefiltered(pod, rows.get(key))",
+        "decision = classify_prefiltered(pod, None)",
     ),
 }
 

@@ -23,7 +23,7 @@ from tests.chaos.removals import REMOVALS, _reconciler_edit
 
 REVERTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "relisting_cache": lambda: _reconciler_edit(
-        "observe", "if not self._cache.synced:", "if False:"
+        "observe", "elif not self._cache.namespace_synced(namespace):", "elif False:"
     ),
     "notification_barrier": REMOVALS["notification_sync"],
 }
