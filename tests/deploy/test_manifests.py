@@ -101,7 +101,9 @@ def test_render_has_exactly_the_expected_objects(
 def test_every_object_validates_against_the_kubernetes_schema(
     which: str, version: str, base_objects: list[Obj], overlay_objects: dict[str, list[Obj]]
 ) -> None:
-    for obj in all_renders(base_objects, overlay_objects)[which]:
+    objects = all_renders(base_objects, overlay_objects)[which]
+    assert objects, f"{which} renders nothing"
+    for obj in objects:
         # strict: unknown fields are errors too (a typo such as `readOnlyRootFileSystem`).
         kubernetes_validate.validate(obj, version, strict=True)
 

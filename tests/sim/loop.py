@@ -168,23 +168,5 @@ class LoopClock:
     def monotonic(self) -> float:
         return self._loop.time()
 
-    def create_task(self, coro: Any, *, name: str | None = None, context: Any = None) -> SimTask:
-        task = SimTask(coro, loop=self, name=name, context=context)
-        if task._source_traceback:  # type: ignore[attr-defined]
-            del task._source_traceback[-1]  # type: ignore[attr-defined]
-        return task
-
-    def finish_tasks(self) -> None:
-        """Cancel what is left, in creation order, and let it end (no coroutine may be left for
-        the garbage collector to close later, in another seed's loop)."""
-        left = sorted(
-            (t for t in asyncio.all_tasks(self) if isinstance(t, SimTask)),
-            key=lambda t: t.sim_id,
-        )
-        for task in left:
-            task.cancel()
-        if left:
-            self.run_until_complete(asyncio.gather(*left, return_exceptions=True))
-
     def call_at(self, deadline: float, callback: Callable[[], object]) -> asyncio.TimerHandle:
         return self._loop.call_at(deadline, callback)
