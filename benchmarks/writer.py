@@ -19,6 +19,14 @@ takes the variants in another order. Statements:
 * ``statement_10k``: retire every row in one ``UPDATE`` (10,000 by default);
 * ``single_row_statements_10k``: the same rows retired by one ``UPDATE`` each, in one
   transaction.
+
+Beside the three, two floors of 0003's UPDATE trigger (benchmark-only triggers, not shipped):
+``capture`` is a statement-level UPDATE trigger with both transition tables whose function does
+nothing (what PostgreSQL pays to keep the old and new rows for it), and ``compare`` runs 0003's
+row selection and nothing else: old and new rows joined by ``id``, the rows whose ``active`` or
+``execution_state`` changed, ``sandboxes`` joined for their namespaces, counted (no JSON, no
+NOTIFY). What 0003 costs above ``compare`` is its payloads; ``compare`` itself is what any
+statement-level trigger that reports exactly the changed rows with their namespaces must pay.
 """
 
 from __future__ import annotations
@@ -41,7 +49,32 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "retired_pod_gc_executions_updated",
         "retired_pod_gc_executions_deleted",
     ),
+    "capture": ("b7_floor_capture",),
+    "compare": ("b7_floor_compare",),
 }
+_FLOORS = """
+CREATE FUNCTION b7_floor_capture() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN NULL;
+END $$;
+CREATE TRIGGER b7_floor_capture AFTER UPDATE ON sandbox_k8s_executions
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION b7_floor_capture();
+CREATE FUNCTION b7_floor_compare() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM count(s.namespace)
+    FROM old_rows AS o
+    FULL JOIN new_rows AS n ON n.id = o.id
+    LEFT JOIN sandboxes AS s ON s.id = coalesce(n.sandbox_id, o.sandbox_id)
+    WHERE o.id IS NULL OR n.id IS NULL
+       OR o.active IS DISTINCT FROM n.active
+       OR o.execution_state IS DISTINCT FROM n.execution_state;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER b7_floor_compare AFTER UPDATE ON sandbox_k8s_executions
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION b7_floor_compare();
+"""
 _RETIRE = "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced', retired_at = now()"
 _REACTIVATE = (
     "UPDATE sandbox_k8s_executions SET active = true, execution_state = 'active',"
@@ -53,6 +86,7 @@ async def _prepare(conn: asyncpg.Connection, rows: int) -> list[str]:
     await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=True)  # schema and 0003
     # 0002 beside it (its own function and trigger names; 0003's file would drop them).
     await conn.execute(read_sql("0002_notify_trigger"))
+    await conn.execute(_FLOORS)
     await conn.execute(
         "INSERT INTO sandboxes SELECT 'w' || i, 'sandboxes', 'kubernetes'"
         " FROM generate_series(1, $1) i",
@@ -212,7 +246,7 @@ def summary_lines(b7: dict[str, Any]) -> Sequence[str]:
     lines = []
     for variant, per in b7["variants"].items():
         lines.append(
-            f"B7 {variant:>4}: one row {per['one_row']['median_ms']:.3f} ms "
+            f"B7 {variant:>7}: one row {per['one_row']['median_ms']:.3f} ms "
             f"({per['one_row']['ratio_to_none']:.2f}x); {b7['rows']} rows in one statement "
             f"{per['statement_10k']['median_ms']:.1f} ms ({per['statement_10k']['ratio_to_none']:.2f}x, "
             f"{per['statement_10k']['notifies']} NOTIFYs; server CPU "
