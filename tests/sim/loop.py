@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import heapq
 import itertools
+import operator
 import random
 from asyncio import format_helpers
 from collections.abc import Callable
@@ -66,6 +68,7 @@ class _Timer(asyncio.TimerHandle):
 
 
 _new = object.__new__
+_read_now = operator.attrgetter("_now")
 _copy_context = contextvars.copy_context
 
 
@@ -78,6 +81,9 @@ class VirtualLoop(asyncio.BaseEventLoop):
     def __init__(self, rng: random.Random, *, hold_p: float = 0.1) -> None:
         super().__init__()
         self._now = 0.0
+        # time() as a C call (it is read everywhere: anyio, the clock, the models): the
+        # method below, without a Python frame.
+        self.time = functools.partial(_read_now, self)  # type: ignore[method-assign]
         self._rng = rng
         self._hold_p = hold_p
         self.iterations = 0
@@ -232,13 +238,11 @@ class VirtualLoop(asyncio.BaseEventLoop):
 class LoopClock:
     """``service.kit.clock.SchedulingClock`` on a loop's (virtual) time."""
 
-    __slots__ = ("_loop",)
+    __slots__ = ("_loop", "monotonic")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-
-    def monotonic(self) -> float:
-        return self._loop.time()
+        self.monotonic: Callable[[], float] = loop.time
 
     def call_at(self, deadline: float, callback: Callable[[], object]) -> asyncio.TimerHandle:
         return self._loop.call_at(deadline, callback)
