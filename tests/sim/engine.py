@@ -117,6 +117,7 @@ def build(
         metrics=metrics,
         clock=clock,
         backoff=seeded(listener_module.default_backoff()),
+        namespaces=settings.kube.namespaces,
     )
     recorder = Recorder(loop)
     reconciler = Reconciler(

@@ -17,9 +17,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import heapq
 import itertools
+import operator
 import random
+from asyncio import format_helpers
 from collections.abc import Callable
 from typing import Any
 
@@ -37,17 +41,49 @@ class SimTask(asyncio.Task):  # type: ignore[type-arg]
         self.sim_id = next(loop._task_ids)  # before: the task registers itself (hashed) at once
         super().__init__(coro, loop=loop, **kwargs)
 
-    def __hash__(self) -> int:
+    def __hash__(self) -> int:  # equality stays the inherited identity
         return self.sim_id
 
-    def __eq__(self, other: object) -> bool:
-        return self is other
+
+class _Handle(asyncio.Handle):
+    """A ``call_soon`` callback, made without ``Handle.__init__`` (the loop has no debug mode,
+    so there is no source traceback to take)."""
+
+    __slots__ = ()
+
+
+class _Timer(asyncio.TimerHandle):
+    """A timer, made without ``TimerHandle.__init__`` and cancelled without the debug-mode
+    checks; otherwise ``TimerHandle``'s (the loop's count of cancelled timers included)."""
+
+    __slots__ = ()
+
+    def cancel(self) -> None:
+        if not self._cancelled:
+            if self._scheduled:
+                self._loop._timer_cancelled_count += 1
+            self._cancelled = True
+            self._callback = None
+            self._args = None
+
+
+_new = object.__new__
+_read_now = operator.attrgetter("_now")
+_copy_context = contextvars.copy_context
 
 
 class VirtualLoop(asyncio.BaseEventLoop):
+    """There is no debug mode: ``get_debug`` is always false (a C call: every future, task and
+    handle asks it)."""
+
+    get_debug = staticmethod(bool)
+
     def __init__(self, rng: random.Random, *, hold_p: float = 0.1) -> None:
         super().__init__()
         self._now = 0.0
+        # time() as a C call (it is read everywhere: anyio, the clock, the models): the
+        # method below, without a Python frame.
+        self.time = functools.partial(_read_now, self)  # type: ignore[method-assign]
         self._rng = rng
         self._hold_p = hold_p
         self.iterations = 0
@@ -75,10 +111,7 @@ class VirtualLoop(asyncio.BaseEventLoop):
         pass
 
     def create_task(self, coro: Any, *, name: str | None = None, context: Any = None) -> SimTask:
-        task = SimTask(coro, loop=self, name=name, context=context)
-        if task._source_traceback:  # type: ignore[attr-defined]
-            del task._source_traceback[-1]  # type: ignore[attr-defined]
-        return task
+        return SimTask(coro, loop=self, name=name, context=context)
 
     def finish_tasks(self) -> None:
         """Cancel what is left, in creation order, and let it end (no coroutine may be left for
@@ -96,10 +129,47 @@ class VirtualLoop(asyncio.BaseEventLoop):
         self, when: float, callback: Callable[..., object], *args: Any, context: Any = None
     ) -> asyncio.TimerHandle:
         # The heap holds (when, sequence, handle): compared in C, not by TimerHandle.__lt__.
-        timer = asyncio.TimerHandle(when, callback, args, self, context)
-        heapq.heappush(self._scheduled, (when, next(self._seq), timer))
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        timer = _new(_Timer)
+        timer._callback = callback
+        timer._args = args
+        timer._cancelled = False
+        timer._loop = self
+        timer._source_traceback = None
+        timer._repr = None
+        timer._context = _copy_context() if context is None else context
+        timer._when = when
         timer._scheduled = True
+        heapq.heappush(self._scheduled, (when, next(self._seq), timer))
         return timer
+
+    def call_soon(
+        self, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> asyncio.Handle:
+        """``BaseEventLoop.call_soon`` without its debug-mode checks."""
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        handle = _new(_Handle)
+        handle._callback = callback
+        handle._args = args
+        handle._cancelled = False
+        handle._loop = self
+        handle._source_traceback = None
+        handle._repr = None
+        handle._context = _copy_context() if context is None else context
+        self._ready.append(handle)
+        return handle
+
+    def _run_handle_failed(self, handle: asyncio.Handle, exc: BaseException) -> None:
+        """What ``Handle._run`` does when its callback raises."""
+        cb = format_helpers._format_callback_source(
+            handle._callback,
+            handle._args,
+        )
+        self.call_exception_handler(
+            {"message": f"Exception in callback {cb}", "exception": exc, "handle": handle}
+        )
 
     def _run_once(self) -> None:
         self.iterations += 1
@@ -144,8 +214,16 @@ class VirtualLoop(asyncio.BaseEventLoop):
         popleft = ready.popleft
         for _ in range(len(ready)):
             handle = popleft()
-            if not handle._cancelled:
-                handle._run()
+            if handle._cancelled:
+                continue
+            # Handle._run, inline (one frame fewer for every callback).
+            try:
+                handle._context.run(handle._callback, *handle._args)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._run_handle_failed(handle, exc)
+        handle = None  # no cycle kept by the frame after a failure
 
     def close_quietly(self) -> None:
         """Forget every pending timer and callback (the seed is over)."""
@@ -160,13 +238,11 @@ class VirtualLoop(asyncio.BaseEventLoop):
 class LoopClock:
     """``service.kit.clock.SchedulingClock`` on a loop's (virtual) time."""
 
-    __slots__ = ("_loop",)
+    __slots__ = ("_loop", "monotonic")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-
-    def monotonic(self) -> float:
-        return self._loop.time()
+        self.monotonic: Callable[[], float] = loop.time
 
     def call_at(self, deadline: float, callback: Callable[[], object]) -> asyncio.TimerHandle:
         return self._loop.call_at(deadline, callback)

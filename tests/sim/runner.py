@@ -39,11 +39,12 @@ def quiet_logs() -> None:
 
 
 def tune_gc() -> None:
-    """The seeds allocate many short-lived objects: fewer young-generation collections, and the
-    imported modules out of every collection."""
+    """The imported modules out of every collection, and the default young generation (700):
+    a seed's cyclic garbage is then collected while it is still in the CPU's caches (CPU in the
+    collector, 400 seeds: 0.43-0.54 ms a seed at 700, 0.75-0.94 ms at 20,000)."""
     gc.collect()
     gc.freeze()
-    gc.set_threshold(20000, 20, 100)
+    gc.set_threshold(700, 20, 100)
 
 
 def run_range(seeds: range, cfg: SimConfig = SimConfig()) -> list[Summary]:

@@ -80,11 +80,23 @@ class Variant:
         )
 
 
-_settings: dict[Variant, Settings] = {}
+_settings: dict[tuple[object, ...], Settings] = {}
 
 
 def settings_for(v: Variant) -> Settings:
-    s = _settings.get(v)
+    """The service's settings for a variant, loaded once a process for each combination of the
+    fields they are made of (the fault profile is not among them: keyed by the whole variant,
+    nearly every seed parsed its configuration anew)."""
+    key = (
+        v.mode,
+        v.list_mode,
+        v.deletes_per_minute,
+        v.workers,
+        v.reconcile_timeout_s,
+        v.resync_s,
+        v.heartbeat_s,
+    )
+    s = _settings.get(key)
     if s is None:
         env = {
             "ENABLED": "false" if v.mode == "disabled" else "true",
@@ -110,7 +122,7 @@ def settings_for(v: Variant) -> Settings:
             "EVENTS_ENABLED": "false",
             "LOG_LEVEL": "info",
         }
-        s = _settings[v] = load({PREFIX + k: val for k, val in env.items()})
+        s = _settings[key] = load({PREFIX + k: val for k, val in env.items()})
     return s
 
 
