@@ -145,6 +145,13 @@ def db_settings(url: str, **overrides: Any) -> DatabaseSettings:
 
 
 def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    """One sample's value (0 when the sample does not exist yet)."""
-    value = registry.get_sample_value(name, labels or None)
-    return 0.0 if value is None else value
+    """One sample's value (0 when the sample does not exist yet).
+
+    As ``registry.get_sample_value``, but collecting only the metric that can hold the sample:
+    tests poll this every few milliseconds, and a whole registry's collection costs ~1 ms.
+    """
+    for family in registry.restricted_registry([name]).collect():
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
