@@ -21,6 +21,16 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # What exists once every test module is imported (the modules, the test functions, the
+    # strategies) lives for the whole session: take it out of the collector's sight, so that the
+    # full collection the event-loop guard runs after every async test walks only what the tests
+    # made since (about 10 ms instead of about 90 ms each, over hundreds of tests). Objects made
+    # later are collected as before: every task or future a test leaves behind is among them.
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Every async (anyio) test also gets the event-loop guard; sync tests do not need it.
     for item in items:
