@@ -1,48 +1,33 @@
 """The deterministic simulation in ``make test``: a slice of seeds, replay, and that it can fail.
 
-The slice runs as ``python -m tests.sim`` in a subprocess (on two processes, and outside the
-suite's coverage tracing, which would multiply its time); its verdict is the closing line it
-prints. Replay determinism is checked within this process and against the subprocess's hashes.
+The slice and the removals' check run as ``python -m tests.sim`` in subprocesses (the slice on
+two processes; both outside the suite's coverage tracing, which would multiply their time),
+started in the background when the session's collection is complete (``background.py``); each
+verdict is what its run prints. Replay determinism is checked within this process and against
+the hashes a sweep on two other processes prints.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.chaos.removals import REMOVALS
+from tests.sim.background import RUNS, SLICE, SimRun
 from tests.sim.calibration import REVERTS
 from tests.sim.seed import SimConfig, run_seed, schedule_for
 
 ROOT = Path(__file__).resolve().parents[2]
-SLICE = 20_000
 CLOSING = re.compile(r"^(\d+) seeds, (\d+) failed, (\d+) deletes, (\d+) reports, ", re.M)
-
-
-def _sim(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    env.pop("COVERAGE_PROCESS_START", None)
-    return subprocess.run(
-        [sys.executable, "-m", "tests.sim", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_slice_of_seeds_passes() -> None:
-    done = _sim("--seeds", str(SLICE), "--start", "1", "--jobs", "2", timeout_s=880)
+    done = RUNS["test_a_slice_of_seeds_passes"].result(timeout_s=880)
     match = CLOSING.search(done.stdout)
     assert match is not None, done.stdout[-3000:] + done.stderr[-3000:]
     seeds, failed, deletes, reports = (int(g) for g in match.groups())
@@ -61,7 +46,7 @@ def test_a_seed_replays_to_the_same_trace() -> None:
         logging.disable(logging.NOTSET)
     assert first == again
     assert len(set(first.values())) == len(first)  # different seeds, different traces
-    done = _sim("--seeds", "8", "--start", "1", "--hashes", "--jobs", "2", timeout_s=300)
+    done = SimRun(("--seeds", "8", "--start", "1", "--hashes", "--jobs", "2")).result(timeout_s=300)
     printed = dict(re.findall(r"^seed (\d+) trace ([0-9a-f]+)", done.stdout, re.M))
     assert {int(k): v for k, v in printed.items()} == first
 
@@ -73,18 +58,8 @@ def test_every_removed_check_is_caught_within_a_thousand_seeds() -> None:
     # tests/chaos/removals.py must make one of the first 1,000 seeds fail (each is caught by
     # seed 562 at the latest, docs/reliability.md); the baseline (the same seeds unchanged pass)
     # is the slice above. A removal whose edit no longer applies to the product's source raises:
-    # exit 1. In a subprocess, as the slice: coverage tracing would multiply its time.
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    env.pop("COVERAGE_PROCESS_START", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.sim", "--removals", "--no-baseline", "--seeds", "1000"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=580,
-        check=False,
-    )
+    # exit 1. In the background, as the slice.
+    done = RUNS["test_every_removed_check_is_caught_within_a_thousand_seeds"].result(timeout_s=580)
     out = done.stdout + done.stderr
     caught = set(re.findall(r"^== (\w+): caught by seed \d+", out, re.M))
     assert caught == set(REMOVALS), out[-4000:]
