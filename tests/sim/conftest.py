@@ -9,6 +9,8 @@ from tests.sim.background import RUNS
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return
     names = {item.name for item in session.items}
     for name, run in RUNS.items():
         if name in names:
