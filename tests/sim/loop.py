@@ -25,7 +25,7 @@ import operator
 import random
 from asyncio import format_helpers
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 
 class Deadlock(RuntimeError):
@@ -43,6 +43,9 @@ class SimTask(asyncio.Task):  # type: ignore[type-arg]
 
     def __hash__(self) -> int:  # equality stays the inherited identity
         return self.sim_id
+
+
+_H = TypeVar("_H", bound=asyncio.Handle)
 
 
 class _Handle(asyncio.Handle):
@@ -70,6 +73,21 @@ class _Timer(asyncio.TimerHandle):
 _new = object.__new__
 _read_now = operator.attrgetter("_now")
 _copy_context = contextvars.copy_context
+
+
+def _handle(
+    cls: type[_H], loop: VirtualLoop, callback: Callable[..., object], args: Any, context: Any
+) -> _H:
+    """What ``Handle.__init__`` sets, without its debug-mode work."""
+    handle = _new(cls)
+    handle._callback = callback
+    handle._args = args
+    handle._cancelled = False
+    handle._loop = loop
+    handle._source_traceback = None
+    handle._repr = None
+    handle._context = _copy_context() if context is None else context
+    return handle
 
 
 class VirtualLoop(asyncio.BaseEventLoop):
@@ -131,14 +149,7 @@ class VirtualLoop(asyncio.BaseEventLoop):
         # The heap holds (when, sequence, handle): compared in C, not by TimerHandle.__lt__.
         if self._closed:
             raise RuntimeError("Event loop is closed")
-        timer = _new(_Timer)
-        timer._callback = callback
-        timer._args = args
-        timer._cancelled = False
-        timer._loop = self
-        timer._source_traceback = None
-        timer._repr = None
-        timer._context = _copy_context() if context is None else context
+        timer = _handle(_Timer, self, callback, args, context)
         timer._when = when
         timer._scheduled = True
         heapq.heappush(self._scheduled, (when, next(self._seq), timer))
@@ -150,14 +161,7 @@ class VirtualLoop(asyncio.BaseEventLoop):
         """``BaseEventLoop.call_soon`` without its debug-mode checks."""
         if self._closed:
             raise RuntimeError("Event loop is closed")
-        handle = _new(_Handle)
-        handle._callback = callback
-        handle._args = args
-        handle._cancelled = False
-        handle._loop = self
-        handle._source_traceback = None
-        handle._repr = None
-        handle._context = _copy_context() if context is None else context
+        handle = _handle(_Handle, self, callback, args, context)
         self._ready.append(handle)
         return handle
 
