@@ -40,6 +40,7 @@ from service.kube.namespaces import MultiNamespaceInformer
 from service.metrics import Metrics
 from service.pg.listener import RetirementListener
 from service.pg.store import PgExecutionStore
+from service.ports import ExecutionStore, PodClient, ReapRecorder
 
 from .health import HealthServer, Heartbeats
 from .pending import pending_document
@@ -120,17 +121,72 @@ def new_informer(
     return MultiNamespaceInformer(settings.kube.namespaces, informer)
 
 
+def default_queue_backoff() -> Backoff:
+    """The work queue's per-key retry delays."""
+    return Backoff(initial_s=0.005, max_s=MAX_BACKOFF_S, jitter=0.1)
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    queue: WorkQueue
+    clocks: ObservationClocks
+    controller: Controller
+
+
+def wire_engine(
+    settings: Settings,
+    *,
+    informer: MultiNamespaceInformer,
+    pods: PodClient,
+    store: ExecutionStore,
+    listener: RetirementListener,
+    activation: Activation,
+    recorder: ReapRecorder | None,
+    clock: SchedulingClock,
+    metrics: Metrics,
+    queue_backoff: Backoff,
+) -> Engine:
+    """The engine on its adapters: the work queue, the observation clocks, the reconciler and
+    the controller, which becomes the informer's and the listener's handler. :func:`build`
+    wires the service with it, and the deterministic simulator (``tests/sim``) wires the same
+    engine on its models, so the two cannot drift apart."""
+    queue = WorkQueue(clock=clock, metrics=metrics, backoff=queue_backoff)
+    clocks = ObservationClocks(metrics=metrics)
+    reconciler = Reconciler(
+        settings=settings,
+        cache=informer,
+        pods=pods,
+        store=store,
+        clocks=clocks,
+        budget=DeleteBudget(settings.deletes_per_minute, clock=clock),
+        activation=activation,
+        clock=clock,
+        metrics=metrics,
+        barrier=listener,
+        recorder=recorder,
+    )
+    controller = Controller(
+        cache=informer,
+        queue=queue,
+        reconciler=reconciler,
+        clocks=clocks,
+        activation=activation,
+        clock=clock,
+        metrics=metrics,
+        batch_size=settings.database.batch_max_size,
+    )
+    # Handlers are added once everything exists (client-go's AddEventHandler): no part needs
+    # another that is built after it.
+    informer.add_handler(controller)
+    listener.add_handler(controller)
+    return Engine(queue, clocks, controller)
+
+
 def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     clock = MonotonicClock()
     store = new_store(settings, metrics)
     informer = new_informer(settings, api, metrics, clock=clock)
     pods = new_pod_client(settings, api, metrics)
-    queue = WorkQueue(
-        clock=clock,
-        metrics=metrics,
-        backoff=Backoff(initial_s=0.005, max_s=MAX_BACKOFF_S, jitter=0.1),
-    )
-    clocks = ObservationClocks(metrics=metrics)
     elector = (
         LeaderElector(
             api,
@@ -165,33 +221,19 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         if settings.events_enabled
         else None
     )
-    reconciler = Reconciler(
-        settings=settings,
-        cache=informer,
+    engine = wire_engine(
+        settings,
+        informer=informer,
         pods=pods,
         store=store,
-        clocks=clocks,
-        budget=DeleteBudget(settings.deletes_per_minute, clock=clock),
+        listener=listener,
         activation=activation,
-        clock=clock,
-        metrics=metrics,
-        barrier=listener,
         recorder=recorder,
-    )
-    controller = Controller(
-        cache=informer,
-        queue=queue,
-        reconciler=reconciler,
-        clocks=clocks,
-        activation=activation,
         clock=clock,
         metrics=metrics,
-        batch_size=settings.database.batch_max_size,
+        queue_backoff=default_queue_backoff(),
     )
-    # Handlers are added once everything exists (client-go's AddEventHandler): no part needs
-    # another that is built after it.
-    informer.add_handler(controller)
-    listener.add_handler(controller)
+    queue, clocks, controller = engine.queue, engine.clocks, engine.controller
     if elector is not None:
         elector.add_handler(controller.set_leader)
     heartbeats = Heartbeats(clock=clock)

@@ -1,4 +1,5 @@
-"""The real service, built on the models: the parts of ``service.app.service.build``, wired alike.
+"""The real service, built on the models: the adapters as ``service.app.service.build`` makes
+them, and the engine on them by the same ``wire_engine``.
 
 What differs from ``build`` is only what a deterministic run needs: every part reads and waits
 on :class:`tests.sim.loop.LoopClock` (virtual time), every random choice (backoff jitter, the
@@ -21,13 +22,10 @@ from typing import Any
 import anyio
 import asyncpg
 
-from service.app.service import MAX_BACKOFF_S, new_pod_client, new_store
+from service.app.service import default_queue_backoff, new_pod_client, new_store, wire_engine
 from service.config import Settings
 from service.engine.activation import Activation
-from service.engine.budget import DeleteBudget
 from service.engine.controller import Controller
-from service.engine.observation import ObservationClocks
-from service.engine.reconciler import Reconciler
 from service.engine.workqueue import WorkQueue
 from service.kit.backoff import Backoff
 from service.kube import informer as informer_module
@@ -105,13 +103,9 @@ def build(
     informer = MultiNamespaceInformer(settings.kube.namespaces, namespace_informer)
     pods = new_pod_client(settings, _API, metrics)  # type: ignore[arg-type]
     pods._core = core  # type: ignore[assignment]
-    queue = WorkQueue(
-        clock=clock,
-        metrics=metrics,
-        backoff=seeded(Backoff(initial_s=0.005, max_s=MAX_BACKOFF_S, jitter=0.1)),
-    )
-    clocks = ObservationClocks(metrics=metrics)
-    activation = Activation(enabled=settings.enabled)
+    # The seed's draws in the order they were always made: the informers', the queue's, the
+    # listener's.
+    queue_backoff = seeded(default_queue_backoff())
     listener = RetirementListener(
         settings.database,
         metrics=metrics,
@@ -120,31 +114,19 @@ def build(
         namespaces=settings.kube.namespaces,
     )
     recorder = Recorder(loop)
-    reconciler = Reconciler(
-        settings=settings,
-        cache=informer,
+    engine = wire_engine(
+        settings,
+        informer=informer,
         pods=pods,
         store=store,
-        clocks=clocks,
-        budget=DeleteBudget(settings.deletes_per_minute, clock=clock),
-        activation=activation,
-        clock=clock,
-        metrics=metrics,
-        barrier=listener,
+        listener=listener,
+        activation=Activation(enabled=settings.enabled),
         recorder=recorder,
-    )
-    controller = Controller(
-        cache=informer,
-        queue=queue,
-        reconciler=reconciler,
-        clocks=clocks,
-        activation=activation,
         clock=clock,
         metrics=metrics,
-        batch_size=settings.database.batch_max_size,
+        queue_backoff=queue_backoff,
     )
-    informer.add_handler(controller)
-    listener.add_handler(controller)
+    controller, queue = engine.controller, engine.queue
     return Service(settings, controller, informer, listener, store, queue, recorder)
 
 
