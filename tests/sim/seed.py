@@ -80,48 +80,40 @@ class Variant:
         )
 
 
-_settings: dict[tuple[object, ...], Settings] = {}
+_settings: dict[tuple[tuple[str, str], ...], Settings] = {}
 
 
 def settings_for(v: Variant) -> Settings:
-    """The service's settings for a variant, loaded once a process for each combination of the
-    fields they are made of (the fault profile is not among them: keyed by the whole variant,
-    nearly every seed parsed its configuration anew)."""
-    key = (
-        v.mode,
-        v.list_mode,
-        v.deletes_per_minute,
-        v.workers,
-        v.reconcile_timeout_s,
-        v.resync_s,
-        v.heartbeat_s,
-    )
+    """The service's settings for a variant, loaded once a process for each distinct
+    environment (keyed by the environment itself: most variant fields, the fault profile among
+    them, are not in it, and loading is what costs)."""
+    env = {
+        "ENABLED": "false" if v.mode == "disabled" else "true",
+        "DRY_RUN": "true" if v.mode == "dry_run" else "false",
+        "THRESHOLD_SECONDS": str(THRESHOLD_S),
+        "DELETES_PER_MINUTE": str(v.deletes_per_minute),
+        "RECONCILE_TIMEOUT_SECONDS": str(v.reconcile_timeout_s),
+        "NAMESPACE": NAMESPACE,
+        "WORKERS": str(v.workers),
+        "RESYNC_PERIOD_SECONDS": str(v.resync_s),
+        "SHUTDOWN_TIMEOUT_SECONDS": "2",
+        "API_TIMEOUT_SECONDS": "2",
+        "WATCH_TIMEOUT_SECONDS": "5",
+        "LIST_MODE": v.list_mode,
+        "LIST_PAGE_SIZE": "2",
+        "DATABASE_URL": "postgresql://sim@127.0.0.1:1/sim",
+        "DB_CONNECT_TIMEOUT_SECONDS": "2",
+        "DB_STATEMENT_TIMEOUT_SECONDS": "2",
+        "LISTENER_HEARTBEAT_SECONDS": str(v.heartbeat_s),
+        "LISTENER_HEARTBEAT_TIMEOUT_SECONDS": "1.0",
+        "METRICS_BIND_ADDRESS": "127.0.0.1:0",
+        "LEADER_ELECTION": "false",
+        "EVENTS_ENABLED": "false",
+        "LOG_LEVEL": "info",
+    }
+    key = tuple(env.items())
     s = _settings.get(key)
     if s is None:
-        env = {
-            "ENABLED": "false" if v.mode == "disabled" else "true",
-            "DRY_RUN": "true" if v.mode == "dry_run" else "false",
-            "THRESHOLD_SECONDS": str(THRESHOLD_S),
-            "DELETES_PER_MINUTE": str(v.deletes_per_minute),
-            "RECONCILE_TIMEOUT_SECONDS": str(v.reconcile_timeout_s),
-            "NAMESPACE": NAMESPACE,
-            "WORKERS": str(v.workers),
-            "RESYNC_PERIOD_SECONDS": str(v.resync_s),
-            "SHUTDOWN_TIMEOUT_SECONDS": "2",
-            "API_TIMEOUT_SECONDS": "2",
-            "WATCH_TIMEOUT_SECONDS": "5",
-            "LIST_MODE": v.list_mode,
-            "LIST_PAGE_SIZE": "2",
-            "DATABASE_URL": "postgresql://sim@127.0.0.1:1/sim",
-            "DB_CONNECT_TIMEOUT_SECONDS": "2",
-            "DB_STATEMENT_TIMEOUT_SECONDS": "2",
-            "LISTENER_HEARTBEAT_SECONDS": str(v.heartbeat_s),
-            "LISTENER_HEARTBEAT_TIMEOUT_SECONDS": "1.0",
-            "METRICS_BIND_ADDRESS": "127.0.0.1:0",
-            "LEADER_ELECTION": "false",
-            "EVENTS_ENABLED": "false",
-            "LOG_LEVEL": "info",
-        }
         s = _settings[key] = load({PREFIX + k: val for k, val in env.items()})
     return s
 
