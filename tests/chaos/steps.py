@@ -23,6 +23,7 @@ import anyio
 from tests.chaos.model import (
     NON_REAPABLE_SHAPES,
     TERMINAL_REAPABLE,
+    PodLife,
     PodShape,
     RowTruth,
     reactivate,
@@ -44,7 +45,8 @@ _ROW_STEPS = frozenset(
 
 def oldest_reapable(world: World, amount: float) -> int | None:
     """Index of one of the three sandboxes reapable (ground truth) for the longest time: the
-    ones whose clocks run, or that wait for a delete token — where a lost event matters."""
+    ones whose clocks run, or that wait for a delete token — where a lost event matters. Of the
+    campaign's world or the simulator's (both have ``sandboxes``, ``life()`` and ``rows``)."""
     candidates: list[tuple[float, int]] = []
     for i, sb in enumerate(world.sandboxes):
         name = sb.name()
@@ -57,6 +59,31 @@ def oldest_reapable(world: World, amount: float) -> int | None:
         return None
     candidates.sort()
     return candidates[int(amount * min(3, len(candidates)))][1]
+
+
+def shape_for(step: Step, life: PodLife) -> PodShape:
+    """The shape a ``shape``, ``shape_reapable``, ``ip`` or ``condition`` step gives the pod."""
+    if step.kind == "shape":
+        return step.shape
+    if step.kind == "shape_reapable":
+        return [PodShape.SUCCEEDED, PodShape.FAILED, PodShape.PENDING_STUCK][int(step.amount * 3)]
+    if step.kind == "ip":
+        return PodShape.PENDING_WITH_IP
+    current = life.states[-1].shape
+    return PodShape.PENDING_READY if current is PodShape.PENDING_STUCK else PodShape.PENDING_STUCK
+
+
+def blip_shape(step: Step, life: PodLife) -> PodShape:
+    """The non-reapable shape a ``pod_blip`` passes the pod through."""
+    if (
+        step.flag
+        and life.states[-1].shape in TERMINAL_REAPABLE
+        and life.states[-1].kind == "create"
+    ):
+        # Through Pending with no IP and the condition False: a pod-only check passes it, but
+        # it is reapable only with a row retired as `replaced`.
+        return PodShape.PENDING_STUCK
+    return NON_REAPABLE_SHAPES[int(step.amount * len(NON_REAPABLE_SHAPES))]
 
 
 async def until_paced(world: World, since: float) -> None:
@@ -185,34 +212,13 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
             if life is None:
                 applied = False
             else:
-                if kind == "shape":
-                    shape = step.shape
-                elif kind == "shape_reapable":
-                    shape = [PodShape.SUCCEEDED, PodShape.FAILED, PodShape.PENDING_STUCK][
-                        int(step.amount * 3)
-                    ]
-                elif kind == "ip":
-                    shape = PodShape.PENDING_WITH_IP
-                else:
-                    current = life.states[-1].shape
-                    shape = (
-                        PodShape.PENDING_READY
-                        if current is PodShape.PENDING_STUCK
-                        else PodShape.PENDING_STUCK
-                    )
-                world.set_shape(life, shape)
+                world.set_shape(life, shape_for(step, life))
         case "pod_blip":
             if life is None:
                 applied = False
             else:
                 current = life.states[-1].shape
-                if step.flag and current in TERMINAL_REAPABLE and life.states[-1].kind == "create":
-                    # Through Pending with no IP and the condition False: a pod-only check
-                    # passes it, but it is reapable only with a row retired as `replaced`.
-                    between = PodShape.PENDING_STUCK
-                else:
-                    between = NON_REAPABLE_SHAPES[int(step.amount * len(NON_REAPABLE_SHAPES))]
-                world.set_shape(life, between)
+                world.set_shape(life, blip_shape(step, life))
                 world.set_shape(life, current)
         case "recreate" | "stale_recreate":
             if kind == "stale_recreate":

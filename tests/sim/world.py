@@ -24,11 +24,10 @@ from tests.chaos.model import (
     RowLife,
     RowTruth,
     reactivate,
-    reapable,
     retire,
 )
 from tests.chaos.schedule import _STEP_WEIGHTS, Step
-from tests.chaos.steps import TOKEN_WAIT_VARIANTS
+from tests.chaos.steps import TOKEN_WAIT_VARIANTS, blip_shape, oldest_reapable, shape_for
 from tests.chaos.world import SELECTOR_LABEL, Sandbox
 from tests.sim.kube import ApiServer, ServerPod, _Fault
 from tests.sim.loop import VirtualLoop
@@ -187,24 +186,10 @@ class World:
 
     # -- steps -----------------------------------------------------------------------------
 
-    def oldest_reapable(self, amount: float) -> int | None:
-        candidates: list[tuple[float, int]] = []
-        for i, sb in enumerate(self.sandboxes):
-            name = sb.name()
-            life = self.life(name)
-            row = self.rows.get(name)
-            if life is None or row is None or not reapable(life.current, row.current):
-                continue
-            candidates.append((max(life.times[-1], row.his[-1]), i))
-        if not candidates:
-            return None
-        candidates.sort()
-        return candidates[int(amount * min(3, len(candidates)))][1]
-
     async def apply(self, step: Step) -> None:
         index = step.index
         if step.kind in _TARGETED:
-            target = self.oldest_reapable(step.amount)
+            target = oldest_reapable(self, step.amount)
             index = index if target is None else target
         sb = self.sandboxes[index]
         name = sb.name()
@@ -225,36 +210,13 @@ class World:
                 if life is None:
                     applied = False
                 else:
-                    if kind == "shape":
-                        shape = step.shape
-                    elif kind == "shape_reapable":
-                        shape = [PodShape.SUCCEEDED, PodShape.FAILED, PodShape.PENDING_STUCK][
-                            int(step.amount * 3)
-                        ]
-                    elif kind == "ip":
-                        shape = PodShape.PENDING_WITH_IP
-                    else:
-                        current = life.states[-1].shape
-                        shape = (
-                            PodShape.PENDING_READY
-                            if current is PodShape.PENDING_STUCK
-                            else PodShape.PENDING_STUCK
-                        )
-                    self.set_shape(life, shape)
+                    self.set_shape(life, shape_for(step, life))
             case "pod_blip":
                 if life is None:
                     applied = False
                 else:
                     current = life.states[-1].shape
-                    if (
-                        step.flag
-                        and current in TERMINAL_REAPABLE
-                        and life.states[-1].kind == "create"
-                    ):
-                        between = PodShape.PENDING_STUCK
-                    else:
-                        between = NON_REAPABLE_SHAPES[int(step.amount * len(NON_REAPABLE_SHAPES))]
-                    self.set_shape(life, between)
+                    self.set_shape(life, blip_shape(step, life))
                     # Back at once (a latency), or after a while.
                     await asyncio.sleep(net.latency() if step.amount < 0.5 else step.amount / 2)
                     if self.life(name) is life:
