@@ -147,12 +147,14 @@ class ObservationClocks:
     def clear_keys(self, keys: Iterable[str]) -> None:
         """:meth:`clear_key` for each of ``keys`` (a notification batch, cleared as one unit)."""
         inflight, uid_by_key, by_uid = self._inflight, self._uid_by_key, self._by_uid
+        waiting = self._waiting
         for key in keys:
             if key in inflight:
                 inflight[key] = True
             uid = uid_by_key.pop(key, None)
             if uid is not None:
                 by_uid.pop(uid, None)
+                waiting.pop(uid, None)
 
     def clear_all(self) -> None:
         """Forget every clock (cold cache, missed notifications, leadership change)."""
@@ -167,6 +169,7 @@ class ObservationClocks:
         prefix = namespace + "/"
         for uid in [u for u, o in self._by_uid.items() if o.key.startswith(prefix)]:
             del self._by_uid[uid]
+            self._waiting.pop(uid, None)
         for key in [k for k in self._uid_by_key if k.startswith(prefix)]:
             del self._uid_by_key[key]
         for key in self._inflight:

@@ -18,6 +18,7 @@ from service.domain import (
     PodSnapshot,
     ReconcileOutcome,
     Verdict,
+    Waiting,
 )
 from service.engine.observation import ObservationClocks
 from service.engine.results import Action
@@ -763,3 +764,21 @@ def test_clearing_a_namespace_stops_its_clocks_and_its_observations_in_flight_on
     assert clocks.observe(theirs.uid, theirs.key, Verdict.TERMINAL_RETIRED, 10.0) is None
     assert clocks.observe(ours.uid, ours.key, Verdict.TERMINAL_RETIRED, 10.0) == 10.0
     assert len(clocks) == 2
+
+
+@pytest.mark.parametrize("clearing", ["keys", "namespace"])
+def test_clearing_a_batch_or_a_namespace_forgets_what_its_clocks_waited_for(clearing: str) -> None:
+    # What a clock waits for past the threshold lives only as long as the clock: clearing
+    # by a notification batch or a cold namespace drops it as clearing one key does, or a
+    # pod that never comes back would leave its entry behind for good.
+    clocks = ObservationClocks()
+    keys = [f"{NAMESPACE}/p{i}" for i in range(3)]
+    for i, key in enumerate(keys):
+        assert clocks.observe(f"uid-{i}", key, Verdict.TERMINAL_RETIRED, 0.0) == 0.0
+        clocks.set_waiting(f"uid-{i}", Waiting.BUDGET)
+    if clearing == "keys":
+        clocks.clear_keys(keys)
+    else:
+        clocks.clear_namespace(NAMESPACE)
+    assert clocks.running() == []
+    assert clocks._waiting == {}
