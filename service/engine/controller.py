@@ -354,18 +354,23 @@ class Controller:
         first: dict[tuple[Action, str, SkipReason | None], ReconcileResult] = {}
         queue = self._queue
         later: list[tuple[str, float]] = []
+        # A burst's keys mostly end in one shared result (the reconciler reuses a frozen one):
+        # its fields are read once a run of it, not once a key.
+        last: ReconcileResult | None = None
+        action = Action.DONE
+        group: tuple[Action, str, SkipReason | None] = (action, "", None)
         try:
             for key, result in items:
                 results[key] = result
                 try:
-                    action = result.action
-                    group = (action, result.outcome, result.skip_reason)
-                    seen = alike.get(group)
-                    if seen is None:
-                        alike[group] = 1
-                        first[group] = result
-                    else:
-                        alike[group] = seen + 1
+                    if result is not last:
+                        action = result.action
+                        group = (action, result.outcome, result.skip_reason)
+                        if group not in alike:
+                            alike[group] = 0
+                            first[group] = result
+                        last = result
+                    alike[group] += 1
                     if action is Action.DONE:
                         queue.forget(key)
                     elif action is Action.REQUEUE_AFTER:

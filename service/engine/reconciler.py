@@ -203,19 +203,27 @@ class Reconciler:
             observed.results = dict.fromkeys(keys, INACTIVE_RESULT)
             return observed
         ready: list[str] = []
+        # Whether each namespace of the batch is watched and its cache synced, asked once a
+        # namespace (a batch's keys share a handful), not once a key.
+        synced: dict[str, bool] = {}
         for key in keys:
             namespace = key.partition("/")[0]
-            if namespace not in self._namespaces:
+            ok = synced.get(namespace)
+            if ok is None:
+                ok = synced[namespace] = (
+                    namespace in self._namespaces and self._cache.namespace_synced(namespace)
+                )
+            if ok:
+                ready.append(key)
+            elif namespace not in self._namespaces:
                 # No cache and no row lookup covers it: never acted on (a malformed key too).
                 observed.results[key] = self._not_watched(key)
-            elif not self._cache.namespace_synced(namespace):
+            else:
                 # Judged by the cache of the key's own namespace only. A relist collapses the
                 # states it skipped: a clock started now, from a snapshot the relist may be
                 # about to replace with the same state at a newer version, would cover a
                 # non-reapable state it never saw. Synced, every candidate is enqueued.
                 observed.results[key] = ReconcileResult.done(ReconcileOutcome.CACHE_COLD)
-            else:
-                ready.append(key)
         if not ready:
             return observed
         keys = ready
@@ -268,15 +276,19 @@ class Reconciler:
             return
         now = self._clock.monotonic()
         threshold_s = self._settings.threshold_s
+        clocks = self._clocks
+        # A clock started now waits the whole threshold: one result for all of them (results
+        # are frozen), not one built per key of a burst.
+        started_now = ReconcileResult.requeue_after(ReconcileOutcome.TOO_YOUNG, threshold_s)
         for key, pod in candidates:
             # Each candidate passed the prefilter above (its snapshot is frozen).
             decision = classify_prefiltered(pod, rows.get(key))
             verdict = decision.verdict
             if verdict is None:
-                self._clocks.clear_key(key)
+                clocks.clear_key(key)
                 results[key] = ReconcileResult.skipped(decision.reason)
                 continue
-            elapsed = self._clocks.observe(pod.uid, key, verdict, now)
+            elapsed = clocks.observe(pod.uid, key, verdict, now)
             if elapsed is None:
                 # A clearing event arrived while we read; what we read may predate it. The event
                 # enqueued the key again, so the next reconcile starts the clock afresh.
@@ -285,8 +297,12 @@ class Reconciler:
                 )
                 results[key] = ReconcileResult.done(ReconcileOutcome.CHANGED)
             elif elapsed < threshold_s:
-                results[key] = ReconcileResult.requeue_after(
-                    ReconcileOutcome.TOO_YOUNG, threshold_s - elapsed
+                results[key] = (
+                    started_now
+                    if elapsed == 0.0
+                    else ReconcileResult.requeue_after(
+                        ReconcileOutcome.TOO_YOUNG, threshold_s - elapsed
+                    )
                 )
             elif self._settings.dry_run and self._clocks.was_reported(pod.uid):
                 results[key] = ReconcileResult.done(ReconcileOutcome.ALREADY_REPORTED)

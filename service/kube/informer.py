@@ -12,7 +12,7 @@ are several informers behind one cache (``service/kube/namespaces.py``).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import anyio
 from anyio.abc import TaskStatus
@@ -137,6 +137,11 @@ class PodInformer:
 
     def get(self, key: str) -> PodSnapshot | None:
         return self._store.get(key)
+
+    @property
+    def by_name(self) -> Callable[[str], PodSnapshot | None]:
+        """See :attr:`PodStore.by_name`."""
+        return self._store.by_name
 
     def keys(self) -> Iterable[str]:
         """A copy of the cached keys (safe to iterate while events arrive)."""

@@ -32,6 +32,9 @@ class MultiNamespaceInformer:
             raise ValueError("at least one namespace")
         self.informers: dict[str, PodInformer] = {ns: new_informer(ns) for ns in namespaces}
         """Namespace → its informer, in the order configured."""
+        self._by_name = {ns: informer.by_name for ns, informer in self.informers.items()}
+        """Namespace → its cache's lookup by pod name (:meth:`get` is one call a key: a burst
+        looks up 10,000)."""
 
     @property
     def namespaces(self) -> tuple[str, ...]:
@@ -45,8 +48,9 @@ class MultiNamespaceInformer:
     # ------------------------------------------------------------------ PodCache
 
     def get(self, key: str) -> PodSnapshot | None:
-        informer = self.informers.get(key.partition("/")[0])
-        return None if informer is None else informer.get(key)
+        namespace, _, name = key.partition("/")
+        by_name = self._by_name.get(namespace)
+        return None if by_name is None else by_name(name)
 
     def keys(self) -> Iterable[str]:
         """A copy of the cached keys of every namespace."""

@@ -24,7 +24,7 @@ have gaps from now on); reaching it, ``cache_synced(namespace)``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import anyio
 import msgspec
@@ -73,7 +73,8 @@ class PodStore:
         self.sink = sink
         """Where changes go (the informer replaces it as handlers are added)."""
         self._pods: dict[str, PodSnapshot] = {}
-        """name → snapshot; the key is the snapshot's own ``name`` string."""
+        """name → snapshot; the key is the snapshot's own ``name`` string. Never replaced (its
+        ``get`` is handed out by :meth:`by_name`)."""
         self._seen: set[str] = set()
         """The names the sync in progress has put (empty outside a sync)."""
         self._synced_event = anyio.Event()
@@ -87,6 +88,12 @@ class PodStore:
     def get(self, key: str) -> PodSnapshot | None:
         namespace, _, name = key.partition("/")
         return self._pods.get(name) if namespace == self.namespace else None
+
+    @property
+    def by_name(self) -> Callable[[str], PodSnapshot | None]:
+        """The cached snapshot of a pod name of this namespace (``None`` when not cached),
+        current whenever called: for a caller that has the name already (one call a key)."""
+        return self._pods.get
 
     def keys(self) -> Iterable[str]:
         """A copy of the cached keys (safe to iterate while events arrive)."""
