@@ -31,6 +31,7 @@ from service.engine.reconciler import Reconciler
 from service.engine.workqueue import WorkQueue
 from service.kit.backoff import Backoff
 from service.kit.clock import MonotonicClock, SchedulingClock
+from service.kit.memory import freeze_long_lived
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
@@ -324,6 +325,16 @@ async def _watchdog(parts: Parts) -> None:
         await anyio.sleep(WATCHDOG_PERIOD_S)
 
 
+async def _freeze_when_synced(parts: Parts) -> None:
+    """Once every namespace's cache has first synced, keep what is alive from then on out of the
+    garbage collector's full scans (kit ``freeze_long_lived``)."""
+    await parts.informer.wait_synced()
+    frozen = freeze_long_lived()
+    logger.info(
+        "pod cache synced: %d long-lived objects kept out of garbage collection scans", frozen
+    )
+
+
 async def run(
     parts: Parts,
     *,
@@ -346,6 +357,7 @@ async def run(
             await tg.start(parts.health.run)
             tg.start_soon(_watchdog, parts)
             await tg.start(parts.informer.run)
+            tg.start_soon(_freeze_when_synced, parts)
             if parts.recorder is not None:
                 await tg.start(parts.recorder.run)
             # Not awaited: a database that is down must not keep the HTTP server and the
