@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
+from typing import Any
 
 import anyio
 
@@ -33,14 +34,15 @@ from tests.chaos.model import (
 from tests.chaos.schedule import Step
 from tests.chaos.world import World
 
-_TARGETED = frozenset(
+TARGETED = frozenset(
     {"pod_blip", "row_blip", "stale_recreate", "stall_reactivate", "silent_reactivate"}
 )
+"""Steps aimed at one of the sandboxes reapable the longest (:func:`oldest_reapable`)."""
 
-
-_ROW_STEPS = frozenset(
+ROW_STEPS = frozenset(
     {"retire", "reactivate", "row_blip", "new_generation", "stall_reactivate", "silent_reactivate"}
 )
+"""Steps that write a row (skipped for a sandbox whose row a silent change froze)."""
 
 
 def oldest_reapable(world: World, amount: float) -> int | None:
@@ -59,6 +61,41 @@ def oldest_reapable(world: World, amount: float) -> int | None:
         return None
     candidates.sort()
     return candidates[int(amount * min(3, len(candidates)))][1]
+
+
+def token_wait_pod_changes(world: Any, lives: list[PodLife], variant: str) -> bool:
+    """The pod changes of a token-wait ``variant`` made to ``lives`` (the campaign's world or
+    the simulator's: both have ``sandboxes``, ``delete_pod``, ``create_pod`` and ``set_shape``);
+    ``False`` for a variant that changes rows instead."""
+    if variant == "recreated":
+        for life in lives:
+            state = life.states[-1]
+            world.delete_pod(life)
+            sb = next(sb for sb in world.sandboxes if sb.name() == life.name)
+            world.create_pod(sb, state.generation, state.shape, state.kind)
+    elif variant == "lagged":
+        for life in lives:
+            current = life.states[-1].shape
+            world.set_shape(life, NON_REAPABLE_SHAPES[len(life.name) % len(NON_REAPABLE_SHAPES)])
+            world.set_shape(life, current)
+    elif variant == "pending_blip":
+        for life in lives:
+            state = life.states[-1]
+            if state.shape in TERMINAL_REAPABLE and state.kind == "create":
+                world.set_shape(life, PodShape.PENDING_STUCK)
+                world.set_shape(life, state.shape)
+    else:
+        return False
+    return True
+
+
+def token_wait_blip_rows(retired: dict[str, RowTruth], variant: str) -> dict[str, RowTruth]:
+    """The rows a token-wait row ``variant`` passes ``retired`` through: another retired state
+    for ``retired_blip``, active for the others."""
+    return {
+        name: retire(row, "suspended") if variant == "retired_blip" else reactivate(row)
+        for name, row in retired.items()
+    }
 
 
 def shape_for(step: Step, life: PodLife) -> PodShape:
@@ -148,24 +185,7 @@ async def while_waiting_for_tokens(
     if variant in ("lagged", "recreated"):
         world.emu.fail_next(3, code=500, method="GET", query={"watch": "true"})
         world.emu.drop_watches(abrupt=True)
-    if variant == "recreated":
-        for life in lives:
-            state = life.states[-1]
-            world.delete_pod(life)
-            sb = next(sb for sb in world.sandboxes if sb.name() == life.name)
-            world.create_pod(sb, state.generation, state.shape, state.kind)
-    elif variant == "lagged":
-        for life in lives:
-            current = life.states[-1].shape
-            world.set_shape(life, NON_REAPABLE_SHAPES[len(life.name) % len(NON_REAPABLE_SHAPES)])
-            world.set_shape(life, current)
-    elif variant == "pending_blip":
-        for life in lives:
-            state = life.states[-1]
-            if state.shape in TERMINAL_REAPABLE and state.kind == "create":
-                world.set_shape(life, PodShape.PENDING_STUCK)
-                world.set_shape(life, state.shape)
-    else:
+    if not token_wait_pod_changes(world, lives, variant):
         if variant == "stalled":
             world.proxy.stall()
         retired: dict[str, RowTruth] = {}
@@ -173,10 +193,7 @@ async def while_waiting_for_tokens(
             row = world.rows[name].current
             assert row is not None
             retired[name] = row
-        middle = {
-            name: retire(row, "suspended") if variant == "retired_blip" else reactivate(row)
-            for name, row in retired.items()
-        }
+        middle = token_wait_blip_rows(retired, variant)
         await world.update_rows(middle, silent=variant == "silent")
         if variant != "silent":
             await anyio.sleep(BLIP_GAP_S)
@@ -191,7 +208,7 @@ async def while_waiting_for_tokens(
 
 async def apply_step(world: World, step: Step, rng: random.Random, stats: Counter[str]) -> None:
     index = step.index
-    if step.kind in _TARGETED:
+    if step.kind in TARGETED:
         target = oldest_reapable(world, step.amount)
         index = index if target is None else target
     sb = world.sandboxes[index]
@@ -202,7 +219,7 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
     emu = world.emu
     kind = step.kind
     applied = True
-    if sb.row_frozen and kind in _ROW_STEPS:
+    if sb.row_frozen and kind in ROW_STEPS:
         kind = "skip"
     match kind:
         case "skip":

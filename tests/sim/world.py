@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tests.chaos.model import (
-    NON_REAPABLE_SHAPES,
     TERMINAL_REAPABLE,
     PodLife,
     PodShape,
@@ -27,7 +26,16 @@ from tests.chaos.model import (
     retire,
 )
 from tests.chaos.schedule import _STEP_WEIGHTS, Step
-from tests.chaos.steps import TOKEN_WAIT_VARIANTS, blip_shape, oldest_reapable, shape_for
+from tests.chaos.steps import (
+    ROW_STEPS,
+    TARGETED,
+    TOKEN_WAIT_VARIANTS,
+    blip_shape,
+    oldest_reapable,
+    shape_for,
+    token_wait_blip_rows,
+    token_wait_pod_changes,
+)
 from tests.chaos.world import SELECTOR_LABEL, Sandbox
 from tests.sim.kube import ApiServer, ServerPod, _Fault
 from tests.sim.loop import VirtualLoop
@@ -43,12 +51,6 @@ SIM_STEP_WEIGHTS: dict[str, int] = {
 """The campaign's step kinds and weights, and the simulator's own."""
 
 _RETIRE_STATES = ("suspended", "replaced", "replaced", "failed", "cancelled", "stopped", "paused")
-_TARGETED = frozenset(
-    {"pod_blip", "row_blip", "stale_recreate", "stall_reactivate", "silent_reactivate"}
-)
-_ROW_STEPS = frozenset(
-    {"retire", "reactivate", "row_blip", "new_generation", "stall_reactivate", "silent_reactivate"}
-)
 
 
 def make_schedule(rng: random.Random, steps: int, sandboxes: int) -> list[Step]:
@@ -188,7 +190,7 @@ class World:
 
     async def apply(self, step: Step) -> None:
         index = step.index
-        if step.kind in _TARGETED:
+        if step.kind in TARGETED:
             target = oldest_reapable(self, step.amount)
             index = index if target is None else target
         sb = self.sandboxes[index]
@@ -199,7 +201,7 @@ class World:
         server, db, net = self.server, self.db, self.net
         kind = step.kind
         applied = True
-        if sb.row_frozen and kind in _ROW_STEPS:
+        if sb.row_frozen and kind in ROW_STEPS:
             kind = "skip"
         self.trace(f"step {step.kind} {name}")
         match kind:
@@ -379,36 +381,15 @@ class World:
         if variant in ("lagged", "recreated"):
             self.net.arm("watch", _Fault(status=500), 3)
             server.drop_watches(abrupt=True)
-        if variant == "recreated":
-            for life in lives:
-                state = life.states[-1]
-                self.delete_pod(life)
-                sb = next(sb for sb in self.sandboxes if sb.name() == life.name)
-                self.create_pod(sb, state.generation, state.shape, state.kind)
-        elif variant == "lagged":
-            for life in lives:
-                current = life.states[-1].shape
-                self.set_shape(life, NON_REAPABLE_SHAPES[len(life.name) % len(NON_REAPABLE_SHAPES)])
-                self.set_shape(life, current)
-        elif variant == "pending_blip":
-            for life in lives:
-                state = life.states[-1]
-                if state.shape in TERMINAL_REAPABLE and state.kind == "create":
-                    self.set_shape(life, PodShape.PENDING_STUCK)
-                    self.set_shape(life, state.shape)
-        else:
+        if not token_wait_pod_changes(self, lives, variant):
             if variant == "stalled":
                 db.stall_listeners()
             retired = {name: self.rows[name].current for name in left}
-            middle = {
-                name: retire(row, "suspended") if variant == "retired_blip" else reactivate(row)
-                for name, row in retired.items()
-                if row is not None
-            }
-            self.update_rows(middle, silent=variant == "silent")
+            present = {n: r for n, r in retired.items() if r is not None}
+            self.update_rows(token_wait_blip_rows(present, variant), silent=variant == "silent")
             if variant != "silent":
                 await asyncio.sleep(0.02)
-                self.update_rows({n: r for n, r in retired.items() if r is not None})
+                self.update_rows(present)
             else:
                 for sb in self.sandboxes:
                     sb.row_frozen = sb.row_frozen or sb.name() in retired
