@@ -98,6 +98,53 @@ def token_wait_blip_rows(retired: dict[str, RowTruth], variant: str) -> dict[str
     }
 
 
+def token_wait(step: Step) -> tuple[str, float] | None:
+    """For a ``burst`` step followed by a change while workers wait for delete tokens (half of
+    them): the variant and where in the wait, as a fraction; else ``None``."""
+    if not step.flag:
+        return None
+    n = len(TOKEN_WAIT_VARIANTS)
+    return TOKEN_WAIT_VARIANTS[int(step.amount * n)], (step.amount * n) % 1
+
+
+def burst_changes(world: Any, variant: str | None) -> dict[str, RowTruth]:
+    """A ``burst``: every sandbox with a pod and a row that a silent change did not freeze is
+    made reapable — its pod terminal, its row retired (`suspended`); for ``retired_blip``, a
+    create pod Pending never started with its row retired as `replaced`. Sets the pods' shapes
+    (of either world) and returns the rows to write, for the caller to write as one batch."""
+    changes: dict[str, RowTruth] = {}
+    for other in world.sandboxes:
+        other_name = other.name()
+        other_life = world.life(other_name)
+        other_row = world.rows[other_name].current if other_name in world.rows else None
+        if other_life is None or other_row is None or other.row_frozen:
+            continue
+        pod_now = other_life.states[-1]
+        if variant == "retired_blip" and pod_now.kind == "create":
+            if pod_now.shape is not PodShape.PENDING_STUCK:
+                world.set_shape(other_life, PodShape.PENDING_STUCK)
+            changes[other_name] = retire(other_row, "replaced")
+            continue
+        if pod_now.shape not in TERMINAL_REAPABLE:
+            world.set_shape(other_life, PodShape.SUCCEEDED)
+        changes[other_name] = retire(other_row, "suspended")
+    return changes
+
+
+def row_blip_middle(step: Step, row: RowTruth) -> RowTruth:
+    """The row a ``row_blip`` passes through: re-activated; or, when the row says `replaced`
+    (and the step's flag), another retired state (`suspended`): still retired, yet a Pending
+    never-started pod is reapable only with `replaced`."""
+    return retire(row, "suspended") if step.flag and row.state == "replaced" else reactivate(row)
+
+
+def recreated_pod(step: Step, kind: str) -> tuple[PodShape, str]:
+    """The shape and pod kind a ``recreate`` step gives the new pod of a sandbox of ``kind``
+    (now and then the other kind)."""
+    pod_kind = kind if step.amount < 0.85 else ("restore" if kind == "create" else "create")
+    return (step.shape if not step.flag else PodShape.SUCCEEDED), pod_kind
+
+
 def shape_for(step: Step, life: PodLife) -> PodShape:
     """The shape a ``shape``, ``shape_reapable``, ``ip`` or ``condition`` step gives the pod."""
     if step.kind == "shape":
@@ -245,10 +292,7 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
                 emu.fail_next(3, code=500, method="GET", path_contains="/namespaces/sandboxes/pods")
             if life is not None:
                 world.delete_pod(life)
-            pod_kind = (
-                sb.kind if step.amount < 0.85 else ("restore" if sb.kind == "create" else "create")
-            )
-            shape = step.shape if not step.flag else PodShape.SUCCEEDED
+            shape, pod_kind = recreated_pod(step, sb.kind)
             world.create_pod(sb, sb.generation, shape, pod_kind)
         case "delete_other":
             if life is None:
@@ -274,15 +318,7 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
             if row is None or row.active:
                 applied = False
             else:
-                # Re-activated and back; or, when the row says `replaced`, through another
-                # retired state (`suspended`): still retired, yet a Pending never-started pod
-                # is reapable only with `replaced`.
-                middle = (
-                    retire(row, "suspended")
-                    if step.flag and row.state == "replaced"
-                    else reactivate(row)
-                )
-                await world.update_rows({name: middle})
+                await world.update_rows({name: row_blip_middle(step, row)})
                 await anyio.sleep(BLIP_GAP_S)
                 await world.update_rows({name: row})
         case "new_generation":
@@ -293,34 +329,15 @@ async def apply_step(world: World, step: Step, rng: random.Random, stats: Counte
             await world.insert_row(sb.name(), new_row)
             world.create_pod(sb, sb.generation, PodShape.PENDING_STUCK, sb.kind)
         case "burst":
-            # Half of the bursts are followed by a change while workers wait for tokens.
-            variant = None
-            if step.flag:
-                variant = TOKEN_WAIT_VARIANTS[int(step.amount * len(TOKEN_WAIT_VARIANTS))]
+            wait = token_wait(step)
+            if wait is not None:
                 # This is about the wait for delete tokens alone: lift earlier faults (a
                 # stalled listener or failing GETs would stop the deletes for other reasons).
                 world.lift_faults()
-            changes: dict[str, RowTruth] = {}
-            for other in world.sandboxes:
-                other_name = other.name()
-                other_life = world.life(other_name)
-                other_row = world.rows[other_name].current
-                if other_life is None or other_row is None or other.row_frozen:
-                    continue
-                pod_now = other_life.states[-1]
-                if variant == "retired_blip" and pod_now.kind == "create":
-                    # Pending never-started pods, retired as `replaced`.
-                    if pod_now.shape is not PodShape.PENDING_STUCK:
-                        world.set_shape(other_life, PodShape.PENDING_STUCK)
-                    changes[other_name] = retire(other_row, "replaced")
-                    continue
-                if pod_now.shape not in TERMINAL_REAPABLE:
-                    world.set_shape(other_life, PodShape.SUCCEEDED)
-                changes[other_name] = retire(other_row, "suspended")
+            changes = burst_changes(world, None if wait is None else wait[0])
             await world.update_rows(changes)
-            if variant is not None:
-                fraction = (step.amount * len(TOKEN_WAIT_VARIANTS)) % 1
-                await while_waiting_for_tokens(world, list(changes), variant, fraction)
+            if wait is not None:
+                await while_waiting_for_tokens(world, list(changes), *wait)
         case "watch_drop":
             emu.drop_watches(abrupt=step.flag)
         case "watch_410":

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tests.chaos.model import (
-    TERMINAL_REAPABLE,
     PodLife,
     PodShape,
     PodTruth,
@@ -29,10 +28,13 @@ from tests.chaos.schedule import _STEP_WEIGHTS, Step
 from tests.chaos.steps import (
     ROW_STEPS,
     TARGETED,
-    TOKEN_WAIT_VARIANTS,
     blip_shape,
+    burst_changes,
     oldest_reapable,
+    recreated_pod,
+    row_blip_middle,
     shape_for,
+    token_wait,
     token_wait_blip_rows,
     token_wait_pod_changes,
 )
@@ -230,12 +232,7 @@ class World:
                     net.arm("list", _Fault(status=500), 3)
                 if life is not None:
                     self.delete_pod(life)
-                pod_kind = (
-                    sb.kind
-                    if step.amount < 0.85
-                    else ("restore" if sb.kind == "create" else "create")
-                )
-                shape = step.shape if not step.flag else PodShape.SUCCEEDED
+                shape, pod_kind = recreated_pod(step, sb.kind)
                 self.create_pod(sb, sb.generation, shape, pod_kind)
             case "delete_other":
                 if life is None:
@@ -261,12 +258,7 @@ class World:
                 if row is None or row.active:
                     applied = False
                 else:
-                    middle = (
-                        retire(row, "suspended")
-                        if step.flag and row.state == "replaced"
-                        else reactivate(row)
-                    )
-                    self.update_rows({name: middle})
+                    self.update_rows({name: row_blip_middle(step, row)})
                     await asyncio.sleep(0.001 + net.latency() * 5)
                     self.update_rows({name: row})
             case "new_generation":
@@ -345,31 +337,14 @@ class World:
         self.stats[kind if applied else f"{kind} (n/a)"] += 1
 
     async def _burst(self, step: Step) -> None:
-        variant = None
-        if step.flag:
-            variant = TOKEN_WAIT_VARIANTS[int(step.amount * len(TOKEN_WAIT_VARIANTS))]
+        wait = token_wait(step)
+        if wait is not None:
             self.lift_faults()
             self.net.faults_on = True
-        changes: dict[str, RowTruth] = {}
-        for other in self.sandboxes:
-            other_name = other.name()
-            other_life = self.life(other_name)
-            other_row = self.rows[other_name].current if other_name in self.rows else None
-            if other_life is None or other_row is None or other.row_frozen:
-                continue
-            pod_now = other_life.states[-1]
-            if variant == "retired_blip" and pod_now.kind == "create":
-                if pod_now.shape is not PodShape.PENDING_STUCK:
-                    self.set_shape(other_life, PodShape.PENDING_STUCK)
-                changes[other_name] = retire(other_row, "replaced")
-                continue
-            if pod_now.shape not in TERMINAL_REAPABLE:
-                self.set_shape(other_life, PodShape.SUCCEEDED)
-            changes[other_name] = retire(other_row, "suspended")
+        changes = burst_changes(self, None if wait is None else wait[0])
         self.update_rows(changes)
-        if variant is not None:
-            fraction = (step.amount * len(TOKEN_WAIT_VARIANTS)) % 1
-            await self._while_waiting(list(changes), variant, fraction)
+        if wait is not None:
+            await self._while_waiting(list(changes), *wait)
 
     async def _while_waiting(self, names: list[str], variant: str, fraction: float) -> None:
         """The campaign's changes while workers wait for delete tokens (one check each)."""
