@@ -28,7 +28,7 @@ from service.pg.listener import BACKOFF_MAX_S as LISTENER_BACKOFF_MAX_S
 from tests.chaos.model import (
     NAMESPACE,
     PodLife,
-    continuously_reapable,
+    action_window_ok,
     pod_shape_reapable,
     reapable,
 )
@@ -101,31 +101,19 @@ class Checker:
         if reread is None:
             return False, "no final re-read of its row before it (PostgreSQL statement log)"
         self.race_windows.append(t - reread)
-        a = t - self.cfg.threshold_s + self.cfg.start_tolerance_s
-        row = self.world.rows.get(life.name)
-        seen = reread - RESOLUTION_S
-        if not deleted:
-            # No precondition pins a reported pod: it is judged as the fresh GET saw it, from
-            # the last GET before the re-read (the emulator's record) on.
-            # (The log's millisecond resolution: a GET up to 1 ms after may precede the bind.)
-            got = self._last_get_before(life.name, reread + RESOLUTION_S)
-            pod_at_get = life.at(got) if got is not None else None
-            if got is None or pod_at_get is None:
-                return False, "no fresh GET of a live pod before its final re-read"
-            ok, why = continuously_reapable(life, row, a, got)
-            if ok:
-                frozen = PodLife(life.uid, life.name, [got], [pod_at_get], [life.rv_at(got) or ""])
-                ok, why = continuously_reapable(frozen, row, got, seen)
-            if not ok:
-                return False, f"{why}; fresh GET at {got:.3f}, final re-read began at {reread:.3f}"
-            return True, ""
-        ok, why = continuously_reapable(life, row, a, seen)
-        if not ok:
-            return False, f"{why}; final re-read began at {reread:.3f}"
-        for changed, state in zip(life.times, life.states, strict=True):
-            if deleted and reread < changed <= t and not pod_shape_reapable(state):
-                return False, f"pod {state} at {changed:.3f}, after the final re-read"
-        return True, ""
+        # The log's millisecond resolution: the re-read is taken to have seen a change up to
+        # 1 ms before its bind, and a GET up to 1 ms after it may precede it.
+        return action_window_ok(
+            life,
+            self.world.rows.get(life.name),
+            since=t - self.cfg.threshold_s + self.cfg.start_tolerance_s,
+            reread=reread,
+            seen=reread - RESOLUTION_S,
+            until=t,
+            got=None if deleted else self._last_get_before(life.name, reread + RESOLUTION_S),
+            deleted=deleted,
+            digits=3,
+        )
 
     def _last_get_before(self, name: str, t: float) -> float | None:
         path = f"{PODS_PATH}/{name}"

@@ -197,6 +197,48 @@ def continuously_reapable(
     return True, ""
 
 
+def action_window_ok(
+    life: PodLife,
+    row: RowLife | None,
+    *,
+    since: float,
+    reread: float,
+    seen: float,
+    until: float,
+    got: float | None,
+    deleted: bool,
+    digits: int,
+) -> tuple[bool, str]:
+    """Invariants 1 and 3 for a DELETE (``deleted``) or a dry-run report of ``life`` at
+    ``until``, as both checkers judge it: pod and row reapable together from ``since`` (a
+    threshold before the action) up to ``seen`` (the final re-read, which began at ``reread``).
+    A row change after the re-read is the accepted race. A DELETE's pod must also stay reapable
+    up to ``until``: its resourceVersion precondition pins it to the fresh GET, made before the
+    re-read. A report has no precondition: its pod is judged as the last fresh GET before the
+    re-read (``got``) saw it. ``digits``: the decimals of the times in the reason."""
+    if not deleted:
+        pod_at_get = life.at(got) if got is not None else None
+        if got is None or pod_at_get is None:
+            return False, "no fresh GET of a live pod before its final re-read"
+        ok, why = continuously_reapable(life, row, since, got)
+        if ok:
+            frozen = PodLife(life.uid, life.name, [got], [pod_at_get], [life.rv_at(got) or ""])
+            ok, why = continuously_reapable(frozen, row, got, seen)
+        if not ok:
+            return (
+                False,
+                f"{why}; fresh GET at {got:.{digits}f}, final re-read at {reread:.{digits}f}",
+            )
+        return True, ""
+    ok, why = continuously_reapable(life, row, since, seen)
+    if not ok:
+        return False, f"{why}; final re-read at {reread:.{digits}f}"
+    for changed, state in zip(life.times, life.states, strict=True):
+        if reread < changed <= until and not pod_shape_reapable(state):
+            return False, f"pod {state} at {changed:.{digits}f}, after the final re-read"
+    return True, ""
+
+
 def retire(row: RowTruth, state: str) -> RowTruth:
     return replace(row, state=state, active=False)
 

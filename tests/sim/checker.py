@@ -24,7 +24,7 @@ from collections.abc import Callable
 from service.engine.reconciler import FINAL_CHECK_MAX_AGE_S
 from service.kit.ratelimit import capped_shape
 from tests.chaos.checker import RECONNECT_CAP_S
-from tests.chaos.model import PodLife, continuously_reapable, pod_shape_reapable, reapable
+from tests.chaos.model import PodLife, action_window_ok, pod_shape_reapable, reapable
 from tests.sim.world import World
 
 Violation = tuple[float, str]
@@ -137,27 +137,17 @@ class Checker:
         reread = self._last_reread(life.name, acted)
         if reread is None:
             return False, "no final re-read of its row before it"
-        a = acted - self.threshold_s
-        row = self.world.rows.get(life.name)
-        if not deleted:
-            got = self._last_get(life.name, reread)
-            pod_at_get = life.at(got) if got is not None else None
-            if got is None or pod_at_get is None:
-                return False, "no fresh GET of a live pod before its final re-read"
-            ok, why = continuously_reapable(life, row, a, got)
-            if ok:
-                frozen = PodLife(life.uid, life.name, [got], [pod_at_get], [life.rv_at(got) or ""])
-                ok, why = continuously_reapable(frozen, row, got, reread)
-            if not ok:
-                return False, f"{why}; fresh GET at {got:.6f}, final re-read at {reread:.6f}"
-            return True, ""
-        ok, why = continuously_reapable(life, row, a, reread)
-        if not ok:
-            return False, f"{why}; final re-read at {reread:.6f}"
-        for changed, state in zip(life.times, life.states, strict=True):
-            if reread < changed <= t and not pod_shape_reapable(state):
-                return False, f"pod {state} at {changed:.6f}, after the final re-read"
-        return True, ""
+        return action_window_ok(
+            life,
+            self.world.rows.get(life.name),
+            since=acted - self.threshold_s,
+            reread=reread,
+            seen=reread,
+            until=t,
+            got=None if deleted else self._last_get(life.name, reread),
+            deleted=deleted,
+            digits=6,
+        )
 
     def _check_report(self, t: float, name: str, uid: str) -> None:
         if self.mode != "dry_run":
