@@ -240,7 +240,14 @@ def _section(name: str, r: dict[str, Any]) -> str:
                         _f(e.get("cpu_to_idle_s"), 3),
                     ],
                     [
-                        "polling",
+                        "polling"
+                        + (
+                            f" (median of {len(p['runs'])}: "
+                            + ", ".join(_f(run["all_started_s"], 2) for run in p["runs"])
+                            + " s)"
+                            if "runs" in p
+                            else ""
+                        ),
                         _f(p.get("p50_ms"), 0),
                         _f(p.get("p99_ms"), 0),
                         _f(p.get("all_started_s"), 2),
@@ -252,7 +259,8 @@ def _section(name: str, r: dict[str, Any]) -> str:
             ),
             "",
             f"Event-driven ahead of polling by {_ratio(p.get('all_started_s', float('nan')), e['all_started_s'])} "
-            "to the last clock (median run against the polling run). Latencies from just before "
+            "to the last clock (median run against the median polling run, each polling run "
+            "retiring at a random phase of its tick). Latencies from just before "
             "COMMIT; CPU-s are the benchmark process's (the service runs in it) from before the "
             "COMMIT to the last clock, and to every key of the burst reconciled. "
             f"Load avg {b['load_average']}.",

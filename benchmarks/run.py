@@ -196,6 +196,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
                     population,
                     sizes=(10_000,),
                     repeats=max(5, args.repeats),
+                    baseline_repeats=max(5, args.repeats),
                     tick_s=args.tick_s,
                     profile=(HERE / "results" / f"{args.name or MASS}.prof")
                     if args.profile
