@@ -22,8 +22,11 @@ from collections.abc import Callable
 from tests.chaos.removals import REMOVALS, _reconciler_edit
 
 REVERTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    # Every watched namespace taken as synced: a relisting cache's stale snapshot is judged.
     "relisting_cache": lambda: _reconciler_edit(
-        "observe", "elif not self._cache.namespace_synced(namespace):", "elif False:"
+        "observe",
+        "namespace in self._namespaces and self._cache.namespace_synced(namespace)",
+        "namespace in self._namespaces",
     ),
     "notification_barrier": REMOVALS["notification_sync"],
 }
