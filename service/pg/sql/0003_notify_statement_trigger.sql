@@ -97,7 +97,10 @@ $fn$;
 -- the whole statement: the rows the service must hear of, their namespaces (sandboxes joined
 -- once), grouped by (op, namespace, active, state), each group's names cut into slices, and
 -- each slice's piece built (array_to_json escapes a slice's names in C, with one type lookup
--- for the slice). The loop after them packs the pieces into payloads (see the bound above).
+-- for the slice). A slice of an array of texts is found by walking the array from its start,
+-- so a group's names are first cut into blocks of 16 slices, then each block into its slices:
+-- the walking grows with the statement's rows times their number / (16 slices' names), not
+-- with that times the number of slices. The loop after them packs the pieces into payloads (see the bound above).
 -- The grouping compares texts byte by byte (COLLATE "C": no locale rules, and texts that a
 -- nondeterministic collation would call equal stay apart).
 CREATE OR REPLACE FUNCTION retired_pod_gc_notify_executions_changed()
@@ -133,7 +136,7 @@ BEGIN
         OPEN parts FOR
             SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
             FROM (
-                SELECT g.head, g.names[i : i + g.k - 1] AS names
+                SELECT g.head, b.names[i : i + g.k - 1] AS names
                 FROM (
                     SELECT retired_pod_gc_group_head(c.op, c.namespace, c.active, c.state)
                                AS head,
@@ -170,7 +173,12 @@ BEGIN
                     ) AS c
                     GROUP BY c.op, c.namespace, c.active, c.state
                 ) AS g,
-                generate_series(1, cardinality(g.names), g.k) AS i
+                LATERAL (
+                    SELECT g.names[j : j + 16 * g.k - 1] AS names
+                    FROM generate_series(1, cardinality(g.names), 16 * g.k) AS j
+                    OFFSET 0  -- kept apart: each block is cut once
+                ) AS b,
+                generate_series(1, cardinality(b.names), g.k) AS i
                 OFFSET 0  -- kept apart: each slice is cut once
             ) AS p;
     ELSIF TG_OP = 'INSERT' THEN
@@ -186,7 +194,7 @@ BEGIN
         OPEN parts FOR
             SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
             FROM (
-                SELECT g.head, g.names[i : i + g.k - 1] AS names
+                SELECT g.head, b.names[i : i + g.k - 1] AS names
                 FROM (
                     SELECT retired_pod_gc_group_head('insert', c.namespace, c.active, c.state)
                                AS head,
@@ -204,7 +212,12 @@ BEGIN
                     ) AS c
                     GROUP BY c.namespace, c.active, c.state
                 ) AS g,
-                generate_series(1, cardinality(g.names), g.k) AS i
+                LATERAL (
+                    SELECT g.names[j : j + 16 * g.k - 1] AS names
+                    FROM generate_series(1, cardinality(g.names), 16 * g.k) AS j
+                    OFFSET 0
+                ) AS b,
+                generate_series(1, cardinality(b.names), g.k) AS i
                 OFFSET 0
             ) AS p;
     ELSE
@@ -220,7 +233,7 @@ BEGIN
         OPEN parts FOR
             SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
             FROM (
-                SELECT g.head, g.names[i : i + g.k - 1] AS names
+                SELECT g.head, b.names[i : i + g.k - 1] AS names
                 FROM (
                     SELECT retired_pod_gc_group_head('delete', c.namespace, c.active, c.state)
                                AS head,
@@ -238,7 +251,12 @@ BEGIN
                     ) AS c
                     GROUP BY c.namespace, c.active, c.state
                 ) AS g,
-                generate_series(1, cardinality(g.names), g.k) AS i
+                LATERAL (
+                    SELECT g.names[j : j + 16 * g.k - 1] AS names
+                    FROM generate_series(1, cardinality(g.names), 16 * g.k) AS j
+                    OFFSET 0
+                ) AS b,
+                generate_series(1, cardinality(b.names), g.k) AS i
                 OFFSET 0
             ) AS p;
     END IF;
