@@ -214,6 +214,46 @@ async def test_migrate_replaces_0002_with_0003_in_place(empty_db: str) -> None:
         await conn.close()
 
 
+# What 0003's first form (the `rows` payload) left in a database besides its trigger function
+# and triggers, which the current file replaces: its two helper functions, and its record.
+_FIRST_FORM_HELPERS = """
+CREATE FUNCTION retired_pod_gc_change_json(
+    op text, namespace text, pod_name text, active boolean, execution_state text
+) RETURNS text LANGUAGE sql STABLE AS $fn$ SELECT op $fn$;
+CREATE FUNCTION retired_pod_gc_change_batch(bytes integer, packed bigint, nth bigint)
+RETURNS bigint LANGUAGE sql IMMUTABLE AS $fn$ SELECT nth $fn$;
+UPDATE retired_pod_gc_migrations SET sha256 = 'the first form' WHERE name = '%s';
+"""
+
+
+@pytest.mark.anyio
+async def test_migrate_replaces_0003s_first_form_in_place(empty_db: str) -> None:
+    conn = await asyncpg.connect(empty_db)
+    try:
+        await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=True)
+        await conn.execute(_FIRST_FORM_HELPERS % TRIGGER_STEP)
+        # The recorded checksum is not the file's: the step is applied again, in place.
+        assert await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=False) == [TRIGGER_STEP]
+        for helper in (
+            "retired_pod_gc_change_json(text, text, text, boolean, text)",
+            "retired_pod_gc_change_batch(integer, bigint, bigint)",
+        ):
+            assert await conn.fetchval("SELECT to_regprocedure($1)", helper) is None
+        assert [r["tgname"] for r in await conn.fetch(_TRIGGERS)] == TRIGGERS_0003
+        await seed_sandbox(conn, "s1")
+        await seed_execution(conn, pod_name="space-sbx-s1-g1", sandbox_id="s1")
+        (after,) = await _payloads_of(
+            conn,
+            empty_db,
+            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'",
+        )
+        assert json.loads(after) == {
+            "groups": [["update", NAMESPACE, False, "replaced", ["space-sbx-s1-g1"]]]
+        }
+    finally:
+        await conn.close()
+
+
 @pytest.mark.anyio
 async def test_the_0003_file_itself_runs_twice_in_a_row(empty_db: str) -> None:
     # Applied by hand (psql -f) more than once, the file is idempotent too.
