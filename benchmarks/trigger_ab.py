@@ -7,7 +7,7 @@ server, one database of B7's table (``--rows`` active rows), and beside no trigg
 
 * each ``FILE`` ending in ``.full.sql``: a whole trigger file (another version of
   ``0003_notify_statement_trigger.sql``: 0003's first form, the ``rows`` payload, is ``git show
-  7bf7647^:service/pg/sql/0003_notify_statement_trigger.sql``), its ``retired_pod_gc_`` names
+  156efb4:service/pg/sql/0003_notify_statement_trigger.sql``), its ``retired_pod_gc_`` names
   prefixed so that it lives beside the shipped one;
 * each other ``FILE``: ``CREATE FUNCTION FNAME() RETURNS trigger ...`` (a floor or a variant of
   the UPDATE trigger alone); it gets a statement-level UPDATE trigger with both transition tables.
