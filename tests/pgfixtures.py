@@ -18,6 +18,7 @@ Helpers: :func:`db_settings` (test-friendly ``DatabaseSettings``), :func:`seed_s
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -214,3 +215,19 @@ def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
             if sample.name == name and sample.labels == labels:
                 return sample.value
     return 0.0
+
+
+def payload_rows(payload: str) -> list[list[object]]:
+    """Trigger 0003's payload (``{"groups": [[op, namespace, active, state, [name, ...]], ...]}``)
+    as one ``[op, namespace, pod_name, active, state]`` row per name; read with ``json`` here,
+    not with the listener's parser, so that tests of the trigger check its text themselves.
+    Fails the test if the payload is not of that shape."""
+    body = json.loads(payload)
+    assert list(body) == ["groups"], payload[:200]
+    rows: list[list[object]] = []
+    for group in body["groups"]:
+        assert isinstance(group, list) and len(group) == 5, group
+        op, namespace, active, state, names = group
+        assert isinstance(names, list) and names, group
+        rows.extend([op, namespace, name, active, state] for name in names)
+    return rows

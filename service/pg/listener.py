@@ -1,12 +1,12 @@
 """The LISTEN side of the change trigger: one dedicated connection, kept alive, reconnected.
 
 :class:`RetirementListener` holds its own asyncpg connection (never a pooled one: a pool would
-reset it and drop the LISTEN), parses each payload (:func:`parse_payload`: trigger 0003's batch,
-or 0002's single change as a batch of one) into :class:`service.domain.ExecutionChange` values
+reset it and drop the LISTEN), parses each payload (:func:`parse_payload`: trigger 0003's
+groups, its first form's rows, or 0002's single change as a batch of one) into :class:`service.domain.ExecutionChange` values
 and hands them, as one unit, to every :class:`service.ports.ExecutionEventHandler` registered
-with :meth:`~RetirementListener.add_handler`. Malformed or oversized payloads, and bad rows
-inside a batch, are logged, counted (``notifications_malformed``) and skipped; the other rows of
-the batch are handed over. It is also the reconciler's
+with :meth:`~RetirementListener.add_handler`. Malformed or oversized payloads, and bad changes
+inside a batch, are logged, counted (``notifications_malformed``) and skipped; the other changes
+of the batch are handed over. It is also the reconciler's
 :class:`service.ports.NotificationBarrier` (:meth:`~RetirementListener.sync`), so it is built
 before its consumer and told about it afterwards.
 
@@ -81,11 +81,11 @@ class _Single(msgspec.Struct, forbid_unknown_fields=False):
 
 
 _Row = tuple[_Op, str, str, bool | None, str | None]
-"""One change of a 0003 batch: [op, namespace, pod_name, active, execution_state]."""
+"""One change of a 0003 ``rows`` batch: [op, namespace, pod_name, active, execution_state]."""
 
 
 class _Batch(msgspec.Struct, forbid_unknown_fields=False):
-    """Trigger 0003's payload: ``{"rows": [[op, namespace, pod_name, active, state], ...]}``."""
+    """Trigger 0003's first payload: ``{"rows": [[op, namespace, pod_name, active, state], ...]}``."""
 
     rows: list[_Row]
 
@@ -96,16 +96,44 @@ class _LooseBatch(msgspec.Struct, forbid_unknown_fields=False):
     rows: list[msgspec.Raw]
 
 
+_Group = tuple[_Op, str, bool | None, str | None, list[str]]
+"""One group of a 0003 ``groups`` payload: [op, namespace, active, execution_state, [pod_name,
+...]], each name a change with the group's facts."""
+_Head = tuple[_Op, str, bool | None, str | None]
+
+
+class _Groups(msgspec.Struct, forbid_unknown_fields=False):
+    """Trigger 0003's payload: ``{"groups": [[op, namespace, active, state, [pod_name, ...]],
+    ...]}``."""
+
+    groups: list[_Group]
+
+
+class _LooseGroups(msgspec.Struct, forbid_unknown_fields=False):
+    """A ``groups`` payload decoded group by group and name by name (a bad name must not hide
+    the others, nor a bad group the other groups)."""
+
+    groups: list[msgspec.Raw]
+
+
+_groups_decoder = msgspec.json.Decoder(_Groups)
 _batch_decoder = msgspec.json.Decoder(_Batch)
 _single_decoder = msgspec.json.Decoder(_Single)
+_loose_groups_decoder = msgspec.json.Decoder(_LooseGroups)
 _loose_decoder = msgspec.json.Decoder(_LooseBatch)
 _row_decoder = msgspec.json.Decoder(_Row)
+_loose_group_decoder = msgspec.json.Decoder(
+    tuple[msgspec.Raw, msgspec.Raw, msgspec.Raw, msgspec.Raw, list[msgspec.Raw]]
+)
+_head_decoder = msgspec.json.Decoder(_Head)
+_name_decoder = msgspec.json.Decoder(str)
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedPayload:
     """What one notification payload says: its valid changes, in payload order, and how many
-    parts were skipped (``malformed``: the whole payload counts as one, else each bad row)."""
+    parts were skipped (``malformed``: the whole payload counts as one, else each bad change:
+    a bad row, a bad name, each name of a group whose facts are bad, or a group that is not one)."""
 
     changes: list[ExecutionChange]
     malformed: int = 0
@@ -114,29 +142,38 @@ class ParsedPayload:
 
 
 def parse_payload(payload: str, *, received_at_s: float) -> ParsedPayload:
-    """The changes a trigger payload describes, in either shape: 0003's batch or 0002's single
-    object (a batch of one), so that a listener keeps working while the trigger is upgraded.
+    """The changes a trigger payload describes, in any of its shapes: 0003's ``groups``, 0003's
+    first ``rows`` batch, or 0002's single object (a batch of one), so that a listener keeps
+    working while the trigger is upgraded.
 
-    Never raises: a payload that is neither shape, or longer than PostgreSQL allows, is skipped
-    whole; in a batch, each row that is not a valid change (wrong arity or types, an unknown op,
-    an empty namespace or pod name) is skipped alone.
+    Never raises: a payload that is none of these shapes, or longer than PostgreSQL allows, is
+    skipped whole; inside a payload, each change that is not valid (wrong arity or types, an
+    unknown op, an empty namespace or pod name) is skipped alone.
     """
     if len(payload) >= MAX_PAYLOAD_BYTES or len(payload.encode()) >= MAX_PAYLOAD_BYTES:
         return ParsedPayload([], 1, "oversized")
+    try:
+        groups = _groups_decoder.decode(payload).groups
+    except msgspec.DecodeError:
+        pass
+    else:
+        changes: list[ExecutionChange] = []
+        total = 0
+        for op, namespace, active, state, names in groups:
+            total += len(names)
+            _add_group(changes, (op, namespace, active, state), names, received_at_s)
+        return _outcome(changes, total)
     try:
         rows = _batch_decoder.decode(payload).rows
     except msgspec.DecodeError:
         pass
     else:
         changes = [c for row in rows if (c := _change(row, received_at_s)) is not None]
-        if not changes:
-            return ParsedPayload([], max(1, len(rows)), "no valid row in the batch")
-        bad = len(rows) - len(changes)
-        return ParsedPayload(changes, bad, f"{bad} invalid rows in the batch" if bad else "")
+        return _outcome(changes, len(rows))
     try:
         single = _single_decoder.decode(payload)
     except msgspec.DecodeError:
-        return _parse_rows_one_by_one(payload, received_at_s)
+        return _parse_loosely(payload, received_at_s)
     change = _change(
         (single.op, single.namespace, single.pod_name, single.active, single.execution_state),
         received_at_s,
@@ -144,6 +181,55 @@ def parse_payload(payload: str, *, received_at_s: float) -> ParsedPayload:
     if change is None:
         return ParsedPayload([], 1, "empty namespace or pod name")
     return ParsedPayload([change])
+
+
+def _outcome(changes: list[ExecutionChange], total: int) -> ParsedPayload:
+    """``changes`` found among ``total`` parts: the others are bad (an empty batch is one)."""
+    if not changes:
+        return ParsedPayload([], max(1, total), "no valid change in the batch")
+    bad = total - len(changes)
+    return ParsedPayload(changes, bad, f"{bad} invalid changes in the batch" if bad else "")
+
+
+def _add_group(
+    changes: list[ExecutionChange],
+    head: _Head,
+    names: Iterable[str],
+    received_at_s: float,
+) -> None:
+    op, namespace, active, state = head
+    for name in names:
+        if (change := _change((op, namespace, name, active, state), received_at_s)) is not None:
+            changes.append(change)
+
+
+def _parse_loosely(payload: str, received_at_s: float) -> ParsedPayload:
+    """A payload of either batch shape that did not decode as a whole: its parts one by one."""
+    try:
+        raw_groups = _loose_groups_decoder.decode(payload).groups
+    except msgspec.DecodeError:
+        return _parse_rows_one_by_one(payload, received_at_s)
+    changes: list[ExecutionChange] = []
+    total = 0
+    for raw in raw_groups:
+        try:
+            *raw_head, raw_names = _loose_group_decoder.decode(raw)
+        except msgspec.DecodeError:
+            total += 1  # not a group: one bad part
+            continue
+        total += len(raw_names)
+        try:
+            head = _head_decoder.decode(b"[" + b",".join(raw_head) + b"]")
+        except msgspec.DecodeError:
+            continue  # every name of the group is bad with it
+        names = []
+        for raw_name in raw_names:
+            try:
+                names.append(_name_decoder.decode(raw_name))
+            except msgspec.DecodeError:
+                continue
+        _add_group(changes, head, names, received_at_s)
+    return _outcome(changes, total)
 
 
 def _parse_rows_one_by_one(payload: str, received_at_s: float) -> ParsedPayload:
@@ -159,10 +245,7 @@ def _parse_rows_one_by_one(payload: str, received_at_s: float) -> ParsedPayload:
             continue
         if (change := _change(row, received_at_s)) is not None:
             changes.append(change)
-    bad = len(raw_rows) - len(changes)
-    if not changes:
-        return ParsedPayload([], max(1, bad), "no valid row in the batch")
-    return ParsedPayload(changes, bad, f"{bad} invalid rows in the batch")
+    return _outcome(changes, len(raw_rows))
 
 
 def _change(row: _Row, received_at_s: float) -> ExecutionChange | None:

@@ -30,9 +30,9 @@ SCHEMA_STEP = "0001_dev_schema"
 TRIGGER_STEP = "0003_notify_statement_trigger"
 """The trigger step. It supersedes ``0002_notify_trigger`` (whose per-row triggers it drops), so a
 run never applies 0002: a database that has 0002 recorded gets 0003 applied over it."""
-_TRIGGER_ARGUMENTS = 6
-"""The channel literals in the trigger file: per trigger event, one pg_notify call for a one-row
-statement and one for the general case."""
+_TRIGGER_ARGUMENTS = 5
+"""The channel literals in the trigger file: one pg_notify call per trigger event for a one-row
+statement, and two in the loop that sends every other statement's payloads."""
 _CHANNEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _DEFAULT_CHANNEL_LITERAL = f"pg_notify('{DEFAULT_CHANNEL}', "
 # Arbitrary but fixed: pg_advisory_xact_lock key shared by every migrating replica.

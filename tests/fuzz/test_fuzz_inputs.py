@@ -307,6 +307,47 @@ def test_a_batch_keeps_exactly_its_valid_rows_and_counts_the_others(rows: list[l
         )
 
 
+group_values = (
+    st.tuples(
+        st.sampled_from(["insert", "update", "delete", "truncate", ""]) | json_scalars,
+        st.text(max_size=6) | json_scalars,
+        st.booleans() | json_scalars,
+        st.text(max_size=10) | json_scalars,
+        st.lists(st.text(max_size=6) | json_scalars, max_size=5) | json_scalars,
+    ).map(list)
+    | row_values
+)
+
+
+def _valid_head(group: list[Any]) -> bool:
+    op, namespace, active, state = group[:4]
+    return (
+        op in ("insert", "update", "delete")
+        and isinstance(namespace, str)
+        and (active is None or isinstance(active, bool))
+        and (state is None or isinstance(state, str))
+    )
+
+
+@FUZZ
+@given(st.lists(group_values, max_size=6))
+def test_groups_keep_exactly_their_valid_names_and_count_the_others(
+    groups: list[list[Any]],
+) -> None:
+    parsed = parse_payload(json.dumps({"groups": groups}), received_at_s=1.0)
+    shaped = [g for g in groups if len(g) == 5 and isinstance(g[4], list)]
+    valid = [
+        (g[1], name)
+        for g in shaped
+        if _valid_head(g)
+        for name in g[4]
+        if isinstance(name, str) and name and g[1]
+    ]
+    assert [(c.namespace, c.pod_name) for c in parsed.changes] == valid
+    parts = (len(groups) - len(shaped)) + sum(len(g[4]) for g in shaped)
+    assert parsed.malformed == (max(1, parts) if not valid else parts - len(valid))
+
+
 # ------------------------------------------------------------------ configuration
 
 NAMES = [v.name for v in VARIABLES]

@@ -38,7 +38,14 @@ from service.metrics import Metrics
 from service.pg.errors import ListenerUnavailable
 from service.pg.listener import BACKOFF_MAX_S, RetirementListener, parse_payload
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
-from tests.pgfixtures import NAMESPACE, db_settings, metric, seed_execution, seed_sandbox
+from tests.pgfixtures import (
+    NAMESPACE,
+    db_settings,
+    metric,
+    payload_rows,
+    seed_execution,
+    seed_sandbox,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -578,10 +585,7 @@ async def _seed_many(conn: asyncpg.Connection, count: int, *, prefix: str = "m")
 
 
 def _rows(payloads: Sequence[str]) -> list[list[object]]:
-    rows: list[list[object]] = []
-    for payload in payloads:
-        rows.extend(json.loads(payload)["rows"])
-    return rows
+    return [row for payload in payloads for row in payload_rows(payload)]
 
 
 async def test_a_10000_row_statement_is_several_notifications_each_below_the_limit(
@@ -727,12 +731,96 @@ async def test_worst_case_rows_never_reach_the_payload_limit(
         await pg_conn.execute("DELETE FROM sandbox_k8s_executions WHERE sandbox_id = 'worst'")
         await payloads.drain()
     # The bound, exactly reached (`true` is a byte shorter than `false`).
-    assert [len(p.encode()) for p in payloads] == [3455, 3456, 3456]
-    assert [json.loads(p)["rows"] for p in payloads] == [
+    assert [len(p.encode()) for p in payloads] == [3459, 3460, 3460]
+    assert [payload_rows(p) for p in payloads] == [
         [["insert", worst_ns[:253], worst_pod[:253], True, worst_state[:64]]],
         [["update", worst_ns[:253], worst_pod[:253], False, worst_state[:64]]],
         [["delete", worst_ns[:253], worst_pod[:253], False, worst_state[:64]]],
     ]
+
+
+async def _insert_spread(
+    conn: asyncpg.Connection, rows: Sequence[tuple[str, str, str]], *, prefix: str
+) -> None:
+    """One sandbox and one active execution per (namespace, pod_name, state), in one INSERT."""
+    await conn.execute(
+        "INSERT INTO sandboxes SELECT $1 || u.i, u.ns, 'kubernetes'"
+        " FROM unnest($2::text[]) WITH ORDINALITY AS u(ns, i)",
+        prefix,
+        [ns for ns, _, _ in rows],
+    )
+    await conn.execute(
+        "INSERT INTO sandbox_k8s_executions (sandbox_id, generation, activation_attempt,"
+        " pod_name, pod_kind, execution_state, active)"
+        " SELECT $1 || u.i, 1, 0, u.pod, 'create', u.state, true"
+        " FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS u(pod, state, i)",
+        prefix,
+        [pod for _, pod, _ in rows],
+        [state for _, _, state in rows],
+    )
+
+
+async def test_a_statement_over_many_namespaces_packs_its_small_groups(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    # Every row its own namespace, so its own group: the groups are packed many to a payload.
+    spread = [(f"tenant-{i}", f"space-sbx-t{i}-g1", "active") for i in range(2000)]
+    await _insert_spread(pg_conn, spread, prefix="t")
+    async with raw_payloads(pg_url) as payloads:
+        await payloads.drain()
+        payloads.clear()
+        await pg_conn.execute(
+            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'"
+        )
+        await payloads.drain()
+    assert max(len(p.encode()) for p in payloads) < 8000
+    assert len(payloads) <= 2000 // 50
+    assert sorted(_rows(payloads)) == sorted(  # type: ignore[type-var]
+        ["update", ns, pod, False, "replaced"] for ns, pod, _ in spread
+    )
+
+
+async def test_slices_that_escaping_makes_too_long_go_name_by_name(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    # A group's names are cut into slices sized for texts that need no escaping. Here one group
+    # of names without a quote, one with a quote in every other name (its slices come out a
+    # little longer, still within the limit) and one with a quote in each name and one of
+    # names that are mostly 6-byte escapes (their slices would pass the limit: those names go
+    # one piece each). Through an INSERT, an UPDATE and a DELETE of all of them at once.
+    def name(i: int, kind: str) -> str:
+        if kind == "plain":
+            return f"space-sbx-q{i:05d}-g1"
+        if kind == "some-quotes":
+            return f'space-sbx-q{i:05d}-g"' if i % 2 else f"space-sbx-q{i:05d}-g1"
+        if kind == "quotes":
+            return f'space-sbx-q{i:05d}-g"'
+        return f"q{i:05d}" + "\x01" * 247
+
+    kinds = ["plain", "some-quotes", "quotes", "escapes"]
+    spread = [
+        (NAMESPACE, name(i, kind), kind)
+        for n, kind in enumerate(kinds)
+        for i in range(n * 1000, n * 1000 + 700)
+    ]
+    async with raw_payloads(pg_url) as payloads:
+        await payloads.drain()
+        payloads.clear()
+        await _insert_spread(pg_conn, spread, prefix="q")
+        await pg_conn.execute(
+            "UPDATE sandbox_k8s_executions SET active = false WHERE sandbox_id LIKE 'q%'"
+        )
+        await pg_conn.execute("DELETE FROM sandbox_k8s_executions WHERE sandbox_id LIKE 'q%'")
+        await payloads.drain()
+    assert max(len(p.encode()) for p in payloads) < 8000
+    expected = [
+        [op, ns, pod[:253], op == "insert", state]
+        for op in ("insert", "update", "delete")
+        for ns, pod, state in spread
+    ]
+    assert sorted(_rows(payloads)) == sorted(expected)  # type: ignore[type-var]
+    # The plain names go about 370 a payload; the escaped ones (1,500 bytes each) 5 a payload.
+    assert len(payloads) <= 3 * (3 * 700 // 300 + 700 // 4)
 
 
 @pytest.mark.parametrize(
@@ -743,8 +831,9 @@ async def test_worst_case_rows_never_reach_the_payload_limit(
 async def test_one_odd_text_among_plain_rows_of_a_statement_arrives_as_it_is(
     pg_url: str, pg_conn: asyncpg.Connection, odd: str
 ) -> None:
-    # The trigger first builds a statement's changes without escaping and checks its batches;
-    # one text needing JSON escaping (or a cut) among 500 plain rows must still arrive exactly,
+    # The trigger cuts a group's names into slices sized for texts that need no escaping, and
+    # measures each slice's piece; one text needing JSON escaping (or a cut) among 500 plain
+    # rows must still arrive exactly,
     # through every event: an INSERT, an UPDATE and a DELETE of many rows at once.
     names = [f"space-sbx-o{i}-g1" for i in range(500)]
     pods = [*names[:250], f"p-{odd}", *names[250:]]
@@ -778,10 +867,11 @@ async def test_one_odd_text_among_plain_rows_of_a_statement_arrives_as_it_is(
     assert sorted(rows) == sorted(expected)  # type: ignore[type-var]
 
 
-async def test_both_payload_shapes_and_bad_rows_inside_a_batch(
+async def test_every_payload_shape_and_bad_rows_inside_a_batch(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
-    # During a rolling upgrade 0002's single objects and 0003's batches share the channel.
+    # During a rolling upgrade 0002's single objects, the `rows` batches of 0003's first form
+    # and 0003's groups share the channel.
     handler, registry = RecordingHandler(), CollectorRegistry()
     single = json.dumps(
         {
@@ -802,16 +892,36 @@ async def test_both_payload_shapes_and_bad_rows_inside_a_batch(
             ]
         }
     )
+    # 0003's groups: a bad name hides neither its group's other names nor the other groups; a
+    # group whose facts are bad loses its names (each counted), a non-group counts once.
+    groups = json.dumps(
+        {
+            "groups": [
+                ["update", NAMESPACE, False, "replaced", ["d", "", 7]],
+                ["delete", NAMESPACE, None, None, ["e"]],
+                ["truncate", NAMESPACE, None, None, ["f", "g"]],
+                "junk",
+                ["insert", NAMESPACE, True, "active", ["h"]],
+            ]
+        }
+    )
     async with running(db_settings(pg_url), handler, registry) as listener:
-        for payload in (single, batch, "x" * 8000):
+        for payload in (single, batch, groups, "x" * 8000):
             await pg_conn.execute("SELECT pg_notify($1, $2)", DEFAULT_CHANNEL, payload[:7999])
         await listener.sync()
-    assert [[c.pod_name for c in b] for b in handler.batches] == [["a"], ["b", "c"]]
+    assert [[c.pod_name for c in b] for b in handler.batches] == [
+        ["a"],
+        ["b", "c"],
+        ["d", "e", "h"],
+    ]
     assert handler.changes[0].retired and handler.changes[1].retired
     assert handler.changes[2].deleted
-    # Two bad rows of the batch, and the junk payload.
-    assert metric(registry, "retired_pod_gc_notifications_malformed_total") == 3
-    assert metric(registry, "retired_pod_gc_notifications_total") == 3
+    assert handler.changes[3].retired and handler.changes[4].deleted
+    assert handler.changes[5].active is True and not handler.changes[5].retired
+    # Two bad rows of the batch; two bad names, two names of a bad group and one non-group of
+    # the groups; and the junk payload.
+    assert metric(registry, "retired_pod_gc_notifications_malformed_total") == 8
+    assert metric(registry, "retired_pod_gc_notifications_total") == 4
 
 
 async def test_a_one_row_statement_says_what_the_same_row_says_in_a_batch(
@@ -838,17 +948,17 @@ async def test_a_one_row_statement_says_what_the_same_row_says_in_a_batch(
         for name in names:
             await pg_conn.execute(retire, [name])
         await payloads.drain()
-        alone = [json.loads(p) for p in payloads]
+        alone = [payload_rows(p) for p in payloads]
         payloads.clear()
         await pg_conn.execute(reactivate, names)
         await pg_conn.execute(retire, names)
         await payloads.drain()
-        together = json.loads(payloads[-1])
-    assert [a["rows"] for a in alone] == [
-        [r] for r in sorted(together["rows"], key=lambda r: names.index(r[2]))
-    ]  # type: ignore[arg-type]
-    assert together["rows"][0][:2] == ["update", NAMESPACE]
-    assert [r[2] for r in (a["rows"][0] for a in alone)] == names
+        together = payload_rows(payloads[-1])
+    assert alone == [[r] for r in sorted(together, key=lambda r: names.index(str(r[2])))]
+    assert together[0][:2] == ["update", NAMESPACE]
+    assert [a[0][2] for a in alone] == names
+    # One group: the three share op, namespace, active and state.
+    assert len(json.loads(payloads[-1])["groups"]) == 1
 
 
 @pytest.mark.parametrize("rows", [1, 2])

@@ -19,7 +19,7 @@ from service.pg.migrate import (
     migrate,
     read_sql,
 )
-from tests.pgfixtures import NAMESPACE, PgServer, seed_execution, seed_sandbox
+from tests.pgfixtures import NAMESPACE, PgServer, payload_rows, seed_execution, seed_sandbox
 
 TRIGGERS_0003 = [
     "retired_pod_gc_executions_deleted",
@@ -202,7 +202,7 @@ async def test_migrate_replaces_0002_with_0003_in_place(empty_db: str) -> None:
             "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'",
         )
         assert json.loads(after) == {
-            "rows": [["update", NAMESPACE, "space-sbx-s1-g1", False, "replaced"]]
+            "groups": [["update", NAMESPACE, False, "replaced", ["space-sbx-s1-g1"]]]
         }
 
         # A second run changes nothing at all.
@@ -210,6 +210,46 @@ async def test_migrate_replaces_0002_with_0003_in_place(empty_db: str) -> None:
         assert await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=False) == []
         assert await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=True) == []
         assert [tuple(r) for r in await conn.fetch(_CATALOG_STATE)] == catalog
+    finally:
+        await conn.close()
+
+
+# What 0003's first form (the `rows` payload) left in a database besides its trigger function
+# and triggers, which the current file replaces: its two helper functions, and its record.
+_FIRST_FORM_HELPERS = """
+CREATE FUNCTION retired_pod_gc_change_json(
+    op text, namespace text, pod_name text, active boolean, execution_state text
+) RETURNS text LANGUAGE sql STABLE AS $fn$ SELECT op $fn$;
+CREATE FUNCTION retired_pod_gc_change_batch(bytes integer, packed bigint, nth bigint)
+RETURNS bigint LANGUAGE sql IMMUTABLE AS $fn$ SELECT nth $fn$;
+UPDATE retired_pod_gc_migrations SET sha256 = 'the first form' WHERE name = '%s';
+"""
+
+
+@pytest.mark.anyio
+async def test_migrate_replaces_0003s_first_form_in_place(empty_db: str) -> None:
+    conn = await asyncpg.connect(empty_db)
+    try:
+        await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=True)
+        await conn.execute(_FIRST_FORM_HELPERS % TRIGGER_STEP)
+        # The recorded checksum is not the file's: the step is applied again, in place.
+        assert await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=False) == [TRIGGER_STEP]
+        for helper in (
+            "retired_pod_gc_change_json(text, text, text, boolean, text)",
+            "retired_pod_gc_change_batch(integer, bigint, bigint)",
+        ):
+            assert await conn.fetchval("SELECT to_regprocedure($1)", helper) is None
+        assert [r["tgname"] for r in await conn.fetch(_TRIGGERS)] == TRIGGERS_0003
+        await seed_sandbox(conn, "s1")
+        await seed_execution(conn, pod_name="space-sbx-s1-g1", sandbox_id="s1")
+        (after,) = await _payloads_of(
+            conn,
+            empty_db,
+            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'",
+        )
+        assert json.loads(after) == {
+            "groups": [["update", NAMESPACE, False, "replaced", ["space-sbx-s1-g1"]]]
+        }
     finally:
         await conn.close()
 
@@ -284,7 +324,7 @@ async def test_migrate_on_a_schema_the_project_did_not_write(empty_db: str) -> N
             " generation, pod_kind) VALUES ('space-sbx-s1-g1', 's1', 'active', 1, 'create'),"
             " ('space-sbx-s2-g1', 's2', 'active', 1, 'create')",
         )
-        assert sorted(r for p in inserted for r in json.loads(p)["rows"]) == [
+        assert sorted(r for p in inserted for r in payload_rows(p)) == [
             ["insert", "elsewhere", "space-sbx-s2-g1", True, "active"],
             ["insert", NAMESPACE, "space-sbx-s1-g1", True, "active"],
         ]
@@ -294,7 +334,7 @@ async def test_migrate_on_a_schema_the_project_did_not_write(empty_db: str) -> N
             "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'suspended',"
             " notes = '{}' WHERE sandbox_id = 's1'",
         )
-        assert [json.loads(p)["rows"] for p in retired] == [
+        assert [payload_rows(p) for p in retired] == [
             [["update", NAMESPACE, "space-sbx-s1-g1", False, "suspended"]]
         ]
         # The owner's trigger still runs. A cascade from sandboxes reports the delete; its
@@ -307,8 +347,8 @@ async def test_migrate_on_a_schema_the_project_did_not_write(empty_db: str) -> N
             == 1
         )
         deleted = await _payloads_of(conn, empty_db, "DELETE FROM sandboxes WHERE id = 's2'")
-        assert [json.loads(p)["rows"] for p in deleted] == [
-            [["delete", None, "space-sbx-s2-g1", True, "active"]]
+        assert [json.loads(p) for p in deleted] == [
+            {"groups": [["delete", None, True, "active", ["space-sbx-s2-g1"]]]}
         ]
         assert await conn.fetchval("SELECT count(*) FROM other.sandbox_k8s_executions") == 0
     finally:

@@ -53,6 +53,10 @@ class Reread:
     name: str
 
 
+GROUPS_FROM = 100
+"""``Database.batch_rows`` from which the model sends 0003's ``groups`` instead of its ``rows``."""
+
+
 class Database:
     def __init__(self, net: Net) -> None:
         self.net = net
@@ -68,7 +72,9 @@ class Database:
         self.on_commit: Callable[[str, RowTruth | None], None] = lambda name, row: None
         self._pid = 100
         self.batch_rows = 0
-        """0: trigger 0002 (one payload a row); N: trigger 0003 (batches of at most N rows)."""
+        """0: trigger 0002 (one payload a row); N below ``GROUPS_FROM``: 0003's first form
+        (``rows`` batches of at most N rows: a database not yet migrated to 0003's groups);
+        otherwise trigger 0003 (``groups``, at most N names a payload)."""
 
     # -- the writers' side -----------------------------------------------------------------
 
@@ -114,7 +120,29 @@ class Database:
             keys = ("op", "namespace", "pod_name", "active", "execution_state")
             return [_encode(dict(zip(keys, row, strict=True))).decode() for row in reported]
         n = self.batch_rows
-        return [_encode({"rows": reported[i : i + n]}).decode() for i in range(0, len(reported), n)]
+        if n < GROUPS_FROM:
+            return [
+                _encode({"rows": reported[i : i + n]}).decode() for i in range(0, len(reported), n)
+            ]
+        # As trigger 0003: the changes grouped by (op, namespace, active, state), the order of
+        # the commit lost but for the groups' first appearance; each payload at most n names.
+        groups: dict[tuple[Any, ...], list[str]] = {}
+        for op, namespace, name, active, state in reported:
+            groups.setdefault((op, namespace, active, state), []).append(name)
+        payloads: list[str] = []
+        part: list[list[Any]] = []
+        room = n
+        for head, names in groups.items():
+            for i in range(0, len(names), n):
+                chunk = names[i : i + n]
+                if len(chunk) > room:
+                    payloads.append(_encode({"groups": part}).decode())
+                    part, room = [], n
+                part.append([*head, chunk])
+                room -= len(chunk)
+        if part:
+            payloads.append(_encode({"groups": part}).decode())
+        return payloads
 
     def kill(self, app: str) -> None:
         """``pg_terminate_backend`` of every connection of ``app`` ('' for all)."""

@@ -59,8 +59,9 @@ class Variant:
     p_slow: float
     hold_p: float
     batch_rows: int
-    """How the trigger reports a commit's changes: 0 one 0002 object a row; otherwise 0003
-    batches of at most this many rows."""
+    """How the trigger reports a commit's changes: 0 one 0002 object a row; 1 or 3 0003's first
+    form (``rows`` batches of at most this many rows); 100 0003's ``groups``, at most 100 names
+    a payload (``tests/sim/pg.py``, ``GROUPS_FROM``)."""
 
     @classmethod
     def draw(cls, seed: int) -> Variant:

@@ -89,6 +89,10 @@ def _batch(*rows: Any) -> str:
     return json.dumps({"rows": list(rows)}, separators=(",", ":"))
 
 
+def _groups(*groups: Any) -> str:
+    return json.dumps({"groups": list(groups)}, separators=(",", ":"))
+
+
 def _only(parsed: ParsedPayload) -> ExecutionChange:
     assert parsed.malformed == 0, parsed.problem
     (change,) = parsed.changes
@@ -132,7 +136,81 @@ def test_both_payload_shapes_say_the_same_change(
     batch = parse_payload(
         _batch([op, "sandboxes", "space-sbx-a-g1", active, state]), received_at_s=3.0
     )
-    assert _only(single) == _only(batch)
+    grouped = parse_payload(
+        _groups([op, "sandboxes", active, state, ["space-sbx-a-g1"]]), received_at_s=3.0
+    )
+    assert _only(single) == _only(batch) == _only(grouped)
+
+
+def test_groups_are_parsed_whole_each_name_with_its_groups_facts() -> None:
+    names = [f"space-sbx-{i}-g1" for i in range(100)]
+    parsed = parse_payload(
+        _groups(
+            ["update", "sandboxes", False, "replaced", names],
+            ["insert", "other", True, "active", ["space-sbx-x-g1"]],
+            ["delete", "sandboxes", None, None, ["d", "e"]],
+        ),
+        received_at_s=7.0,
+    )
+    assert parsed.malformed == 0 and parsed.problem == ""
+    assert [c.key for c in parsed.changes] == [
+        *(f"sandboxes/{n}" for n in names),
+        "other/space-sbx-x-g1",
+        "sandboxes/d",
+        "sandboxes/e",
+    ]
+    assert [c.retired for c in parsed.changes] == [True] * 100 + [False] * 3
+    assert parsed.changes[100].active is True
+    assert [c.deleted for c in parsed.changes[-3:]] == [False, True, True]
+    assert {c.received_at_s for c in parsed.changes} == {7.0}
+
+
+@pytest.mark.parametrize(
+    ("bad_group", "bad"),
+    [
+        (["update", "sandboxes", False, ["space-sbx-bad-g1"]], 1),  # too short: not a group
+        (["update", "sandboxes", False, "replaced", ["a", "b"], "extra"], 1),
+        (["update", "sandboxes", False, "replaced", "space-sbx-bad-g1"], 1),  # names not a list
+        (["truncate", "sandboxes", False, "replaced", ["a", "b"]], 2),  # bad facts: every name
+        (["update", None, False, "replaced", ["a", "b"]], 2),  # no sandboxes row
+        (["update", "", False, "replaced", ["a", "b", "c"]], 3),
+        (["update", "sandboxes", "false", "replaced", ["a"]], 1),
+        (["update", "sandboxes", False, 3, ["a"]], 1),
+        (["update", "sandboxes", False, "replaced", []], 0),  # nothing in it, nothing bad
+        (["update", "sandboxes", False, "replaced", ["", 5, None]], 3),  # each bad name
+        ("garbage", 1),
+        (None, 1),
+    ],
+)
+def test_a_malformed_group_or_name_is_counted_and_never_hides_the_others(
+    bad_group: Any, bad: int
+) -> None:
+    good = [
+        ["update", "sandboxes", False, "replaced", [f"space-sbx-{i}-g1", "ok"]] for i in range(3)
+    ]
+    # A bad name inside an otherwise good group hides neither its neighbours nor other groups.
+    mixed = ["update", "sandboxes", False, "replaced", ["m1", 7, "m2"]]
+    parsed = parse_payload(_groups(good[0], bad_group, good[1], mixed, good[2]), received_at_s=0)
+    assert [c.pod_name for c in parsed.changes] == [
+        "space-sbx-0-g1",
+        "ok",
+        "space-sbx-1-g1",
+        "ok",
+        "m1",
+        "m2",
+        "space-sbx-2-g1",
+        "ok",
+    ]
+    assert all(c.retired for c in parsed.changes)
+    assert parsed.malformed == bad + 1 and "invalid changes" in parsed.problem
+
+
+def test_groups_of_only_malformed_names_count_each() -> None:
+    parsed = parse_payload(
+        _groups(["update", "sandboxes", False, "replaced", ["", 5]], "x"), received_at_s=0
+    )
+    assert parsed.changes == [] and parsed.malformed == 3
+    assert parse_payload(_groups(), received_at_s=0).malformed == 1
 
 
 def test_a_batch_is_parsed_whole_in_order() -> None:
@@ -171,7 +249,7 @@ def test_a_malformed_row_is_counted_and_never_hides_the_others(bad_row: Any) -> 
     parsed = parse_payload(_batch(good[0], bad_row, good[1], bad_row, good[2]), received_at_s=0)
     assert [c.pod_name for c in parsed.changes] == [r[2] for r in good]
     assert all(c.retired for c in parsed.changes)
-    assert parsed.malformed == 2 and "invalid rows" in parsed.problem
+    assert parsed.malformed == 2 and "invalid changes" in parsed.problem
 
 
 def test_a_batch_of_only_malformed_rows_counts_each() -> None:
@@ -218,6 +296,9 @@ def test_an_oversized_payload_is_skipped_whole() -> None:
         '{"op": "insert"}',
         '{"rows": 5}',
         '{"rows": {"a": 1}}',
+        '{"groups": 5}',
+        '{"groups": {"a": 1}}',
+        '{"groups": []}',
         _payload(op="truncate"),
         _payload(namespace=""),
         _payload(pod_name=""),
@@ -233,10 +314,11 @@ def test_parse_payload_rejects_garbage(garbage: str) -> None:
 
 def test_trigger_sql_carries_the_configured_channel_as_trigger_argument() -> None:
     sql = render_trigger_sql("my_channel_2")
-    # Two pg_notify calls (one row, any number) for each trigger event (insert, update, delete).
-    assert sql.count("pg_notify('my_channel_2', ") == 6
+    # A pg_notify call for a one-row statement of each trigger event (insert, update, delete),
+    # and two in the packing loop every other statement goes through.
+    assert sql.count("pg_notify('my_channel_2', ") == 5
     assert f"pg_notify('{DEFAULT_CHANNEL}'" not in sql
-    assert render_trigger_sql(DEFAULT_CHANNEL).count(f"pg_notify('{DEFAULT_CHANNEL}', ") == 6
+    assert render_trigger_sql(DEFAULT_CHANNEL).count(f"pg_notify('{DEFAULT_CHANNEL}', ") == 5
 
 
 @pytest.mark.parametrize("bad", ["", "1abc", "a-b", "a'b", 'a"b', "x" * 64, "a b"])

@@ -5,7 +5,7 @@
 -- sandbox_k8s_executions rows, or updates rows so that `active` or `execution_state` changes,
 -- sends as few NOTIFYs as its changes fit in, on the channel named in the trigger function.
 -- `retired-pod-gc migrate` substitutes the configured channel for the default literal
--- 'sandbox_execution_changed' below (six pg_notify calls); applied by hand (psql -f) it uses
+-- 'sandbox_execution_changed' below (five pg_notify calls); applied by hand (psql -f) it uses
 -- the default. A literal rather than a trigger argument: the function's queries then have no
 -- parameters, so each is planned once per session (a query with parameters is planned again for
 -- each of its first runs, which a one-row statement would pay every time).
@@ -24,39 +24,63 @@
 -- only among the new rows as an insert.
 --
 -- NOTIFY is transactional: listeners see the payloads only after the writer commits.
--- Each payload is a JSON object holding a batch of changes, each the facts 0002 sent:
---   {"rows": [[op, namespace, pod_name, active, execution_state], ...]}
--- with op "insert" | "update" | "delete", active true | false | null, the texts possibly null
--- (no sandboxes row) and cut to 253, 253 and 64 characters as in 0002. A delete carries the
--- deleted row's values.
+-- Each payload is a JSON object holding a batch of changes, grouped by what they share:
+--   {"groups": [[op, namespace, active, execution_state, [pod_name, ...]], ...]}
+-- each pod name of a group with its group's op, namespace, active and execution_state: the
+-- facts 0002 sent per row. op "insert" | "update" | "delete", active true | false | null, the
+-- texts possibly null (no sandboxes row) and cut to 253, 253 and 64 characters as in 0002. A
+-- delete carries the deleted row's values. A mass retirement has few distinct (op, namespace,
+-- active, state), so a payload is mostly pod names (about 21 bytes a change instead of 0003's
+-- first form, `{"rows": [[op, namespace, pod_name, active, state], ...]}`, about 60).
+-- Which group comes first, and the order of the names, says nothing.
 --
 -- Why no payload can reach PostgreSQL's limit (a payload of 8000 bytes or more makes pg_notify
--- raise, which would abort the writer's transaction):
---   * one change's JSON text is at most 3,445 bytes: JSON escaping turns a character into at
---     most 6 bytes (\u001f; a character of any server encoding is at most 4 bytes as is), so
---     namespace and pod name are each at most 2 + 253 * 6 = 1,520 bytes with their quotes,
---     the state 2 + 64 * 6 = 386, the op 8 ("update" quoted), active 5 (false), plus 2
---     brackets and 4 commas: 1,520 + 1,520 + 386 + 8 + 5 + 6 = 3,445;
---   * a statement of one row sends its one change alone: at most 11 + 3,445 = 3,456 bytes with
---     the envelope `{"rows":[` + `]}` (11 bytes);
---   * a change longer than 512 bytes (never one of a Kubernetes pod: names are at most 253
---     ASCII characters) goes out alone too: at most 3,456 bytes;
---   * the others are packed in order: each gets the offset at which it starts (the running
---     sum of the preceding packed changes' lengths plus one comma each), and the changes whose
---     offsets fall in [7000 k, 7000 (k + 1)) form batch k. The last of them starts below
---     7000 (k + 1) and is at most 512 bytes long, so a batch's changes and commas span less
---     than 7,000 + 512 bytes: the payload is below 11 + 7,512 = 7,523 bytes.
+-- raise, which would abort the writer's transaction). A payload is `{"groups":[` (11 bytes),
+-- pieces separated by commas, `]}` (2 bytes); a piece is one group, or part of one, with some
+-- of its names: `[op,namespace,active,state,[name,...]]`.
+--   * a piece of one name is at most 3,447 bytes: JSON escaping turns a character into at most
+--     6 bytes (\u001f; a character of any server encoding is at most 4 bytes as is), so the
+--     namespace and the pod name are each at most 2 + 253 * 6 = 1,520 bytes with their quotes,
+--     the state 2 + 64 * 6 = 386, the op 8 ("update" quoted), active 5 (false), plus 4
+--     brackets and 4 commas: 1,520 + 1,520 + 386 + 8 + 5 + 8 = 3,447;
+--   * a statement of one row sends its one change alone: at most 11 + 3,447 + 2 = 3,460 bytes;
+--   * otherwise the changes are grouped and each group's names cut into slices, as many names
+--     a slice as should make a piece of about 7,700 bytes if nothing needs escaping. A piece is
+--     built, then measured: one longer than 7,986 bytes is not used, its names go as pieces of
+--     one name each instead (at most 3,447 bytes, above). So no piece exceeds 7,986 bytes;
+--   * pieces are packed in turn: a piece joins the payload being filled only if the payload
+--     stays below 8,000 bytes with it and the closing `]}`, else that payload is sent first and
+--     the piece starts the next one (alone: 11 + 7,986 + 2 = 7,999 bytes at most). Every
+--     payload is checked by its exact length (octet_length, bytes of the server encoding)
+--     before pg_notify sees it.
 -- tests/integration/test_pg_listener.py sends worst-case rows (long names made of characters
 -- JSON escapes to 6 bytes, multibyte text, many rows) through this file and checks it.
 --
 -- Idempotent: CREATE OR REPLACE FUNCTION, DROP ... IF EXISTS, then the triggers are created
 -- again (all in the one transaction `migrate` runs this file in).
 
--- One change as compact JSON: [op, namespace, pod_name, active, execution_state], the texts cut
--- as 0002 cut them. Texts JSON would not escape are quoted as they are (most of what to_json
--- costs is its per-call type lookup); the others go through to_json; either way the text is
--- the same. Inlined into the queries below (its arguments there are plain columns).
-CREATE OR REPLACE FUNCTION retired_pod_gc_change_json(
+-- The first form of this file's helpers (one change as JSON text, its batch number).
+DROP FUNCTION IF EXISTS retired_pod_gc_change_json(text, text, text, boolean, text);
+DROP FUNCTION IF EXISTS retired_pod_gc_change_batch(integer, bigint, bigint);
+
+-- A group's opening, `[op,namespace,active,state,`, the texts cut as 0002 cut them; its names
+-- follow as a JSON array, then `]`. Inlined into the queries below.
+CREATE OR REPLACE FUNCTION retired_pod_gc_group_head(
+    op text, namespace text, active boolean, execution_state text
+)
+RETURNS text
+LANGUAGE sql
+STABLE
+PARALLEL SAFE
+AS $fn$
+    SELECT '["' || op || '",'
+        || coalesce(to_json(left(namespace, 253))::text, 'null') || ','
+        || coalesce(active::text, 'null') || ','
+        || coalesce(to_json(left(execution_state, 64))::text, 'null') || ','
+$fn$;
+
+-- A piece of one change: its group's opening, then its one name (cut to 253 characters).
+CREATE OR REPLACE FUNCTION retired_pod_gc_one_change(
     op text, namespace text, pod_name text, active boolean, execution_state text
 )
 RETURNS text
@@ -64,59 +88,42 @@ LANGUAGE sql
 STABLE
 PARALLEL SAFE
 AS $fn$
-    SELECT CASE
-        WHEN (coalesce(namespace, '') || coalesce(pod_name, '') || coalesce(execution_state, ''))
-             ~ '[\x01-\x1f"\\]'
-        THEN '["' || op || '",'
-            || coalesce(to_json(left(namespace, 253))::text, 'null') || ','
-            || coalesce(to_json(left(pod_name, 253))::text, 'null') || ','
-            || coalesce(active::text, 'null') || ','
-            || coalesce(to_json(left(execution_state, 64))::text, 'null') || ']'
-        ELSE '["' || op || '",'
-            || coalesce('"' || left(namespace, 253) || '"', 'null') || ','
-            || coalesce('"' || left(pod_name, 253) || '"', 'null') || ','
-            || coalesce(active::text, 'null') || ','
-            || coalesce('"' || left(execution_state, 64) || '"', 'null') || ']'
-    END
+    SELECT retired_pod_gc_group_head(op, namespace, active, execution_state)
+        || '[' || coalesce(to_json(left(pod_name, 253))::text, 'null') || ']]'
 $fn$;
 
--- The batch a change goes in (see the bound above): `bytes` is the change's length, `packed`
--- the running sum of (length + 1) over the changes up to and including it counting only those
--- of at most 512 bytes, `nth` its position. Inlined into the queries below.
-CREATE OR REPLACE FUNCTION retired_pod_gc_change_batch(bytes integer, packed bigint, nth bigint)
-RETURNS bigint
-LANGUAGE sql
-IMMUTABLE
-PARALLEL SAFE
-AS $fn$
-    SELECT CASE WHEN bytes <= 512
-                -- The offset at which the change starts among the packed ones, in 7000s.
-                THEN (packed - bytes - 1) / 7000
-                -- A long change alone, in a batch numbered apart from the packed ones.
-                ELSE -nth
-           END
-$fn$;
-
--- Each branch is one query for the whole statement: the rows the service must hear of, their
--- namespaces (sandboxes joined once), one JSON text per change, the batches, one pg_notify per
--- batch (PERFORM runs the query to its end). They differ only in where the rows come from:
--- transition tables allow one event per trigger, and a query may name only the transition
--- tables of its own trigger.
+-- Each event has its own query for the rows (transition tables allow one event per trigger,
+-- and a query may name only the transition tables of its own trigger); each is one query for
+-- the whole statement: the rows the service must hear of, their namespaces (sandboxes joined
+-- once), grouped by (op, namespace, active, state), each group's names cut into slices, and
+-- each slice's piece built (array_to_json escapes a slice's names in C, with one type lookup
+-- for the slice). A slice of an array of texts is found by walking the array from its start,
+-- so a group's names are first cut into blocks of 16 slices, then each block into its slices:
+-- the walking grows with the statement's rows times their number / (16 slices' names), not
+-- with that times the number of slices. The loop after them packs the pieces into payloads (see the bound above).
+-- The grouping compares texts byte by byte (COLLATE "C": no locale rules, and texts that a
+-- nondeterministic collation would call equal stay apart).
 CREATE OR REPLACE FUNCTION retired_pod_gc_notify_executions_changed()
 RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
+DECLARE
+    parts refcursor;
+    part record;
+    pieces text[];
+    piece text;
+    payload text := '';
 BEGIN
     -- A statement of one row (a single retirement, a new execution: the common case) is one
-    -- change, at most 3,445 bytes, so one payload below 3,456 bytes: it skips the batching,
-    -- whose plan (hash join, window aggregates, sort) costs several times the whole query for
-    -- one row. For an UPDATE also only when the row kept its id (else the general path reports
-    -- the old id as deleted and the new one as inserted).
+    -- change, one payload below 3,460 bytes: it skips the grouping, whose plan (hash join,
+    -- aggregate, slices, a cursor) costs several times the whole query for one row. For an
+    -- UPDATE also only when the row kept its id (else the general query reports the old id as
+    -- deleted and the new one as inserted).
     IF TG_OP = 'UPDATE' THEN
         IF NOT EXISTS (SELECT FROM new_rows OFFSET 1)
            AND NOT EXISTS (SELECT FROM new_rows AS n, old_rows AS o WHERE o.id <> n.id) THEN
-            PERFORM pg_notify('sandbox_execution_changed', '{"rows":['
-                || retired_pod_gc_change_json(
+            PERFORM pg_notify('sandbox_execution_changed', '{"groups":['
+                || retired_pod_gc_one_change(
                        'update', s.namespace, n.pod_name, n.active, n.execution_state)
                 || ']}')
             FROM new_rows AS n
@@ -126,108 +133,159 @@ BEGIN
                OR o.execution_state IS DISTINCT FROM n.execution_state;
             RETURN NULL;
         END IF;
-        PERFORM pg_notify('sandbox_execution_changed', '{"rows":[' || string_agg(b.change, ',') || ']}')
-        FROM (
-            SELECT j.change,
-                   retired_pod_gc_change_batch(
-                       j.bytes,
-                       sum(CASE WHEN j.bytes <= 512 THEN j.bytes + 1 ELSE 0 END)
-                           OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
-                       row_number() OVER ()) AS batch
+        OPEN parts FOR
+            SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
             FROM (
-                SELECT c.change, octet_length(c.change) AS bytes
+                SELECT g.head, b.names[i : i + g.k - 1] AS names
                 FROM (
-                    SELECT retired_pod_gc_change_json(
-                               u.op, s.namespace, u.pod_name, u.active, u.execution_state
-                           ) AS change
+                    SELECT retired_pod_gc_group_head(c.op, c.namespace, c.active, c.state)
+                               AS head,
+                           array_agg(c.pod_name) AS names,
+                           greatest(1, (7700 - coalesce(octet_length(c.namespace), 0)
+                                             - coalesce(octet_length(c.state), 0))
+                                       / (max(octet_length(c.pod_name)) + 3)) AS k
                     FROM (
-                        SELECT CASE WHEN o.id IS NULL THEN 'insert'
-                                    WHEN n.id IS NULL THEN 'delete'
-                                    ELSE 'update' END AS op,
-                               CASE WHEN n.id IS NULL THEN o.sandbox_id
-                                    ELSE n.sandbox_id END AS sandbox_id,
-                               CASE WHEN n.id IS NULL THEN o.pod_name
-                                    ELSE n.pod_name END AS pod_name,
-                               CASE WHEN n.id IS NULL THEN o.active
-                                    ELSE n.active END AS active,
-                               CASE WHEN n.id IS NULL THEN o.execution_state
-                                    ELSE n.execution_state END AS execution_state
-                        FROM old_rows AS o
-                        FULL JOIN new_rows AS n ON n.id = o.id
-                        WHERE o.id IS NULL
-                           OR n.id IS NULL
-                           OR o.active IS DISTINCT FROM n.active
-                           OR o.execution_state IS DISTINCT FROM n.execution_state
-                        OFFSET 0  -- kept apart: the change's columns stay plain columns
-                    ) AS u
-                    LEFT JOIN sandboxes AS s ON s.id = u.sandbox_id
-                    OFFSET 0  -- kept apart: each change is built once
-                ) AS c
-            ) AS j
-        ) AS b
-        GROUP BY b.batch;
+                        SELECT u.op, s.namespace COLLATE "C" AS namespace, u.active,
+                               u.execution_state COLLATE "C" AS state,
+                               CASE WHEN octet_length(u.pod_name) <= 253 THEN u.pod_name
+                                    ELSE left(u.pod_name, 253) END AS pod_name
+                        FROM (
+                            SELECT CASE WHEN o.id IS NULL THEN 'insert'
+                                        WHEN n.id IS NULL THEN 'delete'
+                                        ELSE 'update' END AS op,
+                                   CASE WHEN n.id IS NULL THEN o.sandbox_id
+                                        ELSE n.sandbox_id END AS sandbox_id,
+                                   CASE WHEN n.id IS NULL THEN o.pod_name
+                                        ELSE n.pod_name END AS pod_name,
+                                   CASE WHEN n.id IS NULL THEN o.active
+                                        ELSE n.active END AS active,
+                                   CASE WHEN n.id IS NULL THEN o.execution_state
+                                        ELSE n.execution_state END AS execution_state
+                            FROM old_rows AS o
+                            FULL JOIN new_rows AS n ON n.id = o.id
+                            WHERE o.id IS NULL
+                               OR n.id IS NULL
+                               OR o.active IS DISTINCT FROM n.active
+                               OR o.execution_state IS DISTINCT FROM n.execution_state
+                            OFFSET 0  -- kept apart: the change's columns stay plain columns
+                        ) AS u
+                        LEFT JOIN sandboxes AS s ON s.id = u.sandbox_id
+                    ) AS c
+                    GROUP BY c.op, c.namespace, c.active, c.state
+                ) AS g,
+                LATERAL (
+                    SELECT g.names[j : j + 16 * g.k - 1] AS names
+                    FROM generate_series(1, cardinality(g.names), 16 * g.k) AS j
+                    OFFSET 0  -- kept apart: each block is cut once
+                ) AS b,
+                generate_series(1, cardinality(b.names), g.k) AS i
+                OFFSET 0  -- kept apart: each slice is cut once
+            ) AS p;
     ELSIF TG_OP = 'INSERT' THEN
         IF NOT EXISTS (SELECT FROM new_rows OFFSET 1) THEN
-            PERFORM pg_notify('sandbox_execution_changed', '{"rows":['
-                || retired_pod_gc_change_json(
+            PERFORM pg_notify('sandbox_execution_changed', '{"groups":['
+                || retired_pod_gc_one_change(
                        'insert', s.namespace, n.pod_name, n.active, n.execution_state)
                 || ']}')
             FROM new_rows AS n
             LEFT JOIN sandboxes AS s ON s.id = n.sandbox_id;
             RETURN NULL;
         END IF;
-        PERFORM pg_notify('sandbox_execution_changed', '{"rows":[' || string_agg(b.change, ',') || ']}')
-        FROM (
-            SELECT j.change,
-                   retired_pod_gc_change_batch(
-                       j.bytes,
-                       sum(CASE WHEN j.bytes <= 512 THEN j.bytes + 1 ELSE 0 END)
-                           OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
-                       row_number() OVER ()) AS batch
+        OPEN parts FOR
+            SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
             FROM (
-                SELECT c.change, octet_length(c.change) AS bytes
+                SELECT g.head, b.names[i : i + g.k - 1] AS names
                 FROM (
-                    SELECT retired_pod_gc_change_json(
-                               'insert', s.namespace, n.pod_name, n.active, n.execution_state
-                           ) AS change
-                    FROM new_rows AS n
-                    LEFT JOIN sandboxes AS s ON s.id = n.sandbox_id
+                    SELECT retired_pod_gc_group_head('insert', c.namespace, c.active, c.state)
+                               AS head,
+                           array_agg(c.pod_name) AS names,
+                           greatest(1, (7700 - coalesce(octet_length(c.namespace), 0)
+                                             - coalesce(octet_length(c.state), 0))
+                                       / (max(octet_length(c.pod_name)) + 3)) AS k
+                    FROM (
+                        SELECT s.namespace COLLATE "C" AS namespace, n.active,
+                               n.execution_state COLLATE "C" AS state,
+                               CASE WHEN octet_length(n.pod_name) <= 253 THEN n.pod_name
+                                    ELSE left(n.pod_name, 253) END AS pod_name
+                        FROM new_rows AS n
+                        LEFT JOIN sandboxes AS s ON s.id = n.sandbox_id
+                    ) AS c
+                    GROUP BY c.namespace, c.active, c.state
+                ) AS g,
+                LATERAL (
+                    SELECT g.names[j : j + 16 * g.k - 1] AS names
+                    FROM generate_series(1, cardinality(g.names), 16 * g.k) AS j
                     OFFSET 0
-                ) AS c
-            ) AS j
-        ) AS b
-        GROUP BY b.batch;
+                ) AS b,
+                generate_series(1, cardinality(b.names), g.k) AS i
+                OFFSET 0
+            ) AS p;
     ELSE
         IF NOT EXISTS (SELECT FROM old_rows OFFSET 1) THEN
-            PERFORM pg_notify('sandbox_execution_changed', '{"rows":['
-                || retired_pod_gc_change_json(
+            PERFORM pg_notify('sandbox_execution_changed', '{"groups":['
+                || retired_pod_gc_one_change(
                        'delete', s.namespace, o.pod_name, o.active, o.execution_state)
                 || ']}')
             FROM old_rows AS o
             LEFT JOIN sandboxes AS s ON s.id = o.sandbox_id;
             RETURN NULL;
         END IF;
-        PERFORM pg_notify('sandbox_execution_changed', '{"rows":[' || string_agg(b.change, ',') || ']}')
-        FROM (
-            SELECT j.change,
-                   retired_pod_gc_change_batch(
-                       j.bytes,
-                       sum(CASE WHEN j.bytes <= 512 THEN j.bytes + 1 ELSE 0 END)
-                           OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
-                       row_number() OVER ()) AS batch
+        OPEN parts FOR
+            SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
             FROM (
-                SELECT c.change, octet_length(c.change) AS bytes
+                SELECT g.head, b.names[i : i + g.k - 1] AS names
                 FROM (
-                    SELECT retired_pod_gc_change_json(
-                               'delete', s.namespace, o.pod_name, o.active, o.execution_state
-                           ) AS change
-                    FROM old_rows AS o
-                    LEFT JOIN sandboxes AS s ON s.id = o.sandbox_id
+                    SELECT retired_pod_gc_group_head('delete', c.namespace, c.active, c.state)
+                               AS head,
+                           array_agg(c.pod_name) AS names,
+                           greatest(1, (7700 - coalesce(octet_length(c.namespace), 0)
+                                             - coalesce(octet_length(c.state), 0))
+                                       / (max(octet_length(c.pod_name)) + 3)) AS k
+                    FROM (
+                        SELECT s.namespace COLLATE "C" AS namespace, o.active,
+                               o.execution_state COLLATE "C" AS state,
+                               CASE WHEN octet_length(o.pod_name) <= 253 THEN o.pod_name
+                                    ELSE left(o.pod_name, 253) END AS pod_name
+                        FROM old_rows AS o
+                        LEFT JOIN sandboxes AS s ON s.id = o.sandbox_id
+                    ) AS c
+                    GROUP BY c.namespace, c.active, c.state
+                ) AS g,
+                LATERAL (
+                    SELECT g.names[j : j + 16 * g.k - 1] AS names
+                    FROM generate_series(1, cardinality(g.names), 16 * g.k) AS j
                     OFFSET 0
-                ) AS c
-            ) AS j
-        ) AS b
-        GROUP BY b.batch;
+                ) AS b,
+                generate_series(1, cardinality(b.names), g.k) AS i
+                OFFSET 0
+            ) AS p;
+    END IF;
+    -- Packing (the bound above): each piece at most 7,986 bytes, else its names one by one.
+    LOOP
+        FETCH parts INTO part;
+        EXIT WHEN NOT FOUND;
+        IF octet_length(part.piece) <= 7986 THEN
+            pieces := ARRAY[part.piece];
+        ELSE
+            pieces := ARRAY(
+                SELECT part.head || '[' || coalesce(to_json(name)::text, 'null') || ']]'
+                FROM unnest(part.names) AS name);
+        END IF;
+        FOREACH piece IN ARRAY pieces LOOP
+            IF payload <> '' AND octet_length(payload) + 1 + octet_length(piece) + 2 >= 8000 THEN
+                PERFORM pg_notify('sandbox_execution_changed', payload || ']}');
+                payload := '';
+            END IF;
+            IF payload = '' THEN
+                payload := '{"groups":[' || piece;
+            ELSE
+                payload := payload || ',' || piece;
+            END IF;
+        END LOOP;
+    END LOOP;
+    CLOSE parts;
+    IF payload <> '' THEN
+        PERFORM pg_notify('sandbox_execution_changed', payload || ']}');
     END IF;
     RETURN NULL;
 END
