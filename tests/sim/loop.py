@@ -38,11 +38,15 @@ class SimTask(asyncio.Task):  # type: ignore[type-arg]
     process."""
 
     def __init__(self, coro: Any, *, loop: VirtualLoop, **kwargs: Any) -> None:
-        self.sim_id = next(loop._task_ids)  # before: the task registers itself (hashed) at once
+        # Before: the task registers itself (hashed) at once.
+        self.sim_id = sim_id = next(loop._task_ids)
+        self._sim_hash = sim_id.__index__
         super().__init__(coro, loop=loop, **kwargs)
 
-    def __hash__(self) -> int:  # equality stays the inherited identity
-        return self.sim_id
+    # hash(task) is sim_id, without a Python frame (sets of tasks hash them ~600 times a seed):
+    # the type's hash slot gets ``__hash__`` through the property (C), which gives the bound
+    # ``sim_id.__index__`` (C), which it calls. Equality stays the inherited identity.
+    __hash__ = property(operator.attrgetter("_sim_hash"))  # type: ignore[assignment]
 
 
 class _Handle(asyncio.Handle):
