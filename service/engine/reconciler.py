@@ -72,6 +72,7 @@ from service.engine.observation import ObservationClocks
 from service.engine.results import INACTIVE_RESULT, ReconcileResult
 from service.kit.clock import Clock
 from service.kit.errors import ApiError, ExternalError
+from service.kit.timeouts import fail_after
 from service.metrics import Metrics
 from service.ports import (
     ExecutionStore,
@@ -103,7 +104,7 @@ async def _bounded(what: str, timeout_s: float, call: Awaitable[T]) -> T:
     """``call`` within ``timeout_s``; expected failures become :class:`StepFailed`, and
     everything else (a bug) propagates unchanged."""
     try:
-        with anyio.fail_after(timeout_s):
+        with fail_after(timeout_s):
             return await call
     except (ExternalError, TimeoutError) as exc:
         raise StepFailed(f"{what}: {type(exc).__name__}: {exc}") from exc
@@ -229,7 +230,7 @@ class Reconciler:
         keys = ready
         self._clocks.begin_many(keys)
         try:
-            with anyio.fail_after(self._settings.reconcile_timeout_s):
+            with fail_after(self._settings.reconcile_timeout_s):
                 await self._observe(keys, observed)
         except TimeoutError:
             logger.warning(
@@ -337,7 +338,7 @@ class Reconciler:
     async def act(self, due: Due) -> ReconcileResult:
         """Steps 7-10 for one due key; bounded by ``RECONCILE_TIMEOUT_SECONDS``."""
         try:
-            with anyio.fail_after(self._settings.reconcile_timeout_s):
+            with fail_after(self._settings.reconcile_timeout_s):
                 return await self._act(due)
         except TimeoutError:
             logger.warning(

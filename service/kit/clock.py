@@ -118,26 +118,19 @@ async def sleep_until(clock: SchedulingClock, deadline: float) -> None:
 
 
 async def wait_until(event: anyio.Event, clock: SchedulingClock, deadline: float) -> bool:
-    """Wait for ``event`` but not past ``deadline`` on ``clock``; True when the event is set."""
+    """Wait for ``event`` but not past ``deadline`` on ``clock``; True when the event is set.
+
+    One cancel scope around the wait, cancelled by the clock's timer at the deadline (no task
+    of its own): a cancellation from outside propagates as ever, and the answer is whether the
+    event is set when the wait ends, whichever ended it."""
     if event.is_set():
         return True
     if deadline <= clock.monotonic():
         return False
-    timed_out = anyio.Event()
-    handle = clock.call_at(deadline, timed_out.set)
-    try:
-        async with anyio.create_task_group() as tg:
-
-            async def _event() -> None:
-                await event.wait()
-                tg.cancel_scope.cancel()
-
-            async def _timeout() -> None:
-                await timed_out.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(_event)
-            tg.start_soon(_timeout)
-    finally:
-        handle.cancel()
+    with anyio.CancelScope() as scope:
+        handle = clock.call_at(deadline, scope.cancel)
+        try:
+            await event.wait()
+        finally:
+            handle.cancel()
     return event.is_set()

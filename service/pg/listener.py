@@ -47,6 +47,7 @@ from service.domain import ExecutionChange, ExecutionState
 from service.kit.backoff import Attempts, Backoff
 from service.kit.clock import MonotonicClock, SchedulingClock, sleep_until, wait_until
 from service.kit.errors import ExternalError, Unavailable
+from service.kit.timeouts import fail_after
 from service.metrics import Metrics
 from service.pg.errors import ListenerUnavailable, database_errors, describe
 from service.ports import ExecutionEventHandler
@@ -343,7 +344,7 @@ class RetirementListener:
                     lost = anyio.Event()
                     self._conn = conn
                     conn.add_termination_listener(_setter(lost))
-                    with anyio.fail_after(self._settings.statement_timeout_s):
+                    with fail_after(self._settings.statement_timeout_s):
                         await conn.add_listener(self._channel, self._on_notification)
                 self._on_connected()
                 self._attempts.reset()
@@ -387,7 +388,7 @@ class RetirementListener:
             if lost.is_set() or conn.is_closed():
                 raise _ConnectionLost("connection closed")
             try:
-                with anyio.fail_after(s.heartbeat_timeout_s):
+                with fail_after(s.heartbeat_timeout_s):
                     async with self._query_lock:
                         with database_errors():
                             listening = await conn.fetchval(HEARTBEAT_SQL, self._channel)
@@ -409,7 +410,7 @@ class RetirementListener:
         if conn is None or not self._connected or conn.is_closed():
             raise ListenerUnavailable("the notify listener is not connected")
         try:
-            with anyio.fail_after(self._settings.heartbeat_timeout_s):
+            with fail_after(self._settings.heartbeat_timeout_s):
                 async with self._query_lock:
                     with database_errors():
                         listening = await conn.fetchval(HEARTBEAT_SQL, self._channel)

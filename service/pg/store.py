@@ -36,6 +36,7 @@ import asyncpg
 from service.config import DatabaseSettings
 from service.domain import ExecutionRow, ExecutionState, PodKind, split_key
 from service.kit.errors import ExternalError
+from service.kit.timeouts import fail_after
 from service.metrics import Metrics
 from service.pg.errors import StoreClosed, database_errors, describe
 
@@ -119,8 +120,8 @@ class PgExecutionStore:
         self._pending: dict[str, asyncio.Future[ExecutionRow | None]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
-        for kind in ("batch", "fresh"):
-            metrics.row_queries.labels(kind=kind)
+        self._queries = {kind: metrics.row_queries.labels(kind=kind) for kind in ("batch", "fresh")}
+        """The query counter of each kind (labelled once: a burst runs a hundred queries)."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -238,22 +239,26 @@ class PgExecutionStore:
 
     async def _fetch(self, pool: asyncpg.Pool, sql: str, *args: Any) -> list[Any]:
         """One statement on a pooled connection: waiting for the connection and the statement
-        are bounded; giving the connection back is never abandoned. (asyncpg shields a release
-        from cancellation; one cut off here would go on alone, and its failure — a reset that
-        times out on a dying connection — would be an exception nobody retrieves.)"""
+        are bounded, by one scope whose deadline moves from the connection's bound to the
+        statement's once the connection is acquired; giving the connection back is never
+        abandoned. (asyncpg shields a release from cancellation; one cut off here would go on
+        alone, and its failure — a reset that times out on a dying connection — would be an
+        exception nobody retrieves.)"""
         s = self._settings
-        with anyio.fail_after(s.connect_timeout_s):
-            conn = await pool.acquire()
+        conn: asyncpg.pool.PoolConnectionProxy[Any] | None = None
         try:
-            with anyio.fail_after(s.statement_timeout_s + 1.0):
+            with fail_after(s.connect_timeout_s) as bound:
+                conn = await pool.acquire()
+                bound.deadline = asyncio.get_running_loop().time() + s.statement_timeout_s + 1.0
                 return list(await conn.fetch(sql, *args, timeout=s.statement_timeout_s))
         finally:
-            with anyio.CancelScope(shield=True):
-                try:
-                    with database_errors():
-                        await pool.release(conn, timeout=s.statement_timeout_s)
-                except ExternalError as exc:  # asyncpg has terminated the connection
-                    logger.debug("pooled connection dropped on release: %s", exc)
+            if conn is not None:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        with database_errors():
+                            await pool.release(conn, timeout=s.statement_timeout_s)
+                    except ExternalError as exc:  # asyncpg has terminated the connection
+                        logger.debug("pooled connection dropped on release: %s", exc)
 
     def _flush(self) -> None:
         if self._timer is not None:
@@ -310,7 +315,7 @@ class PgExecutionStore:
                 namespaces.add(namespace)
         if not wanted:
             return {}
-        self._metrics.row_queries.labels(kind=kind).inc()
+        self._queries[kind].inc()
         try:
             with database_errors():
                 records = await self._fetch(

@@ -20,6 +20,7 @@ marked terminating, then removed a moment later).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +48,13 @@ class ServerPod:
     body: bytes = b""
 
 
+@functools.cache
+def _status(shape: PodShape) -> dict[str, Any]:
+    """``pod_status(shape)``, made once a process for each shape (only ever encoded, never
+    changed)."""
+    return pod_status(shape)
+
+
 def _pod_body(pod: ServerPod) -> bytes:
     meta: dict[str, Any] = {
         "name": pod.name,
@@ -65,7 +73,7 @@ def _pod_body(pod: ServerPod) -> bytes:
             "kind": "Pod",
             "metadata": meta,
             "spec": {"nodeName": "node-a", "terminationGracePeriodSeconds": 30},
-            "status": pod_status(pod.shape),
+            "status": _status(pod.shape),
         }
     )
 

@@ -25,7 +25,7 @@ import operator
 import random
 from asyncio import format_helpers
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 
 class Deadlock(RuntimeError):
@@ -38,21 +38,24 @@ class SimTask(asyncio.Task):  # type: ignore[type-arg]
     process."""
 
     def __init__(self, coro: Any, *, loop: VirtualLoop, **kwargs: Any) -> None:
-        self.sim_id = next(loop._task_ids)  # before: the task registers itself (hashed) at once
+        # Before: the task registers itself (hashed) at once.
+        self.sim_id = sim_id = next(loop._task_ids)
+        self._sim_hash = sim_id.__index__
         super().__init__(coro, loop=loop, **kwargs)
 
-    def __hash__(self) -> int:  # equality stays the inherited identity
-        return self.sim_id
-
-
-_H = TypeVar("_H", bound=asyncio.Handle)
+    # hash(task) is sim_id, without a Python frame (sets of tasks hash them ~600 times a seed):
+    # the type's hash slot gets ``__hash__`` through the property (C), which gives the bound
+    # ``sim_id.__index__`` (C), which it calls. Equality stays the inherited identity.
+    __hash__ = property(operator.attrgetter("_sim_hash"))  # type: ignore[assignment]
 
 
 class _Handle(asyncio.Handle):
     """A ``call_soon`` callback, made without ``Handle.__init__`` (the loop has no debug mode,
-    so there is no source traceback to take)."""
+    so there is no source traceback to take: it and the cached repr are always ``None``)."""
 
     __slots__ = ()
+    _source_traceback = None
+    _repr = None
 
 
 class _Timer(asyncio.TimerHandle):
@@ -60,6 +63,8 @@ class _Timer(asyncio.TimerHandle):
     checks; otherwise ``TimerHandle``'s (the loop's count of cancelled timers included)."""
 
     __slots__ = ()
+    _source_traceback = None
+    _repr = None
 
     def cancel(self) -> None:
         if not self._cancelled:
@@ -73,21 +78,7 @@ class _Timer(asyncio.TimerHandle):
 _new = object.__new__
 _read_now = operator.attrgetter("_now")
 _copy_context = contextvars.copy_context
-
-
-def _handle(
-    cls: type[_H], loop: VirtualLoop, callback: Callable[..., object], args: Any, context: Any
-) -> _H:
-    """What ``Handle.__init__`` sets, without its debug-mode work."""
-    handle = _new(cls)
-    handle._callback = callback
-    handle._args = args
-    handle._cancelled = False
-    handle._loop = loop
-    handle._source_traceback = None
-    handle._repr = None
-    handle._context = _copy_context() if context is None else context
-    return handle
+_heappush = heapq.heappush
 
 
 class VirtualLoop(asyncio.BaseEventLoop):
@@ -102,6 +93,8 @@ class VirtualLoop(asyncio.BaseEventLoop):
         # time() as a C call (it is read everywhere: anyio, the clock, the models): the
         # method below, without a Python frame.
         self.time = functools.partial(_read_now, self)  # type: ignore[method-assign]
+        # create_future() too (every call, event and shield makes one): the C Future, bound.
+        self.create_future = functools.partial(asyncio.Future, loop=self)  # type: ignore[method-assign]
         self._rng = rng
         self._hold_p = hold_p
         self.iterations = 0
@@ -147,21 +140,54 @@ class VirtualLoop(asyncio.BaseEventLoop):
         self, when: float, callback: Callable[..., object], *args: Any, context: Any = None
     ) -> asyncio.TimerHandle:
         # The heap holds (when, sequence, handle): compared in C, not by TimerHandle.__lt__.
+        # What ``TimerHandle.__init__`` sets, inline (no debug mode, no source traceback).
         if self._closed:
             raise RuntimeError("Event loop is closed")
-        timer = _handle(_Timer, self, callback, args, context)
+        timer = _new(_Timer)
+        timer._callback = callback
+        timer._args = args
+        timer._cancelled = False
+        timer._loop = self
+        timer._context = _copy_context() if context is None else context
         timer._when = when
         timer._scheduled = True
-        heapq.heappush(self._scheduled, (when, next(self._seq), timer))
+        _heappush(self._scheduled, (when, next(self._seq), timer))
+        return timer
+
+    def call_later(
+        self, delay: float, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        """``call_at(time() + delay, ...)``, in one frame (``asyncio.sleep`` and every model
+        call schedule through it)."""
+        if delay is None:
+            raise TypeError("delay must not be None")
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        when = self._now + delay
+        timer = _new(_Timer)
+        timer._callback = callback
+        timer._args = args
+        timer._cancelled = False
+        timer._loop = self
+        timer._context = _copy_context() if context is None else context
+        timer._when = when
+        timer._scheduled = True
+        _heappush(self._scheduled, (when, next(self._seq), timer))
         return timer
 
     def call_soon(
         self, callback: Callable[..., object], *args: Any, context: Any = None
     ) -> asyncio.Handle:
-        """``BaseEventLoop.call_soon`` without its debug-mode checks."""
+        """``BaseEventLoop.call_soon`` without its debug-mode checks; what ``Handle.__init__``
+        sets, inline."""
         if self._closed:
             raise RuntimeError("Event loop is closed")
-        handle = _handle(_Handle, self, callback, args, context)
+        handle = _new(_Handle)
+        handle._callback = callback
+        handle._args = args
+        handle._cancelled = False
+        handle._loop = self
+        handle._context = _copy_context() if context is None else context
         self._ready.append(handle)
         return handle
 

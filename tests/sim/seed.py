@@ -81,14 +81,31 @@ class Variant:
         )
 
 
-_settings: dict[tuple[tuple[str, str], ...], Settings] = {}
+_settings: dict[tuple[object, ...], Settings] = {}
 
 
 def settings_for(v: Variant) -> Settings:
     """The service's settings for a variant, loaded once a process for each distinct
-    environment (keyed by the environment itself: most variant fields, the fault profile among
-    them, are not in it, and loading is what costs)."""
-    env = {
+    environment (keyed by the variant fields the environment is made of: the others, the fault
+    profile among them, are not in it, and loading is what costs)."""
+    key = (
+        v.mode,
+        v.list_mode,
+        v.deletes_per_minute,
+        v.workers,
+        v.reconcile_timeout_s,
+        v.resync_s,
+        v.heartbeat_s,
+    )
+    s = _settings.get(key)
+    if s is None:
+        s = _settings[key] = load({PREFIX + k: val for k, val in _environment(v).items()})
+    return s
+
+
+def _environment(v: Variant) -> dict[str, str]:
+    """The service's environment for a variant (without the ``PREFIX``)."""
+    return {
         "ENABLED": "false" if v.mode == "disabled" else "true",
         "DRY_RUN": "true" if v.mode == "dry_run" else "false",
         "THRESHOLD_SECONDS": str(THRESHOLD_S),
@@ -112,11 +129,6 @@ def settings_for(v: Variant) -> Settings:
         "EVENTS_ENABLED": "false",
         "LOG_LEVEL": "info",
     }
-    key = tuple(env.items())
-    s = _settings.get(key)
-    if s is None:
-        s = _settings[key] = load({PREFIX + k: val for k, val in env.items()})
-    return s
 
 
 @dataclass

@@ -55,10 +55,13 @@ SIM_STEP_WEIGHTS: dict[str, int] = {
 _RETIRE_STATES = ("suspended", "replaced", "replaced", "failed", "cancelled", "stopped", "paused")
 
 
+_KINDS = list(SIM_STEP_WEIGHTS)
+_WEIGHTS = list(SIM_STEP_WEIGHTS.values())
+_SHAPES = list(PodShape)
+
+
 def make_schedule(rng: random.Random, steps: int, sandboxes: int) -> list[Step]:
-    kinds = list(SIM_STEP_WEIGHTS)
-    weights = list(SIM_STEP_WEIGHTS.values())
-    shapes = list(PodShape)
+    kinds, weights, shapes = _KINDS, _WEIGHTS, _SHAPES
     out = []
     for _ in range(steps):
         long_pause = rng.random() < 0.15
