@@ -198,10 +198,20 @@ def _add_group(
     names: Iterable[str],
     received_at_s: float,
 ) -> None:
+    # What :func:`_change` makes of each (op, namespace, name, active, state), worked out once
+    # for the group: a mass retirement's payload is one group of hundreds of names.
     op, namespace, active, state = head
+    if not namespace:
+        return
+    deleted = op == "delete"
+    if deleted:
+        active, parsed = None, None
+    else:
+        parsed = None if state is None else ExecutionState.parse(state)
+    append = changes.append
     for name in names:
-        if (change := _change((op, namespace, name, active, state), received_at_s)) is not None:
-            changes.append(change)
+        if name:
+            append(ExecutionChange(namespace, name, active, parsed, deleted, received_at_s))
 
 
 def _parse_loosely(payload: str, received_at_s: float) -> ParsedPayload:
