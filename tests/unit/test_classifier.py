@@ -367,3 +367,17 @@ def test_prefilter_skip_implies_classify_skip(pod: PodSnapshot) -> None:
     if early is not None:
         row = make_row(replace(pod, sandbox_id="abc", generation=2), active=False)
         assert classify(pod, row) == early
+
+
+def test_classify_prefiltered_never_reaps_a_pod_the_prefilter_would_skip() -> None:
+    # classify_prefiltered is for snapshots the prefilter let through; called on any other (a
+    # caller's bug) it still never reaps: a Running or Unknown pod with a retired row is skipped.
+    for phase, reason in (
+        (PodPhase.RUNNING, SkipReason.POD_RUNNING),
+        (PodPhase.UNKNOWN, SkipReason.PHASE_UNKNOWN),
+    ):
+        pod = replace(TERMINAL, phase=phase)
+        for state in RETIRED_STATES:
+            decision = classify_prefiltered(pod, make_row(pod, state=state))
+            assert decision.verdict is None
+            assert decision.reason is reason
