@@ -198,8 +198,9 @@ def _add_group(
     names: Iterable[str],
     received_at_s: float,
 ) -> None:
-    # What :func:`_change` makes of each (op, namespace, name, active, state), worked out once
-    # for the group: a mass retirement's payload is one group of hundreds of names.
+    """Append a change for each valid name of a group: empty namespaces and names are not
+    changes; a delete says nothing of active or state. The group's facts are worked out once:
+    a mass retirement's payload is one group of hundreds of names."""
     op, namespace, active, state = head
     if not namespace:
         return
@@ -260,26 +261,12 @@ def _parse_rows_one_by_one(payload: str, received_at_s: float) -> ParsedPayload:
 
 
 def _change(row: _Row, received_at_s: float) -> ExecutionChange | None:
+    """One change of a ``rows`` batch or 0002's object (``None`` when it is not valid): a group
+    of one name, so that :func:`_add_group` alone says what a change's facts mean."""
     op, namespace, pod_name, active, state = row
-    if not namespace or not pod_name:
-        return None
-    if op == "delete":
-        return ExecutionChange(
-            namespace=namespace,
-            pod_name=pod_name,
-            active=None,
-            state=None,
-            deleted=True,
-            received_at_s=received_at_s,
-        )
-    return ExecutionChange(
-        namespace=namespace,
-        pod_name=pod_name,
-        active=active,
-        state=None if state is None else ExecutionState.parse(state),
-        deleted=False,
-        received_at_s=received_at_s,
-    )
+    one: list[ExecutionChange] = []
+    _add_group(one, (op, namespace, active, state), (pod_name,), received_at_s)
+    return one[0] if one else None
 
 
 def default_backoff() -> Backoff:

@@ -157,23 +157,11 @@ class VirtualLoop(asyncio.BaseEventLoop):
     def call_later(
         self, delay: float, callback: Callable[..., object], *args: Any, context: Any = None
     ) -> asyncio.TimerHandle:
-        """``call_at(time() + delay, ...)``, in one frame (``asyncio.sleep`` and every model
-        call schedule through it)."""
+        """``call_at(time() + delay, ...)`` (``asyncio.sleep`` and every model call schedule
+        through it)."""
         if delay is None:
             raise TypeError("delay must not be None")
-        if self._closed:
-            raise RuntimeError("Event loop is closed")
-        when = self._now + delay
-        timer = _new(_Timer)
-        timer._callback = callback
-        timer._args = args
-        timer._cancelled = False
-        timer._loop = self
-        timer._context = _copy_context() if context is None else context
-        timer._when = when
-        timer._scheduled = True
-        _heappush(self._scheduled, (when, next(self._seq), timer))
-        return timer
+        return self.call_at(self._now + delay, callback, *args, context=context)
 
     def call_soon(
         self, callback: Callable[..., object], *args: Any, context: Any = None
