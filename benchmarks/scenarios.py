@@ -158,12 +158,14 @@ class ClockStarts:
     def instrument(self, parts: service.Parts) -> None:
         original = parts.clocks.observe
         started = self.started
+        # ``now`` is the monotonic instant the reconciler judged; mapped to wall time by one
+        # offset, read here (two clock reads a key would load the burst this measures).
+        to_wall = time.time() - time.monotonic()
 
         def observe(uid: str, key: str, verdict: Verdict, now: float) -> float | None:
             elapsed = original(uid, key, verdict, now)
             if elapsed == 0.0 and key not in started:
-                # ``now`` is the monotonic instant the reconciler judged; map it to wall time.
-                started[key] = time.time() - (time.monotonic() - now)
+                started[key] = now + to_wall
             return elapsed
 
         parts.clocks.observe = observe  # type: ignore[method-assign]

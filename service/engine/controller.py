@@ -61,7 +61,7 @@ from service.ports import PodCache
 logger = logging.getLogger(__name__)
 
 
-def _ignore(_key: str) -> None:
+def _ignore(_keys: Sequence[str]) -> None:
     pass
 
 
@@ -253,19 +253,20 @@ class Controller:
             try:
                 await self.process(keys, finished=functools.partial(self._done, undone))
             finally:
-                for key in undone:  # dropped at shutdown, or the worker is being cancelled
-                    self._queue.done(key)
+                # Dropped at shutdown, or the worker is being cancelled.
+                self._queue.done_many([key for key in keys if key in undone])
 
-    def _done(self, undone: set[str], key: str) -> None:
-        undone.discard(key)
-        self._queue.done(key)
+    def _done(self, undone: set[str], keys: Sequence[str]) -> None:
+        undone.difference_update(keys)
+        self._queue.done_many(keys)
 
     async def process(
-        self, keys: Sequence[str], *, finished: Callable[[str], None] = _ignore
+        self, keys: Sequence[str], *, finished: Callable[[Sequence[str]], None] = _ignore
     ) -> dict[str, ReconcileResult]:
         """The worker loop's body (controller-runtime's ``reconcileHandler``): observe the batch,
         act on each due key, and finish every key — count its result, requeue it as the result
-        says, then ``finished(key)`` (the worker's ``queue.done``). Returns the results.
+        says, then ``finished(keys)`` (the worker's ``queue.done_many``) for the keys finished
+        together. Returns the results.
 
         The one place that catches broad exceptions: a step that raises is a bug (expected
         failures arrive as results). It is logged with its traceback and counted; a batch that
@@ -317,7 +318,7 @@ class Controller:
         key: str,
         started: float,
         results: dict[str, ReconcileResult],
-        finished: Callable[[str], None],
+        finished: Callable[[Sequence[str]], None],
     ) -> None:
         logger.exception("reconcile of %r raised (a bug); clock cleared, backing off", key)
         self._metrics.reconcile_bugs.inc()
@@ -332,7 +333,7 @@ class Controller:
         result: ReconcileResult,
         started: float,
         results: dict[str, ReconcileResult],
-        finished: Callable[[str], None],
+        finished: Callable[[Sequence[str]], None],
     ) -> None:
         """Count ``result`` and apply it to the queue: the one place that does either (for a
         batch of results, :meth:`_finish_many`, which this is for one)."""
@@ -343,11 +344,12 @@ class Controller:
         items: Iterable[tuple[str, ReconcileResult]],
         started: float,
         results: dict[str, ReconcileResult],
-        finished: Callable[[str], None],
+        finished: Callable[[Sequence[str]], None],
     ) -> None:
-        """Count each result and apply it to the queue, then ``finished(key)``. The results of
-        one batch share their duration (``started`` to now), so the counters and the duration
-        histogram are updated once per distinct label, not once per key."""
+        """Count each result and apply it to the queue, then ``finished`` with the keys (each of
+        them, whatever raised). The results of one batch share their duration (``started`` to
+        now), so the counters and the duration histogram are updated once per distinct label,
+        not once per key."""
         # Results alike (action, outcome, skip reason) are counted together: a burst's keys end
         # in a handful of distinct results, so each is looked at once, not once per key.
         alike: dict[tuple[Action, str, SkipReason | None], int] = {}
@@ -359,10 +361,12 @@ class Controller:
         last: ReconcileResult | None = None
         action = Action.DONE
         group: tuple[Action, str, SkipReason | None] = (action, "", None)
+        seen: list[str] = []
         try:
-            for key, result in items:
-                results[key] = result
-                try:
+            try:
+                for key, result in items:
+                    seen.append(key)
+                    results[key] = result
                     if result is not last:
                         action = result.action
                         group = (action, result.outcome, result.skip_reason)
@@ -378,8 +382,8 @@ class Controller:
                         later.append((key, result.requeue_after_s))
                     elif action is Action.BACKOFF:
                         queue.add_rate_limited(key)
-                finally:
-                    finished(key)
+            finally:
+                finished(seen)
         finally:
             # Before any key is finished would be the same: a key's delayed add only arms the
             # timer, and done() never looks at the delay heap.

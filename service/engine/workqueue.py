@@ -182,10 +182,11 @@ class WorkQueue:
                 # Keys of one burst share the time they were added: one observation each,
                 # recorded per distinct time.
                 waited: dict[float, int] = {}
+                self._dirty.difference_update(keys)
+                self._processing.update(keys)
+                pop = self._dirty_since.pop
                 for key in keys:
-                    self._dirty.discard(key)
-                    self._processing.add(key)
-                    since = self._dirty_since.pop(key, None)
+                    since = pop(key, None)
                     if since is not None:
                         waited[since] = waited.get(since, 0) + 1
                 if self._metrics is not None:
@@ -218,11 +219,22 @@ class WorkQueue:
 
     def done(self, key: str) -> None:
         """The worker finished ``key``; a re-add that arrived meanwhile is queued now."""
-        self._processing.discard(key)
-        if key in self._dirty and not self._shutting_down:
-            self._ready.append(key)
+        self.done_many((key,))
+
+    def done_many(self, keys: Iterable[str]) -> None:
+        """:meth:`done` for each of ``keys`` (a batch the worker finished), in their order."""
+        processing, dirty, ready = self._processing, self._dirty, self._ready
+        requeued = 0
+        for key in keys:
+            processing.discard(key)
+            if key in dirty and not self._shutting_down:
+                ready.append(key)
+                requeued += 1
+        for _ in range(requeued):
+            if not self._getters:
+                break
             self._wake_one()
-        if not self._processing and self._drained is not None:
+        if not processing and self._drained is not None:
             self._drained.set()
 
     # ---------------------------------------------------------------- shutdown

@@ -1,9 +1,10 @@
 """Execution rows from PostgreSQL: the ``ExecutionStore`` adapter and its micro-batcher.
 
-Rows are looked up by pod key (``namespace/name``). Every read is one query shape,
-``pod_name = ANY($1::text[])`` joined to ``sandboxes`` and scoped to the namespaces of the keys
-asked for (only configured sandbox namespaces are ever asked for) and to Kubernetes-managed
-sandboxes; each row returned is then matched to the key of *its own* namespace, so a row of
+Rows are looked up by pod key (``namespace/name``). Every read is one query shape: the keys
+asked for, joined into one text and split again by the server, each matched to the rows whose
+namespace and pod name make up exactly that key, joined to ``sandboxes`` on its primary key
+(the pod name's index finds the candidates) and scoped to the configured sandbox namespaces and
+to Kubernetes-managed sandboxes. Each row comes back under the key it answers, so a row of
 another namespace that carries the same pod name is absent for the key, never its row (it can
 never authorize a delete). Concurrent :meth:`PgExecutionStore.lookup` calls that arrive within
 ``batch_max_wait_s`` of each other (at most ``batch_max_size`` keys) share one query. A caller
@@ -26,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -34,7 +35,7 @@ import anyio
 import asyncpg
 
 from service.config import DatabaseSettings
-from service.domain import ExecutionRow, ExecutionState, PodKind, split_key
+from service.domain import ExecutionRow, ExecutionState, PodKind
 from service.kit.errors import ExternalError
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
@@ -47,19 +48,29 @@ MANAGED_BY_KUBERNETES = "kubernetes"
 
 LOOKUP_SQL = """
 SELECT e.pod_name, s.namespace, e.sandbox_id, e.generation, e.activation_attempt,
-       e.pod_kind, e.execution_state, e.active
-FROM sandbox_k8s_executions AS e
+       e.pod_kind, e.execution_state, e.active, asked.key
+FROM unnest(string_to_array($1::text, ',')) AS asked (key)
+JOIN sandbox_k8s_executions AS e ON e.pod_name = split_part(asked.key, '/', 2)
 JOIN sandboxes AS s ON s.id = e.sandbox_id
-WHERE e.pod_name = ANY($1::text[])
+WHERE s.namespace || '/' || e.pod_name = asked.key
   AND s.namespace = ANY($2::text[])
   AND s.managed_by = $3
 """
+"""The keys asked for travel as one text (:data:`KEY_SEPARATOR` between them): one string for
+the client to encode, not an array whose every element it type-checks (a burst asks for 10,000).
+The server does the matching: a row answers a key only when its namespace and pod name make up
+that key exactly, and it comes back with the key it answers (the last column), so the client
+builds no key of its own."""
+
+KEY_SEPARATOR = ","
+"""Between the keys of :data:`LOOKUP_SQL`'s first parameter. No Kubernetes namespace or object
+name contains it; a key that does is never asked for (it has no row, and is never reaped)."""
 
 FRESH_SQL = "/* retired-pod-gc: final re-read */" + LOOKUP_SQL
 """The final re-read before a delete: the lookup's query, marked so that a DBA (or a test reading
 the server's statement log) can tell it apart from batched lookups."""
 
-_REQUIRED = (  # the columns decode_row requires (a NULL in any: absent)
+COLUMNS = (
     "pod_name",
     "namespace",
     "sandbox_id",
@@ -69,16 +80,17 @@ _REQUIRED = (  # the columns decode_row requires (a NULL in any: absent)
     "execution_state",
     "active",
 )
+"""The row's columns :data:`LOOKUP_SQL` selects first, in its order: what :func:`decode_row`
+unpacks (a NULL in any of them: absent). The key the row answers follows them."""
 
 
-def decode_row(record: Mapping[str, Any]) -> ExecutionRow | None:
-    """One joined row as the domain type; ``None`` when a required column is NULL or mistyped.
+def decode_row(record: Sequence[Any]) -> ExecutionRow | None:
+    """One joined row, its :data:`COLUMNS` first in that order, as the domain type; ``None``
+    when a required column is NULL or mistyped.
 
-    Each column is read once and its exact type checked (``bool`` is not an ``int`` here, and
-    a NULL is never a ``str``): a burst decodes 10,000 rows."""
-    pod_name, namespace, sandbox_id = record["pod_name"], record["namespace"], record["sandbox_id"]
-    generation, attempt = record["generation"], record["activation_attempt"]
-    active, pod_kind, state = record["active"], record["pod_kind"], record["execution_state"]
+    The columns are read by position, once, and each one's exact type checked (``bool`` is not
+    an ``int`` here, and a NULL is never a ``str``): a burst decodes 10,000 rows."""
+    pod_name, namespace, sandbox_id, generation, attempt, pod_kind, state, active = record[:8]
     if (
         type(pod_name) is not str
         or type(namespace) is not str
@@ -113,6 +125,7 @@ class PgExecutionStore:
         self._settings = settings
         self._namespaces = frozenset(namespaces)
         """The sandbox namespaces: a key of any other namespace has no row, without a query."""
+        self._namespace_list = sorted(self._namespaces)
         self._metrics = metrics
         self._pool: asyncpg.Pool | None = None
         self._closed = False
@@ -296,30 +309,27 @@ class PgExecutionStore:
     async def _query(
         self, keys: list[str], *, kind: str, sql: str = LOOKUP_SQL
     ) -> dict[str, ExecutionRow]:
-        """Rows by pod key. A key of a namespace not configured (or malformed) has no row and
-        costs no query; a row is kept only under the key of its own namespace."""
+        """Rows by pod key. A key of a namespace not configured (or holding the separator) has
+        no row and costs no query; a row comes back under the key it answers (the server's
+        match of namespace and pod name), the one it is kept under."""
         pool = self._pool
         if pool is None:
             raise StoreClosed("store closed")
-        wanted: set[str] = set()
-        names: set[str] = set()
-        namespaces: set[str] = set()
-        for key in keys:
-            try:
-                namespace, name = split_key(key)
-            except ValueError:
-                continue
-            if namespace in self._namespaces:
-                wanted.add(key)
-                names.add(name)
-                namespaces.add(namespace)
-        if not wanted:
+        configured = self._namespaces
+        asked = [
+            key for key in keys if key.partition("/")[0] in configured and KEY_SEPARATOR not in key
+        ]
+        if not asked:
             return {}
         self._queries[kind].inc()
         try:
             with database_errors():
                 records = await self._fetch(
-                    pool, sql, sorted(names), sorted(namespaces), MANAGED_BY_KUBERNETES
+                    pool,
+                    sql,
+                    KEY_SEPARATOR.join(asked),
+                    self._namespace_list,
+                    MANAGED_BY_KUBERNETES,
                 )
         except ExternalError as exc:
             self._metrics.row_query_errors.inc()
@@ -332,12 +342,10 @@ class PgExecutionStore:
                 self._metrics.rows_malformed.inc()
                 logger.warning(
                     "malformed execution row skipped (treated as absent): pod_name=%r",
-                    record["pod_name"],
+                    record[0],
                 )
                 continue
-            key = row.key
-            if key in wanted:  # the pod of this name in the row's own namespace only
-                out[key] = row
+            out[record[8]] = row
         return out
 
 

@@ -26,7 +26,7 @@ from service.kit.errors import ExternalError, Unavailable
 from service.metrics import Metrics
 from service.pg.errors import DRIVER_ERRORS, DatabaseError, StoreClosed
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
-from service.pg.store import LOOKUP_SQL, PgExecutionStore
+from service.pg.store import KEY_SEPARATOR, LOOKUP_SQL, PgExecutionStore
 from tests.pgfixtures import (
     NAMESPACE,
     db_settings,
@@ -68,7 +68,7 @@ async def _server_lookup_calls(conn: asyncpg.Connection) -> int:
         """
         SELECT coalesce(sum(calls), 0)::int FROM pg_stat_statements
         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-          AND query LIKE '%pod_name = ANY($1::text[])%'
+          AND query LIKE '%FROM unnest(string_to_array($1::text, %'
         """
     )
     assert isinstance(calls, int)
@@ -237,6 +237,44 @@ async def test_names_with_quotes_and_unicode_round_trip(
             assert row is not None and row.pod_name == name
             fresh = await store.read_fresh(key(name))
             assert fresh is not None and fresh.pod_name == name
+
+
+async def test_a_name_holding_the_separator_is_never_asked_for_and_has_no_row(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    # The keys travel joined by the separator: a key that holds it would reach the server as
+    # its parts. No Kubernetes name does; a row that does is never a pod's row.
+    joined = KEY_SEPARATOR.join(["left", "right"])
+    for i, name in enumerate([joined, "left", "right"]):
+        await seed_sandbox(pg_conn, f"sep{i}")
+        await seed_execution(pg_conn, pod_name=name, sandbox_id=f"sep{i}")
+    registry = CollectorRegistry()
+    async with _store(pg_url, registry) as store:
+        assert await store.lookup_many(keys([joined])) == {}
+        assert metric(registry, BATCH, kind="batch") == 0  # not even a query
+        assert sorted(await store.lookup_many(keys([joined, "left", "right"]))) == keys(
+            ["left", "right"]
+        )
+        assert await store.lookup(key(joined)) is None
+        assert await store.read_fresh(key(joined)) is None
+
+
+async def test_a_key_answers_only_to_the_row_whose_namespace_and_name_make_it_up(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    # The server splits each key at its first '/': the parts of a key that is not exactly
+    # "namespace/name" must not find the row they would name on their own.
+    await seed_sandbox(pg_conn, "whole")
+    await seed_execution(pg_conn, pod_name="pod", sandbox_id="whole")
+    registry = CollectorRegistry()
+    async with _store(pg_url, registry) as store:
+        odd = [f"{NAMESPACE}/pod/extra", f"{NAMESPACE}/", f"{NAMESPACE}/pod ", f"{NAMESPACE}//pod"]
+        assert await store.lookup_many(odd) == {}
+        for one in odd:
+            assert await store.lookup(one) is None
+            assert await store.read_fresh(one) is None
+        row = await store.read_fresh(key("pod"))
+        assert row is not None and await store.lookup_many([*odd, key("pod")]) == {key("pod"): row}
 
 
 async def test_malformed_row_is_counted_and_treated_as_absent(
@@ -413,7 +451,7 @@ async def test_batched_lookup_uses_the_pod_name_index(
     await pg_conn.execute("ANALYZE")
     plan = await pg_conn.fetchval(
         f"EXPLAIN (FORMAT JSON) {LOOKUP_SQL}",
-        ["space-sbx-i00001-g1", "space-sbx-i00002-g1"],
+        KEY_SEPARATOR.join(keys(["space-sbx-i00001-g1", "space-sbx-i00002-g1"])),
         [NAMESPACE],
         "kubernetes",
     )

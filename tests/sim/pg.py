@@ -28,7 +28,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from service.pg.store import FRESH_SQL, MANAGED_BY_KUBERNETES
+from service.pg.store import FRESH_SQL, KEY_SEPARATOR, MANAGED_BY_KUBERNETES
 from tests.chaos.model import NAMESPACE, RowTruth
 from tests.sim.net import Call, Net
 
@@ -167,29 +167,39 @@ class Database:
 
     # -- queries ---------------------------------------------------------------------------
 
-    def run(self, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
-        names, namespaces, managed = args
+    def run(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """``LOOKUP_SQL`` (or ``FRESH_SQL``): the rows answering the keys asked for, each with
+        its columns (``COLUMNS``) and then the key it answers."""
+        joined, namespaces, managed = args
         assert managed == MANAGED_BY_KUBERNETES
         now = self.net.loop.time()
         fresh = sql == FRESH_SQL
+        asked: dict[str, str] = {}
+        for key in joined.split(KEY_SEPARATOR):
+            asked.setdefault(key.partition("/")[2].partition("/")[0], key)
+        names = sorted(asked)
         out = []
         for name in names:
             if fresh:
                 self.rereads.setdefault(name, []).append(now)
             row = self.rows.get(name)
+            key = asked[name]
             if row is None or not row.managed or NAMESPACE not in namespaces:
                 continue
+            if key != f"{NAMESPACE}/{name}":
+                continue
             out.append(
-                {
-                    "pod_name": name,
-                    "namespace": NAMESPACE,
-                    "sandbox_id": row.sandbox_id,
-                    "generation": row.generation,
-                    "activation_attempt": 0,
-                    "pod_kind": row.pod_kind,
-                    "execution_state": row.state,
-                    "active": row.active,
-                }
+                (
+                    name,
+                    NAMESPACE,
+                    row.sandbox_id,
+                    row.generation,
+                    0,
+                    row.pod_kind,
+                    row.state,
+                    row.active,
+                    key,
+                )
             )
         self.trace(f"pg {'REREAD' if fresh else 'LOOKUP'} {','.join(names)} -> {len(out)}")
         return out

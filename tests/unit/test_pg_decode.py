@@ -17,10 +17,10 @@ from service.pg.listener import (
     parse_payload,
 )
 from service.pg.migrate import DEFAULT_CHANNEL, render_trigger_sql, steps
-from service.pg.store import _REQUIRED, decode_row
+from service.pg.store import COLUMNS, LOOKUP_SQL, decode_row
 
 
-def _record(**overrides: Any) -> dict[str, Any]:
+def _record(**overrides: Any) -> tuple[Any, ...]:
     base: dict[str, Any] = {
         "pod_name": "space-sbx-a-g1",
         "namespace": "sandboxes",
@@ -32,7 +32,13 @@ def _record(**overrides: Any) -> dict[str, Any]:
         "active": False,
     }
     base.update(overrides)
-    return base
+    return (*(base[column] for column in COLUMNS), f"{base['namespace']}/{base['pod_name']}")
+
+
+def test_lookup_selects_the_columns_decode_row_unpacks_in_its_order_then_the_key() -> None:
+    select = LOOKUP_SQL.split("SELECT", 1)[1].split("FROM", 1)[0]
+    selected = tuple(item.strip().rpartition(".")[2] for item in select.split(","))
+    assert selected == (*COLUMNS, "key")
 
 
 def test_decode_row_maps_every_known_state_and_unknown_strings_to_unknown() -> None:
@@ -60,7 +66,7 @@ def test_decode_row_copies_fields_and_marks_rows_kubernetes_managed() -> None:
     assert row.kubernetes_managed is True
 
 
-@pytest.mark.parametrize("column", _REQUIRED)
+@pytest.mark.parametrize("column", COLUMNS)
 def test_decode_row_rejects_a_null_in_any_required_column(column: str) -> None:
     assert decode_row(_record(**{column: None})) is None
 

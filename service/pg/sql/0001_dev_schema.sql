@@ -27,7 +27,8 @@ CREATE TABLE IF NOT EXISTS sandbox_k8s_executions (
     CONSTRAINT sandbox_k8s_executions_pod_name_key UNIQUE (pod_name)
 );
 
--- The batched lookup is `pod_name = ANY($1)` joined to sandboxes on the primary key: the
--- UNIQUE constraint above is its index. This one serves the foreign key and per-sandbox reads.
+-- The batched lookup finds each asked key's pod name through the UNIQUE constraint above (its
+-- index) and joins sandboxes on the primary key. This one serves the foreign key and
+-- per-sandbox reads.
 CREATE INDEX IF NOT EXISTS sandbox_k8s_executions_sandbox_id_idx
     ON sandbox_k8s_executions (sandbox_id, generation);
