@@ -52,7 +52,9 @@ class ReconcileResult(msgspec.Struct, frozen=True, gc=False):
 
     @staticmethod
     def skipped(reason: SkipReason | None) -> ReconcileResult:
-        return ReconcileResult(Action.DONE, str(ReconcileOutcome.SKIPPED), skip_reason=reason)
+        """The one (frozen, shared) result of each skip reason: a re-activated burst skips
+        10,000 keys for one reason."""
+        return _SKIPPED[reason]
 
     @staticmethod
     def retry(retry_after_s: float | None) -> ReconcileResult:
@@ -71,5 +73,10 @@ class ReconcileResult(msgspec.Struct, frozen=True, gc=False):
         """Whether it counts as a reconcile error (backoff, or an error with a Retry-After)."""
         return self.action is Action.BACKOFF or self.outcome == ReconcileOutcome.ERROR
 
+
+_SKIPPED: dict[SkipReason | None, ReconcileResult] = {
+    reason: ReconcileResult(Action.DONE, str(ReconcileOutcome.SKIPPED), skip_reason=reason)
+    for reason in (*SkipReason, None)
+}
 
 INACTIVE_RESULT = ReconcileResult.done(INACTIVE)
