@@ -444,24 +444,38 @@ async def test_close_fails_waiting_lookups_and_leaves_no_task(pg_url: str) -> No
             await read()
 
 
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
 async def test_batched_lookup_uses_the_pod_name_index(
-    pg_url: str, pg_conn: asyncpg.Connection
+    pg_url: str, pg_conn: asyncpg.Connection, plan_cache_mode: str
 ) -> None:
-    await seed_executions(pg_conn, [f"i{i:05d}" for i in range(5000)])
+    # A table of production's order of size, asked for a burst's batch of keys. The store's
+    # statements are prepared: after a few runs the server may plan them once for any
+    # parameters (a generic plan), which must find the keys through the index too.
+    await pg_conn.execute(
+        "INSERT INTO sandboxes (id, namespace, managed_by)"
+        f" SELECT 'i' || n, '{NAMESPACE}', 'kubernetes' FROM generate_series(1, 100000) AS n"
+    )
+    await pg_conn.execute(
+        """
+        INSERT INTO sandbox_k8s_executions
+            (sandbox_id, generation, activation_attempt, pod_name, pod_kind, execution_state,
+             active)
+            SELECT 'i' || n, 1, 0, 'space-sbx-i' || n || '-g1', 'create', 'active', true
+            FROM generate_series(1, 100000) AS n
+        """
+    )
     await pg_conn.execute("ANALYZE")
+    await pg_conn.execute(f"SET plan_cache_mode = {plan_cache_mode}")
+    asked = keys([f"space-sbx-i{n}-g1" for n in range(1, 100000, 400)])
     plan = await pg_conn.fetchval(
         f"EXPLAIN (FORMAT JSON) {LOOKUP_SQL}",
-        KEY_SEPARATOR.join(keys(["space-sbx-i00001-g1", "space-sbx-i00002-g1"])),
+        KEY_SEPARATOR.join(asked),
         [NAMESPACE],
         "kubernetes",
     )
     text = json.dumps(json.loads(plan))
     assert '"Index Name": "sandbox_k8s_executions_pod_name_key"' in text
-    assert '"Relation Name": "sandbox_k8s_executions"' in text
-    assert (
-        '"Node Type": "Seq Scan", "Parallel Aware": false, "Async Capable": false, "Relation Name": "sandbox_k8s_executions"'
-        not in text
-    )
+    assert '"Seq Scan"' not in text
 
 
 async def test_a_lookup_many_caller_giving_up_does_not_cancel_its_query(
