@@ -82,6 +82,8 @@ COLUMNS = (
 )
 """The row's columns :data:`LOOKUP_SQL` selects first, in its order: what :func:`decode_row`
 unpacks (a NULL in any of them: absent). The key the row answers follows them."""
+_KEY_COLUMN = len(COLUMNS)
+"""The position of the key a row answers (after :data:`COLUMNS`)."""
 
 
 def decode_row(record: Sequence[Any]) -> ExecutionRow | None:
@@ -90,7 +92,8 @@ def decode_row(record: Sequence[Any]) -> ExecutionRow | None:
 
     The columns are read by position, once, and each one's exact type checked (``bool`` is not
     an ``int`` here, and a NULL is never a ``str``): a burst decodes 10,000 rows."""
-    pod_name, namespace, sandbox_id, generation, attempt, pod_kind, state, active = record[:8]
+    columns = record[:_KEY_COLUMN]
+    pod_name, namespace, sandbox_id, generation, attempt, pod_kind, state, active = columns
     if (
         type(pod_name) is not str
         or type(namespace) is not str
@@ -345,7 +348,7 @@ class PgExecutionStore:
                     record[0],
                 )
                 continue
-            out[record[8]] = row
+            out[record[_KEY_COLUMN]] = row
         return out
 
 
