@@ -174,20 +174,20 @@ class Database:
         assert managed == MANAGED_BY_KUBERNETES
         now = self.net.loop.time()
         fresh = sql == FRESH_SQL
-        asked: dict[str, str] = {}
-        for key in joined.split(KEY_SEPARATOR):
-            asked.setdefault(key.partition("/")[2].partition("/")[0], key)
-        names = sorted(asked)
-        out = []
-        for name in names:
-            if fresh:
+        keys = list(dict.fromkeys(joined.split(KEY_SEPARATOR)))
+        # The pod name the server looks a key up by: split_part(key, '/', 2).
+        name_of = {key: key.partition("/")[2].partition("/")[0] for key in keys}
+        names = sorted(set(name_of.values()))
+        if fresh:
+            for name in names:
                 self.rereads.setdefault(name, []).append(now)
+        out = []
+        for key, name in name_of.items():
             row = self.rows.get(name)
-            key = asked[name]
             if row is None or not row.managed or NAMESPACE not in namespaces:
                 continue
             if key != f"{NAMESPACE}/{name}":
-                continue
+                continue  # the row answers only the key its namespace and name make up
             out.append(
                 (
                     name,
