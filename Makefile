@@ -1,5 +1,9 @@
 # `make test` is what CI runs (.ci/run). It needs only python3, pip and make.
 VENV ?= .venv
+# The interpreter the virtualenv is made with. Speed figures (benchmarks/, `make sim`'s rate) are
+# taken on an optimized CPython build, as the image's is: `make VENV=.venv-opt
+# PYTHON=/usr/bin/python3.11 bench-trigger` (docs/reliability.md, benchmarks/NOTES.md).
+PYTHON ?= python3
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
@@ -7,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 .PHONY: test lint typecheck unit demo install clean lock image
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)

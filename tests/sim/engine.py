@@ -14,21 +14,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import random
+from asyncio import tasks as asyncio_tasks
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio._backends._asyncio as anyio_asyncio
+import anyio._core._eventloop as anyio_eventloop
 import asyncpg
 
 from service.app.service import default_queue_backoff, new_pod_client, new_store, wire_engine
 from service.config import Settings
+from service.engine import workqueue as workqueue_module
 from service.engine.activation import Activation
 from service.engine.controller import Controller
 from service.engine.workqueue import WorkQueue
 from service.kit.backoff import Backoff
 from service.kube import informer as informer_module
+from service.kube import reflector as reflector_module
 from service.kube.decode import PodDecoder
 from service.kube.informer import PodInformer
 from service.kube.namespaces import MultiNamespaceInformer
@@ -150,12 +156,31 @@ async def run(service: Service, *, stop: anyio.Event) -> None:
 
 
 @contextlib.contextmanager
-def asyncpg_models(models: Asyncpg) -> Iterator[None]:
-    """``asyncpg.connect`` and ``asyncpg.create_pool`` are the database model's meanwhile."""
+def environment(models: Asyncpg, loop: VirtualLoop) -> Iterator[None]:
+    """What the service runs on, meanwhile: ``asyncpg.connect`` and ``asyncpg.create_pool`` are
+    the database model's, and three calls whose answer is fixed in a simulation (one loop, one
+    thread, asyncio only) answer it without the work they do in a real process:
+
+    - anyio's ``current_task()`` is the running task of ``loop`` read from asyncio's own table
+      (``asyncio.current_task`` reads the same table after asking for the running loop, which
+      costs a ``getpid()`` system call; anyio asks about 260 times a seed);
+    - anyio's ``current_async_library()`` is ``"asyncio"`` (it imports asyncio and asks for the
+      running loop to find that out, about 120 times a seed);
+    - ``trim_heap()`` (glibc's ``malloc_trim`` after a sync or a burst) does nothing: the C
+      heap is no part of the model, and the call costs about 50 us.
+    None of them draws from the seed or makes a model event: the traces are the same."""
     saved = asyncpg.connect, asyncpg.create_pool
+    saved_task, saved_library = anyio_asyncio.current_task, anyio_eventloop.current_async_library
+    saved_trim = reflector_module.trim_heap, workqueue_module.trim_heap
     asyncpg.connect = models.connect  # type: ignore[assignment]
     asyncpg.create_pool = models.create_pool  # type: ignore[assignment]
+    anyio_asyncio.current_task = functools.partial(asyncio_tasks._current_tasks.get, loop)
+    anyio_eventloop.current_async_library = "asyncio".__str__
+    reflector_module.trim_heap = workqueue_module.trim_heap = bool
     try:
         yield
     finally:
         asyncpg.connect, asyncpg.create_pool = saved
+        anyio_asyncio.current_task = saved_task
+        anyio_eventloop.current_async_library = saved_library
+        reflector_module.trim_heap, workqueue_module.trim_heap = saved_trim

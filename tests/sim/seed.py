@@ -26,7 +26,7 @@ from tests.chaos.checker import RECONNECT_CAP_S
 from tests.chaos.model import NAMESPACE
 from tests.chaos.schedule import Step, seed_mode
 from tests.sim.checker import Checker, Violation
-from tests.sim.engine import asyncpg_models, build, run
+from tests.sim.engine import build, environment, run
 from tests.sim.kube import SimCoreV1Api
 from tests.sim.loop import VirtualLoop
 from tests.sim.net import Net, Trace
@@ -241,7 +241,7 @@ def run_seed(
 
     world.server.on_delete = acted.set
     try:
-        with asyncpg_models(Asyncpg(world.db)):
+        with environment(Asyncpg(world.db), loop):
             try:
                 loop.run_until_complete(main())
             finally:

@@ -10,6 +10,8 @@ only a simulation can do cheaply: a starved event loop, a lagging watch, a leade
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -56,18 +58,21 @@ _RETIRE_STATES = ("suspended", "replaced", "replaced", "failed", "cancelled", "s
 
 
 _KINDS = list(SIM_STEP_WEIGHTS)
-_WEIGHTS = list(SIM_STEP_WEIGHTS.values())
+_CUM_WEIGHTS = list(itertools.accumulate(SIM_STEP_WEIGHTS.values()))
 _SHAPES = list(PodShape)
 
 
 def make_schedule(rng: random.Random, steps: int, sandboxes: int) -> list[Step]:
-    kinds, weights, shapes = _KINDS, _WEIGHTS, _SHAPES
+    kinds, shapes = _KINDS, _SHAPES
+    # ``rng.choices(kinds, weights)[0]`` as that computes it (one ``random()`` a draw), without
+    # summing the weights again for every step.
+    cum, total, last = _CUM_WEIGHTS, _CUM_WEIGHTS[-1] + 0.0, len(_KINDS) - 1
     out = []
     for _ in range(steps):
         long_pause = rng.random() < 0.15
         out.append(
             Step(
-                kind=rng.choices(kinds, weights)[0],
+                kind=kinds[bisect.bisect(cum, rng.random() * total, 0, last)],
                 index=rng.randrange(sandboxes),
                 shape=rng.choice(shapes),
                 state=rng.choice(_RETIRE_STATES),
