@@ -10,7 +10,6 @@ only a simulation can do cheaply: a starved event loop, a lagging watch, a leade
 from __future__ import annotations
 
 import asyncio
-import bisect
 import itertools
 import random
 from collections import Counter
@@ -63,16 +62,14 @@ _SHAPES = list(PodShape)
 
 
 def make_schedule(rng: random.Random, steps: int, sandboxes: int) -> list[Step]:
-    kinds, shapes = _KINDS, _SHAPES
-    # ``rng.choices(kinds, weights)[0]`` as that computes it (one ``random()`` a draw), without
-    # summing the weights again for every step.
-    cum, total, last = _CUM_WEIGHTS, _CUM_WEIGHTS[-1] + 0.0, len(_KINDS) - 1
+    # Cumulative weights given once: the same draws as ``weights=``, not summed again a step.
+    kinds, cum, shapes = _KINDS, _CUM_WEIGHTS, _SHAPES
     out = []
     for _ in range(steps):
         long_pause = rng.random() < 0.15
         out.append(
             Step(
-                kind=kinds[bisect.bisect(cum, rng.random() * total, 0, last)],
+                kind=rng.choices(kinds, cum_weights=cum)[0],
                 index=rng.randrange(sandboxes),
                 shape=rng.choice(shapes),
                 state=rng.choice(_RETIRE_STATES),
