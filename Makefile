@@ -1,8 +1,8 @@
 # `make test` is what CI runs (.ci/run). It needs only python3, pip and make.
 VENV ?= .venv
-# The interpreter the virtualenv is made with. Speed figures (benchmarks/, `make sim`'s rate) are
-# taken on an optimized CPython build, as the image's is: `make VENV=.venv-opt
-# PYTHON=/usr/bin/python3.11 bench-trigger` (docs/reliability.md, benchmarks/NOTES.md).
+# The interpreter the virtualenv is made with. The image's CPython is built with PGO and LTO; the
+# speed figures from 2026-12-03 on are given for such a build beside the default one:
+# `make VENV=.venv-opt PYTHON=/usr/bin/python3.11 bench-trigger` (benchmarks/NOTES.md).
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
