@@ -8,6 +8,7 @@ classifier never reaps.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -36,14 +37,21 @@ class ExecutionState(enum.StrEnum):
 
     @classmethod
     def parse(cls, raw: object) -> ExecutionState:
-        # A dict lookup: every row of a 10,000-row burst, and every change of its notifications,
-        # is parsed here.
-        if isinstance(raw, str):
-            return _EXECUTION_STATES.get(raw, cls.UNKNOWN)
-        return cls.UNKNOWN
+        return parse_execution_state(raw)
 
 
 _EXECUTION_STATES: dict[str, ExecutionState] = {m.value: m for m in ExecutionState}
+
+
+def parse_execution_state(
+    raw: object,
+    _get: Callable[[str, ExecutionState], ExecutionState] = _EXECUTION_STATES.get,
+    _unknown: ExecutionState = ExecutionState.UNKNOWN,
+) -> ExecutionState:
+    """:meth:`ExecutionState.parse` as a plain function: every row of a 10,000-row burst is
+    parsed here, and a class method of an enum costs three times as much (the look-ups of
+    the method and of ``UNKNOWN`` on the enum's class; 250 against 75 ns)."""
+    return _get(raw, _unknown) if isinstance(raw, str) else _unknown
 
 
 RETIRED_STATES: frozenset[ExecutionState] = frozenset(
@@ -67,11 +75,23 @@ class PodKind(enum.StrEnum):
 
     @classmethod
     def parse(cls, raw: object) -> PodKind:
-        if raw == "create":
-            return cls.CREATE
-        if raw == "restore":
-            return cls.RESTORE
-        return cls.UNKNOWN
+        return parse_pod_kind(raw)
+
+
+_POD_KINDS: dict[str, PodKind] = {
+    PodKind.CREATE.value: PodKind.CREATE,
+    PodKind.RESTORE.value: PodKind.RESTORE,
+}
+
+
+def parse_pod_kind(
+    raw: object,
+    _get: Callable[[str, PodKind], PodKind] = _POD_KINDS.get,
+    _unknown: PodKind = PodKind.UNKNOWN,
+) -> PodKind:
+    """:meth:`PodKind.parse` as a plain function (as :func:`parse_execution_state`): ``create``
+    and ``restore`` are known, anything else is ``UNKNOWN``."""
+    return _get(raw, _unknown) if isinstance(raw, str) else _unknown
 
 
 class ConditionStatus(enum.StrEnum):

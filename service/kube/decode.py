@@ -18,10 +18,10 @@ from service.domain import (
     KEEP_ANNOTATION,
     ConditionStatus,
     LabelKeys,
-    PodKind,
     PodPhase,
     PodSnapshot,
     keep_value_keeps,
+    parse_pod_kind,
 )
 
 READY_TO_START = "PodReadyToStartContainers"
@@ -217,7 +217,7 @@ class PodDecoder:
             all_containers_terminated=every,
             sandbox_id=sandbox_id,
             generation=_parse_generation(labels.get(keys.generation)),
-            kind=PodKind.parse(labels.get(keys.pod_kind)),
+            kind=parse_pod_kind(labels.get(keys.pod_kind)),
             created_at_s=_parse_time(meta.creationTimestamp),
             keep=_keep(meta.annotations),
         )

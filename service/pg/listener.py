@@ -43,7 +43,7 @@ import msgspec
 from anyio.abc import TaskStatus
 
 from service.config import DatabaseSettings
-from service.domain import ExecutionChange, ExecutionState
+from service.domain import ExecutionChange, parse_execution_state
 from service.kit.backoff import Attempts, Backoff
 from service.kit.clock import MonotonicClock, SchedulingClock, sleep_until, wait_until
 from service.kit.errors import ExternalError, Unavailable
@@ -208,7 +208,7 @@ def _add_group(
     if deleted:
         active, parsed = None, None
     else:
-        parsed = None if state is None else ExecutionState.parse(state)
+        parsed = None if state is None else parse_execution_state(state)
     append = changes.append
     for name in names:
         if name:

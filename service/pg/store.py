@@ -35,7 +35,7 @@ import anyio
 import asyncpg
 
 from service.config import DatabaseSettings
-from service.domain import ExecutionRow, ExecutionState, PodKind
+from service.domain import ExecutionRow, parse_execution_state, parse_pod_kind
 from service.kit.errors import ExternalError
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
@@ -111,8 +111,8 @@ def decode_row(record: Sequence[Any]) -> ExecutionRow | None:
         sandbox_id=sandbox_id,
         generation=generation,
         activation_attempt=attempt,
-        pod_kind=PodKind.parse(pod_kind),
-        state=ExecutionState.parse(state),
+        pod_kind=parse_pod_kind(pod_kind),
+        state=parse_execution_state(state),
         active=active,
         # The query only returns rows of Kubernetes-managed sandboxes.
         kubernetes_managed=True,

@@ -58,6 +58,15 @@ def test_decode_row_maps_pod_kinds_and_unknown_kind_to_unknown() -> None:
     assert row is not None and row.pod_kind is PodKind.UNKNOWN
 
 
+@pytest.mark.parametrize("value", [1, 1.5, b"active", ["active"], {"active": True}])
+def test_decode_row_maps_a_state_or_kind_of_another_type_to_unknown(value: object) -> None:
+    # Another column type in a schema the project did not write (an unhashable one included):
+    # the row decodes, with the unknown member, and is never reaped on it.
+    row = decode_row(_record(execution_state=value, pod_kind=value))
+    assert row is not None
+    assert row.state is ExecutionState.UNKNOWN and row.pod_kind is PodKind.UNKNOWN
+
+
 def test_decode_row_copies_fields_and_marks_rows_kubernetes_managed() -> None:
     row = decode_row(_record(generation=7, activation_attempt=3, active=True))
     assert row is not None
