@@ -201,6 +201,25 @@ def _section(name: str, r: dict[str, Any]) -> str:
             + f"Load avg {b7['load_average']}.",
             "",
         ]
+        paired = [
+            (b7_headings[v], b7["variants"][v]["statement_10k"])
+            for v in variants
+            if v != "none" and "paired_ratio_to_none" in b7["variants"][v]["statement_10k"]
+        ]
+        if paired:
+            out += [
+                f"Paired by round ({b7['rows']:,} rows in one statement: each round's time over "
+                "no trigger's in the same round, median [lowest-highest] over the rounds; wall, "
+                "then the writer's server CPU): "
+                + "; ".join(
+                    f"{name} {e['paired_ratio_to_none']['median']:.2f}x "
+                    f"[{e['paired_ratio_to_none']['min']:.2f}-{e['paired_ratio_to_none']['max']:.2f}], "
+                    f"{e['paired_server_cpu_ratio_to_none']['median']:.2f}x"
+                    for name, e in paired
+                )
+                + ".",
+                "",
+            ]
     if "B2B" in r:
         b = r["B2B"]
         e, p = b["event"]["10000"], b["baseline"].get("10000", {})

@@ -233,12 +233,26 @@ async def b7_writer(
         }
         for kind, values in cpu[variant].items():
             median = statistics.median(values)
-            out["variants"][variant][kind]["server_cpu_ms"] = median * 1000
-            out["variants"][variant][kind]["server_cpu_ratio_to_none"] = (
+            entry = out["variants"][variant][kind]
+            entry["server_cpu_ms"] = median * 1000
+            entry["server_cpu_ratio_to_none"] = (
                 median / base_cpu[kind] if base_cpu[kind] > 0 else float("nan")
             )
+            entry["paired_ratio_to_none"] = _paired(per[kind], samples["none"][kind])
+            entry["paired_server_cpu_ratio_to_none"] = _paired(values, cpu["none"][kind])
         out["variants"][variant]["max_payload_bytes"] = max_bytes[variant]
     return out
+
+
+def _paired(values: Sequence[float], none: Sequence[float]) -> dict[str, float]:
+    """The variant's time over no trigger's *in the same round* (the two a few seconds apart),
+    round by round: median, lowest and highest of those ratios. A machine whose speed drifts
+    from minute to minute moves both times of a round together, which the ratio of the two
+    medians (``ratio_to_none``) does not cancel."""
+    ratios = [v / n for v, n in zip(values, none, strict=True) if n > 0]
+    if not ratios:
+        return {"median": float("nan"), "min": float("nan"), "max": float("nan")}
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
 def summary_lines(b7: dict[str, Any]) -> Sequence[str]:
@@ -251,10 +265,23 @@ def summary_lines(b7: dict[str, Any]) -> Sequence[str]:
             f"{per['statement_10k']['median_ms']:.1f} ms ({per['statement_10k']['ratio_to_none']:.2f}x, "
             f"{per['statement_10k']['notifies']} NOTIFYs; server CPU "
             f"{per['statement_10k'].get('server_cpu_ms', float('nan')):.1f} ms, "
-            f"{per['statement_10k'].get('server_cpu_ratio_to_none', float('nan')):.2f}x); "
+            f"{per['statement_10k'].get('server_cpu_ratio_to_none', float('nan')):.2f}x; "
+            f"paired by round {_paired_text(per['statement_10k'])}); "
             f"{b7['rows']} one-row statements "
             f"{per['single_row_statements_10k']['median_ms']:.0f} ms "
             f"({per['single_row_statements_10k']['ratio_to_none']:.2f}x, "
             f"{per['single_row_statements_10k']['notifies']} NOTIFYs)"
         )
     return lines
+
+
+def _paired_text(entry: dict[str, Any]) -> str:
+    """``paired`` ratios as text (runs before they were recorded have none)."""
+    paired = entry.get("paired_ratio_to_none")
+    cpu = entry.get("paired_server_cpu_ratio_to_none")
+    if paired is None or cpu is None:
+        return "n/a"
+    return (
+        f"{paired['median']:.2f}x [{paired['min']:.2f}-{paired['max']:.2f}], "
+        f"server CPU {cpu['median']:.2f}x [{cpu['min']:.2f}-{cpu['max']:.2f}]"
+    )
