@@ -34,6 +34,7 @@ from service.domain import (
     LabelKeys,
     PodSnapshot,
     Verdict,
+    parse_execution_state,
 )
 from service.kube.decode import PodDecodeError, PodDecoder
 from service.pg.listener import parse_payload
@@ -268,7 +269,7 @@ def test_a_payload_says_retired_only_when_it_literally_does(doc: dict[str, Any])
     if change.retired:
         assert doc.get("op") in ("insert", "update")
         assert doc.get("active") is False
-        assert ExecutionState.parse(doc.get("execution_state")) in RETIRED_STATES
+        assert parse_execution_state(doc.get("execution_state")) in RETIRED_STATES
 
 
 row_values = st.lists(
@@ -303,7 +304,7 @@ def test_a_batch_keeps_exactly_its_valid_rows_and_counts_the_others(rows: list[l
         assert change.retired == (
             row[0] != "delete"
             and row[3] is False
-            and ExecutionState.parse(row[4]) in RETIRED_STATES
+            and parse_execution_state(row[4]) in RETIRED_STATES
         )
 
 
