@@ -88,9 +88,9 @@ bench-limit: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run --pods 100000 --limit-pods 150000 --only B1L,B2,B3,B4,B5 \
 		--repeats 3 --idle-s 30 --backlog-s 30 --name limit
 
-# The change-notify trigger (issue 21, ~3 min): B7 writer overhead (no trigger, 0002, 0003, 21 rounds) and
-# B2b (10,000 rows retired in one statement at 100k cached pods, 5 repeats, polling beside it,
-# 5 repeats too, each at a random phase of its tick).
+# The change-notify trigger (issue 21, ~3 min): B7 writer overhead (no trigger, 0002, 0003;
+# 21 rounds) and B2b (10,000 rows retired in one statement at 100k cached pods, 5 repeats,
+# polling beside it, 5 repeats too, each at a random phase of its tick).
 bench-trigger: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run --pods 100000 --only B7,B2B --repeats 5 --b7-rounds 21 --name trigger
 

@@ -276,11 +276,8 @@ def summary_lines(b7: dict[str, Any]) -> Sequence[str]:
 
 
 def _paired_text(entry: dict[str, Any]) -> str:
-    """``paired`` ratios as text (runs before they were recorded have none)."""
-    paired = entry.get("paired_ratio_to_none")
-    cpu = entry.get("paired_server_cpu_ratio_to_none")
-    if paired is None or cpu is None:
-        return "n/a"
+    """An entry's ratios paired by round, as text."""
+    paired, cpu = entry["paired_ratio_to_none"], entry["paired_server_cpu_ratio_to_none"]
     return (
         f"{paired['median']:.2f}x [{paired['min']:.2f}-{paired['max']:.2f}], "
         f"server CPU {cpu['median']:.2f}x [{cpu['min']:.2f}-{cpu['max']:.2f}]"

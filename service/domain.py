@@ -25,7 +25,8 @@ class PodPhase(enum.StrEnum):
 
 
 class ExecutionState(enum.StrEnum):
-    """``sandbox_k8s_executions.execution_state``. Unrecognised strings become ``UNKNOWN`` (:func:`parse_execution_state`)."""
+    """``sandbox_k8s_executions.execution_state``. Unrecognised strings become ``UNKNOWN``
+    (:func:`parse_execution_state`)."""
 
     ACTIVE = "active"
     SUSPENDED = "suspended"
@@ -71,10 +72,7 @@ class PodKind(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
-_POD_KINDS: dict[str, PodKind] = {
-    PodKind.CREATE.value: PodKind.CREATE,
-    PodKind.RESTORE.value: PodKind.RESTORE,
-}
+_POD_KINDS: dict[str, PodKind] = {m.value: m for m in PodKind}
 
 
 def parse_pod_kind(
