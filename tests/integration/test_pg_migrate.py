@@ -353,3 +353,27 @@ async def test_migrate_on_a_schema_the_project_did_not_write(empty_db: str) -> N
         assert await conn.fetchval("SELECT count(*) FROM other.sandbox_k8s_executions") == 0
     finally:
         await conn.close()
+
+
+_PROCONFIG = (
+    "SELECT proconfig FROM pg_proc"
+    " WHERE oid = 'retired_pod_gc_notify_executions_changed()'::regprocedure"
+)
+
+
+@pytest.mark.anyio
+async def test_migrate_upgrades_a_database_migrated_with_an_earlier_0003(empty_db: str) -> None:
+    # The 0003 an earlier release's `migrate` installed and recorded: the trigger function
+    # without its settings. The next `migrate` applies the current text in place.
+    earlier = read_sql(TRIGGER_STEP).replace("SET jit = off\n", "")
+    assert earlier != read_sql(TRIGGER_STEP)
+    conn = await asyncpg.connect(empty_db)
+    try:
+        await _apply(conn, [Step(SCHEMA_STEP, read_sql(SCHEMA_STEP)), Step(TRIGGER_STEP, earlier)])
+        assert await conn.fetchval(_PROCONFIG) is None
+        assert await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=True) == [TRIGGER_STEP]
+        assert await conn.fetchval(_PROCONFIG) == ["jit=off"]
+        assert [r["tgname"] for r in await conn.fetch(_TRIGGERS)] == TRIGGERS_0003
+        assert await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=True) == []
+    finally:
+        await conn.close()

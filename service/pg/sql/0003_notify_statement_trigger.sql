@@ -57,7 +57,10 @@
 -- JSON escapes to 6 bytes, multibyte text, many rows) through this file and checks it.
 --
 -- Idempotent: CREATE OR REPLACE FUNCTION, DROP ... IF EXISTS, then the triggers are created
--- again (all in the one transaction `migrate` runs this file in).
+-- again (all in the one transaction `migrate` runs this file in). `migrate` records the file by
+-- its checksum: a database migrated with an earlier text of this file gets it applied again, in
+-- place, by the next `migrate` (service/pg/migrate.py), so a change here is this step's new
+-- version, not a new step.
 
 -- The first form of this file's helpers (one change as JSON text, its batch number).
 DROP FUNCTION IF EXISTS retired_pod_gc_change_json(text, text, text, boolean, text);
@@ -103,9 +106,25 @@ $fn$;
 -- with that times the number of slices. The loop after them packs the pieces into payloads (see the bound above).
 -- The grouping compares texts byte by byte (COLLATE "C": no locale rules, and texts that a
 -- nondeterministic collation would call equal stay apart).
+--
+-- `SET jit = off`: the function's queries are never compiled with JIT, whatever the server's
+-- settings. The planner decides on JIT by a query's estimated cost (jit_above_cost, 100,000 by
+-- default), and the estimates here are guesses: transition tables have no statistics (the join of
+-- old and new rows is estimated at 50 times its rows), a generate_series over computed bounds is
+-- taken for 1,000 rows, so the general query of a 10,000-row statement is estimated at 80 billion
+-- rows. A server built with JIT (PGDG's and Debian's packages, on by default) then compiles it on
+-- every run: about 300-900 ms of compilation for a query that runs in 10-15 ms. Correcting
+-- the estimates would not be enough: the cost also grows with the statement's rows and with
+-- `sandboxes` (the join reads it), which the operator's data decides, and an operator may lower
+-- jit_above_cost. JIT pays off for long scans evaluating the same expressions over millions of
+-- rows; the time here goes to hashing, array building and JSON text, which JIT does not compile.
+-- So the function pins it off (a setting of the function, saved and restored around each call:
+-- the writer's own session keeps its JIT setting). jit_provider and the jit_* costs need no pin:
+-- with jit off they are not consulted.
 CREATE OR REPLACE FUNCTION retired_pod_gc_notify_executions_changed()
 RETURNS trigger
 LANGUAGE plpgsql
+SET jit = off
 AS $fn$
 DECLARE
     parts refcursor;
