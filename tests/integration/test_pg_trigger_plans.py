@@ -2,7 +2,7 @@
 
 On the session's server and on Debian's PostgreSQL 15 with its default settings (``planner_url``),
 where JIT is on and the trigger's general query is estimated far above ``jit_above_cost``
-(service/pg/sql/0003_notify_statement_trigger.sql says why it pins ``jit = off``). The plans are
+(service/pg/sql/0003_notify_statement_trigger.sql says why the trigger turns JIT off for it). The plans are
 the ones the server ran: ``auto_explain`` reports every statement, the trigger's nested ones
 included, and a plan compiled with JIT carries a ``JIT`` section.
 """
@@ -61,8 +61,10 @@ async def _plans_of(conn: asyncpg.Connection, statement: str) -> list[dict[str, 
     conn.add_log_listener(on_notice)
     try:
         await conn.execute(statement)
+        # The notices' callbacks are scheduled on the loop as they arrive: one more round trip
+        # and a turn of the loop, and every one of them has run.
         await conn.execute("SET auto_explain.log_min_duration = -1")
-        await anyio.sleep(0.05)  # the listener's callbacks run on the loop
+        await anyio.sleep(0)
     finally:
         conn.remove_log_listener(on_notice)
     marker = "plan:\n"
