@@ -313,6 +313,7 @@ def cancel_create_execution(
             CancelOutcome.POD_ABSENT,
             CancelOutcome.LEFT_ALONE_ACTIVE,
             CancelOutcome.LEFT_ALONE_OTHER_POD,
+            CancelOutcome.LEFT_ALONE_KEPT,
             CancelOutcome.NO_EXECUTION,
         }
         return 0 if report.outcome in ok else 1
