@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from service.domain import ReconcileOutcome, Verdict
-from tests.deploy.kustomize import Obj
+from tests.deploy.rendering import Obj
 from tests.deploy.support import (
     MONITORING,
     ROOT,
