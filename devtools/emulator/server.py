@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from devtools.emulator import discovery, rbac
+from devtools.emulator import discovery, rbac, tables
 from devtools.emulator import statuses as st
 from devtools.emulator.core import MERGE_PATCH, Emulator
 from devtools.emulator.events import event_routes
@@ -195,6 +195,9 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
                 resource_version=request.query.get("resourceVersion", ""),
                 resource_version_match=request.query.get("resourceVersionMatch", ""),
             )
+            if res is PODS and tables.wants_table(request.headers.get("Accept", "")):
+                pod_list = msgspec.json.decode(body)
+                return _table_response(request, emulator, pod_list["items"], pod_list["metadata"])
             return _json_response(body)
         if method == "POST" and (namespace is not None or not res.namespaced):
             entry = emulator.create(res, ns, await _read_json(request))
@@ -234,7 +237,33 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
         )
     else:
         raise ApiError(st.status(405, "MethodNotAllowed", f"{method} is not supported here"))
+    if (
+        method == "GET"
+        and res is PODS
+        and target.subresource is None
+        and tables.wants_table(request.headers.get("Accept", ""))
+    ):
+        pod = emulator.to_object(res, entry)
+        return _table_response(
+            request, emulator, [pod], {"resourceVersion": pod["metadata"]["resourceVersion"]}
+        )
     return _json_response(emulator.full_bytes(res, entry))
+
+
+def _table_response(
+    request: web.Request,
+    emulator: Emulator,
+    pods: list[dict[str, Any]],
+    list_meta: dict[str, Any],
+) -> web.Response:
+    """Pods in the Table form (``tables.py``), as a real server answers ``kubectl get pods``."""
+    include = request.query.get("includeObject", "") or "Metadata"
+    if include not in tables.INCLUDE_OBJECT:
+        raise st.bad_request(f"invalid includeObject {include!r}")
+    table = tables.pod_table(
+        pods, list_meta=list_meta, now_s=emulator.now_s(), include_object=include
+    )
+    return _json_response(msgspec.json.encode(table))
 
 
 async def _watch(request: web.Request, emulator: Emulator, target: _Target) -> web.StreamResponse:
