@@ -340,13 +340,16 @@ def check_dsn(url: str) -> None:
     URL the driver accepts. Reachability is not checked: an unreachable server is retried."""
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 (parses the port; raises ValueError when it is not a number)
     except ValueError:
         raise ValueError(f"expected a postgresql:// URL, got {mask_dsn(url)!r}") from None
     if parts.scheme not in _DSN_SCHEMES or "://" not in url:
         raise ValueError(
             f"expected a URL starting with postgresql:// or postgres://, got {mask_dsn(url)!r}"
         )
+    try:
+        parts.port  # noqa: B018 (parses the port; raises ValueError when it is not a number)
+    except ValueError:
+        raise ValueError(f"the port is not a number from 0 to 65535 in {mask_dsn(url)!r}") from None
 
 
 def _database_url(env: Mapping[str, str], warnings: list[str]) -> str:
