@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from devtools.emulator import discovery, rbac, tables
+from devtools.emulator import discovery, fields, rbac, tables
 from devtools.emulator import statuses as st
 from devtools.emulator.core import MERGE_PATCH, Emulator
 from devtools.emulator.events import event_routes
@@ -184,7 +184,12 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     ns = namespace or ""
     if name is None:
         if method == "GET":
+            field_selector = request.query.get("fieldSelector", "")
+            if field_selector and res is not PODS:
+                raise st.bad_request(f"the emulator selects {res.plural} by no field")
             if request.query.get("watch", "") in _TRUE:
+                if field_selector:
+                    raise st.bad_request("the emulator filters no watch by field")
                 return await _watch(request, emulator, target)
             body = emulator.list_body(
                 res,
@@ -195,10 +200,17 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
                 resource_version=request.query.get("resourceVersion", ""),
                 resource_version_match=request.query.get("resourceVersionMatch", ""),
             )
-            if res is PODS and tables.wants_table(request.headers.get("Accept", "")):
-                pod_list = msgspec.json.decode(body)
-                return _table_response(request, emulator, pod_list["items"], pod_list["metadata"])
-            return _json_response(body)
+            as_table = res is PODS and tables.wants_table(request.headers.get("Accept", ""))
+            if not field_selector and not as_table:
+                return _json_response(body)
+            page = msgspec.json.decode(body)
+            if field_selector:
+                matches = fields.pod_matcher(field_selector)
+                page["items"] = [pod for pod in page["items"] if matches(pod)]
+                page["metadata"].pop("remainingItemCount", None)
+            if as_table:
+                return _table_response(request, emulator, page["items"], page["metadata"])
+            return _json_response(msgspec.json.encode(page))
         if method == "POST" and (namespace is not None or not res.namespaced):
             entry = emulator.create(res, ns, await _read_json(request))
             return _json_response(emulator.full_bytes(res, entry), 201)
