@@ -73,3 +73,23 @@ def test_operations_documents_the_secret_the_base_references() -> None:
     secret = re.search(r"secretName: (\S+)", deployment)
     assert secret is not None
     assert f"generic {secret.group(1)}" in text
+
+
+def _comment_figures(manifest: str) -> set[str]:
+    comments = " ".join(
+        line.split("#", 1)[1] for line in manifest.splitlines() if line.lstrip().startswith("#")
+    )
+    return set(re.findall(r"(\d[\d,]*(?:\u2013\d[\d,]*)? MiB)", re.sub(r"\s+", " ", comments)))
+
+
+def test_the_manifests_memory_figures_are_the_docs() -> None:
+    # The Deployment's sizing comment repeats the measured figures: each is the one
+    # docs/operations.md ("Capacity and sizing") gives, so the two cannot drift apart.
+    sizing = OPERATIONS.read_text(encoding="utf-8").split("## Capacity and sizing", 1)[1]
+    sizing = re.sub(r"\s+", " ", sizing.split("\n## ", 1)[0])
+    for manifest in sorted(DEPLOY.rglob("*.yaml")):
+        figures = _comment_figures(manifest.read_text(encoding="utf-8"))
+        missing = sorted(f for f in figures if f not in sizing)
+        assert missing == [], f"{manifest.relative_to(ROOT)}: {missing} not in the sizing section"
+    deployment = (DEPLOY / "base" / "deployment.yaml").read_text(encoding="utf-8")
+    assert _comment_figures(deployment) >= {"84 MiB", "205 MiB", "601 MiB", "689\u2013692 MiB"}
