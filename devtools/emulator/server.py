@@ -269,18 +269,25 @@ def _table_response(
     list_meta: dict[str, Any],
 ) -> web.Response:
     """Pods in the Table form (``tables.py``), as a real server answers ``kubectl get pods``."""
+    table = tables.pod_table(
+        pods, list_meta=list_meta, now_s=emulator.now_s(), include_object=_include_object(request)
+    )
+    return _json_response(msgspec.json.encode(table))
+
+
+def _include_object(request: web.Request) -> str:
     include = request.query.get("includeObject", "") or "Metadata"
     if include not in tables.INCLUDE_OBJECT:
         raise st.bad_request(f"invalid includeObject {include!r}")
-    table = tables.pod_table(
-        pods, list_meta=list_meta, now_s=emulator.now_s(), include_object=include
-    )
-    return _json_response(msgspec.json.encode(table))
+    return include
 
 
 async def _watch(request: web.Request, emulator: Emulator, target: _Target) -> web.StreamResponse:
     res = target.res
     bookmarks = request.query.get("allowWatchBookmarks", "") in _TRUE
+    as_table = None  # the includeObject of a watch asked for as a Table (kubectl get pods -w)
+    if res is PODS and tables.wants_table(request.headers.get("Accept", "")):
+        as_table = _include_object(request)
     timeout = _int_param(request, "timeoutSeconds")
     timeout_s = float(timeout) if timeout else emulator.default_watch_timeout_s
     expired: dict[str, Any] | None = None
@@ -312,7 +319,13 @@ async def _watch(request: web.Request, emulator: Emulator, target: _Target) -> w
         next_bookmark = loop.time() + interval
         while True:
             if watcher.lines:
-                chunk = b"".join(watcher.lines)
+                lines = watcher.lines
+                if as_table is not None:
+                    lines = [
+                        tables.watch_line(line, now_s=emulator.now_s(), include_object=as_table)
+                        for line in lines
+                    ]
+                chunk = b"".join(lines)
                 watcher.lines.clear()
                 await response.write(chunk)
                 continue

@@ -6,12 +6,16 @@ descriptions and each cell follow the real server's pod printer (captured in
 ``tests/fixtures/wire/list-pods-table.json`` and ``get-pod-table.json``): Name, Ready, Status,
 Restarts and Age, then the ``-o wide`` columns IP, Node, Nominated Node and Readiness Gates
 (priority 1). ``includeObject`` (``None``, ``Metadata`` — the default — or ``Object``) chooses what
-each row's ``object`` carries. Init containers are not looked at (sandbox pods have none).
+each row's ``object`` carries. A watch asked for as a Table (``kubectl get pods -w``) gets each
+pod event's object as a one-row Table; BOOKMARK and ERROR events pass unchanged. Init containers
+are not looked at (sandbox pods have none).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import msgspec
 
 from devtools.emulator.store import parse_time
 
@@ -242,3 +246,17 @@ def pod_table(
         "columnDefinitions": list(POD_COLUMNS),
         "rows": [pod_row(p, now_s=now_s, include_object=include_object) for p in pods],
     }
+
+
+_POD_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
+
+
+def watch_line(line: bytes, *, now_s: float, include_object: str = "Metadata") -> bytes:
+    """One watch event line with its pod as a one-row Table (other events unchanged)."""
+    event = msgspec.json.decode(line)
+    if event.get("type") not in _POD_EVENTS:
+        return line
+    pod = event["object"]
+    list_meta = {"resourceVersion": (pod.get("metadata") or {}).get("resourceVersion", "")}
+    table = pod_table([pod], list_meta=list_meta, now_s=now_s, include_object=include_object)
+    return msgspec.json.encode({"type": event["type"], "object": table}) + b"\n"

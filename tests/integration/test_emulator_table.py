@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +237,70 @@ def test_kubectl_get_pods_shows_ready_status_restarts_age(kubectl_cluster: Kubec
     kubectl_cluster.run("delete", "pod", "space-sbx-live-g1", "-n", NS, "--wait=false")
     _, rows = columns(kubectl_cluster.run("get", "pod", "space-sbx-live-g1", "-n", NS).stdout)
     assert rows["space-sbx-live-g1"][:2] == ["1/1", "Terminating"]
+
+
+def test_kubectl_watch_prints_the_columns_for_every_event(kubectl_cluster: KubectlCluster) -> None:
+    kubectl_cluster.call(
+        lambda emu: emu.create_pod(sandbox_pod(sandbox_id="a", generation=1), namespace=NS)
+    )
+    proc = subprocess.Popen(
+        [str(kubectl_cluster.kubectl), "get", "pods", "-n", NS, "-w"],
+        env=kubectl_cluster.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+        assert re.split(r"\s{2,}", proc.stdout.readline().strip())[:3] == [
+            "space-sbx-a-g1",
+            "1/1",
+            "Running",
+        ]
+        # The watch starts at the list's resourceVersion: this event reaches it whenever it runs.
+        kubectl_cluster.call(
+            lambda emu: emu.create_pod(
+                sandbox_pod(sandbox_id="b", generation=1, shape=Shape.SUCCEEDED), namespace=NS
+            )
+        )
+        assert re.split(r"\s{2,}", proc.stdout.readline().strip())[:4] == [
+            "space-sbx-b-g1",
+            "0/1",
+            "Completed",
+            "0",
+        ]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@pytest.mark.anyio
+async def test_a_table_watch_sends_one_row_tables_and_bookmarks_unchanged(
+    emulator: RunningEmulator,
+) -> None:
+    emulator.emulator.create_pod(sandbox_pod(sandbox_id="a", generation=1), namespace=NS)
+    url = (
+        f"{emulator.url}/api/v1/namespaces/{NS}/pods?watch=1&resourceVersion=0"
+        "&allowWatchBookmarks=true&timeoutSeconds=1"
+    )
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, headers={"Accept": KUBECTL_ACCEPT}) as response,
+    ):
+        events = [json.loads(line) async for line in response.content if line.strip()]
+    added = [e for e in events if e["type"] == "ADDED"]
+    assert len(added) == 1
+    table = added[0]["object"]
+    assert table["kind"] == "Table"
+    assert [c["name"] for c in table["columnDefinitions"]][:5] == [
+        "Name",
+        "Ready",
+        "Status",
+        "Restarts",
+        "Age",
+    ]
+    assert [r["cells"][:3] for r in table["rows"]] == [["space-sbx-a-g1", "1/1", "Running"]]
+    assert {e["object"]["kind"] for e in events if e["type"] == "BOOKMARK"} <= {"Pod"}
