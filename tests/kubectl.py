@@ -13,9 +13,11 @@ namespace ``sandboxes`` created, and a kubeconfig whose current context names it
         kubectl_cluster.call(lambda emu: emu.create_pod(sandbox_pod(sandbox_id="a", generation=1)))
         out = kubectl_cluster.run("get", "pods", "-n", "sandboxes").stdout
 
-A child process of one's own (a doc block run by a shell) takes ``kubectl_cluster.env``: ``PATH``
-with kubectl's directory first, ``KUBECONFIG``, and ``HOME``/``KUBECACHEDIR`` in a temporary
-directory, so nothing outside the test's directory is read or written.
+``seed_lease(holder=...)`` creates the Lease ``retired-pod-gc`` in namespace ``retired-pod-gc`` as
+a leader would. A child process of one's own (a doc block run by a shell) takes
+``kubectl_cluster.env``: ``PATH`` with kubectl's directory first, ``KUBECONFIG``, and
+``HOME``/``KUBECACHEDIR`` in a temporary directory, so nothing outside the test's directory is
+read or written.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import TypeVar
 import pytest
 
 from devtools.emulator import Emulator, RunningEmulator, start_emulator
+from devtools.emulator.statuses import LEASES
 from devtools.kubectl import KUBECTL_VERSION, is_installed
 
 SANDBOX_NAMESPACE = "sandboxes"
@@ -102,6 +105,21 @@ class KubectlCluster:
     def call(self, fn: Callable[[Emulator], T]) -> T:
         """``fn(emulator)`` on the emulator's loop thread (seed pods, set statuses, read state)."""
         return self._thread.call(lambda: fn(self._emulator))
+
+    def seed_lease(
+        self, *, name: str = "retired-pod-gc", namespace: str = "retired-pod-gc", holder: str
+    ) -> None:
+        """A Lease held by ``holder`` (the controller's leader), its namespace created."""
+
+        def create(emulator: Emulator) -> None:
+            emulator.ensure_namespace(namespace)
+            body = {
+                "metadata": {"name": name},
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15},
+            }
+            emulator.create(LEASES, namespace, body)
+
+        self.call(create)
 
     def run(
         self, *args: str, check: bool = True, stdin: str | None = None
