@@ -6,7 +6,7 @@ import re
 
 from service.domain import ReconcileOutcome, SkipReason, Verdict, Waiting
 from service.metrics import EVENT_RESULTS
-from tests.deploy.support import DEPLOY, ROOT
+from tests.deploy.support import BASE, DEPLOY, MONITORING, OVERLAYS, ROOT
 
 OPERATIONS = ROOT / "docs" / "operations.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
@@ -93,3 +93,14 @@ def test_the_manifests_memory_figures_are_the_docs() -> None:
         assert missing == [], f"{manifest.relative_to(ROOT)}: {missing} not in the sizing section"
     deployment = (DEPLOY / "base" / "deployment.yaml").read_text(encoding="utf-8")
     assert _comment_figures(deployment) >= {"84 MiB", "205 MiB", "601 MiB", "689\u2013692 MiB"}
+
+
+def test_every_kustomization_the_docs_apply_is_one_the_tests_render() -> None:
+    # `kubectl apply -k` / `delete -k` need a cluster; what they send is what `kubectl kustomize`
+    # renders, and tests/deploy renders and validates exactly these directories.
+    rendered = {BASE, MONITORING, DEPLOY / "migrate", *OVERLAYS.values()}
+    named = set()
+    for doc in (OPERATIONS, ROOT / "README.md"):
+        named |= set(re.findall(r"kubectl (?:apply|delete) -k (\S+?)[`\s;]", doc.read_text()))
+    assert named, "no kubectl apply -k in the docs"
+    assert {ROOT / p for p in named} <= rendered, sorted(named)
