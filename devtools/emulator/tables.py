@@ -1,4 +1,4 @@
-"""The Table form of pods (``meta.k8s.io/v1`` ``Table``), what ``kubectl get pods`` asks for.
+"""The Table form of pods and Events (``meta.k8s.io/v1`` ``Table``), what ``kubectl get`` asks for.
 
 kubectl sends ``Accept: application/json;as=Table;v=v1;g=meta.k8s.io,...`` and prints the cells it
 gets back; a server that answers plain JSON leaves it with only NAME and AGE. The columns, their
@@ -9,6 +9,11 @@ Restarts and Age, then the ``-o wide`` columns IP, Node, Nominated Node and Read
 each row's ``object`` carries. A watch asked for as a Table (``kubectl get pods -w``) gets each
 pod event's object as a one-row Table; BOOKMARK and ERROR events pass unchanged. Init containers
 are not looked at (sandbox pods have none).
+
+Events (``kubectl get events``, core/v1 or ``events.k8s.io``) get the real server's event printer:
+LAST SEEN, TYPE, REASON, OBJECT, MESSAGE, then SUBOBJECT, SOURCE, FIRST SEEN, COUNT and NAME
+with ``-o wide``. No capture of an Event Table exists among the wire samples: the cells follow
+the printer's rules, the column descriptions are the API's field docs it uses.
 """
 
 from __future__ import annotations
@@ -260,3 +265,105 @@ def watch_line(line: bytes, *, now_s: float, include_object: str = "Metadata") -
     list_meta = {"resourceVersion": (pod.get("metadata") or {}).get("resourceVersion", "")}
     table = pod_table([pod], list_meta=list_meta, now_s=now_s, include_object=include_object)
     return msgspec.json.encode({"type": event["type"], "object": table}) + b"\n"
+
+
+_EVENT_NAME = _column("Name", _NAME, priority=1, fmt="name")
+EVENT_COLUMNS: tuple[dict[str, Any], ...] = (
+    _column(
+        "Last Seen",
+        "The time at which the most recent occurrence of this event was recorded.",
+    ),
+    _column("Type", "Type of this event (Normal, Warning), new types could be added in the future"),
+    _column(
+        "Reason",
+        "This should be a short, machine understandable string that gives the reason for the "
+        "transition into the object's current status.",
+    ),
+    _column("Object", "The object that this event is about."),
+    _column(
+        "Subobject",
+        "If referring to a piece of an object instead of an entire object, this string should "
+        "contain a valid JSON/Go field access statement, such as "
+        "desiredState.manifest.containers[2]. For example, if the object reference is to a "
+        'container within a pod, this would take on a value like: "spec.containers{name}" (where '
+        '"name" refers to the name of the container that triggered the event) or if no container '
+        'name is specified "spec.containers[2]" (container with index 2 in this pod). This syntax '
+        "is chosen only to have some well-defined way of referencing a part of an object.",
+        priority=1,
+    ),
+    _column(
+        "Source",
+        "The component reporting this event. Should be a short machine understandable string.",
+        priority=1,
+    ),
+    _column("Message", "A human-readable description of the status of this operation."),
+    _column(
+        "First Seen",
+        "The time at which the event was first recorded. (Time of server receipt is in TypeMeta.)",
+        priority=1,
+    ),
+    _column("Count", "The number of times this event has occurred.", priority=1),
+    _EVENT_NAME,
+)
+
+
+def _micro_since(timestamp: Any, now_s: float) -> str:
+    """``translateMicroTimestampSince``: a MicroTime (``...:35.000000Z``) as an AGE."""
+    if not isinstance(timestamp, str) or not timestamp:
+        return "<unknown>"
+    whole = timestamp.split(".", 1)[0].removesuffix("Z") + "Z"
+    return _since(whole, now_s)
+
+
+def event_row(event: dict[str, Any], *, now_s: float) -> dict[str, Any]:
+    """One row of a core/v1-shaped Event, as the real server's event printer writes it."""
+    first = _since(event.get("firstTimestamp"), now_s)
+    if not event.get("firstTimestamp"):
+        first = _micro_since(event.get("eventTime"), now_s)
+    last = _since(event.get("lastTimestamp"), now_s) if event.get("lastTimestamp") else first
+    count = int(event.get("count") or 0)
+    series = event.get("series")
+    if series is not None:
+        last = _micro_since(series.get("lastObservedTime"), now_s)
+        count = int(series.get("count") or 0)
+    elif count == 0:
+        count = 1  # a singleton Event of the events.k8s.io API carries no count
+    regarding = event.get("involvedObject") or {}
+    kind = str(regarding.get("kind") or "").lower()
+    target = f"{kind}/{regarding['name']}" if regarding.get("name") else kind
+    source = event.get("source") or {}
+    component = source.get("component") or event.get("reportingComponent") or ""
+    instance = source.get("host") or event.get("reportingInstance") or ""
+    meta = event.get("metadata") or {}
+    return {
+        "cells": [
+            last,
+            event.get("type", ""),
+            event.get("reason", ""),
+            target,
+            regarding.get("fieldPath", ""),
+            f"{component}, {instance}" if instance else component,
+            str(event.get("message") or "").strip(),
+            first,
+            count,
+            meta.get("name", ""),
+        ],
+        "object": {
+            "kind": "PartialObjectMetadata",
+            "apiVersion": TABLE_API_VERSION,
+            "metadata": meta,
+        },
+    }
+
+
+def event_table(
+    events: list[dict[str, Any]], *, list_meta: dict[str, Any], now_s: float
+) -> dict[str, Any]:
+    """The Table answer for core/v1-shaped ``events``."""
+    return {
+        "kind": "Table",
+        "apiVersion": TABLE_API_VERSION,
+        "metadata": list_meta,
+        "columnDefinitions": list(EVENT_COLUMNS),
+        "rows": [event_row(e, now_s=now_s) for e in events],
+    }

@@ -15,7 +15,7 @@ import pytest
 
 from devtools.emulator import Emulator, RunningEmulator
 from devtools.emulator.sandboxpods import Shape, sandbox_pod
-from devtools.emulator.tables import human_duration, wants_table
+from devtools.emulator.tables import event_row, human_duration, wants_table
 from tests.kubectl import KubectlCluster
 
 NS = "sandboxes"
@@ -304,3 +304,43 @@ async def test_a_table_watch_sends_one_row_tables_and_bookmarks_unchanged(
     ]
     assert [r["cells"][:3] for r in table["rows"]] == [["space-sbx-a-g1", "1/1", "Running"]]
     assert {e["object"]["kind"] for e in events if e["type"] == "BOOKMARK"} <= {"Pod"}
+
+
+def test_event_rows_follow_the_event_printer() -> None:
+    now = T0 + 90
+    single = {
+        "metadata": {"name": "space-sbx-a-g1.18eccb7e70eb139a"},
+        "involvedObject": {"kind": "Pod", "name": "space-sbx-a-g1"},
+        "reason": "RetiredPodDeleted",
+        "message": " deleted \n",
+        "type": "Normal",
+        "firstTimestamp": None,
+        "lastTimestamp": None,
+        "eventTime": "2026-12-03T12:13:20.123456Z",  # T0
+        "reportingComponent": "example.com/retired-pod-gc",
+        "reportingInstance": "retired-pod-gc-abc12",
+        "source": {},
+    }
+    assert event_row(single, now_s=now)["cells"] == [
+        "90s",
+        "Normal",
+        "RetiredPodDeleted",
+        "pod/space-sbx-a-g1",
+        "",
+        "example.com/retired-pod-gc, retired-pod-gc-abc12",
+        "deleted",
+        "90s",
+        1,
+        "space-sbx-a-g1.18eccb7e70eb139a",
+    ]
+    series = single | {
+        "series": {"count": 4, "lastObservedTime": "2026-12-03T12:14:20.000000Z"},
+        "reportingInstance": "",
+    }
+    cells = event_row(series, now_s=now)["cells"]
+    assert (cells[0], cells[5], cells[7], cells[8]) == (
+        "30s",
+        "example.com/retired-pod-gc",
+        "90s",
+        4,
+    )
