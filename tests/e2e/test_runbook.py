@@ -509,9 +509,9 @@ def run_events(world: World, block: Block) -> None:
         },
     )
     out = world.shell.run(block, text).stdout
-    # `get events` lists the Events by name (`<pod>.<suffix>`): both reported pods have theirs.
+    # `get events` prints the real server's columns (OBJECT `pod/<pod>`): both reported pods.
     for name in (IDLE, ROLL):
-        assert re.search(rf"^{name}\.\w+\s", out, re.MULTILINE), out
+        assert re.search(rf"\sRetiredPodWouldDelete\s+pod/{name}\s", out), out
     assert f"uid: {world.uids[IDLE]}" in out
     assert "reason: RetiredPodWouldDelete" in out
     assert re.search(rf"^Name:\s+{IDLE}$", out, re.MULTILINE), out
