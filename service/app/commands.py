@@ -93,22 +93,29 @@ _DATABASE_HINTS = {
 
 
 def _database_failure(what: str, settings: config.Settings, exc: BaseException) -> CommandError:
-    """One line for a failed database call: what failed, the masked URL, the cause (the driver's
-    own error, unwrapped from the kit's) and, when known, the fix."""
-    cause = exc.__cause__ if isinstance(exc, ExternalError) and exc.__cause__ else exc
-    hint: str | None
-    if isinstance(cause, TimeoutError):
+    """One line for a failed database call: what failed, the masked URL, the cause (the server's
+    own error when it sent one, found at the end of the ``__cause__`` chain) and, when known, the
+    fix."""
+    chain = [exc]
+    while chain[-1].__cause__ is not None:
+        chain.append(chain[-1].__cause__)
+    root = chain[-1]
+    sqlstate = str(getattr(root, "sqlstate", "") or "")
+    hint = _DATABASE_HINTS.get(sqlstate)
+    if sqlstate:
+        text = _describe(root)
+    elif isinstance(exc, TimeoutError):
         text = "no answer in time"
+    else:
+        text = _describe(exc)
+    if any(isinstance(e, TimeoutError) for e in chain):
         hint = (
             "are the host and port right, and does every firewall and NetworkPolicy let them "
             f"through? ({config.PREFIX}DB_CONNECT_TIMEOUT_SECONDS and "
             "DB_STATEMENT_TIMEOUT_SECONDS bound the wait)"
         )
-    else:
-        text = _describe(cause)
-        hint = _DATABASE_HINTS.get(str(getattr(cause, "sqlstate", "") or ""))
-        if hint is None and isinstance(cause, ConnectionRefusedError):
-            hint = "is PostgreSQL running there, and are the host and port right?"
+    elif isinstance(root, ConnectionRefusedError):
+        hint = "is PostgreSQL running there, and are the host and port right?"
     return CommandError(
         f"{what} ({settings.database.masked_url}): {text}" + (f"; {hint}" if hint else "")
     )
@@ -222,9 +229,7 @@ def migrate_database(settings: config.Settings, *, with_schema: bool) -> int:
                     connect_timeout_s=settings.database.connect_timeout_s,
                 )
         except Exception as exc:
-            raise CommandError(
-                f"migrate failed ({settings.database.masked_url}): {_describe(exc)}"
-            ) from None
+            raise _database_failure("migrate failed", settings, exc) from None
         if applied:
             print("applied: " + ", ".join(applied))
         else:
