@@ -70,6 +70,7 @@ from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget, Turn
 from service.engine.observation import ObservationClocks
 from service.engine.results import INACTIVE_RESULT, ReconcileResult
+from service.kit.causelog import CauseLog
 from service.kit.clock import Clock
 from service.kit.errors import ApiError, ExternalError
 from service.kit.timeouts import fail_after
@@ -189,6 +190,9 @@ class Reconciler:
         )
         self._conflict_requeue_s = conflict_requeue_s
         self._barrier = barrier
+        self._sync_failures = CauseLog(
+            "could not sync change notifications, clocks of due pods cleared", logger
+        )
         self._recorder = recorder
         self.mode = "dry_run" if settings.dry_run else "live"
         """The ``mode`` label of the outcome metric."""
@@ -442,10 +446,13 @@ class Reconciler:
                 await _bounded("notification sync", self._db_timeout_s, self._barrier.sync())
             except StepFailed as exc:
                 self._clocks.clear_key(key)
-                logger.warning(
+                # Once per cause: a listener that cannot prove delivery fails every due key.
+                self._sync_failures.failed(str(exc))
+                logger.debug(
                     "could not sync change notifications, clock cleared: %s", exc, extra=extra
                 )
                 return ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
+            self._sync_failures.ok()
 
         # The re-reads take time: an event may have cleared the clock, or leadership may have
         # been lost, meanwhile (checked here so that no such candidate waits for the budget).

@@ -17,13 +17,11 @@ listener's (:func:`connect`) — is opened here, so that each:
   query on whatever server the pooler lends it.
 
 A login the server refuses (SQLSTATE class 28) is counted (``database_login_failures``) and
-raised as :class:`LoginFailed`. :class:`CauseLog` is how the callers log a failure that recurs:
-once per change of cause, not once per retry.
+raised as :class:`LoginFailed`.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import asyncpg
@@ -116,28 +114,3 @@ def pool_options(settings: DatabaseSettings, application_name: str) -> dict[str,
     if settings.transaction_pooler:
         options["statement_cache_size"] = 0
     return options
-
-
-class CauseLog:
-    """Logs a recurring failure once per change of its cause (and once when it clears), so a
-    connection retried for an hour with a wrong password logs one line, not thousands."""
-
-    def __init__(self, what: str, log: logging.Logger) -> None:
-        self._what = what
-        self._log = log
-        self._last: str | None = None
-
-    def failed(self, cause: str) -> None:
-        if cause != self._last:
-            self._log.warning("%s: %s", self._what, cause)
-            self._last = cause
-
-    def ok(self) -> None:
-        if self._last is not None:
-            self._log.info("%s: works again", self._what)
-            self._last = None
-
-    @property
-    def cause(self) -> str | None:
-        """The failure last logged, ``None`` when the last attempt worked."""
-        return self._last

@@ -52,11 +52,12 @@ from anyio.abc import TaskStatus
 from service.config import DatabaseSettings
 from service.domain import ExecutionChange, parse_execution_state
 from service.kit.backoff import Attempts, Backoff
+from service.kit.causelog import CauseLog
 from service.kit.clock import MonotonicClock, SchedulingClock, sleep_until, wait_until
 from service.kit.errors import ExternalError, Unavailable
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
-from service.pg.connect import CauseLog, connect
+from service.pg.connect import connect
 from service.pg.errors import ListenerUnavailable, database_errors, describe
 from service.ports import ExecutionEventHandler
 

@@ -36,10 +36,11 @@ import asyncpg
 
 from service.config import DatabaseSettings
 from service.domain import ExecutionRow, parse_execution_state, parse_pod_kind
+from service.kit.causelog import CauseLog
 from service.kit.errors import ExternalError
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
-from service.pg.connect import CauseLog, pool_connector, pool_options
+from service.pg.connect import pool_connector, pool_options
 from service.pg.errors import DatabaseError, StoreClosed, database_errors, describe
 
 logger = logging.getLogger(__name__)

@@ -76,9 +76,11 @@ def service_env(db_url: str, **overrides: object) -> dict[str, str]:
 
 @asynccontextmanager
 async def running_service(
-    emulator: RunningEmulator, db_url: str, **overrides: object
+    emulator: RunningEmulator, db_url: str, *, listening: bool = True, **overrides: object
 ) -> AsyncIterator[Parts]:
-    """The service, built and running in this test's event loop, its cache synced.
+    """The service, built and running in this test's event loop, its cache synced and (with
+    ``listening``) its notify listener connected: its first connection's resync, which clears
+    every clock, is behind it.
 
     A crash of any part fails the test (it propagates out of the task group).
     """
@@ -93,6 +95,8 @@ async def running_service(
             try:
                 with anyio.fail_after(EVENTUALLY_S):
                     await parts.informer.wait_synced()
+                    while listening and not parts.listener.connected:
+                        await anyio.sleep(0.01)
                 yield parts
             finally:
                 stop.set()
