@@ -34,7 +34,8 @@ test: lint typecheck pgbouncer
 	$(BIN)/coverage report --include='service/classifier.py' --fail-under=100
 
 # Debian's PgBouncer, which the database-topology tests run (devtools/pg/topology.py):
-# installed from apt when absent (as root).
+# installed from apt when absent (as root). RUNLEVEL=1: the package's own daemon is not started
+# (the tests start theirs).
 .PHONY: pgbouncer
 pgbouncer:
 	@command -v pgbouncer >/dev/null 2>&1 || test -x /usr/sbin/pgbouncer || { \
@@ -42,7 +43,7 @@ pgbouncer:
 			echo "pgbouncer is not installed: run 'make pgbouncer' as root (apt-get install pgbouncer)" >&2; \
 			exit 1; \
 		fi; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer; }
+		apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer; }
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit -q

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -67,7 +68,9 @@ SETTINGS: dict[str, object] = {
     "DEBUG_PENDING": True,
 }
 NOT_DELIVERED = "notifications are not delivered"
+RECONNECTS = "retired_pod_gc_listener_reconnects_total"
 TEMPLATE = "space_template"
+LOST_STATEMENT = re.compile(r'prepared statement "[^"]*" (does not exist|already exists)')
 
 
 # ------------------------------------------------------------------------------ the database
@@ -246,7 +249,7 @@ async def _reaped_by_notification(
     )
     [deleted_at] = _deletes(emulator, name)
     after = await svc.metrics()
-    for unchanged in ("retired_pod_gc_listener_reconnects_total", "retired_pod_gc_is_leader"):
+    for unchanged in (RECONNECTS, "retired_pod_gc_is_leader"):
         assert _metric(after, unchanged) == _metric(before, unchanged), unchanged
     enqueued = "retired_pod_gc_retirement_to_enqueue_seconds_count"
     assert _metric(after, enqueued) > _metric(before, enqueued)
@@ -333,8 +336,8 @@ async def test_pgbouncer_transaction_mode_with_a_direct_listener_reaps_by_notifi
     text = await svc.metrics()
     assert _metric(text, "retired_pod_gc_listener_delivery_ok") == 1
     assert _metric(text, "retired_pod_gc_listener_connected") == 1
-    # A prepared statement lost between transactions would show here.
-    assert "prepared statement" not in svc.log_text()
+    # A prepared statement lost (or left behind) between transactions would show here.
+    assert not LOST_STATEMENT.search(svc.log_text())
     assert "Traceback" not in svc.log_text()
 
 
@@ -425,11 +428,22 @@ async def test_multi_host_url_survives_failover(
             with anyio.fail_after(WAIT_CAP_S):
                 while f"{NS}/{lost}" not in await _pending_keys(svc):
                     await anyio.sleep(0.02)
+            reconnects = _metric(await svc.metrics(), RECONNECTS)
             kill(primary)
             assert _deletes(emulator) == [], "deleted before the failover: no test"
             standby.promote()
             promoted_at = time.time()
 
+            # Back on the new primary (the one server left) and ready.
+            with anyio.fail_after(WAIT_CAP_S):
+                while True:
+                    text = await svc.metrics()
+                    if (
+                        _metric(text, RECONNECTS) > reconnects
+                        and _metric(text, "retired_pod_gc_listener_connected") == 1
+                    ):
+                        break
+                    await anyio.sleep(0.1)
             await svc.wait_for("/readyz", 200, timeout_s=WAIT_CAP_S)
             new_admin = standby.database_url("space")
             await _reaped_by_notification(svc, emulator, new_admin, later, record_property)
@@ -494,7 +508,7 @@ async def test_rotated_password_takes_effect_at_the_next_reconnect_without_a_res
     assert logged >= 1, svc.log_tail()
     seen = await failures()
     with anyio.fail_after(WAIT_CAP_S):
-        while await failures() < seen + 3:
+        while await failures() < seen + 2:
             await anyio.sleep(0.1)
     # Logged once per change of cause, not per retry.
     assert len(_log_lines(svc, "password authentication failed")) == logged
