@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from service.domain import LabelKeys
 
@@ -212,14 +212,17 @@ LIST_PAGE_SIZE = _var("LIST_PAGE_SIZE", 500, _parse_int, "Pods per page when lis
 LIST_MODE = _var("LIST_MODE", "auto", _choice("auto", "stream", "list"), "How the pod cache is filled at start and on every relist: stream (a streaming list, the state as watch events), list (a list from the API server's watch cache, a quorum list as the last resort) or auto (stream, falling back to list for good when the server rejects or does not honour it).")
 STREAM_SYNC_TIMEOUT_SECONDS = _var("STREAM_SYNC_TIMEOUT_SECONDS", 30.0, _parse_float, "A streaming list that goes this long without an event before its initial-events-end bookmark is not honoured by the server (auto: fall back to list).", lo=1, hi=600)
 DELETE_GRACE_PERIOD_SECONDS = _var("DELETE_GRACE_PERIOD_SECONDS", None, _optional_int, "gracePeriodSeconds sent with each DELETE; empty means the pod's own.", lo=0, hi=3600)
-DATABASE_URL = _var("DATABASE_URL", "", _parse_text, "PostgreSQL URL (postgresql://user:password@host:port/db). Never logged unmasked.", secret=True)
-DATABASE_URL_FILE = _var("DATABASE_URL_FILE", "", _parse_text, "Path of a file holding the database URL (a mounted Secret); exclusive with DATABASE_URL.")
+DATABASE_URL = _var("DATABASE_URL", "", _parse_text, "PostgreSQL URL of the primary (postgresql://user:password@host:port/db, or libpq's multi-host form host1:port1,host2:port2 for a failover pair: the primary is picked). Never logged unmasked.", secret=True)
+DATABASE_URL_FILE = _var("DATABASE_URL_FILE", "", _parse_text, "Path of a file holding the database URL (a mounted Secret); exclusive with DATABASE_URL. Read again for every new connection, so a rotated Secret takes effect at the next reconnect.")
+LISTENER_DATABASE_URL = _var("LISTENER_DATABASE_URL", "", _parse_text, "URL of the notify listener's own connection, when it must differ from the database URL (the query pool behind a transaction-mode pooler, the listener direct or through a session-mode pool). Empty: the database URL. Never logged unmasked.", secret=True)
+LISTENER_DATABASE_URL_FILE = _var("LISTENER_DATABASE_URL_FILE", "", _parse_text, "Path of a file holding the listener's URL; exclusive with LISTENER_DATABASE_URL. Read again for every new connection.")
+DB_TRANSACTION_POOLER = _var("DB_TRANSACTION_POOLER", False, _parse_bool, "The database URL goes through a transaction-mode pooler (PgBouncer pool_mode=transaction or a proxy that pools by transaction): the pool keeps no server-side prepared statement. The listener can never work through one (LISTENER_DATABASE_URL).")
 DB_POOL_SIZE = _var("DB_POOL_SIZE", 4, _parse_int, "Maximum connections in the lookup pool (the listener has its own).", lo=1, hi=64)
 DB_CONNECT_TIMEOUT_SECONDS = _var("DB_CONNECT_TIMEOUT_SECONDS", 5.0, _parse_float, "Timeout to open one database connection (the service's and every command's, migrate included).", lo=0.1, hi=120)
 DB_STATEMENT_TIMEOUT_SECONDS = _var("DB_STATEMENT_TIMEOUT_SECONDS", 5.0, _parse_float, "Timeout of one database query.", lo=0.1, hi=120)
 NOTIFY_CHANNEL = _var("NOTIFY_CHANNEL", "sandbox_execution_changed", _regex(_IDENTIFIER, "an SQL identifier"), "LISTEN/NOTIFY channel the trigger publishes execution changes on.")
-LISTENER_HEARTBEAT_SECONDS = _var("LISTENER_HEARTBEAT_SECONDS", 10.0, _parse_float, "How often the listener checks its connection with a query.", lo=0.1, hi=300)
-LISTENER_HEARTBEAT_TIMEOUT_SECONDS = _var("LISTENER_HEARTBEAT_TIMEOUT_SECONDS", 5.0, _parse_float, "A heartbeat slower than this declares the listener connection dead.", lo=0.1, hi=120)
+LISTENER_HEARTBEAT_SECONDS = _var("LISTENER_HEARTBEAT_SECONDS", 10.0, _parse_float, "How often the listener proves delivery: a NOTIFY sent through the query pool on a channel of its own must come back on the listening connection.", lo=0.1, hi=300)
+LISTENER_HEARTBEAT_TIMEOUT_SECONDS = _var("LISTENER_HEARTBEAT_TIMEOUT_SECONDS", 5.0, _parse_float, "A delivery probe (heartbeat, or the barrier before a DELETE) that has not come back within this declares the listener connection dead (no DELETE until a new one proves delivery).", lo=0.1, hi=120)
 LOOKUP_BATCH_SIZE = _var("LOOKUP_BATCH_SIZE", 500, _parse_int, "Most pod names one batched row lookup carries.", lo=1, hi=10000)
 LOOKUP_BATCH_WAIT_SECONDS = _var("LOOKUP_BATCH_WAIT_SECONDS", 0.002, _parse_float, "Longest a lookup waits for others to share its query.", lo=0, hi=1)
 METRICS_BIND_ADDRESS = _var("METRICS_BIND_ADDRESS", ("0.0.0.0", 8080), _parse_bind, "HOST:PORT of the /metrics, /healthz and /readyz server.")
@@ -257,7 +260,8 @@ class KubeSettings:
 @dataclass(frozen=True, slots=True)
 class DatabaseSettings:
     url: str = field(repr=False)
-    """Connection URL; never print it, use :attr:`masked_url`."""
+    """The query pool's URL as given or as its file held at start; never print it, use
+    :attr:`masked_url`. :meth:`pool_url` is the one a new connection uses."""
     pool_size: int
     connect_timeout_s: float
     statement_timeout_s: float
@@ -266,10 +270,33 @@ class DatabaseSettings:
     heartbeat_timeout_s: float
     batch_max_size: int
     batch_max_wait_s: float
+    url_file: str = ""
+    """DATABASE_URL_FILE: read again for every new connection (a rotated Secret)."""
+    listener_url: str = field(default="", repr=False)
+    """The listener's URL when it has its own (empty: the pool's)."""
+    listener_url_file: str = ""
+    """LISTENER_DATABASE_URL_FILE: read again for every new listener connection."""
+    transaction_pooler: bool = False
+    """The pool's URL goes through a transaction-mode pooler: no server-side prepared
+    statement outlives its query."""
 
     @property
     def masked_url(self) -> str:
         return mask_dsn(self.url)
+
+    def pool_url(self) -> str:
+        """The URL a new pooled connection uses now. Raises :class:`ConfigError` when its file
+        can no longer be read or holds no usable URL."""
+        if self.url_file:
+            return read_url_file(self.url_file, DATABASE_URL_FILE.name)
+        return self.url
+
+    def listener_url_now(self) -> str:
+        """The URL a new listener connection uses now (its own, else the pool's). Raises
+        :class:`ConfigError` as :meth:`pool_url` does."""
+        if self.listener_url_file:
+            return read_url_file(self.listener_url_file, LISTENER_DATABASE_URL_FILE.name)
+        return self.listener_url or self.pool_url()
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,47 +360,88 @@ def mask_dsn(url: str) -> str:
 
 
 _DSN_SCHEMES = frozenset({"postgresql", "postgres"})
+TARGET_SESSION_ATTRS = frozenset({"any", "primary", "read-write"})
+"""The ``target_session_attrs`` a URL may ask for. Every connection of the service goes to the
+primary whatever the URL says (LISTEN and the final re-read need it); ``read-write`` means the
+same for a login whose sessions are read-only by default (``deploy/db-role/role.sql``)."""
+
+
+def _check_hosts(hostlist: str) -> None:
+    """libpq's host list: ``host[:port]`` or ``[v6addr][:port]``, comma-separated."""
+    for spec in hostlist.split(","):
+        if spec.startswith("["):
+            addr, sep, rest = spec[1:].partition("]")
+            if not sep or not addr or (rest and not rest.startswith(":")):
+                raise ValueError(f"bad host {spec!r}")
+            port = rest[1:]
+        else:
+            addr, _, port = spec.partition(":")
+        if not addr and len(hostlist.split(",")) > 1:
+            raise ValueError("an empty host in the host list")
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
+            raise ValueError(
+                f"port {port!r} of host {addr or spec!r} is not a number from 1 to 65535"
+            )
 
 
 def check_dsn(url: str) -> None:
     """Raise ``ValueError`` (its message safe to print) unless ``url`` parses as a PostgreSQL
-    URL the driver accepts. Reachability is not checked: an unreachable server is retried."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 (parses the port; raises ValueError when it is not a number)
-    except ValueError:
-        raise ValueError(f"expected a postgresql:// URL, got {mask_dsn(url)!r}") from None
-    if parts.scheme not in _DSN_SCHEMES or "://" not in url:
+    URL the driver accepts: one host or libpq's multi-host list, and a ``target_session_attrs``
+    the service can honour. Reachability is not checked: an unreachable server is retried."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in _DSN_SCHEMES:
         raise ValueError(
             f"expected a URL starting with postgresql:// or postgres://, got {mask_dsn(url)!r}"
         )
+    netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    hostlist = netloc.rpartition("@")[2]
+    try:
+        _check_hosts(hostlist)
+        query = urlsplit(url).query
+    except ValueError as exc:
+        raise ValueError(f"{exc} in {mask_dsn(url)!r}") from None
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name == "target_session_attrs" and value not in TARGET_SESSION_ATTRS:
+            raise ValueError(
+                f"target_session_attrs={value!r}: retired-pod-gc needs the primary "
+                f"(use one of {', '.join(sorted(TARGET_SESSION_ATTRS))})"
+            )
 
 
-def _database_url(env: Mapping[str, str], warnings: list[str]) -> str:
-    url = DATABASE_URL.read(env, warnings)
-    path = DATABASE_URL_FILE.read(env, warnings)
-    if path and url:
-        raise ConfigError(DATABASE_URL_FILE.name, f"set only one of it and {DATABASE_URL.name}")
-    if not path:
-        if url:
-            try:
-                check_dsn(url)
-            except ValueError as exc:
-                raise ConfigError(DATABASE_URL.name, str(exc)) from None
-        return url
+def read_url_file(path: str, variable: str) -> str:
+    """The URL held by the file at ``path`` (``variable`` names it in errors). Raises
+    :class:`ConfigError`."""
     try:
         text = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise ConfigError(DATABASE_URL_FILE.name, f"cannot read {path!r}: {exc.strerror}") from None
+        raise ConfigError(variable, f"cannot read {path!r}: {exc.strerror}") from None
     except ValueError as exc:  # e.g. a NUL byte in the path
-        raise ConfigError(DATABASE_URL_FILE.name, f"not a usable path: {exc}") from None
+        raise ConfigError(variable, f"not a usable path: {exc}") from None
     if not text:
-        raise ConfigError(DATABASE_URL_FILE.name, f"{path!r} is empty")
+        raise ConfigError(variable, f"{path!r} is empty")
     try:
         check_dsn(text)
     except ValueError as exc:
-        raise ConfigError(DATABASE_URL_FILE.name, f"{path!r} holds no usable URL: {exc}") from None
+        raise ConfigError(variable, f"{path!r} holds no usable URL: {exc}") from None
     return text
+
+
+def _url(
+    env: Mapping[str, str], warnings: list[str], inline: Var[str], file: Var[str]
+) -> tuple[str, str]:
+    """(URL, file path) of one URL setting given inline or as a file (exclusive)."""
+    url = inline.read(env, warnings)
+    path = file.read(env, warnings)
+    if path and url:
+        raise ConfigError(file.name, f"set only one of it and {inline.name}")
+    if path:
+        return read_url_file(path, file.name), path
+    if url:
+        try:
+            check_dsn(url)
+        except ValueError as exc:
+            raise ConfigError(inline.name, str(exc)) from None
+    return url, ""
 
 
 def _namespaces(env: Mapping[str, str], warnings: list[str]) -> tuple[str, ...]:
@@ -409,6 +477,10 @@ def load(env: Mapping[str, str]) -> Settings:
         retry = used
     namespaces = _namespaces(env, w)
     host, port = METRICS_BIND_ADDRESS.read(env, w)
+    url, url_file = _url(env, w, DATABASE_URL, DATABASE_URL_FILE)
+    listener_url, listener_url_file = _url(
+        env, w, LISTENER_DATABASE_URL, LISTENER_DATABASE_URL_FILE
+    )
     settings = Settings(
         enabled=ENABLED.read(env, w),
         dry_run=DRY_RUN.read(env, w),
@@ -434,7 +506,11 @@ def load(env: Mapping[str, str]) -> Settings:
             stream_sync_timeout_s=STREAM_SYNC_TIMEOUT_SECONDS.read(env, w),
         ),
         database=DatabaseSettings(
-            url=_database_url(env, w),
+            url=url,
+            url_file=url_file,
+            listener_url=listener_url,
+            listener_url_file=listener_url_file,
+            transaction_pooler=DB_TRANSACTION_POOLER.read(env, w),
             pool_size=DB_POOL_SIZE.read(env, w),
             connect_timeout_s=DB_CONNECT_TIMEOUT_SECONDS.read(env, w),
             statement_timeout_s=DB_STATEMENT_TIMEOUT_SECONDS.read(env, w),
@@ -496,7 +572,14 @@ def effective(settings: Settings, env: Mapping[str, str]) -> list[tuple[str, str
             else settings.kube.delete_grace_period_s
         ),
         DATABASE_URL.name: settings.database.masked_url,
-        DATABASE_URL_FILE.name: env.get(DATABASE_URL_FILE.name, ""),
+        DATABASE_URL_FILE.name: settings.database.url_file,
+        LISTENER_DATABASE_URL.name: (
+            mask_dsn(settings.database.listener_url)
+            if settings.database.listener_url and not settings.database.listener_url_file
+            else ""
+        ),
+        LISTENER_DATABASE_URL_FILE.name: settings.database.listener_url_file,
+        DB_TRANSACTION_POOLER.name: settings.database.transaction_pooler,
         DB_POOL_SIZE.name: settings.database.pool_size,
         DB_CONNECT_TIMEOUT_SECONDS.name: settings.database.connect_timeout_s,
         DB_STATEMENT_TIMEOUT_SECONDS.name: settings.database.statement_timeout_s,

@@ -219,7 +219,29 @@ class Metrics:
         # PostgreSQL
         self.listener_connected = Gauge(
             "retired_pod_gc_listener_connected",
-            "1 while the LISTEN connection is up.",
+            "1 while the LISTEN connection is up and has proven that notifications arrive.",
+            registry=r,
+        )
+        self.listener_delivery_ok = Gauge(
+            "retired_pod_gc_listener_delivery_ok",
+            "1 when the listener's last delivery probe (a NOTIFY sent through the query pool) "
+            "arrived on the listening connection in time, else 0.",
+            registry=r,
+        )
+        self.listener_delivery_failures = Counter(
+            "retired_pod_gc_listener_delivery_failures",
+            "Delivery probes that failed (not sent, or not arrived in time).",
+            registry=r,
+        )
+        self.notify_queue_usage = Gauge(
+            "retired_pod_gc_notify_queue_usage_ratio",
+            "pg_notification_queue_usage(): the fraction of the server's NOTIFY queue in use. "
+            "At 1 every NOTIFYing COMMIT fails (the platform's retirements among them).",
+            registry=r,
+        )
+        self.database_login_failures = Counter(
+            "retired_pod_gc_database_login_failures",
+            "Connections whose login the server refused (wrong password, unknown role).",
             registry=r,
         )
         self.listener_reconnects = Counter(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +50,7 @@ __all__ = [
     "NAMESPACE",
     "db_settings",
     "metric",
+    "probe_sender",
     "seed_execution",
     "seed_executions",
     "seed_sandbox",
@@ -202,6 +203,26 @@ def db_settings(url: str, **overrides: Any) -> DatabaseSettings:
     }
     values.update(overrides)
     return DatabaseSettings(**values)
+
+
+def probe_sender(url: str) -> Callable[[str, str], Awaitable[float]]:
+    """A notify listener's delivery-probe sender for tests that run a listener without a
+    store: each probe a ``pg_notify`` committed on a connection of its own, as the store's pool
+    sends it (``PgExecutionStore.notify``)."""
+
+    async def send(channel: str, payload: str) -> float:
+        conn = await asyncpg.connect(url, timeout=5)
+        try:
+            usage = await conn.fetchval(
+                "SELECT pg_notification_queue_usage() FROM (SELECT pg_notify($1, $2)) AS n",
+                channel,
+                payload,
+            )
+        finally:
+            await conn.close(timeout=5)
+        return float(usage)
+
+    return send
 
 
 def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:

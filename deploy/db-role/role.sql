@@ -46,6 +46,10 @@ $roles$;
 ALTER ROLE retired_pod_gc NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS
     CONNECTION LIMIT 24;
 ALTER ROLE retired_pod_gc SET default_transaction_read_only = on;
+-- The server gives up on a statement the service has given up on (DB_STATEMENT_TIMEOUT_SECONDS,
+-- 5 s by default, is the client's bound). Set on the role, not sent by the client: a pooler such
+-- as PgBouncer refuses a statement_timeout startup parameter.
+ALTER ROLE retired_pod_gc SET statement_timeout = '5s';
 ALTER ROLE retired_pod_gc_operator NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS
     CONNECTION LIMIT 4;
 

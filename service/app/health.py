@@ -3,8 +3,9 @@
 
 ``/healthz`` answers 200 while every registered loop has checked in recently (a loop that stops
 beating — a wedged informer, listener or worker — makes the process restartable by the
-kubelet). ``/readyz`` answers 200 when the pod cache is synced and the database answered a
-ping recently.
+kubelet). ``/readyz`` answers 200 when the pod cache is synced, the database answered a ping
+recently and the notify listener has proven that notifications arrive; otherwise 503, its body
+naming each problem.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class HealthServer:
         metrics: Metrics,
         heartbeats: Heartbeats,
         cache_synced: Callable[[], bool],
-        database_ok: Callable[[], Awaitable[bool]],
+        database_problem: Callable[[], Awaitable[str | None]],
+        listener_problem: Callable[[], str | None],
         host: str,
         port: int,
         pending: Callable[[int, str | None], dict[str, Any]] | None = None,
@@ -67,7 +69,8 @@ class HealthServer:
         self._pending = pending
         self._heartbeats = heartbeats
         self._cache_synced = cache_synced
-        self._database_ok = database_ok
+        self._database_problem = database_problem
+        self._listener_problem = listener_problem
         self._host = host
         self._port = port
         self.bound_port: int | None = None
@@ -103,8 +106,12 @@ class HealthServer:
         problems = []
         if not self._cache_synced():
             problems.append("pod cache not synced")
-        if not await self._database_ok():
-            problems.append("database unreachable")
+        database = await self._database_problem()
+        if database is not None:
+            problems.append(f"database: {database}")
+        listener = self._listener_problem()
+        if listener is not None:
+            problems.append(f"notify listener: {listener}")
         if problems:
             return web.Response(status=503, text="; ".join(problems) + "\n")
         return web.Response(text="ok\n")

@@ -208,7 +208,11 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     )
     # The reconciler's notification barrier; the controller becomes its handler once built.
     listener = RetirementListener(
-        settings.database, metrics=metrics, clock=clock, namespaces=settings.kube.namespaces
+        settings.database,
+        metrics=metrics,
+        probe=store.notify,
+        clock=clock,
+        namespaces=settings.kube.namespaces,
     )
     recorder = (
         KubeEventRecorder(
@@ -242,7 +246,8 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         metrics=metrics,
         heartbeats=heartbeats,
         cache_synced=lambda: informer.synced,
-        database_ok=_cached_ping(store, clock),
+        database_problem=_cached_ping(store, clock),
+        listener_problem=lambda: listener.problem,
         host=settings.bind_host,
         port=settings.bind_port,
         pending=(
@@ -291,18 +296,22 @@ def _pending_view(
     return view
 
 
-def _cached_ping(store: PgExecutionStore, clock: MonotonicClock) -> Callable[[], Awaitable[bool]]:
-    """Readiness probes may come often; the database is asked at most every PING_TTL_S."""
+def _cached_ping(
+    store: PgExecutionStore, clock: MonotonicClock
+) -> Callable[[], Awaitable[str | None]]:
+    """Readiness probes may come often; the database is asked at most every PING_TTL_S. Answers
+    why the last ping failed, ``None`` when it worked."""
     last_at = -PING_TTL_S * 2
-    last_ok = False
+    last_problem: str | None = "not checked yet"
 
-    async def ping() -> bool:
-        nonlocal last_at, last_ok
+    async def ping() -> str | None:
+        nonlocal last_at, last_problem
         now = clock.monotonic()
         if now - last_at >= PING_TTL_S:
-            last_ok = await store.ping()
+            ok = await store.ping()
+            last_problem = None if ok else store.problem or "unreachable"
             last_at = now
-        return last_ok
+        return last_problem
 
     return ping
 

@@ -10,18 +10,25 @@ of the batch are handed over. It is also the reconciler's
 :class:`service.ports.NotificationBarrier` (:meth:`~RetirementListener.sync`), so it is built
 before its consumer and told about it afterwards.
 
-Three ways a connection dies, and how each is noticed:
+The connection is opened by :func:`service.pg.connect.connect` (the listener's URL, read anew
+for every connection; the primary only). It counts as connected only once it has proven
+delivery: a NOTIFY on a channel of the listener's own, sent through the query pool (``probe``),
+came back on the listening connection within ``heartbeat_timeout_s``. A LISTEN that succeeds
+is no such proof: a transaction-mode pooler accepts it and then drops every notification. The
+same probe runs every ``heartbeat_interval_s`` and is the barrier before a DELETE
+(:meth:`~RetirementListener.sync`). It notices the three ways a connection dies:
 
 * closed (server terminated the backend, network reset): asyncpg's termination listener;
-* server restart: the same, then connect attempts fail until it is back (backoff);
-* silently dead (a black-holed network path, a frozen proxy): nothing arrives, so a periodic
-  heartbeat query, bounded by a timeout, also checks the channel is still listened on.
+* server restart or failover: the same, then connect attempts fail until a primary answers;
+* silently dead or deaf (a black-holed network path, a frozen proxy, a pooler that drops
+  notifications): the probe does not come back in time.
 
-After every successful LISTEN, the first included, ``handler.notifications_missed()`` is called:
-notifications sent while no connection listened are lost, so the consumer must resync. Between
-attempts the listener backs off (the kit's :class:`~service.kit.backoff.Backoff`, equal jitter);
-its waits (the backoff, the heartbeat period) run on the injected clock, while each network
-call is bounded by a real-time timeout.
+After every connection that proved delivery, the first included,
+``handler.notifications_missed()`` is called: notifications sent while no connection listened
+are lost, so the consumer must resync. Between attempts the listener backs off (the kit's
+:class:`~service.kit.backoff.Backoff`, equal jitter) and logs a failure once per change of its
+cause; its waits (the backoff, the heartbeat period) run on the injected clock, while each
+network call is bounded by a real-time timeout.
 
 Errors: :meth:`~RetirementListener.sync` raises
 :class:`~service.pg.errors.ListenerUnavailable` (a kit ``Unavailable``) when it cannot vouch
@@ -32,12 +39,12 @@ database (it reconnects), only for a bug.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+import secrets
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 import anyio
-import anyio.lowlevel
 import asyncpg
 import msgspec
 from anyio.abc import TaskStatus
@@ -49,6 +56,7 @@ from service.kit.clock import MonotonicClock, SchedulingClock, sleep_until, wait
 from service.kit.errors import ExternalError, Unavailable
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
+from service.pg.connect import CauseLog, connect
 from service.pg.errors import ListenerUnavailable, database_errors, describe
 from service.ports import ExecutionEventHandler
 
@@ -61,7 +69,6 @@ BACKOFF_MAX_S = 30.0
 BACKOFF_JITTER = 0.5
 """Equal jitter: each delay is uniform in [d/2, d], so that replicas cut off by the same server
 restart do not reconnect in lockstep."""
-HEARTBEAT_SQL = "SELECT 1 FROM pg_listening_channels() AS c(name) WHERE c.name = $1"
 
 
 MAX_PAYLOAD_BYTES = 8000
@@ -278,12 +285,42 @@ class _ConnectionLost(Unavailable):
     """Internal: the watch loop noticed the connection is gone (message says how)."""
 
 
+ProbeSender = Callable[[str, str], Awaitable[float]]
+"""Sends ``pg_notify(channel, payload)`` on a connection other than the listener's and returns
+once it is committed, answering ``pg_notification_queue_usage()``
+(:meth:`service.pg.store.PgExecutionStore.notify`)."""
+
+UNDELIVERED = (
+    "notifications are not delivered: a NOTIFY sent through the query pool did not reach the "
+    "listening connection within {timeout:g}s. Likely causes: the listener's URL goes through "
+    "a transaction-mode pooler (PgBouncer pool_mode=transaction) or a proxy that drops "
+    "asynchronous messages, or it reaches another server or database than the query pool. "
+    "Fix: set LISTENER_DATABASE_URL to the primary, directly or through a session-mode pool "
+    "(docs/operations.md, Database topologies). Nothing is deleted until delivery is proven"
+)
+
+
+@dataclass(slots=True)
+class _Round:
+    """One delivery probe that every caller waiting on it shares."""
+
+    done: bool = False
+    error: str | None = None
+
+
+def new_probe_channel() -> str:
+    """A channel of this process's own for the delivery probes (no other replica listens)."""
+    return f"retired_pod_gc_probe_{secrets.token_hex(8)}"
+
+
 class RetirementListener:
     """LISTEN on the notify channel until cancelled; see the module docstring.
 
-    ``backoff`` is the reconnect policy (default :func:`default_backoff`); ``clock`` the time
-    the listener reads (``received_at_s`` of each change) and waits on; ``namespaces`` the
-    sandbox namespaces whose changes are handed on (the others are counted and ignored).
+    ``probe`` sends the delivery probes (through the query pool); ``backoff`` is the reconnect
+    policy (default :func:`default_backoff`); ``clock`` the time the listener reads
+    (``received_at_s`` of each change) and waits on; ``namespaces`` the sandbox namespaces whose
+    changes are handed on (the others are counted and ignored); ``probe_channel`` the channel of
+    its probes (default: :func:`new_probe_channel`).
     """
 
     def __init__(
@@ -291,9 +328,11 @@ class RetirementListener:
         settings: DatabaseSettings,
         *,
         metrics: Metrics,
+        probe: ProbeSender,
         clock: SchedulingClock | None = None,
         backoff: Backoff | None = None,
         namespaces: Iterable[str] | None = None,
+        probe_channel: str | None = None,
     ) -> None:
         self._settings = settings
         self._namespaces = None if namespaces is None else frozenset(namespaces)
@@ -307,17 +346,33 @@ class RetirementListener:
         self._connected = False
         self._ever_connected = False
         self._conn: asyncpg.Connection | None = None
-        # asyncpg runs one query at a time per connection: heartbeats and syncs take turns.
-        self._query_lock = anyio.Lock()
+        self._lost: anyio.Event | None = None
+        """Set when the current connection is gone or failed to deliver a probe."""
+        self._lost_reason = ""
+        self._send_probe = probe
+        self._probe_channel = probe_channel or new_probe_channel()
+        self._probes_sent = 0
+        self._probes_arrived = 0
+        self._probe_arrival = anyio.Event()
+        self._queued: _Round | None = None
+        self._probe_lock = anyio.Lock()
+        self._failures = CauseLog("notify listener", logger)
+        self._problem: str | None = "not connected yet"
 
     @property
     def connected(self) -> bool:
-        """True while a connection is up and LISTENing."""
+        """True while a connection is up, LISTENing, and has proven that notifications arrive."""
         return self._connected
 
     @property
     def channel(self) -> str:
         return self._channel
+
+    @property
+    def problem(self) -> str | None:
+        """Why the listener cannot vouch for the notifications (readiness), ``None`` while it
+        can."""
+        return None if self._connected else self._problem
 
     def add_handler(self, handler: ExecutionEventHandler) -> None:
         """Hand every change to ``handler`` from now on. Added while a connection listens, it is
@@ -327,22 +382,29 @@ class RetirementListener:
             handler.notifications_missed()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Listen until cancelled. ``task_status.started()`` after the first successful LISTEN."""
+        """Listen until cancelled. ``task_status.started()`` after the first connection that
+        proved delivery."""
         started = False
         while True:
             conn: asyncpg.Connection | None = None
             try:
                 with database_errors():
-                    conn = await asyncpg.connect(
-                        self._settings.url,
-                        timeout=self._settings.connect_timeout_s,
-                        server_settings={"application_name": "retired-pod-gc-listener"},
+                    conn = await connect(
+                        self._settings,
+                        metrics=self._metrics,
+                        application_name="retired-pod-gc-listener",
                     )
-                    lost = anyio.Event()
+                    lost = self._lost = anyio.Event()
+                    self._lost_reason = ""
                     self._conn = conn
                     conn.add_termination_listener(_setter(lost))
                     with fail_after(self._settings.statement_timeout_s):
                         await conn.add_listener(self._channel, self._on_notification)
+                        await conn.add_listener(self._probe_channel, self._on_probe)
+                try:
+                    await self._prove()
+                except ListenerUnavailable as exc:
+                    raise _ConnectionLost(str(exc)) from None
                 self._on_connected()
                 self._attempts.reset()
                 if not started:
@@ -350,20 +412,27 @@ class RetirementListener:
                     task_status.started()
                 await self._watch(conn, lost)
             except ExternalError as exc:
-                logger.warning(
-                    "notify listener connection %s: %s",
-                    "lost" if self._connected else "failed",
-                    exc,
-                )
+                self._on_failure(exc)
             finally:
                 if self._connected:
                     self._connected = False
                     self._metrics.listener_connected.set(0)
                 self._conn = None
+                self._lost = None
                 if conn is not None:
                     # terminate() is synchronous: no await, so it also runs under cancellation.
                     conn.terminate()
             await sleep_until(self._clock, self._clock.monotonic() + self._attempts.next_delay())
+
+    def _on_failure(self, exc: ExternalError) -> None:
+        cause = str(exc) if isinstance(exc, _ConnectionLost) else describe(exc)
+        self._problem = cause
+        if self._connected:
+            # A connection that worked and ended: logged each time (not a retry's repeat).
+            logger.warning("notify listener connection lost: %s", cause)
+            self._failures.ok()
+        else:
+            self._failures.failed(cause)
 
     def _on_connected(self) -> None:
         if self._ever_connected:
@@ -371,8 +440,10 @@ class RetirementListener:
             logger.info("notify listener reconnected on channel %s", self._channel)
         else:
             logger.info("notify listener connected on channel %s", self._channel)
+        self._failures.ok()
         self._ever_connected = True
         self._connected = True
+        self._problem = None
         self._metrics.listener_connected.set(1)
         # Whatever was sent while nobody listened is gone: the consumers must resync.
         for handler in self._handlers:
@@ -383,42 +454,89 @@ class RetirementListener:
         while True:
             await wait_until(lost, self._clock, self._clock.monotonic() + s.heartbeat_interval_s)
             if lost.is_set() or conn.is_closed():
-                raise _ConnectionLost("connection closed")
+                raise _ConnectionLost(self._lost_reason or "connection closed")
             try:
-                with fail_after(s.heartbeat_timeout_s):
-                    async with self._query_lock:
-                        with database_errors():
-                            listening = await conn.fetchval(HEARTBEAT_SQL, self._channel)
-            except TimeoutError:
-                raise _ConnectionLost(
-                    f"heartbeat got no answer within {s.heartbeat_timeout_s:g}s"
-                ) from None
-            if listening != 1:
-                raise _ConnectionLost(f"connection no longer listens on {self._channel}")
+                await self._prove()
+            except ListenerUnavailable as exc:
+                raise _ConnectionLost(str(exc)) from None
 
     async def sync(self) -> None:
-        """A round trip on the listening connection. When it returns, every notification
-        committed before the call has been handed to the handler: the server signals listening
-        backends at commit and sends pending notifications before answering a query, on the same
-        socket, and asyncpg schedules the callbacks before it resumes the caller. Raises
-        :class:`~service.pg.errors.ListenerUnavailable` when the connection is down, fails or
-        does not answer in time (a silently stalled connection holds notifications back)."""
-        conn = self._conn
-        if conn is None or not self._connected or conn.is_closed():
-            raise ListenerUnavailable("the notify listener is not connected")
+        """Proof that every notification committed before the call has been handed to the
+        handlers: a NOTIFY on the listener's own channel, sent through the query pool after the
+        call began, came back on the listening connection. The server delivers a listening
+        backend's notifications in commit order and asyncpg runs their callbacks in arrival
+        order, so the probe's arrival comes after every earlier commit's. Concurrent callers
+        share one probe sent after all of them arrived. Raises
+        :class:`~service.pg.errors.ListenerUnavailable` when the listener is not connected or the
+        probe cannot be sent or does not arrive in time (the listener then reconnects)."""
+        if not self._connected:
+            raise ListenerUnavailable(
+                f"the notify listener is not connected ({self._problem or 'reconnecting'})"
+            )
+        await self._prove()
+
+    async def _prove(self) -> None:
+        """Join the next probe round (or send it when nobody is); raise when it failed."""
+        round_ = self._queued
+        if round_ is None:
+            round_ = self._queued = _Round()
+        async with self._probe_lock:
+            if not round_.done:
+                # Sent from here on: a caller arriving now needs a later probe.
+                if self._queued is round_:
+                    self._queued = None
+                round_.error = await self._round_trip()
+                round_.done = True
+        if round_.error is not None:
+            raise ListenerUnavailable(round_.error)
+
+    async def _round_trip(self) -> str | None:
+        """One probe: sent through the pool, awaited on the listening connection. The reason
+        it failed, ``None`` when it arrived in time."""
+        conn, lost, timeout_s = self._conn, self._lost, self._settings.heartbeat_timeout_s
+        if conn is None or lost is None or lost.is_set() or conn.is_closed():
+            return "the notify listener is not connected"
+        self._probes_sent += 1
+        seq = self._probes_sent
+        sent = False
         try:
-            with fail_after(self._settings.heartbeat_timeout_s):
-                async with self._query_lock:
-                    with database_errors():
-                        listening = await conn.fetchval(HEARTBEAT_SQL, self._channel)
-        except TimeoutError as exc:
-            raise ListenerUnavailable("the notify listener did not answer in time") from exc
+            with fail_after(timeout_s):
+                usage = await self._send_probe(self._probe_channel, str(seq))
+                sent = True
+                self._metrics.notify_queue_usage.set(usage)
+                while self._probes_arrived < seq and not lost.is_set():
+                    await self._probe_arrival.wait()
+        except TimeoutError:
+            pass
         except ExternalError as exc:
-            raise ListenerUnavailable(f"notify listener: {describe(exc)}") from exc
-        if listening != 1:
-            raise ListenerUnavailable(f"the listener no longer listens on {self._channel}")
-        # The notification callbacks were scheduled before this task resumed; let them run.
-        await anyio.lowlevel.checkpoint()
+            return self._undelivered(f"the delivery probe could not be sent: {describe(exc)}")
+        if lost.is_set():
+            return f"notify listener: {self._lost_reason or 'connection closed'}"
+        if self._probes_arrived >= seq:
+            self._metrics.listener_delivery_ok.set(1)
+            return None
+        if not sent:
+            return self._undelivered(f"the delivery probe was not sent within {timeout_s:g}s")
+        reason = self._undelivered(UNDELIVERED.format(timeout=timeout_s))
+        # The connection cannot vouch for anything any more: reconnect.
+        self._lost_reason = reason
+        lost.set()
+        return reason
+
+    def _undelivered(self, reason: str) -> str:
+        self._metrics.listener_delivery_ok.set(0)
+        self._metrics.listener_delivery_failures.inc()
+        return reason
+
+    def _on_probe(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            seq = int(payload)
+        except ValueError:
+            return
+        if seq > self._probes_arrived:
+            self._probes_arrived = seq
+            arrival, self._probe_arrival = self._probe_arrival, anyio.Event()
+            arrival.set()
 
     def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         self._metrics.notifications.inc()

@@ -39,7 +39,8 @@ from service.domain import ExecutionRow, parse_execution_state, parse_pod_kind
 from service.kit.errors import ExternalError
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
-from service.pg.errors import StoreClosed, database_errors, describe
+from service.pg.connect import CauseLog, pool_connector, pool_options
+from service.pg.errors import DatabaseError, StoreClosed, database_errors, describe
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -61,6 +62,10 @@ the client to encode, not an array whose every element it type-checks (a burst a
 The server does the matching: a row answers a key only when its namespace and pod name make up
 that key exactly, and it comes back with the key it answers (the last column), so the client
 builds no key of its own."""
+
+INVALID_STATEMENT_NAME = "26000"
+"""SQLSTATE of "prepared statement ... does not exist": what a statement cached on one server
+meets when a transaction-mode pooler lends the next query another."""
 
 KEY_SEPARATOR = ","
 """Between the keys of :data:`LOOKUP_SQL`'s first parameter. No Kubernetes namespace or object
@@ -136,6 +141,8 @@ class PgExecutionStore:
         self._pending: dict[str, asyncio.Future[ExecutionRow | None]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
+        self._ping_log = CauseLog("database ping failed", logger)
+        self._query_log = CauseLog("execution-row queries fail", logger)
         self._queries = {kind: metrics.row_queries.labels(kind=kind) for kind in ("batch", "fresh")}
         """The query counter of each kind (labelled once: a burst runs a hundred queries)."""
 
@@ -148,17 +155,13 @@ class PgExecutionStore:
             return
         s = self._settings
         self._pool = await asyncpg.create_pool(
-            s.url,
+            None,
             min_size=0,
             max_size=s.pool_size,
-            timeout=s.connect_timeout_s,
             command_timeout=s.statement_timeout_s,
-            server_settings={
-                "application_name": "retired-pod-gc",
-                # The server gives up too, so a timed-out query does not keep running there.
-                "statement_timeout": str(max(1, int(s.statement_timeout_s * 1000))),
-            },
             reset=_keep_session,
+            connect=pool_connector(s, metrics=self._metrics),
+            **pool_options(s, "retired-pod-gc"),
         )
         self._closed = False
 
@@ -233,7 +236,8 @@ class PgExecutionStore:
         return rows.get(key)
 
     async def ping(self) -> bool:
-        """Readiness: can a pooled connection run ``SELECT 1`` in time? Sets ``database_up``."""
+        """Readiness: can a pooled connection run ``SELECT 1`` in time? Sets ``database_up``;
+        :attr:`problem` says why not."""
         ok = False
         if self._pool is not None:
             try:
@@ -241,9 +245,29 @@ class PgExecutionStore:
                     rows = await self._fetch(self._pool, "SELECT 1")
                 ok = len(rows) == 1 and rows[0][0] == 1
             except ExternalError as exc:
-                logger.warning("database ping failed: %s", describe(exc))
+                self._ping_log.failed(describe(exc))
+            else:
+                self._ping_log.ok()
         self._metrics.database_up.set(1 if ok else 0)
         return ok
+
+    @property
+    def problem(self) -> str | None:
+        """Why the last ping failed (``None`` after one that worked)."""
+        return self._ping_log.cause
+
+    async def notify(self, channel: str, payload: str) -> float:
+        """``pg_notify(channel, payload)`` on a pooled connection, committed when it returns;
+        answers ``pg_notification_queue_usage()`` (the notify listener's delivery probe, which
+        also reports the queue's fill)."""
+        pool = self._pool
+        if pool is None:
+            raise StoreClosed("store closed")
+        with database_errors():
+            rows = await self._fetch(
+                pool, "SELECT pg_notify($1, $2), pg_notification_queue_usage()", channel, payload
+            )
+        return float(rows[0][1])
 
     # -- internals -------------------------------------------------------------------------
 
@@ -336,8 +360,19 @@ class PgExecutionStore:
                 )
         except ExternalError as exc:
             self._metrics.row_query_errors.inc()
-            logger.warning("execution-row query failed (%s): %s", kind, describe(exc))
+            cause = describe(exc)
+            if (
+                isinstance(exc, DatabaseError)
+                and exc.sqlstate == INVALID_STATEMENT_NAME
+                and not self._settings.transaction_pooler
+            ):
+                cause += (
+                    " (a prepared statement vanished: the URL goes through a transaction-mode "
+                    "pooler; set DB_TRANSACTION_POOLER=true)"
+                )
+            self._query_log.failed(cause)
             raise
+        self._query_log.ok()
         out: dict[str, ExecutionRow] = {}
         for record in records:
             row = decode_row(record)

@@ -203,7 +203,9 @@ async def test_health_and_readiness_with_the_database_down(
     svc.assert_running()
     status, body = await svc.get("/readyz")
     assert status == 503
-    assert "database unreachable" in body
+    # Each problem named with its cause: the pool's ping and the listener both refused.
+    assert "database: Unavailable: ConnectionRefusedError" in body
+    assert "notify listener: Unavailable: ConnectionRefusedError" in body
     assert "pod cache not synced" not in body
     assert (await svc.get("/healthz"))[0] == 200
     assert "secret" not in svc.log_text()

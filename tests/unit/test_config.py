@@ -226,3 +226,63 @@ def test_database_urls_that_cannot_be_parsed_are_errors_naming_the_variable() ->
             config.load({P + "DATABASE_URL": url})
         assert err.value.variable == P + "DATABASE_URL"
         assert "secret" not in str(err.value)
+
+
+def test_libpq_multi_host_urls_are_accepted() -> None:
+    for url in (
+        "postgresql://gc:secret@h1:5432,h2:5433/app?target_session_attrs=read-write",
+        "postgresql://gc:secret@h1,h2/app?target_session_attrs=primary",
+        "postgresql://gc@[::1]:5432,127.0.0.1:5433/app",
+    ):
+        assert config.load({P + "DATABASE_URL": url}).database.url == url
+
+
+def test_a_bad_port_is_named_as_such() -> None:
+    for url in ("postgresql://gc:secret@127.0.0.1:notaport/db", "postgresql://gc@h1:5432,h2:x/db"):
+        with pytest.raises(config.ConfigError) as err:
+            config.load({P + "DATABASE_URL": url})
+        assert "is not a number" in str(err.value)
+        assert "secret" not in str(err.value)
+
+
+def test_a_url_asking_for_a_standby_is_refused_at_start() -> None:
+    for attrs in ("standby", "read-only", "prefer-standby"):
+        url = f"postgresql://gc@h1,h2/app?target_session_attrs={attrs}"
+        with pytest.raises(config.ConfigError) as err:
+            config.load({P + "DATABASE_URL": url})
+        assert "needs the primary" in str(err.value), attrs
+
+
+def test_the_listener_url_defaults_to_the_database_url_and_can_be_its_own() -> None:
+    url, direct = "postgresql://gc@pooler:6432/app", "postgresql://gc@primary:5432/app"
+    shared = config.load({P + "DATABASE_URL": url}).database
+    assert (shared.pool_url(), shared.listener_url_now()) == (url, url)
+    own = config.load({P + "DATABASE_URL": url, P + "LISTENER_DATABASE_URL": direct}).database
+    assert (own.pool_url(), own.listener_url_now()) == (url, direct)
+    with pytest.raises(config.ConfigError) as err:
+        config.load({P + "LISTENER_DATABASE_URL": "mysql://x"})
+    assert err.value.variable == P + "LISTENER_DATABASE_URL"
+
+
+def test_url_files_are_read_again_for_every_new_connection(tmp_path: Path) -> None:
+    pool_file, listener_file = tmp_path / "url", tmp_path / "listener-url"
+    pool_file.write_text("postgresql://gc:old@db/app\n")
+    listener_file.write_text("postgresql://gc:old@primary/app\n")
+    settings = config.load(
+        {
+            P + "DATABASE_URL_FILE": str(pool_file),
+            P + "LISTENER_DATABASE_URL_FILE": str(listener_file),
+        }
+    ).database
+    pool_file.write_text("postgresql://gc:new@db/app\n")
+    listener_file.write_text("postgresql://gc:new@primary/app\n")
+    assert settings.pool_url() == "postgresql://gc:new@db/app"
+    assert settings.listener_url_now() == "postgresql://gc:new@primary/app"
+    pool_file.write_text("")
+    with pytest.raises(config.ConfigError) as err:
+        settings.pool_url()
+    assert err.value.variable == P + "DATABASE_URL_FILE"
+    # Without a file of its own, the listener follows the pool's file.
+    shared = config.load({P + "DATABASE_URL_FILE": str(listener_file)}).database
+    listener_file.write_text("postgresql://gc:newer@primary/app\n")
+    assert shared.listener_url_now() == "postgresql://gc:newer@primary/app"

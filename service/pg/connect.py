@@ -1,0 +1,143 @@
+"""Opening a connection: the one place that knows what the service asks of a server.
+
+Every connection of the service — the query pool's (:func:`pool_connector`) and the notify
+listener's (:func:`connect`) — is opened here, so that each:
+
+* reads its URL when it is opened (``DatabaseSettings.pool_url`` / ``listener_url_now``): a
+  URL file rewritten in place (a rotated Secret) takes effect at the next connection;
+* goes to the primary: ``target_session_attrs=primary`` whatever the URL asks (a multi-host URL
+  tries its hosts in order; ``read-write`` would match no server for a login whose sessions are
+  read-only by default, ``deploy/db-role/role.sql``). A server in recovery (a hot standby) is
+  refused with :class:`NotPrimary`, whose message says so;
+* sends no startup parameter a pooler refuses: only ``application_name`` (PgBouncer forwards
+  it). The server-side statement timeout is the role's (``role.sql``), the client's is
+  ``DB_STATEMENT_TIMEOUT_SECONDS``;
+* keeps no server-side prepared statement when the URL goes through a transaction-mode pooler
+  (``DB_TRANSACTION_POOLER``): asyncpg then prepares unnamed statements, which live for one
+  query on whatever server the pooler lends it.
+
+A login the server refuses (SQLSTATE class 28) is counted (``database_login_failures``) and
+raised as :class:`LoginFailed`. :class:`CauseLog` is how the callers log a failure that recurs:
+once per change of cause, not once per retry.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import asyncpg
+
+from service.config import ConfigError, DatabaseSettings
+from service.kit.errors import Unavailable
+from service.metrics import Metrics
+from service.pg.errors import DatabaseError, describe
+
+TARGET_SESSION_ATTRS = "primary"
+_LOGIN_REFUSED = "28"
+"""SQLSTATE class 28: invalid authorization specification (a wrong password among them)."""
+
+
+class NotPrimary(Unavailable):
+    """No server the URL names is the primary: each one reached is in recovery (a hot standby)."""
+
+
+class LoginFailed(DatabaseError):
+    """The server refused the login (wrong password, unknown role, pg_hba rule)."""
+
+
+class UrlUnusable(Unavailable):
+    """The URL's file can no longer be read or no longer holds a usable URL."""
+
+
+def _connect_kwargs(settings: DatabaseSettings, application_name: str) -> dict[str, Any]:
+    return {
+        "timeout": settings.connect_timeout_s,
+        "target_session_attrs": TARGET_SESSION_ATTRS,
+        "server_settings": {"application_name": application_name},
+    }
+
+
+async def open_connection(url: str, *, metrics: Metrics, **kwargs: Any) -> asyncpg.Connection:
+    """``asyncpg.connect`` with the failures this module names raised as such; every other
+    failure as asyncpg raised it (the caller's ``database_errors`` maps it)."""
+    try:
+        conn: asyncpg.Connection = await asyncpg.connect(url, **kwargs)
+    except asyncpg.TargetServerAttributeNotMatched as exc:
+        raise NotPrimary(
+            "the server is in recovery (a hot standby), not the primary: retired-pod-gc needs "
+            "the primary (LISTEN, and re-reads that see the latest commit). Point the URL at the "
+            "primary, or list every server (host1:port1,host2:port2): the primary is picked"
+        ) from exc
+    except asyncpg.PostgresError as exc:
+        if str(getattr(exc, "sqlstate", "") or "").startswith(_LOGIN_REFUSED):
+            metrics.database_login_failures.inc()
+            raise LoginFailed(
+                f"login refused: {describe(exc)} (a URL file is read again for every new "
+                "connection: a rotated password takes effect once the file holds it)",
+                sqlstate=str(exc.sqlstate),
+            ) from exc
+        raise
+    return conn
+
+
+def _url(read: Any) -> str:
+    try:
+        return str(read())
+    except ConfigError as exc:
+        raise UrlUnusable(str(exc)) from exc
+
+
+async def connect(
+    settings: DatabaseSettings, *, metrics: Metrics, application_name: str
+) -> asyncpg.Connection:
+    """The listener's own connection (its URL, read now)."""
+    return await open_connection(
+        _url(settings.listener_url_now),
+        metrics=metrics,
+        **_connect_kwargs(settings, application_name),
+    )
+
+
+def pool_connector(settings: DatabaseSettings, *, metrics: Metrics) -> Any:
+    """The ``connect`` callback of the query pool: each new pooled connection reads the pool's
+    URL now. asyncpg passes its own arguments (``loop``, ``connection_class``, ...) and the
+    pool's connect options, which are kept."""
+
+    async def connect_pooled(_dsn: object = None, **kwargs: Any) -> asyncpg.Connection:
+        return await open_connection(_url(settings.pool_url), metrics=metrics, **kwargs)
+
+    return connect_pooled
+
+
+def pool_options(settings: DatabaseSettings, application_name: str) -> dict[str, Any]:
+    """The connect options of every pooled connection (see the module docstring)."""
+    options = _connect_kwargs(settings, application_name)
+    if settings.transaction_pooler:
+        options["statement_cache_size"] = 0
+    return options
+
+
+class CauseLog:
+    """Logs a recurring failure once per change of its cause (and once when it clears), so a
+    connection retried for an hour with a wrong password logs one line, not thousands."""
+
+    def __init__(self, what: str, log: logging.Logger) -> None:
+        self._what = what
+        self._log = log
+        self._last: str | None = None
+
+    def failed(self, cause: str) -> None:
+        if cause != self._last:
+            self._log.warning("%s: %s", self._what, cause)
+            self._last = cause
+
+    def ok(self) -> None:
+        if self._last is not None:
+            self._log.info("%s: works again", self._what)
+            self._last = None
+
+    @property
+    def cause(self) -> str | None:
+        """The failure last logged, ``None`` when the last attempt worked."""
+        return self._last
