@@ -364,7 +364,7 @@ async def test_pgbouncer_transaction_mode_listener_is_unready_and_deletes_nothin
     await _wait_unready(svc, NOT_DELIVERED)
     await _retire(admin, later)
     # Never ready, several heartbeats and thresholds long.
-    await _never_ready(svc, seconds=THRESHOLD_S + 4, reason=NOT_DELIVERED)
+    await _never_ready(svc, seconds=THRESHOLD_S + 2, reason=NOT_DELIVERED)
     assert _deletes(emulator) == [], "deleted although delivery is not proven"
     assert {retired, later} <= {p["metadata"]["name"] for p in emulator.emulator.pods(NS)}
     text = await svc.metrics()
