@@ -26,7 +26,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict service devtools
 
-test: lint typecheck pgbouncer
+test: lint typecheck pg-debian pgbouncer
 	$(BIN)/coverage erase
 	$(BIN)/coverage run -m pytest
 	$(BIN)/coverage combine --quiet || true
@@ -44,6 +44,20 @@ pgbouncer:
 			exit 1; \
 		fi; \
 		apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer; }
+
+# Debian's PostgreSQL 15 (LLVM JIT, on by default), beside the wheel's for the tests and benchmarks
+# that depend on the server's planner (devtools/pg/throwaway.py `Flavor.DEBIAN`). Installed from
+# apt when absent, which needs root (as on CI).
+PG_DEBIAN_BIN := /usr/lib/postgresql/15/bin
+.PHONY: pg-debian
+pg-debian:
+	@if [ ! -x $(PG_DEBIAN_BIN)/postgres ]; then \
+		if [ "$$(id -u)" != 0 ]; then \
+			echo "make pg-debian: $(PG_DEBIAN_BIN)/postgres is missing; install Debian's postgresql-15 as root (apt-get install postgresql-15)" >&2; \
+			exit 1; \
+		fi; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql-15; \
+	fi
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit -q

@@ -54,7 +54,8 @@ def _section(name: str, r: dict[str, Any]) -> str:
         f"Load average (1/5/15 min) at start {r['load_average_start']}, at end "
         f"{r.get('load_average_end', '-')}. "
         f"Repeats: {cfg['repeats']} (medians shown); polling tick {cfg['tick_s']:g} s; "
-        f"wall time {r.get('elapsed_s', 0):.0f} s.",
+        f"wall time {r.get('elapsed_s', 0):.0f} s."
+        + (f" Command: `{r['command']}`." if "command" in r else ""),
         "",
     ]
     if "B1L" in r:
@@ -220,6 +221,8 @@ def _section(name: str, r: dict[str, Any]) -> str:
                 + ".",
                 "",
             ]
+    if "B7_share" in r:
+        out += _b7_share(r["B7_share"])
     if "B2B" in r:
         b = r["B2B"]
         e, p = b["event"]["10000"], b["baseline"].get("10000", {})
@@ -630,6 +633,55 @@ def _plots(here: Path, runs: dict[str, dict[str, Any]]) -> list[str]:
         plt.close(fig)
         made.append(path.name)
     return made
+
+
+def _b7_share(share: dict[str, Any]) -> list[str]:
+    """B7's trigger share (benchmarks/share.py): one row per server, variant and statement."""
+    variant_names = {"0003": "0003 (shipped)", **share.get("others", {})}
+    rows = []
+    for server, result in share["servers"].items():
+        info = result["server"]
+        where = (
+            f"{server}: PostgreSQL {info['version'].split()[0]}, jit {info['jit']}, "
+            f"JIT {'available' if info['jit_available'] else 'not available'}"
+        )
+        for variant, per in result["variants"].items():
+            for kind, label in (("statement", f"{share['rows']:,} rows"), ("one_row", "one row")):
+                e = per[kind]
+                rows.append(
+                    [
+                        where,
+                        f"`{variant_names.get(variant, variant)}`",
+                        label,
+                        f"**{e['ratio_median']:.3f}x** [{e['ratio_min']:.3f}-{e['ratio_max']:.3f}]",
+                        _f(e["trigger_ms_median"], 3),
+                        _f(e["total_ms_median"], 3),
+                        _f(e["statements"]),
+                    ]
+                )
+    return [
+        f"### B7 trigger share: the trigger's time inside the writer's statement "
+        f"({share['rows']:,} rows, a schema the project did not write)",
+        "",
+        _table(
+            [
+                "server",
+                "trigger",
+                "statement",
+                "with / without trigger, median [range]",
+                "trigger ms",
+                "statement ms",
+                "statements",
+            ],
+            rows,
+        ),
+        "",
+        "Per statement, `EXPLAIN (ANALYZE)`'s execution time over the same time less the "
+        "trigger's (benchmarks/share.py); medians of those ratios; the times are medians too. "
+        f"{share['rounds']} statements of {share['rows']:,} rows per server and trigger; "
+        f"load avg {share['load_average']}.",
+        "",
+    ]
 
 
 def render(here: Path) -> None:

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import sys
 import time
 from importlib import metadata
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from benchmarks import report, scenarios, writer
+from benchmarks import report, scenarios, share, writer
 from benchmarks.harness import EmulatorProcess, Population, create_pods, load_average, seed_rows
 from devtools.pg.throwaway import ThrowawayPostgres
 
@@ -75,6 +76,14 @@ def _args() -> argparse.Namespace:
     )
     p.add_argument("--b7-rows", type=int, default=10_000, help="rows of B7's table (and statement)")
     p.add_argument("--b7-rounds", type=int, default=5, help="turns each B7 variant takes")
+    p.add_argument(
+        "--b7-trigger",
+        type=Path,
+        action="append",
+        default=[],
+        help="another text of the trigger file, measured beside the shipped one in B7's "
+        "trigger share (repeatable)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="repeats of B1 and of B2 (event-driven)")
     p.add_argument("--tick-s", type=float, default=10.0, help="polling baseline tick")
     p.add_argument("--idle-s", type=float, default=None, help="B4 window per design")
@@ -95,6 +104,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
         "machine": _machine(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": " ".join(["python -m benchmarks.run", *sys.argv[1:]]),
         "pods": args.pods,
         "load_average_start": load_average(),
         "config": {
@@ -121,6 +131,12 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
                 pg.create_database("bench_b7"), rows=args.b7_rows, rounds=args.b7_rounds
             )
             for line in writer.summary_lines(results["B7"]):
+                scenarios._progress(line)
+            scenarios._progress("B7 trigger share, the wheel's server and Debian's")
+            results["B7_share"] = await share.b7_share(
+                rows=args.b7_rows, rounds=args.b7_rounds, others=args.b7_trigger
+            )
+            for line in share.summary_lines(results["B7_share"]):
                 scenarios._progress(line)
         if LIMIT in only:
             emulator = await EmulatorProcess().start()

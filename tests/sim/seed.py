@@ -62,6 +62,12 @@ class Variant:
     """How the trigger reports a commit's changes: 0 one 0002 object a row; 1 or 3 0003's first
     form (``rows`` batches of at most this many rows); 100 0003's ``groups``, at most 100 names
     a payload (``tests/sim/pg.py``, ``GROUPS_FROM``)."""
+    pooler: str
+    """The listener behind a transaction-mode pooler, which drops notifications
+    (``tests/sim/pg.py``, ``ListenConn.drops``; :meth:`World.pooler_fault`): "" never;
+    "connection" the listening connection starts dropping them at an instant of the steps;
+    "window" every listener connection opened during a window of the steps drops them; "start"
+    the same from the start (the first connection drops them)."""
 
     @classmethod
     def draw(cls, seed: int) -> Variant:
@@ -78,6 +84,7 @@ class Variant:
             p_slow=rng.choice((0.0, 0.05)),
             hold_p=rng.choice((0.0, 0.1, 0.3)),
             batch_rows=rng.choice((0, 1, 3, 100, 100)),
+            pooler=rng.choice(("",) * 9 + ("connection", "window", "start")),
         )
 
 
@@ -188,8 +195,11 @@ def run_seed(
     steps: list[Step] | None = None,
     keep_trace: bool = False,
     logs: bool = False,
+    variant: Variant | None = None,
 ) -> SimResult:
-    variant = Variant.draw(seed)
+    """Run one seed (``steps``: another schedule than the seed's; ``variant``: another
+    configuration and fault profile than the seed's)."""
+    variant = Variant.draw(seed) if variant is None else variant
     schedule = schedule_for(seed, cfg) if steps is None else steps
     result = SimResult(seed, variant.mode, steps=schedule)
     loop = VirtualLoop(random.Random(f"{seed}:loop"), hold_p=variant.hold_p)
@@ -199,8 +209,10 @@ def run_seed(
     net.p_slow = variant.p_slow
     world = World(loop, net, threshold_s=THRESHOLD_S)
     world.db.batch_rows = variant.batch_rows
+    world.pooler_fault(variant.pooler, random.Random(f"{seed}:pooler"))
     world.populate(cfg.sandboxes, random.Random(f"{seed}:populate"))
     settings = settings_for(variant)
+    world.db.channel = settings.database.notify_channel
     metrics = shared_metrics()
     bugs_before = metrics.reconcile_bugs._value.get()
     service = build(

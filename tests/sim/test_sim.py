@@ -9,6 +9,7 @@ the hashes a sweep on two other processes prints.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 from tests.chaos.removals import REMOVALS
 from tests.sim.background import RUNS, SLICE, SimRun
 from tests.sim.calibration import REVERTS
-from tests.sim.seed import SimConfig, run_seed, schedule_for
+from tests.sim.seed import SimConfig, Variant, run_seed, schedule_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CLOSING = re.compile(r"^(\d+) seeds, (\d+) failed, (\d+) deletes, (\d+) reports, ", re.M)
@@ -56,7 +57,7 @@ def test_a_seed_replays_to_the_same_trace() -> None:
 def test_every_removed_check_is_caught_within_a_thousand_seeds() -> None:
     # The mutation check on the simulator (make sim-removals), bounded: each removal of
     # tests/chaos/removals.py must make one of the first 1,000 seeds fail (each is caught by
-    # seed 562 at the latest, docs/reliability.md); the baseline (the same seeds unchanged pass)
+    # seed 165 at the latest, docs/reliability.md); the baseline (the same seeds unchanged pass)
     # is the slice above. A removal whose edit no longer applies to the product's source raises:
     # exit 1. In the background, as the slice.
     done = RUNS["test_every_removed_check_is_caught_within_a_thousand_seeds"].result(timeout_s=580)
@@ -70,15 +71,48 @@ def test_the_relisting_race_is_found_and_the_fix_holds() -> None:
     # Seed 4414's schedule shrunk to three steps (docs/reliability.md, "Deterministic
     # simulation"): a 410 whose relist keeps failing, a retirement (its notification starts a
     # clock from the relisting cache's stale snapshot), a pod blip the relist then collapses.
+    # The seed's configuration without its drop fault (a listener that hears nothing at the
+    # start starts no clock from a notification).
     schedule = schedule_for(4414, SimConfig())
     steps = [schedule[0], schedule[5], schedule[6]]
     assert [s.kind for s in steps] == ["watch_410", "retire", "pod_blip"]
+    variant = dataclasses.replace(Variant.draw(4414), pooler="")
     logging.disable(logging.CRITICAL)
     try:
         with REVERTS["relisting_cache"]():
-            reverted = run_seed(4414, steps=steps)
-        fixed = run_seed(4414, steps=steps)
+            reverted = run_seed(4414, steps=steps, variant=variant)
+        fixed = run_seed(4414, steps=steps, variant=variant)
     finally:
         logging.disable(logging.NOTSET)
     assert any("not continuously reapable" in v for _, v in reverted.violations)
     assert fixed.ok, fixed.violations
+
+
+def test_a_listener_that_drops_notifications_is_caught_by_the_delivery_proof() -> None:
+    # Seed 399's schedule shrunk to two steps (docs/reliability.md, "Deterministic simulation"):
+    # the listener's first connection goes through a transaction-mode pooler (the seed's
+    # "start" fault: connected, LISTENing, every notification lost on the way); a burst
+    # retires every row, then a row blip re-activates one for 6 ms. Without the delivery proof
+    # the listener counts as connected and that pod is deleted across the blip it never heard
+    # of; with it nothing is deleted until a connection proves delivery.
+    variant = Variant.draw(399)
+    assert variant.pooler == "start"
+    schedule = schedule_for(399, SimConfig())
+    steps = [schedule[1], schedule[6]]
+    assert [s.kind for s in steps] == ["burst", "row_blip"]
+    logging.disable(logging.CRITICAL)
+    try:
+        with REMOVALS["delivery_proof"]():
+            removed = run_seed(399, steps=steps)
+            # The same run with a listener that does not drop notifications: the drop is what
+            # the removal fails on.
+            direct = run_seed(399, steps=steps, variant=dataclasses.replace(variant, pooler=""))
+        fixed = run_seed(399, steps=steps, keep_trace=True)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert any("not continuously reapable" in v for _, v in removed.violations)
+    assert direct.ok, direct.violations
+    assert fixed.ok, fixed.violations
+    assert fixed.deletes > 0
+    assert any("pg listener connected through a transaction pooler" in line for line in fixed.trace)
+    assert any(" lost retired_pod_gc_probe_sim " in line for line in fixed.trace)

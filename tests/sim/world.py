@@ -180,6 +180,43 @@ class World:
             shape = rng.choice([PodShape.PENDING_STUCK, PodShape.RUNNING, PodShape.SUCCEEDED])
             self.create_pod(sb, 1, shape, sb.kind)
 
+    def pooler_fault(self, kind: str, rng: random.Random) -> None:
+        """Arm the seed's transaction-pooler fault (``Variant.pooler``): the listener's
+        notifications dropped on the way while its connection stays up and answers. A window
+        ends when the faults are lifted, if not before; a connection that drops keeps dropping
+        after that (the service has to notice and reconnect)."""
+        if kind == "":
+            return
+        if kind == "start":
+            self._pooler_window(rng.uniform(0.5, 3.0))
+        elif kind == "window":
+            self.net.at(rng.uniform(0.3, 2.5), self._pooler_window, rng.uniform(0.3, 3.0))
+        elif kind == "connection":
+            self.net.at(rng.uniform(0.3, 2.5), self._drop_notifications)
+        else:
+            raise AssertionError(kind)
+
+    def _pooler_window(self, length_s: float) -> None:
+        """For ``length_s``, the listener's URL leads to a transaction-mode pooler (a switchover
+        that moved it there: the listener's connection is cut, and its next ones drop every
+        notification)."""
+        if not self.net.faults_on:
+            return
+        db = self.db
+        db.pooler_until = self.loop.time() + length_s
+        self.trace(f"pg pooler window {length_s:.3f}s")
+        db.kill("retired-pod-gc-listener")
+
+        def end() -> None:
+            db.pooler_until = 0.0
+            self.trace("pg pooler window ends")
+
+        self.later(length_s, end)
+
+    def _drop_notifications(self) -> None:
+        if self.net.faults_on:
+            self.db.drop_notifications()
+
     def lift_faults(self) -> None:
         self.net.lift()
         self.server.expire_next = 0

@@ -57,7 +57,10 @@
 -- JSON escapes to 6 bytes, multibyte text, many rows) through this file and checks it.
 --
 -- Idempotent: CREATE OR REPLACE FUNCTION, DROP ... IF EXISTS, then the triggers are created
--- again (all in the one transaction `migrate` runs this file in).
+-- again (all in the one transaction `migrate` runs this file in). `migrate` records the file by
+-- its checksum: a database migrated with an earlier text of this file gets it applied again, in
+-- place, by the next `migrate` (service/pg/migrate.py), so a change here is this step's new
+-- version, not a new step.
 
 -- The first form of this file's helpers (one change as JSON text, its batch number).
 DROP FUNCTION IF EXISTS retired_pod_gc_change_json(text, text, text, boolean, text);
@@ -103,6 +106,27 @@ $fn$;
 -- with that times the number of slices. The loop after them packs the pieces into payloads (see the bound above).
 -- The grouping compares texts byte by byte (COLLATE "C": no locale rules, and texts that a
 -- nondeterministic collation would call equal stay apart).
+--
+-- JIT is off while the general query is planned and run (`set_config('jit', 'off', true)`, and
+-- the value found put back after it): the query is never compiled with JIT, whatever the
+-- server's settings. The planner decides on JIT by a query's estimated cost (jit_above_cost,
+-- 100,000 by default), and the estimates here are guesses: transition tables have no statistics
+-- (the join of old and new rows is estimated at 50 times its rows), a generate_series over
+-- computed bounds is taken for 1,000 rows, so the general query of a 10,000-row statement is
+-- estimated at 80 billion rows. A server built with JIT (PGDG's and Debian's packages, on by
+-- default) then compiles it on every run: about 300-900 ms of compilation for a query that runs
+-- in 10-15 ms. Correcting the estimates would not be enough: the cost also grows with the
+-- statement's rows and with `sandboxes` (the join reads it), which the operator's data decides,
+-- and an operator may lower jit_above_cost. JIT pays off for long scans evaluating the same
+-- expressions over millions of rows; the time here goes to hashing, array building and JSON
+-- text, which JIT does not compile. Only the general query: the one-row path's queries are
+-- planned for one row, far below any JIT threshold, and a setting on the function itself
+-- (`SET jit = off` in CREATE FUNCTION) is set and restored on every call: 2-6 us more for every
+-- one-row statement, up to a tenth of the trigger's time there (B7 trigger share). The value is
+-- put back in the writer's transaction as it was (a SET LOCAL of the same value); if the query
+-- fails, the writer's transaction or savepoint is aborted and takes the setting with it.
+-- tests/integration/test_pg_trigger_plans.py checks that no query of the trigger is compiled
+-- with JIT on Debian's PostgreSQL 15 with its defaults.
 CREATE OR REPLACE FUNCTION retired_pod_gc_notify_executions_changed()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -113,6 +137,7 @@ DECLARE
     pieces text[];
     piece text;
     payload text := '';
+    jit_before text;
 BEGIN
     -- A statement of one row (a single retirement, a new execution: the common case) is one
     -- change, one payload below 3,460 bytes: it skips the grouping, whose plan (hash join,
@@ -133,6 +158,8 @@ BEGIN
                OR o.execution_state IS DISTINCT FROM n.execution_state;
             RETURN NULL;
         END IF;
+        jit_before := current_setting('jit');
+        PERFORM set_config('jit', 'off', true);
         OPEN parts FOR
             SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
             FROM (
@@ -191,6 +218,8 @@ BEGIN
             LEFT JOIN sandboxes AS s ON s.id = n.sandbox_id;
             RETURN NULL;
         END IF;
+        jit_before := current_setting('jit');
+        PERFORM set_config('jit', 'off', true);
         OPEN parts FOR
             SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
             FROM (
@@ -230,6 +259,8 @@ BEGIN
             LEFT JOIN sandboxes AS s ON s.id = o.sandbox_id;
             RETURN NULL;
         END IF;
+        jit_before := current_setting('jit');
+        PERFORM set_config('jit', 'off', true);
         OPEN parts FOR
             SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
             FROM (
@@ -284,6 +315,7 @@ BEGIN
         END LOOP;
     END LOOP;
     CLOSE parts;
+    PERFORM set_config('jit', jit_before, true);
     IF payload <> '' THEN
         PERFORM pg_notify('sandbox_execution_changed', payload || ']}');
     END IF;
