@@ -450,9 +450,9 @@ async def test_multi_host_url_survives_failover(
             await svc.wait_for("/readyz", 200, timeout_s=WAIT_CAP_S)
             new_admin = standby.database_url("space")
             await _reaped_by_notification(svc, emulator, new_admin, later, record_property)
-            record_property(
-                "promotion_to_delete_s", round(_deletes(emulator, later)[0] - promoted_at, 3)
-            )
+            promotion_to_delete_s = _deletes(emulator, later)[0] - promoted_at
+            record_property("promotion_to_delete_s", round(promotion_to_delete_s, 3))
+            print(f"{attrs}: {later} deleted {promotion_to_delete_s:.2f}s after the promotion")
             # The clock of the lost retirement ends on the new primary's active row.
             with anyio.fail_after(WAIT_CAP_S):
                 while f"{NS}/{lost}" in await _pending_keys(svc):
