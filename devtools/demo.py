@@ -25,11 +25,14 @@ import asyncpg
 
 from devtools.emulator.core import Emulator
 from devtools.emulator.sandboxpods import Shape, pod_name, sandbox_pod
+from devtools.emulator.selectors import compile_selector
 from devtools.emulator.server import RunningEmulator, start_emulator
 from devtools.pg.devdata import seed_execution, seed_sandbox
 from devtools.pg.throwaway import ThrowawayPostgres
 from service import config, logs
 from service.app import service
+from service.app.inspect import explain
+from service.domain import Verdict
 from service.kube.api import new_api_client
 from service.metrics import LOOP, Metrics
 from service.pg.migrate import migrate
@@ -135,9 +138,10 @@ def _present(emulator: Emulator) -> dict[str, str]:
 
 def _view(phase: str, elapsed: float, emulator: Emulator, counts: dict[str, int]) -> str:
     present = _present(emulator)
-    kept = sum(1 for p in POPULATION if p.name in present)
+    sandbox = sum(1 for p in POPULATION if p.name in present)
     return (
-        f"  [{phase:<8} {elapsed:5.1f}s] pods present {kept}/{len(POPULATION)}"
+        f"  [{phase:<8} {elapsed:5.1f}s] sandbox pods present {sandbox}/{len(POPULATION)}"
+        f" (+{int(UNRELATED in present)} unrelated)"
         f" | would-reap/reaped: terminal_retired={counts['terminal_retired']}"
         f" replaced_never_started={counts['replaced_never_started']}"
     )
@@ -220,7 +224,10 @@ async def _phase(
     started = time.monotonic()
     handler = _Events(started)
     logging.getLogger("service.engine").addHandler(handler)
-    print(f"\n== {name}: {settings.mode} ==")
+    print(
+        f"\n== {name}: ENABLED={str(settings.enabled).lower()}"
+        f"{'' if not settings.enabled else f' DRY_RUN={str(settings.dry_run).lower()}'} =="
+    )
     try:
         parts = service.build(settings, api=api, metrics=metrics)
         stop = anyio.Event()
@@ -276,6 +283,11 @@ async def _demo(threshold_s: float, phase_s: float) -> int:
                 done=lambda c: sum(c.values()) >= 2,
             )
             after_dry = _present(emulator)
+            # Every pod is still there after the dry run: each one's decision, as the
+            # controller makes it (a verdict, or the reason it is kept).
+            why = await _decisions(
+                _settings(url, enabled=True, dry_run=True, threshold_s=threshold_s), running
+            )
             live = await _phase(
                 "live",
                 _settings(url, enabled=True, dry_run=False, threshold_s=threshold_s),
@@ -295,6 +307,7 @@ async def _demo(threshold_s: float, phase_s: float) -> int:
         finally:
             await running.aclose()
     ok = _summary(
+        why=why,
         disabled=disabled,
         dry=dry,
         live=live,
@@ -307,8 +320,34 @@ async def _demo(threshold_s: float, phase_s: float) -> int:
     return 0 if ok else 1
 
 
+async def _decisions(settings: config.Settings, running: RunningEmulator) -> dict[str, str]:
+    """Each pod's decision by ``retired-pod-gc explain``'s code (the controller's classifier on
+    a fresh GET and row read): a verdict, or the skip reason that keeps it. A pod the label
+    selector does not select is never looked at by the controller: "not selected"."""
+    selected = compile_selector(settings.kube.label_selector)
+    api = await new_api_client(host=running.url)
+    store = service.new_store(settings, Metrics())
+    await store.start()
+    try:
+        pods = service.new_pod_client(settings, api, Metrics())
+        out = {}
+        for pod in running.emulator.pods(NAMESPACE):
+            name = pod["metadata"]["name"]
+            if selected is not None and not selected(pod["metadata"].get("labels") or {}):
+                out[name] = "not selected (LABEL_SELECTOR)"
+                continue
+            exp = await explain(settings, key=f"{NAMESPACE}/{name}", pods=pods, store=store)
+            decision = exp.decision
+            out[name] = "gone" if decision is None else decision.label
+        return out
+    finally:
+        await store.aclose()
+        await api.close()
+
+
 def _summary(
     *,
+    why: dict[str, str],
     disabled: dict[str, int],
     dry: dict[str, int],
     live: dict[str, int],
@@ -318,17 +357,25 @@ def _summary(
     events: list[dict[str, Any]],
 ) -> bool:
     print("\n== summary ==")
-    print(f"{'pod':<26} {'shape':<42} {'after dry run':<15} {'after live':<12} expected")
+    print(
+        f"{'pod':<26} {'shape':<42} {'after dry run':<15} {'after live':<12} {'expected':<10} "
+        "why (the controller's verdict, or the reason it keeps the pod)"
+    )
     ok = True
     for p in POPULATION:
         kept_dry = "kept" if p.name in after_dry else "GONE"
         kept_live = "kept" if p.name in final else "deleted"
         expected = "deleted" if p.expect_deleted else "kept"
+        reason = why.get(p.name, "?")
         ok &= kept_dry == "kept" and kept_live == expected
-        print(f"{p.name:<26} {p.label:<42} {kept_dry:<15} {kept_live:<12} {expected}")
+        ok &= (reason in _VERDICTS) == p.expect_deleted
+        print(f"{p.name:<26} {p.label:<42} {kept_dry:<15} {kept_live:<12} {expected:<10} {reason}")
     unrelated = "kept" if UNRELATED in final else "deleted"
     ok &= unrelated == "kept"
-    print(f"{UNRELATED:<26} {'unrelated pod':<42} {'kept':<15} {unrelated:<12} kept")
+    print(
+        f"{UNRELATED:<26} {'unrelated pod':<42} {'kept':<15} {unrelated:<12} {'kept':<10} "
+        f"{why.get(UNRELATED, '?')}"
+    )
     print(f"\noutcome counters   disabled: {disabled}")
     print(f"                   dry run:  {dry}")
     print(f"                   live:     {live}")
@@ -348,6 +395,9 @@ def _summary(
         regarding = sorted(e["regarding"]["name"] for e in events if e["reason"] == reason)
         ok &= regarding == sorted(reaped)
     return ok
+
+
+_VERDICTS = frozenset(str(v) for v in Verdict)
 
 
 def _print_events(events: list[dict[str, Any]]) -> None:

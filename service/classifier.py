@@ -78,10 +78,18 @@ _TERMINAL_RETIRED = {
 """The reap decision of a terminal pod, by (phase, retired state): every pair there is."""
 
 
+def kept(pod: PodSnapshot) -> Decision | None:
+    """The operator's keep rule alone (:data:`KEEP_ANNOTATION`): the skip decision of a kept pod,
+    else ``None``. :func:`prefilter` applies it first; ``cancel-create``, which deletes without
+    the shape rules, applies it too (``service/app/cancel_create.py``)."""
+    return _KEEP if pod.keep else None
+
+
 def prefilter(pod: PodSnapshot) -> Decision | None:
     """Skip decisions that need no database row; ``None`` means "look the row up"."""
-    if pod.keep:
-        return _KEEP
+    keep = kept(pod)
+    if keep is not None:
+        return keep
     if pod.terminating:
         return _TERMINATING
     if pod.sandbox_id is None or pod.generation is None:

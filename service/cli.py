@@ -1,10 +1,13 @@
 """The ``retired-pod-gc`` command line: parses the arguments and the configuration, dispatches.
 
 Commands: ``run`` (the controller), ``scan``, ``explain``, ``pending``, ``migrate``,
-``cancel-create`` and ``config`` (``service/app/commands.py`` does each). Exit codes: 0 success, 1 runtime failure, 2
-bad configuration or usage (one line on stderr naming the variable, never a traceback), 143 and
-130 when SIGTERM or SIGINT interrupted the command (``service/app/signals.py``: every command,
-from the first line of :func:`main`, so that the process is a good PID 1 even while it imports).
+``cancel-create`` and ``config`` (``service/app/commands.py`` does each), and ``--version``.
+Exit codes (docs/operations.md, "Exit codes"): 0 success; 1 a failure of the outside world (the
+API server, the database, a replica asked with ``--url``) or of the command's own check, one line
+on stderr naming the cause and, where there is one, the fix; 2 bad configuration or usage (one
+line naming the variable or argparse's own error); 143 and 130 when SIGTERM or SIGINT interrupted
+the command (``service/app/signals.py``: every command, from the first line of :func:`main`, so
+that the process is a good PID 1 even while it imports). Never a traceback, except for a bug.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 from service import config
 from service.app import signals
@@ -78,6 +82,51 @@ def _dispatch(settings: config.Settings, args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------ parser
 
+DISTRIBUTION = "retired-pod-gc"
+LEADER_PORT_FORWARD = (
+    "LEADER=$(kubectl -n retired-pod-gc get lease retired-pod-gc "
+    "-o jsonpath='{.spec.holderIdentity}'); "
+    "kubectl -n retired-pod-gc port-forward pod/${LEADER%_*} 8080"
+)
+"""How an operator reaches the leader: the Lease's holder identity is ``<pod name>_<pid>`` (the
+default ``LEADER_IDENTITY``)."""
+
+
+def version() -> str:
+    """The installed distribution's version (package metadata), ``unknown`` when not installed."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text!r}")
+    return value
+
+
+def _http_url(text: str) -> str:
+    if not text.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(
+            f"needs http:// or https:// (e.g. http://127.0.0.1:8080), got {text!r}"
+        )
+    return text
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -89,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
             "in-cluster service account or KUBECONFIG."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     parser.set_defaults(needs_database=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -113,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--output", choices=("text", "json"), default="text")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds to list pods")
+    p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds to list pods")
 
     p = sub.add_parser(
         "explain",
@@ -129,9 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--url",
         default=None,
-        help="a running replica's health port, e.g. http://127.0.0.1:8080 (kubectl port-forward)",
+        type=_http_url,
+        help="the leader's health port, e.g. http://127.0.0.1:8080 (kubectl port-forward)",
     )
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for --url")
+    p.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds to wait for --url")
 
     p = sub.add_parser(
         "pending",
@@ -139,23 +190,28 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "GET /debug/pending from a running replica (DEBUG_PENDING=true) and print every pod "
             "whose observation clock runs: key, UID, verdict, observed since, due at, and what "
-            "it waits for (threshold, verification, budget; reported in a dry run). Reach a "
-            "replica with `kubectl port-forward deploy/retired-pod-gc 8080`."
+            "it waits for (threshold, verification, budget; reported in a dry run). Only the "
+            "leader has clocks (a standby answers an empty list), and a port-forward to the "
+            "Deployment may land on the standby: forward to the leader's pod, named in the "
+            f"Lease: `{LEADER_PORT_FORWARD}`."
         ),
     )
     p.add_argument(
         "--url",
         default="http://127.0.0.1:8080",
-        help="the replica's health port (default %(default)s)",
+        type=_http_url,
+        help="the leader's health port (default %(default)s)",
     )
     p.add_argument("--output", choices=("text", "json"), default="text")
     p.add_argument(
         "--limit",
-        type=int,
+        type=_positive_int,
         default=None,
         help="show the N soonest due (the service's default: 1000)",
     )
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
+    p.add_argument(
+        "--timeout", type=_positive_float, default=5.0, help="seconds to wait for the answer"
+    )
     p.set_defaults(needs_database=False)
 
     p = sub.add_parser(

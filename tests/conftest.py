@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-pytest_plugins: list[str] = ["tests.pgfixtures", "tests.kubefixtures"]
+pytest_plugins: list[str] = ["tests.pgfixtures", "tests.kubefixtures", "tests.kubectl"]
 
 
 @pytest.fixture

@@ -103,6 +103,10 @@ class Emulator(Watches, FaultControls):
         ``None``: everything is allowed. Kept across :meth:`reset`."""
         self.reset()
 
+    def now_s(self) -> float:
+        """The emulator's wall clock (the one its timestamps are written with)."""
+        return self._clock()
+
     # ------------------------------------------------------------------ state
 
     def reset(self) -> None:

@@ -20,6 +20,7 @@ import msgspec
 from aiohttp import web
 
 from devtools.emulator import statuses as st
+from devtools.emulator import tables
 from devtools.emulator.statuses import ApiError, Resource
 
 EVENTS = Resource("events", "Event", "events.k8s.io/v1", "events.k8s.io", True, False, True)
@@ -241,6 +242,10 @@ class EventStore:
         self._objects[key] = stored
         return stored
 
+    def now_s(self) -> float:
+        """The clock the Events' timestamps are written with."""
+        return self._clock()
+
     def get(self, namespace: str, name: str) -> dict[str, Any]:
         obj = self._objects.get(f"{namespace}/{name}")
         if obj is None:
@@ -296,11 +301,17 @@ def event_routes(store_of: Callable[[web.Request], EventStore]) -> list[web.Rout
 
     def lister(*, core: bool) -> Callable[[web.Request], Any]:
         async def handler(request: web.Request) -> web.Response:
-            body = store_of(request).list_body(
+            store = store_of(request)
+            as_table = tables.wants_table(request.headers.get("Accept", ""))
+            body = store.list_body(
                 request.match_info["namespace"],
-                core=core,
+                core=core or as_table,
                 field_selector=request.query.get("fieldSelector", ""),
             )
+            if as_table:
+                body = tables.event_table(
+                    body["items"], list_meta=body["metadata"], now_s=store.now_s()
+                )
             return _reply(body)
 
         return handler

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from devtools.emulator import discovery, rbac
+from devtools.emulator import discovery, fields, rbac, tables
 from devtools.emulator import statuses as st
 from devtools.emulator.core import MERGE_PATCH, Emulator
 from devtools.emulator.events import event_routes
@@ -184,7 +184,12 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     ns = namespace or ""
     if name is None:
         if method == "GET":
+            field_selector = request.query.get("fieldSelector", "")
+            if field_selector and res is not PODS:
+                raise st.bad_request(f"the emulator selects {res.plural} by no field")
             if request.query.get("watch", "") in _TRUE:
+                if field_selector:
+                    raise st.bad_request("the emulator filters no watch by field")
                 return await _watch(request, emulator, target)
             body = emulator.list_body(
                 res,
@@ -195,7 +200,17 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
                 resource_version=request.query.get("resourceVersion", ""),
                 resource_version_match=request.query.get("resourceVersionMatch", ""),
             )
-            return _json_response(body)
+            as_table = res is PODS and tables.wants_table(request.headers.get("Accept", ""))
+            if not field_selector and not as_table:
+                return _json_response(body)
+            page = msgspec.json.decode(body)
+            if field_selector:
+                matches = fields.pod_matcher(field_selector)
+                page["items"] = [pod for pod in page["items"] if matches(pod)]
+                page["metadata"].pop("remainingItemCount", None)
+            if as_table:
+                return _table_response(request, emulator, page["items"], page["metadata"])
+            return _json_response(msgspec.json.encode(page))
         if method == "POST" and (namespace is not None or not res.namespaced):
             entry = emulator.create(res, ns, await _read_json(request))
             return _json_response(emulator.full_bytes(res, entry), 201)
@@ -234,12 +249,45 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
         )
     else:
         raise ApiError(st.status(405, "MethodNotAllowed", f"{method} is not supported here"))
+    if (
+        method == "GET"
+        and res is PODS
+        and target.subresource is None
+        and tables.wants_table(request.headers.get("Accept", ""))
+    ):
+        pod = emulator.to_object(res, entry)
+        return _table_response(
+            request, emulator, [pod], {"resourceVersion": pod["metadata"]["resourceVersion"]}
+        )
     return _json_response(emulator.full_bytes(res, entry))
+
+
+def _table_response(
+    request: web.Request,
+    emulator: Emulator,
+    pods: list[dict[str, Any]],
+    list_meta: dict[str, Any],
+) -> web.Response:
+    """Pods in the Table form (``tables.py``), as a real server answers ``kubectl get pods``."""
+    table = tables.pod_table(
+        pods, list_meta=list_meta, now_s=emulator.now_s(), include_object=_include_object(request)
+    )
+    return _json_response(msgspec.json.encode(table))
+
+
+def _include_object(request: web.Request) -> str:
+    include = request.query.get("includeObject", "") or "Metadata"
+    if include not in tables.INCLUDE_OBJECT:
+        raise st.bad_request(f"invalid includeObject {include!r}")
+    return include
 
 
 async def _watch(request: web.Request, emulator: Emulator, target: _Target) -> web.StreamResponse:
     res = target.res
     bookmarks = request.query.get("allowWatchBookmarks", "") in _TRUE
+    as_table = None  # the includeObject of a watch asked for as a Table (kubectl get pods -w)
+    if res is PODS and tables.wants_table(request.headers.get("Accept", "")):
+        as_table = _include_object(request)
     timeout = _int_param(request, "timeoutSeconds")
     timeout_s = float(timeout) if timeout else emulator.default_watch_timeout_s
     expired: dict[str, Any] | None = None
@@ -271,7 +319,13 @@ async def _watch(request: web.Request, emulator: Emulator, target: _Target) -> w
         next_bookmark = loop.time() + interval
         while True:
             if watcher.lines:
-                chunk = b"".join(watcher.lines)
+                lines = watcher.lines
+                if as_table is not None:
+                    lines = [
+                        tables.watch_line(line, now_s=emulator.now_s(), include_object=as_table)
+                        for line in lines
+                    ]
+                chunk = b"".join(lines)
                 watcher.lines.clear()
                 await response.write(chunk)
                 continue

@@ -5,6 +5,9 @@
    delete the pod under its UID precondition (the UID of a fresh GET whose labels match the
    execution), so a pod recreated under the same name by a newer activation survives.
 3. If the row is still active (a newer activation owns the pod), leave the pod alone.
+4. If the pod carries the keep annotation, leave it alone: the controller's own keep rule
+   (:func:`service.classifier.kept`) decides. The row stays retired; once the annotation is
+   removed, running the command again deletes the pod.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from typing import Any
 
 import anyio
 
-from service.domain import DeleteResult
+from service.classifier import kept
+from service.domain import KEEP_ANNOTATION, DeleteResult
 from service.pg.cancel import retire_for_cancel
 from service.ports import PodClient
 
@@ -33,6 +37,8 @@ class CancelOutcome(enum.StrEnum):
     """The execution is still active (a newer activation owns it): nothing was deleted."""
     LEFT_ALONE_OTHER_POD = "left_alone_other_pod"
     """The pod under that name belongs to another sandbox or generation: not touched."""
+    LEFT_ALONE_KEPT = "left_alone_kept"
+    """The pod carries the keep annotation: not deleted (release it and run the command again)."""
     NO_EXECUTION = "no_execution"
     """No execution of that sandbox and generation exists in this namespace."""
     CONFLICT = "conflict"
@@ -87,6 +93,16 @@ async def cancel_create(
             row.retired_now,
             row.pod_name,
             f"pod labels name sandbox {pod.sandbox_id} generation {pod.generation}",
+        )
+    keep = kept(pod)
+    if keep is not None:
+        logger.info("pod %s left alone: %s", row.pod_name, keep.rule)
+        return CancelReport(
+            CancelOutcome.LEFT_ALONE_KEPT,
+            row.retired_now,
+            row.pod_name,
+            f"{keep.rule}; to release it: kubectl -n {namespace} annotate pod {row.pod_name} "
+            f"{KEEP_ANNOTATION}- and run cancel-create again",
         )
     with anyio.fail_after(timeout_s):
         result = await pods.delete_pod(

@@ -3,9 +3,11 @@
 ``run`` (the controller), ``scan``, ``explain``, ``pending``, ``migrate``, ``cancel-create`` and
 ``config``.
 Every adapter a command needs comes from the composition root (``service/app/service.py``), so
-the controller and the one-shot commands build their parts one way. Exit codes: 0 success, 1
-runtime failure (the API server or the database unreachable, a failed operation); errors are
-one line on stderr, never a traceback. Parsing the command line is ``service/cli.py``'s job.
+the controller and the one-shot commands build their parts one way. Exit codes: 0 success, 1 a
+failure of the outside world (the API server, the database, a replica) or a failed operation:
+one line on stderr naming the cause and, where there is one, the fix (:class:`CommandError`;
+an :class:`ExternalError` that no command caught gets its one line too), never a traceback —
+only a bug shows one. Parsing the command line is ``service/cli.py``'s job.
 """
 
 from __future__ import annotations
@@ -26,9 +28,16 @@ from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTO
 from service import config, logs
 from service.app import service, signals
 from service.app.cancel_create import CancelOutcome, cancel_create
-from service.app.inspect import explain, explanation_lines, list_pods, scan
+from service.app.inspect import (
+    NamespaceNotConfigured,
+    explain,
+    explanation_lines,
+    list_pods,
+    scan,
+)
 from service.app.pending import PendingUnavailable, fetch_pending, live_clock_lines, pending_lines
 from service.kit.backoff import Backoff
+from service.kit.errors import ExternalError
 from service.kube.api import ApiConfigError, new_api_client
 from service.kube.errors import read_whole, status_message
 from service.metrics import Metrics
@@ -57,6 +66,10 @@ def _one_line_on_error(call: Callable[[], int]) -> int:
     except CommandError as exc:
         print(f"retired-pod-gc: {exc}", file=sys.stderr)
         return 1
+    except ExternalError as exc:
+        # A failure of the outside world that no command put in its own words.
+        print(f"retired-pod-gc: {_describe(exc)}", file=sys.stderr)
+        return 1
 
 
 def _describe(exc: BaseException) -> str:
@@ -64,6 +77,77 @@ def _describe(exc: BaseException) -> str:
         return "; ".join(_describe(e) for e in exc.exceptions)
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+_DATABASE_HINTS = {
+    "3D000": "check the database name at the end of the URL",
+    "28P01": "check the user and password in the URL (or its Secret)",
+    "28000": "the server refuses this user from here (pg_hba.conf), or the user does not exist",
+    "42P01": (
+        "this database lacks the platform's tables (sandboxes, sandbox_k8s_executions): "
+        "check the database name in the URL"
+    ),
+    "42501": "the role lacks a grant: apply deploy/db-role/role.sql (docs/operations.md)",
+}
+"""The fix of a database failure, by SQLSTATE (one the server sent)."""
+
+
+def _database_failure(what: str, settings: config.Settings, exc: BaseException) -> CommandError:
+    """One line for a failed database call: what failed, the masked URL, the cause (the server's
+    own error when it sent one, found at the end of the ``__cause__`` chain) and, when known, the
+    fix."""
+    chain = [exc]
+    while chain[-1].__cause__ is not None:
+        chain.append(chain[-1].__cause__)
+    root = chain[-1]
+    sqlstate = str(getattr(root, "sqlstate", "") or "")
+    hint = _DATABASE_HINTS.get(sqlstate)
+    if sqlstate:
+        text = _describe(root)
+    elif isinstance(exc, TimeoutError):
+        text = "no answer in time"
+    else:
+        text = _describe(exc)
+    if any(isinstance(e, TimeoutError) for e in chain):
+        hint = (
+            "are the host and port right, and does every firewall and NetworkPolicy let them "
+            f"through? ({config.PREFIX}DB_CONNECT_TIMEOUT_SECONDS and "
+            "DB_STATEMENT_TIMEOUT_SECONDS bound the wait)"
+        )
+    elif isinstance(root, ConnectionRefusedError):
+        hint = "is PostgreSQL running there, and are the host and port right?"
+    return CommandError(
+        f"{what} ({settings.database.masked_url}): {text}" + (f"; {hint}" if hint else "")
+    )
+
+
+async def _connect(settings: config.Settings, what: str = "database") -> Any:
+    """One connection to the database, or one line saying why not."""
+    try:
+        return await asyncpg.connect(
+            settings.database.url, timeout=settings.database.connect_timeout_s
+        )
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise _database_failure(what, settings, exc) from None
+
+
+async def _check_tables(settings: config.Settings) -> None:
+    """Both of the platform's tables are there (else the first row lookup would fail)."""
+    conn = await _connect(settings)
+    try:
+        missing = await conn.fetchval(
+            "SELECT array_agg(t) FROM unnest(ARRAY['sandboxes', 'sandbox_k8s_executions']) t "
+            "WHERE to_regclass(t) IS NULL"
+        )
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise _database_failure("database", settings, exc) from None
+    finally:
+        await conn.close()
+    if missing:
+        raise CommandError(
+            f"database ({settings.database.masked_url}) has no table {', '.join(missing)}: "
+            "point the URL at the platform's database (its name is at the end of the URL)"
+        )
 
 
 async def _api(settings: config.Settings) -> Any:
@@ -145,9 +229,7 @@ def migrate_database(settings: config.Settings, *, with_schema: bool) -> int:
                     connect_timeout_s=settings.database.connect_timeout_s,
                 )
         except Exception as exc:
-            raise CommandError(
-                f"migrate failed ({settings.database.masked_url}): {_describe(exc)}"
-            ) from None
+            raise _database_failure("migrate failed", settings, exc) from None
         if applied:
             print("applied: " + ", ".join(applied))
         else:
@@ -162,13 +244,12 @@ def migrate_database(settings: config.Settings, *, with_schema: bool) -> int:
 
 @contextlib.asynccontextmanager
 async def _store_and_api(settings: config.Settings) -> AsyncIterator[tuple[Any, Any]]:
-    """The execution store (pinged: an unreachable database is one error line) and an API
-    client, both closed on the way out."""
+    """The execution store (its database checked first: a failure is one line naming the cause)
+    and an API client, both closed on the way out."""
+    await _check_tables(settings)
     store = service.new_store(settings, Metrics())
     await store.start()
     try:
-        if not await store.ping():
-            raise CommandError(f"database unreachable: {settings.database.masked_url}")
         api = await _api(settings)
         try:
             yield store, api
@@ -194,7 +275,10 @@ def scan_pods(settings: config.Settings, *, output: str, timeout_s: float) -> in
                 raise CommandError(
                     f"Kubernetes API: could not list pods within {timeout_s:g}s"
                 ) from None
-            report = await scan(settings, pods=pods, store=store)
+            try:
+                report = await scan(settings, pods=pods, store=store)
+            except ExternalError as exc:
+                raise _database_failure("scan: row lookup", settings, exc) from None
         if output == "json":
             print(json.dumps(report.to_json(), indent=2))
             return 0
@@ -227,8 +311,17 @@ def explain_pod(
             client = service.new_pod_client(settings, api, Metrics())
             try:
                 exp = await explain(settings, key=key, pods=client, store=store)
-            except Exception as exc:
-                raise CommandError(f"explain failed: {_describe(exc)}") from None
+            except NamespaceNotConfigured as exc:
+                raise CommandError(str(exc)) from None
+            except ExternalError as exc:
+                cause = exc.__cause__
+                if isinstance(cause, asyncpg.PostgresError | OSError):
+                    raise _database_failure("explain: row read", settings, exc) from None
+                raise CommandError(f"explain: {_describe(exc)}") from None
+            except TimeoutError:
+                raise CommandError(
+                    "explain: no answer in time from the API server or the database"
+                ) from None
         live: dict[str, Any] | str | None = None
         if url is not None:
             try:
@@ -274,14 +367,7 @@ def cancel_create_execution(
     logs.setup(settings.log_level, settings.log_format)
 
     async def main() -> int:
-        try:
-            conn = await asyncpg.connect(
-                settings.database.url, timeout=settings.database.connect_timeout_s
-            )
-        except Exception as exc:
-            raise CommandError(
-                f"database unreachable ({settings.database.masked_url}): {_describe(exc)}"
-            ) from None
+        conn = await _connect(settings)
         try:
             api = await _api(settings)
             try:
@@ -295,10 +381,11 @@ def cancel_create_execution(
                     activation_attempt=activation_attempt,
                     timeout_s=settings.kube.api_timeout_s,
                 )
-            except CommandError:
-                raise
-            except Exception as exc:
-                raise CommandError(f"cancel-create failed: {_describe(exc)}") from None
+            except (ExternalError, TimeoutError) as exc:
+                raise CommandError(
+                    f"cancel-create failed: {_describe(exc) if str(exc) else 'no answer in time'}"
+                    "; running it again is safe"
+                ) from None
             finally:
                 await api.close()
         finally:
@@ -313,6 +400,7 @@ def cancel_create_execution(
             CancelOutcome.POD_ABSENT,
             CancelOutcome.LEFT_ALONE_ACTIVE,
             CancelOutcome.LEFT_ALONE_OTHER_POD,
+            CancelOutcome.LEFT_ALONE_KEPT,
             CancelOutcome.NO_EXECUTION,
         }
         return 0 if report.outcome in ok else 1
@@ -327,9 +415,25 @@ def show_config(settings: config.Settings, environ: Mapping[str, str]) -> int:
     """Every variable's effective value and where it came from (secrets masked)."""
     for warning in settings.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    rows = config.effective(settings, environ)
+    defaults = {var.name: var.default for var in config.VARIABLES}
+    # An empty default is shown as docs/configuration.md shows it (NAMESPACES then means
+    # NAMESPACE: the namespaces served are in the header).
+    rows = [
+        (
+            name,
+            "(empty)" if source == "default" and defaults[name] in ("", (), None) else value,
+            source,
+        )
+        for name, value, source in config.effective(settings, environ)
+    ]
     width = max(len(name) for name, _, _ in rows)
     print(f"# mode: {settings.mode}")
+    print(f"# sandbox namespaces: {', '.join(settings.kube.namespaces)}")
+    if not settings.database.url:
+        print(
+            f"# no database URL: run, scan, explain, migrate and cancel-create refuse to start "
+            f"(exit 2) until {config.DATABASE_URL.name} or {config.DATABASE_URL_FILE.name} is set"
+        )
     for name, value, source in rows:
         print(f"{name:<{width}}  {value}  ({source})")
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -109,12 +110,16 @@ class Explanation:
     mode: str
 
 
+class NamespaceNotConfigured(ValueError):
+    """``explain`` was asked about a pod of a namespace the controller never acts on."""
+
+
 async def explain(
     settings: Settings, *, key: str, pods: KubePodClient, store: ExecutionStore
 ) -> Explanation:
     namespace, name = split_key(key)
     if namespace not in settings.kube.namespaces:
-        raise ValueError(
+        raise NamespaceNotConfigured(
             f"namespace {namespace!r} is not a configured sandbox namespace "
             f"({', '.join(settings.kube.namespaces)}): the controller never acts on it"
         )
@@ -134,13 +139,21 @@ async def explain(
     )
 
 
+def _shown(name: str, value: Any) -> tuple[str, Any]:
+    """A snapshot field as an operator reads it: a Unix time (``created_at_s``) as a UTC time
+    (``created_at``)."""
+    if name.endswith("_at_s") and isinstance(value, int | float):
+        return name[:-2], datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return name, value
+
+
 def explanation_lines(exp: Explanation) -> list[str]:
     lines = [f"pod {exp.key}"]
     if exp.pod is None:
         lines.append("  not found in the API server: nothing to do")
     else:
         for name, value in structs.asdict(exp.pod).items():
-            lines.append(f"  pod.{name:<26} {value}")
+            lines.append("  pod.{:<26} {}".format(*_shown(name, value)))
     if exp.row is None:
         lines.append("  execution row: none in this namespace among Kubernetes-managed sandboxes")
     else:

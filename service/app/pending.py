@@ -116,6 +116,7 @@ async def fetch_pending(
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise PendingUnavailable(
             f"could not reach {target}: {type(exc).__name__}: {exc}".rstrip(": ")
+            + "; is a port-forward to the leader's pod running (retired-pod-gc pending --help)?"
         ) from None
     if not isinstance(document, dict) or not isinstance(document.get("pods"), list):
         raise PendingUnavailable(f"{target} did not answer a pending document")

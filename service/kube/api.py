@@ -17,6 +17,7 @@ from kubernetes_asyncio import config as k8s_config
 logger = logging.getLogger(__name__)
 
 IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
+KUBECONFIG_DEFAULT = "~/.kube/config"
 
 
 class ApiConfigError(RuntimeError):
@@ -43,6 +44,15 @@ async def new_api_client(
         source = "in-cluster service account"
     else:
         path = kubeconfig or (environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None)
+        # One stat of a local file before load_kube_config reads it (as blocking): so that no
+        # file at all is named as such, not as a kubeconfig without a current-context.
+        if not os.path.exists(os.path.expanduser(path or KUBECONFIG_DEFAULT)):  # noqa: ASYNC240
+            named = f"KUBECONFIG={path}" if path else KUBECONFIG_DEFAULT
+            raise ApiConfigError(
+                f"no kubeconfig and no in-cluster configuration found: {named} does not "
+                f"exist and {IN_CLUSTER_ENV} is unset (run in a pod, or set KUBECONFIG to a "
+                "kubeconfig file)"
+            )
         try:
             await k8s_config.load_kube_config(
                 config_file=path,
@@ -52,7 +62,7 @@ async def new_api_client(
             )
         except (k8s_config.ConfigException, OSError) as exc:
             raise ApiConfigError(f"no Kubernetes configuration: {exc}") from exc
-        source = f"kubeconfig {path or '~/.kube/config'}"
+        source = f"kubeconfig {path or KUBECONFIG_DEFAULT}"
     configuration.connection_pool_maxsize = pool_size
     logger.info("kubernetes api %s (%s)", configuration.host, source)
     return k8s_client.ApiClient(configuration)

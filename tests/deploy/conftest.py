@@ -1,7 +1,8 @@
 """Fixtures of the deployment tests: rendered kustomizations and the service's metric names.
 
 Nothing here needs a cluster, a container engine or the network: kustomizations are rendered by
-``tests/deploy/kustomize.py`` and metric names are scraped from a running service process.
+the real ``kubectl kustomize`` (``tests/deploy/rendering.py``) and metric names are scraped from a
+running service process.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 from devtools.pg.throwaway import run_async
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
-from tests.deploy.kustomize import Obj, render
+from tests.deploy.rendering import Obj, render
 from tests.deploy.support import BASE, MONITORING, OVERLAYS, ExportedMetrics
 from tests.e2e.harness import base_env, cli_command, free_port, write_kubeconfig
 from tests.pgfixtures import PgServer

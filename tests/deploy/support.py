@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tests.deploy.kustomize import Obj
+from tests.deploy.rendering import Obj
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -6,7 +6,7 @@ import re
 
 from service.domain import ReconcileOutcome, SkipReason, Verdict, Waiting
 from service.metrics import EVENT_RESULTS
-from tests.deploy.support import DEPLOY, ROOT
+from tests.deploy.support import BASE, DEPLOY, MONITORING, OVERLAYS, ROOT
 
 OPERATIONS = ROOT / "docs" / "operations.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
@@ -73,3 +73,34 @@ def test_operations_documents_the_secret_the_base_references() -> None:
     secret = re.search(r"secretName: (\S+)", deployment)
     assert secret is not None
     assert f"generic {secret.group(1)}" in text
+
+
+def _comment_figures(manifest: str) -> set[str]:
+    comments = " ".join(
+        line.split("#", 1)[1] for line in manifest.splitlines() if line.lstrip().startswith("#")
+    )
+    return set(re.findall(r"(\d[\d,]*(?:\u2013\d[\d,]*)? MiB)", re.sub(r"\s+", " ", comments)))
+
+
+def test_the_manifests_memory_figures_are_the_docs() -> None:
+    # The Deployment's sizing comment repeats the measured figures: each is the one
+    # docs/operations.md ("Capacity and sizing") gives, so the two cannot drift apart.
+    sizing = OPERATIONS.read_text(encoding="utf-8").split("## Capacity and sizing", 1)[1]
+    sizing = re.sub(r"\s+", " ", sizing.split("\n## ", 1)[0])
+    for manifest in sorted(DEPLOY.rglob("*.yaml")):
+        figures = _comment_figures(manifest.read_text(encoding="utf-8"))
+        missing = sorted(f for f in figures if f not in sizing)
+        assert missing == [], f"{manifest.relative_to(ROOT)}: {missing} not in the sizing section"
+    deployment = (DEPLOY / "base" / "deployment.yaml").read_text(encoding="utf-8")
+    assert _comment_figures(deployment) >= {"84 MiB", "205 MiB", "601 MiB", "689\u2013692 MiB"}
+
+
+def test_every_kustomization_the_docs_apply_is_one_the_tests_render() -> None:
+    # `kubectl apply -k` / `delete -k` need a cluster; what they send is what `kubectl kustomize`
+    # renders, and tests/deploy renders and validates exactly these directories.
+    rendered = {BASE, MONITORING, DEPLOY / "migrate", *OVERLAYS.values()}
+    named = set()
+    for doc in (OPERATIONS, ROOT / "README.md"):
+        named |= set(re.findall(r"kubectl (?:apply|delete) -k (\S+?)[`\s;]", doc.read_text()))
+    assert named, "no kubectl apply -k in the docs"
+    assert {ROOT / p for p in named} <= rendered, sorted(named)

@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 
 from service import config
-from tests.deploy.kustomize import Obj, UnsupportedKustomization, configmap_hash, render
+from tests.deploy.rendering import Obj
 from tests.deploy.support import (
     BASE,
     DEPLOY,
@@ -60,20 +60,6 @@ def walk(value: Any) -> list[Any]:
 
 
 # --- rendering and schemas ------------------------------------------------------------------
-
-
-def test_renderer_reproduces_kustomize_hash_suffix() -> None:
-    # Golden value from `kubectl kustomize` (kustomize v5.5.0) for this exact generator; the
-    # '<' and '&' exercise Go's JSON escaping.
-    cm = {"metadata": {"name": "demo"}, "data": {"A": "1", "B": "x<y&z"}}
-    assert configmap_hash(cm) == "mgk8mb4fgh"
-    assert configmap_hash({**cm, "data": {"A": "2", "B": "x<y&z"}}) != "mgk8mb4fgh"
-
-
-def test_renderer_refuses_fields_outside_its_subset(tmp_path: Path) -> None:
-    (tmp_path / "kustomization.yaml").write_text("resources: []\nnamespace: elsewhere\n")
-    with pytest.raises(UnsupportedKustomization, match="namespace"):
-        render(tmp_path)
 
 
 RENDERS = ["base", "dry-run", "live", "two-namespaces"]

@@ -24,7 +24,7 @@ from devtools.emulator import RunningEmulator
 from devtools.emulator.rbac import RbacPolicy
 from devtools.emulator.sandboxpods import Shape, pod_name, sandbox_pod
 from devtools.pg.devdata import seed_execution, seed_sandbox, set_execution
-from tests.deploy.kustomize import render
+from tests.deploy.rendering import render
 from tests.deploy.support import OVERLAYS
 
 from .harness import (

@@ -107,7 +107,7 @@ async def test_rollout_disabled_then_dry_run_then_live(
     assert _deletes(emu) == []
     # Once synced, what is alive is kept out of the garbage collector's scans (kit memory).
     with anyio.fail_after(30):
-        while "long-lived objects kept out of garbage collection scans" not in svc.log_text():
+        while "cached objects exempted from full garbage collections" not in svc.log_text():
             await anyio.sleep(0.05)
     await _stop(svc)
     assert emu.events.events() == []

@@ -16,6 +16,7 @@ from devtools.emulator.sandboxpods import Shape, pod_name, sandbox_pod
 from devtools.pg.devdata import seed_execution, seed_sandbox
 from service.app.cancel_create import CancelOutcome, CancelReport, cancel_create
 from service.config import KubeSettings
+from service.domain import KEEP_ANNOTATION
 from service.kit.errors import Unavailable
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
@@ -145,6 +146,35 @@ async def test_a_pod_recreated_under_the_name_with_other_labels_is_left_alone(
     assert report.retired_now is True
     assert _deletes(emulator) == []
     assert emulator.emulator.get_pod(NS, NAME) is not None
+
+
+@pytest.mark.parametrize("value", ["true", "yes-please"])
+async def test_a_kept_pod_is_left_alone_and_deleted_once_released(
+    emulator: RunningEmulator, pg_conn: asyncpg.Connection, pods: KubePodClient, value: str
+) -> None:
+    emu = emulator.emulator
+    await _seed(pg_conn)
+    _create_pod(emulator)
+    emu.patch_pod(NS, NAME, {"metadata": {"annotations": {KEEP_ANNOTATION: value}}})
+    report = await _cancel(pg_conn, pods)
+    assert report.outcome is CancelOutcome.LEFT_ALONE_KEPT
+    assert report.retired_now is True
+    assert f"annotate pod {NAME} {KEEP_ANNOTATION}-" in report.detail
+    assert await _row(pg_conn) == (False, "cancelled", 0)
+    assert _deletes(emulator) == []
+    kept = emu.get_pod(NS, NAME)
+    assert kept is not None and not kept["metadata"].get("deletionTimestamp")
+
+    # Released (`kubectl annotate pod ... keep-`): run again, the pod is deleted.
+    released = emu.patch_pod(NS, NAME, {"metadata": {"annotations": {KEEP_ANNOTATION: None}}})
+    assert KEEP_ANNOTATION not in (released["metadata"].get("annotations") or {})
+    again = await _cancel(pg_conn, pods)
+    assert again == CancelReport(CancelOutcome.DELETED, False, NAME, "")
+    (delete,) = _deletes(emulator)
+    assert delete.body["preconditions"] == {
+        "uid": released["metadata"]["uid"],
+        "resourceVersion": released["metadata"]["resourceVersion"],
+    }
 
 
 async def test_a_pod_replaced_between_get_and_delete_survives(

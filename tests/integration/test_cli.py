@@ -11,7 +11,9 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,70 @@ def test_top_level_help_lists_every_command() -> None:
     assert result.code == 0
     for command in _commands():
         assert re.search(rf"^\s+{command}\s", result.stdout, re.MULTILINE), command
+
+
+def test_version_prints_the_version_of_the_package_metadata() -> None:
+    result = run_cli("--version", env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+    assert result.code == 0, result.stderr
+    with (REPO_ROOT / "pyproject.toml").open("rb") as f:
+        declared = tomllib.load(f)["project"]["version"]
+    assert result.stdout == f"retired-pod-gc {metadata.version('retired-pod-gc')}\n"
+    assert metadata.version("retired-pod-gc") == declared
+
+
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        (("scan", "--timeout", "-5"), "argument --timeout: must be a positive number"),
+        (("scan", "--timeout", "soon"), "argument --timeout: not a number"),
+        (("pending", "--limit", "0"), "argument --limit: must be 1 or more"),
+        (("pending", "--timeout", "0"), "argument --timeout: must be a positive number"),
+        (("pending", "--url", "127.0.0.1:1"), "argument --url: needs http://"),
+        (("explain", ROLL, "--url", "127.0.0.1:1"), "argument --url: needs http://"),
+        (("explain", ROLL, "--timeout", "-1"), "argument --timeout: must be a positive number"),
+    ],
+)
+def test_bad_arguments_are_argparse_errors_exit_2(
+    argv: tuple[str, ...], complaint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(list(argv))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"retired-pod-gc {argv[0]}: error: {complaint}" in err, err
+
+
+def test_pending_help_points_at_the_leader_pod_not_the_deployment(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["pending", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "deploy/retired-pod-gc" not in out
+    assert "{.spec.holderIdentity}" in out
+    assert "port-forward pod/${LEADER%_*} 8080" in out
+
+
+def test_config_without_a_database_url_exits_0_and_says_what_will_refuse() -> None:
+    result = run_cli("config", env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+    assert result.code == 0, result.stderr
+    assert re.search(r"^# no database URL: run, scan, .* refuse to start", result.stdout, re.M)
+    assert "# sandbox namespaces: sandboxes\n" in result.stdout
+    with_url = run_cli(
+        "config",
+        env={"PATH": "/usr/bin:/bin", PREFIX + "DATABASE_URL": "postgresql://x@127.0.0.1:1/x"},
+    )
+    assert with_url.code == 0 and "no database URL" not in with_url.stdout
+
+
+def test_config_shows_each_default_as_docs_configuration_md_does() -> None:
+    result = run_cli("config", env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+    assert result.code == 0, result.stderr
+    shown = dict(re.findall(rf"^{PREFIX}(\S+)\s+(.*?)\s+\(default\)$", result.stdout, re.MULTILINE))
+    docs = (REPO_ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    documented = dict(re.findall(r"^\| `([A-Z_]+)` \| `([^`]*)` \|", docs, re.MULTILINE))
+    assert shown["NAMESPACES"] == "(empty)"
+    assert shown == documented
 
 
 # ------------------------------------------------------------------ the product, not its dev tools
@@ -204,9 +270,11 @@ async def test_explain_prints_the_inputs_and_the_deciding_rule(
         r"row\.state\s+replaced",
         r"row\.active\s+False",
         r"^decision: REAPABLE replaced_never_started$",
+        r"^  pod\.created_at\s+\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$",
         r"rule: Pending fresh-create pod, no IP, PodReadyToStartContainers=False",
     ):
         assert re.search(line, out, re.MULTILINE), (line, out)
+    assert "created_at_s" not in out
     assert kept.code == 0
     assert re.search(r"^decision: skip pending_with_ip$", kept.stdout, re.MULTILINE), kept.stdout
     assert missing.code == 0
@@ -333,11 +401,76 @@ async def test_scan_that_cannot_list_in_time_is_one_line(
     assert _error_line(result) == "retired-pod-gc: Kubernetes API: could not list pods within 1s"
 
 
-async def test_a_missing_kubeconfig_is_one_line(tmp_path: Path, pg_url: str) -> None:
+@pytest.mark.parametrize("command", ["run", "scan", "explain"])
+async def test_no_kubeconfig_at_all_is_one_line_saying_so(
+    command: str, tmp_path: Path, pg_url: str
+) -> None:
     env = base_env(kubeconfig=tmp_path / "absent.yaml", database_url=pg_url)
-    result = await run_cli_async("scan", env=env)
+    result = await run_cli_async(*ONE_SHOT.get(command, (command,)), env=env)
     assert result.code == 1
-    assert "no Kubernetes configuration" in _error_line(result)
+    line = _error_line(result)
+    assert "no kubeconfig and no in-cluster configuration found" in line, line
+    assert f"KUBECONFIG={tmp_path / 'absent.yaml'} does not exist" in line, line
+
+
+@pytest.fixture
+def database_without_tables(pg_server: PgServer) -> Iterator[str]:
+    name = "rpg_cli_no_tables"
+    pg_server.drop_database(name)
+    url = pg_server.create_database(name)
+    try:
+        yield url
+    finally:
+        pg_server.drop_database(name)
+
+
+@pytest.mark.parametrize("command", ["scan", "explain"])
+async def test_a_database_without_the_tables_is_one_line_naming_them(
+    command: str, tmp_path: Path, emulator: RunningEmulator, database_without_tables: str
+) -> None:
+    env = base_env(
+        kubeconfig=write_kubeconfig(tmp_path / "kc.yaml", emulator.url),
+        database_url=database_without_tables,
+    )
+    result = await run_cli_async(*ONE_SHOT[command], env=env)
+    assert result.code == 1
+    line = _error_line(result)
+    assert "has no table sandboxes, sandbox_k8s_executions" in line, line
+    assert "rpg_cli_no_tables" in line
+
+
+async def test_a_database_that_does_not_exist_is_one_line_saying_so(
+    emulator: RunningEmulator, pg_url: str, env: dict[str, str]
+) -> None:
+    missing = pg_url.rsplit("/", 1)[0] + "/rpg_no_such_database"
+    results = await _all(
+        {
+            k: run_cli_async(*args, env={**env, PREFIX + "DATABASE_URL": missing})
+            for k, args in ONE_SHOT.items()
+        }
+    )
+    for command, result in results.items():
+        assert result.code == 1, (command, result)
+        line = _error_line(result)
+        assert 'database "rpg_no_such_database" does not exist' in line, (command, line)
+        assert line.endswith("; check the database name at the end of the URL"), (command, line)
+
+
+async def test_a_failing_row_lookup_is_one_line_and_exit_1(
+    emulator: RunningEmulator, pg_url: str, pg_conn: Any, env: dict[str, str]
+) -> None:
+    await seed_population(pg_url, emulator.emulator)
+    # The tables are there, but not as the queries expect them: the server answers an error.
+    await pg_conn.execute("ALTER TABLE sandbox_k8s_executions RENAME COLUMN pod_name TO renamed")
+    scanned, explained = await _both(
+        run_cli_async("scan", env=env), run_cli_async("explain", ROLL, env=env)
+    )
+    assert scanned.code == 1, scanned
+    assert "scan: row lookup (" in _error_line(scanned)
+    assert "UndefinedColumnError" in _error_line(scanned)
+    assert explained.code == 1, explained
+    assert "explain: row read (" in _error_line(explained)
+    assert "UndefinedColumnError" in _error_line(explained)
 
 
 @pytest.fixture
@@ -381,6 +514,18 @@ UNPARSABLE_URLS = (
     "postgresql://gc:hunter2@db:port/app",
     "postgresql://gc:hunter2@[::1/app",
 )
+
+
+def test_a_database_url_with_a_bad_port_says_the_port_is_bad(
+    clean_environ: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clean_environ.setenv(PREFIX + "DATABASE_URL", "postgresql://gc:hunter2@127.0.0.1:notaport/db")
+    code = cli.main(["scan"])
+    captured = capsys.readouterr()
+    assert code == 2
+    line = _error_line(CliResult(code, captured.out, captured.err))
+    assert "port 'notaport' of host '127.0.0.1' is not a number" in line, line
+    assert "hunter2" not in captured.err
 
 
 @pytest.mark.parametrize("url", UNPARSABLE_URLS)

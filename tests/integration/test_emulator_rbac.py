@@ -16,7 +16,7 @@ import pytest
 
 from devtools.emulator import RunningEmulator
 from devtools.emulator.rbac import RbacPolicy, attributes
-from tests.deploy.kustomize import render
+from tests.deploy.rendering import render
 from tests.deploy.support import OVERLAYS
 
 pytestmark = pytest.mark.anyio

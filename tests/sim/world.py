@@ -4,7 +4,9 @@ The ground truth uses the campaign's timelines (:mod:`tests.chaos.model`): every
 UID at the virtual instant the API server model made it, every row state at its COMMIT (an exact
 instant here: the model *is* the database). The steps are the campaign's kinds
 (:mod:`tests.chaos.schedule`, :mod:`tests.chaos.steps`), performed on the models, plus a few
-only a simulation can do cheaply: a starved event loop, a lagging watch, a leadership flip.
+only a simulation can do cheaply: a starved event loop, a lagging watch, a leadership flip; and,
+drawn with the seed's configuration, a listener behind a transaction-mode pooler that drops its
+notifications (:meth:`World.pooler_fault`).
 """
 
 from __future__ import annotations
