@@ -37,12 +37,24 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict service devtools
 
-test: lint typecheck pg-debian
+test: lint typecheck pg-debian pgbouncer
 	$(BIN)/coverage erase
 	$(BIN)/coverage run -m pytest
 	$(BIN)/coverage combine --quiet || true
 	$(BIN)/coverage report --fail-under=0 | tail -n 3
 	$(BIN)/coverage report --include='service/classifier.py' --fail-under=100
+
+# Debian's PgBouncer, which the database-topology tests run (devtools/pg/topology.py):
+# installed from apt when absent (as root). RUNLEVEL=1: the package's own daemon is not started
+# (the tests start theirs).
+.PHONY: pgbouncer
+pgbouncer:
+	@command -v pgbouncer >/dev/null 2>&1 || test -x /usr/sbin/pgbouncer || { \
+		if [ "$$(id -u)" != 0 ]; then \
+			echo "pgbouncer is not installed: run 'make pgbouncer' as root (apt-get install pgbouncer)" >&2; \
+			exit 1; \
+		fi; \
+		apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer; }
 
 # Debian's PostgreSQL 15 (LLVM JIT, on by default), beside the wheel's for the tests and benchmarks
 # that depend on the server's planner (devtools/pg/throwaway.py `Flavor.DEBIAN`). Installed from

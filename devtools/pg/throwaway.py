@@ -390,6 +390,11 @@ class ThrowawayPostgres:
         return self._proc.pid if self.running and self._proc is not None else None
 
     @property
+    def bin_dir(self) -> Path | None:
+        """The binaries the server runs (known once started)."""
+        return self._bin
+
+    @property
     def root_dir(self) -> Path | None:
         """The temp dir holding the data directory, sockets and server log (removed at stop)."""
         return self._tmp
@@ -520,8 +525,9 @@ class ThrowawayPostgres:
                 break
             with contextlib.suppress(OSError):
                 lines = pid_file.read_text().splitlines()
-                # Line 8 of postmaster.pid is the server status; "ready" once it accepts.
-                if len(lines) >= 8 and lines[7].strip() == "ready":
+                # Line 8 of postmaster.pid is the server status: "ready" once it accepts,
+                # "standby" once a hot standby accepts read-only connections.
+                if len(lines) >= 8 and lines[7].strip() in ("ready", "standby"):
                     with socket.create_connection(("127.0.0.1", self._port), timeout=1):
                         logger.debug("throwaway postgres ready on port %d", self._port)
                         return
