@@ -471,9 +471,8 @@ class RetirementListener:
         :class:`~service.pg.errors.ListenerUnavailable` when the listener is not connected or the
         probe cannot be sent or does not arrive in time (the listener then reconnects)."""
         if not self._connected:
-            raise ListenerUnavailable(
-                f"the notify listener is not connected ({self._problem or 'reconnecting'})"
-            )
+            # The cause is the listener's own log line and the readiness body's.
+            raise ListenerUnavailable("the notify listener is not connected")
         await self._prove()
 
     async def _prove(self) -> None:
