@@ -1,12 +1,18 @@
 """Renders ``RESULTS.md`` and the PNG plots from ``results/*.json`` (``python -m benchmarks.report``).
 
-The hand-written analysis lives in ``NOTES.md`` beside this file and is included verbatim.
+``RESULTS.md`` opens with one table of the current figures, one row per measured quantity, each
+taken from the canonical run of its benchmark (``CANONICAL``); then one section per benchmark
+with that run's tables. How each figure is measured, and what limits it, is ``NOTES.md``. A new
+run becomes current when ``CANONICAL`` names it for its benchmarks; a results file no benchmark
+names is not rendered.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +21,45 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-RUN_ORDER = ("default", "large", "limit", "limit-b2", "rss-before", "rss-after")
+# The run whose figures are current, per benchmark (a key of a results file).
+CANONICAL: dict[str, str] = {
+    "B1": "redesign-after",
+    "B1L": "rss-after",
+    "B2": "redesign-after",
+    "B2B": "trigger",
+    "B3": "redesign-after",
+    "B4": "limit",
+    "B5": "limit",
+    "B6": "default",
+    "B7": "trigger",
+    "B7_share": "jit",
+}
+
+# The command of each canonical run whose results file predates ``run.py`` recording it.
+COMMANDS: dict[str, str] = {
+    "default": "make bench",
+    "limit": "python -m benchmarks.run --pods 100000 --limit-pods 150000 --only "
+    "B1L,B2,B3,B4,B5 --repeats 1 --idle-s 30 --backlog-s 30 --name limit",
+    "rss-after": "python -m benchmarks.run --only B1L --limit-pods 150000 --name rss-after",
+    "redesign-after": "python -m benchmarks.run --pods 100000 --only B1,B2,B3 --repeats 2 "
+    "--name redesign-after",
+    "trigger": "make VENV=.venv-opt PYTHON=/usr/bin/python3.11 bench-trigger",
+}
+
+LABELS: dict[str, str] = {"B1L": "B1 at 150k", "B2B": "B2b", "B7_share": "B7 share"}
+
+HEADINGS: dict[str, str] = {
+    "B1": "B1 cold start",
+    "B1L": "B1 at the limit, by list mode",
+    "B2": "B2 retirement to clock start",
+    "B2B": "B2b mass retirement in one statement",
+    "B3": "B3 threshold expiry to DELETE",
+    "B4": "B4 idle cost",
+    "B5": "B5 churn",
+    "B6": "B6 decode",
+    "B7": "B7 writer overhead",
+    "B7_share": "B7 trigger share",
+}
 
 
 def _f(value: Any, digits: int = 1) -> str:
@@ -40,440 +84,459 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _section(name: str, r: dict[str, Any]) -> str:
-    m = r["machine"]
-    cfg = r["config"]
-    only_limit = "B1L" in r and not any(k in r for k in ("B1", "B2", "B3", "B4", "B5", "B6"))
-    pods = r["B1L"]["pods"] if only_limit else r["pods"]  # a B1L-only run: its population
-    out = [
-        f"## Run `{name}`: {pods:,} pods ({r['started']})",
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading (tests/unit/test_doc_links.py checks every link to one)."""
+    text = "".join(c for c in heading.lower() if c.isalnum() or c in " -_")
+    return "#" + text.replace(" ", "-")
+
+
+def _started(r: dict[str, Any]) -> str:
+    return str(r["started"]).removesuffix(" UTC").rsplit(":", 1)[0] + " UTC"
+
+
+# --- The current figures: one row per quantity, from the benchmark's canonical run. ---------
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    bench: str
+    measures: str
+    target: str
+    value: Callable[[dict[str, Any]], str]
+
+
+def _b1_largest(r: dict[str, Any]) -> dict[str, Any]:
+    return max(r["B1"], key=lambda s: s["pods"])
+
+
+def _by_mode(r: dict[str, Any], value: Callable[[dict[str, Any]], str]) -> str:
+    short = {"streaming list": "stream", "list from the watch cache": "watch cache"}
+    return ", ".join(f"{short.get(m['label'], m['label'])} {value(m)}" for m in r["B1L"]["modes"])
+
+
+def _b1_sync(r: dict[str, Any]) -> str:
+    s = _b1_largest(r)
+    return (
+        f"**{s['synced_s']:.2f} s** at {s['pods']:,} pods ({s['cpu_synced_s']:.2f} CPU-s); "
+        f"caught up {s['catchup_done_s']:.2f} s"
+    )
+
+
+def _b1_rss(r: dict[str, Any]) -> str:
+    s = _b1_largest(r)
+    return f"**{s['rss_per_pod_bytes']:,.0f} B** at {s['pods']:,} pods"
+
+
+def _b1l_sync(r: dict[str, Any]) -> str:
+    return _by_mode(r, lambda m: f"{m['synced_s']:.1f} s ({m['cpu_synced_s']:.1f} CPU-s)")
+
+
+def _b1l_rss(r: dict[str, Any]) -> str:
+    return _by_mode(r, lambda m: f"**{m['rss_per_pod_bytes']:,.0f} B**")
+
+
+def _b1l_relist(r: dict[str, Any]) -> str:
+    return _by_mode(
+        r, lambda m: f"{m['relist_peak_ratio']:.2f}x ({m['peak_rss_relist_kib'] / 1024:,.0f} MiB)"
+    )
+
+
+def _b1l_requests(r: dict[str, Any]) -> str:
+    return _by_mode(r, lambda m: _f(m["sync"]["api_requests"]))
+
+
+def _b2_one(r: dict[str, Any]) -> str:
+    e, p = r["B2"]["event"]["1"], r["B2"]["baseline"].get("1", {})
+    return f"**{e['p99_ms']:.1f} ms** (polling {_f(p.get('p99_ms'), 0)} ms)"
+
+
+def _b2_many(r: dict[str, Any]) -> str:
+    size = str(max(r["B2"]["sizes"]))
+    e, p = r["B2"]["event"][size], r["B2"]["baseline"].get(size, {})
+    return (
+        f"**{e['all_started_s']:.2f} s** for {int(size):,} rows "
+        f"(polling {_f(p.get('all_started_s'), 1)} s)"
+    )
+
+
+def _b2b(r: dict[str, Any]) -> str:
+    e, p = r["B2B"]["event"]["10000"], r["B2B"]["baseline"].get("10000", {})
+    ahead = _ratio(p.get("all_started_s", float("nan")), e["all_started_s"])
+    return f"**{e['all_started_s']:.2f} s**, {ahead} ahead of polling"
+
+
+def _b3(r: dict[str, Any]) -> str:
+    e, p = r["B3"]["event"], r["B3"]["baseline"]
+    return f"**{e['p99_ms']:.1f} ms** (polling {p['p99_ms'] / 1000:.1f} s)"
+
+
+def _b3_backlog(r: dict[str, Any]) -> str:
+    k = r["B3"]["backlog"]
+    return (
+        f"max {k['max_in_any_60s_window']} in any 60 s at a cap of {k['cap_per_min']}/min; "
+        f"steady {100 * k['steady_utilisation']:.0f} % of the cap"
+    )
+
+
+def _b4(r: dict[str, Any]) -> str:
+    e, p = r["B4"]["event"], r["B4"]["baseline"]
+    return (
+        f"**{e['row_queries_per_min']:,.0f}** row queries/min at {e['pods']:,} pods "
+        f"(polling {p['row_queries_per_min']:,.0f}); CPU {e['cpu_percent']:.1f} % "
+        f"(polling {p['cpu_percent']:.1f} %)"
+    )
+
+
+def _b5(r: dict[str, Any]) -> str:
+    return f"**{r['B5']['highest_sustained_rate']:,.0f}** events/s sustained"
+
+
+def _b6(r: dict[str, Any]) -> str:
+    b = r["B6"]
+    low = min(p["speedup"] for p in b["pods"])
+    high = max(p["speedup"] for p in b["pods"])
+    return f"median **{b['median_speedup']:,.0f}x** ({low:,.0f}-{high:,.0f}x per fixture)"
+
+
+def _b7_statement(r: dict[str, Any]) -> str:
+    b = r["B7"]
+    v = b["variants"]["0003"]["statement_10k"]
+    paired = v.get("paired_ratio_to_none")
+    also = f"; paired by round {paired['median']:.2f}x" if paired else ""
+    return f"**{v['ratio_to_none']:.2f}x** (ratio of medians{also}), {_f(v['notifies'])} NOTIFYs"
+
+
+def _b7_one_row(r: dict[str, Any]) -> str:
+    return f"{r['B7']['variants']['0003']['one_row']['ratio_to_none']:.2f}x"
+
+
+def _b7_share_figure(r: dict[str, Any]) -> str:
+    s = r["B7_share"]
+    return "; ".join(
+        f"{server} **{res['variants']['0003']['statement']['ratio_median']:.2f}x**"
+        for server, res in s["servers"].items()
+    )
+
+
+FIGURES: tuple[Figure, ...] = (
+    Figure(
+        "B1",
+        "cold start: list complete (readiness), then every candidate reconciled",
+        "synced < 5 s at 100k",
+        _b1_sync,
+    ),
+    Figure("B1", "RSS per cached pod", "< 1 KiB", _b1_rss),
+    Figure("B1L", "cold sync of 150,000 pods", "< 3 s", _b1l_sync),
+    Figure("B1L", "steady RSS per cached pod at 150,000", "< 700 B", _b1l_rss),
+    Figure("B1L", "relist peak RSS over steady", "< 1.5x", _b1l_relist),
+    Figure("B1L", "API requests per sync at 150,000", "-", _b1l_requests),
+    Figure("B2", "one retirement: COMMIT to clock started, p99", "< 50 ms", _b2_one),
+    Figure("B2", "rows retired in one transaction: every clock started", "< 2 s", _b2_many),
+    Figure(
+        "B2B",
+        "10,000 rows retired in one statement (trigger 0003): every clock started",
+        "< 0.1 s, >= 50x polling",
+        _b2b,
+    ),
+    Figure("B3", "threshold expiry to DELETE at the API server, p99", "< 50 ms", _b3),
+    Figure("B3", "a backlog against the delete budget", "<= the cap", _b3_backlog),
+    Figure("B4", "idle cost", "0 row queries", _b4),
+    Figure("B5", "pod events through the informer (one event loop)", ">= 10,000/s", _b5),
+    Figure("B6", "pod decode against kubernetes_asyncio's V1Pod", ">= 100x", _b6),
+    Figure(
+        "B7",
+        "the writer's 10,000-row statement, trigger 0003 over no trigger",
+        "<= 1.2x",
+        _b7_statement,
+    ),
+    Figure(
+        "B7", "the writer's one-row transaction, 0003 over no trigger", "within noise", _b7_one_row
+    ),
+    Figure(
+        "B7_share",
+        "the trigger's share of the 10,000-row statement (EXPLAIN ANALYZE)",
+        "<= 1.25x",
+        _b7_share_figure,
+    ),
+)
+
+
+def _summary(runs: dict[str, dict[str, Any]]) -> list[str]:
+    rows = []
+    for fig in FIGURES:
+        name = CANONICAL[fig.bench]
+        r = runs.get(name)
+        if r is None or fig.bench not in r:
+            continue
+        heading = HEADINGS[fig.bench]
+        rows.append(
+            [
+                f"[{LABELS.get(fig.bench, fig.bench)}]({_anchor(heading)})",
+                fig.measures,
+                fig.value(r),
+                fig.target,
+                f"`{name}`, {_started(r)}: `{_command(name, r)}`",
+            ]
+        )
+    return [
+        "## Current figures",
         "",
-        f"Machine: {m['nproc']} CPUs, {m['cpu_model']}; Python {m['python']}; "
-        + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
-        + ".",
-        f"Load average (1/5/15 min) at start {r['load_average_start']}, at end "
-        f"{r.get('load_average_end', '-')}. "
-        f"Repeats: {cfg['repeats']} (medians shown); polling tick {cfg['tick_s']:g} s; "
-        f"wall time {r.get('elapsed_s', 0):.0f} s."
-        + (f" Command: `{r['command']}`." if "command" in r else ""),
+        _table(["benchmark", "measures", "current figure", "target", "run"], rows),
         "",
     ]
-    if "B1L" in r:
-        lim = r["B1L"]
-        out += [f"### B1 at the limit: {lim['pods']:,} pods, by list mode (one run)", ""]
-        rows = [
+
+
+# --- One section per benchmark: its canonical run's tables. ---------------------------------
+
+
+def _command(name: str, r: dict[str, Any]) -> str:
+    return str(r.get("command") or COMMANDS.get(name, "-"))
+
+
+def _provenance(name: str, r: dict[str, Any]) -> list[str]:
+    m, cfg = r["machine"], r["config"]
+    return [
+        f"Run `{name}`, {r['started']}: `{_command(name, r)}`. {m['nproc']} CPUs, {m['cpu_model']}; "
+        f"Python {m['python']}; " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ". "
+        f"Load average at start {r['load_average_start']}, at end "
+        f"{r.get('load_average_end', '-')}; repeats {cfg['repeats']} (medians shown).",
+        "",
+    ]
+
+
+def _render_b1(r: dict[str, Any]) -> list[str]:
+    rows = [
+        [
+            _f(s["pods"]),
+            _f(s["synced_s"], 2),
+            _f(s["cpu_synced_s"], 2),
+            _f(s["catchup_done_s"], 2),
+            _f(s["cpu_catchup_s"], 2),
+            _f(s["rss_base_mib"]),
+            _f(s["rss_after_catchup_mib"]),
+            _f(s["rss_per_pod_bytes"], 0),
+            s["load_average"],
+        ]
+        for s in r["B1"]
+    ]
+    header = ["pods", "synced s", "CPU s to sync", "caught up s", "CPU s to catch up"]
+    header += ["RSS empty MiB", "RSS after MiB", "RSS B/pod", "load avg"]
+    return [
+        _table(header, rows),
+        "",
+        "_synced_: the informer's list complete (readiness); _caught up_: the resync after it has "
+        "reconciled every cached candidate; _RSS B/pod_: (RSS after - RSS empty) / pods.",
+    ]
+
+
+def _render_b1l(r: dict[str, Any]) -> list[str]:
+    lim = r["B1L"]
+    rows = [
+        [
+            m["label"],
+            _f(m["synced_s"], 2),
+            _f(m["cpu_synced_s"], 2),
+            _f(m["sync"]["api_requests"]),
+            _f(m["rss_per_pod_bytes"]),
+            _f(m["peak_rss_sync_kib"] / 1024),
+            _f(m["rss_before_relist_kib"] / 1024),
+            _f(m["peak_rss_relist_kib"] / 1024),
+            f"{m['relist_peak_ratio']:.2f}x",
+            _f(m["relist"]["api_requests"]),
+        ]
+        for m in lim["modes"]
+    ]
+    header = ["list mode", "synced s", "CPU s to sync", "API requests", "steady RSS B/pod"]
+    header += ["peak in sync MiB", "before relist MiB", "peak in relist MiB", "relist peak"]
+    header += ["relist API requests"]
+    return [
+        f"{lim['pods']:,} pods; each mode a fresh service process against one emulator "
+        f"(emulator RSS {lim['emulator_rss_mib']:.0f} MiB).",
+        "",
+        _table(header, rows),
+    ]
+
+
+def _render_b2(r: dict[str, Any]) -> list[str]:
+    b = r["B2"]
+    rows = []
+    for size in b["sizes"]:
+        e, p = b["event"].get(str(size), {}), b["baseline"].get(str(size), {})
+        rows.append(
             [
-                m["label"],
-                _f(m["synced_s"], 2),
-                _f(m["cpu_synced_s"], 2),
-                _f(m["sync"]["api_requests"]),
-                _f(m["rss_per_pod_bytes"]),
-                _f(m["peak_rss_sync_kib"] / 1024),
-                _f(m["rss_before_relist_kib"] / 1024),
-                _f(m["peak_rss_relist_kib"] / 1024),
-                f"{m['relist_peak_ratio']:.2f}x",
-                _f(m["relist_synced_s"], 2),
-                _f(m["relist"]["api_requests"]),
-                m["load_average"],
+                _f(size),
+                _f(e.get("p50_ms")),
+                _f(e.get("p99_ms")),
+                _f(e.get("all_started_s"), 2),
+                _f(p.get("p50_ms"), 0),
+                _f(p.get("p99_ms"), 0),
+                _ratio(p.get("p99_ms", float("nan")), e.get("p99_ms", float("nan"))),
             ]
-            for m in lim["modes"]
-        ]
-        out += [
-            _table(
-                [
-                    "list mode",
-                    "synced s",
-                    "CPU s to sync",
-                    "API requests (sync)",
-                    "steady RSS B/pod",
-                    "peak RSS in sync MiB",
-                    "RSS before relist MiB",
-                    "peak RSS in relist MiB",
-                    "relist peak / steady",
-                    "relist synced s",
-                    "API requests (relist)",
-                    "load avg",
-                ],
-                rows,
-            ),
-            "",
-            "Each mode is a fresh service process against the same emulator "
-            f"(emulator RSS {lim['emulator_rss_mib']:.0f} MiB). _steady RSS B/pod_: (RSS after "
-            "the catch-up - RSS of the empty service) / pods. _peak_: the kernel's high-water "
-            "mark (VmHWM), reset before the relist; the relist is forced by ending the watch "
-            "and answering the next one 410. The quorum list is the `list` mode with the "
-            "watch-cache list refused (410).",
-            "",
-        ]
-    if "B1" in r:
-        out += ["### B1 cold start (service in its own process)", ""]
-        rows = []
-        for s in r["B1"]:
-            rows.append(
-                [
-                    _f(s["pods"]),
-                    _f(s["synced_s"], 2),
-                    _f(s["cpu_synced_s"], 2),
-                    _f(s["catchup_done_s"], 2),
-                    _f(s["cpu_catchup_s"], 2),
-                    _f(s["rss_base_mib"]),
-                    _f(s["rss_after_catchup_mib"]),
-                    _f(s["rss_per_pod_bytes"], 0),
-                    _f(int(s["catchup_row_queries"])),
-                    s["load_average"],
-                ]
-            )
-        out += [
-            _table(
-                [
-                    "pods",
-                    "synced s",
-                    "CPU s to sync",
-                    "catch-up done s",
-                    "CPU s to catch-up",
-                    "RSS empty MiB",
-                    "RSS after MiB",
-                    "RSS B/pod",
-                    "catch-up row queries",
-                    "load avg",
-                ],
-                rows,
-            ),
-            "",
-            "_synced_: the informer's list is complete (readiness). _catch-up_: the resync that "
-            "follows sync has reconciled every cached candidate (one row lookup each). "
-            "_RSS B/pod_: (RSS after catch-up - RSS of the empty service) / pods.",
-            "",
-        ]
-    if "B7" in r:
-        b7 = r["B7"]
-        b7_headings = {
-            "none": "no trigger",
-            "0002": "0002",
-            "0003": "0003",
-            "capture": "floor: capture",
-            "compare": "floor: compare",
-        }
-        out += [
-            f"### B7 writer overhead: the same statements with no trigger, 0002 and 0003 "
-            f"({b7['rows']:,} rows)",
-            "",
-        ]
-        kinds = (
-            ("one_row", "one row (median of {n})".format(n=_f(b7["one_row_runs"]))),
-            ("statement_10k", f"{b7['rows']:,} rows in one statement"),
-            ("single_row_statements_10k", f"{b7['rows']:,} one-row statements in one tx"),
         )
-        # Runs before the floors were measured hold only the first three.
-        variants = [
-            v for v in ("none", "0002", "0003", "capture", "compare") if v in b7["variants"]
+    header = ["rows in one tx", "event p50 ms", "event p99 ms", "event all started s"]
+    header += ["polling p50 ms", "polling p99 ms", "p99 ratio"]
+    return [
+        _table(header, rows),
+        "",
+        f"From just before COMMIT; {r['pods']:,} pods cached. Load avg {b['load_average']}.",
+    ]
+
+
+def _render_b2b(r: dict[str, Any]) -> list[str]:
+    b = r["B2B"]
+    e, p = b["event"]["10000"], b["baseline"].get("10000", {})
+
+    def row(label: str, x: dict[str, Any]) -> list[str]:
+        return [
+            label,
+            _f(x["p50_ms"]),
+            _f(x["p99_ms"]),
+            _f(x["all_started_s"], 3),
+            _f(int(x.get("notifications", 0))),
+            _f(x.get("cpu_to_all_started_s"), 3),
         ]
-        rows = []
-        for kind, label in kinds:
-            row = [label]
-            for variant in variants:
-                v = b7["variants"][variant][kind]
-                digits = 3 if kind == "one_row" else 1
-                row.append(
-                    f"{_f(v['median_ms'], digits)} ({v['ratio_to_none']:.2f}x, "
-                    f"{_f(v['notifies'])} NOTIFY)"
-                )
-            rows.append(row)
-        out += [
-            _table(
-                [
-                    "the writer's transaction",
-                    *(f"{b7_headings[v]} ms" for v in variants),
-                ],
-                rows,
-            ),
-            "",
-            f"Median over {b7['rounds']} rounds (variants in turn, the table vacuumed before "
-            "each timed run); the time is `BEGIN; ...; COMMIT` in one round trip; NOTIFY = "
-            "notifications one transaction sent (one-row: per transaction). Largest payload "
-            f"0003 sent: {_f(b7['variants']['0003']['max_payload_bytes'])} bytes. "
-            + (
-                "The floors are benchmark-only UPDATE triggers (benchmarks/writer.py): _capture_ "
-                "keeps both transition tables and does nothing, _compare_ also selects the "
-                "changed rows and their namespaces as 0003 does, and builds and sends nothing. "
-                if "compare" in b7["variants"]
-                else ""
-            )
-            + f"Load avg {b7['load_average']}.",
-            "",
+
+    rows = [row(str(i + 1), run) for i, run in enumerate(e["runs"])] + [row("median", e)]
+    rows.append(["polling (median)", _f(p.get("p50_ms"), 0), _f(p.get("p99_ms"), 0)])
+    rows[-1] += [_f(p.get("all_started_s"), 2), "-", "-"]
+    header = ["run", "p50 ms", "p99 ms", "last clock s", "NOTIFYs", "CPU-s to last clock"]
+    return [
+        f"{r['pods']:,} pods cached; 10,000 rows retired in one statement.",
+        "",
+        _table(header, rows),
+        "",
+        f"Ahead of polling: {_ratio(p.get('all_started_s', float('nan')), e['all_started_s'])} "
+        f"(median runs). Load avg {b['load_average']}.",
+    ]
+
+
+def _render_b3(r: dict[str, Any]) -> list[str]:
+    b = r["B3"]
+    e, p, k = b["event"], b["baseline"], b["backlog"]
+    rows = [
+        ["event-driven", _f(e["deleted"]), _f(e["p50_ms"]), _f(e["p99_ms"]), _f(e["max_ms"])],
+        ["polling", _f(p["deleted"]), _f(p["p50_ms"], 0), _f(p["p99_ms"], 0), _f(p["max_ms"], 0)],
+    ]
+    return [
+        _table(["design", "deleted", "p50 ms", "p99 ms", "max ms"], rows),
+        "",
+        f"{b['count']} pods retired 100 ms apart, threshold {b['threshold_s']:g} s. Backlog: "
+        f"{k['backlog']} pods due at once, cap {k['cap_per_min']}/min, {_f(k['run_s'], 0)} s: "
+        f"{k['deletes']} deletes, max {k['max_in_any_60s_window']} in any 60 s, steady "
+        f"{_f(k['steady_rate_per_min'], 0)}/min.",
+    ]
+
+
+def _render_b4(r: dict[str, Any]) -> list[str]:
+    b = r["B4"]
+    rows = [
+        [
+            design,
+            _f(x["row_queries_per_min"]),
+            _f(x["api_requests_per_min"]),
+            _f(x["cpu_percent"], 2),
         ]
-        paired = [
-            (b7_headings[v], b7["variants"][v]["statement_10k"])
-            for v in variants
-            if v != "none" and "paired_ratio_to_none" in b7["variants"][v]["statement_10k"]
+        for design, x in (("event-driven", b["event"]), ("polling", b["baseline"]))
+    ]
+    return [
+        f"{b['event']['pods']:,} cached pods, {b['idle_s']:g} s window each.",
+        "",
+        _table(["design", "row queries/min", "API requests/min", "CPU % of one core"], rows),
+    ]
+
+
+def _render_b5(r: dict[str, Any]) -> list[str]:
+    b = r["B5"]
+    rows = [
+        [
+            _f(s["target_rate"]),
+            _f(s["offered_rate"], 0),
+            _f(s["processed_rate"], 0),
+            _f(s["max_backlog"]),
+            _f(s["cpu_percent"], 0),
+            "yes" if s["sustained"] else "no",
         ]
-        if paired:
-            out += [
-                f"Paired by round ({b7['rows']:,} rows in one statement: each round's time over "
-                "no trigger's in the same round, median [lowest-highest] over the rounds; wall, "
-                "then the writer's server CPU): "
-                + "; ".join(
-                    f"{name} {e['paired_ratio_to_none']['median']:.2f}x "
-                    f"[{e['paired_ratio_to_none']['min']:.2f}-{e['paired_ratio_to_none']['max']:.2f}], "
-                    f"{e['paired_server_cpu_ratio_to_none']['median']:.2f}x"
-                    for name, e in paired
-                )
-                + ".",
-                "",
-            ]
-    if "B7_share" in r:
-        out += _b7_share(r["B7_share"])
-    if "B2B" in r:
-        b = r["B2B"]
-        e, p = b["event"]["10000"], b["baseline"].get("10000", {})
-        out += [
-            f"### B2b: 10,000 rows retired in one statement, {r['pods']:,} pods cached",
-            "",
-            _table(
-                [
-                    "run",
-                    "p50 ms",
-                    "p99 ms",
-                    "last clock s",
-                    "NOTIFYs",
-                    "CPU-s to last clock",
-                    "CPU-s to idle",
-                ],
-                [
-                    [
-                        str(i + 1),
-                        _f(run["p50_ms"]),
-                        _f(run["p99_ms"]),
-                        _f(run["all_started_s"], 3),
-                        _f(int(run.get("notifications", 0))),
-                        _f(run.get("cpu_to_all_started_s"), 3),
-                        _f(run.get("cpu_to_idle_s"), 3),
-                    ]
-                    for i, run in enumerate(e["runs"])
-                ]
-                + [
-                    [
-                        "median",
-                        _f(e["p50_ms"]),
-                        _f(e["p99_ms"]),
-                        _f(e["all_started_s"], 3),
-                        _f(int(e.get("notifications", 0))),
-                        _f(e.get("cpu_to_all_started_s"), 3),
-                        _f(e.get("cpu_to_idle_s"), 3),
-                    ],
-                    [
-                        "polling"
-                        + (
-                            f" (median of {len(p['runs'])}: "
-                            + ", ".join(_f(run["all_started_s"], 2) for run in p["runs"])
-                            + " s)"
-                            if "runs" in p
-                            else ""
-                        ),
-                        _f(p.get("p50_ms"), 0),
-                        _f(p.get("p99_ms"), 0),
-                        _f(p.get("all_started_s"), 2),
-                        "-",
-                        "-",
-                        "-",
-                    ],
-                ],
-            ),
-            "",
-            f"Event-driven ahead of polling by {_ratio(p.get('all_started_s', float('nan')), e['all_started_s'])} "
-            "to the last clock (median run against the median polling run, each polling run "
-            "retiring at a random phase of its tick). Latencies from just before "
-            "COMMIT; CPU-s are the benchmark process's (the service runs in it) from before the "
-            "COMMIT to the last clock, and to every key of the burst reconciled. "
-            f"Load avg {b['load_average']}.",
-            "",
+        for s in b["steps"]
+    ]
+    header = ["target/s", "offered/s", "processed/s", "max backlog", "CPU %", "sustained"]
+    return [
+        _table(header, rows),
+        "",
+        f"Highest sustained: **{_f(b['highest_sustained_rate'], 0)} events/s** "
+        f"({r['pods']:,} pods cached). Load avg {b['load_average']}.",
+    ]
+
+
+def _render_b6(r: dict[str, Any]) -> list[str]:
+    b = r["B6"]
+    rows = [
+        [
+            p["fixture"],
+            _f(p["bytes"]),
+            _f(p["msgspec_us"], 2),
+            _f(p["model_us"], 0),
+            f"{p['speedup']:,.0f}x",
         ]
-    if "B2" in r:
-        b = r["B2"]
-        out += ["### B2 retirement COMMIT → observation clock started", ""]
-        rows = []
-        for size in b["sizes"]:
-            e, p = b["event"].get(str(size), {}), b["baseline"].get(str(size), {})
-            rows.append(
-                [
-                    _f(size),
-                    _f(e.get("p50_ms")),
-                    _f(e.get("p99_ms")),
-                    _f(e.get("max_ms")),
-                    _f(p.get("p50_ms"), 0),
-                    _f(p.get("p99_ms"), 0),
-                    _f(p.get("max_ms"), 0),
-                    _ratio(p.get("p99_ms", float("nan")), e.get("p99_ms", float("nan"))),
-                    f"{e.get('missing', 0)}/{p.get('missing', 0)}",
-                ]
-            )
-        out += [
-            _table(
-                [
-                    "rows in one tx",
-                    "event p50 ms",
-                    "event p99 ms",
-                    "event max ms",
-                    "polling p50 ms",
-                    "polling p99 ms",
-                    "polling max ms",
-                    "p99 ratio",
-                    "not started (event/polling)",
-                ],
-                rows,
-            ),
-            "",
-            f"Measured from just before COMMIT; {r['pods']:,} pods cached; service defaults "
-            f"(WORKERS=32). Load avg {b['load_average']}.",
-            "",
-        ]
-        w = r.get("B2_workers32")
-        if w:
-            out += [
-                "Event-driven with `WORKERS=32` set explicitly (same run, same data; the "
-                "default is 32 too, so this repeats the measurement):",
-                "",
-                _table(
-                    ["rows in one tx", "p50 ms", "p99 ms", "max ms", "all started s"],
-                    [
-                        [
-                            _f(size),
-                            _f(w["event"][str(size)]["p50_ms"]),
-                            _f(w["event"][str(size)]["p99_ms"]),
-                            _f(w["event"][str(size)]["max_ms"]),
-                            _f(w["event"][str(size)]["all_started_s"], 2),
-                        ]
-                        for size in w["sizes"]
-                    ],
-                ),
-                "",
-            ]
-    if "B3" in r:
-        b = r["B3"]
-        e, p, k = b["event"], b["baseline"], b["backlog"]
-        out += [
-            "### B3 threshold expiry → DELETE at the API server",
-            "",
-            _table(
-                ["design", "deleted", "p50 ms", "p99 ms", "max ms"],
-                [
-                    [
-                        "event-driven",
-                        _f(e["deleted"]),
-                        _f(e["p50_ms"]),
-                        _f(e["p99_ms"]),
-                        _f(e["max_ms"]),
-                    ],
-                    [
-                        "polling",
-                        _f(p["deleted"]),
-                        _f(p["p50_ms"], 0),
-                        _f(p["p99_ms"], 0),
-                        _f(p["max_ms"], 0),
-                    ],
-                    ["ratio (p99)", "", "", _ratio(p["p99_ms"], e["p99_ms"]), ""],
-                ],
-            ),
-            "",
-            f"{b['count']} pods retired 100 ms apart, threshold {b['threshold_s']:g} s, budget 6000/min "
-            "(not binding). Expiry = the design's own clock start + threshold; DELETE time = the "
-            "emulator's audit log.",
-            "",
-            f"Backlog (event-driven): {k.get('backlog')} pods due at once, cap "
-            f"{k.get('cap_per_min')}/min, observed for {_f(k.get('run_s'), 0)} s: "
-            f"{k.get('deletes')} deletes; max in any rolling 60 s window "
-            f"{k.get('max_in_any_60s_window')} (cap {k.get('cap_per_min')}); steady rate after the "
-            f"pacer's burst {_f(k.get('steady_rate_per_min'), 0)}/min = "
-            f"{_f(100 * k.get('steady_utilisation', float('nan')), 0)} % of the cap.",
-            "",
-        ]
-    if "B4" in r:
-        b = r["B4"]
-        e, p = b["event"], b["baseline"]
-        out += [
-            f"### B4 idle cost at {e['pods']:,} cached pods ({b['idle_s']:g} s window each)",
-            "",
-            _table(
-                ["design", "row queries/min", "API requests/min", "CPU % of one core"],
-                [
-                    [
-                        "event-driven",
-                        _f(e["row_queries_per_min"]),
-                        _f(e["api_requests_per_min"]),
-                        _f(e["cpu_percent"], 2),
-                    ],
-                    [
-                        "polling",
-                        _f(p["row_queries_per_min"]),
-                        _f(p["api_requests_per_min"]),
-                        _f(p["cpu_percent"], 2),
-                    ],
-                ],
-            ),
-            "",
-            f"Polling tick durations (s): {', '.join(f'{t:.2f}' for t in p.get('tick_durations_s', [])[:8])}. "
-            f"Load avg {b['load_average']}.",
-            "",
-        ]
-    if "B5" in r:
-        b = r["B5"]
-        rows = [
-            [
-                _f(s["target_rate"]),
-                _f(s["offered_rate"], 0),
-                _f(s["processed_rate"], 0),
-                _f(s["max_backlog"]),
-                _f(s["drain_after_end_s"], 2),
-                _f(s["cpu_percent"], 0),
-                "yes" if s["sustained"] else "no",
-            ]
-            for s in b["steps"]
-        ]
-        out += [
-            "### B5 churn: pod events/s through the informer (one event loop = one core)",
-            "",
-            _table(
-                [
-                    "target/s",
-                    "offered/s",
-                    "processed/s",
-                    "max backlog",
-                    "drain after step s",
-                    "service CPU %",
-                    "sustained",
-                ],
-                rows,
-            ),
-            "",
-            f"Highest sustained: **{_f(b['highest_sustained_rate'], 0)} events/s**. Events are ADDED "
-            f"watch events of Running pods (bulk-created in the emulator in batches every "
-            f"{b['batch_s']:g} s for {b['step_s']:g} s per step); _sustained_ = offered ≥ 90 % of the "
-            "target and the backlog drained within ~0.3 s of the step's end. Load avg "
-            f"{b['load_average']}.",
-            "",
-        ]
-    if "B6" in r:
-        b = r["B6"]
-        rows = [
-            [
-                p["fixture"],
-                _f(p["bytes"]),
-                _f(p["msgspec_us"], 2),
-                _f(p["model_us"], 0),
-                f"{p['speedup']:,.0f}x",
-            ]
-            for p in b["pods"]
-        ]
-        out += [
-            "### B6 decode: PodDecoder (msgspec) vs kubernetes_asyncio `ApiClient.deserialize(…, 'V1Pod')`",
-            "",
-            _table(["fixture", "compact bytes", "PodDecoder µs", "V1Pod µs", "speedup"], rows),
-            "",
-            f"Median: {_f(b['median_msgspec_us'], 2)} µs vs {_f(b['median_model_us'], 0)} µs = "
-            f"**{b['median_speedup']:,.0f}x**.",
-            "",
-        ]
-    return "\n".join(out)
+        for p in b["pods"]
+    ]
+    return [
+        _table(["fixture", "compact bytes", "PodDecoder µs", "V1Pod µs", "speedup"], rows),
+        "",
+        f"Median {_f(b['median_msgspec_us'], 2)} µs against {_f(b['median_model_us'], 0)} µs.",
+    ]
+
+
+def _render_b7(r: dict[str, Any]) -> list[str]:
+    b7 = r["B7"]
+    names = {"none": "no trigger", "capture": "floor: capture", "compare": "floor: compare"}
+    variants = [v for v in ("none", "0002", "0003", "capture", "compare") if v in b7["variants"]]
+    kinds = (
+        ("one_row", "one row"),
+        ("statement_10k", f"{b7['rows']:,} rows in one statement"),
+        ("single_row_statements_10k", f"{b7['rows']:,} one-row statements in one tx"),
+    )
+    rows = []
+    for kind, label in kinds:
+        cells = [b7["variants"][v][kind] for v in variants]
+        digits = 3 if kind == "one_row" else 1
+        rows.append(
+            [label] + [f"{_f(c['median_ms'], digits)} ({c['ratio_to_none']:.2f}x)" for c in cells]
+        )
+    return [
+        _table(["the writer's transaction", *(f"{names.get(v, v)} ms" for v in variants)], rows),
+        "",
+        f"Medians over {b7['rounds']} rounds, `BEGIN; ...; COMMIT` in one round trip. "
+        f"Load avg {b7['load_average']}.",
+    ]
+
+
+def _render_b7_share(r: dict[str, Any]) -> list[str]:
+    return _b7_share(r["B7_share"])[2:-1]
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "B1": _render_b1,
+    "B1L": _render_b1l,
+    "B2": _render_b2,
+    "B2B": _render_b2b,
+    "B3": _render_b3,
+    "B4": _render_b4,
+    "B5": _render_b5,
+    "B6": _render_b6,
+    "B7": _render_b7,
+    "B7_share": _render_b7_share,
+}
+
+
+def _sections(runs: dict[str, dict[str, Any]]) -> list[str]:
+    out = []
+    for bench, render_bench in RENDERERS.items():
+        name = CANONICAL[bench]
+        r = runs.get(name)
+        if r is None or bench not in r:
+            continue
+        out += [f"## {HEADINGS[bench]}", "", *_provenance(name, r), *render_bench(r), ""]
+    return out
 
 
 def _cdf(ax: Any, latencies_s: list[float], *, label: str, color: str) -> None:
@@ -485,153 +548,127 @@ def _cdf(ax: Any, latencies_s: list[float], *, label: str, color: str) -> None:
     ax.plot(lat, ys, drawstyle="steps-post", marker=marker, label=label, color=color)
 
 
+def _save(fig: Any, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path.name
+
+
+def _plot_b2(plots: Path, name: str, r: dict[str, Any]) -> str:
+    b = r["B2"]
+    fig, axes = plt.subplots(1, len(b["sizes"]), figsize=(5 * len(b["sizes"]), 4))
+    for ax, size in zip(axes, b["sizes"], strict=True):
+        for label, data, color in (
+            ("event-driven", b["event"].get(str(size), {}), "tab:blue"),
+            ("polling (10 s tick)", b["baseline"].get(str(size), {}), "tab:red"),
+        ):
+            _cdf(ax, data.get("latencies_s", []), label=label, color=color)
+        ax.set_xscale("log")
+        ax.set_xlabel("COMMIT → clock started (ms, log)")
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("fraction of pods")
+        ax.set_title(f"{size:,} retired in one tx ({r['pods']:,} pods cached)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(loc="lower right")
+    return _save(fig, plots / f"b2_retirement_cdf_{name}.png")
+
+
+def _plot_b3(plots: Path, name: str, r: dict[str, Any]) -> str:
+    b = r["B3"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, data, color in (
+        ("event-driven", b["event"], "tab:blue"),
+        ("polling (10 s tick)", b["baseline"], "tab:red"),
+    ):
+        _cdf(ax, data.get("latencies_s", []), label=label, color=color)
+    ax.set_xscale("log")
+    ax.set_xlabel("threshold expiry → DELETE received (ms, log)")
+    ax.set_ylabel("fraction of pods")
+    ax.set_title(f"B3 expiry reaction ({r['pods']:,} pods cached)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right")
+    return _save(fig, plots / f"b3_expiry_cdf_{name}.png")
+
+
+def _plot_b5(plots: Path, name: str, r: dict[str, Any]) -> str:
+    steps = sorted(r["B5"]["steps"], key=lambda s: s["offered_rate"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    offered = [s["offered_rate"] for s in steps]
+    ax.plot(offered, [s["processed_rate"] for s in steps], "o-", label="processed")
+    ax.plot([0, max(offered)], [0, max(offered)], "--", color="grey", label="offered = processed")
+    ax.set_xlabel("offered pod events/s")
+    ax.set_ylabel("processed pod events/s")
+    ax.set_title("B5 churn (one event loop)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return _save(fig, plots / f"b5_churn_{name}.png")
+
+
+def _plot_b1l(plots: Path, name: str, r: dict[str, Any]) -> str:
+    modes = r["B1L"]["modes"]
+    labels = [m["label"].replace(" ", "\n", 1) for m in modes]
+    x = range(len(modes))
+    left = [i - 0.2 for i in x]
+    right = [i + 0.2 for i in x]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.bar(left, [m["rss_before_relist_kib"] / 1024 for m in modes], 0.4, label="steady RSS")
+    ax1.bar(right, [m["peak_rss_relist_kib"] / 1024 for m in modes], 0.4, label="relist peak")
+    ax1.set_xticks(list(x), labels)
+    ax1.set_ylabel("MiB")
+    ax1.legend()
+    ax1.set_title(f"B1 RSS at {r['B1L']['pods']:,} pods")
+    ax2.bar(left, [m["cpu_synced_s"] for m in modes], 0.4, label="CPU s to sync")
+    ax2.bar(right, [m["synced_s"] for m in modes], 0.4, label="wall s to sync")
+    ax2.axhline(3.0, color="tab:red", alpha=0.4, label="3 s target")
+    ax2.set_xticks(list(x), labels)
+    ax2.set_ylabel("seconds")
+    ax2.legend()
+    ax2.set_title("B1 cold sync by list mode")
+    return _save(fig, plots / f"b1_limit_{name}.png")
+
+
+def _plot_b1_rss(plots: Path, name: str, r: dict[str, Any]) -> str:
+    by_size = {s["pods"]: s for s in r["B1"]}
+    sizes = sorted(by_size)
+    fig, ax1 = plt.subplots(figsize=(6, 4))
+    total = [by_size[n]["rss_after_catchup_mib"] for n in sizes]
+    ax1.plot(sizes, total, "o-", label="total RSS (MiB)")
+    empty = [by_size[n]["rss_base_mib"] for n in sizes]
+    ax1.plot(sizes, empty, "s--", label="empty service RSS (MiB)")
+    ax1.set_xscale("log")
+    ax1.set_xlabel("cached pods (log)")
+    ax1.set_ylabel("MiB")
+    ax2 = ax1.twinx()
+    per_pod = [by_size[n]["rss_per_pod_bytes"] for n in sizes]
+    ax2.plot(sizes, per_pod, "^:", color="tab:green", label="bytes per cached pod")
+    ax2.axhline(1024, color="tab:green", alpha=0.3)
+    ax2.set_ylabel("bytes per pod (line: 1 KiB target)")
+    lines, more = ax1.get_legend_handles_labels(), ax2.get_legend_handles_labels()
+    ax1.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left")
+    ax1.set_title("B1 service RSS against pod count")
+    ax1.grid(True, which="both", alpha=0.3)
+    return _save(fig, plots / f"b1_rss_{name}.png")
+
+
+PLOTS: dict[str, Callable[[Path, str, dict[str, Any]], str]] = {
+    "B1": _plot_b1_rss,
+    "B1L": _plot_b1l,
+    "B2": _plot_b2,
+    "B3": _plot_b3,
+    "B5": _plot_b5,
+}
+
+
 def _plots(here: Path, runs: dict[str, dict[str, Any]]) -> list[str]:
-    made = []
+    """One plot per canonical benchmark that has one, named after its run."""
     plots = here / "plots"
     plots.mkdir(exist_ok=True)
-    for name, r in runs.items():
-        if "B2" in r:
-            b = r["B2"]
-            fig, axes = plt.subplots(1, len(b["sizes"]), figsize=(5 * len(b["sizes"]), 4))
-            for ax, size in zip(axes, b["sizes"], strict=True):
-                w = r.get("B2_workers32", {}).get("event", {})
-                for label, data, color in (
-                    ("event-driven (defaults)", b["event"].get(str(size), {}), "tab:blue"),
-                    ("event-driven (WORKERS=32 set)", w.get(str(size), {}), "tab:green"),
-                    ("polling (10 s tick)", b["baseline"].get(str(size), {}), "tab:red"),
-                ):
-                    _cdf(ax, data.get("latencies_s", []), label=label, color=color)
-                ax.set_xscale("log")
-                ax.set_xlabel("COMMIT → clock started (ms, log)")
-                ax.set_ylim(0, 1.05)
-                ax.set_ylabel("fraction of pods")
-                ax.set_title(f"{size:,} retired in one tx ({r['pods']:,} pods cached)")
-                ax.grid(True, which="both", alpha=0.3)
-                ax.legend(loc="lower right")
-            fig.tight_layout()
-            path = plots / f"b2_retirement_cdf_{name}.png"
-            fig.savefig(path, dpi=90)
-            plt.close(fig)
-            made.append(path.name)
-        if "B3" in r:
-            b = r["B3"]
-            fig, ax = plt.subplots(figsize=(6, 4))
-            for label, data, color in (
-                ("event-driven", b["event"], "tab:blue"),
-                ("polling (10 s tick)", b["baseline"], "tab:red"),
-            ):
-                _cdf(ax, data.get("latencies_s", []), label=label, color=color)
-            ax.set_xscale("log")
-            ax.set_xlabel("threshold expiry → DELETE received (ms, log)")
-            ax.set_ylabel("fraction of pods")
-            ax.set_title(f"B3 expiry reaction ({r['pods']:,} pods cached)")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(loc="lower right")
-            fig.tight_layout()
-            path = plots / f"b3_expiry_cdf_{name}.png"
-            fig.savefig(path, dpi=90)
-            plt.close(fig)
-            made.append(path.name)
-        if "B5" in r:
-            steps = sorted(r["B5"]["steps"], key=lambda s: s["offered_rate"])
-            fig, ax = plt.subplots(figsize=(6, 4))
-            ax.plot(
-                [s["offered_rate"] for s in steps],
-                [s["processed_rate"] for s in steps],
-                "o-",
-                label="processed",
-            )
-            top = max(s["offered_rate"] for s in steps)
-            ax.plot([0, top], [0, top], "--", color="grey", label="offered = processed")
-            ax.set_xlabel("offered pod events/s")
-            ax.set_ylabel("processed pod events/s")
-            ax.set_title("B5 churn (one event loop)")
-            ax.grid(True, alpha=0.3)
-            ax.legend()
-            fig.tight_layout()
-            path = plots / f"b5_churn_{name}.png"
-            fig.savefig(path, dpi=90)
-            plt.close(fig)
-            made.append(path.name)
-    for name, r in runs.items():
-        if "B1L" not in r:
-            continue
-        modes = r["B1L"]["modes"]
-        labels = [m["label"].replace(" ", "\n", 1) for m in modes]
-        x = range(len(modes))
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-        ax1.bar(
-            [i - 0.2 for i in x],
-            [m["rss_before_relist_kib"] / 1024 for m in modes],
-            0.4,
-            label="steady RSS",
-        )
-        ax1.bar(
-            [i + 0.2 for i in x],
-            [m["peak_rss_relist_kib"] / 1024 for m in modes],
-            0.4,
-            label="peak RSS during a relist",
-        )
-        ax1.set_xticks(list(x), labels)
-        ax1.set_ylabel("MiB")
-        ax1.legend()
-        ax1.set_title(f"B1 RSS at {r['B1L']['pods']:,} pods")
-        ax2.bar(
-            [i - 0.2 for i in x], [m["cpu_synced_s"] for m in modes], 0.4, label="CPU s to sync"
-        )
-        ax2.bar([i + 0.2 for i in x], [m["synced_s"] for m in modes], 0.4, label="wall s to sync")
-        ax2.axhline(3.0, color="tab:red", alpha=0.4, label="3 s target")
-        ax2.set_xticks(list(x), labels)
-        ax2.set_ylabel("seconds")
-        ax2.legend()
-        ax2.set_title("B1 cold sync by list mode")
-        fig.tight_layout()
-        path = plots / f"b1_limit_{name}.png"
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        made.append(path.name)
-    b1 = [s for r in runs.values() for s in r.get("B1", [])]
-    if b1:
-        by_size: dict[int, dict[str, Any]] = {}
-        for s in b1:
-            by_size[s["pods"]] = s  # the later (larger) run wins a duplicate size
-        sizes = sorted(by_size)
-        fig, ax1 = plt.subplots(figsize=(6, 4))
-        ax1.plot(
-            sizes,
-            [by_size[n]["rss_after_catchup_mib"] for n in sizes],
-            "o-",
-            label="total RSS (MiB)",
-        )
-        ax1.plot(
-            sizes,
-            [by_size[n]["rss_base_mib"] for n in sizes],
-            "s--",
-            label="empty service RSS (MiB)",
-        )
-        ax1.set_xscale("log")
-        ax1.set_xlabel("cached pods (log)")
-        ax1.set_ylabel("MiB")
-        ax2 = ax1.twinx()
-        ax2.plot(
-            sizes,
-            [by_size[n]["rss_per_pod_bytes"] for n in sizes],
-            "^:",
-            color="tab:green",
-            label="bytes per cached pod",
-        )
-        ax2.axhline(1024, color="tab:green", alpha=0.3)
-        ax2.set_ylabel("bytes per pod (line: 1 KiB target)")
-        lines = ax1.get_legend_handles_labels()
-        more = ax2.get_legend_handles_labels()
-        ax1.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left")
-        ax1.set_title("B1 service RSS against pod count")
-        ax1.grid(True, which="both", alpha=0.3)
-        fig.tight_layout()
-        path = plots / "b1_rss.png"
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        made.append(path.name)
+    made = []
+    for bench, plot in PLOTS.items():
+        name = CANONICAL[bench]
+        if name in runs and bench in runs[name]:
+            made.append(plot(plots, name, runs[name]))
     return made
 
 
@@ -684,32 +721,37 @@ def _b7_share(share: dict[str, Any]) -> list[str]:
     ]
 
 
-def render(here: Path) -> None:
-    runs: dict[str, dict[str, Any]] = {}
-    for name in RUN_ORDER:
+def load_runs(here: Path) -> dict[str, dict[str, Any]]:
+    """The canonical runs' results files that are present, by run name, each holding only the
+    benchmarks it is canonical for (a run's other measurements are not current figures)."""
+    runs = {}
+    for name in dict.fromkeys(CANONICAL.values()):
         path = here / "results" / f"{name}.json"
         if path.exists():
-            runs[name] = json.loads(path.read_text())
-    for path in sorted((here / "results").glob("*.json")):
-        if path.stem not in runs:
-            runs[path.stem] = json.loads(path.read_text())
+            r = json.loads(path.read_text())
+            runs[name] = {k: v for k, v in r.items() if CANONICAL.get(k, name) == name}
+    return runs
+
+
+def render(here: Path) -> None:
+    runs = load_runs(here)
     plots = _plots(here, runs)
-    notes = here / "NOTES.md"
     parts = [
         "# Benchmark results",
         "",
-        "Generated by `python -m benchmarks.run` (`make bench`, `make bench-large`, "
-        "`make bench-limit`) from "
-        "`benchmarks/results/*.json`; the analysis below the tables is `benchmarks/NOTES.md`. "
-        "Every comparison is event-driven service vs the polling baseline "
-        "(`benchmarks/baseline.py`) in the same run, on the same emulator and database.",
+        "Generated by `python -m benchmarks.report` from the canonical run of each benchmark in "
+        "`benchmarks/results/*.json`; how each figure is measured and what limits it is "
+        "[NOTES.md](NOTES.md). Every comparison is the event-driven service against the polling "
+        "baseline (`benchmarks/baseline.py`) in the same run, on the same emulator and database, "
+        "on a 2-core VM.",
+        "",
+        *_summary(runs),
+        *_sections(runs),
+        "## Plots",
+        "",
+        *(f"![{p}](plots/{p})" for p in plots),
         "",
     ]
-    if notes.exists():
-        parts += [notes.read_text().strip(), ""]
-    for name, r in runs.items():
-        parts += [_section(name, r), ""]
-    parts += ["## Plots", ""] + [f"![{p}](plots/{p})" for p in plots] + [""]
     (here / "RESULTS.md").write_text("\n".join(parts))
 
 

@@ -2,7 +2,8 @@
 
 Starts a throwaway PostgreSQL and emulator subprocesses, runs B1-B7, writes the raw results to
 ``benchmarks/results/<name>.json`` (``default`` or ``large``, or ``--name``), then renders the
-plots and ``benchmarks/RESULTS.md`` from every results file present.
+plots and ``benchmarks/RESULTS.md`` from the canonical run of each benchmark
+(``benchmarks/report.py``, ``CANONICAL``).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Commands: ``run`` (the controller), ``scan``, ``explain``, ``pending``, ``migrate``,
 ``cancel-create`` and ``config`` (``service/app/commands.py`` does each), and ``--version``.
-Exit codes (docs/operations.md, "Exit codes"): 0 success; 1 a failure of the outside world (the
-API server, the database, a replica asked with ``--url``) or of the command's own check, one line
-on stderr naming the cause and, where there is one, the fix; 2 bad configuration or usage (one
+Exit codes (docs/operations.md, "Commands and exit codes"): 0 success; 1 a failure of the
+outside world (the API server, the database, a replica asked with ``--url``) or of the command's
+own check, one line on stderr naming the cause and, where there is one, the fix; 2 bad configuration or usage (one
 line naming the variable or argparse's own error); 143 and 130 when SIGTERM or SIGINT interrupted
 the command (``service/app/signals.py``: every command, from the first line of :func:`main`, so
 that the process is a good PID 1 even while it imports). Never a traceback, except for a bug.

@@ -5,7 +5,8 @@ takes a batch to its clocks; every key it does not end with a result is *due* an
 :meth:`Reconciler.act`, one at a time. Each step either lets a key go on or ends it with one
 :class:`~service.engine.results.ReconcileResult` (``None`` means "go on"); the worker loop
 counts results and applies them to the queue (``engine/controller.py``). The steps, in order
-(docs/architecture.md, "The pipeline", says which invariant each one keeps):
+(docs/architecture.md, "The seven safety invariants and where each is enforced", says which
+invariant each one keeps):
 
 Observe (one row query for the whole batch):
 

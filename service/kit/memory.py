@@ -11,8 +11,8 @@ event. Where the C library is not glibc (musl, macOS) there is no such call and 
 
 :func:`freeze_long_lived` is called once, when the pod cache has first synced: what is alive then
 (modules, functions, the clients, the cache's tables) lives as long as the process, yet every
-full collection of the cyclic garbage collector would walk it again; at 100,000 cached pods one
-such walk took 90-100 ms, a pause of the event loop in the middle of whatever burst caused it.
+full collection of the cyclic garbage collector would walk it again: a pause of the event loop
+that grows with the cache, in the middle of whatever burst caused the collection.
 """
 
 from __future__ import annotations

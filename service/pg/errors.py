@@ -17,7 +17,7 @@ raises it, the original chained as ``__cause__``:
 * **Unavailable**: ``OSError`` (refused, reset, unreachable; ``TimeoutError`` is one: our own
   timeouts and asyncpg's client-side ``timeout=``), asyncpg's ``InterfaceError`` (the
   connection or pool is closed), its ``InternalClientError`` (the driver lost track of the
-  connection's state; seen after a server restart, docs/reliability.md), and the server errors
+  connection's state, as after a server restart), and the server errors
   that end the connection: SQLSTATE class 08 (connection exception, ``ConnectionDoesNotExist``
   among them), 57P01, 57P02 and 57P03 (the backend was terminated, the server crashed or is
   starting).
