@@ -137,7 +137,7 @@ DECLARE
     pieces text[];
     piece text;
     payload text := '';
-    jit_before text;
+    settings_before text[];
 BEGIN
     -- A statement of one row (a single retirement, a new execution: the common case) is one
     -- change, one payload below 3,460 bytes: it skips the grouping, whose plan (hash join,
@@ -158,8 +158,10 @@ BEGIN
                OR o.execution_state IS DISTINCT FROM n.execution_state;
             RETURN NULL;
         END IF;
-        jit_before := current_setting('jit');
-        PERFORM set_config('jit', 'off', true);
+        settings_before := ARRAY[current_setting('jit'), current_setting('enable_mergejoin'),
+                                 current_setting('enable_sort')];
+        PERFORM set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true),
+                set_config('enable_sort', 'off', true);
         OPEN parts FOR
             SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
             FROM (
@@ -197,6 +199,45 @@ BEGIN
                             OFFSET 0  -- kept apart: the change's columns stay plain columns
                         ) AS u
                         LEFT JOIN sandboxes AS s ON s.id = u.sandbox_id
+                        WHERE EXISTS (
+                            SELECT FROM new_rows OFFSET (
+                                SELECT CASE WHEN t.reltuples >= 0 THEN (t.reltuples / 5)::bigint
+                                            ELSE 9223372036854775807 END
+                                FROM pg_class AS t WHERE t.oid = 'sandboxes'::regclass))
+                        UNION ALL
+                        SELECT u.op, s.namespace COLLATE "C" AS namespace, u.active,
+                               u.execution_state COLLATE "C" AS state,
+                               CASE WHEN octet_length(u.pod_name) <= 253 THEN u.pod_name
+                                    ELSE left(u.pod_name, 253) END AS pod_name
+                        FROM (
+                            SELECT CASE WHEN o.id IS NULL THEN 'insert'
+                                        WHEN n.id IS NULL THEN 'delete'
+                                        ELSE 'update' END AS op,
+                                   CASE WHEN n.id IS NULL THEN o.sandbox_id
+                                        ELSE n.sandbox_id END AS sandbox_id,
+                                   CASE WHEN n.id IS NULL THEN o.pod_name
+                                        ELSE n.pod_name END AS pod_name,
+                                   CASE WHEN n.id IS NULL THEN o.active
+                                        ELSE n.active END AS active,
+                                   CASE WHEN n.id IS NULL THEN o.execution_state
+                                        ELSE n.execution_state END AS execution_state
+                            FROM old_rows AS o
+                            FULL JOIN new_rows AS n ON n.id = o.id
+                            WHERE o.id IS NULL
+                               OR n.id IS NULL
+                               OR o.active IS DISTINCT FROM n.active
+                               OR o.execution_state IS DISTINCT FROM n.execution_state
+                            OFFSET 0  -- kept apart: the change's columns stay plain columns
+                        ) AS u
+                        LEFT JOIN LATERAL (
+                            SELECT s.namespace FROM sandboxes AS s WHERE s.id = u.sandbox_id
+                            OFFSET 0  -- kept apart: one probe of the key a change
+                        ) AS s ON true
+                        WHERE NOT EXISTS (
+                            SELECT FROM new_rows OFFSET (
+                                SELECT CASE WHEN t.reltuples >= 0 THEN (t.reltuples / 5)::bigint
+                                            ELSE 9223372036854775807 END
+                                FROM pg_class AS t WHERE t.oid = 'sandboxes'::regclass))
                     ) AS c
                     GROUP BY c.op, c.namespace, c.active, c.state
                 ) AS g,
@@ -218,8 +259,10 @@ BEGIN
             LEFT JOIN sandboxes AS s ON s.id = n.sandbox_id;
             RETURN NULL;
         END IF;
-        jit_before := current_setting('jit');
-        PERFORM set_config('jit', 'off', true);
+        settings_before := ARRAY[current_setting('jit'), current_setting('enable_mergejoin'),
+                                 current_setting('enable_sort')];
+        PERFORM set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true),
+                set_config('enable_sort', 'off', true);
         OPEN parts FOR
             SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
             FROM (
@@ -238,6 +281,26 @@ BEGIN
                                     ELSE left(n.pod_name, 253) END AS pod_name
                         FROM new_rows AS n
                         LEFT JOIN sandboxes AS s ON s.id = n.sandbox_id
+                        WHERE EXISTS (
+                            SELECT FROM new_rows OFFSET (
+                                SELECT CASE WHEN t.reltuples >= 0 THEN (t.reltuples / 5)::bigint
+                                            ELSE 9223372036854775807 END
+                                FROM pg_class AS t WHERE t.oid = 'sandboxes'::regclass))
+                        UNION ALL
+                        SELECT s.namespace COLLATE "C" AS namespace, n.active,
+                               n.execution_state COLLATE "C" AS state,
+                               CASE WHEN octet_length(n.pod_name) <= 253 THEN n.pod_name
+                                    ELSE left(n.pod_name, 253) END AS pod_name
+                        FROM new_rows AS n
+                        LEFT JOIN LATERAL (
+                            SELECT s.namespace FROM sandboxes AS s WHERE s.id = n.sandbox_id
+                            OFFSET 0  -- kept apart: one probe of the key a change
+                        ) AS s ON true
+                        WHERE NOT EXISTS (
+                            SELECT FROM new_rows OFFSET (
+                                SELECT CASE WHEN t.reltuples >= 0 THEN (t.reltuples / 5)::bigint
+                                            ELSE 9223372036854775807 END
+                                FROM pg_class AS t WHERE t.oid = 'sandboxes'::regclass))
                     ) AS c
                     GROUP BY c.namespace, c.active, c.state
                 ) AS g,
@@ -259,8 +322,10 @@ BEGIN
             LEFT JOIN sandboxes AS s ON s.id = o.sandbox_id;
             RETURN NULL;
         END IF;
-        jit_before := current_setting('jit');
-        PERFORM set_config('jit', 'off', true);
+        settings_before := ARRAY[current_setting('jit'), current_setting('enable_mergejoin'),
+                                 current_setting('enable_sort')];
+        PERFORM set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true),
+                set_config('enable_sort', 'off', true);
         OPEN parts FOR
             SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
             FROM (
@@ -279,6 +344,26 @@ BEGIN
                                     ELSE left(o.pod_name, 253) END AS pod_name
                         FROM old_rows AS o
                         LEFT JOIN sandboxes AS s ON s.id = o.sandbox_id
+                        WHERE EXISTS (
+                            SELECT FROM old_rows OFFSET (
+                                SELECT CASE WHEN t.reltuples >= 0 THEN (t.reltuples / 5)::bigint
+                                            ELSE 9223372036854775807 END
+                                FROM pg_class AS t WHERE t.oid = 'sandboxes'::regclass))
+                        UNION ALL
+                        SELECT s.namespace COLLATE "C" AS namespace, o.active,
+                               o.execution_state COLLATE "C" AS state,
+                               CASE WHEN octet_length(o.pod_name) <= 253 THEN o.pod_name
+                                    ELSE left(o.pod_name, 253) END AS pod_name
+                        FROM old_rows AS o
+                        LEFT JOIN LATERAL (
+                            SELECT s.namespace FROM sandboxes AS s WHERE s.id = o.sandbox_id
+                            OFFSET 0  -- kept apart: one probe of the key a change
+                        ) AS s ON true
+                        WHERE NOT EXISTS (
+                            SELECT FROM old_rows OFFSET (
+                                SELECT CASE WHEN t.reltuples >= 0 THEN (t.reltuples / 5)::bigint
+                                            ELSE 9223372036854775807 END
+                                FROM pg_class AS t WHERE t.oid = 'sandboxes'::regclass))
                     ) AS c
                     GROUP BY c.namespace, c.active, c.state
                 ) AS g,
@@ -315,7 +400,9 @@ BEGIN
         END LOOP;
     END LOOP;
     CLOSE parts;
-    PERFORM set_config('jit', jit_before, true);
+    PERFORM set_config('jit', settings_before[1], true),
+            set_config('enable_mergejoin', settings_before[2], true),
+            set_config('enable_sort', settings_before[3], true);
     IF payload <> '' THEN
         PERFORM pg_notify('sandbox_execution_changed', payload || ']}');
     END IF;
