@@ -645,20 +645,28 @@ def _b7_share(share: dict[str, Any]) -> list[str]:
             f"{server}: PostgreSQL {info['version'].split()[0]}, jit {info['jit']}, "
             f"JIT {'available' if info['jit_available'] else 'not available'}"
         )
-        for variant, per in result["variants"].items():
-            for kind, label in (("statement", f"{share['rows']:,} rows"), ("one_row", "one row")):
-                e = per[kind]
-                rows.append(
-                    [
-                        where,
-                        f"`{variant_names.get(variant, variant)}`",
-                        label,
-                        f"**{e['ratio_median']:.3f}x** [{e['ratio_min']:.3f}-{e['ratio_max']:.3f}]",
-                        _f(e["trigger_ms_median"], 3),
-                        _f(e["total_ms_median"], 3),
-                        _f(e["statements"]),
-                    ]
-                )
+        # By size of `sandboxes`; a run from before the sizes had one: `rows`.
+        cases = result.get("cases") or {str(share["rows"]): {"variants": result["variants"]}}
+        for size, case in cases.items():
+            for variant, per in case["variants"].items():
+                for kind, label in (
+                    ("statement", f"{share['rows']:,} rows"),
+                    ("one_row", "one row"),
+                ):
+                    e = per[kind]
+                    rows.append(
+                        [
+                            where,
+                            f"{int(size):,}",
+                            f"`{variant_names.get(variant, variant)}`",
+                            label,
+                            f"**{e['ratio_median']:.3f}x** "
+                            f"[{e['ratio_min']:.3f}-{e['ratio_max']:.3f}]",
+                            _f(e["trigger_ms_median"], 3),
+                            _f(e["total_ms_median"], 3),
+                            _f(e["statements"]),
+                        ]
+                    )
     return [
         f"### B7 trigger share: the trigger's time inside the writer's statement "
         f"({share['rows']:,} rows, a schema the project did not write)",
@@ -666,6 +674,7 @@ def _b7_share(share: dict[str, Any]) -> list[str]:
         _table(
             [
                 "server",
+                "sandboxes",
                 "trigger",
                 "statement",
                 "with / without trigger, median [range]",

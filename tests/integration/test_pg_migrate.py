@@ -362,7 +362,9 @@ _PROSRC = (
 )
 _JIT_OFF = "PERFORM set_config('jit', 'off', true),"
 # The general path's statements that save, set and restore the planner's settings.
-_SETTINGS = re.compile(r"\n *(?:PERFORM set_config|settings_before :=)[^;]*;|\n *settings_before text\[\];")
+_SETTINGS = re.compile(
+    r"\n *(?:PERFORM set_config|settings_before :=)[^;]*;|\n *settings_before text\[\];"
+)
 
 
 @pytest.mark.anyio
