@@ -135,17 +135,19 @@ $fn$;
 --
 -- `sandboxes` is read whole or probed by its key, whichever this statement needs less. The table
 -- grows with the sandboxes ever made, not with the executions one statement changes. Reading it
--- whole (a hash of it, then one lookup a change) costs about 0.4 us a sandboxes row, nothing a
--- change; probing its key (an index scan a change) about 2 us a change, whatever the table
--- holds (CPU profiles on Debian's 15, benchmarks/NOTES.md). Each general query has both forms,
--- UNION ALL, each behind a one-time filter (evaluated once a run; the other form does not run):
--- the hash when the statement has more rows than a fifth of the rows `sandboxes` has (where the
--- two cost about the same: 5 * 0.4 = 2 us a change), the probes otherwise. The table's rows are its
--- statistics' count (pg_class.reltuples, kept current by autovacuum's ANALYZE; a table never
--- analyzed, -1, is probed); the statement's rows are counted only up to that fifth (a scan of
--- the transition table that stops there). So the namespaces cost a statement at most about 2 us
--- a change, however large `sandboxes` grows. The probe's subquery is kept apart (OFFSET 0), else
--- the planner would turn it back into a join and could hash the whole table.
+-- whole (a hash of it, then one lookup a change) costs about 0.3 us a sandboxes row; probing
+-- its key (an index scan a change) 1.5-2 us a change, growing only with the depth of the index
+-- (CPU profiles on Debian's 15, benchmarks/NOTES.md). Each general query has both forms, UNION
+-- ALL, each behind a one-time filter (evaluated once a run; the other form does not run): the
+-- hash when the statement has more rows than a fifth of the rows `sandboxes` has, the probes
+-- otherwise; the two cost about the same at a fifth (measured: 49,000 and 51,000 sandboxes
+-- beside a 10,000-row statement). The table's rows are its statistics' count (pg_class.reltuples,
+-- kept current by autovacuum's ANALYZE; a table never analyzed, -1, is probed); the statement's
+-- rows are counted only up to that fifth (a scan of the transition table that stops there). So
+-- the namespaces cost a statement at most about 2 us a change, however many rows `sandboxes`
+-- has. `id` is the key of `sandboxes` (the service's own lookups probe it too). The probe's
+-- subquery is kept apart (OFFSET 0), else the planner would turn it back into a join and could
+-- hash the whole table.
 --
 -- tests/integration/test_pg_trigger_plans.py checks that no query of the trigger is compiled
 -- with JIT on Debian's PostgreSQL 15 with its defaults, that a statement of 1,000 rows beside
