@@ -123,9 +123,10 @@ $fn$;
 --     expressions over millions of rows; the time here goes to hashing, array building and JSON
 --     text, which JIT does not compile.
 --   * enable_mergejoin off: an UPDATE's old and new rows are matched by a hash join. For these
---     estimates the planner takes a merge join, which sorts both transition tables first.
---   * enable_sort off: the changes are grouped by hashing them (a handful of groups), not by
---     sorting them all first.
+--     estimates the planner takes a merge join, which sorts both transition tables first: about
+--     a quarter of the trigger's CPU time for a 10,000-row statement, more than the hash join.
+--   * enable_sort off: the changes are grouped by hashing them (a handful of groups). For some
+--     estimates the planner sorts them all and groups them in order, which costs more.
 -- Only the general query: the one-row path's queries are planned for one row (a probe of
 -- `sandboxes` by its key, far below any JIT threshold), and a setting on the function itself
 -- (`SET jit = off` in CREATE FUNCTION) is set and restored on every call: 2-6 us more for every
