@@ -32,7 +32,7 @@ CANONICAL: dict[str, str] = {
     "B5": "limit",
     "B6": "default",
     "B7": "trigger",
-    "B7_share": "jit",
+    "B7_share": "trigger-share-2",
 }
 
 # The command of each canonical run whose results file predates ``run.py`` recording it.
@@ -212,10 +212,13 @@ def _b7_one_row(r: dict[str, Any]) -> str:
 
 def _b7_share_figure(r: dict[str, Any]) -> str:
     s = r["B7_share"]
-    return "; ".join(
-        f"{server} **{res['variants']['0003']['statement']['ratio_median']:.2f}x**"
-        for server, res in s["servers"].items()
-    )
+    figures = []
+    for server, res in s["servers"].items():
+        cases = res.get("cases") or {str(s["rows"]): {"variants": res["variants"]}}
+        for size, case in cases.items():
+            ratio = case["variants"]["0003"]["statement"]["ratio_median"]
+            figures.append(f"{server}, {int(size):,} sandboxes **{ratio:.2f}x**")
+    return "; ".join(figures)
 
 
 FIGURES: tuple[Figure, ...] = (
@@ -682,20 +685,28 @@ def _b7_share(share: dict[str, Any]) -> list[str]:
             f"{server}: PostgreSQL {info['version'].split()[0]}, jit {info['jit']}, "
             f"JIT {'available' if info['jit_available'] else 'not available'}"
         )
-        for variant, per in result["variants"].items():
-            for kind, label in (("statement", f"{share['rows']:,} rows"), ("one_row", "one row")):
-                e = per[kind]
-                rows.append(
-                    [
-                        where,
-                        f"`{variant_names.get(variant, variant)}`",
-                        label,
-                        f"**{e['ratio_median']:.3f}x** [{e['ratio_min']:.3f}-{e['ratio_max']:.3f}]",
-                        _f(e["trigger_ms_median"], 3),
-                        _f(e["total_ms_median"], 3),
-                        _f(e["statements"]),
-                    ]
-                )
+        # By size of `sandboxes`; a run from before the sizes had one: `rows`.
+        cases = result.get("cases") or {str(share["rows"]): {"variants": result["variants"]}}
+        for size, case in cases.items():
+            for variant, per in case["variants"].items():
+                for kind, label in (
+                    ("statement", f"{share['rows']:,} rows"),
+                    ("one_row", "one row"),
+                ):
+                    e = per[kind]
+                    rows.append(
+                        [
+                            where,
+                            f"{int(size):,}",
+                            f"`{variant_names.get(variant, variant)}`",
+                            label,
+                            f"**{e['ratio_median']:.3f}x** "
+                            f"[{e['ratio_min']:.3f}-{e['ratio_max']:.3f}]",
+                            _f(e["trigger_ms_median"], 3),
+                            _f(e["total_ms_median"], 3),
+                            _f(e["statements"]),
+                        ]
+                    )
     return [
         f"### B7 trigger share: the trigger's time inside the writer's statement "
         f"({share['rows']:,} rows, a schema the project did not write)",
@@ -703,6 +714,7 @@ def _b7_share(share: dict[str, Any]) -> list[str]:
         _table(
             [
                 "server",
+                "sandboxes",
                 "trigger",
                 "statement",
                 "with / without trigger, median [range]",

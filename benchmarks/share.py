@@ -17,6 +17,10 @@ The trigger is installed by ``migrate`` (no ``--with-schema``). Statements:
   put back and the table vacuumed (untimed) after each;
 * ``one_row``: one row retired by one ``UPDATE``, a different row each time.
 
+Each statement kind runs beside a ``sandboxes`` table of each size of ``sandboxes`` (``rows`` by
+default, one sandbox an execution, and 200,000: sandboxes accumulate, executions do not; the
+extra sandboxes have no execution), each size in a database of its own, analyzed once seeded.
+
 Each server runs the shipped trigger (``0003``) and beside it each file of ``others``: another text
 of the trigger file, named by its file name, its ``retired_pod_gc_`` names prefixed ``b7_<name>_``;
 one at a time (only that variant's UPDATE trigger enabled), in turn. One untimed round first: a session's first statement
@@ -66,7 +70,8 @@ CREATE INDEX executions_active_idx ON sandbox_k8s_executions (active) WHERE acti
 """
 _SEED = """
 INSERT INTO sandboxes (managed_by, namespace, id, owner)
-    SELECT 'kubernetes', 'sandboxes', 'w' || i, 'team-' || (i % 50) FROM generate_series(1, {rows}) i;
+    SELECT 'kubernetes', 'sandboxes', 'w' || i, 'team-' || (i % 50)
+    FROM generate_series(1, {sandboxes}) i;
 INSERT INTO sandbox_k8s_executions
     (pod_name, sandbox_id, execution_state, generation, pod_kind, notes)
     SELECT 'space-sbx-w' || i || '-g1', 'w' || i, 'active', 1, 'create', '{{"by": "bench"}}'
@@ -82,6 +87,7 @@ _REACTIVATE = (
     " retired_at = NULL WHERE NOT active"
 )
 SHIPPED = "0003"
+LARGE_SANDBOXES = 200_000
 
 
 def _variant(path: Path) -> str:
@@ -111,7 +117,13 @@ def _summary(pairs: Sequence[tuple[float, float]]) -> dict[str, Any]:
 
 
 async def _one_server(
-    url: str, *, rows: int, rounds: int, one_row_runs: int, others: dict[str, str]
+    url: str,
+    *,
+    rows: int,
+    sandboxes: int,
+    rounds: int,
+    one_row_runs: int,
+    others: dict[str, str],
 ) -> dict[str, Any]:
     conn = await asyncpg.connect(url)
     listen = await asyncpg.connect(url)
@@ -124,7 +136,7 @@ async def _one_server(
             await conn.execute(sql.replace("retired_pod_gc_", f"b7_{name}_"))
             triggers[name] = f"b7_{name}_executions_updated"
         variants = list(triggers)
-        await conn.execute(_SEED.format(rows=rows))
+        await conn.execute(_SEED.format(rows=rows, sandboxes=max(rows, sandboxes)))
         server = {
             "version": await conn.fetchval("SHOW server_version"),
             "jit": await conn.fetchval("SHOW jit"),
@@ -166,43 +178,64 @@ async def _one_server(
 async def b7_share(
     *,
     rows: int = 10_000,
+    sandboxes: Sequence[int] = (),
     rounds: int = 21,
     one_row_runs: int = 20,
     others: Sequence[Path] = (),
 ) -> dict[str, Any]:
-    """Each server of :data:`SERVERS` in turn: ``rounds`` statements of ``rows`` rows and
-    ``rounds * one_row_runs`` one-row statements per variant."""
+    """Each server of :data:`SERVERS` in turn, and on it each size of ``sandboxes`` (default
+    ``rows`` and 200,000): ``rounds`` statements of ``rows`` rows and ``rounds * one_row_runs``
+    one-row statements per variant."""
+    sizes = list(sandboxes) or [rows, LARGE_SANDBOXES]
     other_sql = {_variant(p): p.read_text() for p in others}
     out: dict[str, Any] = {
         "rows": rows,
         "rounds": rounds,
+        "sandboxes": sizes,
         "others": {_variant(p): str(p) for p in others},
         "servers": {},
     }
     for name, flavor in SERVERS.items():
         with ThrowawayPostgres(flavor=flavor) as pg:
-            out["servers"][name] = await _one_server(
-                pg.create_database("bench_b7_share"),
-                rows=rows,
-                rounds=rounds,
-                one_row_runs=one_row_runs,
-                others=other_sql,
-            )
+            cases = {}
+            for size in sizes:
+                cases[str(size)] = await _one_server(
+                    pg.create_database(f"bench_b7_share_{size}"),
+                    rows=rows,
+                    sandboxes=size,
+                    rounds=rounds,
+                    one_row_runs=one_row_runs,
+                    others=other_sql,
+                )
+            first = cases[str(sizes[0])]
+            out["servers"][name] = {
+                "server": first["server"],
+                "cases": {size: {"variants": c["variants"]} for size, c in cases.items()},
+            }
     out["load_average"] = load_average()
     return out
+
+
+def cases_of(share: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """A server's result by size of `sandboxes` (a run from before the sizes: its one size,
+    ``rows``)."""
+    return result.get("cases") or {str(share["rows"]): {"variants": result["variants"]}}
 
 
 def summary_lines(share: dict[str, Any]) -> Sequence[str]:
     """One progress line per server and variant."""
     lines = []
     for server, result in share["servers"].items():
-        for variant, per in result["variants"].items():
-            s, o = per["statement"], per["one_row"]
-            lines.append(
-                f"B7 share {server} ({result['server']['version']}, jit {result['server']['jit']})"
-                f" {variant}: {share['rows']} rows {s['ratio_median']:.3f}x "
-                f"[{s['ratio_min']:.3f}-{s['ratio_max']:.3f}] (trigger {s['trigger_ms_median']:.1f}"
-                f" of {s['total_ms_median']:.1f} ms, {s['statements']} statements); one row "
-                f"{o['ratio_median']:.3f}x [{o['ratio_min']:.3f}-{o['ratio_max']:.3f}]"
-            )
+        for size, case in cases_of(share, result).items():
+            for variant, per in case["variants"].items():
+                s, o = per["statement"], per["one_row"]
+                lines.append(
+                    f"B7 share {server} ({result['server']['version']}, jit "
+                    f"{result['server']['jit']}) {int(size):,} sandboxes {variant}: "
+                    f"{share['rows']} rows {s['ratio_median']:.3f}x "
+                    f"[{s['ratio_min']:.3f}-{s['ratio_max']:.3f}] (trigger "
+                    f"{s['trigger_ms_median']:.1f} of {s['total_ms_median']:.1f} ms, "
+                    f"{s['statements']} statements); one row {o['ratio_median']:.3f}x "
+                    f"[{o['ratio_min']:.3f}-{o['ratio_max']:.3f}]"
+                )
     return lines

@@ -97,36 +97,63 @@ $fn$;
 
 -- Each event has its own query for the rows (transition tables allow one event per trigger,
 -- and a query may name only the transition tables of its own trigger); each is one query for
--- the whole statement: the rows the service must hear of, their namespaces (sandboxes joined
--- once), grouped by (op, namespace, active, state), each group's names cut into slices, and
+-- the whole statement: the rows the service must hear of, their namespaces (from `sandboxes`,
+-- below), grouped by (op, namespace, active, state), each group's names cut into slices, and
 -- each slice's piece built (array_to_json escapes a slice's names in C, with one type lookup
 -- for the slice). A slice of an array of texts is found by walking the array from its start,
 -- so a group's names are first cut into blocks of 16 slices, then each block into its slices:
 -- the walking grows with the statement's rows times their number / (16 slices' names), not
--- with that times the number of slices. The loop after them packs the pieces into payloads (see the bound above).
--- The grouping compares texts byte by byte (COLLATE "C": no locale rules, and texts that a
--- nondeterministic collation would call equal stay apart).
+-- with that times the number of slices. The loop after them packs the pieces into payloads
+-- (see the bound above). The grouping compares texts byte by byte (COLLATE "C": no locale
+-- rules, and texts that a nondeterministic collation would call equal stay apart).
 --
--- JIT is off while the general query is planned and run (`set_config('jit', 'off', true)`, and
--- the value found put back after it): the query is never compiled with JIT, whatever the
--- server's settings. The planner decides on JIT by a query's estimated cost (jit_above_cost,
--- 100,000 by default), and the estimates here are guesses: transition tables have no statistics
--- (the join of old and new rows is estimated at 50 times its rows), a generate_series over
--- computed bounds is taken for 1,000 rows, so the general query of a 10,000-row statement is
--- estimated at 80 billion rows. A server built with JIT (PGDG's and Debian's packages, on by
--- default) then compiles it on every run: about 300-900 ms of compilation for a query that runs
--- in 10-15 ms. Correcting the estimates would not be enough: the cost also grows with the
--- statement's rows and with `sandboxes` (the join reads it), which the operator's data decides,
--- and an operator may lower jit_above_cost. JIT pays off for long scans evaluating the same
--- expressions over millions of rows; the time here goes to hashing, array building and JSON
--- text, which JIT does not compile. Only the general query: the one-row path's queries are
--- planned for one row, far below any JIT threshold, and a setting on the function itself
+-- The general query's plan does not rest on its estimates, which are guesses: transition tables
+-- have no statistics (the join of old and new rows is estimated at 50 times its rows), a
+-- generate_series over computed bounds is taken for 1,000 rows, so the general query of a
+-- 10,000-row statement is estimated at 80 billion rows; and a plan is made once per session (on
+-- first use, again only after an invalidation) and kept, so it could fit only the statement it
+-- was made for. Three settings hold while the general query is planned and run
+-- (`set_config(..., true)`, the values found put back after it):
+--   * jit off: the query is never compiled with JIT, whatever the server's settings. The planner
+--     decides on JIT by estimated cost (jit_above_cost, 100,000 by default); a server built with
+--     JIT (PGDG's and Debian's packages, on by default) compiled this query on every run: about
+--     300-900 ms of compilation for a query that runs in 10-15 ms. Correcting the estimates would
+--     not be enough: the cost grows with the statement's rows, which the writer decides, and an
+--     operator may lower jit_above_cost. JIT pays off for long scans evaluating the same
+--     expressions over millions of rows; the time here goes to hashing, array building and JSON
+--     text, which JIT does not compile.
+--   * enable_mergejoin off: an UPDATE's old and new rows are matched by a hash join. For these
+--     estimates the planner takes a merge join, which sorts both transition tables first: about
+--     a quarter of the trigger's CPU time for a 10,000-row statement, more than the hash join.
+--   * enable_sort off: the changes are grouped by hashing them (a handful of groups). For some
+--     estimates the planner sorts them all and groups them in order, which costs more.
+-- Only the general query: the one-row path's queries are planned for one row (a probe of
+-- `sandboxes` by its key, far below any JIT threshold), and a setting on the function itself
 -- (`SET jit = off` in CREATE FUNCTION) is set and restored on every call: 2-6 us more for every
--- one-row statement, up to a tenth of the trigger's time there (B7 trigger share). The value is
--- put back in the writer's transaction as it was (a SET LOCAL of the same value); if the query
--- fails, the writer's transaction or savepoint is aborted and takes the setting with it.
+-- one-row statement, up to a tenth of the trigger's time there (B7 trigger share). The values
+-- are put back in the writer's transaction as they were (a SET LOCAL of the same value); if
+-- the query fails, the writer's transaction or savepoint is aborted and takes them with it.
+--
+-- `sandboxes` is read whole or probed by its key, whichever this statement needs less. The table
+-- grows with the sandboxes ever made, not with the executions one statement changes. Reading it
+-- whole (a hash of it, then one lookup a change) costs about 0.3 us a sandboxes row; probing
+-- its key (an index scan a change) 1.5-2 us a change, growing only with the depth of the index
+-- (CPU profiles on Debian's 15, benchmarks/NOTES.md). Each general query has both forms, UNION
+-- ALL, each behind a one-time filter (evaluated once a run; the other form does not run): the
+-- hash when the statement has more rows than a fifth of the rows `sandboxes` has, the probes
+-- otherwise; the two cost about the same at a fifth (measured: 49,000 and 51,000 sandboxes
+-- beside a 10,000-row statement). The table's rows are its statistics' count (pg_class.reltuples,
+-- kept current by autovacuum's ANALYZE; a table never analyzed, -1, is probed); the statement's
+-- rows are counted only up to that fifth (a scan of the transition table that stops there). So
+-- the namespaces cost a statement at most about 2 us a change, however many rows `sandboxes`
+-- has. `id` is the key of `sandboxes` (the service's own lookups probe it too). The probe's
+-- subquery is kept apart (OFFSET 0), else the planner would turn it back into a join and could
+-- hash the whole table.
+--
 -- tests/integration/test_pg_trigger_plans.py checks that no query of the trigger is compiled
--- with JIT on Debian's PostgreSQL 15 with its defaults.
+-- with JIT on Debian's PostgreSQL 15 with its defaults, that a statement of 1,000 rows beside
+-- 20,000 sandboxes probes their key once a change, and that one as large as `sandboxes` reads
+-- the table once.
 CREATE OR REPLACE FUNCTION retired_pod_gc_notify_executions_changed()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -137,7 +164,7 @@ DECLARE
     pieces text[];
     piece text;
     payload text := '';
-    jit_before text;
+    settings_before text[];
 BEGIN
     -- A statement of one row (a single retirement, a new execution: the common case) is one
     -- change, one payload below 3,460 bytes: it skips the grouping, whose plan (hash join,
@@ -158,8 +185,10 @@ BEGIN
                OR o.execution_state IS DISTINCT FROM n.execution_state;
             RETURN NULL;
         END IF;
-        jit_before := current_setting('jit');
-        PERFORM set_config('jit', 'off', true);
+        settings_before := ARRAY[current_setting('jit'), current_setting('enable_mergejoin'),
+                                 current_setting('enable_sort')];
+        PERFORM set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true),
+                set_config('enable_sort', 'off', true);
         OPEN parts FOR
             SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
             FROM (
@@ -197,6 +226,47 @@ BEGIN
                             OFFSET 0  -- kept apart: the change's columns stay plain columns
                         ) AS u
                         LEFT JOIN sandboxes AS s ON s.id = u.sandbox_id
+                        -- hashed whole: the statement has more rows than reltuples / 5 (above)
+                        WHERE EXISTS (
+                            SELECT FROM new_rows OFFSET (
+                                SELECT CASE WHEN t.reltuples >= 0 THEN (t.reltuples / 5)::bigint
+                                            ELSE 9223372036854775807 END
+                                FROM pg_class AS t WHERE t.oid = 'sandboxes'::regclass))
+                        UNION ALL
+                        SELECT u.op, s.namespace COLLATE "C" AS namespace, u.active,
+                               u.execution_state COLLATE "C" AS state,
+                               CASE WHEN octet_length(u.pod_name) <= 253 THEN u.pod_name
+                                    ELSE left(u.pod_name, 253) END AS pod_name
+                        FROM (
+                            SELECT CASE WHEN o.id IS NULL THEN 'insert'
+                                        WHEN n.id IS NULL THEN 'delete'
+                                        ELSE 'update' END AS op,
+                                   CASE WHEN n.id IS NULL THEN o.sandbox_id
+                                        ELSE n.sandbox_id END AS sandbox_id,
+                                   CASE WHEN n.id IS NULL THEN o.pod_name
+                                        ELSE n.pod_name END AS pod_name,
+                                   CASE WHEN n.id IS NULL THEN o.active
+                                        ELSE n.active END AS active,
+                                   CASE WHEN n.id IS NULL THEN o.execution_state
+                                        ELSE n.execution_state END AS execution_state
+                            FROM old_rows AS o
+                            FULL JOIN new_rows AS n ON n.id = o.id
+                            WHERE o.id IS NULL
+                               OR n.id IS NULL
+                               OR o.active IS DISTINCT FROM n.active
+                               OR o.execution_state IS DISTINCT FROM n.execution_state
+                            OFFSET 0  -- kept apart: the change's columns stay plain columns
+                        ) AS u
+                        LEFT JOIN LATERAL (
+                            SELECT s.namespace FROM sandboxes AS s WHERE s.id = u.sandbox_id
+                            OFFSET 0  -- kept apart: one probe a change
+                        ) AS s ON true
+                        -- else probed by its key
+                        WHERE NOT EXISTS (
+                            SELECT FROM new_rows OFFSET (
+                                SELECT CASE WHEN t.reltuples >= 0 THEN (t.reltuples / 5)::bigint
+                                            ELSE 9223372036854775807 END
+                                FROM pg_class AS t WHERE t.oid = 'sandboxes'::regclass))
                     ) AS c
                     GROUP BY c.op, c.namespace, c.active, c.state
                 ) AS g,
@@ -218,8 +288,10 @@ BEGIN
             LEFT JOIN sandboxes AS s ON s.id = n.sandbox_id;
             RETURN NULL;
         END IF;
-        jit_before := current_setting('jit');
-        PERFORM set_config('jit', 'off', true);
+        settings_before := ARRAY[current_setting('jit'), current_setting('enable_mergejoin'),
+                                 current_setting('enable_sort')];
+        PERFORM set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true),
+                set_config('enable_sort', 'off', true);
         OPEN parts FOR
             SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
             FROM (
@@ -238,6 +310,28 @@ BEGIN
                                     ELSE left(n.pod_name, 253) END AS pod_name
                         FROM new_rows AS n
                         LEFT JOIN sandboxes AS s ON s.id = n.sandbox_id
+                        -- hashed whole: the statement has more rows than reltuples / 5 (above)
+                        WHERE EXISTS (
+                            SELECT FROM new_rows OFFSET (
+                                SELECT CASE WHEN t.reltuples >= 0 THEN (t.reltuples / 5)::bigint
+                                            ELSE 9223372036854775807 END
+                                FROM pg_class AS t WHERE t.oid = 'sandboxes'::regclass))
+                        UNION ALL
+                        SELECT s.namespace COLLATE "C" AS namespace, n.active,
+                               n.execution_state COLLATE "C" AS state,
+                               CASE WHEN octet_length(n.pod_name) <= 253 THEN n.pod_name
+                                    ELSE left(n.pod_name, 253) END AS pod_name
+                        FROM new_rows AS n
+                        LEFT JOIN LATERAL (
+                            SELECT s.namespace FROM sandboxes AS s WHERE s.id = n.sandbox_id
+                            OFFSET 0  -- kept apart: one probe a change
+                        ) AS s ON true
+                        -- else probed by its key
+                        WHERE NOT EXISTS (
+                            SELECT FROM new_rows OFFSET (
+                                SELECT CASE WHEN t.reltuples >= 0 THEN (t.reltuples / 5)::bigint
+                                            ELSE 9223372036854775807 END
+                                FROM pg_class AS t WHERE t.oid = 'sandboxes'::regclass))
                     ) AS c
                     GROUP BY c.namespace, c.active, c.state
                 ) AS g,
@@ -259,8 +353,10 @@ BEGIN
             LEFT JOIN sandboxes AS s ON s.id = o.sandbox_id;
             RETURN NULL;
         END IF;
-        jit_before := current_setting('jit');
-        PERFORM set_config('jit', 'off', true);
+        settings_before := ARRAY[current_setting('jit'), current_setting('enable_mergejoin'),
+                                 current_setting('enable_sort')];
+        PERFORM set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true),
+                set_config('enable_sort', 'off', true);
         OPEN parts FOR
             SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
             FROM (
@@ -279,6 +375,28 @@ BEGIN
                                     ELSE left(o.pod_name, 253) END AS pod_name
                         FROM old_rows AS o
                         LEFT JOIN sandboxes AS s ON s.id = o.sandbox_id
+                        -- hashed whole: the statement has more rows than reltuples / 5 (above)
+                        WHERE EXISTS (
+                            SELECT FROM old_rows OFFSET (
+                                SELECT CASE WHEN t.reltuples >= 0 THEN (t.reltuples / 5)::bigint
+                                            ELSE 9223372036854775807 END
+                                FROM pg_class AS t WHERE t.oid = 'sandboxes'::regclass))
+                        UNION ALL
+                        SELECT s.namespace COLLATE "C" AS namespace, o.active,
+                               o.execution_state COLLATE "C" AS state,
+                               CASE WHEN octet_length(o.pod_name) <= 253 THEN o.pod_name
+                                    ELSE left(o.pod_name, 253) END AS pod_name
+                        FROM old_rows AS o
+                        LEFT JOIN LATERAL (
+                            SELECT s.namespace FROM sandboxes AS s WHERE s.id = o.sandbox_id
+                            OFFSET 0  -- kept apart: one probe a change
+                        ) AS s ON true
+                        -- else probed by its key
+                        WHERE NOT EXISTS (
+                            SELECT FROM old_rows OFFSET (
+                                SELECT CASE WHEN t.reltuples >= 0 THEN (t.reltuples / 5)::bigint
+                                            ELSE 9223372036854775807 END
+                                FROM pg_class AS t WHERE t.oid = 'sandboxes'::regclass))
                     ) AS c
                     GROUP BY c.namespace, c.active, c.state
                 ) AS g,
@@ -315,7 +433,9 @@ BEGIN
         END LOOP;
     END LOOP;
     CLOSE parts;
-    PERFORM set_config('jit', jit_before, true);
+    PERFORM set_config('jit', settings_before[1], true),
+            set_config('enable_mergejoin', settings_before[2], true),
+            set_config('enable_sort', settings_before[3], true);
     IF payload <> '' THEN
         PERFORM pg_notify('sandbox_execution_changed', payload || ']}');
     END IF;
