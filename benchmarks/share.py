@@ -41,33 +41,11 @@ from typing import Any
 import asyncpg
 
 from benchmarks.harness import load_average
+from devtools.pg.devdata import FOREIGN_SCHEMA
 from devtools.pg.throwaway import Flavor, ThrowawayPostgres
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
 
 SERVERS = {"wheel": Flavor.WHEEL, "debian15": Flavor.DEBIAN}
-FOREIGN_SCHEMA = """
-CREATE TABLE sandboxes (
-    created_at  timestamptz NOT NULL DEFAULT now(),
-    managed_by  text NOT NULL,
-    namespace   text NOT NULL,
-    id          text PRIMARY KEY,
-    owner       text
-);
-CREATE TABLE sandbox_k8s_executions (
-    pod_name            text NOT NULL UNIQUE,
-    active              boolean NOT NULL DEFAULT true,
-    id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    notes               jsonb,
-    sandbox_id          text NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
-    execution_state     text NOT NULL CHECK (execution_state <> ''),
-    generation          integer NOT NULL,
-    activation_attempt  integer NOT NULL DEFAULT 0,
-    pod_kind            text NOT NULL,
-    retired_at          timestamptz,
-    updated_at          timestamptz
-);
-CREATE INDEX executions_active_idx ON sandbox_k8s_executions (active) WHERE active;
-"""
 _SEED = """
 INSERT INTO sandboxes (managed_by, namespace, id, owner)
     SELECT 'kubernetes', 'sandboxes', 'w' || i, 'team-' || (i % 50)

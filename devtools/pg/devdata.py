@@ -12,6 +12,33 @@ import asyncpg
 
 NAMESPACE = "sandboxes"
 
+# A production-like schema the project did not write: another column order, an identity key,
+# jsonb and timestamp columns, a partial index on `active`, a cascading foreign key (B7, and the
+# migrate tests, which add a trigger of the owner's to it).
+FOREIGN_SCHEMA = """
+CREATE TABLE sandboxes (
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    managed_by  text NOT NULL,
+    namespace   text NOT NULL,
+    id          text PRIMARY KEY,
+    owner       text
+);
+CREATE TABLE sandbox_k8s_executions (
+    pod_name            text NOT NULL UNIQUE,
+    active              boolean NOT NULL DEFAULT true,
+    id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    notes               jsonb,
+    sandbox_id          text NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+    execution_state     text NOT NULL CHECK (execution_state <> ''),
+    generation          integer NOT NULL,
+    activation_attempt  integer NOT NULL DEFAULT 0,
+    pod_kind            text NOT NULL,
+    retired_at          timestamptz,
+    updated_at          timestamptz
+);
+CREATE INDEX executions_active_idx ON sandbox_k8s_executions (active) WHERE active;
+"""
+
 
 async def seed_sandbox(
     conn: asyncpg.Connection,

@@ -10,6 +10,7 @@ import anyio
 import asyncpg
 import pytest
 
+from devtools.pg.devdata import FOREIGN_SCHEMA
 from service.pg.migrate import (
     DEFAULT_CHANNEL,
     SCHEMA_STEP,
@@ -272,35 +273,19 @@ async def test_the_0003_file_itself_runs_twice_in_a_row(empty_db: str) -> None:
 # A production-like schema the project did not write: other column order, extra columns, an
 # identity key, constraints, an index and a row trigger of its owner's, another schema's table
 # of the same name that must not be touched.
-_FOREIGN_SCHEMA = """
+_FOREIGN_SCHEMA = (
+    """
 CREATE SCHEMA other;
 CREATE TABLE other.sandbox_k8s_executions (x int);
-CREATE TABLE sandboxes (
-    created_at  timestamptz NOT NULL DEFAULT now(),
-    managed_by  text NOT NULL,
-    namespace   text NOT NULL,
-    id          text PRIMARY KEY,
-    owner       text
-);
-CREATE TABLE sandbox_k8s_executions (
-    pod_name            text NOT NULL UNIQUE,
-    active              boolean NOT NULL DEFAULT true,
-    id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    notes               jsonb,
-    sandbox_id          text NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
-    execution_state     text NOT NULL CHECK (execution_state <> ''),
-    generation          integer NOT NULL,
-    activation_attempt  integer NOT NULL DEFAULT 0,
-    pod_kind            text NOT NULL,
-    retired_at          timestamptz,
-    updated_at          timestamptz
-);
-CREATE INDEX executions_active_idx ON sandbox_k8s_executions (active) WHERE active;
+"""
+    + FOREIGN_SCHEMA
+    + """
 CREATE FUNCTION touch() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN NEW.updated_at := now(); RETURN NEW; END $$;
 CREATE TRIGGER owners_touch BEFORE UPDATE ON sandbox_k8s_executions
     FOR EACH ROW EXECUTE FUNCTION touch();
 """
+)
 
 
 @pytest.mark.anyio
