@@ -166,6 +166,12 @@ async def seed_population(url: str, emulator: Emulator) -> dict[str, dict[str, A
             )
     finally:
         await conn.close()
+    return create_population_pods(emulator)
+
+
+def create_population_pods(emulator: Emulator) -> dict[str, dict[str, Any]]:
+    """The pods of :data:`POPULATION` and the unrelated pod (the Lease's namespace made too);
+    returns name → pod as created."""
     created = {
         p.name: emulator.create_pod(
             sandbox_pod(

@@ -44,8 +44,7 @@ import pytest
 import yaml
 from markdown_it import MarkdownIt
 
-from devtools.demo import POPULATION, UNRELATED
-from devtools.emulator.sandboxpods import sandbox_pod
+from devtools.demo import POPULATION, UNRELATED, create_population_pods
 from devtools.pg.devdata import seed_execution, seed_sandbox
 from devtools.pg.throwaway import ThrowawayPostgres, find_bin_dir
 from service.config import PREFIX
@@ -330,7 +329,7 @@ def world(
     private_pg: ThrowawayPostgres, kubectl_cluster: KubectlCluster, tmp_path: Path
 ) -> Iterator[World]:
     url = platform_database(private_pg, "runbook")
-    created = kubectl_cluster.call(lambda emu: _seed_pods(emu))
+    created = kubectl_cluster.call(create_population_pods)
     shell = Shell(
         {
             **_base_env(tmp_path / "home"),
@@ -358,34 +357,6 @@ def world(
     finally:
         launcher.close()
         private_pg.drop_database("runbook")
-
-
-def _seed_pods(emu: Any) -> dict[str, dict[str, Any]]:
-    emu.ensure_namespace(LEASE_NAMESPACE)
-    created = {
-        p.name: emu.create_pod(
-            sandbox_pod(
-                sandbox_id=p.sandbox_id,
-                generation=p.generation,
-                kind=p.kind,
-                shape=p.shape,
-                namespace=SANDBOX_NAMESPACE,
-            )
-        )
-        for p in POPULATION
-    }
-    created[UNRELATED] = emu.create_pod(
-        {
-            "metadata": {
-                "name": UNRELATED,
-                "namespace": SANDBOX_NAMESPACE,
-                "labels": {"app": "web"},
-            },
-            "spec": {"containers": [{"name": "web", "image": "nginx"}], "nodeName": "node-a"},
-            "status": {"phase": "Running", "podIP": "10.0.0.99"},
-        }
-    )
-    return created
 
 
 # ------------------------------------------------------------------- docs/operations.md runners
