@@ -37,7 +37,6 @@ dropped, and becoming active starts from empty clocks and enqueues every cached 
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -63,13 +62,6 @@ logger = logging.getLogger(__name__)
 
 def _ignore(_keys: Sequence[str]) -> None:
     pass
-
-
-_ids = itertools.count(1)
-
-
-def _new_reconcile_id() -> str:
-    return f"{next(_ids):x}"
 
 
 MIN_BATCH = 250
@@ -280,8 +272,7 @@ class Controller:
             for key in keys:
                 self._finish(key, INACTIVE_RESULT, started, results, finished)
             return results
-        token = logs.reconcile_id.set(_new_reconcile_id())
-        try:
+        with logs.batch(keys):
             try:
                 observed = await self._reconciler.observe(keys)
             except Exception:
@@ -298,20 +289,18 @@ class Controller:
             for due in observed.due:
                 if self._queue.shutting_down:
                     break  # the rest are dropped like queued keys (a restart relists)
-                if len(keys) > 1:  # a batch of one keeps its id from observation to action
-                    logs.reconcile_id.set(_new_reconcile_id())
                 # A due key's reconcile is the batch's observation and its own action, not the
-                # actions of the due keys before it.
+                # actions of the due keys before it; its log lines carry the reconcile id its
+                # observation had.
                 key_started = time.perf_counter() - observing_s
-                try:
-                    result = await self._reconciler.act(due)
-                except Exception:
-                    self._bug(due.key, key_started, results, finished)
-                else:
-                    self._finish(due.key, result, key_started, results, finished)
+                with logs.reconciling(due.key):
+                    try:
+                        result = await self._reconciler.act(due)
+                    except Exception:
+                        self._bug(due.key, key_started, results, finished)
+                    else:
+                        self._finish(due.key, result, key_started, results, finished)
             return results
-        finally:
-            logs.reconcile_id.reset(token)
 
     def _bug(
         self,

@@ -54,6 +54,7 @@ from typing import TypeVar
 
 import anyio
 
+from service import logs
 from service.classifier import classify, classify_prefiltered, prefilter
 from service.config import Settings
 from service.domain import (
@@ -293,9 +294,10 @@ class Reconciler:
             if elapsed is None:
                 # A clearing event arrived while we read; what we read may predate it. The event
                 # enqueued the key again, so the next reconcile starts the clock afresh.
-                logger.info(
-                    "state changed during the reconcile; clock not started", extra={"key": key}
-                )
+                with logs.reconciling(key):
+                    logger.info(
+                        "state changed during the reconcile; clock not started", extra={"key": key}
+                    )
                 results[key] = ReconcileResult.done(ReconcileOutcome.CHANGED)
             elif elapsed < threshold_s:
                 results[key] = (
@@ -308,6 +310,10 @@ class Reconciler:
             elif self._settings.dry_run and self._clocks.was_reported(pod.uid):
                 results[key] = ReconcileResult.done(ReconcileOutcome.ALREADY_REPORTED)
             else:
+                with logs.reconciling(key):
+                    logger.debug(
+                        "reapable (%s) for %.0fs; verifying", verdict, elapsed, extra={"key": key}
+                    )
                 observed.due.append(Due(key, pod, verdict))
 
     async def _lookup(self, keys: list[str]) -> dict[str, ExecutionRow]:
@@ -320,12 +326,13 @@ class Reconciler:
 
     def _not_watched(self, key: str) -> ReconcileResult:
         """A key outside the configured namespaces (or malformed): dropped, never acted on."""
-        try:
-            namespace, _ = split_key(key)
-        except ValueError as exc:
-            logger.error("dropping a malformed work-queue key: %s", exc)  # noqa: TRY400 (expected)
-        else:
-            logger.error("dropping a key of namespace %s, which is not configured", namespace)
+        with logs.reconciling(key):
+            try:
+                namespace, _ = split_key(key)
+            except ValueError as exc:
+                logger.error("dropping a malformed work-queue key: %s", exc)  # noqa: TRY400 (expected)
+            else:
+                logger.error("dropping a key of namespace %s, which is not configured", namespace)
         self._clocks.clear_key(key)
         return ReconcileResult.done(ReconcileOutcome.ERROR)
 
