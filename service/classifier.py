@@ -137,15 +137,11 @@ def classify(pod: PodSnapshot, row: ExecutionRow | None) -> Decision:
     early = prefilter(pod)
     if early is not None:
         return early
-    return classify_prefiltered(pod, row)
+    return _classify_prefiltered(pod, row)
 
 
-def classify_prefiltered(pod: PodSnapshot, row: ExecutionRow | None) -> Decision:
-    """The rest of :func:`classify` for a pod that :func:`prefilter` let through (``None``).
-
-    For a caller that has just run the prefilter on this very snapshot (frozen, and the
-    prefilter is pure, so its answer cannot have changed): a burst's observation would
-    otherwise run the prefilter twice a key."""
+def _classify_prefiltered(pod: PodSnapshot, row: ExecutionRow | None) -> Decision:
+    """The rest of :func:`classify`, for a pod that :func:`prefilter` let through."""
     if row is None:
         return _NO_ROW
     identity = _identity_mismatch(pod, row)

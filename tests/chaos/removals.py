@@ -146,7 +146,9 @@ REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         "_verify", "and (fresh.resource_version != pod.resource_version)", "and False"
     ),
     "notification_sync": lambda: _reconciler_edit(
-        "_verify", "if self._barrier is not None:", "if False:"
+        "_verify",
+        'await _bounded("notification sync", self._db_timeout_s, self._barrier.sync())',
+        "pass",
     ),
     "delete_preconditions": lambda: _patched(
         client_module.KubePodClient,
@@ -167,8 +169,8 @@ REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     ),
     "observed_row": lambda: _reconciler_edit(
         "_observe",
-        "decision = classify_prefiltered(pod, rows.get(key))",
-        "decision = classify_prefiltered(pod, None)",
+        "decision = classify(pod, rows.get(key))",
+        "decision = classify(pod, None)",
     ),
     # The listener's delivery proof: a probe counts as arrived once it is sent (the wait for
     # its arrival on the listening connection, the whole statement, replaced).
