@@ -42,10 +42,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 import anyio
-import msgspec
 from anyio.abc import TaskStatus
 
-from service import logs
+from service import checks, logs
 from service.classifier import prefilter
 from service.domain import ExecutionChange, PodSnapshot, ReconcileOutcome, SkipReason
 from service.engine.activation import Activation
@@ -118,6 +117,21 @@ class Controller:
     # ----------------------------------------------------- PodEventHandler
 
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
+        candidate = new is not None and prefilter(new) is None
+        self._clear_for_pod_event(old, new, candidate=candidate)
+        if new is None or not candidate:
+            return
+        if self._cache.namespace_synced(new.namespace):
+            # While a (re)list fills the namespace's cache nothing of it is enqueued: its end
+            # (cache_synced) enqueues every candidate, and reconciles would only slow it down.
+            self._enqueue(new.key)
+
+    def _clear_for_pod_event(
+        self, old: PodSnapshot | None, new: PodSnapshot | None, *, candidate: bool
+    ) -> None:
+        """The clocks a pod event stops (invariant 3): a deleted pod's, a replaced UID's, one
+        whose state changed, and the key's when the pod no longer passes the prefilter (not a
+        ``candidate``)."""
         if new is None:
             if old is not None:
                 self._clocks.forget_pod(old.uid, old.key)
@@ -125,24 +139,16 @@ class Controller:
         key = new.key
         if old is not None and old.uid != new.uid:
             self._clocks.forget_pod(old.uid, key)
-        elif (
-            old is not None
-            and msgspec.structs.replace(old, resource_version=new.resource_version) != new
-        ):
-            # Something classification reads changed: whether the pod stayed reapable depends
-            # on the row as well, and a reconcile may never see this state (it reads the
-            # latest one), so the continuous observation restarts here.
+        elif old is not None and checks.pod_state_changed(old, new):
+            # Whether the pod stayed reapable depends on the row as well, and a reconcile may
+            # never see this state (it reads the latest one), so the continuous observation
+            # restarts here.
             self._clocks.clear(new.uid)
         tracked = self._clocks.uid_for(key)
         if tracked is not None and tracked != new.uid:
             self._clocks.clear_key(key)
-        if prefilter(new) is not None:
+        if not candidate:
             self._clocks.clear_key(key)
-            return
-        if self._cache.namespace_synced(new.namespace):
-            # While a (re)list fills the namespace's cache nothing of it is enqueued: its end
-            # (cache_synced) enqueues every candidate, and reconciles would only slow it down.
-            self._enqueue(key)
 
     def cache_cold(self, namespace: str) -> None:
         logger.info("pod cache of namespace %s cold: clearing its observation clocks", namespace)
@@ -163,9 +169,8 @@ class Controller:
         # the batch restarts the moment it arrives, before anything is enqueued; the reconciles
         # this enqueues (one burst, taken by the workers in observation batches) start them
         # again where the pod is reapable.
-        keys = [change.key for change in changes]
-        self._clocks.clear_keys(keys)
-        self._enqueue_many(keys)
+        self._clocks.clear_keys(checks.keys_cleared_by(changes))
+        self._enqueue_many([change.key for change in changes])
         received_at_s = min(
             (c.received_at_s for c in changes if c.retired and c.received_at_s > 0), default=None
         )

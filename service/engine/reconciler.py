@@ -56,7 +56,7 @@ from typing import TypeVar
 
 import anyio
 
-from service import logs
+from service import checks, logs
 from service.classifier import classify, prefilter
 from service.config import Settings
 from service.domain import (
@@ -232,8 +232,8 @@ class Reconciler:
             namespace = key.partition("/")[0]
             ok = synced.get(namespace)
             if ok is None:
-                ok = synced[namespace] = (
-                    namespace in self._namespaces and self._cache.namespace_synced(namespace)
+                ok = synced[namespace] = namespace in self._namespaces and checks.cache_synced(
+                    self._cache, namespace
                 )
             if ok:
                 ready.append(key)
@@ -318,7 +318,7 @@ class Reconciler:
                         "state changed during the reconcile; clock not started", extra={"key": key}
                     )
                 results[key] = ReconcileResult.done(ReconcileOutcome.CHANGED)
-            elif elapsed < threshold_s:
+            elif not checks.observed_long_enough(elapsed, threshold_s):
                 results[key] = (
                     started_now
                     if elapsed == 0.0
@@ -380,7 +380,7 @@ class Reconciler:
         verified = await self._verify(due)
         if isinstance(verified, ReconcileResult):
             return verified
-        if self._settings.dry_run:
+        if not checks.deletes_allowed(self._settings.dry_run):
             checked = await self._final_check(verified)
             if isinstance(checked, ReconcileResult):
                 return checked
@@ -435,11 +435,9 @@ class Reconciler:
             return ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
 
         again = classify(fresh, fresh_row)
-        if (
-            fresh.uid == pod.uid
-            and again.verdict is verdict
-            and (fresh.resource_version != pod.resource_version)
-        ):
+        same_uid = checks.uid_unchanged(pod, fresh)
+        same_verdict = checks.verdict_unchanged(verdict, again)
+        if same_verdict and not checks.resource_version_unchanged(pod, fresh):
             # The pod changed in ways the watch has not delivered yet: what happened in
             # between (perhaps a non-reapable state) is unknown. Its event is on the way and
             # enqueues the key again (clearing the clock first if it shows a non-reapable
@@ -451,7 +449,7 @@ class Reconciler:
                 extra=extra,
             )
             return ReconcileResult.done(ReconcileOutcome.CHANGED)
-        if fresh.uid != pod.uid or again.verdict is not verdict:
+        if not same_uid or not same_verdict:
             self._clocks.clear(pod.uid)
             logger.info(
                 "changed before acting: uid %s -> %s, now %s (%s)",
@@ -467,7 +465,9 @@ class Reconciler:
         # its notifications: make sure none is still in flight before trusting the clock (a
         # stalled listener fails this, and the clock restarts).
         try:
-            await _bounded("notification sync", self._db_timeout_s, self._barrier.sync())
+            await _bounded(
+                "notification sync", self._db_timeout_s, checks.sync_notifications(self._barrier)
+            )
         except StepFailed as exc:
             self._clocks.clear_key(key)
             logger.warning(
@@ -527,7 +527,7 @@ class Reconciler:
         threshold and this replica still active; else the result that ends the reconcile.
         Synchronous."""
         elapsed = self._clocks.elapsed(due.pod.uid, now)
-        if elapsed is None or elapsed < self._settings.threshold_s:
+        if elapsed is None or not checks.observed_long_enough(elapsed, self._settings.threshold_s):
             logger.info("clock cleared while verifying; not acting", extra={"key": due.key})
             return ReconcileResult.done(ReconcileOutcome.CHANGED)
         if not self._activation.active:
