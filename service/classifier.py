@@ -174,11 +174,9 @@ def _classify_prefiltered(pod: PodSnapshot, row: ExecutionRow | None) -> Decisio
             SkipReason.PENDING_NOT_REPLACED,
             f"Pending pods are reaped only when retired as replaced, not {state}",
         )
-    reap = _TERMINAL_RETIRED.get((pod.phase, state))
-    if reap is not None:
-        return reap
-    # Not a pod the prefilter lets through (a caller's bug): never a reap.
-    return prefilter(pod) or _PHASE_UNKNOWN
+    # Only a terminal pod gets here (the prefilter lets no other phase through); any other
+    # phase is never reaped.
+    return _TERMINAL_RETIRED.get((pod.phase, state), _PHASE_UNKNOWN)
 
 
 def _row_active(row: ExecutionRow) -> Decision | None:
