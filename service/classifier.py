@@ -86,22 +86,19 @@ def kept(pod: PodSnapshot) -> Decision | None:
 
 
 def prefilter(pod: PodSnapshot) -> Decision | None:
-    """Skip decisions that need no database row; ``None`` means "look the row up"."""
-    keep = kept(pod)
-    if keep is not None:
-        return keep
-    if pod.terminating:
-        return _TERMINATING
-    if pod.sandbox_id is None or pod.generation is None:
-        return _UNLABELLED
-    if pod.kind is PodKind.UNKNOWN:
-        return _UNKNOWN_POD_KIND
+    """Skip decisions that need no database row; ``None`` means "look the row up".
+
+    Each rule is a function of this module called by its name (the mutation check disables one
+    by that name, ``tests/chaos/removals.py``); the first that answers decides."""
+    decision = kept(pod) or _terminating(pod) or _unlabelled(pod) or _unknown_pod_kind(pod)
+    if decision is not None:
+        return decision
     # By identity, the likeliest phases of a burst first (a ``match`` compares by ``==``).
     phase = pod.phase
     if phase is PodPhase.PENDING:
-        return _prefilter_pending(pod)
+        return _pending_with_ip(pod) or _pending_restore_pod(pod) or _pending_condition(pod)
     if phase is PodPhase.SUCCEEDED or phase is PodPhase.FAILED:
-        return _prefilter_terminal(pod)
+        return _terminal_without_container_statuses(pod) or _terminal_container_running(pod)
     if phase is PodPhase.RUNNING:
         return _POD_RUNNING
     if phase is PodPhase.UNKNOWN:
@@ -109,11 +106,27 @@ def prefilter(pod: PodSnapshot) -> Decision | None:
     assert_never(phase)
 
 
-def _prefilter_pending(pod: PodSnapshot) -> Decision | None:
-    if pod.pod_ip:
-        return _PENDING_WITH_IP
-    if pod.kind is PodKind.RESTORE:
-        return _PENDING_RESTORE_POD
+def _terminating(pod: PodSnapshot) -> Decision | None:
+    return _TERMINATING if pod.terminating else None
+
+
+def _unlabelled(pod: PodSnapshot) -> Decision | None:
+    return _UNLABELLED if pod.sandbox_id is None or pod.generation is None else None
+
+
+def _unknown_pod_kind(pod: PodSnapshot) -> Decision | None:
+    return _UNKNOWN_POD_KIND if pod.kind is PodKind.UNKNOWN else None
+
+
+def _pending_with_ip(pod: PodSnapshot) -> Decision | None:
+    return _PENDING_WITH_IP if pod.pod_ip else None
+
+
+def _pending_restore_pod(pod: PodSnapshot) -> Decision | None:
+    return _PENDING_RESTORE_POD if pod.kind is PodKind.RESTORE else None
+
+
+def _pending_condition(pod: PodSnapshot) -> Decision | None:
     ready = pod.ready_to_start
     if ready is ConditionStatus.FALSE:
         return None
@@ -124,12 +137,12 @@ def _prefilter_pending(pod: PodSnapshot) -> Decision | None:
     assert_never(ready)
 
 
-def _prefilter_terminal(pod: PodSnapshot) -> Decision | None:
-    if pod.container_count == 0:
-        return _TERMINAL_NO_CONTAINER_STATUSES
-    if not pod.all_containers_terminated:
-        return _TERMINAL_CONTAINER_NOT_TERMINATED
-    return None
+def _terminal_without_container_statuses(pod: PodSnapshot) -> Decision | None:
+    return _TERMINAL_NO_CONTAINER_STATUSES if pod.container_count == 0 else None
+
+
+def _terminal_container_running(pod: PodSnapshot) -> Decision | None:
+    return None if pod.all_containers_terminated else _TERMINAL_CONTAINER_NOT_TERMINATED
 
 
 def classify(pod: PodSnapshot, row: ExecutionRow | None) -> Decision:
@@ -137,22 +150,16 @@ def classify(pod: PodSnapshot, row: ExecutionRow | None) -> Decision:
     early = prefilter(pod)
     if early is not None:
         return early
-    return classify_prefiltered(pod, row)
+    return _classify_prefiltered(pod, row)
 
 
-def classify_prefiltered(pod: PodSnapshot, row: ExecutionRow | None) -> Decision:
-    """The rest of :func:`classify` for a pod that :func:`prefilter` let through (``None``).
-
-    For a caller that has just run the prefilter on this very snapshot (frozen, and the
-    prefilter is pure, so its answer cannot have changed): a burst's observation would
-    otherwise run the prefilter twice a key."""
+def _classify_prefiltered(pod: PodSnapshot, row: ExecutionRow | None) -> Decision:
+    """The rest of :func:`classify`, for a pod that :func:`prefilter` let through."""
     if row is None:
         return _NO_ROW
-    identity = _identity_mismatch(pod, row)
-    if identity is not None:
-        return identity
-    if row.active:
-        return _ROW_ACTIVE
+    skip = _identity_mismatch(pod, row) or _row_active(row)
+    if skip is not None:
+        return skip
     state = row.state
     if state is ExecutionState.UNKNOWN:
         return _UNKNOWN_STATE
@@ -167,36 +174,66 @@ def classify_prefiltered(pod: PodSnapshot, row: ExecutionRow | None) -> Decision
             SkipReason.PENDING_NOT_REPLACED,
             f"Pending pods are reaped only when retired as replaced, not {state}",
         )
-    reap = _TERMINAL_RETIRED.get((pod.phase, state))
-    if reap is not None:
-        return reap
-    # Not a pod the prefilter lets through (a caller's bug): never a reap.
-    return prefilter(pod) or _PHASE_UNKNOWN
+    # Only a terminal pod gets here (the prefilter lets no other phase through); any other
+    # phase is never reaped.
+    return _TERMINAL_RETIRED.get((pod.phase, state), _PHASE_UNKNOWN)
+
+
+def _row_active(row: ExecutionRow) -> Decision | None:
+    return _ROW_ACTIVE if row.active else None
 
 
 def _identity_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
-    if not row.kubernetes_managed:
-        return _NOT_KUBERNETES_MANAGED
-    if row.namespace != pod.namespace:
-        return Decision.skip(
-            SkipReason.NAMESPACE_MISMATCH,
-            f"row namespace {row.namespace!r} differs from pod namespace {pod.namespace!r}",
-        )
-    if row.pod_name != pod.name:
-        return _POD_NAME_MISMATCH
-    if row.sandbox_id != pod.sandbox_id:
-        return Decision.skip(
-            SkipReason.SANDBOX_MISMATCH,
-            f"row sandbox {row.sandbox_id!r} differs from pod label {pod.sandbox_id!r}",
-        )
-    if row.generation != pod.generation:
-        return Decision.skip(
-            SkipReason.GENERATION_MISMATCH,
-            f"row generation {row.generation} differs from pod label {pod.generation}",
-        )
-    if row.pod_kind is not pod.kind:
-        return Decision.skip(
-            SkipReason.POD_KIND_MISMATCH,
-            f"row pod kind {row.pod_kind} differs from pod label {pod.kind}",
-        )
-    return None
+    """The row's identity fields against the pod's, each a rule called by its name."""
+    return (
+        _not_kubernetes_managed(pod, row)
+        or _namespace_mismatch(pod, row)
+        or _pod_name_mismatch(pod, row)
+        or _sandbox_mismatch(pod, row)
+        or _generation_mismatch(pod, row)
+        or _pod_kind_mismatch(pod, row)
+    )
+
+
+def _not_kubernetes_managed(_pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
+    return None if row.kubernetes_managed else _NOT_KUBERNETES_MANAGED
+
+
+def _namespace_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
+    if row.namespace == pod.namespace:
+        return None
+    return Decision.skip(
+        SkipReason.NAMESPACE_MISMATCH,
+        f"row namespace {row.namespace!r} differs from pod namespace {pod.namespace!r}",
+    )
+
+
+def _pod_name_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
+    return None if row.pod_name == pod.name else _POD_NAME_MISMATCH
+
+
+def _sandbox_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
+    if row.sandbox_id == pod.sandbox_id:
+        return None
+    return Decision.skip(
+        SkipReason.SANDBOX_MISMATCH,
+        f"row sandbox {row.sandbox_id!r} differs from pod label {pod.sandbox_id!r}",
+    )
+
+
+def _generation_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
+    if row.generation == pod.generation:
+        return None
+    return Decision.skip(
+        SkipReason.GENERATION_MISMATCH,
+        f"row generation {row.generation} differs from pod label {pod.generation}",
+    )
+
+
+def _pod_kind_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
+    if row.pod_kind is pod.kind:
+        return None
+    return Decision.skip(
+        SkipReason.POD_KIND_MISMATCH,
+        f"row pod kind {row.pod_kind} differs from pod label {pod.kind}",
+    )

@@ -1,24 +1,90 @@
 """Structured logging: one JSON object a line, with the reconcile id of the current reconcile.
 
-The reconcile id lives in one context variable, :data:`reconcile_id`, set by the worker loop for
-each reconcile (``engine/controller.py``). A log record factory installed when this module is
-imported copies it onto every record as it is created — whichever module logs (the store, the
-pod client, the engine), and whichever handler formats it later — as the ``reconcile_id``
-attribute. Secrets never reach a log line: callers log masked values only (``config.mask_dsn``).
+A worker takes keys in batches; each key's reconcile (its observation, verification and action)
+has its own reconcile id, and the batch it came in has a batch id. Both live in context
+variables, :data:`reconcile_id` and :data:`batch_id`: the worker loop opens a :func:`batch` for
+the keys it took and enters :func:`reconciling` a key around whatever it does for that key alone
+(``engine/controller.py``, ``engine/reconciler.py``); a batch of one is that key's reconcile
+throughout. A log record factory installed when this module is imported copies both onto every
+record as it is created — whichever module logs (the store, the pod client, the engine), and
+whichever handler formats it later — as the ``reconcile_id`` and ``batch_id`` attributes. A line
+about the whole batch (its row lookup) carries the batch id only. Secrets never reach a log
+line: callers log masked values only (``config.mask_dsn``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import itertools
 import json
 import logging
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 reconcile_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "reconcile_id", default=None
 )
+"""The id of the key's reconcile being run (``None`` outside one)."""
+batch_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("batch_id", default=None)
+"""The id of the worker's batch being run (``None`` outside one)."""
+
+
+class _Batch:
+    """The reconcile ids of one batch's keys, made the first time a key asks for its own."""
+
+    __slots__ = ("_next", "id", "ids")
+
+    def __init__(self, batch: str) -> None:
+        self.id = batch
+        self.ids: dict[str, str] = {}
+        self._next = itertools.count(1)
+
+    def id_of(self, key: str) -> str:
+        rid = self.ids.get(key)
+        if rid is None:
+            rid = self.ids[key] = f"{self.id}.{next(self._next)}"
+        return rid
+
+
+_batch: contextvars.ContextVar[_Batch | None] = contextvars.ContextVar("_batch", default=None)
+_batch_ids = itertools.count(1)
+
+
+@contextlib.contextmanager
+def batch(keys: Sequence[str]) -> Iterator[None]:
+    """A worker's batch of ``keys``: a new batch id, and a reconcile id for each key (the first
+    time it is asked for, by :func:`reconciling`). A batch of one key is that key's reconcile
+    for its whole extent."""
+    current = _Batch(f"{next(_batch_ids):x}")
+    tokens = (_batch.set(current), batch_id.set(current.id))
+    rid_token = reconcile_id.set(current.id_of(keys[0])) if len(keys) == 1 else None
+    try:
+        yield
+    finally:
+        if rid_token is not None:
+            reconcile_id.reset(rid_token)
+        batch_id.reset(tokens[1])
+        _batch.reset(tokens[0])
+
+
+@contextlib.contextmanager
+def reconciling(key: str) -> Iterator[None]:
+    """What runs inside is ``key``'s reconcile: its log lines carry the key's reconcile id (the
+    same one for its observation and its action). Outside a :func:`batch`, a batch of one."""
+    current = _batch.get()
+    if current is None:
+        with batch([key]):
+            yield
+        return
+    token = reconcile_id.set(current.id_of(key))
+    try:
+        yield
+    finally:
+        reconcile_id.reset(token)
+
 
 _base_factory = logging.getLogRecordFactory()
 
@@ -28,6 +94,9 @@ def _record_with_reconcile_id(*args: Any, **kwargs: Any) -> logging.LogRecord:
     rid = reconcile_id.get()
     if rid is not None:
         record.reconcile_id = rid
+    bid = batch_id.get()
+    if bid is not None:
+        record.batch_id = bid
     return record
 
 
@@ -65,7 +134,10 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         rid = getattr(record, "reconcile_id", None)
-        return f"{line} [reconcile {rid}]" if rid is not None else line
+        if rid is not None:
+            return f"{line} [reconcile {rid}]"
+        bid = getattr(record, "batch_id", None)
+        return f"{line} [batch {bid}]" if bid is not None else line
 
 
 def setup(level: str = "info", fmt: str = "json") -> None:

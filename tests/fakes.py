@@ -314,6 +314,22 @@ class FakeExecutionStore:
 # ------------------------------------------------------------- engine rig
 
 
+class NoNotifications:
+    """The notification barrier of a reconciler that has no change notifications to wait for.
+
+    Right only where rows change through nothing but the test itself and the test delivers
+    each change to the controller (``executions_changed``) itself, before reconciling again:
+    then no notification is ever in flight when the reconciler re-reads a row, and the sync
+    has nothing to wait for. The service never uses it: its barrier is the listener, whose
+    round trip proves that every notification committed before the re-read has arrived."""
+
+    async def sync(self) -> None:
+        return None
+
+
+NO_NOTIFICATIONS = NoNotifications()
+
+
 @dataclass
 class EngineRig:
     """The whole engine on fakes and a fake clock (what the wiring assembles, minus adapters)."""
@@ -383,7 +399,7 @@ def make_rig(
     start_s: float = 1000.0,
     budget_window_s: float = 60.0,
     leader_check: Callable[[], bool] | None = None,
-    barrier: NotificationBarrier | None = None,
+    barrier: NotificationBarrier = NO_NOTIFICATIONS,
     clock: FakeClock | None = None,
     reconciler_clock: Clock | None = None,
     batch_size: int | None = None,

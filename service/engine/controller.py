@@ -37,16 +37,14 @@ dropped, and becoming active starts from empty clocks and enqueues every cached 
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 
 import anyio
-import msgspec
 from anyio.abc import TaskStatus
 
-from service import logs
+from service import checks, logs
 from service.classifier import prefilter
 from service.domain import ExecutionChange, PodSnapshot, ReconcileOutcome, SkipReason
 from service.engine.activation import Activation
@@ -63,13 +61,6 @@ logger = logging.getLogger(__name__)
 
 def _ignore(_keys: Sequence[str]) -> None:
     pass
-
-
-_ids = itertools.count(1)
-
-
-def _new_reconcile_id() -> str:
-    return f"{next(_ids):x}"
 
 
 MIN_BATCH = 250
@@ -125,6 +116,21 @@ class Controller:
     # ----------------------------------------------------- PodEventHandler
 
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
+        candidate = new is not None and prefilter(new) is None
+        self._clear_for_pod_event(old, new, candidate=candidate)
+        if new is None or not candidate:
+            return
+        if self._cache.namespace_synced(new.namespace):
+            # While a (re)list fills the namespace's cache nothing of it is enqueued: its end
+            # (cache_synced) enqueues every candidate, and reconciles would only slow it down.
+            self._enqueue(new.key)
+
+    def _clear_for_pod_event(
+        self, old: PodSnapshot | None, new: PodSnapshot | None, *, candidate: bool
+    ) -> None:
+        """The clocks a pod event stops (invariant 3): a deleted pod's, a replaced UID's, one
+        whose state changed, and the key's when the pod no longer passes the prefilter (not a
+        ``candidate``)."""
         if new is None:
             if old is not None:
                 self._clocks.forget_pod(old.uid, old.key)
@@ -132,24 +138,16 @@ class Controller:
         key = new.key
         if old is not None and old.uid != new.uid:
             self._clocks.forget_pod(old.uid, key)
-        elif (
-            old is not None
-            and msgspec.structs.replace(old, resource_version=new.resource_version) != new
-        ):
-            # Something classification reads changed: whether the pod stayed reapable depends
-            # on the row as well, and a reconcile may never see this state (it reads the
-            # latest one), so the continuous observation restarts here.
+        elif old is not None and checks.pod_state_changed(old, new):
+            # Whether the pod stayed reapable depends on the row as well, and a reconcile may
+            # never see this state (it reads the latest one), so the continuous observation
+            # restarts here.
             self._clocks.clear(new.uid)
         tracked = self._clocks.uid_for(key)
         if tracked is not None and tracked != new.uid:
             self._clocks.clear_key(key)
-        if prefilter(new) is not None:
+        if not candidate:
             self._clocks.clear_key(key)
-            return
-        if self._cache.namespace_synced(new.namespace):
-            # While a (re)list fills the namespace's cache nothing of it is enqueued: its end
-            # (cache_synced) enqueues every candidate, and reconciles would only slow it down.
-            self._enqueue(key)
 
     def cache_cold(self, namespace: str) -> None:
         logger.info("pod cache of namespace %s cold: clearing its observation clocks", namespace)
@@ -170,9 +168,8 @@ class Controller:
         # the batch restarts the moment it arrives, before anything is enqueued; the reconciles
         # this enqueues (one burst, taken by the workers in observation batches) start them
         # again where the pod is reapable.
-        keys = [change.key for change in changes]
-        self._clocks.clear_keys(keys)
-        self._enqueue_many(keys)
+        self._clocks.clear_keys(checks.keys_cleared_by(changes))
+        self._enqueue_many([change.key for change in changes])
         received_at_s = min(
             (c.received_at_s for c in changes if c.retired and c.received_at_s > 0), default=None
         )
@@ -279,8 +276,7 @@ class Controller:
             for key in keys:
                 self._finish(key, INACTIVE_RESULT, started, results, finished)
             return results
-        token = logs.reconcile_id.set(_new_reconcile_id())
-        try:
+        with logs.batch(keys):
             try:
                 observed = await self._reconciler.observe(keys)
             except Exception:
@@ -297,20 +293,18 @@ class Controller:
             for due in observed.due:
                 if self._queue.shutting_down:
                     break  # the rest are dropped like queued keys (a restart relists)
-                if len(keys) > 1:  # a batch of one keeps its id from observation to action
-                    logs.reconcile_id.set(_new_reconcile_id())
                 # A due key's reconcile is the batch's observation and its own action, not the
-                # actions of the due keys before it.
+                # actions of the due keys before it; its log lines carry the reconcile id its
+                # observation had.
                 key_started = time.perf_counter() - observing_s
-                try:
-                    result = await self._reconciler.act(due)
-                except Exception:
-                    self._bug(due.key, key_started, results, finished)
-                else:
-                    self._finish(due.key, result, key_started, results, finished)
+                with logs.reconciling(due.key):
+                    try:
+                        result = await self._reconciler.act(due)
+                    except Exception:
+                        self._bug(due.key, key_started, results, finished)
+                    else:
+                        self._finish(due.key, result, key_started, results, finished)
             return results
-        finally:
-            logs.reconcile_id.reset(token)
 
     def _bug(
         self,

@@ -3,8 +3,10 @@
 A batch of keys is the general case (one key is a batch of one). :meth:`Reconciler.observe`
 takes a batch to its clocks; every key it does not end with a result is *due* and goes on to
 :meth:`Reconciler.act`, one at a time. Each step either lets a key go on or ends it with one
-:class:`~service.engine.results.ReconcileResult` (``None`` means "go on"); the worker loop
-counts results and applies them to the queue (``engine/controller.py``). The steps, in order
+:class:`~service.engine.results.ReconcileResult`; going on, a key's stage is its type (a
+:class:`Due` key is verified into a :class:`Verified`, the final check makes it :class:`Checked`,
+and only a checked candidate is deleted or reported). The worker loop counts results and
+applies them to the queue (``engine/controller.py``). The steps, in order
 (docs/architecture.md, "The seven safety invariants and where each is enforced", says which
 invariant each one keeps):
 
@@ -55,7 +57,8 @@ from typing import TypeVar
 
 import anyio
 
-from service.classifier import classify, classify_prefiltered, prefilter
+from service import checks, logs
+from service.classifier import classify, prefilter
 from service.config import Settings
 from service.domain import (
     DeleteResult,
@@ -118,9 +121,22 @@ def _retry_after(exc: StepFailed) -> float | None:
 
 
 @dataclass(frozen=True, slots=True)
-class Verified:
-    """What step 7 vouched for."""
+class Due:
+    """A key observed continuously reapable for the threshold: it goes on to verification
+    (:meth:`Reconciler._verify`), the only way to a :class:`Verified`."""
 
+    key: str
+    pod: PodSnapshot
+    """The cached snapshot that was observed."""
+    verdict: Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """A due key that step 7 vouched for; only the final check (:meth:`Reconciler._final_check`)
+    takes it on, to a :class:`Checked`."""
+
+    due: Due
     pod: PodSnapshot
     """The fresh GET (its UID and resourceVersion go into the DELETE preconditions)."""
     row: ExecutionRow | None
@@ -130,17 +146,22 @@ class Verified:
     """Injected-clock time at which the final row re-read began."""
 
 
-@dataclass(slots=True)
-class Due:
-    """A key observed continuously reapable for the threshold: it goes on to verification."""
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """A verified key that passed the final check (step 9), nothing awaited since: the only
+    thing the DELETE (:meth:`Reconciler._delete`) and the dry-run report take."""
 
-    key: str
-    pod: PodSnapshot
-    """The cached snapshot that was observed."""
-    verdict: Verdict
-    verified: Verified | None = None
-    reapable_for_s: float = 0.0
+    verified: Verified
+    reapable_for_s: float
     """Seconds continuously reapable at the final check."""
+
+    @property
+    def key(self) -> str:
+        return self.verified.due.key
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.verified.due.verdict
 
 
 @dataclass(slots=True)
@@ -167,8 +188,8 @@ class Reconciler:
         api_timeout_s: float | None = None,
         db_timeout_s: float | None = None,
         budget_wait_s: float | None = None,
+        barrier: NotificationBarrier,
         conflict_requeue_s: float = 1.0,
-        barrier: NotificationBarrier | None = None,
         recorder: ReapRecorder | None = None,
     ) -> None:
         self._settings = settings
@@ -216,8 +237,8 @@ class Reconciler:
             namespace = key.partition("/")[0]
             ok = synced.get(namespace)
             if ok is None:
-                ok = synced[namespace] = (
-                    namespace in self._namespaces and self._cache.namespace_synced(namespace)
+                ok = synced[namespace] = namespace in self._namespaces and checks.cache_synced(
+                    self._cache, namespace
                 )
             if ok:
                 ready.append(key)
@@ -287,8 +308,7 @@ class Reconciler:
         # are frozen), not one built per key of a burst.
         started_now = ReconcileResult.requeue_after(ReconcileOutcome.TOO_YOUNG, threshold_s)
         for key, pod in candidates:
-            # Each candidate passed the prefilter above (its snapshot is frozen).
-            decision = classify_prefiltered(pod, rows.get(key))
+            decision = classify(pod, rows.get(key))
             verdict = decision.verdict
             if verdict is None:
                 clocks.clear_key(key)
@@ -298,11 +318,12 @@ class Reconciler:
             if elapsed is None:
                 # A clearing event arrived while we read; what we read may predate it. The event
                 # enqueued the key again, so the next reconcile starts the clock afresh.
-                logger.info(
-                    "state changed during the reconcile; clock not started", extra={"key": key}
-                )
+                with logs.reconciling(key):
+                    logger.info(
+                        "state changed during the reconcile; clock not started", extra={"key": key}
+                    )
                 results[key] = ReconcileResult.done(ReconcileOutcome.CHANGED)
-            elif elapsed < threshold_s:
+            elif not checks.observed_long_enough(elapsed, threshold_s):
                 results[key] = (
                     started_now
                     if elapsed == 0.0
@@ -313,6 +334,10 @@ class Reconciler:
             elif self._settings.dry_run and self._clocks.was_reported(pod.uid):
                 results[key] = ReconcileResult.done(ReconcileOutcome.ALREADY_REPORTED)
             else:
+                with logs.reconciling(key):
+                    logger.debug(
+                        "reapable (%s) for %.0fs; verifying", verdict, elapsed, extra={"key": key}
+                    )
                 observed.due.append(Due(key, pod, verdict))
 
     async def _lookup(self, keys: list[str]) -> dict[str, ExecutionRow]:
@@ -325,12 +350,13 @@ class Reconciler:
 
     def _not_watched(self, key: str) -> ReconcileResult:
         """A key outside the configured namespaces (or malformed): dropped, never acted on."""
-        try:
-            namespace, _ = split_key(key)
-        except ValueError as exc:
-            logger.error("dropping a malformed work-queue key: %s", exc)  # noqa: TRY400 (expected)
-        else:
-            logger.error("dropping a key of namespace %s, which is not configured", namespace)
+        with logs.reconciling(key):
+            try:
+                namespace, _ = split_key(key)
+            except ValueError as exc:
+                logger.error("dropping a malformed work-queue key: %s", exc)  # noqa: TRY400 (expected)
+            else:
+                logger.error("dropping a key of namespace %s, which is not configured", namespace)
         self._clocks.clear_key(key)
         return ReconcileResult.done(ReconcileOutcome.ERROR)
 
@@ -356,12 +382,14 @@ class Reconciler:
     async def _act(self, due: Due) -> ReconcileResult:
         # Verified before waiting for a delete token, so only verified candidates wait in line.
         self._clocks.set_waiting(due.pod.uid, None)
-        if (stop := await self._verify(due)) is not None:
-            return stop
-        if self._settings.dry_run:
-            if (stop := await self._final_check(due)) is not None:
-                return stop
-            return self._report_dry_run(due)
+        verified = await self._verify(due)
+        if isinstance(verified, ReconcileResult):
+            return verified
+        if not checks.deletes_allowed(self._settings.dry_run):
+            checked = await self._final_check(verified)
+            if isinstance(checked, ReconcileResult):
+                return checked
+            return self._report_dry_run(checked)
         turn: Turn | None = None
         uid = due.pod.uid
         self._clocks.set_waiting(uid, Waiting.BUDGET)
@@ -377,16 +405,17 @@ class Reconciler:
             return ReconcileResult.requeue_after(ReconcileOutcome.THROTTLED, delay_s)
         self._clocks.set_waiting(uid, None)
         try:
-            if (stop := await self._final_check(due)) is not None:
-                return stop  # the turn passes to the next candidate; no token spent
+            checked = await self._final_check(verified)
+            if isinstance(checked, ReconcileResult):
+                return checked  # the turn passes to the next candidate; no token spent
             # The token last: ``take`` never suspends, so the grant time is the moment the
             # DELETE below is handed to the API client.
             await turn.take()
         finally:
             turn.release()
-        return await self._delete(due)
+        return await self._delete(checked)
 
-    async def _verify(self, due: Due) -> ReconcileResult | None:
+    async def _verify(self, due: Due) -> Verified | ReconcileResult:
         """Step 7: fresh GET, direct row re-read, classify again, notification sync, clock."""
         key, pod, verdict = due.key, due.pod, due.verdict
         extra = {"key": key}
@@ -411,11 +440,9 @@ class Reconciler:
             return ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
 
         again = classify(fresh, fresh_row)
-        if (
-            fresh.uid == pod.uid
-            and again.verdict is verdict
-            and (fresh.resource_version != pod.resource_version)
-        ):
+        same_uid = checks.uid_unchanged(pod, fresh)
+        same_verdict = checks.verdict_unchanged(verdict, again)
+        if same_verdict and not checks.resource_version_unchanged(pod, fresh):
             # The pod changed in ways the watch has not delivered yet: what happened in
             # between (perhaps a non-reapable state) is unknown. Its event is on the way and
             # enqueues the key again (clearing the clock first if it shows a non-reapable
@@ -427,7 +454,7 @@ class Reconciler:
                 extra=extra,
             )
             return ReconcileResult.done(ReconcileOutcome.CHANGED)
-        if fresh.uid != pod.uid or again.verdict is not verdict:
+        if not same_uid or not same_verdict:
             self._clocks.clear(pod.uid)
             logger.info(
                 "changed before acting: uid %s -> %s, now %s (%s)",
@@ -439,38 +466,39 @@ class Reconciler:
             )
             return ReconcileResult.done(ReconcileOutcome.CHANGED)
 
-        if self._barrier is not None:
-            # A row that flipped active and back between the lookup and the re-read shows only
-            # in its notifications: make sure none is still in flight before trusting the
-            # clock (a stalled listener fails this, and the clock restarts).
-            try:
-                await _bounded("notification sync", self._db_timeout_s, self._barrier.sync())
-            except StepFailed as exc:
-                self._clocks.clear_key(key)
-                # Once per cause: a listener that cannot prove delivery fails every due key.
-                self._sync_failures.failed(str(exc))
-                logger.debug(
-                    "could not sync change notifications, clock cleared: %s", exc, extra=extra
-                )
-                return ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
-            self._sync_failures.ok()
+        # A row that flipped active and back between the lookup and the re-read shows only in
+        # its notifications: make sure none is still in flight before trusting the clock (a
+        # stalled listener fails this, and the clock restarts).
+        try:
+            await _bounded(
+                "notification sync", self._db_timeout_s, checks.sync_notifications(self._barrier)
+            )
+        except StepFailed as exc:
+            self._clocks.clear_key(key)
+            # Once per cause: a listener that cannot prove delivery fails every due key.
+            self._sync_failures.failed(str(exc))
+            logger.debug(
+                "could not sync change notifications, clock cleared: %s", exc, extra=extra
+            )
+            return ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
+        self._sync_failures.ok()
 
         # The re-reads take time: an event may have cleared the clock, or leadership may have
         # been lost, meanwhile (checked here so that no such candidate waits for the budget).
-        if (stop := self._still_due(due, self._clock.monotonic())) is not None:
-            return stop
-        due.verified = Verified(fresh, fresh_row, again.rule, reread_at_s)
-        return None
+        elapsed = self._still_due(due, self._clock.monotonic())
+        if isinstance(elapsed, ReconcileResult):
+            return elapsed
+        return Verified(due, fresh, fresh_row, again.rule, reread_at_s)
 
-    async def _final_check(self, due: Due) -> ReconcileResult | None:
+    async def _final_check(self, verified: Verified) -> Checked | ReconcileResult:
         """Step 9: a verification at most :data:`FINAL_CHECK_MAX_AGE_S` old (verified again if
         older), then the clock and the activation once more. Nothing awaits after the last age
-        check, so the caller acts on ``due`` before any other task runs."""
+        check, so the caller acts on the result before any other task runs."""
+        due = verified.due
         reverified = 0
         while True:
-            assert due.verified is not None
             now = self._clock.monotonic()
-            age_s = now - due.verified.reread_at_s
+            age_s = now - verified.reread_at_s
             if age_s <= FINAL_CHECK_MAX_AGE_S:
                 break
             if reverified == MAX_AGE_REVERIFICATIONS:
@@ -491,51 +519,52 @@ class Reconciler:
                 FINAL_CHECK_MAX_AGE_S,
                 extra={"key": due.key},
             )
-            if (stop := await self._verify(due)) is not None:
-                return stop
+            again = await self._verify(due)
+            if isinstance(again, ReconcileResult):
+                return again
+            verified = again
         # An event that cleared the clock, or a lost lease, during the checks above is seen now.
-        if (stop := self._still_due(due, now)) is not None:
-            return stop
+        elapsed = self._still_due(due, now)
+        if isinstance(elapsed, ReconcileResult):
+            return elapsed
         self._metrics.final_check_age.observe(age_s)
-        return None
+        return Checked(verified, elapsed)
 
-    def _still_due(self, due: Due, now: float) -> ReconcileResult | None:
-        """``None`` if ``due``'s UID is still continuously reapable past the threshold at
-        ``now`` (recorded in ``due.reapable_for_s``) and this replica still active; else the
-        result that ends the reconcile. Synchronous."""
+    def _still_due(self, due: Due, now: float) -> float | ReconcileResult:
+        """The seconds ``due``'s UID has been continuously reapable at ``now``, if past the
+        threshold and this replica still active; else the result that ends the reconcile.
+        Synchronous."""
         elapsed = self._clocks.elapsed(due.pod.uid, now)
-        if elapsed is None or elapsed < self._settings.threshold_s:
+        if elapsed is None or not checks.observed_long_enough(elapsed, self._settings.threshold_s):
             logger.info("clock cleared while verifying; not acting", extra={"key": due.key})
             return ReconcileResult.done(ReconcileOutcome.CHANGED)
         if not self._activation.active:
             logger.info("no longer active; not acting", extra={"key": due.key})
             return INACTIVE_RESULT
-        due.reapable_for_s = elapsed
-        return None
+        return elapsed
 
-    def _report_dry_run(self, due: Due) -> ReconcileResult:
+    def _report_dry_run(self, checked: Checked) -> ReconcileResult:
         """Step 10, dry run: "would reap", once per UID."""
-        verified = due.verified
-        assert verified is not None
-        if not self._clocks.mark_reported(due.pod.uid):
+        verified = checked.verified
+        if not self._clocks.mark_reported(verified.due.pod.uid):
             return ReconcileResult.done(ReconcileOutcome.ALREADY_REPORTED)
         logger.info(
             "dry run: would reap %s as %s after %.0fs: %s",
-            due.key,
-            due.verdict,
-            due.reapable_for_s,
+            checked.key,
+            checked.verdict,
+            checked.reapable_for_s,
             verified.rule,
-            extra={"key": due.key, "uid": verified.pod.uid, "verdict": str(due.verdict)},
+            extra={"key": checked.key, "uid": verified.pod.uid, "verdict": str(checked.verdict)},
         )
-        self._record(due, dry_run=True)
-        return ReconcileResult.done(due.verdict)
+        self._record(checked, dry_run=True)
+        return ReconcileResult.done(checked.verdict)
 
-    async def _delete(self, due: Due) -> ReconcileResult:
+    async def _delete(self, checked: Checked) -> ReconcileResult:
         """Step 10, live: the DELETE with preconditions from the fresh GET."""
-        verified = due.verified
-        assert verified is not None
+        verified = checked.verified
         fresh = verified.pod
-        extra = {"key": due.key}
+        key = checked.key
+        extra = {"key": key}
         try:
             outcome = await _bounded(
                 "pod DELETE",
@@ -558,19 +587,19 @@ class Reconciler:
         ).inc()
         match outcome.result:
             case DeleteResult.DELETED:
-                self._clocks.clear(due.pod.uid)
+                self._clocks.clear(verified.due.pod.uid)
                 logger.info(
                     "deleted %s as %s after %.0fs: %s",
-                    due.key,
-                    due.verdict,
-                    due.reapable_for_s,
+                    key,
+                    checked.verdict,
+                    checked.reapable_for_s,
                     verified.rule,
-                    extra={"key": due.key, "uid": fresh.uid, "verdict": str(due.verdict)},
+                    extra={"key": key, "uid": fresh.uid, "verdict": str(checked.verdict)},
                 )
-                self._record(due, dry_run=False)
-                return ReconcileResult.done(due.verdict)
+                self._record(checked, dry_run=False)
+                return ReconcileResult.done(checked.verdict)
             case DeleteResult.GONE:
-                self._clocks.clear(due.pod.uid)
+                self._clocks.clear(verified.due.pod.uid)
                 logger.info("DELETE found the pod already gone (404)", extra=extra)
                 return ReconcileResult.done(ReconcileOutcome.GONE)
             case DeleteResult.CONFLICT:
@@ -584,17 +613,17 @@ class Reconciler:
                 )
                 return ReconcileResult.retry(outcome.retry_after_s)
 
-    def _record(self, due: Due, *, dry_run: bool) -> None:
+    def _record(self, checked: Checked, *, dry_run: bool) -> None:
         """Hand the delete or dry-run report to the recorder (enqueues only; never awaits)."""
-        verified = due.verified
-        if self._recorder is None or verified is None:
+        if self._recorder is None:
             return
+        verified = checked.verified
         self._recorder.record(
             ReapReport(
                 pod=verified.pod,
-                verdict=due.verdict,
+                verdict=checked.verdict,
                 rule=verified.rule,
-                reapable_for_s=due.reapable_for_s,
+                reapable_for_s=checked.reapable_for_s,
                 row_state=verified.row.state
                 if verified.row is not None
                 else ExecutionState.UNKNOWN,

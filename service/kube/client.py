@@ -15,6 +15,7 @@ from typing import Any, cast
 import aiohttp
 from kubernetes_asyncio import client as k8s_client
 
+from service import checks
 from service.config import KubeSettings
 from service.domain import DeleteOutcome, DeleteResult, PodSnapshot
 from service.kube.decode import PodDecodeError, PodDecoder
@@ -90,7 +91,7 @@ class KubePodClient:
         options: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "DeleteOptions",
-            "preconditions": {"uid": uid, "resourceVersion": resource_version},
+            "preconditions": checks.delete_preconditions(uid, resource_version),
         }
         if self._settings.delete_grace_period_s is not None:
             options["gracePeriodSeconds"] = self._settings.delete_grace_period_s

@@ -49,6 +49,7 @@ import asyncpg
 import msgspec
 from anyio.abc import TaskStatus
 
+from service import checks
 from service.config import DatabaseSettings
 from service.domain import ExecutionChange, parse_execution_state
 from service.kit.backoff import Attempts, Backoff
@@ -504,7 +505,7 @@ class RetirementListener:
                 usage = await self._send_probe(self._probe_channel, str(seq))
                 sent = True
                 self._metrics.notify_queue_usage.set(usage)
-                while self._probes_arrived < seq and not lost.is_set():
+                while not checks.probe_delivered(self._probes_arrived, seq) and not lost.is_set():
                     await self._probe_arrival.wait()
         except TimeoutError:
             pass
@@ -512,7 +513,7 @@ class RetirementListener:
             return self._undelivered(f"the delivery probe could not be sent: {describe(exc)}")
         if lost.is_set():
             return f"notify listener: {self._lost_reason or 'connection closed'}"
-        if self._probes_arrived >= seq:
+        if checks.probe_delivered(self._probes_arrived, seq):
             self._metrics.listener_delivery_ok.set(1)
             return None
         if not sent:

@@ -1,96 +1,83 @@
 """Mutation check of the campaign: remove one safety check at a time and see which seeds fail.
 
-Nothing under ``service/`` is edited: each removal patches a *copy* in memory (a method whose
-source is copied and edited, or a replacement method) for the duration of one campaign, then
-restores the original. Run ``python -m tests.chaos.removals [--seeds N] [--only NAME ...]``; the
-table it prints is what docs/reliability.md records. Exit status 1 when a removal went unnoticed.
-``--engine sim`` applies the same removals to the deterministic simulator (``tests/sim``)
-instead of the campaign; :data:`REMOVALS` is what both apply.
+Nothing under ``service/`` is edited, and no source text: each safety check is a named unit —
+a function of ``service/checks.py``, or a method of the engine, the pod client or the listener —
+and a removal replaces that unit, by its name, with a stand-in written here (a check that always
+passes, a clearing that clears nothing) for the duration of one campaign, then restores the
+original. A name that no longer exists raises (:func:`replaced`). Run
+``python -m tests.chaos.removals [--seeds N] [--only NAME ...]``; the table it prints is what
+docs/reliability.md records. Exit status 1 when a removal went unnoticed. ``--engine sim``
+applies the same removals to the deterministic simulator (``tests/sim``) instead of the
+campaign; :data:`REMOVALS` is what both apply.
 """
 
 from __future__ import annotations
-import __future__
 
 import argparse
 import contextlib
 import functools
-import inspect
 import sys
-import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import anyio
 
-from service.classifier import prefilter
-from service.domain import Decision
-from service.engine import controller as controller_module
-from service.engine import reconciler as reconciler_module
+from service import checks, classifier
+from service.domain import ExecutionChange, ExecutionRow
 from service.engine.budget import DeleteBudget
-from service.kube import client as client_module
-from service.pg import listener as listener_module
+from service.engine.controller import Controller
+from service.engine.reconciler import Reconciler
 from tests.chaos.campaign import run_campaign
 from tests.chaos.checker import SeedResult
 from tests.chaos.schedule import CampaignConfig
 
 
-def _edited(
-    func: Callable[..., Any], module: Any, *edits: tuple[str, str], **names: Any
-) -> Callable[..., Any]:
-    """A copy of ``func`` with each ``(old, new)`` applied to its source (``old`` occurs once),
-    running in the module's globals plus ``names``."""
-    source = textwrap.dedent(inspect.getsource(func))
-    for old, new in edits:
-        if source.count(old) != 1:
-            raise RuntimeError(f"{func.__qualname__}: expected one {old!r} in the source")
-        source = source.replace(old, new)
-    code = compile(
-        source,
-        f"<edited {func.__qualname__}>",
-        "exec",
-        flags=__future__.annotations.compiler_flag,
-        dont_inherit=True,
-    )
-    namespace: dict[str, Any] = {}
-    exec(code, {**vars(module), **names}, namespace)
-    edited: Callable[..., Any] = namespace[func.__name__]
-    return edited
-
-
-Reconciler = reconciler_module.Reconciler
-
-
-def _reconciler_edit(
-    method: str, old: str, new: str, **names: Any
-) -> contextlib.AbstractContextManager[None]:
-    """Patch ``Reconciler.<method>`` with a copy whose source has ``old`` replaced by ``new``."""
-    return _patched(
-        Reconciler,
-        method,
-        _edited(getattr(Reconciler, method), reconciler_module, (old, new), **names),
-    )
-
-
 @contextlib.contextmanager
-def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
-    original = owner.__dict__[name]
-    setattr(owner, name, value)
+def replaced(owner: Any, name: str, stand_in: Any) -> Iterator[None]:
+    """``owner.<name>`` (a module's function or a class's method, defined there under that
+    name) replaced by ``stand_in`` for the duration."""
+    original = vars(owner).get(name)
+    if original is None:
+        raise RuntimeError(f"{getattr(owner, '__name__', owner)} has no check named {name!r}")
+    setattr(owner, name, stand_in)
     try:
         yield
     finally:
         setattr(owner, name, original)
 
 
-def _no_pod_event_clearing(self: Any, old: Any, new: Any) -> None:
-    # Controller.pod_changed without any clock clearing: only the enqueue is kept.
-    if new is not None and prefilter(new) is None:
-        self._enqueue(new.key)
+def _passes(*_args: Any) -> bool:
+    return True
 
 
-def _no_row_event_clearing(self: Any, changes: Any) -> None:
-    # Controller.executions_changed without any clock clearing: only the enqueue is kept.
-    self._enqueue_many([change.key for change in changes])
+def _never(*_args: Any) -> bool:
+    return False
+
+
+async def _synced(_barrier: Any) -> None:
+    return None
+
+
+def _no_preconditions(_uid: str, _resource_version: str) -> dict[str, str]:
+    return {}
+
+
+def _nothing_cleared(_changes: Sequence[ExecutionChange]) -> list[str]:
+    return []
+
+
+def _reactivations_cleared(changes: Sequence[ExecutionChange]) -> list[str]:
+    # A notification that still says "retired" keeps the clock running.
+    return [change.key for change in changes if not change.retired]
+
+
+def _no_pod_event_clearing(_self: Controller, _old: Any, _new: Any, *, candidate: bool) -> None:
+    pass
+
+
+async def _no_rows(_self: Reconciler, _keys: list[str]) -> dict[str, ExecutionRow]:
+    return {}
 
 
 class _FreeTurn:
@@ -101,91 +88,64 @@ class _FreeTurn:
         pass
 
 
-async def _no_budget(self: DeleteBudget) -> _FreeTurn:
+async def _no_budget(_self: DeleteBudget) -> _FreeTurn:
     return _FreeTurn()
 
 
 REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
-    "pod_event_clearing": lambda: _patched(
-        controller_module.Controller, "pod_changed", _no_pod_event_clearing
+    "pod_event_clearing": lambda: replaced(
+        Controller, "_clear_for_pod_event", _no_pod_event_clearing
     ),
-    "row_event_clearing": lambda: _patched(
-        controller_module.Controller, "executions_changed", _no_row_event_clearing
+    "row_event_clearing": lambda: replaced(checks, "keys_cleared_by", _nothing_cleared),
+    "pod_change_clearing": lambda: replaced(checks, "pod_state_changed", _never),
+    "retired_notification_clearing": lambda: replaced(
+        checks, "keys_cleared_by", _reactivations_cleared
     ),
-    "pod_change_clearing": lambda: _patched(
-        controller_module.Controller,
-        "pod_changed",
-        _edited(
-            controller_module.Controller.pod_changed,
-            controller_module,
-            ("self._clocks.clear(new.uid)", "pass"),
-        ),
-    ),
-    "retired_notification_clearing": lambda: _patched(
-        controller_module.Controller,
-        "executions_changed",
-        _edited(
-            controller_module.Controller.executions_changed,
-            controller_module,
-            (
-                "self._clocks.clear_keys(keys)",
-                "self._clocks.clear_keys([c.key for c in changes if not c.retired])",
-            ),
-        ),
-    ),
-    "uid_comparison": lambda: _reconciler_edit(
-        "_verify", "if fresh.uid != pod.uid or again.verdict", "if again.verdict"
-    ),
-    "fresh_reclassify": lambda: _reconciler_edit(
-        "_verify",
-        "again = classify(fresh, fresh_row)",
-        'again = Decision.reap(verdict, "")',
-        Decision=Decision,
-    ),
-    "resource_version_check": lambda: _reconciler_edit(
-        "_verify", "and (fresh.resource_version != pod.resource_version)", "and False"
-    ),
-    "notification_sync": lambda: _reconciler_edit(
-        "_verify", "if self._barrier is not None:", "if False:"
-    ),
-    "delete_preconditions": lambda: _patched(
-        client_module.KubePodClient,
-        "delete_pod",
-        _edited(
-            client_module.KubePodClient.delete_pod,
-            client_module,
-            ('"preconditions": {"uid": uid, "resourceVersion": resource_version},', ""),
-        ),
-    ),
-    "budget": lambda: _patched(DeleteBudget, "turn", _no_budget),
-    "dry_run_suppression": lambda: _reconciler_edit(
-        "_act", "if self._settings.dry_run:", "if False:"
-    ),
-    # One place each since observation is batch-native (each used to be written twice).
-    "observation_threshold": lambda: _reconciler_edit(
-        "_observe", "elif elapsed < threshold_s:", "elif False:"
-    ),
-    "observed_row": lambda: _reconciler_edit(
-        "_observe",
-        "decision = classify_prefiltered(pod, rows.get(key))",
-        "decision = classify_prefiltered(pod, None)",
-    ),
-    # The listener's delivery proof: a probe counts as arrived once it is sent (the wait for
-    # its arrival on the listening connection, the whole statement, replaced).
-    "delivery_proof": lambda: _patched(
-        listener_module.RetirementListener,
-        "_round_trip",
-        _edited(
-            listener_module.RetirementListener._round_trip,
-            listener_module,
-            (
-                "while self._probes_arrived < seq and not lost.is_set():\n"
-                "                await self._probe_arrival.wait()\n",
-                "self._probes_arrived = seq\n",
-            ),
-        ),
-    ),
+    "uid_comparison": lambda: replaced(checks, "uid_unchanged", _passes),
+    "fresh_reclassify": lambda: replaced(checks, "verdict_unchanged", _passes),
+    "resource_version_check": lambda: replaced(checks, "resource_version_unchanged", _passes),
+    "notification_sync": lambda: replaced(checks, "sync_notifications", _synced),
+    "delete_preconditions": lambda: replaced(checks, "delete_preconditions", _no_preconditions),
+    "budget": lambda: replaced(DeleteBudget, "turn", _no_budget),
+    "dry_run_suppression": lambda: replaced(checks, "deletes_allowed", _passes),
+    "observation_threshold": lambda: replaced(checks, "observed_long_enough", _passes),
+    # The batch's classification against its rows: every candidate classified as if it had none.
+    "observed_row": lambda: replaced(Reconciler, "_lookup", _no_rows),
+    # The listener's delivery proof: a probe counts as arrived once it is sent.
+    "delivery_proof": lambda: replaced(checks, "probe_delivered", _passes),
 }
+
+
+def _no_skip(*_args: Any) -> None:
+    return None
+
+
+RULE_REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    name: functools.partial(replaced, classifier, function, _no_skip)
+    for name, function in {
+        # The prefilter's rules.
+        "keep_annotation": "kept",
+        "terminating": "_terminating",
+        "unlabelled": "_unlabelled",
+        "unknown_pod_kind": "_unknown_pod_kind",
+        "pending_with_ip": "_pending_with_ip",
+        "pending_restore_pod": "_pending_restore_pod",
+        "pending_condition": "_pending_condition",
+        "terminal_without_container_statuses": "_terminal_without_container_statuses",
+        "terminal_container_running": "_terminal_container_running",
+        # The row's identity fields, and its active flag.
+        "not_kubernetes_managed": "_not_kubernetes_managed",
+        "namespace_mismatch": "_namespace_mismatch",
+        "pod_name_mismatch": "_pod_name_mismatch",
+        "sandbox_mismatch": "_sandbox_mismatch",
+        "generation_mismatch": "_generation_mismatch",
+        "pod_kind_mismatch": "_pod_kind_mismatch",
+        "row_active": "_row_active",
+    }.items()
+}
+"""The classifier's rules, each disabled by its name (the rule skips nothing). Not yet part of
+:data:`REMOVALS`: the simulated world does not make each of them the only check standing
+(``python -m tests.chaos.removals --engine sim --rules`` says which it catches)."""
 
 
 def first_violation(result: SeedResult) -> str:
@@ -196,25 +156,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, help="24 on the campaign, 2000 on the simulator")
     parser.add_argument("--start", type=int, default=1)
-    parser.add_argument("--only", nargs="*", choices=sorted(REMOVALS))
+    parser.add_argument("--only", nargs="*", choices=sorted({*REMOVALS, *RULE_REMOVALS}))
+    parser.add_argument("--rules", action="store_true", help="the classifier's rules instead")
     parser.add_argument("--engine", choices=("campaign", "sim"), default="campaign")
     args = parser.parse_args(argv)
     if args.engine == "sim":
         # Imported here: the simulator's runner imports REMOVALS from this module.
         from tests.sim.runner import removals  # noqa: PLC0415
 
+        if args.rules:
+            return removals(
+                args.only,
+                args.seeds or 2000,
+                args.start,
+                table=RULE_REMOVALS,
+                what="classifier rule removals",
+            )
         return removals(args.only, args.seeds or 2000, args.start)
     seeds = list(range(args.start, args.start + (args.seeds or 24)))
     unnoticed = []
     runs: list[tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = [
-        (
-            "baseline",
-            lambda: _reconciler_edit(
-                "_act", "if self._settings.dry_run:", "if self._settings.dry_run:"
-            ),
-        )
+        ("baseline", contextlib.nullcontext)
     ]
-    runs += [(name, REMOVALS[name]) for name in args.only or list(REMOVALS)]
+    table = RULE_REMOVALS if args.rules else REMOVALS
+    runs += [(name, table[name]) for name in args.only or list(table)]
     baseline_failed: set[int] = set()
     for name, removal in runs:
         started = time.monotonic()

@@ -514,14 +514,15 @@ async def test_a_listener_reconnect_clears_clocks_and_delays_the_delete_a_full_t
 # ---------------------------------------------------------------- logs
 
 
-async def test_a_store_log_line_inside_a_reconcile_carries_its_reconcile_id(
+async def test_a_store_log_line_inside_a_reconcile_carries_its_batch_id(
     emulator: RunningEmulator,
     pg_url: str,
     pg_conn: asyncpg.Connection,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The real store logs a malformed row while the worker loop reconciles its key: that line,
-    written by service.pg, carries the id of the reconcile, as the reconciler's own lines do."""
+    written by service.pg during the row lookup, carries the id of the batch the key came in
+    (and, in a batch of one, the key's reconcile id), as the reconciler's own lines do."""
     emu = emulator.emulator
     caplog.set_level(logging.INFO, logger="service")
     await pg_conn.execute("ALTER TABLE sandbox_k8s_executions ALTER COLUMN active DROP NOT NULL")
@@ -540,7 +541,7 @@ async def test_a_store_log_line_inside_a_reconcile_carries_its_reconcile_id(
         if r.name == "service.pg.store" and "malformed execution row" in r.getMessage()
     ]
     assert store_lines, "the store logged no malformed row"
-    assert all(getattr(r, "reconcile_id", None) for r in store_lines)
+    assert all(getattr(r, "batch_id", None) for r in store_lines)
     [deleted] = [
         r
         for r in caplog.records
@@ -548,5 +549,6 @@ async def test_a_store_log_line_inside_a_reconcile_carries_its_reconcile_id(
     ]
     assert getattr(deleted, "reconcile_id", None)
     outside = [r for r in caplog.records if "starting in" in r.getMessage()]
-    assert outside and not any(hasattr(r, "reconcile_id") for r in outside)
+    assert outside
+    assert not any(hasattr(r, "reconcile_id") or hasattr(r, "batch_id") for r in outside)
     assert emu.get_pod(NS, malformed) is not None  # a malformed row never deletes

@@ -33,7 +33,7 @@ from service.kube.decode import PodDecoder
 from service.kube.events import REASON_DELETED, KubeEventRecorder
 from service.kube.informer import PodInformer
 from service.metrics import EVENT_RESULTS, Metrics
-from tests.fakes import FakeExecutionStore, make_row, make_settings
+from tests.fakes import FakeExecutionStore, NoNotifications, make_row, make_settings
 from tests.kubefixtures import SANDBOX_NAMESPACE, eventually
 from tests.pgfixtures import metric
 
@@ -97,6 +97,9 @@ async def test_every_delete_has_its_event_at_600_a_minute_with_a_backlog_of_1200
         # Waiting for the budget's turn ends on the fake clock only: a worker in line must not
         # give up in real time while the test has not yet moved virtual time to the next window.
         budget_wait_s=3600.0,
+        # The rows live in the fake store and change only when the test says so: no
+        # notification can be in flight.
+        barrier=NoNotifications(),
         recorder=recorder,
     )
     controller = Controller(

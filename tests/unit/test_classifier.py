@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from service.classifier import classify, classify_prefiltered, prefilter
+from service.classifier import classify, prefilter
 from service.domain import (
     RETIRED_STATES,
     ConditionStatus,
@@ -352,13 +352,15 @@ def test_classifier_never_reaps_what_an_invariant_forbids(
 
 
 @given(pod=pods, row=rows)
-def test_a_pod_the_prefilter_lets_through_is_classified_alike_by_classify_prefiltered(
+def test_classify_answers_what_the_prefilter_answers_for_a_pod_it_skips_whatever_the_row(
     pod: PodSnapshot, row: ExecutionRow | None
 ) -> None:
-    # Observation runs the prefilter, then classify_prefiltered on the same snapshot; the
-    # verification step runs classify. Both must say the same for every pod and row.
-    if prefilter(pod) is None:
-        assert classify_prefiltered(pod, row) == classify(pod, row)
+    # The one entry: observation and verification both call classify, and a pod the prefilter
+    # skips (terminating, kept, Pending with an IP, ...) is skipped for that reason whatever
+    # its row says.
+    early = prefilter(pod)
+    if early is not None:
+        assert classify(pod, row) == early
 
 
 @given(pod=pods)
@@ -369,15 +371,13 @@ def test_prefilter_skip_implies_classify_skip(pod: PodSnapshot) -> None:
         assert classify(pod, row) == early
 
 
-def test_classify_prefiltered_never_reaps_a_pod_the_prefilter_would_skip() -> None:
-    # classify_prefiltered is for snapshots the prefilter let through; called on any other (a
-    # caller's bug) it still never reaps: a Running or Unknown pod with a retired row is skipped.
+def test_classify_never_reaps_a_running_or_unknown_pod_whatever_its_retired_row() -> None:
     for phase, reason in (
         (PodPhase.RUNNING, SkipReason.POD_RUNNING),
         (PodPhase.UNKNOWN, SkipReason.PHASE_UNKNOWN),
     ):
         pod = replace(TERMINAL, phase=phase)
         for state in RETIRED_STATES:
-            decision = classify_prefiltered(pod, make_row(pod, state=state))
+            decision = classify(pod, make_row(pod, state=state))
             assert decision.verdict is None
             assert decision.reason is reason

@@ -585,6 +585,42 @@ async def test_every_log_line_of_one_reconcile_carries_its_reconcile_id(
     assert not hasattr(caplog.records[0], "reconcile_id")
 
 
+@pytest.mark.anyio
+async def test_each_key_of_a_batch_has_one_reconcile_id_from_observation_to_delete(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    rig = make_rig(make_settings())
+    pods = [make_pod("sbx1"), make_pod("sbx2")]
+    for pod in pods:
+        rig.add(pod, make_row(pod), event=False)
+    rig.store.fresh_read_log = "store: re-read of %s"  # a line logged by another module
+    keys = [pod.key for pod in pods]
+    first = await rig.reconcile_batch(keys)
+    assert {r.outcome for r in first.values()} == {ReconcileOutcome.TOO_YOUNG}
+    rig.clock.advance(rig.settings.threshold_s)
+    caplog.clear()
+    results = await rig.reconcile_batch(keys)
+    assert [results[key].outcome for key in keys] == [Verdict.TERMINAL_RETIRED] * 2
+    ids: dict[str, set[str | None]] = {}
+    batches: set[str | None] = set()
+    for key in keys:
+        lines = [
+            r
+            for r in caplog.records
+            if getattr(r, "key", None) == key or (r.name == "tests.fakes" and key in r.getMessage())
+        ]
+        messages = [r.getMessage() for r in lines]
+        assert any(m.startswith("reapable") for m in messages), messages  # observation
+        assert any(m.startswith("store: re-read") for m in messages), messages  # verification
+        assert any(m.startswith("deleted ") for m in messages), messages  # the DELETE
+        ids[key] = {getattr(r, "reconcile_id", None) for r in lines}
+        batches |= {getattr(r, "batch_id", None) for r in lines}
+        assert len(ids[key]) == 1 and None not in ids[key], ids  # one id, on every line
+    assert ids[keys[0]].isdisjoint(ids[keys[1]])  # two keys of one batch: two ids
+    assert len(batches) == 1 and None not in batches  # the batch id travels beside them
+
+
 # ------------------------------------------------------- notification barrier
 
 
