@@ -477,9 +477,7 @@ class Reconciler:
             self._clocks.clear_key(key)
             # Once per cause: a listener that cannot prove delivery fails every due key.
             self._sync_failures.failed(str(exc))
-            logger.debug(
-                "could not sync change notifications, clock cleared: %s", exc, extra=extra
-            )
+            logger.debug("could not sync change notifications, clock cleared: %s", exc, extra=extra)
             return ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
         self._sync_failures.ok()
 
