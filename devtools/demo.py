@@ -153,20 +153,25 @@ async def seed_population(url: str, emulator: Emulator) -> dict[str, dict[str, A
     conn = await asyncpg.connect(url, timeout=10)
     try:
         await migrate(conn, channel="sandbox_execution_changed", with_schema=True)
-        for p in POPULATION:
-            await seed_sandbox(conn, p.sandbox_id, namespace=NAMESPACE)
-            await seed_execution(
-                conn,
-                pod_name=p.name,
-                sandbox_id=p.sandbox_id,
-                generation=p.generation,
-                pod_kind=p.kind,
-                execution_state=p.state,
-                active=p.active,
-            )
+        await seed_population_rows(conn)
     finally:
         await conn.close()
     return create_population_pods(emulator)
+
+
+async def seed_population_rows(conn: asyncpg.Connection) -> None:
+    """The sandboxes and execution rows of :data:`POPULATION` (the tables must exist)."""
+    for p in POPULATION:
+        await seed_sandbox(conn, p.sandbox_id, namespace=NAMESPACE)
+        await seed_execution(
+            conn,
+            pod_name=p.name,
+            sandbox_id=p.sandbox_id,
+            generation=p.generation,
+            pod_kind=p.kind,
+            execution_state=p.state,
+            active=p.active,
+        )
 
 
 def create_population_pods(emulator: Emulator) -> dict[str, dict[str, Any]]:

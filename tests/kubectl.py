@@ -38,6 +38,7 @@ import pytest
 from devtools.emulator import Emulator, RunningEmulator, start_emulator
 from devtools.emulator.statuses import LEASES
 from devtools.kubectl import KUBECTL_VERSION, is_installed
+from tests.e2e.harness import write_kubeconfig
 
 SANDBOX_NAMESPACE = "sandboxes"
 T = TypeVar("T")
@@ -141,34 +142,6 @@ class KubectlCluster:
                 pytrace=False,
             )
         return result
-
-
-def write_kubeconfig(path: Path, server_url: str, namespace: str = SANDBOX_NAMESPACE) -> Path:
-    """A kubeconfig whose current context names ``server_url`` (no credentials: none needed)."""
-    path.write_text(
-        "\n".join(
-            [
-                "apiVersion: v1",
-                "kind: Config",
-                "clusters:",
-                "- name: emulator",
-                "  cluster:",
-                f"    server: {server_url}",
-                "users:",
-                "- name: operator",
-                "  user: {}",
-                "contexts:",
-                "- name: emulator",
-                "  context:",
-                "    cluster: emulator",
-                "    user: operator",
-                f"    namespace: {namespace}",
-                "current-context: emulator",
-                "",
-            ]
-        )
-    )
-    return path
 
 
 @pytest.fixture

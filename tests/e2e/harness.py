@@ -88,8 +88,9 @@ class SilentServer:
         self.close()
 
 
-def write_kubeconfig(path: Path, server_url: str) -> Path:
-    """A minimal kubeconfig naming ``server_url`` (the emulator needs no credentials)."""
+def write_kubeconfig(path: Path, server_url: str, namespace: str = SANDBOX_NAMESPACE) -> Path:
+    """A minimal kubeconfig whose current context names ``server_url`` and ``namespace`` (the
+    emulator accepts any token)."""
     path.write_text(
         "\n".join(
             [
@@ -108,7 +109,7 @@ def write_kubeconfig(path: Path, server_url: str) -> Path:
                 "  context:",
                 "    cluster: emulator",
                 "    user: tester",
-                f"    namespace: {SANDBOX_NAMESPACE}",
+                f"    namespace: {namespace}",
                 "current-context: emulator",
                 "",
             ]

@@ -44,8 +44,7 @@ import pytest
 import yaml
 from markdown_it import MarkdownIt
 
-from devtools.demo import POPULATION, UNRELATED, create_population_pods
-from devtools.pg.devdata import seed_execution, seed_sandbox
+from devtools.demo import POPULATION, UNRELATED, create_population_pods, seed_population_rows
 from devtools.pg.throwaway import ThrowawayPostgres, find_bin_dir
 from service.config import PREFIX
 from service.domain import KEEP_ANNOTATION
@@ -247,17 +246,7 @@ def platform_database(pg: ThrowawayPostgres, name: str) -> str:
 
     async def seed(conn: asyncpg.Connection) -> None:
         await conn.execute(read_sql(SCHEMA_STEP))
-        for p in POPULATION:
-            await seed_sandbox(conn, p.sandbox_id, namespace=SANDBOX_NAMESPACE)
-            await seed_execution(
-                conn,
-                pod_name=p.name,
-                sandbox_id=p.sandbox_id,
-                generation=p.generation,
-                pod_kind=p.kind,
-                execution_state=p.state,
-                active=p.active,
-            )
+        await seed_population_rows(conn)
 
     sql(url, seed)
     return url
@@ -620,9 +609,13 @@ def test_every_command_block_is_run_or_marked_illustrative_with_a_reason(
 @pytest.mark.timeout(300)
 def test_readme_command_blocks_run(tmp_path: Path) -> None:
     shell = Shell(_base_env(tmp_path))
+    ran = []
     for block in command_blocks(README):
         if block.runs is not None:
             README_RUNNERS[block.runs](shell, block)
+            ran.append(block.runs)
+    # Each runner checks its block's output; every README runner ran.
+    assert sorted(ran) == sorted(README_RUNNERS)
 
 
 @pytest.mark.timeout(300)
