@@ -29,6 +29,19 @@ NAMESPACE = "sandboxes"
 RETIRED_STATES = frozenset({"suspended", "replaced", "cancelled", "failed", "stopped"})
 """docs/architecture.md: ``active = false`` with any retired state (``stopped`` included); anything else —
 ``active`` or an unknown string — never reaps."""
+KEEP_ANNOTATION = "retired-pod-gc.space.sandbox/keep"
+"""README: a pod an operator annotates with it is never deleted nor reported."""
+
+
+def keeps(value: str | None) -> bool:
+    """docs/architecture.md: the keep annotation keeps the pod when present with ``"true"`` or
+    any value but ``"false"`` (any case, surrounding blanks aside)."""
+    return value is not None and value.strip().lower() != "false"
+
+
+POD_KINDS = frozenset({"create", "restore"})
+"""The pod kinds there are; a pod or row of any other kind never reaps (unknown values fail
+closed), even when the two agree."""
 
 
 class PodShape(enum.StrEnum):
@@ -59,11 +72,15 @@ class PodTruth:
     """One pod state as the driver wrote it."""
 
     shape: PodShape
-    sandbox_id: str
-    generation: int
+    sandbox_id: str | None
+    """The sandbox-id label (``None``: absent or empty)."""
+    generation: int | None
+    """The generation label (``None``: absent or not a plain decimal number)."""
     kind: str
-    """The pod-kind label: ``create`` or ``restore``."""
+    """The pod-kind label: ``create`` or ``restore`` (anything else: an unknown kind)."""
     terminating: bool = False
+    keep: bool = False
+    """The keep annotation keeps the pod (README: never deleted nor reported)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +97,7 @@ class RowTruth:
 
 def reapable(pod: PodTruth | None, row: RowTruth | None) -> bool:
     """The two reapable shapes of docs/architecture.md, restated over the driver's model."""
-    if pod is None or row is None or pod.terminating:
+    if pod is None or row is None or pod.terminating or pod.keep or pod.kind not in POD_KINDS:
         return False
     if not row.managed or row.active or row.state not in RETIRED_STATES:
         return False
@@ -93,7 +110,9 @@ def reapable(pod: PodTruth | None, row: RowTruth | None) -> bool:
 
 def pod_shape_reapable(pod: PodTruth) -> bool:
     """Could this pod state be reaped with some row? (pod side only)."""
-    if pod.terminating:
+    if pod.terminating or pod.keep or pod.kind not in POD_KINDS:
+        return False
+    if pod.sandbox_id is None or pod.generation is None:
         return False
     return pod.shape in TERMINAL_REAPABLE or (
         pod.shape is PodShape.PENDING_STUCK and pod.kind == "create"

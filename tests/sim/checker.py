@@ -58,6 +58,8 @@ class Checker:
 
     def check(self, reports: list[tuple[float, object]]) -> None:
         for d in self.world.server.deletes:
+            if d.terminating:
+                self._fail(d.time, f"DELETE {d.name} of a terminating pod (invariant 2)")
             self._check_delete(d.time, d.sent, d.name, d.body, d.status, d.uid)
             reread = self._last_reread(d.name, d.sent)
             if reread is not None and d.sent - reread > FINAL_CHECK_MAX_AGE_S + 1e-9:
@@ -112,7 +114,9 @@ class Checker:
         if pre.get("resourceVersion") and life.rvs[i] != pre["resourceVersion"]:
             self._fail(t, f"DELETE {name}: precondition rv is not the pod's {life.rvs[i]} (inv. 7)")
         if not pod_shape_reapable(life.states[i]):
-            self._fail(t, f"DELETE {name} uid {uid}: pod state {life.states[i]} (inv. 2)")
+            self._fail(
+                t, f"DELETE {name} uid {uid}: pod state {life.states[i]} is never reaped (inv. 2)"
+            )
         ok, why = self._window(life, t, deleted=True, sent=sent)
         if not ok:
             self._fail(

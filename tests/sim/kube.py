@@ -46,6 +46,7 @@ class ServerPod:
     shape: PodShape
     terminating: bool = False
     body: bytes = b""
+    annotations: dict[str, str] | None = None
 
 
 @functools.cache
@@ -64,6 +65,8 @@ def _pod_body(pod: ServerPod) -> bytes:
         "creationTimestamp": "2026-01-01T00:00:00Z",
         "labels": pod.labels,
     }
+    if pod.annotations is not None:
+        meta["annotations"] = pod.annotations
     if pod.terminating:
         meta["deletionTimestamp"] = "2026-01-01T00:01:00Z"
         meta["deletionGracePeriodSeconds"] = 30
@@ -124,6 +127,8 @@ class Delete:
     status: int
     uid: str | None = None
     """The UID of the pod it deleted (200 only)."""
+    terminating: bool = False
+    """The pod it deleted (200 only) was terminating already (someone else deleted it)."""
 
 
 @dataclass(slots=True)
@@ -275,10 +280,16 @@ class ApiServer:
         pod.rv = self.rv
         pod.body = _pod_body(pod)
 
-    def create(self, name: str, labels: dict[str, str], shape: PodShape) -> ServerPod:
+    def create(
+        self,
+        name: str,
+        labels: dict[str, str],
+        shape: PodShape,
+        annotations: dict[str, str] | None = None,
+    ) -> ServerPod:
         assert name not in self.pods, name
         self._uids += 1
-        pod = ServerPod(name, f"uid-{self._uids:04d}", 0, labels, shape)
+        pod = ServerPod(name, f"uid-{self._uids:04d}", 0, labels, shape, annotations=annotations)
         self._version(pod)
         self.pods[name] = pod
         self.trace(f"kube create {name} {pod.uid} rv={pod.rv} {shape}")
@@ -295,6 +306,23 @@ class ApiServer:
         self._emit("MODIFIED", pod)
         return pod
 
+    def set_annotations(self, name: str, annotations: dict[str, str] | None) -> ServerPod:
+        pod = self.pods[name]
+        pod.annotations = annotations
+        self._version(pod)
+        self.trace(f"kube update {name} rv={pod.rv} annotations={annotations}")
+        self.on_change(name, pod)
+        self._emit("MODIFIED", pod)
+        return pod
+
+    def delete_by_others(self, name: str, grace_s: float) -> None:
+        """Someone else deletes the pod gracefully: it is terminating (``deletionTimestamp``
+        set) for ``grace_s``, then gone."""
+        pod = self.pods.get(name)
+        if pod is not None and not pod.terminating:
+            self.trace(f"kube DELETE {name} by others, grace {grace_s:.3f}s")
+            self._terminate(pod, grace_s)
+
     def remove(self, name: str) -> None:
         """The object is gone (grace period over, or deleted with grace 0)."""
         pod = self.pods.pop(name)
@@ -303,13 +331,15 @@ class ApiServer:
         self.on_change(name, None)
         self._emit("DELETED", pod)
 
-    def _terminate(self, pod: ServerPod) -> None:
+    def _terminate(self, pod: ServerPod, grace_s: float | None = None) -> None:
         pod.terminating = True
         self._version(pod)
         self.on_change(pod.name, pod)
         self._emit("MODIFIED", pod)
         uid = pod.uid
-        self.net.at(self.finish_after_s, self._finish, pod.name, uid)
+        self.net.at(
+            self.finish_after_s if grace_s is None else grace_s, self._finish, pod.name, uid
+        )
 
     def _finish(self, name: str, uid: str) -> None:
         pod = self.pods.get(name)
@@ -373,6 +403,7 @@ class ApiServer:
                 _status_body(409, "Conflict", "Precondition failed: UID or resourceVersion"),
             )
         record.uid = pod.uid
+        record.terminating = pod.terminating
         self.on_delete()
         if pod.terminating:
             return Response(200, pod.body)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from tests.chaos.removals import REMOVALS
+from tests.chaos.removals import RULE_REMOVALS, SIM_REMOVALS
 from tests.chaos.schedule import Step
 from tests.sim.calibration import REVERTS
 from tests.sim.seed import SimConfig, SimResult, run_seed, schedule_for
@@ -182,12 +182,16 @@ def removals(
     seeds: int,
     start: int,
     *,
-    table: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = REMOVALS,
+    table: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = SIM_REMOVALS,
     what: str = "removals",
     baseline: bool = True,
+    held: dict[str, str] | None = None,
 ) -> int:
-    """Each removal of tests/chaos/removals.py (or each revert of ``table``) in turn, after a
-    baseline of the same seeds; each stops at the first seed that fails."""
+    """Each removal of ``table`` (tests/chaos/removals.py's, or the reverts of
+    tests/sim/calibration.py) in turn, after a baseline of the same seeds; each stops at the
+    first seed that fails. ``held``: removals no seed may catch (equivalent mutants), each with
+    what holds its check; one caught fails the run."""
+    held = held or {}
     quiet_logs()
     tune_gc()
     cfg = SimConfig()
@@ -215,7 +219,13 @@ def removals(
             if caught:
                 return 1
             continue
-        if caught is None:
+        if name in held:
+            if caught is None:
+                print(f"== {name}: not caught in {ran} seeds ({cpu:.1f}s), held by {held[name]}")
+            else:
+                unnoticed.append(f"{name} (caught by seed {caught.seed}, said to be held)")
+                print(f"== {name}: caught by seed {caught.seed}, though said to be held")
+        elif caught is None:
             unnoticed.append(name)
             print(f"== {name}: NOT caught in {ran} seeds ({cpu:.1f}s)")
         else:
@@ -267,13 +277,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--with",
         dest="applied",
-        choices=sorted({*REMOVALS, *REVERTS}),
+        choices=sorted({*SIM_REMOVALS, *RULE_REMOVALS, *REVERTS}),
         help="replay or sweep with one removal (tests/chaos/removals.py) or revert applied",
     )
     args = parser.parse_args(argv)
     cfg = SimConfig()
     if args.applied is not None:
-        with {**REMOVALS, **REVERTS}[args.applied]():
+        with {**RULE_REMOVALS, **SIM_REMOVALS, **REVERTS}[args.applied]():
             return _main(args, cfg)
     return _main(args, cfg)
 

@@ -69,6 +69,10 @@ class Variant:
     "window" every listener connection opened during a window of the steps drops them; "start"
     the same from the start (the first connection drops them)."""
 
+    odd: int
+    """How many sandboxes of :meth:`World.oddities` the world has beside the steps' (none in
+    two seeds of five: their worlds are the steps' alone)."""
+
     @classmethod
     def draw(cls, seed: int) -> Variant:
         rng = random.Random(f"{seed}:variant")
@@ -85,6 +89,7 @@ class Variant:
             hold_p=rng.choice((0.0, 0.1, 0.3)),
             batch_rows=rng.choice((0, 1, 3, 100, 100)),
             pooler=rng.choice(("",) * 9 + ("connection", "window", "start")),
+            odd=rng.choice((0, 0, 1, 2, 3)),
         )
 
 
@@ -211,6 +216,7 @@ def run_seed(
     world.db.batch_rows = variant.batch_rows
     world.pooler_fault(variant.pooler, random.Random(f"{seed}:pooler"))
     world.populate(cfg.sandboxes, random.Random(f"{seed}:populate"))
+    world.oddities(variant.odd, random.Random(f"{seed}:odd"))
     settings = settings_for(variant)
     world.db.channel = settings.database.notify_channel
     metrics = shared_metrics()

@@ -16,14 +16,17 @@ import itertools
 import random
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tests.chaos.model import (
+    KEEP_ANNOTATION,
+    RETIRED_STATES,
     PodLife,
     PodShape,
     PodTruth,
     RowLife,
     RowTruth,
+    keeps,
     reactivate,
     retire,
 )
@@ -56,6 +59,38 @@ SIM_STEP_WEIGHTS: dict[str, int] = {
 """The campaign's step kinds and weights, and the simulator's own."""
 
 _RETIRE_STATES = ("suspended", "replaced", "replaced", "failed", "cancelled", "stopped", "paused")
+
+ODDITIES = (
+    "kept",
+    "keep_false",
+    "keep_removed",
+    "keep_added",
+    "terminating",
+    "sandbox_label",
+    "generation_label",
+    "unlabelled",
+    "unknown_kind",
+    "restore_pending",
+    "row_active",
+    "row_inconsistent",
+    "no_statuses",
+    "unmanaged",
+)
+"""The shapes of :meth:`World.oddities`: kept by the annotation (a value that keeps; ``false``,
+which does not; removed, or added, at an instant of the run), deleted by someone else
+(terminating for a grace period), a sandbox or generation label that disagrees with the row,
+labels missing or not a number, a pod kind nobody knows (the row's is unknown too), a Pending
+restore pod, a row active with a retired state, a row retired with the state ``active`` or an
+unknown one, no container statuses, a sandbox not Kubernetes-managed."""
+
+_KEEPING = ("true", "yes", "", "True ", "1")
+_NOT_KEEPING = ("false", "FALSE", " false ")
+_UNLABELLED: tuple[dict[str, str | None], ...] = (
+    {"space.sandbox-id": None},
+    {"space.generation": None},
+    {"space.generation": "g1"},
+    {"space.sandbox-id": "", "space.generation": None},
+)
 
 
 _KINDS = list(SIM_STEP_WEIGHTS)
@@ -119,11 +154,14 @@ class World:
             return
         life = self.lives.get(pod.uid)
         labels = pod.labels
+        generation = labels.get("space.generation", "")
+        annotations = pod.annotations
         state = PodTruth(
             pod.shape,
-            labels["space.sandbox-id"],
-            int(labels["space.generation"]),
-            labels["space.pod-kind"],
+            labels.get("space.sandbox-id") or None,
+            int(generation) if generation.isascii() and generation.isdigit() else None,
+            labels.get("space.pod-kind", ""),
+            keep=annotations is not None and keeps(annotations.get(KEEP_ANNOTATION)),
         )
         if life is None:
             life = self.lives[pod.uid] = PodLife(pod.uid, name)
@@ -143,18 +181,32 @@ class World:
 
     # -- changes ---------------------------------------------------------------------------
 
-    def create_pod(self, sb: Sandbox, generation: int, shape: PodShape, kind: str) -> None:
+    def create_pod(
+        self,
+        sb: Sandbox,
+        generation: int,
+        shape: PodShape,
+        kind: str,
+        *,
+        labels: dict[str, str | None] | None = None,
+        annotations: dict[str, str] | None = None,
+    ) -> None:
+        """A pod of ``sb`` labelled as its sandbox, generation and ``kind`` say (``labels``:
+        other values for some of them, ``None`` to leave one out)."""
         name = sb.name(generation)
         self.server.finish_terminating(name)
         if name in self.server.pods:
             self.server.remove(name)
-        labels = {
+        written: dict[str, str | None] = {
             SELECTOR_LABEL[0]: SELECTOR_LABEL[1],
             "space.sandbox-id": sb.sandbox_id,
             "space.generation": str(generation),
             "space.pod-kind": kind,
+            **(labels or {}),
         }
-        self.server.create(name, labels, shape)
+        self.server.create(
+            name, {k: v for k, v in written.items() if v is not None}, shape, annotations
+        )
 
     def set_shape(self, life: PodLife, shape: PodShape) -> None:
         self.server.set_shape(life.name, shape)
@@ -181,6 +233,81 @@ class World:
             )
             shape = rng.choice([PodShape.PENDING_STUCK, PodShape.RUNNING, PodShape.SUCCEEDED])
             self.create_pod(sb, 1, shape, sb.kind)
+
+    def oddities(self, count: int, rng: random.Random) -> None:
+        """``count`` sandboxes beside the steps' (``o0``, ``o1``, ...), each in one shape of
+        :data:`ODDITIES`: a pod and row that would be reapable but for one thing the docs
+        promise never to reap. No step targets them (the steps' indexes stop short of them) and
+        no burst or row step touches them (``row_frozen``); a shape that changes does so at an
+        instant drawn here."""
+        for i in range(count):
+            odd = rng.choice(ODDITIES)
+            kind = "restore" if odd == "restore_pending" else "create"
+            sb = Sandbox(f"o{i}", 1, kind, odd != "unmanaged", row_frozen=True)
+            self.sandboxes.append(sb)
+            name = sb.name()
+            pending = kind == "restore" or rng.random() < 0.3
+            shape = (
+                PodShape.PENDING_STUCK
+                if pending
+                else PodShape.SUCCEEDED_NO_STATUSES
+                if odd == "no_statuses"
+                else rng.choice((PodShape.SUCCEEDED, PodShape.FAILED))
+            )
+            row = RowTruth(
+                sb.sandbox_id,
+                1,
+                kind,
+                "replaced" if pending else rng.choice(sorted(RETIRED_STATES)),
+                False,
+                sb.managed,
+            )
+            labels: dict[str, str | None] = {}
+            annotations = None
+            match odd:
+                case "kept":
+                    annotations = {KEEP_ANNOTATION: rng.choice(_KEEPING)}
+                case "keep_false":
+                    annotations = {KEEP_ANNOTATION: rng.choice(_NOT_KEEPING)}
+                case "keep_removed":
+                    annotations = {KEEP_ANNOTATION: rng.choice(_KEEPING)}
+                    self.net.at(rng.uniform(0.2, 2.5), self._annotate, name, None)
+                case "keep_added":
+                    value = rng.choice(_KEEPING)
+                    self.net.at(rng.uniform(0.2, 1.5), self._annotate, name, value)
+                case "terminating":
+                    self.net.at(
+                        rng.uniform(0.0, 0.9),
+                        self.server.delete_by_others,
+                        name,
+                        rng.uniform(2.0, 8.0),
+                    )
+                case "sandbox_label":
+                    labels = {"space.sandbox-id": "s0"}
+                case "generation_label":
+                    labels = {"space.generation": "2"}
+                case "unlabelled":
+                    labels = rng.choice(_UNLABELLED)
+                case "unknown_kind":
+                    labels = {"space.pod-kind": rng.choice(("clone", None, ""))}
+                    row = replace(row, pod_kind=rng.choice(("clone", "snapshot")))
+                case "row_active":
+                    row = replace(row, active=True)
+                case "row_inconsistent":
+                    row = replace(row, state=rng.choice(("active", "archived")))
+                case "restore_pending" | "no_statuses" | "unmanaged":
+                    pass
+                case _:
+                    raise AssertionError(odd)
+            self.trace(f"odd {odd} {name}: row {row}, labels {labels}, annotations {annotations}")
+            self.db.commit({name: row})
+            self.create_pod(sb, 1, shape, kind, labels=labels, annotations=annotations)
+
+    def _annotate(self, name: str, keep: str | None) -> None:
+        """The pod's keep annotation set to ``keep`` (``None``: removed), if the pod is there."""
+        pod = self.server.pods.get(name)
+        if pod is not None and not pod.terminating:
+            self.server.set_annotations(name, None if keep is None else {KEEP_ANNOTATION: keep})
 
     def pooler_fault(self, kind: str, rng: random.Random) -> None:
         """Arm the seed's transaction-pooler fault (``Variant.pooler``): the listener's
