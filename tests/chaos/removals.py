@@ -198,7 +198,13 @@ def main(argv: list[str] | None = None) -> int:
                 what="classifier rule removals",
                 held=HELD_ELSEWHERE,
             )
-        return removals(args.only, args.seeds or 2000, args.start, table=SIM_REMOVALS)
+        return removals(
+            args.only,
+            args.seeds or 2000,
+            args.start,
+            table={**RULE_REMOVALS, **SIM_REMOVALS} if args.only else SIM_REMOVALS,
+            held=HELD_ELSEWHERE,
+        )
     seeds = list(range(args.start, args.start + (args.seeds or 24)))
     unnoticed = []
     runs: list[tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = [

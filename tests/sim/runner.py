@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from tests.chaos.removals import RULE_REMOVALS, SIM_REMOVALS
+from tests.chaos.removals import HELD_ELSEWHERE, RULE_REMOVALS, SIM_REMOVALS
 from tests.chaos.schedule import Step
 from tests.sim.calibration import REVERTS
 from tests.sim.seed import SimConfig, SimResult, run_seed, schedule_for
@@ -292,7 +292,14 @@ def _main(args: argparse.Namespace, cfg: SimConfig) -> int:
     if args.seed is not None:
         return replay(args.seed, cfg, args.steps)
     if args.removals:
-        return removals(args.only, args.seeds, args.start, baseline=not args.no_baseline)
+        return removals(
+            args.only,
+            args.seeds,
+            args.start,
+            table={**RULE_REMOVALS, **SIM_REMOVALS} if args.only else SIM_REMOVALS,
+            baseline=not args.no_baseline,
+            held=HELD_ELSEWHERE,
+        )
     if args.calibrate:
         return removals(
             args.only,
