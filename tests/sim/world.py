@@ -6,7 +6,8 @@ instant here: the model *is* the database). The steps are the campaign's kinds
 (:mod:`tests.chaos.schedule`, :mod:`tests.chaos.steps`), performed on the models, plus a few
 only a simulation can do cheaply: a starved event loop, a lagging watch, a leadership flip; and,
 drawn with the seed's configuration, a listener behind a transaction-mode pooler that drops its
-notifications (:meth:`World.pooler_fault`).
+notifications (:meth:`World.pooler_fault`) and sandboxes beside the steps' in shapes the steps
+never make (:meth:`World.oddities`: a pod that one rule alone keeps from its DELETE).
 """
 
 from __future__ import annotations
@@ -237,16 +238,17 @@ class World:
     def oddities(self, count: int, rng: random.Random) -> None:
         """``count`` sandboxes beside the steps' (``o0``, ``o1``, ...), each in one shape of
         :data:`ODDITIES`: a pod and row that would be reapable but for one thing the docs
-        promise never to reap. No step targets them (the steps' indexes stop short of them) and
-        no burst or row step touches them (``row_frozen``); a shape that changes does so at an
-        instant drawn here."""
+        promise never to reap. No step is drawn for them (the steps' indexes stop short of them)
+        and no burst or row step touches them (``row_frozen``); only a step aimed at the pods
+        reapable the longest may pick one that is (its keep annotation ``false``, or removed). A
+        shape that changes does so at an instant drawn here."""
         for i in range(count):
             odd = rng.choice(ODDITIES)
             kind = "restore" if odd == "restore_pending" else "create"
             sb = Sandbox(f"o{i}", 1, kind, odd != "unmanaged", row_frozen=True)
             self.sandboxes.append(sb)
             name = sb.name()
-            pending = kind == "restore" or rng.random() < 0.3
+            pending = kind == "restore" or (odd != "no_statuses" and rng.random() < 0.3)
             shape = (
                 PodShape.PENDING_STUCK
                 if pending
