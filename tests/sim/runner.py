@@ -192,6 +192,7 @@ def removals(
     first seed that fails. ``held``: removals no seed may catch (equivalent mutants), each with
     what holds its check; one caught fails the run."""
     held = held or {}
+    misjudged: list[str] = []
     quiet_logs()
     tune_gc()
     cfg = SimConfig()
@@ -223,7 +224,7 @@ def removals(
             if caught is None:
                 print(f"== {name}: not caught in {ran} seeds ({cpu:.1f}s), held by {held[name]}")
             else:
-                unnoticed.append(f"{name} (caught by seed {caught.seed}, said to be held)")
+                misjudged.append(name)
                 print(f"== {name}: caught by seed {caught.seed}, though said to be held")
         elif caught is None:
             unnoticed.append(name)
@@ -233,10 +234,11 @@ def removals(
                 f"== {name}: caught by seed {caught.seed} after {ran} seeds ({cpu:.1f}s CPU): "
                 f"{caught.violations[0][1][:150]}"
             )
+    if misjudged:
+        print(f"CAUGHT though held elsewhere: {', '.join(misjudged)}")
     if unnoticed:
         print(f"UNNOTICED {what}: {', '.join(unnoticed)}")
-        return 1
-    return 0
+    return 1 if unnoticed or misjudged else 0
 
 
 # -- the command line -------------------------------------------------------------------------
