@@ -13,6 +13,7 @@ never make (:meth:`World.oddities`: a pod that one rule alone keeps from its DEL
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import random
 from collections import Counter
@@ -221,7 +222,9 @@ class World:
             self.db.commit(dict(changes), silent=silent)
 
     def later(self, delay_s: float, callback: Callable[[], None]) -> None:
-        """End a fault after ``delay_s`` (or when the faults are lifted, if that is sooner)."""
+        """``callback`` after ``delay_s``, or when the faults are lifted if that is sooner: the
+        end of a fault, or a change of the world (the quiet phase judges a world that no longer
+        changes)."""
         self._pending.append((self.net.at(delay_s, callback), callback))
 
     def populate(self, count: int, rng: random.Random) -> None:
@@ -241,7 +244,8 @@ class World:
         promise never to reap. No step is drawn for them (the steps' indexes stop short of them)
         and no burst or row step touches them (``row_frozen``); only a step aimed at the pods
         reapable the longest may pick one that is (its keep annotation ``false``, or removed). A
-        shape that changes does so at an instant drawn here."""
+        shape that changes does so at an instant drawn here, or when the faults are lifted if
+        that is sooner (:meth:`later`: the quiet phase judges a world that no longer changes)."""
         for i in range(count):
             odd = rng.choice(ODDITIES)
             kind = "restore" if odd == "restore_pending" else "create"
@@ -273,17 +277,15 @@ class World:
                     annotations = {KEEP_ANNOTATION: rng.choice(_NOT_KEEPING)}
                 case "keep_removed":
                     annotations = {KEEP_ANNOTATION: rng.choice(_KEEPING)}
-                    self.net.at(rng.uniform(0.2, 2.5), self._annotate, name, None)
+                    self.later(rng.uniform(0.2, 2.5), functools.partial(self._annotate, name, None))
                 case "keep_added":
                     value = rng.choice(_KEEPING)
-                    self.net.at(rng.uniform(0.2, 1.5), self._annotate, name, value)
-                case "terminating":
-                    self.net.at(
-                        rng.uniform(0.0, 0.9),
-                        self.server.delete_by_others,
-                        name,
-                        rng.uniform(2.0, 8.0),
+                    self.later(
+                        rng.uniform(0.2, 1.5), functools.partial(self._annotate, name, value)
                     )
+                case "terminating":
+                    at, grace = rng.uniform(0.0, 0.9), rng.uniform(2.0, 8.0)
+                    self.later(at, functools.partial(self.server.delete_by_others, name, grace))
                 case "sandbox_label":
                     labels = {"space.sandbox-id": "s0"}
                 case "generation_label":
