@@ -99,6 +99,7 @@ async def running(
         metrics=Metrics(registry),
         probe=probe_sender(probe_url or settings.url),
         backoff=Backoff(initial_s=0.05, max_s=0.5, jitter=0.5),
+        namespaces=(NAMESPACE,),
     )
     listener.add_handler(handler)
     async with anyio.create_task_group() as tg:
@@ -147,7 +148,11 @@ async def test_notify_arrives_after_commit_and_not_before(
     handler, registry = RecordingHandler(), CollectorRegistry()
     clock = FakeClock(start_s=1000.0)
     listener = RetirementListener(
-        db_settings(pg_url), metrics=Metrics(registry), probe=probe_sender(pg_url), clock=clock
+        db_settings(pg_url),
+        metrics=Metrics(registry),
+        probe=probe_sender(pg_url),
+        clock=clock,
+        namespaces=(NAMESPACE,),
     )
     listener.add_handler(handler)
     async with anyio.create_task_group() as tg:
@@ -376,6 +381,7 @@ async def test_run_retries_until_the_first_connection_succeeds(pg_url: str) -> N
             metrics=Metrics(registry),
             probe=probe_sender(pg_url),
             backoff=Backoff(initial_s=0.02, max_s=BACKOFF_MAX_S, jitter=0.5),
+            namespaces=(NAMESPACE,),
         )
         listener.add_handler(handler)
         tg.start_soon(listener.run)
@@ -435,7 +441,10 @@ async def test_sync_refuses_when_the_connection_is_silently_stalled(
 async def test_sync_without_a_connection_raises_a_kit_unavailable() -> None:
     url = "postgresql://postgres@127.0.0.1:1/none"
     listener = RetirementListener(
-        db_settings(url), metrics=Metrics(CollectorRegistry()), probe=probe_sender(url)
+        db_settings(url),
+        metrics=Metrics(CollectorRegistry()),
+        probe=probe_sender(url),
+        namespaces=(NAMESPACE,),
     )
     with pytest.raises(Unavailable) as raised:
         await listener.sync()
@@ -492,6 +501,7 @@ async def test_reconnect_delays_follow_the_backoff_policy_on_the_injected_clock(
             probe=probe_sender(url),
             clock=clock,
             backoff=policy(),
+            namespaces=(NAMESPACE,),
         )
         listener.add_handler(handler)
         async with anyio.create_task_group() as tg:
@@ -533,6 +543,7 @@ async def test_a_successful_listen_resets_the_backoff(
             probe=probe_sender(settings.url),
             clock=clock,
             backoff=policy(),
+            namespaces=(NAMESPACE,),
         )
         listener.add_handler(handler)
         tg.start_soon(listener.run)
@@ -622,7 +633,7 @@ async def test_a_10000_row_statement_is_several_notifications_each_below_the_lim
     # Far fewer notifications than rows, and none near PostgreSQL's limit.
     assert 2 <= len(payloads) <= 10_000 // 50
     assert max(sizes) < 8000
-    assert sorted(r[2] for r in _rows(payloads)) == sorted(names)  # type: ignore[type-var]
+    assert sorted(r[1] for r in _rows(payloads)) == sorted(names)  # type: ignore[type-var]
     # The listener hands each notification over as one batch, every row of it.
     assert len(handler.batches) == len(payloads)
     assert sorted(c.pod_name for c in handler.changes) == sorted(names)
@@ -656,13 +667,13 @@ async def test_only_rows_whose_active_or_state_changed_are_reported(
         await payloads.drain()
         rows = _rows(payloads)
         assert len(rows) == 200
-        reported = {r[2]: r for r in rows}
+        reported = {r[1]: r for r in rows}
         ordered = sorted(names, key=lambda n: int(n.removeprefix("space-sbx-m").split("-")[0]))
         for i, name in enumerate(ordered, start=1):
             if i % 3 == 0:
-                assert reported[name] == ["update", NAMESPACE, name, False, "replaced"]
+                assert reported[name] == ["update", name, False, "replaced"]
             elif i % 3 == 1:
-                assert reported[name] == ["update", NAMESPACE, name, True, "activating"]
+                assert reported[name] == ["update", name, True, "activating"]
             else:
                 assert name not in reported
         # A statement changing nothing the service reads sends nothing.
@@ -678,7 +689,7 @@ async def test_only_rows_whose_active_or_state_changed_are_reported(
         )
         await payloads.drain()
         deleted = _rows(payloads)
-        assert sorted(r[2] for r in deleted) == sorted(names[:7])  # type: ignore[type-var]
+        assert sorted(r[1] for r in deleted) == sorted(names[:7])  # type: ignore[type-var]
         assert {r[0] for r in deleted} == {"delete"}
 
 
@@ -723,11 +734,11 @@ async def test_worst_case_rows_never_reach_the_payload_limit(
     assert max(sizes) < 8000
     assert len(payloads) < len(specs) / 10
     rows = _rows(payloads)
-    expected = sorted(["insert", ns[:253], pod[:253], False, st[:64]] for ns, pod, st in specs)
+    expected = sorted(["insert", pod[:253], False, st[:64]] for _, pod, st in specs)
     assert sorted(rows) == expected  # type: ignore[type-var]
     # The listener parses every one of them.
     for payload in payloads:
-        parsed = parse_payload(payload, received_at_s=0)
+        parsed = parse_payload(payload, received_at_s=0, namespaces=(NAMESPACE,))
         assert parsed.malformed == 0 and parsed.changes
     # The worst row alone, through the one-row path of each trigger event.
     worst_ns, worst_pod, worst_state = "\x01" * 600, "\x01" * 1000, "\x01" * 200
@@ -746,11 +757,11 @@ async def test_worst_case_rows_never_reach_the_payload_limit(
         await pg_conn.execute("DELETE FROM sandbox_k8s_executions WHERE sandbox_id = 'worst'")
         await payloads.drain()
     # The bound, exactly reached (`true` is a byte shorter than `false`).
-    assert [len(p.encode()) for p in payloads] == [3459, 3460, 3460]
+    assert [len(p.encode()) for p in payloads] == [1936, 1937, 1937]
     assert [payload_rows(p) for p in payloads] == [
-        [["insert", worst_ns[:253], worst_pod[:253], True, worst_state[:64]]],
-        [["update", worst_ns[:253], worst_pod[:253], False, worst_state[:64]]],
-        [["delete", worst_ns[:253], worst_pod[:253], False, worst_state[:64]]],
+        [["insert", worst_pod[:253], True, worst_state[:64]]],
+        [["update", worst_pod[:253], False, worst_state[:64]]],
+        [["delete", worst_pod[:253], False, worst_state[:64]]],
     ]
 
 
@@ -775,23 +786,21 @@ async def _insert_spread(
     )
 
 
-async def test_a_statement_over_many_namespaces_packs_its_small_groups(
+async def test_a_statement_of_many_small_groups_packs_them(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
-    # Every row its own namespace, so its own group: the groups are packed many to a payload.
-    spread = [(f"tenant-{i}", f"space-sbx-t{i}-g1", "active") for i in range(2000)]
+    # Every row its own state, so its own group: the groups are packed many to a payload.
+    spread = [(f"tenant-{i}", f"space-sbx-t{i}-g1", f"state-{i}") for i in range(2000)]
     await _insert_spread(pg_conn, spread, prefix="t")
     async with raw_payloads(pg_url) as payloads:
         await payloads.drain()
         payloads.clear()
-        await pg_conn.execute(
-            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'"
-        )
+        await pg_conn.execute("UPDATE sandbox_k8s_executions SET active = false")
         await payloads.drain()
     assert max(len(p.encode()) for p in payloads) < 8000
     assert len(payloads) <= 2000 // 50
     assert sorted(_rows(payloads)) == sorted(  # type: ignore[type-var]
-        ["update", ns, pod, False, "replaced"] for ns, pod, _ in spread
+        ["update", pod, False, state] for _, pod, state in spread
     )
 
 
@@ -829,9 +838,9 @@ async def test_slices_that_escaping_makes_too_long_go_name_by_name(
         await payloads.drain()
     assert max(len(p.encode()) for p in payloads) < 8000
     expected = [
-        [op, ns, pod[:253], op == "insert", state]
+        [op, pod[:253], op == "insert", state]
         for op in ("insert", "update", "delete")
-        for ns, pod, state in spread
+        for _, pod, state in spread
     ]
     assert sorted(_rows(payloads)) == sorted(expected)  # type: ignore[type-var]
     # The plain names go about 370 a payload; the escaped ones (1,500 bytes each) 5 a payload.
@@ -875,9 +884,9 @@ async def test_one_odd_text_among_plain_rows_of_a_statement_arrives_as_it_is(
     assert max(len(p.encode()) for p in payloads) < 8000
     rows = _rows(payloads)
     expected = (
-        [["insert", NAMESPACE, pod[:253], True, "active"] for pod in pods]
-        + [["update", NAMESPACE, pod[:253], False, "replaced"] for pod in pods]
-        + [["delete", NAMESPACE, pod[:253], False, "replaced"] for pod in pods]
+        [["insert", pod[:253], True, "active"] for pod in pods]
+        + [["update", pod[:253], False, "replaced"] for pod in pods]
+        + [["delete", pod[:253], False, "replaced"] for pod in pods]
     )
     assert sorted(rows) == sorted(expected)  # type: ignore[type-var]
 
@@ -969,11 +978,11 @@ async def test_a_one_row_statement_says_what_the_same_row_says_in_a_batch(
         await pg_conn.execute(retire, names)
         await payloads.drain()
         together = payload_rows(payloads[-1])
-    assert alone == [[r] for r in sorted(together, key=lambda r: names.index(str(r[2])))]
-    assert together[0][:2] == ["update", NAMESPACE]
-    assert [a[0][2] for a in alone] == names
-    # One group: the three share op, namespace, active and state.
-    assert len(json.loads(payloads[-1])["groups"]) == 1
+    assert alone == [[r] for r in sorted(together, key=lambda r: names.index(str(r[1])))]
+    assert together[0][0] == "update"
+    assert [a[0][1] for a in alone] == names
+    # One group: the three share op, active and state.
+    assert len(json.loads(payloads[-1])["pods"]) == 1
 
 
 @pytest.mark.parametrize("rows", [1, 2])
@@ -994,49 +1003,18 @@ async def test_an_update_of_the_key_itself_reports_the_old_row_deleted_and_the_n
         reported = sorted(_rows(payloads))  # type: ignore[type-var]
     assert len(ids) == rows
     assert reported == sorted(
-        [op, NAMESPACE, name, True, "active"] for name in names for op in ("delete", "insert")
+        [op, name, True, "active"] for name in names for op in ("delete", "insert")
     )
 
 
-async def test_changes_of_namespaces_not_watched_are_counted_and_not_handed_on(
+async def test_a_change_is_handed_on_in_every_watched_namespace_and_an_old_shape_only_in_its_own(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
-    # One channel carries every namespace's changes; the listener hands on its namespaces' only.
-    for sandbox, namespace in (("s1", NAMESPACE), ("s2", "tenant-b"), ("s3", "elsewhere")):
-        await seed_sandbox(pg_conn, sandbox, namespace=namespace)
-        await seed_execution(pg_conn, pod_name=f"space-sbx-{sandbox}-g1", sandbox_id=sandbox)
-    handler, registry = RecordingHandler(), CollectorRegistry()
-    listener = RetirementListener(
-        db_settings(pg_url),
-        metrics=Metrics(registry),
-        probe=probe_sender(pg_url),
-        namespaces=(NAMESPACE, "tenant-b"),
-    )
-    listener.add_handler(handler)
-    async with anyio.create_task_group() as tg:
-        with anyio.fail_after(10):
-            await tg.start(listener.run)
-        # (The trigger fires on a change only: s3 is retired twice, in two states.)
-        for sandbox, state in (("s3", "suspended"), ("s1", "suspended"), ("s3", "replaced")):
-            await _retire(pg_conn, f"space-sbx-{sandbox}-g1", state)
-        await _retire(pg_conn, "space-sbx-s2-g1")
-        await wait_for(lambda: len(handler.changes) == 2, timeout_s=5, what="two notifications")
-        # The sync round trip: every notification committed before it has been handled.
-        await listener.sync()
-        tg.cancel_scope.cancel()
-    assert [(c.namespace, c.pod_name) for c in handler.changes] == [
-        (NAMESPACE, "space-sbx-s1-g1"),
-        ("tenant-b", "space-sbx-s2-g1"),
-    ]
-    assert metric(registry, "retired_pod_gc_notifications_total") == 4
-    assert metric(registry, "retired_pod_gc_notifications_ignored_total") == 2
-
-
-async def test_a_batch_of_several_namespaces_hands_on_exactly_the_watched_rows(
-    pg_url: str, pg_conn: asyncpg.Connection
-) -> None:
-    # One statement changes rows of three namespaces: one batch, filtered row by row.
-    spread = [("b1", NAMESPACE), ("b2", "tenant-b"), ("b3", "elsewhere"), ("b4", "elsewhere")]
+    # The trigger's payload names pods, not namespaces (pod_name is unique): each change is the
+    # change of that name in every watched namespace, whatever namespace its sandbox row says;
+    # the service checks the pod's namespace against the row's when it reads the row. A payload
+    # of an earlier shape names its namespace: only a watched one is handed on.
+    spread = [("b1", NAMESPACE), ("b2", "tenant-b"), ("b3", "elsewhere")]
     for sandbox, namespace in spread:
         await seed_sandbox(pg_conn, sandbox, namespace=namespace)
         await seed_execution(pg_conn, pod_name=f"space-sbx-{sandbox}-g1", sandbox_id=sandbox)
@@ -1054,12 +1032,25 @@ async def test_a_batch_of_several_namespaces_hands_on_exactly_the_watched_rows(
         await pg_conn.execute(
             "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'"
         )
+        await _retire(pg_conn, "space-sbx-b1-g1", "suspended")
+        old_shape = {
+            "groups": [
+                ["update", NAMESPACE, False, "replaced", ["g1"]],
+                ["update", "elsewhere", False, "replaced", ["g2", "g3"]],
+            ]
+        }
+        await pg_conn.execute("SELECT pg_notify($1, $2)", DEFAULT_CHANNEL, json.dumps(old_shape))
         await listener.sync()
         tg.cancel_scope.cancel()
-    assert len(handler.batches) == 1
-    assert sorted((c.namespace, c.pod_name) for c in handler.batches[0]) == [
-        (NAMESPACE, "space-sbx-b1-g1"),
-        ("tenant-b", "space-sbx-b2-g1"),
+    pods = [f"space-sbx-{sandbox}-g1" for sandbox, _ in spread]
+    assert len(handler.batches) == 3
+    assert sorted((c.namespace, c.pod_name) for c in handler.batches[0]) == sorted(
+        (namespace, pod) for namespace in (NAMESPACE, "tenant-b") for pod in pods
+    )
+    assert [(c.namespace, c.pod_name, c.state) for c in handler.batches[1]] == [
+        (NAMESPACE, "space-sbx-b1-g1", ExecutionState.SUSPENDED),
+        ("tenant-b", "space-sbx-b1-g1", ExecutionState.SUSPENDED),
     ]
-    assert metric(registry, "retired_pod_gc_notifications_total") == 1
+    assert [(c.namespace, c.pod_name) for c in handler.batches[2]] == [(NAMESPACE, "g1")]
+    assert metric(registry, "retired_pod_gc_notifications_total") == 3
     assert metric(registry, "retired_pod_gc_notifications_ignored_total") == 2
