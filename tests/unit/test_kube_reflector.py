@@ -34,6 +34,7 @@ from service.kube.reflector import LineReader, Reflector, Stream
 from service.kube.store import PodStore, SyncState
 from service.metrics import Metrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, SANDBOX_SELECTOR, RecordingHandler, sandbox_pod
+from tests.virtualtime import settle
 
 pytestmark = pytest.mark.anyio
 NS = SANDBOX_NAMESPACE
@@ -235,7 +236,7 @@ async def run_script(
         async with anyio.create_task_group() as tg:
             tg.start_soon(reflector.run)
             while not lw.exhausted.is_set():
-                await anyio.wait_all_tasks_blocked()
+                await settle()
                 deadline = clock.next_deadline
                 if deadline is not None and not lw.exhausted.is_set():
                     clock.advance(deadline - clock.monotonic())
