@@ -74,7 +74,7 @@ async def test_due_keys_of_a_batch_are_verified_one_by_one_before_any_delete() -
 
 @pytest.mark.anyio
 async def test_a_notification_during_the_batch_lookup_keeps_that_clock_stopped() -> None:
-    rig = make_rig()
+    rig = make_rig(make_settings(deletes_per_minute=6000))  # a pacer burst of 600: no wait
     gate = anyio.Event()
     rig.store.lookup_gate = gate
     async with rig.workers(1):
@@ -96,15 +96,15 @@ async def test_a_notification_during_the_batch_lookup_keeps_that_clock_stopped()
         assert rig.outcome(ReconcileOutcome.CHANGED) == 1
         assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 99
         assert rig.clocks.get(flipped.uid) is None and len(rig.clocks) == 99
-        await rig.advance(5)
+        await rig.advance(4)  # the re-read held, within its statement timeout (5 s)
         rig.store.lookup_gate = None
         again.set()
         await settle()
         obs = rig.clocks.get(flipped.uid)
         assert obs is not None and obs.since_s == clock.now()  # from the second read
-        await rig.advance(295)
+        await rig.advance(296)
         assert len(rig.pods.deletes) == 99 and flipped.key not in rig.pods.deleted_keys
-        await rig.advance(5)
+        await rig.advance(4)
     assert len(rig.pods.deletes) == 100
 
 

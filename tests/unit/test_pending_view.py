@@ -99,7 +99,8 @@ async def test_a_limit_shows_the_soonest_due_and_a_key_shows_one_pod() -> None:
 
 
 async def test_a_due_pod_waits_for_verification_then_the_budget_then_leaves_when_deleted() -> None:
-    rig = make_rig(make_settings(threshold_s=THRESHOLD_S, deletes_per_minute=1))
+    # One DELETE per 10 s: b's wait for the budget is within the reconciler's 15 s for a turn.
+    rig = make_rig(make_settings(threshold_s=THRESHOLD_S, deletes_per_minute=1), budget_window_s=10)
     a, b = make_pod("a"), make_pod("b")
     for pod in (a, b):
         rig.add(pod, make_row(pod), event=False)
@@ -110,10 +111,10 @@ async def test_a_due_pod_waits_for_verification_then_the_budget_then_leaves_when
     async with anyio.create_task_group() as tg:
         tg.start_soon(rig.reconcile, b.key)
         await settle()
-        # b is verified and in line for the budget's next grant, a minute after a's
+        # b is verified and in line for the budget's next grant, 10 s after a's
         [entry] = _doc(rig)["pods"]
         assert (entry["key"], entry["waits_for"]) == (b.key, "budget")
-        await rig.advance(60)
+        await rig.advance(10)
     assert _doc(rig)["pods"] == []
     assert rig.pods.deleted_keys == [a.key, b.key]
 

@@ -23,6 +23,7 @@ from service.domain import (
     Verdict,
 )
 from service.engine.results import INACTIVE, Action
+from service.kit import clock
 from service.kit.errors import Unavailable
 from tests.fakes import (
     NAMESPACE,
@@ -318,7 +319,10 @@ async def test_a_clearing_event_during_the_lookup_keeps_the_clock_from_starting(
 
 @pytest.mark.anyio
 async def test_a_clock_cleared_while_waiting_for_a_delete_token_prevents_the_delete() -> None:
-    rig = make_rig(make_settings(deletes_per_minute=1))
+    rig = make_rig(
+        make_settings(deletes_per_minute=1),
+        budget_window_s=10.0,  # a token wait within the reconciler's 15 s for a turn
+    )
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
@@ -332,7 +336,7 @@ async def test_a_clock_cleared_while_waiting_for_a_delete_token_prevents_the_del
             results.append(await rig.reconcile(second.key))
 
         tg.start_soon(run)
-        await settle()  # waiting for the budget (1 per minute)
+        await settle()  # waiting for the budget (1 per 10 s)
         # The row flips active and back while we wait: the notification clears the clock.
         rig.controller.executions_changed(
             [
@@ -341,7 +345,7 @@ async def test_a_clock_cleared_while_waiting_for_a_delete_token_prevents_the_del
                 )
             ]
         )
-        await rig.advance(60)
+        await rig.advance(10)
     assert results[0].outcome == ReconcileOutcome.CHANGED
     assert rig.pods.deleted_keys == [first.key]
 
@@ -480,7 +484,10 @@ async def test_disabled_sends_nothing_and_reports_nothing(dry_run: bool) -> None
 
 @pytest.mark.anyio
 async def test_leadership_lost_during_the_token_wait_sends_nothing() -> None:
-    rig = make_rig(make_settings(deletes_per_minute=1))
+    rig = make_rig(
+        make_settings(deletes_per_minute=1),
+        budget_window_s=10.0,  # a token wait within the reconciler's 15 s for a turn
+    )
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
@@ -496,7 +503,7 @@ async def test_leadership_lost_during_the_token_wait_sends_nothing() -> None:
         tg.start_soon(run)
         await settle()
         rig.controller.set_leader(False)
-        await rig.advance(60)
+        await rig.advance(10)
     assert results[0].outcome in (INACTIVE, ReconcileOutcome.CHANGED)
     assert rig.pods.deleted_keys == [first.key]
 
@@ -504,7 +511,11 @@ async def test_leadership_lost_during_the_token_wait_sends_nothing() -> None:
 @pytest.mark.anyio
 async def test_a_lapsed_lease_stops_the_delete_even_before_the_leadership_callback() -> None:
     leading = [True]
-    rig = make_rig(make_settings(deletes_per_minute=1), leader_check=lambda: leading[0])
+    rig = make_rig(
+        make_settings(deletes_per_minute=1),
+        budget_window_s=10.0,  # a token wait within the reconciler's 15 s for a turn
+        leader_check=lambda: leading[0],
+    )
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
@@ -520,7 +531,7 @@ async def test_a_lapsed_lease_stops_the_delete_even_before_the_leadership_callba
         tg.start_soon(run)
         await settle()
         leading[0] = False  # the renew deadline passed; on_change(False) has not run yet
-        await rig.advance(60)
+        await rig.advance(10)
     assert results[0].outcome == INACTIVE
     assert rig.pods.deleted_keys == [first.key]
     assert len(rig.clocks) == 2 - 1  # clocks untouched: only the live check stopped it
@@ -529,7 +540,6 @@ async def test_a_lapsed_lease_stops_the_delete_even_before_the_leadership_callba
 @pytest.mark.anyio
 async def test_an_exhausted_budget_throttles_and_requeues_for_when_a_token_frees() -> None:
     rig = make_rig(make_settings(deletes_per_minute=1))
-    rig.reconciler._budget_wait_s = 0.01  # real seconds: give up waiting quickly
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
@@ -537,9 +547,12 @@ async def test_an_exhausted_budget_throttles_and_requeues_for_when_a_token_frees
     await rig.advance(300)
     await rig.reconcile(first.key)
     await rig.advance(20)
+    # The token frees 60 s after the first grant; the reconciler waits for a turn a third of
+    # its 45 s timeout (15 s), gives up, and asks to come back when the token frees.
     result = await rig.reconcile(second.key)
     assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.THROTTLED)
-    assert result.requeue_after_s == 40.0
+    assert clock.now() == rig.pods.deletes[0].at_s + 20 + 15
+    assert result.requeue_after_s == 60.0 - 20 - 15
     assert rig.pods.deleted_keys == [first.key]
 
 
