@@ -42,7 +42,7 @@ def default_identity() -> str:
 
 
 def _now_micro() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # noqa: TID251 (Lease times)
 
 
 @dataclass(frozen=True, slots=True)
