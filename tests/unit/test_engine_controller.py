@@ -1,4 +1,4 @@
-"""The event side and the worker loop: events in, reconciles out, on fakes and a fake clock."""
+"""The event side and the worker loop: events in, reconciles out, on fakes and virtual time."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The keep annotation through the one pipeline, on fakes and a fake clock: a kept pod is skipped
+"""The keep annotation through the one pipeline, on fakes and virtual time: a kept pod is skipped
 with its own reason and has no clock, in live and dry run; annotating a pod after its
 observation (even after the fresh GET's verification began) never deletes it; removing the
 annotation starts a full threshold from that moment."""

@@ -1,4 +1,4 @@
-"""The live view's document on fakes and a fake clock: exactly the running clocks, each due one
+"""The live view's document on fakes and virtual time: exactly the running clocks, each due one
 threshold after it started, and what each waits for (threshold, verification, budget, reported)
 as the pipeline moves it along; its table and ``explain``'s live-clock lines."""
 

@@ -1,4 +1,4 @@
-"""One key's reconcile, called directly, on in-memory fakes and a fake clock.
+"""One key's reconcile, called directly, on in-memory fakes and virtual time.
 
 Each safety test names the invariant (docs/architecture.md) it guards and fails when the enforcing code goes.
 """
