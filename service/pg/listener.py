@@ -28,8 +28,8 @@ After every connection that proved delivery, the first included,
 ``handler.notifications_missed()`` is called: notifications sent while no connection listened
 are lost, so the consumer must resync. Between attempts the listener backs off (the kit's
 :class:`~service.kit.backoff.Backoff`, equal jitter) and logs a failure once per change of its
-cause; its waits (the backoff, the heartbeat period) run on the injected clock, while each
-network call is bounded by a real-time timeout.
+cause. Its waits (the backoff, the heartbeat period) and the bound of each network call run on
+the event loop's clock (``service/kit/clock.py``).
 
 Errors: :meth:`~RetirementListener.sync` raises
 :class:`~service.pg.errors.ListenerUnavailable` (a kit ``Unavailable``) when it cannot vouch
@@ -53,9 +53,9 @@ from anyio.abc import TaskStatus
 from service import checks
 from service.config import DatabaseSettings
 from service.domain import ExecutionChange, parse_execution_state
+from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
 from service.kit.causelog import CauseLog
-from service.kit.clock import MonotonicClock, SchedulingClock, sleep_until, wait_until
 from service.kit.errors import ExternalError, Unavailable
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
@@ -386,10 +386,9 @@ class RetirementListener:
     """LISTEN on the notify channel until cancelled; see the module docstring.
 
     ``probe`` sends the delivery probes (through the query pool); ``backoff`` is the reconnect
-    policy (default :func:`default_backoff`); ``clock`` the time the listener reads
-    (``received_at_s`` of each change) and waits on; ``namespaces`` the watched sandbox
-    namespaces (a change naming no namespace is one change in each; one naming another is
-    counted and ignored); ``probe_channel`` the channel of
+    policy (default :func:`default_backoff`); ``namespaces`` the watched sandbox namespaces (a
+    change naming no namespace is one change in each; one naming another is counted and
+    ignored); ``probe_channel`` the channel of
     its probes (default: :func:`new_probe_channel`).
     """
 
@@ -399,7 +398,6 @@ class RetirementListener:
         *,
         metrics: Metrics,
         probe: ProbeSender,
-        clock: SchedulingClock | None = None,
         backoff: Backoff | None = None,
         namespaces: Iterable[str],
         probe_channel: str | None = None,
@@ -413,7 +411,6 @@ class RetirementListener:
         self._channel = settings.notify_channel
         self._handlers: list[ExecutionEventHandler] = []
         self._metrics = metrics
-        self._clock: SchedulingClock = clock or MonotonicClock()
         self._attempts = Attempts(backoff or default_backoff())
         self._connected = False
         self._ever_connected = False
@@ -494,7 +491,7 @@ class RetirementListener:
                 if conn is not None:
                     # terminate() is synchronous: no await, so it also runs under cancellation.
                     conn.terminate()
-            await sleep_until(self._clock, self._clock.monotonic() + self._attempts.next_delay())
+            await anyio.sleep(self._attempts.next_delay())
 
     def _on_failure(self, exc: ExternalError) -> None:
         cause = str(exc) if isinstance(exc, _ConnectionLost) else describe(exc)
@@ -524,7 +521,7 @@ class RetirementListener:
     async def _watch(self, conn: asyncpg.Connection, lost: anyio.Event) -> None:
         s = self._settings
         while True:
-            await wait_until(lost, self._clock, self._clock.monotonic() + s.heartbeat_interval_s)
+            await clock.wait_until(lost, clock.now() + s.heartbeat_interval_s)
             if lost.is_set() or conn.is_closed():
                 raise _ConnectionLost(self._lost_reason or "connection closed")
             try:
@@ -611,9 +608,7 @@ class RetirementListener:
 
     def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         self._metrics.notifications.inc()
-        parsed = parse_payload(
-            payload, received_at_s=self._clock.monotonic(), namespaces=self._namespaces
-        )
+        parsed = parse_payload(payload, received_at_s=clock.now(), namespaces=self._namespaces)
         if parsed.malformed:
             self._metrics.notifications_malformed.inc(parsed.malformed)
             logger.warning(

@@ -8,19 +8,21 @@ The three failure modes each have a test that fails without its recovery code:
 * silent death (a proxy that stops forwarding but keeps both sockets open): only the heartbeat
   can notice, and it must do so within interval + timeout.
 
-Between attempts the listener waits on its injected clock: under a ``FakeClock`` each backoff is
-a timer the test can read and fire.
+Everything here runs on real time (it talks to PostgreSQL), on the event loop's clock, the
+listener's one clock. The backoff tests read the delays the listener draws from its policy
+(:class:`RecordingBackoff`) and check that it waited each one before the next attempt, from the
+times the attempts reached a proxy: a lower bound, never a judgement by slack.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
-import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import anyio
 import anyio.lowlevel
@@ -31,8 +33,8 @@ from prometheus_client import CollectorRegistry
 from devtools.pg.throwaway import ThrowawayPostgres
 from service.config import DatabaseSettings
 from service.domain import ExecutionChange, ExecutionState
+from service.kit import clock
 from service.kit.backoff import Backoff
-from service.kit.clock import FakeClock
 from service.kit.errors import Unavailable
 from service.metrics import Metrics
 from service.pg.errors import ListenerUnavailable
@@ -146,12 +148,10 @@ async def test_notify_arrives_after_commit_and_not_before(
     await seed_sandbox(pg_conn, "s1")
     await seed_execution(pg_conn, pod_name=POD, sandbox_id="s1", pod_kind="restore")
     handler, registry = RecordingHandler(), CollectorRegistry()
-    clock = FakeClock(start_s=1000.0)
     listener = RetirementListener(
         db_settings(pg_url),
         metrics=Metrics(registry),
         probe=probe_sender(pg_url),
-        clock=clock,
         namespaces=(NAMESPACE,),
     )
     listener.add_handler(handler)
@@ -167,16 +167,19 @@ async def test_notify_arrives_after_commit_and_not_before(
             )
             await anyio.sleep(0.3)
             assert handler.changes == []
-            clock.advance(1000.0)
+            committing_at = clock.now()
         await wait_for(lambda: len(handler.changes) == 1, timeout_s=5, what="notification")
+        seen_by = clock.now()
         change = handler.changes[0]
+        # Stamped on the listener's clock (the event loop's) when it arrived, after the commit.
+        assert committing_at <= change.received_at_s <= seen_by
         assert change == ExecutionChange(
             namespace=NAMESPACE,
             pod_name=POD,
             active=False,
             state=ExecutionState.SUSPENDED,
             deleted=False,
-            received_at_s=2000.0,
+            received_at_s=change.received_at_s,
         )
         assert change.retired
         tg.cancel_scope.cancel()
@@ -283,6 +286,8 @@ class StallableProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self._refuse = False
         self.port = 0
+        self.accepted_at: list[float] = []
+        """The event loop's time of every connection accepted (refused ones included)."""
 
     async def __aenter__(self) -> StallableProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -314,6 +319,7 @@ class StallableProxy:
         return len(self._conns)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted_at.append(clock.now())
         if self._refuse:
             writer.close()
             return
@@ -468,100 +474,103 @@ async def test_each_handler_gets_every_change_and_one_added_while_listening_is_t
         assert late.changes == first.changes
 
 
-@contextlib.contextmanager
-def _refusing_port() -> Iterator[int]:
-    """A loopback port bound but not listening: a connect there is refused, and nobody else can
-    take the port while the test runs."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        yield sock.getsockname()[1]
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecordingBackoff(Backoff):
+    """The listener's backoff policy, recording every delay it hands out, in order."""
+
+    drawn: list[float] = dataclasses.field(default_factory=list, compare=False)
+
+    def delay_s(self, failures: int) -> float:
+        delay = Backoff.delay_s(self, failures)
+        self.drawn.append(delay)
+        return delay
 
 
-async def _next_timer(clock: FakeClock) -> float:
-    """The delay of the next timer the listener sets on ``clock`` (it sets one after each failed
-    attempt, once the real connect has failed)."""
-    with anyio.fail_after(5):
-        while (deadline := clock.next_deadline) is None:
-            await anyio.sleep(0.005)
-    return deadline - clock.monotonic()
+TIMER_EARLY_S = time.get_clock_info("monotonic").resolution
+"""How early asyncio may run a timer: up to its clock's resolution before the deadline (it runs
+every timer due within one resolution of now)."""
 
 
-async def test_reconnect_delays_follow_the_backoff_policy_on_the_injected_clock() -> None:
-    clock, handler = FakeClock(), RecordingHandler()
+def _waited_each_delay(attempts_at: Sequence[float], delays: Sequence[float]) -> None:
+    """Every attempt came at least the delay drawn after the one before it had failed (which
+    was after it reached the proxy): the listener waited each delay it drew."""
+    for k, delay in enumerate(delays[: len(attempts_at) - 1]):
+        assert attempts_at[k + 1] - attempts_at[k] >= delay - TIMER_EARLY_S, (k, delay)
 
-    def policy() -> Backoff:
-        return Backoff(initial_s=0.1, max_s=1.6, jitter=0.5, rng=random.Random(7))
 
-    twin = policy()  # the same draws, in the same order, as the listener's
-    with _refusing_port() as port:
-        url = f"postgresql://postgres@127.0.0.1:{port}/none"
+async def test_reconnect_delays_follow_the_backoff_policy() -> None:
+    handler = RecordingHandler()
+
+    def policy() -> RecordingBackoff:
+        return RecordingBackoff(initial_s=0.1, max_s=1.6, jitter=0.5, rng=random.Random(7))
+
+    twin, backoff = policy(), policy()  # the same draws, in the same order
+    async with StallableProxy(upstream_port=0) as proxy:
+        proxy.pause_accepting()  # every connect reaches it and is closed at once
+        url = f"postgresql://postgres@127.0.0.1:{proxy.port}/none"
         listener = RetirementListener(
             db_settings(url, connect_timeout_s=2.0),
             metrics=Metrics(CollectorRegistry()),
             probe=probe_sender(url),
-            clock=clock,
-            backoff=policy(),
+            backoff=backoff,
             namespaces=(NAMESPACE,),
         )
         listener.add_handler(handler)
         async with anyio.create_task_group() as tg:
             tg.start_soon(listener.run)
-            delays = []
-            for failures in range(8):
-                delay = await _next_timer(clock)
-                assert delay == pytest.approx(twin.delay_s(failures), abs=1e-9)
-                delays.append(delay)
-                clock.advance(delay)
+            await wait_for(lambda: len(backoff.drawn) >= 6, timeout_s=30, what="six failures")
             tg.cancel_scope.cancel()
     assert not listener.connected and handler.missed == 0
+    delays = backoff.drawn
+    assert delays == [twin.delay_s(k) for k in range(len(delays))]
     # Doubling from 0.1 s (equal jitter: each within [d/2, d]) up to the cap.
     for failures, delay in enumerate(delays):
         base = min(1.6, 0.1 * 2**failures)
         assert base / 2 <= delay <= base
+    assert len(proxy.accepted_at) >= len(delays)
+    _waited_each_delay(proxy.accepted_at, delays)
 
 
 async def test_a_successful_listen_resets_the_backoff(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
-    clock, handler = FakeClock(), RecordingHandler()
+    handler = RecordingHandler()
 
-    def policy() -> Backoff:
-        return Backoff(initial_s=0.1, max_s=30.0, jitter=0.5, rng=random.Random(11))
+    def policy() -> RecordingBackoff:
+        return RecordingBackoff(initial_s=0.1, max_s=30.0, jitter=0.5, rng=random.Random(11))
 
-    twin = policy()
+    twin, backoff = policy(), policy()
     port = int(pg_url.rsplit(":", 1)[1].split("/", 1)[0])
     async with StallableProxy(port) as proxy, anyio.create_task_group() as tg:
         proxy.pause_accepting()
         settings = db_settings(
             pg_url.replace(f":{port}/", f":{proxy.port}/"),
             connect_timeout_s=2.0,
-            heartbeat_interval_s=3600.0,  # no heartbeat timer among the backoff timers
+            heartbeat_interval_s=3600.0,  # no heartbeat among the waits
         )
         listener = RetirementListener(
             settings,
             metrics=Metrics(CollectorRegistry()),
             probe=probe_sender(settings.url),
-            clock=clock,
-            backoff=policy(),
+            backoff=backoff,
             namespaces=(NAMESPACE,),
         )
         listener.add_handler(handler)
         tg.start_soon(listener.run)
-        for failures in range(3):
-            delay = await _next_timer(clock)
-            assert delay == pytest.approx(twin.delay_s(failures), abs=1e-9)
-            if failures == 2:
-                proxy.resume_accepting()
-            clock.advance(delay)
-        await wait_for(lambda: listener.connected, timeout_s=5, what="connected")
+        await wait_for(lambda: len(backoff.drawn) == 3, timeout_s=30, what="three failures")
+        proxy.resume_accepting()
+        await wait_for(lambda: listener.connected, timeout_s=10, what="connected")
         assert handler.missed == 1
+        refused = list(proxy.accepted_at[:4])
         assert await pg_conn.fetchval(
             "SELECT pg_terminate_backend($1)", await _listener_pid(pg_conn)
         )
         await wait_for(lambda: not listener.connected, timeout_s=5, what="the loss noticed")
-        # Three failures before the success; after it, the count starts from zero again.
-        assert await _next_timer(clock) == pytest.approx(twin.delay_s(0), abs=1e-9)
+        await wait_for(lambda: len(backoff.drawn) == 4, timeout_s=5, what="the next delay")
         tg.cancel_scope.cancel()
+    # Three failures before the success; after it, the count starts from zero again.
+    assert backoff.drawn == [twin.delay_s(0), twin.delay_s(1), twin.delay_s(2), twin.delay_s(0)]
+    _waited_each_delay(refused, backoff.drawn[:3])
 
 
 # ------------------------------------------------------------- trigger 0003: batches

@@ -253,7 +253,7 @@ def run_seed(
 
     world.server.on_delete = acted.set
     try:
-        with environment(Asyncpg(world.db), loop):
+        with environment(Asyncpg(world.db)):
             try:
                 loop.run_until_complete(main())
             finally:
