@@ -22,6 +22,7 @@ import anyio
 
 from service.classifier import kept
 from service.domain import KEEP_ANNOTATION, DeleteResult
+from service.kit.errors import ExternalError
 from service.pg.cancel import retire_for_cancel
 from service.ports import PodClient
 
@@ -44,6 +45,8 @@ class CancelOutcome(enum.StrEnum):
     CONFLICT = "conflict"
     """The pod changed between the GET and the DELETE (409): run again."""
     ERROR = "error"
+    """The pod's GET or DELETE failed (no answer, another status, an undecodable pod): run
+    again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +86,11 @@ async def cancel_create(
         )
         return CancelReport(CancelOutcome.LEFT_ALONE_ACTIVE, row.retired_now, row.pod_name)
     namespace = row.namespace  # the sandbox's own namespace, one of those configured
-    with anyio.fail_after(timeout_s):
-        pod = await pods.get_pod(namespace, row.pod_name)
+    try:
+        with anyio.fail_after(timeout_s):
+            pod = await pods.get_pod(namespace, row.pod_name)
+    except (ExternalError, TimeoutError) as exc:
+        return _failed("GET", row.retired_now, row.pod_name, exc)
     if pod is None:
         return CancelReport(CancelOutcome.POD_ABSENT, row.retired_now, row.pod_name)
     if pod.sandbox_id != sandbox_id or pod.generation != generation:
@@ -104,10 +110,13 @@ async def cancel_create(
             f"{keep.rule}; to release it: kubectl -n {namespace} annotate pod {row.pod_name} "
             f"{KEEP_ANNOTATION}- and run cancel-create again",
         )
-    with anyio.fail_after(timeout_s):
-        result = await pods.delete_pod(
-            namespace, row.pod_name, uid=pod.uid, resource_version=pod.resource_version
-        )
+    try:
+        with anyio.fail_after(timeout_s):
+            result = await pods.delete_pod(
+                namespace, row.pod_name, uid=pod.uid, resource_version=pod.resource_version
+            )
+    except (ExternalError, TimeoutError) as exc:
+        return _failed("DELETE", row.retired_now, row.pod_name, exc)
     match result.result:
         case DeleteResult.DELETED:
             outcome = CancelOutcome.DELETED
@@ -115,7 +124,13 @@ async def cancel_create(
             outcome = CancelOutcome.POD_ABSENT
         case DeleteResult.CONFLICT:
             outcome = CancelOutcome.CONFLICT
-        case DeleteResult.ERROR:
-            outcome = CancelOutcome.ERROR
     logger.info("cancel-create %s: %s", row.pod_name, outcome)
     return CancelReport(outcome, row.retired_now, row.pod_name, result.message)
+
+
+def _failed(what: str, retired_now: bool, pod_name: str, exc: BaseException) -> CancelReport:
+    """The pod's GET or DELETE failed (no answer in time, another status, a pod that does not
+    decode): nothing is known to be deleted, and running the command again is safe."""
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else f"{what}: no answer in time"
+    logger.warning("cancel-create %s: pod %s failed: %s", pod_name, what, detail)
+    return CancelReport(CancelOutcome.ERROR, retired_now, pod_name, f"{what} failed: {detail}")
