@@ -22,7 +22,6 @@ import anyio
 
 from service.classifier import kept
 from service.domain import KEEP_ANNOTATION, DeleteResult
-from service.kit.errors import ExternalError
 from service.pg.cancel import retire_for_cancel
 from service.ports import PodClient
 
@@ -44,9 +43,6 @@ class CancelOutcome(enum.StrEnum):
     """No execution of that sandbox and generation exists in this namespace."""
     CONFLICT = "conflict"
     """The pod changed between the GET and the DELETE (409): run again."""
-    ERROR = "error"
-    """The pod's GET or DELETE failed (no answer, another status, an undecodable pod): run
-    again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +63,11 @@ async def cancel_create(
     activation_attempt: int,
     timeout_s: float,
 ) -> CancelReport:
-    """Retire (fenced) and, if the execution is retired, delete its pod under preconditions."""
+    """Retire (fenced) and, if the execution is retired, delete its pod under preconditions.
+
+    A failed GET or DELETE of the pod raises as the pod client raised it (a kit error), or
+    ``TimeoutError`` (a DELETE without an answer may have been applied); running the command
+    again is safe."""
     row = await retire_for_cancel(
         conn,
         namespaces=namespaces,
@@ -86,11 +86,8 @@ async def cancel_create(
         )
         return CancelReport(CancelOutcome.LEFT_ALONE_ACTIVE, row.retired_now, row.pod_name)
     namespace = row.namespace  # the sandbox's own namespace, one of those configured
-    try:
-        with anyio.fail_after(timeout_s):
-            pod = await pods.get_pod(namespace, row.pod_name)
-    except (ExternalError, TimeoutError) as exc:
-        return _failed("GET", row.retired_now, row.pod_name, exc)
+    with anyio.fail_after(timeout_s):
+        pod = await pods.get_pod(namespace, row.pod_name)
     if pod is None:
         return CancelReport(CancelOutcome.POD_ABSENT, row.retired_now, row.pod_name)
     if pod.sandbox_id != sandbox_id or pod.generation != generation:
@@ -110,13 +107,10 @@ async def cancel_create(
             f"{keep.rule}; to release it: kubectl -n {namespace} annotate pod {row.pod_name} "
             f"{KEEP_ANNOTATION}- and run cancel-create again",
         )
-    try:
-        with anyio.fail_after(timeout_s):
-            result = await pods.delete_pod(
-                namespace, row.pod_name, uid=pod.uid, resource_version=pod.resource_version
-            )
-    except (ExternalError, TimeoutError) as exc:
-        return _failed("DELETE", row.retired_now, row.pod_name, exc)
+    with anyio.fail_after(timeout_s):
+        result = await pods.delete_pod(
+            namespace, row.pod_name, uid=pod.uid, resource_version=pod.resource_version
+        )
     match result.result:
         case DeleteResult.DELETED:
             outcome = CancelOutcome.DELETED
@@ -126,11 +120,3 @@ async def cancel_create(
             outcome = CancelOutcome.CONFLICT
     logger.info("cancel-create %s: %s", row.pod_name, outcome)
     return CancelReport(outcome, row.retired_now, row.pod_name, result.message)
-
-
-def _failed(what: str, retired_now: bool, pod_name: str, exc: BaseException) -> CancelReport:
-    """The pod's GET or DELETE failed (no answer in time, another status, a pod that does not
-    decode): nothing is known to be deleted, and running the command again is safe."""
-    detail = f"{type(exc).__name__}: {exc}" if str(exc) else f"{what}: no answer in time"
-    logger.warning("cancel-create %s: pod %s failed: %s", pod_name, what, detail)
-    return CancelReport(CancelOutcome.ERROR, retired_now, pod_name, f"{what} failed: {detail}")

@@ -32,6 +32,8 @@ from service.ports import PodEventHandler
 
 BACKOFF_MAX_S = 30.0
 """Cap of the delay between list/watch attempts after failures."""
+WATCH_JITTER = 0.1
+"""The default fraction by which a watch's server ``timeoutSeconds`` is randomly lengthened."""
 
 
 def default_backoff() -> Backoff:
@@ -93,7 +95,7 @@ class PodInformer:
         clock: SchedulingClock | None = None,
         rng: random.Random | None = None,
         backoff: Backoff | None = None,
-        watch_jitter: float = 0.1,
+        watch_jitter: float = WATCH_JITTER,
         min_watch_s: float = 1.0,
     ) -> None:
         self._handlers: tuple[PodEventHandler, ...] = ()
