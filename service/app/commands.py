@@ -147,10 +147,10 @@ async def _check_tables(settings: config.Settings) -> None:
         )
 
 
-async def _api(settings: config.Settings) -> ApiClient:
+async def _api() -> ApiClient:
     """The composition root's API client, or one line saying why there is none."""
     try:
-        return await service.new_api(settings)
+        return await service.new_api()
     except ApiConfigError as exc:
         raise CommandError(f"Kubernetes API: {exc}") from None
 
@@ -191,7 +191,7 @@ def run(settings: config.Settings) -> int:
         registry = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             registry.register(collector)
-        api = await _api(settings)
+        api = await _api()
         try:
             parts = service.build(settings, api=api, metrics=Metrics(registry))
             await service.run(parts, stop=stop)
@@ -245,7 +245,7 @@ async def _store_and_api(settings: config.Settings) -> AsyncIterator[tuple[Any, 
     store = service.new_store(settings, Metrics())
     await store.start()
     try:
-        api = await _api(settings)
+        api = await _api()
         try:
             yield store, api
         finally:
@@ -364,7 +364,7 @@ def cancel_create_execution(
     async def main() -> int:
         conn = await _connect(settings)
         try:
-            api = await _api(settings)
+            api = await _api()
             try:
                 client = service.new_pod_client(settings, api, Metrics())
                 report = await cancel_create(

@@ -99,7 +99,7 @@ APPLICATION_NAME = "retired-pod-gc"
 """The ``application_name`` of the service's database sessions (the listener's has its own)."""
 
 
-async def new_api(settings: Settings) -> ApiClient:
+async def new_api() -> ApiClient:
     """The Kubernetes API client: in-cluster when running in a pod, else the kubeconfig
     (``service/kube/api.py``). Raises ``ApiConfigError`` when neither is found. The caller
     closes it."""

@@ -61,7 +61,8 @@ class Stream(Protocol):
 
 class ListerWatcher(Protocol):
     """The requests the loop makes (:class:`service.kube.listwatch.ListWatch`): each answers a
-    value (a page, an open stream, or :class:`Failed`) and raises only when no answer came."""
+    value (a page, an open stream, or :class:`Failed`) and raises only a kit error, when no
+    answer came or a page does not decode."""
 
     async def list(
         self,
