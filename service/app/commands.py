@@ -104,7 +104,7 @@ def _database_failure(what: str, settings: config.Settings, exc: BaseException) 
     if sqlstate:
         text = _describe(root)
     elif isinstance(exc, TimeoutError):
-        text = "no answer in time"
+        text = str(exc) or "no answer in time"
     else:
         text = _describe(exc)
     if any(isinstance(e, TimeoutError) for e in chain):
@@ -124,6 +124,11 @@ async def _connect(settings: config.Settings, what: str = "database") -> asyncpg
     """One connection to the database (the composition root's), or one line saying why not."""
     try:
         return await service.new_connection(settings, Metrics())
+    except TimeoutError as exc:
+        # The configured bound gave up (DB_CONNECT_TIMEOUT_SECONDS): say which.
+        late = TimeoutError(f"no connection within {settings.database.connect_timeout_s:g}s")
+        late.__cause__ = exc
+        raise _database_failure(what, settings, late) from None
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ExternalError) as exc:
         raise _database_failure(what, settings, exc) from None
 
