@@ -32,8 +32,8 @@ from service.engine.controller import Controller
 from service.engine.observation import ObservationClocks
 from service.engine.reconciler import Reconciler
 from service.engine.workqueue import WorkQueue
+from service.kit import clock
 from service.kit.backoff import Backoff
-from service.kit.clock import MonotonicClock, SchedulingClock
 from service.kit.memory import freeze_long_lived
 from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
@@ -79,7 +79,6 @@ class Parts:
 
     settings: Settings
     metrics: Metrics
-    clock: MonotonicClock
     store: PgExecutionStore
     informer: MultiNamespaceInformer
     """One pod cache per sandbox namespace (``informer.informers``)."""
@@ -145,7 +144,6 @@ def new_informer(
     api: ApiClient,
     metrics: Metrics,
     *,
-    clock: SchedulingClock | None = None,
     backoff: Backoff | None = None,
 ) -> MultiNamespaceInformer:
     """One namespaced informer per sandbox namespace (never a cluster-wide watch)."""
@@ -158,7 +156,6 @@ def new_informer(
             decoder,
             metrics,
             namespace=namespace,
-            clock=clock,
             backoff=backoff,
         )
 
@@ -186,7 +183,6 @@ def wire_engine(
     listener: RetirementListener,
     activation: Activation,
     recorder: ReapRecorder | None,
-    clock: SchedulingClock,
     metrics: Metrics,
     queue_backoff: Backoff,
 ) -> Engine:
@@ -194,7 +190,7 @@ def wire_engine(
     the controller, which becomes the informer's and the listener's handler. :func:`build`
     wires the service with it, and the deterministic simulator (``tests/sim``) wires the same
     engine on its models, so the two cannot drift apart."""
-    queue = WorkQueue(clock=clock, metrics=metrics, backoff=queue_backoff)
+    queue = WorkQueue(metrics=metrics, backoff=queue_backoff)
     clocks = ObservationClocks(metrics=metrics)
     reconciler = Reconciler(
         settings=settings,
@@ -202,9 +198,8 @@ def wire_engine(
         pods=pods,
         store=store,
         clocks=clocks,
-        budget=DeleteBudget(settings.deletes_per_minute, clock=clock),
+        budget=DeleteBudget(settings.deletes_per_minute),
         activation=activation,
-        clock=clock,
         metrics=metrics,
         barrier=listener,
         recorder=recorder,
@@ -215,7 +210,6 @@ def wire_engine(
         reconciler=reconciler,
         clocks=clocks,
         activation=activation,
-        clock=clock,
         metrics=metrics,
         batch_size=settings.database.batch_max_size,
     )
@@ -227,9 +221,8 @@ def wire_engine(
 
 
 def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
-    clock = MonotonicClock()
     store = new_store(settings, metrics)
-    informer = new_informer(settings, api, metrics, clock=clock)
+    informer = new_informer(settings, api, metrics)
     pods = new_pod_client(settings, api, metrics)
     elector = (
         LeaderElector(
@@ -237,7 +230,6 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
             settings=settings.leader,
             namespace=lease_namespace(settings),
             metrics=metrics,
-            clock=clock,
             request_timeout_s=settings.kube.api_timeout_s,
         )
         if settings.leader.enabled
@@ -254,7 +246,6 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         settings.database,
         metrics=metrics,
         probe=store.notify,
-        clock=clock,
         namespaces=settings.kube.namespaces,
     )
     recorder = (
@@ -277,25 +268,22 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         listener=listener,
         activation=activation,
         recorder=recorder,
-        clock=clock,
         metrics=metrics,
         queue_backoff=default_queue_backoff(),
     )
     queue, clocks, controller = engine.queue, engine.clocks, engine.controller
     if elector is not None:
         elector.add_handler(controller.set_leader)
-    heartbeats = Heartbeats(clock=clock)
+    heartbeats = Heartbeats()
     health = HealthServer(
         metrics=metrics,
         heartbeats=heartbeats,
         cache_synced=lambda: informer.synced,
-        database_problem=_cached_ping(store, clock),
+        database_problem=_cached_ping(store),
         listener_problem=lambda: listener.problem,
         host=settings.bind_host,
         port=settings.bind_port,
-        pending=(
-            _pending_view(settings, clocks, clock, controller) if settings.debug_pending else None
-        ),
+        pending=(_pending_view(settings, clocks, controller) if settings.debug_pending else None),
     )
     metrics.enabled.set(1 if settings.enabled else 0)
     metrics.dry_run.set(1 if settings.dry_run else 0)
@@ -303,7 +291,6 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     return Parts(
         settings=settings,
         metrics=metrics,
-        clock=clock,
         store=store,
         informer=informer,
         pods=pods,
@@ -319,18 +306,22 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
 
 
 def _pending_view(
-    settings: Settings, clocks: ObservationClocks, clock: MonotonicClock, controller: Controller
+    settings: Settings, clocks: ObservationClocks, controller: Controller
 ) -> Callable[[int, str | None], dict[str, Any]]:
-    """The live view (``GET /debug/pending``); the clock is mapped onto UTC once, here."""
-    wall_offset_s = time.time() - clock.monotonic()
+    """The live view (``GET /debug/pending``); the loop's clock is mapped onto UTC once, at the
+    first request (the one place the service relates its clock to the wall clock)."""
+    wall_offset_s: float | None = None
 
     def view(limit: int, key: str | None) -> dict[str, Any]:
+        nonlocal wall_offset_s
+        if wall_offset_s is None:
+            wall_offset_s = time.time() - clock.now()  # noqa: TID251 (UTC in the view)
         return pending_document(
             clocks=clocks,
             threshold_s=settings.threshold_s,
             mode=settings.mode,
             active=controller.active,
-            now_s=clock.monotonic(),
+            now_s=clock.now(),
             wall_offset_s=wall_offset_s,
             limit=limit,
             key=key,
@@ -339,9 +330,7 @@ def _pending_view(
     return view
 
 
-def _cached_ping(
-    store: PgExecutionStore, clock: MonotonicClock
-) -> Callable[[], Awaitable[str | None]]:
+def _cached_ping(store: PgExecutionStore) -> Callable[[], Awaitable[str | None]]:
     """Readiness probes may come often; the database is asked at most every PING_TTL_S. Answers
     why the last ping failed, ``None`` when it worked."""
     last_at = -PING_TTL_S * 2
@@ -349,7 +338,7 @@ def _cached_ping(
 
     async def ping() -> str | None:
         nonlocal last_at, last_problem
-        now = clock.monotonic()
+        now = clock.now()
         if now - last_at >= PING_TTL_S:
             ok = await store.ping()
             last_problem = None if ok else store.problem or "unreachable"

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable, Iterable, Sequence
 
 import anyio
@@ -52,7 +51,7 @@ from service.engine.observation import ObservationClocks
 from service.engine.reconciler import Reconciler
 from service.engine.results import INACTIVE_RESULT, Action, ReconcileResult
 from service.engine.workqueue import WorkQueue
-from service.kit.clock import SchedulingClock, sleep_until
+from service.kit import clock
 from service.metrics import Metrics, observe_many
 from service.ports import PodCache
 
@@ -79,7 +78,6 @@ class Controller:
         reconciler: Reconciler,
         clocks: ObservationClocks,
         activation: Activation,
-        clock: SchedulingClock,
         metrics: Metrics,
         batch_size: int = 1,
     ) -> None:
@@ -88,7 +86,6 @@ class Controller:
         self._reconciler = reconciler
         self._clocks = clocks
         self._activation = activation
-        self._clock = clock
         self._metrics = metrics
         self._batch_size = batch_size
         self._workers = 1
@@ -175,9 +172,7 @@ class Controller:
         )
         if received_at_s is not None:
             # One sample per notification that carries a retirement.
-            self._metrics.retirement_to_enqueue.observe(
-                max(0.0, self._clock.monotonic() - received_at_s)
-            )
+            self._metrics.retirement_to_enqueue.observe(max(0.0, clock.now() - received_at_s))
 
     def notifications_missed(self) -> None:
         logger.info("notifications may have been missed: clearing clocks and resyncing")
@@ -228,7 +223,7 @@ class Controller:
         """The backstop: enqueue every cached candidate every ``period_s`` (until cancelled)."""
         task_status.started()
         while not self._queue.shutting_down:
-            await sleep_until(self._clock, self._clock.monotonic() + period_s)
+            await anyio.sleep(period_s)
             count = self.resync()
             logger.debug("resync enqueued %d keys", count)
 
@@ -271,7 +266,7 @@ class Controller:
         every check before the DELETE must return first. Cancellation always propagates.
         """
         results: dict[str, ReconcileResult] = {}
-        started = time.perf_counter()
+        started = clock.now()
         if not self._activation.active:
             for key in keys:
                 self._finish(key, INACTIVE_RESULT, started, results, finished)
@@ -289,14 +284,14 @@ class Controller:
                 self._bug(keys[0], started, results, finished)
                 return results
             self._finish_many(observed.results.items(), started, results, finished)
-            observing_s = time.perf_counter() - started
+            observing_s = clock.now() - started
             for due in observed.due:
                 if self._queue.shutting_down:
                     break  # the rest are dropped like queued keys (a restart relists)
                 # A due key's reconcile is the batch's observation and its own action, not the
                 # actions of the due keys before it; its log lines carry the reconcile id its
                 # observation had.
-                key_started = time.perf_counter() - observing_s
+                key_started = clock.now() - observing_s
                 with logs.reconciling(due.key):
                     try:
                         result = await self._reconciler.act(due)
@@ -395,4 +390,4 @@ class Controller:
                     failed += count
             if failed:
                 metrics.reconcile_errors.inc(failed)
-            observe_many(metrics.reconcile_duration, time.perf_counter() - started, counted)
+            observe_many(metrics.reconcile_duration, clock.now() - started, counted)

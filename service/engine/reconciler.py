@@ -75,8 +75,8 @@ from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget, Turn
 from service.engine.observation import ObservationClocks
 from service.engine.results import INACTIVE_RESULT, ReconcileResult
+from service.kit import clock
 from service.kit.causelog import CauseLog
-from service.kit.clock import Clock
 from service.kit.errors import ApiError, ExternalError, Undecodable
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
@@ -94,7 +94,7 @@ T = TypeVar("T")
 
 FINAL_CHECK_MAX_AGE_S = 0.25
 """Invariant 1's bound: the DELETE (or dry-run report) is made at most this long after the final
-row re-read began, on the injected clock. Older, and the verification is redone. The row re-read
+row re-read began, on the event loop's clock. Older, and the verification is redone. The row re-read
 and notification sync take milliseconds; this leaves room for a loaded machine."""
 MAX_AGE_REVERIFICATIONS = 3
 """Re-verifications caused by age in one reconcile before it gives up (``stale``) and requeues:
@@ -144,7 +144,7 @@ class Verified:
     """The final re-read."""
     rule: str
     reread_at_s: float
-    """Injected-clock time at which the final row re-read began."""
+    """Event-loop time at which the final row re-read began."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +184,6 @@ class Reconciler:
         clocks: ObservationClocks,
         budget: DeleteBudget,
         activation: Activation,
-        clock: Clock,
         metrics: Metrics,
         api_timeout_s: float | None = None,
         db_timeout_s: float | None = None,
@@ -200,7 +199,6 @@ class Reconciler:
         self._clocks = clocks
         self._budget = budget
         self._activation = activation
-        self._clock = clock
         self._metrics = metrics
         self._api_timeout_s = (
             api_timeout_s if api_timeout_s is not None else settings.kube.api_timeout_s
@@ -302,7 +300,7 @@ class Reconciler:
                 self._clocks.clear_key(key)
                 results[key] = ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
             return
-        now = self._clock.monotonic()
+        now = clock.now()
         threshold_s = self._settings.threshold_s
         clocks = self._clocks
         # A clock started now waits the whole threshold: one result for all of them (results
@@ -435,7 +433,7 @@ class Reconciler:
         if fresh is None:
             self._clocks.clear_key(key)
             return ReconcileResult.done(ReconcileOutcome.GONE)
-        reread_at_s = self._clock.monotonic()
+        reread_at_s = clock.now()
         try:
             fresh_row = await _bounded(
                 "row re-read", self._db_timeout_s, self._store.read_fresh(pod.key)
@@ -489,7 +487,7 @@ class Reconciler:
 
         # The re-reads take time: an event may have cleared the clock, or leadership may have
         # been lost, meanwhile (checked here so that no such candidate waits for the budget).
-        elapsed = self._still_due(due, self._clock.monotonic())
+        elapsed = self._still_due(due, clock.now())
         if isinstance(elapsed, ReconcileResult):
             return elapsed
         return Verified(due, fresh, fresh_row, again.rule, reread_at_s)
@@ -501,7 +499,7 @@ class Reconciler:
         due = verified.due
         reverified = 0
         while True:
-            now = self._clock.monotonic()
+            now = clock.now()
             age_s = now - verified.reread_at_s
             if age_s <= FINAL_CHECK_MAX_AGE_S:
                 break

@@ -11,9 +11,8 @@ A key lives in at most one of three places that matter for correctness:
   add does not cancel a pending delayed one: the key is then processed twice, which is harmless
   for an idempotent reconcile and keeps "reconcile again when the clock expires" true.
 
-Delays run on an injected :class:`~service.kit.clock.SchedulingClock`: one timer is armed for
-the earliest due time, so with a fake clock ``advance()`` moves due keys to the ready list
-synchronously and wakes getters without any real sleep.
+Delays run on the event loop's clock (``service/kit/clock.py``): one loop timer is armed for the
+earliest due time; when it fires, due keys move to the ready list and getters wake.
 
 Failures back off per key (``add_rate_limited``, client-go's item exponential failure limiter):
 the queue counts each key's failures and asks the kit's :class:`~service.kit.backoff.Backoff`
@@ -33,6 +32,7 @@ keys may still be marked :meth:`done`; :meth:`shut_down_with_drain` additionally
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import heapq
 import itertools
@@ -42,8 +42,8 @@ from collections.abc import Iterable
 
 import anyio
 
+from service.kit import clock
 from service.kit.backoff import Backoff
-from service.kit.clock import Cancellable, SchedulingClock, wait_until
 from service.kit.memory import trim_heap
 from service.metrics import Metrics, observe_many
 
@@ -57,11 +57,9 @@ class WorkQueue:
     def __init__(
         self,
         *,
-        clock: SchedulingClock,
         metrics: Metrics | None = None,
         backoff: Backoff | None = None,
     ) -> None:
-        self._clock = clock
         self._metrics = metrics
         self._backoff = backoff if backoff is not None else Backoff(initial_s=0.005, max_s=60.0)
         self._failures: dict[str, int] = {}
@@ -72,7 +70,7 @@ class WorkQueue:
         self._waiting: dict[str, float] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
-        self._timer: Cancellable | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._timer_due: float | None = None
         self._getters: deque[anyio.Event] = deque()
         self._shutting_down = False
@@ -101,7 +99,7 @@ class WorkQueue:
                 continue
             dirty.add(key)
             if since is None:
-                since = self._clock.monotonic()
+                since = clock.now()
             self._dirty_since[key] = since
             if key in processing:
                 continue  # re-queued by done()
@@ -122,7 +120,7 @@ class WorkQueue:
         """:meth:`add_after` for each ``(key, delay_s)``, the timer armed once at the end."""
         if self._shutting_down:
             return
-        now = self._clock.monotonic()
+        now = clock.now()
         waiting, heap, pushed = self._waiting, self._heap, False
         for key, delay_s in delays:
             if delay_s <= 0:
@@ -178,7 +176,7 @@ class WorkQueue:
                 ready = self._ready
                 take = max(1, min(limit, max(least, -(-len(ready) // max(1, shares)))))
                 keys = [ready.popleft() for _ in range(min(take, len(ready)))]
-                now = self._clock.monotonic()
+                now = clock.now()
                 # Keys of one burst share the time they were added: one observation each,
                 # recorded per distinct time.
                 waited: dict[float, int] = {}
@@ -262,7 +260,7 @@ class WorkQueue:
             return True
         if self._drained is None:
             self._drained = anyio.Event()
-        return await wait_until(self._drained, self._clock, self._clock.monotonic() + timeout_s)
+        return await clock.wait_until(self._drained, clock.now() + timeout_s)
 
     @property
     def shutting_down(self) -> bool:
@@ -292,7 +290,7 @@ class WorkQueue:
     # ---------------------------------------------------------------- internal
 
     def _promote_due(self) -> None:
-        now = self._clock.monotonic()
+        now = clock.now()
         heap = self._heap
         while heap and heap[0][0] <= now:
             due, _, key = heapq.heappop(heap)
@@ -313,7 +311,7 @@ class WorkQueue:
             self._timer = None
         self._timer_due = due
         if due is not None:
-            self._timer = self._clock.call_at(due, self._on_timer)
+            self._timer = asyncio.get_running_loop().call_at(due, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = self._timer_due = None

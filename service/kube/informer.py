@@ -22,7 +22,6 @@ from kubernetes_asyncio import client as k8s_client
 from service.config import KubeSettings
 from service.domain import PodSnapshot
 from service.kit.backoff import Backoff
-from service.kit.clock import MonotonicClock, SchedulingClock
 from service.kube.decode import PodDecoder
 from service.kube.listwatch import ListWatch
 from service.kube.reflector import Reflector, SyncMode
@@ -92,7 +91,6 @@ class PodInformer:
         metrics: Metrics,
         *,
         namespace: str,
-        clock: SchedulingClock | None = None,
         rng: random.Random | None = None,
         backoff: Backoff | None = None,
         watch_jitter: float = WATCH_JITTER,
@@ -117,7 +115,6 @@ class PodInformer:
             decoder,
             metrics,
             settings=settings,
-            clock=clock or MonotonicClock(),
             backoff=backoff or default_backoff(),
             min_watch_s=min_watch_s,
         )

@@ -21,9 +21,9 @@ are never built); malformed lines and objects are skipped, counted and logged.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
-import time
 from dataclasses import dataclass
 from typing import Protocol, assert_never
 
@@ -31,8 +31,8 @@ import anyio
 import msgspec
 
 from service.config import KubeSettings
+from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
-from service.kit.clock import SchedulingClock, sleep_until
 from service.kit.errors import ApiError, ExternalError
 from service.kit.memory import trim_heap
 from service.kube.decode import PodDecodeError, PodDecoder
@@ -258,7 +258,6 @@ class Reflector:
         metrics: Metrics,
         *,
         settings: KubeSettings,
-        clock: SchedulingClock,
         backoff: Backoff,
         min_watch_s: float,
     ) -> None:
@@ -271,7 +270,6 @@ class Reflector:
         self._page_size = settings.list_page_size
         self._mode = ListMode(settings.list_mode)
         self._next = SyncRequest.first(self._mode)
-        self._clock = clock
         self._attempts = Attempts(backoff)
         self._min_watch_s = min_watch_s
         self.resource_version: str | None = None
@@ -329,7 +327,7 @@ class Reflector:
         self._metrics.watch_restarts.labels(reason=reason).inc()
         delay = self._attempts.next_delay(floor_s)
         logger.warning("kubernetes list/watch failed (%s); retrying in %.2fs", what, delay)
-        await sleep_until(self._clock, self._clock.monotonic() + delay)
+        await anyio.sleep(delay)
 
     # ------------------------------------------------------------------ sync
 
@@ -443,7 +441,7 @@ class Reflector:
         Not honoured (:attr:`End.UNSUPPORTED`) when a plain bookmark comes first or the stream
         stays silent for ``stream_sync_timeout_s`` before that bookmark; the events already
         applied are then reconciled by the list that follows."""
-        started = self._clock.monotonic()
+        started = clock.now()
         opened = _opened(await self._lw.stream(known), streaming=True)
         if isinstance(opened, WatchEnd):
             return opened
@@ -456,10 +454,8 @@ class Reflector:
         try:
             # The deadline follows the events (moved once half the bound has passed, to keep
             # timer rescheduling off the per-event path): it measures silence, not total time.
-            # anyio.current_time() looks the backend up on every call, too much for a per-event
-            # read; the loop's clock is time.monotonic() plus a fixed offset.
-            offset_s = anyio.current_time() - time.monotonic()
-            with anyio.CancelScope(deadline=anyio.current_time() + bound_s) as silence:
+            loop_time = asyncio.get_running_loop().time
+            with anyio.CancelScope(deadline=loop_time() + bound_s) as silence:
                 while True:
                     try:
                         line = await readline()
@@ -469,7 +465,7 @@ class Reflector:
                         break
                     if not line.strip():
                         continue
-                    now = time.monotonic() + offset_s
+                    now = loop_time()
                     if now + bound_s - silence.deadline > bound_s / 2:
                         silence.deadline = now + bound_s
                     end = apply(line)
@@ -502,7 +498,7 @@ class Reflector:
 
     async def _watch(self, rv: str) -> WatchEnd:
         """One watch request from ``rv``, followed until the stream ends."""
-        started = self._clock.monotonic()
+        started = clock.now()
         opened = _opened(await self._lw.watch(rv), streaming=False)
         if isinstance(opened, WatchEnd):
             return opened
@@ -529,7 +525,7 @@ class Reflector:
             events += 1
             if events == 1:
                 self._attempts.reset()
-        if events == 0 and self._clock.monotonic() - started < self._min_watch_s:
+        if events == 0 and clock.now() - started < self._min_watch_s:
             return WatchEnd(End.EMPTY, message="watch stream closed at once without events")
         return _CLOSED
 

@@ -11,8 +11,10 @@ import pytest
 
 from service.domain import ExecutionChange, ExecutionState, PodPhase, ReconcileOutcome, Verdict
 from service.engine.controller import MIN_BATCH
+from service.kit import clock
 from service.kit.errors import Unavailable
 from tests.fakes import EngineRig, make_pod, make_rig, make_row, make_settings
+from tests.virtualtime import settle
 
 BURST = 2_000
 WORKERS = 8
@@ -35,9 +37,9 @@ async def test_a_burst_starts_every_clock_with_one_row_query_per_batch() -> None
     rig = make_rig()
     async with rig.workers(WORKERS):
         keys = _retire_all(rig, BURST)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert len(rig.clocks) == BURST
-        assert all(rig.queue.due_at(k) == rig.clock.monotonic() + 300 for k in keys)
+        assert all(rig.queue.due_at(k) == clock.now() + 300 for k in keys)
         assert rig.store.lookups == 0 and rig.store.fresh_reads == 0
         assert 1 < rig.store.lookup_many_calls <= math.ceil(BURST / MIN_BATCH)
         assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == BURST
@@ -51,7 +53,7 @@ async def test_due_keys_of_a_batch_are_verified_one_by_one_before_any_delete() -
     rig = make_rig(make_settings(deletes_per_minute=6000))
     async with rig.workers(WORKERS):
         keys = _retire_all(rig, 300)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         # Two rows are re-activated, and the batched reads lag (a replica, say): only the final
         # re-read sees it.
         rig.store.batched_rows = dict(rig.store.rows)
@@ -72,12 +74,12 @@ async def test_due_keys_of_a_batch_are_verified_one_by_one_before_any_delete() -
 
 @pytest.mark.anyio
 async def test_a_notification_during_the_batch_lookup_keeps_that_clock_stopped() -> None:
-    rig = make_rig()
+    rig = make_rig(make_settings(deletes_per_minute=6000))  # a pacer burst of 600: no wait
     gate = anyio.Event()
     rig.store.lookup_gate = gate
     async with rig.workers(1):
         keys = _retire_all(rig, 100)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert rig.store.lookup_many_calls == 1  # the batch is reading
         flipped = rig.cache.get(keys[7])
         assert flipped is not None
@@ -90,19 +92,19 @@ async def test_a_notification_during_the_batch_lookup_keeps_that_clock_stopped()
         again = anyio.Event()  # holds the re-read of the flipped key
         rig.store.lookup_gate = again
         gate.set()
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert rig.outcome(ReconcileOutcome.CHANGED) == 1
         assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 99
         assert rig.clocks.get(flipped.uid) is None and len(rig.clocks) == 99
-        rig.clock.advance(5)
+        await rig.advance(4)  # the re-read held, within its statement timeout (5 s)
         rig.store.lookup_gate = None
         again.set()
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         obs = rig.clocks.get(flipped.uid)
-        assert obs is not None and obs.since_s == rig.clock.monotonic()  # from the second read
-        await rig.advance(295)
+        assert obs is not None and obs.since_s == clock.now()  # from the second read
+        await rig.advance(296)
         assert len(rig.pods.deletes) == 99 and flipped.key not in rig.pods.deleted_keys
-        await rig.advance(5)
+        await rig.advance(4)
     assert len(rig.pods.deletes) == 100
 
 
@@ -111,12 +113,12 @@ async def test_a_failed_batch_lookup_clears_every_clock_and_backs_off_each_key()
     rig = make_rig(make_settings(deletes_per_minute=6000))
     async with rig.workers(WORKERS):
         keys = _retire_all(rig, 200)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         await rig.advance(100)
         rig.store.lookup_error = Unavailable("db down")
         for key in keys:  # a resync while the database is down
             rig.queue.add(key)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert len(rig.clocks) == 0
         assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) >= 200
         assert all(rig.queue.num_requeues(k) >= 1 for k in keys)
@@ -152,7 +154,7 @@ async def test_a_batch_skips_what_is_not_reapable_and_queries_only_candidates() 
     async with rig.workers(1):
         for pod in [*running_pods, *active, *no_row]:
             rig.queue.add(pod.key)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
     assert sorted(queried) == sorted(p.key for p in [*active, *no_row])
     assert rig.outcome(ReconcileOutcome.SKIPPED) == 150
     assert len(rig.clocks) == 0 and rig.queue.delayed == 0
@@ -164,7 +166,7 @@ async def test_an_inactive_replica_drops_a_batch_unread() -> None:
     async with rig.workers(WORKERS):
         for i in range(500):
             rig.queue.add(f"sandboxes/p{i}")
-        await anyio.wait_all_tasks_blocked()
+        await settle()
     assert rig.store.queries == 0 and len(rig.clocks) == 0
 
 
@@ -175,7 +177,7 @@ async def test_stop_ends_a_batch_after_its_read_without_starting_its_due_keys() 
     async with anyio.create_task_group() as tg:
         await tg.start(rig.controller.run_workers, 1)
         _retire_all(rig, 50)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         gate = anyio.Event()
         rig.store.lookup_gate = gate
         await rig.advance(300)  # all 50 due: one batch, reading
@@ -185,7 +187,7 @@ async def test_stop_ends_a_batch_after_its_read_without_starting_its_due_keys() 
             drained.append(await rig.controller.stop(timeout_s=20))
 
         tg.start_soon(stop)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert drained == []
         gate.set()
     assert drained == [True]

@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry
 
 from service.config import KubeSettings
 from service.domain import LabelKeys
+from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
-from service.kit.clock import FakeClock
 from service.kit.errors import Unavailable
 from service.kube.decode import PodDecodeError, PodDecoder
 from service.kube.informer import BACKOFF_MAX_S, default_backoff
@@ -33,6 +33,7 @@ from service.kube.reflector import LineReader, Reflector, Stream, SyncMode
 from service.kube.store import PodStore, SyncState
 from service.metrics import Metrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, SANDBOX_SELECTOR, RecordingHandler, sandbox_pod
+from tests.virtualtime import settle
 
 pytestmark = pytest.mark.anyio
 NS = SANDBOX_NAMESPACE
@@ -132,8 +133,7 @@ class FakeListWatch:
     """Answers each request with the next step of the script, and records when it came. It only
     answers: every decision about what an answer means is the reflector's."""
 
-    def __init__(self, clock: FakeClock, script: Sequence[Call]) -> None:
-        self._clock = clock
+    def __init__(self, script: Sequence[Call]) -> None:
         self._script = deque(script)
         self.calls: list[tuple[str, str | None, float]] = []
         self.limits: list[int | None] = []
@@ -141,7 +141,7 @@ class FakeListWatch:
         self.streams: list[FakeStream] = []
 
     async def _next(self, op: str, arg: str | None) -> object:
-        self.calls.append((op, arg, self._clock.monotonic()))
+        self.calls.append((op, arg, clock.now()))
         if not self._script:
             self.exhausted.set()
             await anyio.sleep_forever()
@@ -198,7 +198,6 @@ class Run:
     handler: RecordingHandler
     metrics: Metrics
     lw: FakeListWatch
-    clock: FakeClock
 
     def count(self, name: str, **labels: str) -> float:
         value = self.metrics.registry.get_sample_value(name, labels or None)
@@ -219,10 +218,9 @@ class Run:
 async def run_script(
     script: Sequence[Call], *, list_mode: str = "auto", min_watch_s: float = 0.0
 ) -> Run:
-    """Run a reflector until it asks for more than the script holds, advancing virtual time
-    through every backoff; then stop it."""
-    clock = FakeClock()
-    lw = FakeListWatch(clock, script)
+    """Run a reflector until it asks for more than the script holds (virtual time passes
+    through every backoff on its own); then stop it."""
+    lw = FakeListWatch(script)
     handler = RecordingHandler()
     metrics = Metrics(CollectorRegistry())
     store = PodStore(metrics, sink=handler, namespace=NS)
@@ -242,21 +240,17 @@ async def run_script(
         DECODER,
         metrics,
         settings=settings,
-        clock=clock,
         backoff=Backoff(initial_s=1.0, max_s=BACKOFF_MAX_S),
         min_watch_s=min_watch_s,
     )
-    with anyio.fail_after(5):
+    with anyio.fail_after(3600):  # virtual: a reflector that never asks for more fails
         async with anyio.create_task_group() as tg:
             tg.start_soon(reflector.run)
-            while not lw.exhausted.is_set():
-                await anyio.wait_all_tasks_blocked()
-                deadline = clock.next_deadline
-                if deadline is not None and not lw.exhausted.is_set():
-                    clock.advance(deadline - clock.monotonic())
+            await lw.exhausted.wait()
+            await settle()
             tg.cancel_scope.cancel()
     assert all(s.closed for s in lw.streams), "every stream opened was closed"
-    return Run(reflector, store, handler, metrics, lw, clock)
+    return Run(reflector, store, handler, metrics, lw)
 
 
 def streamed(*lines: bytes, rv: int, fail: BaseException | None = None) -> FakeStream:

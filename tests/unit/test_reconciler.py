@@ -1,4 +1,4 @@
-"""One key's reconcile, called directly, on in-memory fakes and a fake clock.
+"""One key's reconcile, called directly, on in-memory fakes and virtual time.
 
 Each safety test names the invariant (docs/architecture.md) it guards and fails when the enforcing code goes.
 """
@@ -23,6 +23,7 @@ from service.domain import (
     Verdict,
 )
 from service.engine.results import INACTIVE, Action
+from service.kit import clock
 from service.kit.errors import Unavailable
 from service.kube.decode import PodDecodeError
 from service.kube.errors import KubeApiError
@@ -36,6 +37,7 @@ from tests.fakes import (
     make_row,
     make_settings,
 )
+from tests.virtualtime import settle
 
 T0 = 1000.0
 
@@ -51,7 +53,7 @@ async def _expire(rig: EngineRig, pod: PodSnapshot) -> None:
     """Observe ``pod`` once and let exactly the threshold pass."""
     first = await rig.reconcile(pod.key)
     assert first.outcome == ReconcileOutcome.TOO_YOUNG
-    rig.clock.advance(rig.settings.threshold_s)
+    await rig.advance(rig.settings.threshold_s)
 
 
 # ------------------------------------------------------------- threshold
@@ -63,13 +65,13 @@ async def test_too_young_requeues_for_exactly_the_remaining_time_then_deletes() 
     result = await rig.reconcile(pod.key)
     assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.TOO_YOUNG)
     assert result.requeue_after_s == 300.0
-    rig.clock.advance(120)
+    await rig.advance(120)
     again = await rig.reconcile(pod.key)
     assert again.requeue_after_s == 180.0  # the clock kept running: same UID, same shape
-    rig.clock.advance(179.5)
+    await rig.advance(179.5)
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
     assert rig.pods.deletes == []
-    rig.clock.advance(0.5)
+    await rig.advance(0.5)
     done = await rig.reconcile(pod.key)
     assert (done.action, done.outcome) == (Action.DONE, Verdict.TERMINAL_RETIRED)
     assert [(d.uid, d.at_s) for d in rig.pods.deletes] == [(pod.uid, T0 + 300)]
@@ -184,7 +186,7 @@ class _RecreatingPodClient(FakePodClient):
 @pytest.mark.anyio
 async def test_invariant2_uid_precondition_protects_a_pod_recreated_after_the_fresh_get() -> None:
     rig, pod = _rig()
-    recreating = _RecreatingPodClient([pod], clock=rig.clock)
+    recreating = _RecreatingPodClient([pod])
     rig.reconciler._pods = recreating  # the fake stands in for the API server
     await _expire(rig, pod)
     result = await rig.reconcile(pod.key)
@@ -206,10 +208,10 @@ async def test_invariant2_uid_precondition_protects_a_pod_recreated_after_the_fr
 async def test_a_pod_recreated_under_the_same_name_starts_its_own_clock() -> None:
     rig, pod = _rig()
     await rig.reconcile(pod.key)
-    rig.clock.advance(250)
+    await rig.advance(250)
     new = structs.replace(pod, uid="uid-new", resource_version="7")
     rig.add(new, event=False)  # the cache already shows the new pod (no event needed)
-    rig.clock.advance(100)  # 350 s after the old UID was first seen
+    await rig.advance(100)  # 350 s after the old UID was first seen
     result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.TOO_YOUNG
     assert result.requeue_after_s == 300.0
@@ -224,13 +226,13 @@ async def test_a_pod_recreated_under_the_same_name_starts_its_own_clock() -> Non
 async def test_a_pod_that_stops_classifying_restarts_its_clock() -> None:
     rig, pod = _rig()
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
-    rig.clock.advance(100)
+    await rig.advance(100)
     rig.store.put(make_row(pod, active=True, state=ExecutionState.ACTIVE))  # no notification
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.SKIPPED
     rig.store.put(make_row(pod))  # retired again
-    rig.clock.advance(100)
+    await rig.advance(100)
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
-    rig.clock.advance(150)  # 350 s after first seen: beyond the original threshold
+    await rig.advance(150)  # 350 s after first seen: beyond the original threshold
     result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.TOO_YOUNG
     assert result.requeue_after_s == 150.0  # restarted at 200 s, not 0 s
@@ -243,13 +245,13 @@ async def test_a_pod_that_fails_the_prefilter_restarts_its_clock_without_a_db_qu
     rig, pod = _rig()
     await rig.reconcile(pod.key)
     queries = rig.store.queries
-    rig.clock.advance(200)
+    await rig.advance(200)
     rig.cache.put(structs.replace(pod, phase=PodPhase.RUNNING))
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.SKIPPED
     assert rig.store.queries == queries  # the prefilter decides without the database
     assert rig.sample("retired_pod_gc_skips_total", {"reason": "pod_running"}) == 1
     rig.cache.put(pod)
-    rig.clock.advance(200)
+    await rig.advance(200)
     assert (await rig.reconcile(pod.key)).requeue_after_s == 300.0
 
 
@@ -259,7 +261,7 @@ async def test_a_changed_reapable_shape_restarts_the_clock() -> None:
     pending = make_pending_pod()
     rig.add(pending, make_row(pending, state=ExecutionState.REPLACED), event=False)
     await rig.reconcile(pending.key)
-    rig.clock.advance(200)
+    await rig.advance(200)
     failed = structs.replace(
         pending, phase=PodPhase.FAILED, all_containers_terminated=True, resource_version="2"
     )
@@ -272,13 +274,13 @@ async def test_a_changed_reapable_shape_restarts_the_clock() -> None:
 async def test_a_failed_lookup_restarts_the_clock_and_backs_off() -> None:
     rig, pod = _rig()
     await rig.reconcile(pod.key)
-    rig.clock.advance(200)
+    await rig.advance(200)
     rig.store.lookup_error = Unavailable("db down")
     failed = await rig.reconcile(pod.key)
     assert (failed.action, failed.outcome) == (Action.BACKOFF, ReconcileOutcome.LOOKUP_FAILED)
     assert rig.clocks.get(pod.uid) is None
     rig.store.lookup_error = None
-    rig.clock.advance(150)
+    await rig.advance(150)
     assert (await rig.reconcile(pod.key)).requeue_after_s == 300.0
     assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) == 1
 
@@ -306,7 +308,7 @@ async def test_a_clearing_event_during_the_lookup_keeps_the_clock_from_starting(
             results.append(await rig.reconcile(pod.key))
 
         tg.start_soon(run)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert rig.store.lookups == 1  # the lookup is in flight
         # The row flips active (notification) while the lookup (old snapshot) is in flight.
         rig.controller.executions_changed(
@@ -319,12 +321,15 @@ async def test_a_clearing_event_during_the_lookup_keeps_the_clock_from_starting(
 
 @pytest.mark.anyio
 async def test_a_clock_cleared_while_waiting_for_a_delete_token_prevents_the_delete() -> None:
-    rig = make_rig(make_settings(deletes_per_minute=1))
+    rig = make_rig(
+        make_settings(deletes_per_minute=1),
+        budget_window_s=10.0,  # a token wait within the reconciler's 15 s for a turn
+    )
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
         await rig.reconcile(p.key)
-    rig.clock.advance(300)
+    await rig.advance(300)
     assert (await rig.reconcile(first.key)).outcome == Verdict.TERMINAL_RETIRED
     results = []
     async with anyio.create_task_group() as tg:
@@ -333,7 +338,7 @@ async def test_a_clock_cleared_while_waiting_for_a_delete_token_prevents_the_del
             results.append(await rig.reconcile(second.key))
 
         tg.start_soon(run)
-        await anyio.wait_all_tasks_blocked()  # waiting for the budget (1 per minute)
+        await settle()  # waiting for the budget (1 per 10 s)
         # The row flips active and back while we wait: the notification clears the clock.
         rig.controller.executions_changed(
             [
@@ -342,7 +347,7 @@ async def test_a_clock_cleared_while_waiting_for_a_delete_token_prevents_the_del
                 )
             ]
         )
-        await rig.advance(60)
+        await rig.advance(10)
     assert results[0].outcome == ReconcileOutcome.CHANGED
     assert rig.pods.deleted_keys == [first.key]
 
@@ -474,7 +479,7 @@ async def test_dry_run_verifies_but_never_deletes_and_reports_once(
     assert rig.pods.gets == [pod.key] and rig.store.fresh_reads == 1  # it verified
     second = await rig.reconcile(pod.key)
     assert second.outcome == ReconcileOutcome.ALREADY_REPORTED
-    rig.clock.advance(3600)
+    await rig.advance(3600)
     third = await rig.reconcile(pod.key)
     assert third.outcome == ReconcileOutcome.ALREADY_REPORTED
     assert rig.pods.deletes == []
@@ -506,7 +511,7 @@ async def test_disabled_sends_nothing_and_reports_nothing(dry_run: bool) -> None
     for _ in range(3):
         result = await rig.reconcile(pod.key)
         assert result.outcome == INACTIVE
-        rig.clock.advance(400)
+        await rig.advance(400)
     assert rig.pods.deletes == [] and rig.pods.gets == []
     assert rig.store.queries == 0
     for mode in ("live", "dry_run"):
@@ -516,12 +521,15 @@ async def test_disabled_sends_nothing_and_reports_nothing(dry_run: bool) -> None
 
 @pytest.mark.anyio
 async def test_leadership_lost_during_the_token_wait_sends_nothing() -> None:
-    rig = make_rig(make_settings(deletes_per_minute=1))
+    rig = make_rig(
+        make_settings(deletes_per_minute=1),
+        budget_window_s=10.0,  # a token wait within the reconciler's 15 s for a turn
+    )
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
         await rig.reconcile(p.key)
-    rig.clock.advance(300)
+    await rig.advance(300)
     await rig.reconcile(first.key)
     results = []
     async with anyio.create_task_group() as tg:
@@ -530,9 +538,9 @@ async def test_leadership_lost_during_the_token_wait_sends_nothing() -> None:
             results.append(await rig.reconcile(second.key))
 
         tg.start_soon(run)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         rig.controller.set_leader(False)
-        await rig.advance(60)
+        await rig.advance(10)
     assert results[0].outcome in (INACTIVE, ReconcileOutcome.CHANGED)
     assert rig.pods.deleted_keys == [first.key]
 
@@ -540,12 +548,16 @@ async def test_leadership_lost_during_the_token_wait_sends_nothing() -> None:
 @pytest.mark.anyio
 async def test_a_lapsed_lease_stops_the_delete_even_before_the_leadership_callback() -> None:
     leading = [True]
-    rig = make_rig(make_settings(deletes_per_minute=1), leader_check=lambda: leading[0])
+    rig = make_rig(
+        make_settings(deletes_per_minute=1),
+        budget_window_s=10.0,  # a token wait within the reconciler's 15 s for a turn
+        leader_check=lambda: leading[0],
+    )
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
         await rig.reconcile(p.key)
-    rig.clock.advance(300)
+    await rig.advance(300)
     await rig.reconcile(first.key)
     results = []
     async with anyio.create_task_group() as tg:
@@ -554,9 +566,9 @@ async def test_a_lapsed_lease_stops_the_delete_even_before_the_leadership_callba
             results.append(await rig.reconcile(second.key))
 
         tg.start_soon(run)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         leading[0] = False  # the renew deadline passed; on_change(False) has not run yet
-        await rig.advance(60)
+        await rig.advance(10)
     assert results[0].outcome == INACTIVE
     assert rig.pods.deleted_keys == [first.key]
     assert len(rig.clocks) == 2 - 1  # clocks untouched: only the live check stopped it
@@ -565,17 +577,19 @@ async def test_a_lapsed_lease_stops_the_delete_even_before_the_leadership_callba
 @pytest.mark.anyio
 async def test_an_exhausted_budget_throttles_and_requeues_for_when_a_token_frees() -> None:
     rig = make_rig(make_settings(deletes_per_minute=1))
-    rig.reconciler._budget_wait_s = 0.01  # real seconds: give up waiting quickly
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
         await rig.reconcile(p.key)
-    rig.clock.advance(300)
+    await rig.advance(300)
     await rig.reconcile(first.key)
-    rig.clock.advance(20)
+    await rig.advance(20)
+    # The token frees 60 s after the first grant; the reconciler waits for a turn a third of
+    # its 45 s timeout (15 s), gives up, and asks to come back when the token frees.
     result = await rig.reconcile(second.key)
     assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.THROTTLED)
-    assert result.requeue_after_s == 40.0
+    assert clock.now() == rig.pods.deletes[0].at_s + 20 + 15
+    assert result.requeue_after_s == 60.0 - 20 - 15
     assert rig.pods.deleted_keys == [first.key]
 
 
@@ -635,7 +649,7 @@ async def test_each_key_of_a_batch_has_one_reconcile_id_from_observation_to_dele
     keys = [pod.key for pod in pods]
     first = await rig.reconcile_batch(keys)
     assert {r.outcome for r in first.values()} == {ReconcileOutcome.TOO_YOUNG}
-    rig.clock.advance(rig.settings.threshold_s)
+    await rig.advance(rig.settings.threshold_s)
     caplog.clear()
     results = await rig.reconcile_batch(keys)
     assert [results[key].outcome for key in keys] == [Verdict.TERMINAL_RETIRED] * 2
