@@ -1,8 +1,9 @@
 """The composition root: builds every part from the settings and runs them under one task group.
 
-Only this module constructs the Kubernetes and PostgreSQL adapters (:func:`new_store`,
-:func:`new_pod_client`, :func:`new_informer`) and puts them together with the engine
-(:func:`build`); every command of ``service/app/commands.py`` takes its adapters from here. The
+Only this module constructs the Kubernetes and PostgreSQL adapters (:func:`new_api`,
+:func:`new_list_watch`, :func:`new_informer`, :func:`new_pod_client`, :func:`new_store`,
+:func:`new_connection`) and puts them together with the engine (:func:`build`); every command of
+``service/app/commands.py`` takes its adapters from here. The
 task group holds the HTTP server, the informer, the listener, the leader elector, the resync
 timer, a watchdog and N workers; any child that crashes takes the whole process down (non-zero
 exit), which is what a kubelet restart is for. A stop request drains: no new work, in-flight
@@ -12,6 +13,7 @@ reconciles get ``SHUTDOWN_TIMEOUT_SECONDS``, then everything is cancelled and th
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import asyncpg
 from anyio.abc import TaskStatus
 from kubernetes_asyncio.client import ApiClient
 
@@ -32,13 +35,16 @@ from service.engine.workqueue import WorkQueue
 from service.kit import clock
 from service.kit.backoff import Backoff
 from service.kit.memory import freeze_long_lived
+from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
-from service.kube.informer import PodInformer
+from service.kube.informer import WATCH_JITTER, PodInformer
 from service.kube.leaderelection import LeaderElector, default_identity
+from service.kube.listwatch import ListWatch
 from service.kube.namespaces import MultiNamespaceInformer
 from service.metrics import Metrics
+from service.pg.connect import connect_once
 from service.pg.listener import RetirementListener
 from service.pg.store import PgExecutionStore
 from service.ports import ExecutionStore, PodClient, ReapRecorder
@@ -86,6 +92,43 @@ class Parts:
     """``None`` when ``EVENTS_ENABLED`` is false."""
     heartbeats: Heartbeats
     health: HealthServer
+
+
+APPLICATION_NAME = "retired-pod-gc"
+"""The ``application_name`` of the service's database sessions (the listener's has its own)."""
+
+
+async def new_api() -> ApiClient:
+    """The Kubernetes API client: in-cluster when running in a pod, else the kubeconfig
+    (``service/kube/api.py``). Raises ``ApiConfigError`` when neither is found. The caller
+    closes it."""
+    return await new_api_client()
+
+
+async def new_connection(settings: Settings, metrics: Metrics) -> asyncpg.Connection:
+    """A database connection of its own (a one-shot command's), opened as every connection of
+    the service is (``service/pg/connect.py``). The caller closes it."""
+    return await connect_once(settings.database, metrics=metrics, application_name=APPLICATION_NAME)
+
+
+def new_list_watch(
+    settings: Settings,
+    api: ApiClient,
+    metrics: Metrics,
+    *,
+    namespace: str,
+    rng: random.Random | None = None,
+) -> ListWatch:
+    """The pod requests of one sandbox namespace (an informer builds its own the same way)."""
+    return ListWatch(
+        api,
+        settings.kube,
+        PodDecoder(settings.kube.label_keys),
+        metrics,
+        namespace=namespace,
+        rng=rng or random.Random(),
+        watch_jitter=WATCH_JITTER,
+    )
 
 
 def new_store(settings: Settings, metrics: Metrics) -> PgExecutionStore:

@@ -25,7 +25,8 @@ Observe (one row query for the whole batch):
 
 Verify and act (one due key):
 
-7. verification: fresh GET of the pod and a direct re-read of the row, classified again; the UID
+7. verification: fresh GET of the pod (failure: ``error``, retried; a pod that does not decode
+   clears its clock too) and a direct re-read of the row, classified again; the UID
    must be the observed one, the verdict unchanged and the resourceVersion the cached one (a
    newer version means events the watch has not delivered yet: wait for them); then a round
    trip on the notification listener (no retirement flip may still be in flight; failure:
@@ -39,8 +40,8 @@ Verify and act (one due key):
    activation once more, the token (live), and the action;
 10. dry run: report "would reap" once per UID; live: DELETE with preconditions {uid,
     resourceVersion of the fresh GET}: deleted → the verdict, 404 → ``gone``, 409 →
-    ``conflict`` (looked at again shortly), other answers → ``error`` (back off, or wait the
-    server's Retry-After).
+    ``conflict`` (looked at again shortly), a failure (no answer, another status) → ``error``
+    (back off, or wait the server's Retry-After).
 
 Expected failures of the outside world arrive as :class:`~service.kit.errors.ExternalError`
 (typed at the adapter edge) or as a timeout of the step's bound, and become typed results in
@@ -76,7 +77,7 @@ from service.engine.observation import ObservationClocks
 from service.engine.results import INACTIVE_RESULT, ReconcileResult
 from service.kit import clock
 from service.kit.causelog import CauseLog
-from service.kit.errors import ApiError, ExternalError
+from service.kit.errors import ApiError, ExternalError, Undecodable
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
 from service.ports import (
@@ -422,7 +423,12 @@ class Reconciler:
                 "pod GET", self._api_timeout_s, self._pods.get_pod(pod.namespace, pod.name)
             )
         except StepFailed as exc:
-            logger.warning("fresh pod GET failed: %s", exc, extra=extra)
+            if isinstance(exc.__cause__, Undecodable):
+                # The pod as the server has it now cannot be read: a gap in its observation.
+                self._clocks.clear_key(key)
+                logger.warning("fresh pod GET undecodable, clock cleared: %s", exc, extra=extra)
+            else:
+                logger.warning("fresh pod GET failed: %s", exc, extra=extra)
             return ReconcileResult.retry(_retry_after(exc))
         if fresh is None:
             self._clocks.clear_key(key)
@@ -573,11 +579,11 @@ class Reconciler:
                 ),
             )
         except StepFailed as exc:
-            self._metrics.deletes.labels(
-                sandbox_namespace=fresh.namespace, result=str(DeleteResult.ERROR)
-            ).inc()
+            # No answer or an unexpected one: the clock runs on, and the key is verified again
+            # (fresh GET first) when it comes back.
+            self._metrics.deletes.labels(sandbox_namespace=fresh.namespace, result="error").inc()
             logger.warning("DELETE failed: %s", exc, extra=extra)
-            return ReconcileResult.backoff(ReconcileOutcome.ERROR)
+            return ReconcileResult.retry(_retry_after(exc))
         self._metrics.deletes.labels(
             sandbox_namespace=fresh.namespace, result=str(outcome.result)
         ).inc()
@@ -603,11 +609,6 @@ class Reconciler:
                 return ReconcileResult.requeue_after(
                     ReconcileOutcome.CONFLICT, self._conflict_requeue_s
                 )
-            case DeleteResult.ERROR:
-                logger.warning(
-                    "DELETE answered %s: %s", outcome.status, outcome.message, extra=extra
-                )
-                return ReconcileResult.retry(outcome.retry_after_s)
 
     def _record(self, checked: Checked, *, dry_run: bool) -> None:
         """Hand the delete or dry-run report to the recorder (enqueues only; never awaits)."""

@@ -25,6 +25,8 @@ from service.domain import (
 from service.engine.results import INACTIVE, Action
 from service.kit import clock
 from service.kit.errors import Unavailable
+from service.kube.decode import PodDecodeError
+from service.kube.errors import KubeApiError
 from tests.fakes import (
     NAMESPACE,
     EngineRig,
@@ -388,23 +390,38 @@ async def test_409_on_delete_is_benign_counted_and_looked_at_again() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("failure", ["status_500", "raises"])
-async def test_a_delete_error_backs_off(failure: str) -> None:
+@pytest.mark.parametrize("failure", ["status_500", "status_429", "unavailable"])
+async def test_a_failed_delete_is_retried_with_its_clock_kept_and_verified_again(
+    failure: str,
+) -> None:
     rig, pod = _rig()
     await _expire(rig, pod)
     rig.pods.delete_script.append(
-        DeleteOutcome(DeleteResult.ERROR, 500, "boom")
-        if failure == "status_500"
-        else Unavailable("reset")
+        {
+            "status_500": KubeApiError(500, "boom"),
+            "status_429": KubeApiError(429, "slow down", retry_after_s=7.0),
+            "unavailable": Unavailable("reset"),
+        }[failure]
     )
     result = await rig.reconcile(pod.key)
-    assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
+    if failure == "status_429":
+        assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.ERROR)
+        assert result.requeue_after_s == 7.0
+    else:
+        assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
     assert (
         rig.sample(
             "retired_pod_gc_deletes_total", {"sandbox_namespace": NAMESPACE, "result": "error"}
         )
         == 1
     )
+    # The key is not lost: its clock runs on, and the retry verifies again before its DELETE.
+    assert rig.clocks.get(pod.uid) is not None
+    gets = len(rig.pods.gets)
+    retry = await rig.reconcile(pod.key)
+    assert retry.outcome == Verdict.TERMINAL_RETIRED
+    assert len(rig.pods.gets) == gets + 1
+    assert len(rig.pods.deletes) == 2
 
 
 @pytest.mark.anyio
@@ -414,6 +431,26 @@ async def test_a_failed_fresh_get_backs_off_and_sends_nothing() -> None:
     rig.pods.get_error = Unavailable("connection reset")
     result = await rig.reconcile(pod.key)
     assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
+    assert rig.pods.deletes == []
+    assert rig.clocks.get(pod.uid) is not None  # no answer says nothing about the pod
+    rig.pods.get_error = None
+    assert (await rig.reconcile(pod.key)).outcome == Verdict.TERMINAL_RETIRED
+
+
+@pytest.mark.anyio
+async def test_an_undecodable_fresh_get_clears_the_clock_is_retried_and_never_deletes() -> None:
+    rig, pod = _rig()
+    await _expire(rig, pod)
+    rig.pods.get_error = PodDecodeError("undecodable pod object: labels")
+    result = await rig.reconcile(pod.key)
+    assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
+    assert rig.pods.deletes == []
+    assert rig.sample("retired_pod_gc_reconcile_bugs_total") == 0  # expected, not a bug
+    # A gap in what is known of the pod: its continuous observation starts over.
+    assert rig.clocks.get(pod.uid) is None
+    rig.pods.get_error = None
+    again = await rig.reconcile(pod.key)
+    assert (again.outcome, again.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
     assert rig.pods.deletes == []
 
 
