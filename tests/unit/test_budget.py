@@ -14,6 +14,11 @@ from service.kit.clock import FakeClock, MonotonicClock
 from service.kit.ratelimit import capped_shape
 
 
+async def _acquire(budget: DeleteBudget) -> float:
+    """A turn taken at once (a caller with no final checks); the grant time."""
+    return await (await budget.turn()).take()
+
+
 def _max_in_any_window(times: list[float], window_s: float) -> int:
     """The most grants in any half-open window [t, t + window) (windows starting at a grant)."""
     times = sorted(times)
@@ -62,7 +67,7 @@ async def test_the_exact_guard_caps_every_rolling_window_and_a_backlog_reaches_t
         for _ in range(23):
 
             async def take() -> None:
-                grants.append(await budget.acquire())
+                grants.append(await _acquire(budget))
 
             tg.start_soon(take)
         await anyio.wait_all_tasks_blocked()
@@ -84,16 +89,16 @@ async def test_the_exact_guard_caps_every_rolling_window_and_a_backlog_reaches_t
 async def test_a_cancelled_acquire_consumes_nothing() -> None:
     clock = FakeClock()
     budget = DeleteBudget(1, clock=clock, pace=False)
-    await budget.acquire()
+    await _acquire(budget)
     assert budget.retry_after_s() == 60.0
     with anyio.move_on_after(0.01):
-        await budget.acquire()  # blocks on the fake clock; cancelled by a real 10 ms timeout
+        await _acquire(budget)  # blocks on the fake clock; cancelled by a real 10 ms timeout
     clock.advance(60)
     assert budget.retry_after_s() == 0.0
     with anyio.fail_after(1):
-        granted = await budget.acquire()
+        granted = await _acquire(budget)
     assert granted == clock.monotonic()
-    assert budget.granted_in_window() == 1
+    assert budget.retry_after_s() == 60.0  # one grant (the cap), now
 
 
 @pytest.mark.anyio
@@ -102,12 +107,11 @@ async def test_paced_budget_on_the_real_clock_spreads_grants_and_caps_windows() 
     window_s = 0.5
     cap = 10
     budget = DeleteBudget(cap, clock=MonotonicClock(), window_s=window_s, pace=True)
-    assert budget.paced
     grants: list[float] = []
     started = time.monotonic()
     with anyio.fail_after(10):
         for _ in range(15):
-            grants.append(await budget.acquire())
+            grants.append(await _acquire(budget))
     took_s = time.monotonic() - started
     assert _max_in_any_window(grants, window_s) <= cap
     # 15 grants with at most 10 per 0.5 s cannot finish within one window.
@@ -121,7 +125,6 @@ async def test_taking_a_turn_never_yields_to_the_loop() -> None:
     # The reconciler checks the clock, takes the token and hands the DELETE over with nothing
     # else running in between: take() must not suspend, on the real, paced budget.
     budget = DeleteBudget(20, clock=MonotonicClock(), window_s=1.0, pace=True)
-    assert budget.paced
     ran_between: list[int] = []
     for i in range(12):  # past the pacer's burst (2): later turns waited for the bucket
         turn = await budget.turn()
@@ -151,7 +154,7 @@ async def test_a_released_turn_spends_nothing_and_goes_to_the_next_caller() -> N
         assert order == []  # first come, first served: the line is held
         first.release()
     assert order == ["second has the turn"]
-    assert budget.granted_in_window() == 1  # the released turn spent nothing
+    assert budget.retry_after_s() == 60.0  # one grant (the cap): the released turn spent none
     with pytest.raises(RuntimeError):
         await first.take()
 

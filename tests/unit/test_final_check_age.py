@@ -206,7 +206,7 @@ async def test_a_candidate_that_fails_its_final_check_passes_the_turn_on_unspent
         rig.store.put(make_row(second, active=True, state=ExecutionState.ACTIVE))
         await rig.advance(60.0)
     assert [r.outcome for r in results] == [Verdict.TERMINAL_RETIRED, ReconcileOutcome.CHANGED]
-    assert rig.budget.granted_in_window() == 0  # the first grant left the window; none since
+    assert rig.budget.retry_after_s() == 0.0  # the first grant left the window; none since
 
     third_result = await rig.reconcile(third.key)  # no virtual time passes
 
