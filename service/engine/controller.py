@@ -15,10 +15,9 @@ synchronously on the event loop:
   the event starts it again if the new state is reapable. A namespace's cache going cold clears
   the clocks of that namespace; a listener reconnect and a leadership change clear every clock;
 - **enqueues** the key, so it is reconciled as soon as something changes. Pod events for pods
-  that fail the prefilter are not enqueued: their reconcile could only say "skipped", and at
-  10k events/s that would be pure load. Row notifications always enqueue. A notification is a
-  batch (every row one statement changed, chunked by the trigger): its clocks are cleared
-  together, then its keys go on the queue as one burst.
+  that fail the prefilter are not enqueued: their reconcile could only say "skipped". Row
+  notifications always enqueue. A notification is a batch (every row one statement changed,
+  chunked by the trigger): its clocks are cleared together, then its keys go on the queue.
 
 Workers take keys in batches (a share of what is ready, at most ``LOOKUP_BATCH_SIZE``; one key
 is a batch of one): ``Reconciler.observe`` takes the batch to its clocks with one row query,
@@ -60,8 +59,8 @@ logger = logging.getLogger(__name__)
 
 
 MIN_BATCH = 250
-"""Fewest keys a worker takes from a burst (when that many are ready): a batch costs one row
-query, and below this its fixed cost outweighs spreading the burst over more workers. The
+"""Fewest keys a worker takes (when that many are ready): a batch costs one row query, and below
+this its fixed cost outweighs spreading the ready keys over more workers. The
 lookup pool has a few connections (``DB_POOL_SIZE``, 4), so parts much smaller than this would
 mostly wait for a connection while each still pays its own round trip."""
 
@@ -162,8 +161,8 @@ class Controller:
         # is not reapable as of now, and one retired state for another can change the verdict
         # (a Pending pod is reapable only when the row is retired as `replaced`). Every clock of
         # the batch restarts the moment it arrives, before anything is enqueued; the reconciles
-        # this enqueues (one burst, taken by the workers in observation batches) start them
-        # again where the pod is reapable.
+        # this enqueues (taken by the workers in observation batches) start them again where the
+        # pod is reapable.
         for key in checks.keys_cleared_by(changes):
             self._clocks.clear_key(key)
         if self._activation.active:

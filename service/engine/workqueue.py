@@ -26,9 +26,9 @@ candidate would leave the dirty set at that size: when the last ready key is tak
 past ``_COMPACT_BYTES`` are rebuilt at the size of what is left in them, and the freed memory is
 handed back to the OS (kit ``trim_heap``).
 
-Shutdown differs from client-go on purpose: after :meth:`shut_down`, :meth:`get_batch` returns ``None``
-at once (queued keys are dropped: a restart relists everything), adds are ignored, and in-flight
-keys may still be marked :meth:`done`; :meth:`shut_down_with_drain` additionally waits, at most
+Shutdown differs from client-go on purpose: after :meth:`shut_down`, :meth:`get_batch` returns
+``None`` at once (queued keys are dropped: a restart relists everything), adds are ignored, and
+in-flight keys may still be marked :meth:`done`; :meth:`shut_down_with_drain` additionally waits, at most
 ``timeout_s``, for the in-flight keys to finish.
 """
 
@@ -48,7 +48,8 @@ from service.kit.memory import trim_heap
 from service.metrics import Metrics
 
 _COMPACT_BYTES = 1 << 20
-"""A dirty set this large (about 30,000 keys' table) is rebuilt once its burst is taken."""
+"""A dirty set this large (about 30,000 keys' table) is rebuilt once its last ready key is
+taken."""
 
 
 class WorkQueue:
@@ -141,8 +142,8 @@ class WorkQueue:
         ``None`` once shut down.
 
         A ``1/shares`` part of the ready keys (rounded up), but no fewer than ``least``, is
-        taken: a burst is spread over ``shares`` concurrent getters rather than taken whole by
-        the first, in parts of at least ``least`` keys.
+        taken: many ready keys are spread over ``shares`` concurrent getters rather than taken
+        whole by the first, in parts of at least ``least`` keys.
         """
         while True:
             if self._shutting_down:
@@ -178,7 +179,7 @@ class WorkQueue:
                 raise
 
     def _compact(self) -> None:
-        """Rebuild the burst-sized tables at the size of what is left (keys re-added while in
+        """Rebuild the grown tables at the size of what is left (keys re-added while in
         flight), and give the freed memory back."""
         self._dirty = set(self._dirty)
         self._dirty_since = dict(self._dirty_since)
