@@ -32,7 +32,7 @@ CANONICAL: dict[str, str] = {
     "B5": "limit",
     "B6": "default",
     "B7": "trigger",
-    "B7_share": "trigger-share-2",
+    "B7_share": "trigger-floors",
 }
 
 # The command of each canonical run whose results file predates ``run.py`` recording it.
@@ -221,6 +221,17 @@ def _b7_share_figure(r: dict[str, Any]) -> str:
     return "; ".join(figures)
 
 
+def _b7_share_one_row(r: dict[str, Any]) -> str:
+    s = r["B7_share"]
+    res = s["servers"]["debian15"]
+    per = res["cases"][str(s["rows"])]["variants"]
+    figures = [f"0003 **{per['0003']['one_row']['ratio_median']:.2f}x**"]
+    for name, path in s.get("others", {}).items():
+        if name.startswith("floor_"):
+            figures.append(f"`{Path(path).name}` {per[name]['one_row']['ratio_median']:.2f}x")
+    return "debian15, " + "; ".join(figures)
+
+
 FIGURES: tuple[Figure, ...] = (
     Figure(
         "B1",
@@ -260,6 +271,12 @@ FIGURES: tuple[Figure, ...] = (
         "the trigger's share of the 10,000-row statement (EXPLAIN ANALYZE)",
         "<= 1.25x",
         _b7_share_figure,
+    ),
+    Figure(
+        "B7_share",
+        "the trigger's share of a one-row statement, beside the floors (benchmarks/b7_floors)",
+        "<= 1.25x",
+        _b7_share_one_row,
     ),
 )
 
