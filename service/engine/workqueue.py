@@ -28,8 +28,8 @@ handed back to the OS (kit ``trim_heap``).
 
 Shutdown differs from client-go on purpose: after :meth:`shut_down`, :meth:`get_batch` returns
 ``None`` at once (queued keys are dropped: a restart relists everything), adds are ignored, and
-in-flight keys may still be marked :meth:`done`; :meth:`shut_down_with_drain` additionally waits, at most
-``timeout_s``, for the in-flight keys to finish.
+in-flight keys may still be marked :meth:`done`; :meth:`shut_down_with_drain` additionally
+waits, at most ``timeout_s``, for the in-flight keys to finish.
 """
 
 from __future__ import annotations
