@@ -67,9 +67,10 @@ class KeyHistogram(Collector):
         self._sum = 0.0
         registry.register(self)
 
-    def observe(self, amount: float) -> None:
-        self._counts[bisect.bisect_left(self._bounds, amount)] += 1
-        self._sum += amount
+    def observe(self, amount: float, count: int = 1) -> None:
+        """Record ``count`` observations of ``amount``."""
+        self._counts[bisect.bisect_left(self._bounds, amount)] += count
+        self._sum += amount * count
 
     def collect(self) -> Iterator[Metric]:
         cumulative = itertools.accumulate(self._counts)
@@ -324,14 +325,14 @@ class Metrics:
             for result in DELETE_RESULTS:
                 self.deletes.labels(sandbox_namespace=namespace, result=result)
 
-    def outcome(self, mode: str, verdict: str) -> None:
+    def outcome(self, mode: str, verdict: str, count: int = 1) -> None:
         child = self._outcome_children.get((mode, verdict))
         if child is None:
             child = self.outcomes.labels(loop=LOOP, mode=mode, verdict=verdict)
-        child.inc()
+        child.inc(count)
 
-    def skip(self, reason: str) -> None:
+    def skip(self, reason: str, count: int = 1) -> None:
         child = self._skip_children.get(reason)
         if child is None:
             child = self.skips.labels(reason=reason)
-        child.inc()
+        child.inc(count)

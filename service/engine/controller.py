@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import assert_never
 
 import anyio
@@ -262,8 +263,7 @@ class Controller:
     async def _process(self, keys: Sequence[str], results: dict[str, ReconcileResult]) -> None:
         started = time.perf_counter()
         if not self._activation.active:
-            for key in keys:
-                self._finish(key, INACTIVE_RESULT, started, results)
+            self._finish(dict.fromkeys(keys, INACTIVE_RESULT), started, results)
             return
         with logs.batch(keys):
             try:
@@ -277,8 +277,7 @@ class Controller:
                 for key in keys:
                     await self._process([key], results)
                 return
-            for key, result in observed.results.items():
-                self._finish(key, result, started, results)
+            self._finish(observed.results, started, results)
             # A due key's reconcile is the batch's observation and its own action, not the
             # actions of the due keys before it.
             observing_s = time.perf_counter() - started
@@ -292,36 +291,53 @@ class Controller:
                     except Exception:
                         self._bug(due.key, key_started, results)
                     else:
-                        self._finish(due.key, result, key_started, results)
+                        self._finish({due.key: result}, key_started, results)
 
     def _bug(self, key: str, started: float, results: dict[str, ReconcileResult]) -> None:
         logger.exception("reconcile of %r raised (a bug); clock cleared, backing off", key)
         self._metrics.reconcile_bugs.inc()
         self._clocks.clear_key(key)
-        self._finish(key, ReconcileResult.backoff(ReconcileOutcome.ERROR), started, results)
+        self._finish({key: ReconcileResult.backoff(ReconcileOutcome.ERROR)}, started, results)
 
     def _finish(
-        self, key: str, result: ReconcileResult, started: float, results: dict[str, ReconcileResult]
+        self,
+        finished: dict[str, ReconcileResult],
+        started: float,
+        results: dict[str, ReconcileResult],
     ) -> None:
-        """Count ``result``, apply it to the queue and mark ``key`` done: the one place that
-        does any of these."""
-        results[key] = result
-        match result.action:
-            case Action.DONE:
-                self._queue.forget(key)
-            case Action.REQUEUE_AFTER:
-                self._queue.forget(key)
-                self._queue.add_after(key, result.requeue_after_s)
-            case Action.BACKOFF:
-                self._queue.add_rate_limited(key)
-            case _:
-                assert_never(result.action)
-        self._queue.done(key)
-        if not result.counted:
-            return
-        self._metrics.outcome(self._reconciler.mode, result.outcome)
-        if result.skip_reason is not None:
-            self._metrics.skip(str(result.skip_reason))
-        if result.failed:
-            self._metrics.reconcile_errors.inc()
-        self._metrics.reconcile_duration.observe(time.perf_counter() - started)
+        """Apply each result of keys that finished together to the queue, mark them done and
+        count them: the one place that does any of these."""
+        for key, result in finished.items():
+            match result.action:
+                case Action.DONE:
+                    self._queue.forget(key)
+                case Action.REQUEUE_AFTER:
+                    self._queue.forget(key)
+                    self._queue.add_after(key, result.requeue_after_s)
+                case Action.BACKOFF:
+                    self._queue.add_rate_limited(key)
+                case _:
+                    assert_never(result.action)
+        self._queue.done(*finished)
+        results.update(finished)
+        self._count(finished.values(), time.perf_counter() - started)
+
+    def _count(self, results: Iterable[ReconcileResult], duration_s: float) -> None:
+        """Count results that share one duration (a batch's observation ends many keys at
+        once): the outcome, the skip reason, the error and the duration, each result once.
+
+        Alike results are counted together, one update per distinct label rather than one per
+        key: B2b (benchmarks/NOTES.md, "B2b mass retirement in one statement") ends 10,000 keys
+        in a handful of distinct results, and one update a key measurably added to its CPU per
+        burst."""
+        counted = 0
+        for result, count in Counter(results).items():
+            if not result.counted:
+                continue
+            counted += count
+            self._metrics.outcome(self._reconciler.mode, result.outcome, count)
+            if result.skip_reason is not None:
+                self._metrics.skip(str(result.skip_reason), count)
+            if result.failed:
+                self._metrics.reconcile_errors.inc(count)
+        self._metrics.reconcile_duration.observe(duration_s, counted)

@@ -37,3 +37,20 @@ def test_key_histogram_exports_what_histogram_exports(
         line for line in generate_latest(theirs).decode().splitlines() if "_created" not in line
     ]
     assert generate_latest(ours).decode().splitlines() == exported
+
+
+@pytest.mark.parametrize("amount", [0.0, 0.001, 0.3, 1e9, -1.0])
+@pytest.mark.parametrize("count", [0, 1, 3, 10_000])
+def test_key_histogram_observing_a_count_is_observing_that_many_times(
+    amount: float, count: int
+) -> None:
+    once, each = CollectorRegistry(), CollectorRegistry()
+    buckets = (0.001, 0.01, 0.5, 1, 10)
+    together = KeyHistogram("h", "h", buckets=buckets, registry=once)
+    one_by_one = KeyHistogram("h", "h", buckets=buckets, registry=each)
+    together.observe(0.02)  # something there already
+    one_by_one.observe(0.02)
+    together.observe(amount, count)
+    for _ in range(count):
+        one_by_one.observe(amount)
+    assert _samples(once) == pytest.approx(_samples(each))
