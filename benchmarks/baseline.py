@@ -21,7 +21,7 @@ from service.classifier import classify, prefilter
 from service.config import Settings
 from service.domain import DeleteResult, PodSnapshot, Verdict
 from service.engine.budget import DeleteBudget
-from service.kit.clock import MonotonicClock
+from service.kit import clock
 from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
@@ -41,7 +41,6 @@ class PollingGC:
         pods: KubePodClient,
         store: PgExecutionStore,
         budget: DeleteBudget,
-        clock: MonotonicClock,
         tick_s: float = 10.0,
         on_clock_start: Callable[[str], None] | None = None,
     ) -> None:
@@ -50,7 +49,6 @@ class PollingGC:
         self._pods = pods
         self._store = store
         self._budget = budget
-        self._clock = clock
         self.tick_s = tick_s
         self._on_clock_start = on_clock_start
         self._first_seen: dict[tuple[str, Verdict], float] = {}
@@ -59,11 +57,11 @@ class PollingGC:
         self.deleted = 0
 
     async def run(self) -> None:
-        next_at = self._clock.monotonic()
+        next_at = clock.now()
         while True:
             await self.tick()
             next_at += self.tick_s
-            await anyio.sleep(max(0.0, next_at - self._clock.monotonic()))
+            await anyio.sleep(max(0.0, next_at - clock.now()))
 
     async def tick(self) -> None:
         started = time.perf_counter()
@@ -74,7 +72,7 @@ class PollingGC:
             if pod is not None and prefilter(pod) is None:
                 candidates.append(pod)
         rows = await self._store.lookup_many([p.key for p in candidates])
-        now = self._clock.monotonic()
+        now = clock.now()
         seen: dict[tuple[str, Verdict], float] = {}
         due: list[tuple[PodSnapshot, Verdict]] = []
         for pod in candidates:
@@ -131,7 +129,6 @@ async def run_baseline(
     """Run the polling design until cancelled; reports the parts once the cache is synced."""
     metrics = Metrics()
     api = await new_api_client(host=emulator_url)
-    clock = MonotonicClock()
     decoder = PodDecoder(settings.kube.label_keys)
     store = PgExecutionStore(
         settings.database, namespaces=settings.kube.namespaces, metrics=metrics
@@ -144,8 +141,7 @@ async def run_baseline(
         informer=informer,
         pods=KubePodClient(api, settings.kube, decoder, metrics),
         store=store,
-        budget=DeleteBudget(settings.deletes_per_minute, clock=clock),
-        clock=clock,
+        budget=DeleteBudget(settings.deletes_per_minute),
         tick_s=tick_s,
         on_clock_start=on_clock_start,
     )

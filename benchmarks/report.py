@@ -32,7 +32,7 @@ CANONICAL: dict[str, str] = {
     "B5": "limit",
     "B6": "default",
     "B7": "trigger",
-    "B7_share": "trigger-floors",
+    "B7_share": "trigger-pods",
 }
 
 # The command of each canonical run whose results file predates ``run.py`` recording it.

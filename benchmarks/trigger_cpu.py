@@ -14,8 +14,7 @@ samples a statement under the retirement's executor and under ``plpgsql_exec_tri
 CPU ratio: the first over the first less the second.
 
 The floors are benchmark-only UPDATE trigger functions that stop early: both transition tables
-read; their rows matched by ``id`` (hash join); the changed rows' namespaces too (hash join on
-``sandboxes``); and the changes grouped (``array_agg``). The planner settings are the shipped
+read; their rows matched by ``id`` (hash join); and the changes grouped (``array_agg``). The planner settings are the shipped
 text's (JIT, merge joins and sorts off).
 """
 
@@ -51,12 +50,9 @@ _CHANGED = """
 FLOORS = {
     "floor-read": "SELECT (SELECT count(*) FROM old_rows) + (SELECT count(*) FROM new_rows)",
     "floor-matched": f"SELECT count(*) FROM ({_CHANGED}) AS u",
-    "floor-namespaces": f"SELECT count(s.namespace) FROM ({_CHANGED}) AS u"
-    " LEFT JOIN sandboxes AS s ON s.id = u.sandbox_id",
     "floor-grouped": "SELECT sum(cardinality(g.names)) FROM ("
     " SELECT array_agg(u.pod_name) AS names"
-    f" FROM ({_CHANGED}) AS u LEFT JOIN sandboxes AS s ON s.id = u.sandbox_id"
-    " GROUP BY u.op, s.namespace, u.active, u.state) AS g",
+    f" FROM ({_CHANGED}) AS u GROUP BY u.op, u.active, u.state) AS g",
 }
 _FLOOR_FUNCTION = """
 CREATE OR REPLACE FUNCTION b7_cpu_floor() RETURNS trigger LANGUAGE plpgsql AS $fn$

@@ -24,9 +24,9 @@ Beside the three, two floors of 0003's UPDATE trigger (benchmark-only triggers, 
 ``capture`` is a statement-level UPDATE trigger with both transition tables whose function does
 nothing (what PostgreSQL pays to keep the old and new rows for it), and ``compare`` runs 0003's
 row selection and nothing else: old and new rows joined by ``id``, the rows whose ``active`` or
-``execution_state`` changed, ``sandboxes`` joined for their namespaces, counted (no JSON, no
-NOTIFY). What 0003 costs above ``compare`` is its payloads; ``compare`` itself is what any
-statement-level trigger that reports exactly the changed rows with their namespaces must pay.
+``execution_state`` changed, counted (no JSON, no NOTIFY). What 0003 costs above ``compare`` is
+its payloads; ``compare`` itself is what any statement-level trigger that reports exactly the
+changed rows must pay.
 """
 
 from __future__ import annotations
@@ -62,10 +62,9 @@ CREATE TRIGGER b7_floor_capture AFTER UPDATE ON sandbox_k8s_executions
     FOR EACH STATEMENT EXECUTE FUNCTION b7_floor_capture();
 CREATE FUNCTION b7_floor_compare() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM count(s.namespace)
+    PERFORM count(coalesce(n.pod_name, o.pod_name))
     FROM old_rows AS o
     FULL JOIN new_rows AS n ON n.id = o.id
-    LEFT JOIN sandboxes AS s ON s.id = coalesce(n.sandbox_id, o.sandbox_id)
     WHERE o.id IS NULL OR n.id IS NULL
        OR o.active IS DISTINCT FROM n.active
        OR o.execution_state IS DISTINCT FROM n.execution_state;

@@ -257,22 +257,22 @@ class Waiting(enum.StrEnum):
 
 
 class DeleteResult(enum.StrEnum):
-    """Typed outcome of a preconditioned DELETE (no exceptions for expected outcomes)."""
+    """The expected answers to a preconditioned DELETE; a failure (no answer, another status)
+    is raised as a kit error instead (``ports.PodClient``)."""
 
     DELETED = "deleted"
     GONE = "gone"
+    """404: the pod is not there (any more)."""
     CONFLICT = "conflict"
-    ERROR = "error"
+    """409: a precondition (UID, resourceVersion) no longer holds."""
 
 
 @dataclass(frozen=True, slots=True)
 class DeleteOutcome:
     result: DeleteResult
     status: int
-    """HTTP status code (0 when no response arrived, e.g. a timeout)."""
+    """HTTP status code of the answer."""
     message: str = ""
-    retry_after_s: float | None = None
-    """The server's ``Retry-After`` (429, some 5xx), when it sent one."""
 
 
 class ReconcileOutcome(enum.StrEnum):

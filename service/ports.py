@@ -42,13 +42,16 @@ class PodClient(Protocol):
     """Fresh reads and preconditioned deletes against the API server."""
 
     async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
-        """The pod as the server has it now; ``None`` on 404. Raises on other failures."""
+        """The pod as the server has it now; ``None`` on 404. A failure raises a kit error:
+        ``Unavailable`` (no answer), ``ApiError`` (another status), ``Undecodable`` (a pod that
+        does not decode)."""
         ...
 
     async def delete_pod(
         self, namespace: str, name: str, *, uid: str, resource_version: str
     ) -> DeleteOutcome:
-        """DELETE with ``preconditions`` {uid, resourceVersion}; expected outcomes are typed."""
+        """DELETE with ``preconditions`` {uid, resourceVersion}; the expected answers (deleted,
+        404, 409) are typed, a failure raises as :meth:`get_pod`'s does."""
         ...
 
 

@@ -39,9 +39,10 @@ from service.engine.observation import Observation, ObservationClocks
 from service.engine.reconciler import Reconciler
 from service.engine.results import ReconcileResult
 from service.engine.workqueue import WorkQueue
-from service.kit.clock import Clock, FakeClock
+from service.kit import clock
 from service.metrics import LOOP, Metrics
 from service.ports import NotificationBarrier
+from tests import virtualtime
 
 NAMESPACE = "sandboxes"
 
@@ -192,15 +193,14 @@ class DeleteCall:
     uid: str
     resource_version: str
     at_s: float
-    """The fake clock's time when the DELETE was sent."""
+    """The event loop's time when the DELETE was sent."""
 
 
 class FakePodClient:
     """The API server's view: fresh GETs and preconditioned DELETEs with real 404/409 rules."""
 
-    def __init__(self, pods: Iterable[PodSnapshot] = (), *, clock: Clock | None = None) -> None:
+    def __init__(self, pods: Iterable[PodSnapshot] = ()) -> None:
         self.pods: dict[str, PodSnapshot] = {p.key: p for p in pods}
-        self.clock = clock
         self.deletes: list[DeleteCall] = []
         self.gets: list[str] = []
         self.get_error: Exception | None = None
@@ -218,7 +218,7 @@ class FakePodClient:
         self, namespace: str, name: str, *, uid: str, resource_version: str
     ) -> DeleteOutcome:
         key = f"{namespace}/{name}"
-        at = self.clock.monotonic() if self.clock is not None else 0.0
+        at = clock.now()
         self.deletes.append(DeleteCall(namespace, name, uid, resource_version, at))
         if self.delete_script:
             scripted = self.delete_script.popleft()
@@ -248,16 +248,14 @@ class FakeExecutionStore:
     under the key of its own namespace. Counts queries; ``lookup_error`` / ``fresh_error`` make
     calls fail."""
 
-    def __init__(
-        self, rows: Iterable[ExecutionRow] = (), *, clock: FakeClock | None = None
-    ) -> None:
+    def __init__(self, rows: Iterable[ExecutionRow] = ()) -> None:
         self.rows: dict[str, ExecutionRow] = {r.key: r for r in rows}
-        self.clock = clock
         self.fresh_read_times: list[float] = []
-        """The fake clock's time when each ``read_fresh`` began (the earliest its answer can
+        """The event loop's time when each ``read_fresh`` began (the earliest its answer can
         describe)."""
         self.fresh_read_delays: deque[float] = deque()
-        """Seconds the next ``read_fresh`` calls take to answer (the clock advances by them)."""
+        """Seconds the next ``read_fresh`` calls take to answer, after reading the row: a stall of
+        the virtual-time loop (time moves on while no other task runs)."""
         self.lookups = 0
         """``lookup_many`` calls (batch row queries)."""
         self.fresh_reads = 0
@@ -290,15 +288,14 @@ class FakeExecutionStore:
 
     async def read_fresh(self, key: str) -> ExecutionRow | None:
         self.fresh_reads += 1
-        if self.clock is not None:
-            self.fresh_read_times.append(self.clock.monotonic())
+        self.fresh_read_times.append(clock.now())
         if self.fresh_error is not None:
             raise self.fresh_error
         if self.fresh_read_log is not None:
             logger.info(self.fresh_read_log, key)
         row = self.rows.get(key)
-        if self.fresh_read_delays and self.clock is not None:
-            self.clock.advance(self.fresh_read_delays.popleft())
+        if self.fresh_read_delays:
+            virtualtime.running_loop().stall(self.fresh_read_delays.popleft())
         return row
 
 
@@ -341,10 +338,10 @@ NO_NOTIFICATIONS = NoNotifications()
 
 @dataclass
 class EngineRig:
-    """The whole engine on fakes and a fake clock (what the wiring assembles, minus adapters)."""
+    """The whole engine on fakes (what the wiring assembles, minus adapters); the tests run it
+    on virtual time (``tests/virtualtime.py``)."""
 
     settings: Settings
-    clock: FakeClock
     cache: FakePodCache
     pods: FakePodClient
     store: FakeExecutionStore
@@ -390,41 +387,34 @@ class EngineRig:
             await tg.start(self.controller.run_workers, n)
             try:
                 yield self
-                await anyio.wait_all_tasks_blocked()
+                await virtualtime.settle()
             finally:
                 self.queue.shut_down()
 
     async def advance(self, seconds: float) -> None:
-        """Advance the fake clock and let every woken task run until all are blocked again."""
-        await anyio.wait_all_tasks_blocked()
-        self.clock.advance(seconds)
-        await anyio.wait_all_tasks_blocked()
+        """Let ``seconds`` of virtual time pass, every task running at its deadlines, and let
+        every woken task run until all wait again."""
+        await virtualtime.advance(seconds)
 
 
 def make_rig(
     settings: Settings | None = None,
     *,
     leader: bool = True,
-    start_s: float = 1000.0,
     budget_window_s: float = 60.0,
     leader_check: Callable[[], bool] | None = None,
     barrier: NotificationBarrier = NO_NOTIFICATIONS,
-    clock: FakeClock | None = None,
-    reconciler_clock: Clock | None = None,
     batch_size: int | None = None,
 ) -> EngineRig:
     settings = settings if settings is not None else make_settings()
-    clock = clock if clock is not None else FakeClock(start_s)
     metrics = Metrics(CollectorRegistry())
     cache = FakePodCache(namespaces=settings.kube.namespaces)
-    pods = FakePodClient(clock=clock)
-    store = FakeExecutionStore(clock=clock)
+    pods = FakePodClient()
+    store = FakeExecutionStore()
     clocks = ObservationClocks(metrics=metrics)
-    budget = DeleteBudget(
-        settings.deletes_per_minute, clock=clock, window_s=budget_window_s, pace=False
-    )
+    budget = DeleteBudget(settings.deletes_per_minute, window_s=budget_window_s)
     activation = Activation(enabled=settings.enabled, leader_check=leader_check)
-    queue = WorkQueue(clock=clock, metrics=metrics)
+    queue = WorkQueue(metrics=metrics)
     reconciler = Reconciler(
         settings=settings,
         cache=cache,
@@ -433,7 +423,6 @@ def make_rig(
         clocks=clocks,
         budget=budget,
         activation=activation,
-        clock=reconciler_clock if reconciler_clock is not None else clock,
         metrics=metrics,
         barrier=barrier,
     )
@@ -443,7 +432,6 @@ def make_rig(
         reconciler=reconciler,
         clocks=clocks,
         activation=activation,
-        clock=clock,
         metrics=metrics,
         batch_size=batch_size if batch_size is not None else settings.database.batch_max_size,
     )
@@ -451,7 +439,6 @@ def make_rig(
         controller.set_leader(True)
     return EngineRig(
         settings=settings,
-        clock=clock,
         cache=cache,
         pods=pods,
         store=store,

@@ -278,16 +278,16 @@ def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
 
 
 def payload_rows(payload: str) -> list[list[object]]:
-    """Trigger 0003's payload (``{"groups": [[op, namespace, active, state, [name, ...]], ...]}``)
-    as one ``[op, namespace, pod_name, active, state]`` row per name; read with ``json`` here,
-    not with the listener's parser, so that tests of the trigger check its text themselves.
-    Fails the test if the payload is not of that shape."""
+    """Trigger 0003's payload (``{"pods": [[op, active, state, [name, ...]], ...]}``) as one
+    ``[op, pod_name, active, state]`` row per name; read with ``json`` here, not with the
+    listener's parser, so that tests of the trigger check its text themselves. Fails the test if
+    the payload is not of that shape."""
     body = json.loads(payload)
-    assert list(body) == ["groups"], payload[:200]
+    assert list(body) == ["pods"], payload[:200]
     rows: list[list[object]] = []
-    for group in body["groups"]:
-        assert isinstance(group, list) and len(group) == 5, group
-        op, namespace, active, state, names = group
+    for group in body["pods"]:
+        assert isinstance(group, list) and len(group) == 4, group
+        op, active, state, names = group
         assert isinstance(names, list) and names, group
-        rows.extend([op, namespace, name, active, state] for name in names)
+        rows.extend([op, name, active, state] for name in names)
     return rows

@@ -43,7 +43,6 @@ class CancelOutcome(enum.StrEnum):
     """No execution of that sandbox and generation exists in this namespace."""
     CONFLICT = "conflict"
     """The pod changed between the GET and the DELETE (409): run again."""
-    ERROR = "error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +63,11 @@ async def cancel_create(
     activation_attempt: int,
     timeout_s: float,
 ) -> CancelReport:
-    """Retire (fenced) and, if the execution is retired, delete its pod under preconditions."""
+    """Retire (fenced) and, if the execution is retired, delete its pod under preconditions.
+
+    A failed GET or DELETE of the pod raises as the pod client raised it (a kit error), or
+    ``TimeoutError`` (a DELETE without an answer may have been applied); running the command
+    again is safe."""
     row = await retire_for_cancel(
         conn,
         namespaces=namespaces,
@@ -115,7 +118,5 @@ async def cancel_create(
             outcome = CancelOutcome.POD_ABSENT
         case DeleteResult.CONFLICT:
             outcome = CancelOutcome.CONFLICT
-        case DeleteResult.ERROR:
-            outcome = CancelOutcome.ERROR
     logger.info("cancel-create %s: %s", row.pod_name, outcome)
     return CancelReport(outcome, row.retired_now, row.pod_name, result.message)

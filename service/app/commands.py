@@ -19,10 +19,9 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-import aiohttp
 import anyio
 import asyncpg
-from kubernetes_asyncio.client import CoreV1Api
+from kubernetes_asyncio.client import ApiClient
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 
 from service import config, logs
@@ -37,9 +36,9 @@ from service.app.inspect import (
 )
 from service.app.pending import PendingUnavailable, fetch_pending, live_clock_lines, pending_lines
 from service.kit.backoff import Backoff
-from service.kit.errors import ExternalError
-from service.kube.api import ApiConfigError, new_api_client
-from service.kube.errors import read_whole, status_message
+from service.kit.errors import ExternalError, Unavailable
+from service.kube.api import ApiConfigError
+from service.kube.listwatch import Failed
 from service.metrics import Metrics
 from service.pg.migrate import migrate
 
@@ -105,7 +104,7 @@ def _database_failure(what: str, settings: config.Settings, exc: BaseException) 
     if sqlstate:
         text = _describe(root)
     elif isinstance(exc, TimeoutError):
-        text = "no answer in time"
+        text = str(exc) or "no answer in time"
     else:
         text = _describe(exc)
     if any(isinstance(e, TimeoutError) for e in chain):
@@ -121,13 +120,16 @@ def _database_failure(what: str, settings: config.Settings, exc: BaseException) 
     )
 
 
-async def _connect(settings: config.Settings, what: str = "database") -> Any:
-    """One connection to the database, or one line saying why not."""
+async def _connect(settings: config.Settings, what: str = "database") -> asyncpg.Connection:
+    """One connection to the database (the composition root's), or one line saying why not."""
     try:
-        return await asyncpg.connect(
-            settings.database.url, timeout=settings.database.connect_timeout_s
-        )
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        return await service.new_connection(settings, Metrics())
+    except TimeoutError as exc:
+        # The configured bound gave up (DB_CONNECT_TIMEOUT_SECONDS): say which.
+        late = TimeoutError(f"no connection within {settings.database.connect_timeout_s:g}s")
+        late.__cause__ = exc
+        raise _database_failure(what, settings, late) from None
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ExternalError) as exc:
         raise _database_failure(what, settings, exc) from None
 
 
@@ -150,37 +152,33 @@ async def _check_tables(settings: config.Settings) -> None:
         )
 
 
-async def _api(settings: config.Settings) -> Any:
-
+async def _api() -> ApiClient:
+    """The composition root's API client, or one line saying why there is none."""
     try:
-        return await new_api_client()
+        return await service.new_api()
     except ApiConfigError as exc:
         raise CommandError(f"Kubernetes API: {exc}") from None
 
 
-async def _probe_api(api: Any, settings: config.Settings) -> None:
+async def _probe_api(api: ApiClient, settings: config.Settings) -> None:
     """One cheap list call in each sandbox namespace, so that an unreachable or refusing API
     server fails a one-shot command at once (the informer would retry quietly until
     ``--timeout``)."""
     for namespace in settings.kube.namespaces:
+        lw = service.new_list_watch(settings, api, Metrics(), namespace=namespace)
         try:
-            response, body = await read_whole(
-                CoreV1Api(api).list_namespaced_pod(
-                    namespace,
-                    limit=1,
-                    label_selector=settings.kube.label_selector,
-                    _preload_content=False,
-                    _request_timeout=aiohttp.ClientTimeout(total=settings.kube.api_timeout_s),
-                )
-            )
-        except Exception as exc:
+            page = await lw.list(limit=1)
+        except Unavailable as exc:
             raise CommandError(
                 f"Kubernetes API unreachable ({api.configuration.host}): {_describe(exc)}"
             ) from None
-        if response.status != 200:
+        except ExternalError as exc:
             raise CommandError(
-                f"Kubernetes API answered {response.status} listing pods in {namespace}: "
-                f"{status_message(body)}"
+                f"Kubernetes API: listing pods in {namespace}: {_describe(exc)}"
+            ) from None
+        if isinstance(page, Failed):
+            raise CommandError(
+                f"Kubernetes API answered {page.status} listing pods in {namespace}: {page.message}"
             )
 
 
@@ -198,7 +196,7 @@ def run(settings: config.Settings) -> int:
         registry = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             registry.register(collector)
-        api = await _api(settings)
+        api = await _api()
         try:
             parts = service.build(settings, api=api, metrics=Metrics(registry))
             await service.run(parts, stop=stop)
@@ -220,16 +218,18 @@ def migrate_database(settings: config.Settings, *, with_schema: bool) -> int:
     """Install or update the change-notify trigger (and the dev schema with ``with_schema``)."""
 
     async def main() -> int:
+        conn = await _connect(settings, "migrate failed")
         try:
             with anyio.fail_after(max(30.0, settings.database.connect_timeout_s * 3)):
                 applied = await migrate(
-                    settings.database.url,
+                    conn,
                     channel=settings.database.notify_channel,
                     with_schema=with_schema,
-                    connect_timeout_s=settings.database.connect_timeout_s,
                 )
         except Exception as exc:
             raise _database_failure("migrate failed", settings, exc) from None
+        finally:
+            await conn.close()
         if applied:
             print("applied: " + ", ".join(applied))
         else:
@@ -250,7 +250,7 @@ async def _store_and_api(settings: config.Settings) -> AsyncIterator[tuple[Any, 
     store = service.new_store(settings, Metrics())
     await store.start()
     try:
-        api = await _api(settings)
+        api = await _api()
         try:
             yield store, api
         finally:
@@ -369,7 +369,7 @@ def cancel_create_execution(
     async def main() -> int:
         conn = await _connect(settings)
         try:
-            api = await _api(settings)
+            api = await _api()
             try:
                 client = service.new_pod_client(settings, api, Metrics())
                 report = await cancel_create(

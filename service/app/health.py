@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.app.pending import DEFAULT_LIMIT as PENDING_LIMIT
 from service.app.pending import PATH as PENDING_PATH
-from service.kit.clock import Clock
+from service.kit import clock
 from service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -32,19 +32,18 @@ logger = logging.getLogger(__name__)
 class Heartbeats:
     """Loops call :meth:`beat`; a loop silent for longer than its allowance is stuck."""
 
-    clock: Clock
     allowances_s: dict[str, float] = field(default_factory=dict)
     last: dict[str, float] = field(default_factory=dict)
 
     def register(self, name: str, allowance_s: float) -> None:
         self.allowances_s[name] = allowance_s
-        self.last[name] = self.clock.monotonic()
+        self.last[name] = clock.now()
 
     def beat(self, name: str) -> None:
-        self.last[name] = self.clock.monotonic()
+        self.last[name] = clock.now()
 
     def stuck(self) -> list[str]:
-        now = self.clock.monotonic()
+        now = clock.now()
         return sorted(
             name
             for name, allowance in self.allowances_s.items()

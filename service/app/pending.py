@@ -4,9 +4,9 @@ The running service builds the document (:func:`pending_document`) from its cloc
 whose clock runs, with its UID, verdict, since when it has been observed, when it is due and what
 it waits for. ``retired-pod-gc pending`` fetches it (:func:`fetch_pending`) and prints it as a
 table (:func:`pending_lines`); ``explain --url`` prints the entry of one pod
-(:func:`live_clock_lines`). Times in the document are UTC: the service's monotonic clock
-mapped onto the wall clock once, at start, so that one clock shows the same times in every
-answer (a wall-clock step after the start is not followed).
+(:func:`live_clock_lines`). Times in the document are UTC: the service's clock (the event loop's)
+mapped onto the wall clock once, at the first request, so that one clock shows the same times in
+every answer (a wall-clock step after that is not followed).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The composition root: builds every part from the settings and runs them under one task group.
 
-Only this module constructs the Kubernetes and PostgreSQL adapters (:func:`new_store`,
-:func:`new_pod_client`, :func:`new_informer`) and puts them together with the engine
-(:func:`build`); every command of ``service/app/commands.py`` takes its adapters from here. The
+Only this module constructs the Kubernetes and PostgreSQL adapters (:func:`new_api`,
+:func:`new_list_watch`, :func:`new_informer`, :func:`new_pod_client`, :func:`new_store`,
+:func:`new_connection`) and puts them together with the engine (:func:`build`); every command of
+``service/app/commands.py`` takes its adapters from here. The
 task group holds the HTTP server, the informer, the listener, the leader elector, the resync
 timer, a watchdog and N workers; any child that crashes takes the whole process down (non-zero
 exit), which is what a kubelet restart is for. A stop request drains: no new work, in-flight
@@ -12,6 +13,7 @@ reconciles get ``SHUTDOWN_TIMEOUT_SECONDS``, then everything is cancelled and th
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import asyncpg
 from anyio.abc import TaskStatus
 from kubernetes_asyncio.client import ApiClient
 
@@ -29,16 +32,19 @@ from service.engine.controller import Controller
 from service.engine.observation import ObservationClocks
 from service.engine.reconciler import Reconciler
 from service.engine.workqueue import WorkQueue
+from service.kit import clock
 from service.kit.backoff import Backoff
-from service.kit.clock import MonotonicClock, SchedulingClock
 from service.kit.memory import freeze_long_lived
+from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
-from service.kube.informer import PodInformer
+from service.kube.informer import WATCH_JITTER, PodInformer
 from service.kube.leaderelection import LeaderElector, default_identity
+from service.kube.listwatch import ListWatch
 from service.kube.namespaces import MultiNamespaceInformer
 from service.metrics import Metrics
+from service.pg.connect import connect_once
 from service.pg.listener import RetirementListener
 from service.pg.store import PgExecutionStore
 from service.ports import ExecutionStore, PodClient, ReapRecorder
@@ -73,7 +79,6 @@ class Parts:
 
     settings: Settings
     metrics: Metrics
-    clock: MonotonicClock
     store: PgExecutionStore
     informer: MultiNamespaceInformer
     """One pod cache per sandbox namespace (``informer.informers``)."""
@@ -89,6 +94,43 @@ class Parts:
     health: HealthServer
 
 
+APPLICATION_NAME = "retired-pod-gc"
+"""The ``application_name`` of the service's database sessions (the listener's has its own)."""
+
+
+async def new_api() -> ApiClient:
+    """The Kubernetes API client: in-cluster when running in a pod, else the kubeconfig
+    (``service/kube/api.py``). Raises ``ApiConfigError`` when neither is found. The caller
+    closes it."""
+    return await new_api_client()
+
+
+async def new_connection(settings: Settings, metrics: Metrics) -> asyncpg.Connection:
+    """A database connection of its own (a one-shot command's), opened as every connection of
+    the service is (``service/pg/connect.py``). The caller closes it."""
+    return await connect_once(settings.database, metrics=metrics, application_name=APPLICATION_NAME)
+
+
+def new_list_watch(
+    settings: Settings,
+    api: ApiClient,
+    metrics: Metrics,
+    *,
+    namespace: str,
+    rng: random.Random | None = None,
+) -> ListWatch:
+    """The pod requests of one sandbox namespace (an informer builds its own the same way)."""
+    return ListWatch(
+        api,
+        settings.kube,
+        PodDecoder(settings.kube.label_keys),
+        metrics,
+        namespace=namespace,
+        rng=rng or random.Random(),
+        watch_jitter=WATCH_JITTER,
+    )
+
+
 def new_store(settings: Settings, metrics: Metrics) -> PgExecutionStore:
     return PgExecutionStore(settings.database, namespaces=settings.kube.namespaces, metrics=metrics)
 
@@ -102,7 +144,6 @@ def new_informer(
     api: ApiClient,
     metrics: Metrics,
     *,
-    clock: SchedulingClock | None = None,
     backoff: Backoff | None = None,
 ) -> MultiNamespaceInformer:
     """One namespaced informer per sandbox namespace (never a cluster-wide watch)."""
@@ -115,7 +156,6 @@ def new_informer(
             decoder,
             metrics,
             namespace=namespace,
-            clock=clock,
             backoff=backoff,
         )
 
@@ -143,7 +183,6 @@ def wire_engine(
     listener: RetirementListener,
     activation: Activation,
     recorder: ReapRecorder | None,
-    clock: SchedulingClock,
     metrics: Metrics,
     queue_backoff: Backoff,
 ) -> Engine:
@@ -151,7 +190,7 @@ def wire_engine(
     the controller, which becomes the informer's and the listener's handler. :func:`build`
     wires the service with it, and the deterministic simulator (``tests/sim``) wires the same
     engine on its models, so the two cannot drift apart."""
-    queue = WorkQueue(clock=clock, metrics=metrics, backoff=queue_backoff)
+    queue = WorkQueue(metrics=metrics, backoff=queue_backoff)
     clocks = ObservationClocks(metrics=metrics)
     reconciler = Reconciler(
         settings=settings,
@@ -159,9 +198,8 @@ def wire_engine(
         pods=pods,
         store=store,
         clocks=clocks,
-        budget=DeleteBudget(settings.deletes_per_minute, clock=clock),
+        budget=DeleteBudget(settings.deletes_per_minute),
         activation=activation,
-        clock=clock,
         metrics=metrics,
         barrier=listener,
         recorder=recorder,
@@ -172,7 +210,6 @@ def wire_engine(
         reconciler=reconciler,
         clocks=clocks,
         activation=activation,
-        clock=clock,
         metrics=metrics,
         batch_size=settings.database.batch_max_size,
     )
@@ -184,9 +221,8 @@ def wire_engine(
 
 
 def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
-    clock = MonotonicClock()
     store = new_store(settings, metrics)
-    informer = new_informer(settings, api, metrics, clock=clock)
+    informer = new_informer(settings, api, metrics)
     pods = new_pod_client(settings, api, metrics)
     elector = (
         LeaderElector(
@@ -194,7 +230,6 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
             settings=settings.leader,
             namespace=lease_namespace(settings),
             metrics=metrics,
-            clock=clock,
             request_timeout_s=settings.kube.api_timeout_s,
         )
         if settings.leader.enabled
@@ -211,7 +246,6 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         settings.database,
         metrics=metrics,
         probe=store.notify,
-        clock=clock,
         namespaces=settings.kube.namespaces,
     )
     recorder = (
@@ -234,25 +268,22 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         listener=listener,
         activation=activation,
         recorder=recorder,
-        clock=clock,
         metrics=metrics,
         queue_backoff=default_queue_backoff(),
     )
     queue, clocks, controller = engine.queue, engine.clocks, engine.controller
     if elector is not None:
         elector.add_handler(controller.set_leader)
-    heartbeats = Heartbeats(clock=clock)
+    heartbeats = Heartbeats()
     health = HealthServer(
         metrics=metrics,
         heartbeats=heartbeats,
         cache_synced=lambda: informer.synced,
-        database_problem=_cached_ping(store, clock),
+        database_problem=_cached_ping(store),
         listener_problem=lambda: listener.problem,
         host=settings.bind_host,
         port=settings.bind_port,
-        pending=(
-            _pending_view(settings, clocks, clock, controller) if settings.debug_pending else None
-        ),
+        pending=(_pending_view(settings, clocks, controller) if settings.debug_pending else None),
     )
     metrics.enabled.set(1 if settings.enabled else 0)
     metrics.dry_run.set(1 if settings.dry_run else 0)
@@ -260,7 +291,6 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     return Parts(
         settings=settings,
         metrics=metrics,
-        clock=clock,
         store=store,
         informer=informer,
         pods=pods,
@@ -276,18 +306,22 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
 
 
 def _pending_view(
-    settings: Settings, clocks: ObservationClocks, clock: MonotonicClock, controller: Controller
+    settings: Settings, clocks: ObservationClocks, controller: Controller
 ) -> Callable[[int, str | None], dict[str, Any]]:
-    """The live view (``GET /debug/pending``); the clock is mapped onto UTC once, here."""
-    wall_offset_s = time.time() - clock.monotonic()
+    """The live view (``GET /debug/pending``); the loop's clock is mapped onto UTC once, at the
+    first request (the one place the service relates its clock to the wall clock)."""
+    wall_offset_s: float | None = None
 
     def view(limit: int, key: str | None) -> dict[str, Any]:
+        nonlocal wall_offset_s
+        if wall_offset_s is None:
+            wall_offset_s = time.time() - clock.now()  # noqa: TID251 (UTC in the view)
         return pending_document(
             clocks=clocks,
             threshold_s=settings.threshold_s,
             mode=settings.mode,
             active=controller.active,
-            now_s=clock.monotonic(),
+            now_s=clock.now(),
             wall_offset_s=wall_offset_s,
             limit=limit,
             key=key,
@@ -296,9 +330,7 @@ def _pending_view(
     return view
 
 
-def _cached_ping(
-    store: PgExecutionStore, clock: MonotonicClock
-) -> Callable[[], Awaitable[str | None]]:
+def _cached_ping(store: PgExecutionStore) -> Callable[[], Awaitable[str | None]]:
     """Readiness probes may come often; the database is asked at most every PING_TTL_S. Answers
     why the last ping failed, ``None`` when it worked."""
     last_at = -PING_TTL_S * 2
@@ -306,7 +338,7 @@ def _cached_ping(
 
     async def ping() -> str | None:
         nonlocal last_at, last_problem
-        now = clock.monotonic()
+        now = clock.now()
         if now - last_at >= PING_TTL_S:
             ok = await store.ping()
             last_problem = None if ok else store.problem or "unreachable"

@@ -2,18 +2,19 @@
 
 Two stages, each with its own job:
 
-1. **Pacing** (aiolimiter, real clock only). ``AsyncLimiter(N, 60)`` is a leaky bucket that
+1. **Pacing** (aiolimiter). ``AsyncLimiter(N, 60)`` is a leaky bucket that
    starts empty: it admits a burst of N and then drains at N/60 per second, so up to ~2N in the
    first minute. A leaky bucket of capacity C and rate r admits at most ``C + r*60`` in any
    window, so we size it ``C = max(1, N // 10)``, ``r = (N - C) / 60``: a small burst, then an
    even spread, at most N per window, and a backlog runs at ``N - C`` per window (90 % of the
-   cap). aiolimiter reads the event loop's clock, which a fake clock cannot drive, so pacing is
-   off (``pace=False``) in fake-clock tests.
-2. **The exact guard** (always on, injected clock). A record of the last N grant times: a grant
+   cap). A cap of 1 has no such bucket: the exact guard alone paces it.
+2. **The exact guard** (always on). A record of the last N grant times: a grant
    is allowed only when fewer than N grants lie in ``(now - 60, now]``; otherwise the caller
    waits until the oldest one leaves the window. This alone enforces the invariant exactly
    (``grant[i + N] - grant[i] >= 60`` for every i) and lets a backlog reach the cap, and it is
-   what the fake-clock tests check window by window.
+   what the virtual-time tests check window by window.
+
+Both stages read the event loop's clock (``service/kit/clock.py``), as every wait here does.
 
 **The token is taken last.** A caller first waits for its :class:`Turn`: first come, first
 served (an ``anyio.Lock`` is fair), until both stages would grant *now*; nothing is consumed yet.
@@ -31,7 +32,7 @@ from collections import deque
 
 import anyio
 
-from service.kit.clock import SchedulingClock, sleep_until
+from service.kit import clock
 from service.kit.ratelimit import AsyncLimiter, capped_limiter, capped_shape
 
 PACER_POLL_MAX_S = 0.05
@@ -61,7 +62,7 @@ class Turn:
         budget = self._budget
         if budget._pacer is not None:
             await budget._pacer.acquire()
-        now = budget._clock.monotonic()
+        now = clock.now()
         budget._grants.append(now)  # maxlen drops the oldest: only the last N matter
         self.release()
         return now
@@ -80,18 +81,15 @@ class DeleteBudget:
         self,
         deletes_per_minute: int,
         *,
-        clock: SchedulingClock,
         window_s: float = 60.0,
-        pace: bool = True,
     ) -> None:
         if deletes_per_minute < 1:
             raise ValueError("deletes_per_minute must be at least 1")
         self._cap = deletes_per_minute
         self._window_s = window_s
-        self._clock = clock
         self._grants: deque[float] = deque(maxlen=deletes_per_minute)
         self._lock = anyio.Lock()
-        shape = capped_shape(deletes_per_minute, window_s) if pace else None
+        shape = capped_shape(deletes_per_minute, window_s)
         self._pacer: AsyncLimiter | None = None
         self._pacer_poll_s = PACER_POLL_MAX_S
         if shape is not None:
@@ -119,8 +117,8 @@ class DeleteBudget:
                     # One expression for the test and the wake-up time: ``now - oldest >=
                     # window`` can stay false at the very deadline (rounding), and spin.
                     free_at = self._grants[0] + self._window_s
-                    if self._clock.monotonic() < free_at:
-                        await sleep_until(self._clock, free_at)
+                    if clock.now() < free_at:
+                        await clock.sleep_until(free_at)
                         continue
                 if self._pacer is not None and not self._pacer.has_capacity():
                     await anyio.sleep(self._pacer_poll_s)
@@ -134,4 +132,4 @@ class DeleteBudget:
         """How long until the exact guard would grant again (0 when it would now)."""
         if len(self._grants) < self._cap:
             return 0.0
-        return max(0.0, self._grants[0] + self._window_s - self._clock.monotonic())
+        return max(0.0, self._grants[0] + self._window_s - clock.now())

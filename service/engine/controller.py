@@ -36,7 +36,6 @@ dropped, and becoming active starts from empty clocks and enqueues every cached 
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import assert_never
@@ -52,7 +51,7 @@ from service.engine.observation import ObservationClocks
 from service.engine.reconciler import Reconciler
 from service.engine.results import INACTIVE_RESULT, Action, ReconcileResult
 from service.engine.workqueue import WorkQueue
-from service.kit.clock import SchedulingClock, sleep_until
+from service.kit import clock
 from service.metrics import Metrics
 from service.ports import PodCache
 
@@ -75,7 +74,6 @@ class Controller:
         reconciler: Reconciler,
         clocks: ObservationClocks,
         activation: Activation,
-        clock: SchedulingClock,
         metrics: Metrics,
         batch_size: int = 1,
     ) -> None:
@@ -84,7 +82,6 @@ class Controller:
         self._reconciler = reconciler
         self._clocks = clocks
         self._activation = activation
-        self._clock = clock
         self._metrics = metrics
         self._batch_size = batch_size
         self._workers = 1
@@ -173,9 +170,7 @@ class Controller:
         )
         if received_at_s is not None:
             # One sample per notification that carries a retirement.
-            self._metrics.retirement_to_enqueue.observe(
-                max(0.0, self._clock.monotonic() - received_at_s)
-            )
+            self._metrics.retirement_to_enqueue.observe(max(0.0, clock.now() - received_at_s))
 
     def notifications_missed(self) -> None:
         logger.info("notifications may have been missed: clearing clocks and resyncing")
@@ -222,7 +217,7 @@ class Controller:
         """The backstop: enqueue every cached candidate every ``period_s`` (until cancelled)."""
         task_status.started()
         while not self._queue.shutting_down:
-            await sleep_until(self._clock, self._clock.monotonic() + period_s)
+            await anyio.sleep(period_s)
             count = self.resync()
             logger.debug("resync enqueued %d keys", count)
 
@@ -261,7 +256,7 @@ class Controller:
         return results
 
     async def _process(self, keys: Sequence[str], results: dict[str, ReconcileResult]) -> None:
-        started = time.perf_counter()
+        started = clock.now()
         if not self._activation.active:
             self._finish(dict.fromkeys(keys, INACTIVE_RESULT), started, results)
             return
@@ -280,11 +275,11 @@ class Controller:
             self._finish(observed.results, started, results)
             # A due key's reconcile is the batch's observation and its own action, not the
             # actions of the due keys before it.
-            observing_s = time.perf_counter() - started
+            observing_s = clock.now() - started
             for due in observed.due:
                 if self._queue.shutting_down:
                     return  # the rest are dropped like queued keys (a restart relists)
-                key_started = time.perf_counter() - observing_s
+                key_started = clock.now() - observing_s
                 with logs.reconciling(due.key):
                     try:
                         result = await self._reconciler.act(due)
@@ -320,7 +315,7 @@ class Controller:
                     assert_never(result.action)
         self._queue.done(*finished)
         results.update(finished)
-        self._count(finished.values(), time.perf_counter() - started)
+        self._count(finished.values(), clock.now() - started)
 
     def _count(self, results: Iterable[ReconcileResult], duration_s: float) -> None:
         """Count results that share one duration (a batch's observation ends many keys at

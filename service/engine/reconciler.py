@@ -25,7 +25,8 @@ Observe (one row query for the whole batch):
 
 Verify and act (one due key):
 
-7. verification: fresh GET of the pod and a direct re-read of the row, classified again; the UID
+7. verification: fresh GET of the pod (failure: ``error``, retried; a pod that does not decode
+   clears its clock too) and a direct re-read of the row, classified again; the UID
    must be the observed one, the verdict unchanged and the resourceVersion the cached one (a
    newer version means events the watch has not delivered yet: wait for them); then a round
    trip on the notification listener (no retirement flip may still be in flight; failure:
@@ -39,8 +40,8 @@ Verify and act (one due key):
    activation once more, the token (live), and the action;
 10. dry run: report "would reap" once per UID; live: DELETE with preconditions {uid,
     resourceVersion of the fresh GET}: deleted → the verdict, 404 → ``gone``, 409 →
-    ``conflict`` (looked at again shortly), other answers → ``error`` (back off, or wait the
-    server's Retry-After).
+    ``conflict`` (looked at again shortly), a failure (no answer, another status) → ``error``
+    (back off, or wait the server's Retry-After).
 
 Expected failures of the outside world arrive as :class:`~service.kit.errors.ExternalError`
 (typed at the adapter edge) or as a timeout of the step's bound, and become typed results in
@@ -74,9 +75,9 @@ from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget, Turn
 from service.engine.observation import ObservationClocks
 from service.engine.results import INACTIVE_RESULT, ReconcileResult
+from service.kit import clock
 from service.kit.causelog import CauseLog
-from service.kit.clock import Clock
-from service.kit.errors import ApiError, ExternalError
+from service.kit.errors import ApiError, ExternalError, Undecodable
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
 from service.ports import (
@@ -93,7 +94,7 @@ T = TypeVar("T")
 
 FINAL_CHECK_MAX_AGE_S = 0.25
 """Invariant 1's bound: the DELETE (or dry-run report) is made at most this long after the final
-row re-read began, on the injected clock. Older, and the verification is redone. The row re-read
+row re-read began, on the event loop's clock. Older, and the verification is redone. The row re-read
 and notification sync take milliseconds; this leaves room for a loaded machine."""
 MAX_AGE_REVERIFICATIONS = 3
 """Re-verifications caused by age in one reconcile before it gives up (``stale``) and requeues:
@@ -143,7 +144,7 @@ class Verified:
     """The final re-read."""
     rule: str
     reread_at_s: float
-    """Injected-clock time at which the final row re-read began."""
+    """Event-loop time at which the final row re-read began."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +184,6 @@ class Reconciler:
         clocks: ObservationClocks,
         budget: DeleteBudget,
         activation: Activation,
-        clock: Clock,
         metrics: Metrics,
         api_timeout_s: float | None = None,
         db_timeout_s: float | None = None,
@@ -199,7 +199,6 @@ class Reconciler:
         self._clocks = clocks
         self._budget = budget
         self._activation = activation
-        self._clock = clock
         self._metrics = metrics
         self._api_timeout_s = (
             api_timeout_s if api_timeout_s is not None else settings.kube.api_timeout_s
@@ -301,7 +300,7 @@ class Reconciler:
                 self._clocks.clear_key(key)
                 results[key] = ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
             return
-        now = self._clock.monotonic()
+        now = clock.now()
         threshold_s = self._settings.threshold_s
         clocks = self._clocks
         for key, pod in candidates:
@@ -413,12 +412,17 @@ class Reconciler:
                 "pod GET", self._api_timeout_s, self._pods.get_pod(pod.namespace, pod.name)
             )
         except StepFailed as exc:
-            logger.warning("fresh pod GET failed: %s", exc, extra=extra)
+            if isinstance(exc.__cause__, Undecodable):
+                # The pod as the server has it now cannot be read: a gap in its observation.
+                self._clocks.clear_key(key)
+                logger.warning("fresh pod GET undecodable, clock cleared: %s", exc, extra=extra)
+            else:
+                logger.warning("fresh pod GET failed: %s", exc, extra=extra)
             return ReconcileResult.retry(_retry_after(exc))
         if fresh is None:
             self._clocks.clear_key(key)
             return ReconcileResult.done(ReconcileOutcome.GONE)
-        reread_at_s = self._clock.monotonic()
+        reread_at_s = clock.now()
         try:
             fresh_row = await _bounded(
                 "row re-read", self._db_timeout_s, self._store.read_fresh(pod.key)
@@ -472,7 +476,7 @@ class Reconciler:
 
         # The re-reads take time: an event may have cleared the clock, or leadership may have
         # been lost, meanwhile (checked here so that no such candidate waits for the budget).
-        elapsed = self._still_due(due, self._clock.monotonic())
+        elapsed = self._still_due(due, clock.now())
         if isinstance(elapsed, ReconcileResult):
             return elapsed
         return Verified(due, fresh, fresh_row, again.rule, reread_at_s)
@@ -484,7 +488,7 @@ class Reconciler:
         due = verified.due
         reverified = 0
         while True:
-            now = self._clock.monotonic()
+            now = clock.now()
             age_s = now - verified.reread_at_s
             if age_s <= FINAL_CHECK_MAX_AGE_S:
                 break
@@ -564,11 +568,11 @@ class Reconciler:
                 ),
             )
         except StepFailed as exc:
-            self._metrics.deletes.labels(
-                sandbox_namespace=fresh.namespace, result=str(DeleteResult.ERROR)
-            ).inc()
+            # No answer or an unexpected one: the clock runs on, and the key is verified again
+            # (fresh GET first) when it comes back.
+            self._metrics.deletes.labels(sandbox_namespace=fresh.namespace, result="error").inc()
             logger.warning("DELETE failed: %s", exc, extra=extra)
-            return ReconcileResult.backoff(ReconcileOutcome.ERROR)
+            return ReconcileResult.retry(_retry_after(exc))
         self._metrics.deletes.labels(
             sandbox_namespace=fresh.namespace, result=str(outcome.result)
         ).inc()
@@ -594,11 +598,6 @@ class Reconciler:
                 return ReconcileResult.requeue_after(
                     ReconcileOutcome.CONFLICT, self._conflict_requeue_s
                 )
-            case DeleteResult.ERROR:
-                logger.warning(
-                    "DELETE answered %s: %s", outcome.status, outcome.message, extra=extra
-                )
-                return ReconcileResult.retry(outcome.retry_after_s)
 
     def _record(self, checked: Checked, *, dry_run: bool) -> None:
         """Hand the delete or dry-run report to the recorder (enqueues only; never awaits)."""

@@ -11,9 +11,8 @@ A key lives in at most one of three places that matter for correctness:
   add does not cancel a pending delayed one: the key is then processed twice, which is harmless
   for an idempotent reconcile and keeps "reconcile again when the clock expires" true.
 
-Delays run on an injected :class:`~service.kit.clock.SchedulingClock`: one timer is armed for
-the earliest due time, so with a fake clock ``advance()`` moves due keys to the ready list
-synchronously and wakes getters without any real sleep.
+Delays run on the event loop's clock (``service/kit/clock.py``): one loop timer is armed for the
+earliest due time; when it fires, due keys move to the ready list and getters wake.
 
 Failures back off per key (``add_rate_limited``, client-go's item exponential failure limiter):
 the queue counts each key's failures and asks the kit's :class:`~service.kit.backoff.Backoff`
@@ -34,6 +33,7 @@ waits, at most ``timeout_s``, for the in-flight keys to finish.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import heapq
 import itertools
@@ -42,8 +42,8 @@ from collections import deque
 
 import anyio
 
+from service.kit import clock
 from service.kit.backoff import Backoff
-from service.kit.clock import Cancellable, SchedulingClock, wait_until
 from service.kit.memory import trim_heap
 from service.metrics import Metrics
 
@@ -59,11 +59,9 @@ class WorkQueue:
     def __init__(
         self,
         *,
-        clock: SchedulingClock,
         metrics: Metrics | None = None,
         backoff: Backoff | None = None,
     ) -> None:
-        self._clock = clock
         self._metrics = metrics
         self._backoff = backoff if backoff is not None else Backoff(initial_s=0.005, max_s=60.0)
         self._failures: dict[str, int] = {}
@@ -74,7 +72,7 @@ class WorkQueue:
         self._waiting: dict[str, float] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
-        self._timer: Cancellable | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._timer_due: float | None = None
         self._getters: deque[anyio.Event] = deque()
         self._shutting_down = False
@@ -91,7 +89,7 @@ class WorkQueue:
         again; nothing is added after shutdown)."""
         if self._shutting_down:
             return
-        now = self._clock.monotonic()
+        now = clock.now()
         became_ready = 0
         for key in keys:
             if key in self._dirty:
@@ -113,7 +111,7 @@ class WorkQueue:
         if delay_s <= 0:
             self.add(key)
             return
-        due = self._clock.monotonic() + delay_s
+        due = clock.now() + delay_s
         current = self._waiting.get(key)
         if current is not None and current <= due:
             return
@@ -153,7 +151,7 @@ class WorkQueue:
                 ready = self._ready
                 take = max(1, min(limit, max(least, -(-len(ready) // max(1, shares)))))
                 keys = [ready.popleft() for _ in range(min(take, len(ready)))]
-                now = self._clock.monotonic()
+                now = clock.now()
                 self._dirty.difference_update(keys)
                 self._processing.update(keys)
                 for key in keys:
@@ -224,7 +222,7 @@ class WorkQueue:
             return True
         if self._drained is None:
             self._drained = anyio.Event()
-        return await wait_until(self._drained, self._clock, self._clock.monotonic() + timeout_s)
+        return await clock.wait_until(self._drained, clock.now() + timeout_s)
 
     @property
     def shutting_down(self) -> bool:
@@ -247,7 +245,7 @@ class WorkQueue:
     # ---------------------------------------------------------------- internal
 
     def _promote_due(self) -> None:
-        now = self._clock.monotonic()
+        now = clock.now()
         heap = self._heap
         while heap and heap[0][0] <= now:
             due, _, key = heapq.heappop(heap)
@@ -268,7 +266,7 @@ class WorkQueue:
             self._timer = None
         self._timer_due = due
         if due is not None:
-            self._timer = self._clock.call_at(due, self._on_timer)
+            self._timer = asyncio.get_running_loop().call_at(due, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = self._timer_due = None

@@ -4,7 +4,9 @@
 
     ExternalError            an API server or the database did not give an expected answer
     ├── Unavailable          no answer at all: refused, reset, timed out, connection lost
-    └── ApiError             an answer, but not the expected one (status, message, Retry-After)
+    ├── ApiError             an answer, but not the expected one (status, message, Retry-After)
+    └── Undecodable          an answer that cannot be read as what it should be (a pod that
+                             does not decode): logged and counted where it is read, never acted on
 
 Adapters (``service.kube``, ``service.pg``) catch their libraries' exceptions at the edge and
 raise one of these, with the original chained as ``__cause__``. Anything else an adapter raises
@@ -33,3 +35,8 @@ class ApiError(ExternalError):
         self.status = status
         self.message = message
         self.retry_after_s = retry_after_s
+
+
+class Undecodable(ExternalError):
+    """An answer that came but cannot be read as what the protocol promises (an object that does
+    not decode). Never a reason to act: the reader logs and counts it and skips the object."""

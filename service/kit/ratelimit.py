@@ -4,8 +4,8 @@
 It starts empty, so it admits ``C`` at once and then ``r`` per second: up to ``C + r * W`` in a
 window of ``W`` seconds. :func:`capped_limiter` sizes it so that ``C + r * W`` is the cap (a
 small burst, then an even spread); :func:`limiter` is a plain burst-and-rate bucket. aiolimiter
-reads the event loop's clock: fake-clock tests drive what a limiter gates through the injected
-clock instead (the delete budget's exact guard, ``engine/budget.py``).
+reads the event loop's clock, the service's one clock (``service/kit/clock.py``), so the tests
+drive it on virtual time like everything else.
 """
 
 from __future__ import annotations

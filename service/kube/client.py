@@ -2,9 +2,11 @@
 
 Responses are read raw (``_preload_content=False``) and decoded straight into a
 :class:`PodSnapshot`; no client models are built. Every call has its own timeout
-(``KubeSettings.api_timeout_s``). A GET raises only kit errors: ``Unavailable`` when no answer
-came, :class:`KubeApiError` for an unexpected one. A DELETE raises nothing expected: every outcome,
-404, 409, other statuses and no answer at all, is a typed :class:`DeleteOutcome`.
+(``KubeSettings.api_timeout_s``). GET and DELETE report a failure the same way, as a kit error
+(``service/kit/errors.py``): ``Unavailable`` when no answer came, :class:`KubeApiError` for an
+unexpected status (with the server's ``Retry-After``), :class:`PodDecodeError` (an
+``Undecodable``) for a pod that does not decode. Expected answers are values: the pod or ``None``
+(404) for a GET, a :class:`DeleteOutcome` (deleted, 404 gone, 409 conflict) for a DELETE.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class KubePodClient:
 
     async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
         """The pod as the server has it now; ``None`` on 404. Raises ``Unavailable`` when no
-        answer came, :class:`KubeApiError` for any other status or an undecodable pod."""
+        answer came, :class:`KubeApiError` for any other status, :class:`PodDecodeError` for a
+        pod that does not decode (counted and logged here)."""
         try:
             response, body = await read_whole(
                 self._core.read_namespaced_pod(
@@ -82,12 +85,15 @@ class KubePodClient:
         except PodDecodeError as exc:
             self._metrics.decode_errors.labels(source="get").inc()
             logger.warning("undecodable pod from GET %s/%s: %s", namespace, name, exc)
-            raise KubeApiError(status, f"undecodable pod: {exc}") from exc
+            raise
 
     async def delete_pod(
         self, namespace: str, name: str, *, uid: str, resource_version: str
     ) -> DeleteOutcome:
-        """DELETE with ``preconditions`` {uid, resourceVersion} and the configured grace period."""
+        """DELETE with ``preconditions`` {uid, resourceVersion} and the configured grace period:
+        deleted (200, 202), gone (404) or conflict (409). Raises ``Unavailable`` when no answer
+        came (the DELETE may or may not have been applied), :class:`KubeApiError` for any other
+        status."""
         options: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "DeleteOptions",
@@ -108,7 +114,7 @@ class KubePodClient:
             )
         except TRANSIENT_ERRORS as exc:
             self._count("delete", "transport")
-            return DeleteOutcome(DeleteResult.ERROR, 0, f"{type(exc).__name__}: {exc}")
+            raise unavailable(f"DELETE pod {namespace}/{name}", exc) from exc
         status = response.status
         self._count("delete", "ok" if status in (200, 202) else str(status))
         if status in (200, 202):
@@ -118,8 +124,7 @@ class KubePodClient:
             return DeleteOutcome(DeleteResult.GONE, status, message)
         if status == 409:
             return DeleteOutcome(DeleteResult.CONFLICT, status, message)
-        return DeleteOutcome(
-            DeleteResult.ERROR,
+        raise KubeApiError(
             status,
             message,
             retry_after_s=parse_retry_after(response.headers.get("Retry-After")),

@@ -23,12 +23,15 @@ from service.domain import (
     keep_value_keeps,
     parse_pod_kind,
 )
+from service.kit.errors import Undecodable
 
 READY_TO_START = "PodReadyToStartContainers"
 
 
-class PodDecodeError(ValueError):
-    """A pod object that cannot be turned into a snapshot (skip it, count it, log it)."""
+class PodDecodeError(Undecodable):
+    """An undecodable pod: a pod object (or a list of them) that cannot be turned into a
+    snapshot. Its reader skips it, counts it (``decode_errors_total{source}``) and logs it; it is
+    never acted on."""
 
 
 _ABSENT = msgspec.Raw(b"")

@@ -146,7 +146,7 @@ class KubeEventRecorder:
         report_bound: int = REPORT_BOUND,
         burst: int = EVENT_BURST,
         per_second: float | None = None,
-        wall_clock: Callable[[], float] = time.time,
+        wall_clock: Callable[[], float] = time.time,  # noqa: TID251 (Event timestamps)
     ) -> None:
         self._events = k8s_client.EventsV1Api(api)
         self._instance = instance

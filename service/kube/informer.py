@@ -2,8 +2,9 @@
 
 :class:`PodInformer` composes the parts as client-go's shared informer does:
 :class:`~service.kube.listwatch.ListWatch` makes the requests, the
-:class:`~service.kube.reflector.Reflector` runs the list-watch loop, the
-:class:`~service.kube.store.PodStore` holds the pods and their sync state. The informer
+:class:`~service.kube.reflector.Reflector` runs the list-watch loop (the one writer of the store,
+and the fallback between the ways of filling it), the :class:`~service.kube.store.PodStore` holds
+the pods and their sync state. The informer
 implements ``ports.PodCache`` for its consumers and delivers every change, in order, to each
 ``ports.PodEventHandler`` registered with :meth:`PodInformer.add_handler`. Several namespaces
 are several informers behind one cache (``service/kube/namespaces.py``).
@@ -21,16 +22,17 @@ from kubernetes_asyncio import client as k8s_client
 from service.config import KubeSettings
 from service.domain import PodSnapshot
 from service.kit.backoff import Backoff
-from service.kit.clock import MonotonicClock, SchedulingClock
 from service.kube.decode import PodDecoder
-from service.kube.listwatch import ListWatch, SyncMode
-from service.kube.reflector import Reflector
+from service.kube.listwatch import ListWatch
+from service.kube.reflector import Reflector, SyncMode
 from service.kube.store import PodStore
 from service.metrics import Metrics
 from service.ports import PodEventHandler
 
 BACKOFF_MAX_S = 30.0
 """Cap of the delay between list/watch attempts after failures."""
+WATCH_JITTER = 0.1
+"""The default fraction by which a watch's server ``timeoutSeconds`` is randomly lengthened."""
 
 
 def default_backoff() -> Backoff:
@@ -89,10 +91,9 @@ class PodInformer:
         metrics: Metrics,
         *,
         namespace: str,
-        clock: SchedulingClock | None = None,
         rng: random.Random | None = None,
         backoff: Backoff | None = None,
-        watch_jitter: float = 0.1,
+        watch_jitter: float = WATCH_JITTER,
         min_watch_s: float = 1.0,
     ) -> None:
         self._handlers: tuple[PodEventHandler, ...] = ()
@@ -114,7 +115,6 @@ class PodInformer:
             decoder,
             metrics,
             settings=settings,
-            clock=clock or MonotonicClock(),
             backoff=backoff or default_backoff(),
             min_watch_s=min_watch_s,
         )

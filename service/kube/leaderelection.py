@@ -4,8 +4,9 @@ A replica becomes leader by writing its identity into the Lease (optimistic conc
 ``resourceVersion``), renews every ``retry_period_s``, and gives up leadership — stops deleting —
 as soon as it has not renewed successfully for ``renew_deadline_s``, which is shorter than the
 lease duration, so a partitioned leader steps down before anybody else can take the lease.
-Expiry of somebody else's lease is judged on this replica's own monotonic clock from the moment
-it last saw the record change (never by comparing wall clocks across machines).
+Expiry of somebody else's lease is judged on this replica's own clock (the event loop's) from the
+moment it last saw the record change (never by comparing wall clocks across machines); the wall
+clock only writes the Lease's ``acquireTime``/``renewTime``, which Kubernetes defines as wall times.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from anyio.abc import TaskStatus
 from kubernetes_asyncio.client import ApiClient
 
 from service.config import LeaderSettings
-from service.kit.clock import Clock
+from service.kit import clock
 from service.kit.errors import ExternalError
 from service.kube.decode import decode_json
 from service.kube.errors import TRANSIENT_ERRORS, KubeApiError, unavailable
@@ -41,7 +42,7 @@ def default_identity() -> str:
 
 
 def _now_micro() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # noqa: TID251 (Lease times)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,6 @@ class LeaderElector:
         settings: LeaderSettings,
         namespace: str,
         metrics: Metrics,
-        clock: Clock,
         request_timeout_s: float = 5.0,
     ) -> None:
         self._api = api
@@ -77,7 +77,6 @@ class LeaderElector:
         self._identity = settings.identity or default_identity()
         self._handlers: list[Callable[[bool], None]] = []
         self._metrics = metrics
-        self._clock = clock
         self._timeout_s = request_timeout_s
         self._observed: _Observed | None = None
         self._observed_at = -math.inf
@@ -90,10 +89,7 @@ class LeaderElector:
 
     def is_leader(self) -> bool:
         """True only while the last successful renewal is within the renew deadline."""
-        return (
-            self._leading
-            and self._clock.monotonic() - self._last_renew < self._settings.renew_deadline_s
-        )
+        return self._leading and clock.now() - self._last_renew < self._settings.renew_deadline_s
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Loop until cancelled; on cancellation release the lease if held."""
@@ -116,7 +112,7 @@ class LeaderElector:
         except ExternalError as exc:  # API down, timeouts: judged by the renew deadline below
             logger.warning("lease %s: %s", self._settings.lease_name, exc)
             acquired = False
-        now = self._clock.monotonic()
+        now = clock.now()
         if acquired:
             self._last_renew = now
             if not self._leading:
@@ -210,7 +206,7 @@ class LeaderElector:
             current.holder,
             current.renew_time,
         ):
-            self._observed_at = self._clock.monotonic()
+            self._observed_at = clock.now()
         self._observed = current
 
     async def _try_acquire_or_renew(self) -> bool:
@@ -235,7 +231,7 @@ class LeaderElector:
         observed = self._observed
         assert observed is not None
         held_by_other = observed.holder not in ("", self._identity)
-        expired = self._clock.monotonic() - self._observed_at > observed.duration_s
+        expired = clock.now() - self._observed_at > observed.duration_s
         if held_by_other and not expired:
             return False
         body = self._lease_body(

@@ -1,7 +1,12 @@
 """The pod informer's loop: sync the store, follow the watch, and decide what comes next.
 
-As client-go's reflector: a sync fills the :class:`PodStore` (a streaming list that then goes on
-as the watch, or a list followed by a watch from its resourceVersion). A stream that ends is
+As client-go's reflector, it is the one writer of the :class:`PodStore` and the one place that
+reads what the server answered and decides what to ask next; its requests are made by a
+:class:`ListerWatcher` (``service/kube/listwatch.py``), which only asks. A sync fills the store
+(a streaming list that then goes on as the watch, or a list, page by page, followed by a watch
+from its resourceVersion), and :class:`SyncRequest` is how the next sync asks and how that falls
+back: streaming list → list from the watch cache → quorum list (docs/architecture.md, "How the
+cache is filled"). A list whose continue token expired is started over. A stream that ends is
 watched again from the last resourceVersion seen (events and bookmarks advance it); a 410 means
 that history is gone, and the store is synced again (the cache goes cold, the difference is
 reported). A failure of the outside world (``ExternalError``: no answer, a 5xx, a 429 with its
@@ -16,29 +21,23 @@ are never built); malformed lines and objects are skipped, counted and logged.
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import logging
-import time
+from dataclasses import dataclass
 from typing import Protocol, assert_never
 
 import anyio
 import msgspec
 
 from service.config import KubeSettings
+from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
-from service.kit.clock import SchedulingClock, sleep_until
 from service.kit.errors import ApiError, ExternalError
 from service.kit.memory import trim_heap
 from service.kube.decode import PodDecodeError, PodDecoder
-from service.kube.errors import TRANSIENT_ERRORS, WireStatus, unavailable
-from service.kube.listwatch import (
-    End,
-    ListMode,
-    Refused,
-    SyncMode,
-    SyncRequest,
-    WatchEnd,
-    rejected,
-)
+from service.kube.errors import TRANSIENT_ERRORS, KubeApiError, WireStatus, unavailable
+from service.kube.listwatch import Failed, Page
 from service.kube.store import PodStore, SyncState
 from service.metrics import Metrics
 
@@ -61,15 +60,121 @@ class Stream(Protocol):
 
 
 class ListerWatcher(Protocol):
-    """The requests the loop makes (:class:`service.kube.listwatch.ListWatch`)."""
+    """The requests the loop makes (:class:`service.kube.listwatch.ListWatch`): each answers a
+    value (a page, an open stream, or :class:`Failed`) and raises only a kit error, when no
+    answer came or a page does not decode."""
 
-    async def list_cached(self, store: PodStore, known: str | None) -> str | Refused: ...
+    async def list(
+        self,
+        *,
+        resource_version: str = "",
+        match: str = "",
+        token: str | None = None,
+        limit: int | None = None,
+    ) -> Page | Failed: ...
 
-    async def list_quorum(self, store: PodStore) -> str: ...
+    async def stream(self, known: str | None) -> Stream | Failed: ...
 
-    async def open_stream(self, known: str | None) -> Stream | WatchEnd: ...
+    async def watch(self, rv: str) -> Stream | Failed: ...
 
-    async def open_watch(self, rv: str) -> Stream | WatchEnd: ...
+
+_CONTINUE_RESTARTS = 3
+"""How often a list whose continue token expired (compaction) is started over."""
+
+
+class ListMode(enum.StrEnum):
+    """How the cache is filled (the ``LIST_MODE`` setting)."""
+
+    AUTO = "auto"
+    """Stream; on a server that rejects or does not honour it, list from then on."""
+    STREAM = "stream"
+    LIST = "list"
+
+
+class SyncMode(enum.StrEnum):
+    """How the last sync actually filled the cache."""
+
+    STREAM = "stream"
+    """A streaming list (``sendInitialEvents``): no list request at all."""
+    LIST_CACHE = "list_cache"
+    """A list served from the API server's watch cache."""
+    LIST_QUORUM = "list_quorum"
+    """A quorum list from etcd, in pages: the last resort."""
+
+
+class SyncRequest(enum.Enum):
+    """How the next sync reads the server's state; the methods are the fallback between them."""
+
+    STREAM = "stream"
+    """A streaming list not older than the version last seen (the newest, before any)."""
+    STREAM_NEWEST = "stream_newest"
+    """A streaming list of the newest state: the version last seen is no longer served."""
+    LIST = "list"
+    """A list from the watch cache: ``NotOlderThan`` the version last seen, or ``0``."""
+    LIST_QUORUM = "list_quorum"
+    """A quorum list: the watch cache cannot serve the version last seen."""
+
+    @classmethod
+    def first(cls, mode: ListMode) -> SyncRequest:
+        return cls.LIST if mode is ListMode.LIST else cls.STREAM
+
+    def version_gone(self) -> SyncRequest:
+        """The version this sync asked for is gone (410, or too large): read the newest."""
+        streams = self in (SyncRequest.STREAM, SyncRequest.STREAM_NEWEST)
+        return SyncRequest.STREAM_NEWEST if streams else SyncRequest.LIST_QUORUM
+
+    def synced(self) -> SyncRequest:
+        """A sync completed: the next one asks from the version it ended at again."""
+        streams = self in (SyncRequest.STREAM, SyncRequest.STREAM_NEWEST)
+        return SyncRequest.STREAM if streams else SyncRequest.LIST
+
+    def unsupported(self, mode: ListMode) -> SyncRequest | None:
+        """The server does not honour streaming lists: list from now on (``AUTO``), keeping
+        whether the version last seen is gone; ``None`` in ``STREAM`` mode, which insists."""
+        if mode is ListMode.STREAM:
+            return None
+        return SyncRequest.LIST_QUORUM if self is SyncRequest.STREAM_NEWEST else SyncRequest.LIST
+
+
+class End(enum.StrEnum):
+    """Why a watch stream ended (or was not opened), when the protocol says so."""
+
+    CLOSED = "closed"
+    """The server ended the stream (its ``timeoutSeconds``) or closed it cleanly: resume."""
+    EMPTY = "empty"
+    """Closed at once without a single line: a misbehaving server (back off)."""
+    EXPIRED = "expired"
+    """410 Gone (an answer or an ``ERROR`` event), or a version too large: relist."""
+    UNSUPPORTED = "unsupported"
+    """A streaming list the server rejected (a 4xx) or did not honour (a plain bookmark
+    first, or silence before the initial-events-end bookmark)."""
+    ERROR = "error"
+    """An ``ERROR`` event with a status other than 410."""
+    BROKEN = "broken"
+    """A stream that broke the protocol: an initial-events-end bookmark without a version, or
+    a streaming list that ended before its initial events did."""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEnd:
+    """How a watch stream ended: the reason, and the server's status and message if any."""
+
+    why: End
+    status: int = 0
+    message: str = ""
+
+    def __str__(self) -> str:
+        status = f" {self.status}" if self.status else ""
+        return f"watch {self.why}{status}: {self.message}" if self.message else f"watch {self.why}"
+
+
+def _too_large(status: int, message: str) -> bool:
+    return status == 504 and "Too large resource version" in message
+
+
+def rejected(status: int) -> bool:
+    """A 4xx other than 429: the server refuses the request itself, retrying it is useless."""
+    return 400 <= status < 500 and status != 429
 
 
 class _WatchEvent(msgspec.Struct):
@@ -119,6 +224,20 @@ def _error_event(raw: msgspec.Raw) -> WatchEnd:
     return WatchEnd(End.ERROR, status.code or 500, status.message or status.reason)
 
 
+def _opened(answer: Stream | Failed, *, streaming: bool) -> Stream | WatchEnd:
+    """The stream a watch request opened, or why it ended before it began: a 410 (or a version
+    too large) is :attr:`End.EXPIRED`, a rejected streaming list :attr:`End.UNSUPPORTED`; any
+    other answer raises :class:`KubeApiError`."""
+    if not isinstance(answer, Failed):
+        return answer
+    status, message = answer.status, answer.message
+    if status == 410 or _too_large(status, message):
+        return WatchEnd(End.EXPIRED, status, message)
+    if streaming and rejected(status):
+        return WatchEnd(End.UNSUPPORTED, status, message)
+    raise KubeApiError(status, message, retry_after_s=answer.retry_after_s)
+
+
 def _reason(exc: ExternalError) -> str:
     """The ``watch_restarts`` reason of a failure."""
     return "timeout" if isinstance(exc.__cause__, TimeoutError) else "error"
@@ -139,7 +258,6 @@ class Reflector:
         metrics: Metrics,
         *,
         settings: KubeSettings,
-        clock: SchedulingClock,
         backoff: Backoff,
         min_watch_s: float,
     ) -> None:
@@ -149,9 +267,9 @@ class Reflector:
         self._metrics = metrics
         self._namespace = store.namespace
         self._stream_sync_timeout_s = settings.stream_sync_timeout_s
+        self._page_size = settings.list_page_size
         self._mode = ListMode(settings.list_mode)
         self._next = SyncRequest.first(self._mode)
-        self._clock = clock
         self._attempts = Attempts(backoff)
         self._min_watch_s = min_watch_s
         self.resource_version: str | None = None
@@ -209,7 +327,7 @@ class Reflector:
         self._metrics.watch_restarts.labels(reason=reason).inc()
         delay = self._attempts.next_delay(floor_s)
         logger.warning("kubernetes list/watch failed (%s); retrying in %.2fs", what, delay)
-        await sleep_until(self._clock, self._clock.monotonic() + delay)
+        await anyio.sleep(delay)
 
     # ------------------------------------------------------------------ sync
 
@@ -233,8 +351,8 @@ class Reflector:
             self._next = request = fallback
             store.begin_sync()
         if request is SyncRequest.LIST:
-            listed = await self._lw.list_cached(store, self.resource_version)
-            if not isinstance(listed, Refused):
+            listed = await self._list_cached()
+            if not isinstance(listed, Failed):
                 return await self._listed(listed, SyncMode.LIST_CACHE)
             logger.info(
                 "list from the watch cache refused (%d: %s); quorum list",
@@ -243,7 +361,55 @@ class Reflector:
             )
             self._next = request.version_gone()
             store.begin_sync()
-        return await self._listed(await self._lw.list_quorum(store), SyncMode.LIST_QUORUM)
+        return await self._listed(await self._list_quorum(), SyncMode.LIST_QUORUM)
+
+    async def _list_cached(self) -> str | Failed:
+        """One list from the watch cache into the store (``NotOlderThan`` the version last
+        seen, or ``resourceVersion=0`` before any); its resourceVersion, or the answer when the
+        cache cannot serve that version (a 4xx other than 429, or a version too large)."""
+        known = self.resource_version
+        if known:
+            return await self._list(known, "NotOlderThan", refusable=True)
+        return await self._list("0", "", refusable=True)
+
+    async def _list_quorum(self) -> str:
+        """One quorum list into the store, in pages; its resourceVersion."""
+        rv = await self._list("", "", refusable=False)
+        assert not isinstance(rv, Failed)
+        return rv
+
+    async def _list(self, version: str, match: str, *, refusable: bool) -> str | Failed:
+        """A list into the store, page by page; started over when its continue token expires
+        (compaction), at most :data:`_CONTINUE_RESTARTS` times. Any other failed answer raises
+        :class:`KubeApiError`, except a refusal of a ``refusable`` list, which is returned."""
+        # As client-go: a list not older than a known version is not paginated, or a server
+        # would take it to etcd; resourceVersion=0 ignores the limit where a watch cache serves.
+        limit = None if match else self._page_size
+        store = self._store
+        token: str | None = None
+        rv = ""
+        restarts = 0
+        while True:
+            page = await self._lw.list(
+                resource_version=version, match=match, token=token, limit=limit
+            )
+            if isinstance(page, Failed):
+                if page.status == 410 and token is not None and restarts < _CONTINUE_RESTARTS:
+                    restarts += 1
+                    store.begin_sync()
+                    token = None
+                    continue
+                if refusable and (rejected(page.status) or _too_large(page.status, page.message)):
+                    return page
+                raise KubeApiError(page.status, page.message, retry_after_s=page.retry_after_s)
+            put = store.put
+            for snap in page.pods:
+                put(snap)
+            if token is None:
+                rv = page.resource_version
+            token = page.continue_
+            if not token:
+                return rv
 
     async def _listed(self, rv: str, mode: SyncMode) -> WatchEnd:
         self._synced(rv, mode)
@@ -275,8 +441,8 @@ class Reflector:
         Not honoured (:attr:`End.UNSUPPORTED`) when a plain bookmark comes first or the stream
         stays silent for ``stream_sync_timeout_s`` before that bookmark; the events already
         applied are then reconciled by the list that follows."""
-        started = self._clock.monotonic()
-        opened = await self._lw.open_stream(known)
+        started = clock.now()
+        opened = _opened(await self._lw.stream(known), streaming=True)
         if isinstance(opened, WatchEnd):
             return opened
         store = self._store
@@ -288,10 +454,8 @@ class Reflector:
         try:
             # The deadline follows the events (moved once half the bound has passed, to keep
             # timer rescheduling off the per-event path): it measures silence, not total time.
-            # anyio.current_time() looks the backend up on every call, too much for a per-event
-            # read; the loop's clock is time.monotonic() plus a fixed offset.
-            offset_s = anyio.current_time() - time.monotonic()
-            with anyio.CancelScope(deadline=anyio.current_time() + bound_s) as silence:
+            loop_time = asyncio.get_running_loop().time
+            with anyio.CancelScope(deadline=loop_time() + bound_s) as silence:
                 while True:
                     try:
                         line = await readline()
@@ -301,7 +465,7 @@ class Reflector:
                         break
                     if not line.strip():
                         continue
-                    now = time.monotonic() + offset_s
+                    now = loop_time()
                     if now + bound_s - silence.deadline > bound_s / 2:
                         silence.deadline = now + bound_s
                     end = apply(line)
@@ -334,8 +498,8 @@ class Reflector:
 
     async def _watch(self, rv: str) -> WatchEnd:
         """One watch request from ``rv``, followed until the stream ends."""
-        started = self._clock.monotonic()
-        opened = await self._lw.open_watch(rv)
+        started = clock.now()
+        opened = _opened(await self._lw.watch(rv), streaming=False)
         if isinstance(opened, WatchEnd):
             return opened
         try:
@@ -361,7 +525,7 @@ class Reflector:
             events += 1
             if events == 1:
                 self._attempts.reset()
-        if events == 0 and self._clock.monotonic() - started < self._min_watch_s:
+        if events == 0 and clock.now() - started < self._min_watch_s:
             return WatchEnd(End.EMPTY, message="watch stream closed at once without events")
         return _CLOSED
 

@@ -1,7 +1,8 @@
 """Opening a connection: the one place that knows what the service asks of a server.
 
-Every connection of the service — the query pool's (:func:`pool_connector`) and the notify
-listener's (:func:`connect`) — is opened here, so that each:
+Every connection of the service — the query pool's (:func:`pool_connector`), the notify
+listener's (:func:`connect`) and a one-shot command's (:func:`connect_once`) — is opened here,
+so that each:
 
 * reads its URL when it is opened (``DatabaseSettings.pool_url`` / ``listener_url_now``): a
   URL file rewritten in place (a rotated Secret) takes effect at the next connection;
@@ -94,6 +95,16 @@ async def connect(
         _url(settings.listener_url_now),
         metrics=metrics,
         **_connect_kwargs(settings, application_name),
+    )
+
+
+async def connect_once(
+    settings: DatabaseSettings, *, metrics: Metrics, application_name: str
+) -> asyncpg.Connection:
+    """A connection of its own for a one-shot command: the pool's URL (read now) and the pool's
+    connect options."""
+    return await open_connection(
+        _url(settings.pool_url), metrics=metrics, **pool_options(settings, application_name)
     )
 
 

@@ -2,7 +2,8 @@
 
 :class:`RetirementListener` holds its own asyncpg connection (never a pooled one: a pool would
 reset it and drop the LISTEN), parses each payload (:func:`parse_payload`: trigger 0003's
-groups, its first form's rows, or 0002's single change as a batch of one) into :class:`service.domain.ExecutionChange` values
+pods, its earlier groups and rows, or 0002's single change as a batch of one) into
+:class:`service.domain.ExecutionChange` values
 and hands them, as one unit, to every :class:`service.ports.ExecutionEventHandler` registered
 with :meth:`~RetirementListener.add_handler`. Malformed or oversized payloads, and bad changes
 inside a batch, are logged, counted (``notifications_malformed``) and skipped; the other changes
@@ -27,8 +28,8 @@ After every connection that proved delivery, the first included,
 ``handler.notifications_missed()`` is called: notifications sent while no connection listened
 are lost, so the consumer must resync. Between attempts the listener backs off (the kit's
 :class:`~service.kit.backoff.Backoff`, equal jitter) and logs a failure once per change of its
-cause; its waits (the backoff, the heartbeat period) run on the injected clock, while each
-network call is bounded by a real-time timeout.
+cause. Its waits (the backoff, the heartbeat period) and the bound of each network call run on
+the event loop's clock (``service/kit/clock.py``).
 
 Errors: :meth:`~RetirementListener.sync` raises
 :class:`~service.pg.errors.ListenerUnavailable` (a kit ``Unavailable``) when it cannot vouch
@@ -40,9 +41,9 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 import asyncpg
@@ -52,9 +53,9 @@ from anyio.abc import TaskStatus
 from service import checks
 from service.config import DatabaseSettings
 from service.domain import ExecutionChange, parse_execution_state
+from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
 from service.kit.causelog import CauseLog
-from service.kit.clock import MonotonicClock, SchedulingClock, sleep_until, wait_until
 from service.kit.errors import ExternalError, Unavailable
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
@@ -106,6 +107,24 @@ class _LooseBatch(msgspec.Struct, forbid_unknown_fields=False):
     rows: list[msgspec.Raw]
 
 
+_Pods = tuple[_Op, bool | None, str | None, list[str]]
+"""One group of a 0003 ``pods`` payload: [op, active, execution_state, [pod_name, ...]], each
+name a change with the group's facts, of the pod of that name in every watched namespace."""
+_PodsHead = tuple[_Op, bool | None, str | None]
+
+
+class _PodGroups(msgspec.Struct, forbid_unknown_fields=False):
+    """Trigger 0003's payload: ``{"pods": [[op, active, state, [pod_name, ...]], ...]}``."""
+
+    pods: list[_Pods]
+
+
+class _LoosePodGroups(msgspec.Struct, forbid_unknown_fields=False):
+    """A ``pods`` payload decoded group by group and name by name."""
+
+    pods: list[msgspec.Raw]
+
+
 _Group = tuple[_Op, str, bool | None, str | None, list[str]]
 """One group of a 0003 ``groups`` payload: [op, namespace, active, execution_state, [pod_name,
 ...]], each name a change with the group's facts."""
@@ -126,6 +145,12 @@ class _LooseGroups(msgspec.Struct, forbid_unknown_fields=False):
     groups: list[msgspec.Raw]
 
 
+_pods_decoder = msgspec.json.Decoder(_PodGroups)
+_loose_pods_decoder = msgspec.json.Decoder(_LoosePodGroups)
+_loose_pods_group_decoder = msgspec.json.Decoder(
+    tuple[msgspec.Raw, msgspec.Raw, msgspec.Raw, list[msgspec.Raw]]
+)
+_pods_head_decoder = msgspec.json.Decoder(_PodsHead)
 _groups_decoder = msgspec.json.Decoder(_Groups)
 _batch_decoder = msgspec.json.Decoder(_Batch)
 _single_decoder = msgspec.json.Decoder(_Single)
@@ -151,10 +176,14 @@ class ParsedPayload:
     """Why something was skipped (for the log), empty when nothing was."""
 
 
-def parse_payload(payload: str, *, received_at_s: float) -> ParsedPayload:
-    """The changes a trigger payload describes, in any of its shapes: 0003's ``groups``, 0003's
-    first ``rows`` batch, or 0002's single object (a batch of one), so that a listener keeps
-    working while the trigger is upgraded.
+def parse_payload(
+    payload: str, *, received_at_s: float, namespaces: Sequence[str]
+) -> ParsedPayload:
+    """The changes a trigger payload describes, in any of its shapes: 0003's ``pods``, its
+    earlier ``groups`` and ``rows``, or 0002's single object (a batch of one), so that a
+    listener keeps working while the trigger is upgraded. A ``pods`` change names no namespace:
+    it is the change of the pod of that name in each of ``namespaces`` (the watched ones), one
+    change each; the other shapes name theirs.
 
     Never raises: a payload that is none of these shapes, or longer than PostgreSQL allows, is
     skipped whole; inside a payload, each change that is not valid (wrong arity or types, an
@@ -162,13 +191,23 @@ def parse_payload(payload: str, *, received_at_s: float) -> ParsedPayload:
     """
     if len(payload) >= MAX_PAYLOAD_BYTES or len(payload.encode()) >= MAX_PAYLOAD_BYTES:
         return ParsedPayload([], 1, "oversized")
+    changes: list[ExecutionChange] = []
+    total = 0
+    try:
+        pods = _pods_decoder.decode(payload).pods
+    except msgspec.DecodeError:
+        pass
+    else:
+        for op, active, state, names in pods:
+            total += len(names)
+            for namespace in namespaces:
+                _add_group(changes, (op, namespace, active, state), names, received_at_s)
+        return _outcome(changes, total, len(namespaces))
     try:
         groups = _groups_decoder.decode(payload).groups
     except msgspec.DecodeError:
         pass
     else:
-        changes: list[ExecutionChange] = []
-        total = 0
         for op, namespace, active, state, names in groups:
             total += len(names)
             _add_group(changes, (op, namespace, active, state), names, received_at_s)
@@ -183,7 +222,7 @@ def parse_payload(payload: str, *, received_at_s: float) -> ParsedPayload:
     try:
         single = _single_decoder.decode(payload)
     except msgspec.DecodeError:
-        return _parse_loosely(payload, received_at_s)
+        return _parse_loosely(payload, received_at_s, namespaces)
     change = _change(
         (single.op, single.namespace, single.pod_name, single.active, single.execution_state),
         received_at_s,
@@ -193,11 +232,12 @@ def parse_payload(payload: str, *, received_at_s: float) -> ParsedPayload:
     return ParsedPayload([change])
 
 
-def _outcome(changes: list[ExecutionChange], total: int) -> ParsedPayload:
-    """``changes`` found among ``total`` parts: the others are bad (an empty batch is one)."""
+def _outcome(changes: list[ExecutionChange], total: int, each: int = 1) -> ParsedPayload:
+    """``changes`` found among ``total`` parts, ``each`` changes a valid part (a ``pods`` name
+    is one a watched namespace): the others are bad (an empty batch is one)."""
     if not changes:
         return ParsedPayload([], max(1, total), "no valid change in the batch")
-    bad = total - len(changes)
+    bad = total - len(changes) // max(1, each)
     return ParsedPayload(changes, bad, f"{bad} invalid changes in the batch" if bad else "")
 
 
@@ -224,23 +264,45 @@ def _add_group(
             append(ExecutionChange(namespace, name, active, parsed, deleted, received_at_s))
 
 
-def _parse_loosely(payload: str, received_at_s: float) -> ParsedPayload:
-    """A payload of either batch shape that did not decode as a whole: its parts one by one."""
+def _parse_loosely(payload: str, received_at_s: float, namespaces: Sequence[str]) -> ParsedPayload:
+    """A payload of a batch shape that did not decode as a whole: its parts one by one."""
+    try:
+        raw_pods = _loose_pods_decoder.decode(payload).pods
+    except msgspec.DecodeError:
+        pass
+    else:
+        return _parse_groups_loosely(
+            raw_pods, _loose_pods_group_decoder, _pods_head_decoder, received_at_s, namespaces
+        )
     try:
         raw_groups = _loose_groups_decoder.decode(payload).groups
     except msgspec.DecodeError:
         return _parse_rows_one_by_one(payload, received_at_s)
+    return _parse_groups_loosely(
+        raw_groups, _loose_group_decoder, _head_decoder, received_at_s, None
+    )
+
+
+def _parse_groups_loosely(
+    raw_groups: list[msgspec.Raw],
+    group_decoder: msgspec.json.Decoder[Any],
+    head_decoder: msgspec.json.Decoder[Any],
+    received_at_s: float,
+    namespaces: Sequence[str] | None,
+) -> ParsedPayload:
+    """Groups one by one, then each group's head and names: ``pods`` groups (``namespaces``
+    given: their heads name none) or ``groups`` (``None``: each head names its namespace)."""
     changes: list[ExecutionChange] = []
     total = 0
     for raw in raw_groups:
         try:
-            *raw_head, raw_names = _loose_group_decoder.decode(raw)
+            *raw_head, raw_names = group_decoder.decode(raw)
         except msgspec.DecodeError:
             total += 1  # not a group: one bad part
             continue
         total += len(raw_names)
         try:
-            head = _head_decoder.decode(b"[" + b",".join(raw_head) + b"]")
+            head = head_decoder.decode(b"[" + b",".join(raw_head) + b"]")
         except msgspec.DecodeError:
             continue  # every name of the group is bad with it
         names = []
@@ -249,8 +311,13 @@ def _parse_loosely(payload: str, received_at_s: float) -> ParsedPayload:
                 names.append(_name_decoder.decode(raw_name))
             except msgspec.DecodeError:
                 continue
-        _add_group(changes, head, names, received_at_s)
-    return _outcome(changes, total)
+        if namespaces is None:
+            _add_group(changes, head, names, received_at_s)
+        else:
+            op, active, state = head
+            for namespace in namespaces:
+                _add_group(changes, (op, namespace, active, state), names, received_at_s)
+    return _outcome(changes, total, 1 if namespaces is None else len(namespaces))
 
 
 def _parse_rows_one_by_one(payload: str, received_at_s: float) -> ParsedPayload:
@@ -319,9 +386,9 @@ class RetirementListener:
     """LISTEN on the notify channel until cancelled; see the module docstring.
 
     ``probe`` sends the delivery probes (through the query pool); ``backoff`` is the reconnect
-    policy (default :func:`default_backoff`); ``clock`` the time the listener reads
-    (``received_at_s`` of each change) and waits on; ``namespaces`` the sandbox namespaces whose
-    changes are handed on (the others are counted and ignored); ``probe_channel`` the channel of
+    policy (default :func:`default_backoff`); ``namespaces`` the watched sandbox namespaces (a
+    change naming no namespace is one change in each; one naming another is counted and
+    ignored); ``probe_channel`` the channel of
     its probes (default: :func:`new_probe_channel`).
     """
 
@@ -331,19 +398,19 @@ class RetirementListener:
         *,
         metrics: Metrics,
         probe: ProbeSender,
-        clock: SchedulingClock | None = None,
         backoff: Backoff | None = None,
-        namespaces: Iterable[str] | None = None,
+        namespaces: Iterable[str],
         probe_channel: str | None = None,
     ) -> None:
         self._settings = settings
-        self._namespaces = None if namespaces is None else frozenset(namespaces)
-        """The sandbox namespaces whose changes are handed on (``None``: every namespace); a
-        notification of any other namespace is counted and ignored."""
+        self._namespaces = tuple(dict.fromkeys(namespaces))
+        """The sandbox namespaces whose changes are handed on: a change that names no namespace
+        (0003's ``pods``) is one change in each; one that names another namespace is counted
+        and ignored."""
+        self._watched = frozenset(self._namespaces)
         self._channel = settings.notify_channel
         self._handlers: list[ExecutionEventHandler] = []
         self._metrics = metrics
-        self._clock: SchedulingClock = clock or MonotonicClock()
         self._attempts = Attempts(backoff or default_backoff())
         self._connected = False
         self._ever_connected = False
@@ -424,7 +491,7 @@ class RetirementListener:
                 if conn is not None:
                     # terminate() is synchronous: no await, so it also runs under cancellation.
                     conn.terminate()
-            await sleep_until(self._clock, self._clock.monotonic() + self._attempts.next_delay())
+            await anyio.sleep(self._attempts.next_delay())
 
     def _on_failure(self, exc: ExternalError) -> None:
         cause = str(exc) if isinstance(exc, _ConnectionLost) else describe(exc)
@@ -454,7 +521,7 @@ class RetirementListener:
     async def _watch(self, conn: asyncpg.Connection, lost: anyio.Event) -> None:
         s = self._settings
         while True:
-            await wait_until(lost, self._clock, self._clock.monotonic() + s.heartbeat_interval_s)
+            await clock.wait_until(lost, clock.now() + s.heartbeat_interval_s)
             if lost.is_set() or conn.is_closed():
                 raise _ConnectionLost(self._lost_reason or "connection closed")
             try:
@@ -541,7 +608,7 @@ class RetirementListener:
 
     def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         self._metrics.notifications.inc()
-        parsed = parse_payload(payload, received_at_s=self._clock.monotonic())
+        parsed = parse_payload(payload, received_at_s=clock.now(), namespaces=self._namespaces)
         if parsed.malformed:
             self._metrics.notifications_malformed.inc(parsed.malformed)
             logger.warning(
@@ -552,12 +619,12 @@ class RetirementListener:
                 payload,
             )
         changes = parsed.changes
-        if self._namespaces is not None:
-            # One channel carries every namespace's changes; only the watched ones matter.
-            watched = [c for c in changes if c.namespace in self._namespaces]
-            if len(watched) < len(changes):
-                self._metrics.notifications_ignored.inc(len(changes) - len(watched))
-            changes = watched
+        # One channel carries every namespace's changes; only the watched ones matter (a
+        # change of the earlier shapes names its namespace).
+        watched = [c for c in changes if c.namespace in self._watched]
+        if len(watched) < len(changes):
+            self._metrics.notifications_ignored.inc(len(changes) - len(watched))
+        changes = watched
         if changes:
             for handler in self._handlers:
                 handler.executions_changed(changes)

@@ -90,7 +90,7 @@ class Checker:
         The final re-read's start comes from PostgreSQL's statement log: pod and row must have
         been reapable together at every instant from a threshold before ``t`` up to it. After
         it, a row change is the accepted race (the service bounds how long it lets that last,
-        ``FINAL_CHECK_MAX_AGE_S``; the fake-clock tests hold it to that); the pod must stay
+        ``FINAL_CHECK_MAX_AGE_S``; the virtual-time unit tests hold it to that); the pod must stay
         reapable up to a DELETE — its resourceVersion precondition pins it to the fresh GET,
         made before the re-read. A report has no precondition: its pod is judged up to the last
         fresh GET (the emulator's record), and as that GET saw it up to the re-read.

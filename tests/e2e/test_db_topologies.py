@@ -403,6 +403,38 @@ async def test_url_at_a_hot_standby_is_unready_in_recovery_and_deletes_nothing(
     assert _log_lines(svc, "hot standby"), svc.log_tail()
 
 
+async def test_every_one_shot_command_at_a_hot_standby_is_one_line_saying_so_and_acts_on_nothing(
+    emulator: RunningEmulator,
+    server: ThrowawayPostgres,
+    database: str,
+    standby: ThrowawayStandby,
+    tmp_path: Path,
+) -> None:
+    admin = server.database_url(database)
+    retired = await _seed(admin, emulator, "standby-cli", active=False)
+    standby.wait_replayed(server)
+    env = base_env(
+        kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", emulator.url),
+        database_url=_role_url(standby.database_url(database)),
+        DB_CONNECT_TIMEOUT_SECONDS=5,
+    )
+    commands = {
+        "migrate": ("migrate",),
+        "scan": ("scan", "--timeout", "5"),
+        "explain": ("explain", f"{NS}/{retired}"),
+        "cancel-create": ("cancel-create", "standby-cli", "1", "0"),
+    }
+    for command, args in commands.items():
+        result = await anyio.to_thread.run_sync(lambda args=args: run_cli(*args, env=env))
+        lines = [ln for ln in result.stderr.splitlines() if ln.strip() and not ln.startswith("{")]
+        assert result.code == 1, (command, result)
+        assert "Traceback" not in result.stderr, (command, result.stderr)
+        assert len(lines) == 1, (command, result.stderr)
+        assert "hot standby" in lines[0], (command, lines[0])
+    assert _deletes(emulator) == []
+    assert retired in {p["metadata"]["name"] for p in emulator.emulator.pods(NS)}
+
+
 @pytest.mark.parametrize("attrs", ["read-write", "primary"])
 async def test_multi_host_url_survives_failover(
     emulator: RunningEmulator,

@@ -47,7 +47,7 @@ def load_targets() -> dict[str, Callable[[bytes], None]]:
 
     def fuzz_payload(data: bytes) -> None:
         text = data.decode("utf-8", "replace")
-        parsed = parse_payload(text, received_at_s=0.0)
+        parsed = parse_payload(text, received_at_s=0.0, namespaces=("sandboxes",))
         if any(not (c.namespace and c.pod_name) for c in parsed.changes):
             raise AssertionError(f"a change without a key: {text!r}")
 

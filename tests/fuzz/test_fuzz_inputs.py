@@ -39,6 +39,9 @@ from service.domain import (
 from service.kube.decode import PodDecodeError, PodDecoder
 from service.pg.listener import parse_payload
 
+WATCHED = ("sandboxes", "b")
+"""The namespaces the listener watches: a ``pods`` change is one change in each."""
+
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
@@ -251,7 +254,7 @@ payload_dicts = st.fixed_dictionaries(
 @FUZZ
 @given(st.text(max_size=200))
 def test_arbitrary_text_payloads_parse_to_changes_with_keys_or_are_counted(payload: str) -> None:
-    parsed = parse_payload(payload, received_at_s=1.0)
+    parsed = parse_payload(payload, received_at_s=1.0, namespaces=WATCHED)
     assert all(c.namespace and c.pod_name for c in parsed.changes)
     assert parsed.changes or parsed.malformed >= 1
 
@@ -259,7 +262,7 @@ def test_arbitrary_text_payloads_parse_to_changes_with_keys_or_are_counted(paylo
 @FUZZ
 @given(payload_dicts)
 def test_a_payload_says_retired_only_when_it_literally_does(doc: dict[str, Any]) -> None:
-    parsed = parse_payload(json.dumps(doc), received_at_s=1.0)
+    parsed = parse_payload(json.dumps(doc), received_at_s=1.0, namespaces=WATCHED)
     if not parsed.changes:
         assert parsed.malformed == 1
         return
@@ -285,7 +288,7 @@ row_values = st.lists(
 @FUZZ
 @given(st.lists(row_values, max_size=8))
 def test_a_batch_keeps_exactly_its_valid_rows_and_counts_the_others(rows: list[list[Any]]) -> None:
-    parsed = parse_payload(json.dumps({"rows": rows}), received_at_s=1.0)
+    parsed = parse_payload(json.dumps({"rows": rows}), received_at_s=1.0, namespaces=WATCHED)
     valid = [
         r
         for r in rows
@@ -335,7 +338,7 @@ def _valid_head(group: list[Any]) -> bool:
 def test_groups_keep_exactly_their_valid_names_and_count_the_others(
     groups: list[list[Any]],
 ) -> None:
-    parsed = parse_payload(json.dumps({"groups": groups}), received_at_s=1.0)
+    parsed = parse_payload(json.dumps({"groups": groups}), received_at_s=1.0, namespaces=WATCHED)
     shaped = [g for g in groups if len(g) == 5 and isinstance(g[4], list)]
     valid = [
         (g[1], name)
@@ -346,6 +349,43 @@ def test_groups_keep_exactly_their_valid_names_and_count_the_others(
     ]
     assert [(c.namespace, c.pod_name) for c in parsed.changes] == valid
     parts = (len(groups) - len(shaped)) + sum(len(g[4]) for g in shaped)
+    assert parsed.malformed == (max(1, parts) if not valid else parts - len(valid))
+
+
+pods_values = (
+    st.tuples(
+        st.sampled_from(["insert", "update", "delete", "truncate", ""]) | json_scalars,
+        st.booleans() | json_scalars,
+        st.text(max_size=10) | json_scalars,
+        st.lists(st.text(max_size=6) | json_scalars, max_size=5) | json_scalars,
+    ).map(list)
+    | group_values
+)
+
+
+@FUZZ
+@given(st.lists(pods_values, max_size=6))
+def test_pods_keep_exactly_their_valid_names_in_each_namespace_and_count_the_others(
+    groups: list[list[Any]],
+) -> None:
+    parsed = parse_payload(json.dumps({"pods": groups}), received_at_s=1.0, namespaces=WATCHED)
+    shaped = [g for g in groups if len(g) == 4 and isinstance(g[3], list)]
+    valid = [
+        name
+        for g in shaped
+        if _valid_head([g[0], "any", g[1], g[2]])
+        for name in g[3]
+        if isinstance(name, str) and name
+    ]
+    # Group by group: each valid name once per watched namespace, in the namespaces' order.
+    expected = []
+    for g in shaped:
+        if not _valid_head([g[0], "any", g[1], g[2]]):
+            continue
+        names = [n for n in g[3] if isinstance(n, str) and n]
+        expected += [(ns, n) for ns in WATCHED for n in names]
+    assert [(c.namespace, c.pod_name) for c in parsed.changes] == expected
+    parts = (len(groups) - len(shaped)) + sum(len(g[3]) for g in shaped)
     assert parsed.malformed == (max(1, parts) if not valid else parts - len(valid))
 
 

@@ -20,6 +20,7 @@ from service.domain import KEEP_ANNOTATION
 from service.kit.errors import Unavailable
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
+from service.kube.errors import KubeApiError
 from service.metrics import Metrics
 from service.pg.errors import DatabaseError
 from tests.kubefixtures import eventually
@@ -251,6 +252,27 @@ async def test_a_retire_on_a_closed_connection_raises_unavailable_and_deletes_no
     assert isinstance(raised.value.__cause__, asyncpg.InterfaceError)
     assert await _row(pg_conn) == (True, "active", 0)
     assert _deletes(emulator) == []
+
+
+async def test_a_failed_get_or_delete_of_the_pod_raises_alike_and_running_again_deletes_it(
+    emulator: RunningEmulator, pg_conn: asyncpg.Connection, pods: KubePodClient
+) -> None:
+    await _seed(pg_conn)
+    pod = _create_pod(emulator)
+    emu = emulator.emulator
+    emu.fail_next(1, code=503, method="GET", path_contains=f"/pods/{NAME}")
+    with pytest.raises(KubeApiError) as get_failed:
+        await _cancel(pg_conn, pods)
+    emu.fail_next(1, code=503, method="DELETE", path_contains=f"/pods/{NAME}")
+    with pytest.raises(KubeApiError) as delete_failed:
+        await _cancel(pg_conn, pods)
+    assert (get_failed.value.status, delete_failed.value.status) == (503, 503)
+    assert await _row(pg_conn) == (False, "cancelled", 0)  # retired by the first call
+    assert [d.status for d in _deletes(emulator)] == [503]
+    assert emu.get_pod(NS, NAME) is not None
+    report = await _cancel(pg_conn, pods)
+    assert report == CancelReport(CancelOutcome.DELETED, False, NAME, "")
+    assert _deletes(emulator)[-1].body["preconditions"]["uid"] == pod["metadata"]["uid"]
 
 
 async def test_with_several_namespaces_the_pod_is_deleted_in_its_sandbox_namespace_only(

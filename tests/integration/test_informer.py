@@ -26,7 +26,7 @@ from service.kit.backoff import Backoff
 from service.kube.api import new_api_client
 from service.kube.decode import PodDecoder
 from service.kube.informer import PodInformer
-from service.kube.listwatch import SyncMode
+from service.kube.reflector import SyncMode
 from service.metrics import Metrics
 from tests.kubefixtures import (
     SANDBOX_NAMESPACE,

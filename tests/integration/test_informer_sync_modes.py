@@ -17,7 +17,7 @@ from kubernetes_asyncio import client as k8s_client
 from devtools.emulator import RunningEmulator
 from devtools.emulator.watch import WatchListSupport
 from service.config import KubeSettings
-from service.kube.listwatch import SyncMode
+from service.kube.reflector import SyncMode
 from tests.integration.test_informer import converged, metric, running_informer
 from tests.kubefixtures import SANDBOX_NAMESPACE, cache_state, eventually, sandbox_pod, server_pods
 

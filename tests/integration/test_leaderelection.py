@@ -13,7 +13,6 @@ from kubernetes_asyncio import client as k8s_client
 from devtools.emulator import RunningEmulator
 from devtools.emulator.statuses import LEASES
 from service.config import LeaderSettings
-from service.kit.clock import MonotonicClock
 from service.kube.leaderelection import LeaderElector
 from service.metrics import Metrics
 from tests.kubefixtures import eventually
@@ -51,7 +50,6 @@ class Elector:
             settings=settings,
             namespace=NS,
             metrics=self.metrics,
-            clock=MonotonicClock(),
             request_timeout_s=2.0,
         )
         self.elector.add_handler(self.changes.append)

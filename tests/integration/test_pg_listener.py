@@ -8,19 +8,21 @@ The three failure modes each have a test that fails without its recovery code:
 * silent death (a proxy that stops forwarding but keeps both sockets open): only the heartbeat
   can notice, and it must do so within interval + timeout.
 
-Between attempts the listener waits on its injected clock: under a ``FakeClock`` each backoff is
-a timer the test can read and fire.
+Everything here runs on real time (it talks to PostgreSQL), on the event loop's clock, the
+listener's one clock. The backoff tests read the delays the listener draws from its policy
+(:class:`RecordingBackoff`) and check that it waited each one before the next attempt, from the
+times the attempts reached a proxy: a lower bound, never a judgement by slack.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
-import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import anyio
 import anyio.lowlevel
@@ -31,8 +33,8 @@ from prometheus_client import CollectorRegistry
 from devtools.pg.throwaway import ThrowawayPostgres
 from service.config import DatabaseSettings
 from service.domain import ExecutionChange, ExecutionState
+from service.kit import clock
 from service.kit.backoff import Backoff
-from service.kit.clock import FakeClock
 from service.kit.errors import Unavailable
 from service.metrics import Metrics
 from service.pg.errors import ListenerUnavailable
@@ -99,6 +101,7 @@ async def running(
         metrics=Metrics(registry),
         probe=probe_sender(probe_url or settings.url),
         backoff=Backoff(initial_s=0.05, max_s=0.5, jitter=0.5),
+        namespaces=(NAMESPACE,),
     )
     listener.add_handler(handler)
     async with anyio.create_task_group() as tg:
@@ -145,9 +148,11 @@ async def test_notify_arrives_after_commit_and_not_before(
     await seed_sandbox(pg_conn, "s1")
     await seed_execution(pg_conn, pod_name=POD, sandbox_id="s1", pod_kind="restore")
     handler, registry = RecordingHandler(), CollectorRegistry()
-    clock = FakeClock(start_s=1000.0)
     listener = RetirementListener(
-        db_settings(pg_url), metrics=Metrics(registry), probe=probe_sender(pg_url), clock=clock
+        db_settings(pg_url),
+        metrics=Metrics(registry),
+        probe=probe_sender(pg_url),
+        namespaces=(NAMESPACE,),
     )
     listener.add_handler(handler)
     async with anyio.create_task_group() as tg:
@@ -162,16 +167,19 @@ async def test_notify_arrives_after_commit_and_not_before(
             )
             await anyio.sleep(0.3)
             assert handler.changes == []
-            clock.advance(1000.0)
+            committing_at = clock.now()
         await wait_for(lambda: len(handler.changes) == 1, timeout_s=5, what="notification")
+        seen_by = clock.now()
         change = handler.changes[0]
+        # Stamped on the listener's clock (the event loop's) when it arrived, after the commit.
+        assert committing_at <= change.received_at_s <= seen_by
         assert change == ExecutionChange(
             namespace=NAMESPACE,
             pod_name=POD,
             active=False,
             state=ExecutionState.SUSPENDED,
             deleted=False,
-            received_at_s=2000.0,
+            received_at_s=change.received_at_s,
         )
         assert change.retired
         tg.cancel_scope.cancel()
@@ -278,6 +286,8 @@ class StallableProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self._refuse = False
         self.port = 0
+        self.accepted_at: list[float] = []
+        """The event loop's time of every connection accepted (refused ones included)."""
 
     async def __aenter__(self) -> StallableProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -309,6 +319,7 @@ class StallableProxy:
         return len(self._conns)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted_at.append(clock.now())
         if self._refuse:
             writer.close()
             return
@@ -376,6 +387,7 @@ async def test_run_retries_until_the_first_connection_succeeds(pg_url: str) -> N
             metrics=Metrics(registry),
             probe=probe_sender(pg_url),
             backoff=Backoff(initial_s=0.02, max_s=BACKOFF_MAX_S, jitter=0.5),
+            namespaces=(NAMESPACE,),
         )
         listener.add_handler(handler)
         tg.start_soon(listener.run)
@@ -435,7 +447,10 @@ async def test_sync_refuses_when_the_connection_is_silently_stalled(
 async def test_sync_without_a_connection_raises_a_kit_unavailable() -> None:
     url = "postgresql://postgres@127.0.0.1:1/none"
     listener = RetirementListener(
-        db_settings(url), metrics=Metrics(CollectorRegistry()), probe=probe_sender(url)
+        db_settings(url),
+        metrics=Metrics(CollectorRegistry()),
+        probe=probe_sender(url),
+        namespaces=(NAMESPACE,),
     )
     with pytest.raises(Unavailable) as raised:
         await listener.sync()
@@ -459,98 +474,103 @@ async def test_each_handler_gets_every_change_and_one_added_while_listening_is_t
         assert late.changes == first.changes
 
 
-@contextlib.contextmanager
-def _refusing_port() -> Iterator[int]:
-    """A loopback port bound but not listening: a connect there is refused, and nobody else can
-    take the port while the test runs."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        yield sock.getsockname()[1]
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecordingBackoff(Backoff):
+    """The listener's backoff policy, recording every delay it hands out, in order."""
+
+    drawn: list[float] = dataclasses.field(default_factory=list, compare=False)
+
+    def delay_s(self, failures: int) -> float:
+        delay = Backoff.delay_s(self, failures)
+        self.drawn.append(delay)
+        return delay
 
 
-async def _next_timer(clock: FakeClock) -> float:
-    """The delay of the next timer the listener sets on ``clock`` (it sets one after each failed
-    attempt, once the real connect has failed)."""
-    with anyio.fail_after(5):
-        while (deadline := clock.next_deadline) is None:
-            await anyio.sleep(0.005)
-    return deadline - clock.monotonic()
+TIMER_EARLY_S = time.get_clock_info("monotonic").resolution
+"""How early asyncio may run a timer: up to its clock's resolution before the deadline (it runs
+every timer due within one resolution of now)."""
 
 
-async def test_reconnect_delays_follow_the_backoff_policy_on_the_injected_clock() -> None:
-    clock, handler = FakeClock(), RecordingHandler()
+def _waited_each_delay(attempts_at: Sequence[float], delays: Sequence[float]) -> None:
+    """Every attempt came at least the delay drawn after the one before it had failed (which
+    was after it reached the proxy): the listener waited each delay it drew."""
+    for k, delay in enumerate(delays[: len(attempts_at) - 1]):
+        assert attempts_at[k + 1] - attempts_at[k] >= delay - TIMER_EARLY_S, (k, delay)
 
-    def policy() -> Backoff:
-        return Backoff(initial_s=0.1, max_s=1.6, jitter=0.5, rng=random.Random(7))
 
-    twin = policy()  # the same draws, in the same order, as the listener's
-    with _refusing_port() as port:
-        url = f"postgresql://postgres@127.0.0.1:{port}/none"
+async def test_reconnect_delays_follow_the_backoff_policy() -> None:
+    handler = RecordingHandler()
+
+    def policy() -> RecordingBackoff:
+        return RecordingBackoff(initial_s=0.1, max_s=1.6, jitter=0.5, rng=random.Random(7))
+
+    twin, backoff = policy(), policy()  # the same draws, in the same order
+    async with StallableProxy(upstream_port=0) as proxy:
+        proxy.pause_accepting()  # every connect reaches it and is closed at once
+        url = f"postgresql://postgres@127.0.0.1:{proxy.port}/none"
         listener = RetirementListener(
             db_settings(url, connect_timeout_s=2.0),
             metrics=Metrics(CollectorRegistry()),
             probe=probe_sender(url),
-            clock=clock,
-            backoff=policy(),
+            backoff=backoff,
+            namespaces=(NAMESPACE,),
         )
         listener.add_handler(handler)
         async with anyio.create_task_group() as tg:
             tg.start_soon(listener.run)
-            delays = []
-            for failures in range(8):
-                delay = await _next_timer(clock)
-                assert delay == pytest.approx(twin.delay_s(failures), abs=1e-9)
-                delays.append(delay)
-                clock.advance(delay)
+            await wait_for(lambda: len(backoff.drawn) >= 6, timeout_s=30, what="six failures")
             tg.cancel_scope.cancel()
     assert not listener.connected and handler.missed == 0
+    delays = backoff.drawn
+    assert delays == [twin.delay_s(k) for k in range(len(delays))]
     # Doubling from 0.1 s (equal jitter: each within [d/2, d]) up to the cap.
     for failures, delay in enumerate(delays):
         base = min(1.6, 0.1 * 2**failures)
         assert base / 2 <= delay <= base
+    assert len(proxy.accepted_at) >= len(delays)
+    _waited_each_delay(proxy.accepted_at, delays)
 
 
 async def test_a_successful_listen_resets_the_backoff(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
-    clock, handler = FakeClock(), RecordingHandler()
+    handler = RecordingHandler()
 
-    def policy() -> Backoff:
-        return Backoff(initial_s=0.1, max_s=30.0, jitter=0.5, rng=random.Random(11))
+    def policy() -> RecordingBackoff:
+        return RecordingBackoff(initial_s=0.1, max_s=30.0, jitter=0.5, rng=random.Random(11))
 
-    twin = policy()
+    twin, backoff = policy(), policy()
     port = int(pg_url.rsplit(":", 1)[1].split("/", 1)[0])
     async with StallableProxy(port) as proxy, anyio.create_task_group() as tg:
         proxy.pause_accepting()
         settings = db_settings(
             pg_url.replace(f":{port}/", f":{proxy.port}/"),
             connect_timeout_s=2.0,
-            heartbeat_interval_s=3600.0,  # no heartbeat timer among the backoff timers
+            heartbeat_interval_s=3600.0,  # no heartbeat among the waits
         )
         listener = RetirementListener(
             settings,
             metrics=Metrics(CollectorRegistry()),
             probe=probe_sender(settings.url),
-            clock=clock,
-            backoff=policy(),
+            backoff=backoff,
+            namespaces=(NAMESPACE,),
         )
         listener.add_handler(handler)
         tg.start_soon(listener.run)
-        for failures in range(3):
-            delay = await _next_timer(clock)
-            assert delay == pytest.approx(twin.delay_s(failures), abs=1e-9)
-            if failures == 2:
-                proxy.resume_accepting()
-            clock.advance(delay)
-        await wait_for(lambda: listener.connected, timeout_s=5, what="connected")
+        await wait_for(lambda: len(backoff.drawn) == 3, timeout_s=30, what="three failures")
+        proxy.resume_accepting()
+        await wait_for(lambda: listener.connected, timeout_s=10, what="connected")
         assert handler.missed == 1
+        refused = list(proxy.accepted_at[:4])
         assert await pg_conn.fetchval(
             "SELECT pg_terminate_backend($1)", await _listener_pid(pg_conn)
         )
         await wait_for(lambda: not listener.connected, timeout_s=5, what="the loss noticed")
-        # Three failures before the success; after it, the count starts from zero again.
-        assert await _next_timer(clock) == pytest.approx(twin.delay_s(0), abs=1e-9)
+        await wait_for(lambda: len(backoff.drawn) == 4, timeout_s=5, what="the next delay")
         tg.cancel_scope.cancel()
+    # Three failures before the success; after it, the count starts from zero again.
+    assert backoff.drawn == [twin.delay_s(0), twin.delay_s(1), twin.delay_s(2), twin.delay_s(0)]
+    _waited_each_delay(refused, backoff.drawn[:3])
 
 
 # ------------------------------------------------------------- trigger 0003: batches
@@ -622,7 +642,7 @@ async def test_a_10000_row_statement_is_several_notifications_each_below_the_lim
     # Far fewer notifications than rows, and none near PostgreSQL's limit.
     assert 2 <= len(payloads) <= 10_000 // 50
     assert max(sizes) < 8000
-    assert sorted(r[2] for r in _rows(payloads)) == sorted(names)  # type: ignore[type-var]
+    assert sorted(r[1] for r in _rows(payloads)) == sorted(names)  # type: ignore[type-var]
     # The listener hands each notification over as one batch, every row of it.
     assert len(handler.batches) == len(payloads)
     assert sorted(c.pod_name for c in handler.changes) == sorted(names)
@@ -656,13 +676,13 @@ async def test_only_rows_whose_active_or_state_changed_are_reported(
         await payloads.drain()
         rows = _rows(payloads)
         assert len(rows) == 200
-        reported = {r[2]: r for r in rows}
+        reported = {r[1]: r for r in rows}
         ordered = sorted(names, key=lambda n: int(n.removeprefix("space-sbx-m").split("-")[0]))
         for i, name in enumerate(ordered, start=1):
             if i % 3 == 0:
-                assert reported[name] == ["update", NAMESPACE, name, False, "replaced"]
+                assert reported[name] == ["update", name, False, "replaced"]
             elif i % 3 == 1:
-                assert reported[name] == ["update", NAMESPACE, name, True, "activating"]
+                assert reported[name] == ["update", name, True, "activating"]
             else:
                 assert name not in reported
         # A statement changing nothing the service reads sends nothing.
@@ -678,7 +698,7 @@ async def test_only_rows_whose_active_or_state_changed_are_reported(
         )
         await payloads.drain()
         deleted = _rows(payloads)
-        assert sorted(r[2] for r in deleted) == sorted(names[:7])  # type: ignore[type-var]
+        assert sorted(r[1] for r in deleted) == sorted(names[:7])  # type: ignore[type-var]
         assert {r[0] for r in deleted} == {"delete"}
 
 
@@ -723,11 +743,11 @@ async def test_worst_case_rows_never_reach_the_payload_limit(
     assert max(sizes) < 8000
     assert len(payloads) < len(specs) / 10
     rows = _rows(payloads)
-    expected = sorted(["insert", ns[:253], pod[:253], False, st[:64]] for ns, pod, st in specs)
+    expected = sorted(["insert", pod[:253], False, st[:64]] for _, pod, st in specs)
     assert sorted(rows) == expected  # type: ignore[type-var]
     # The listener parses every one of them.
     for payload in payloads:
-        parsed = parse_payload(payload, received_at_s=0)
+        parsed = parse_payload(payload, received_at_s=0, namespaces=(NAMESPACE,))
         assert parsed.malformed == 0 and parsed.changes
     # The worst row alone, through the one-row path of each trigger event.
     worst_ns, worst_pod, worst_state = "\x01" * 600, "\x01" * 1000, "\x01" * 200
@@ -746,11 +766,11 @@ async def test_worst_case_rows_never_reach_the_payload_limit(
         await pg_conn.execute("DELETE FROM sandbox_k8s_executions WHERE sandbox_id = 'worst'")
         await payloads.drain()
     # The bound, exactly reached (`true` is a byte shorter than `false`).
-    assert [len(p.encode()) for p in payloads] == [3459, 3460, 3460]
+    assert [len(p.encode()) for p in payloads] == [1936, 1937, 1937]
     assert [payload_rows(p) for p in payloads] == [
-        [["insert", worst_ns[:253], worst_pod[:253], True, worst_state[:64]]],
-        [["update", worst_ns[:253], worst_pod[:253], False, worst_state[:64]]],
-        [["delete", worst_ns[:253], worst_pod[:253], False, worst_state[:64]]],
+        [["insert", worst_pod[:253], True, worst_state[:64]]],
+        [["update", worst_pod[:253], False, worst_state[:64]]],
+        [["delete", worst_pod[:253], False, worst_state[:64]]],
     ]
 
 
@@ -775,23 +795,21 @@ async def _insert_spread(
     )
 
 
-async def test_a_statement_over_many_namespaces_packs_its_small_groups(
+async def test_a_statement_of_many_small_groups_packs_them(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
-    # Every row its own namespace, so its own group: the groups are packed many to a payload.
-    spread = [(f"tenant-{i}", f"space-sbx-t{i}-g1", "active") for i in range(2000)]
+    # Every row its own state, so its own group: the groups are packed many to a payload.
+    spread = [(f"tenant-{i}", f"space-sbx-t{i}-g1", f"state-{i}") for i in range(2000)]
     await _insert_spread(pg_conn, spread, prefix="t")
     async with raw_payloads(pg_url) as payloads:
         await payloads.drain()
         payloads.clear()
-        await pg_conn.execute(
-            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'"
-        )
+        await pg_conn.execute("UPDATE sandbox_k8s_executions SET active = false")
         await payloads.drain()
     assert max(len(p.encode()) for p in payloads) < 8000
     assert len(payloads) <= 2000 // 50
     assert sorted(_rows(payloads)) == sorted(  # type: ignore[type-var]
-        ["update", ns, pod, False, "replaced"] for ns, pod, _ in spread
+        ["update", pod, False, state] for _, pod, state in spread
     )
 
 
@@ -829,9 +847,9 @@ async def test_slices_that_escaping_makes_too_long_go_name_by_name(
         await payloads.drain()
     assert max(len(p.encode()) for p in payloads) < 8000
     expected = [
-        [op, ns, pod[:253], op == "insert", state]
+        [op, pod[:253], op == "insert", state]
         for op in ("insert", "update", "delete")
-        for ns, pod, state in spread
+        for _, pod, state in spread
     ]
     assert sorted(_rows(payloads)) == sorted(expected)  # type: ignore[type-var]
     # The plain names go about 370 a payload; the escaped ones (1,500 bytes each) 5 a payload.
@@ -875,9 +893,9 @@ async def test_one_odd_text_among_plain_rows_of_a_statement_arrives_as_it_is(
     assert max(len(p.encode()) for p in payloads) < 8000
     rows = _rows(payloads)
     expected = (
-        [["insert", NAMESPACE, pod[:253], True, "active"] for pod in pods]
-        + [["update", NAMESPACE, pod[:253], False, "replaced"] for pod in pods]
-        + [["delete", NAMESPACE, pod[:253], False, "replaced"] for pod in pods]
+        [["insert", pod[:253], True, "active"] for pod in pods]
+        + [["update", pod[:253], False, "replaced"] for pod in pods]
+        + [["delete", pod[:253], False, "replaced"] for pod in pods]
     )
     assert sorted(rows) == sorted(expected)  # type: ignore[type-var]
 
@@ -969,11 +987,11 @@ async def test_a_one_row_statement_says_what_the_same_row_says_in_a_batch(
         await pg_conn.execute(retire, names)
         await payloads.drain()
         together = payload_rows(payloads[-1])
-    assert alone == [[r] for r in sorted(together, key=lambda r: names.index(str(r[2])))]
-    assert together[0][:2] == ["update", NAMESPACE]
-    assert [a[0][2] for a in alone] == names
-    # One group: the three share op, namespace, active and state.
-    assert len(json.loads(payloads[-1])["groups"]) == 1
+    assert alone == [[r] for r in sorted(together, key=lambda r: names.index(str(r[1])))]
+    assert together[0][0] == "update"
+    assert [a[0][1] for a in alone] == names
+    # One group: the three share op, active and state.
+    assert len(json.loads(payloads[-1])["pods"]) == 1
 
 
 @pytest.mark.parametrize("rows", [1, 2])
@@ -994,49 +1012,18 @@ async def test_an_update_of_the_key_itself_reports_the_old_row_deleted_and_the_n
         reported = sorted(_rows(payloads))  # type: ignore[type-var]
     assert len(ids) == rows
     assert reported == sorted(
-        [op, NAMESPACE, name, True, "active"] for name in names for op in ("delete", "insert")
+        [op, name, True, "active"] for name in names for op in ("delete", "insert")
     )
 
 
-async def test_changes_of_namespaces_not_watched_are_counted_and_not_handed_on(
+async def test_a_change_is_handed_on_in_every_watched_namespace_and_an_old_shape_only_in_its_own(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
-    # One channel carries every namespace's changes; the listener hands on its namespaces' only.
-    for sandbox, namespace in (("s1", NAMESPACE), ("s2", "tenant-b"), ("s3", "elsewhere")):
-        await seed_sandbox(pg_conn, sandbox, namespace=namespace)
-        await seed_execution(pg_conn, pod_name=f"space-sbx-{sandbox}-g1", sandbox_id=sandbox)
-    handler, registry = RecordingHandler(), CollectorRegistry()
-    listener = RetirementListener(
-        db_settings(pg_url),
-        metrics=Metrics(registry),
-        probe=probe_sender(pg_url),
-        namespaces=(NAMESPACE, "tenant-b"),
-    )
-    listener.add_handler(handler)
-    async with anyio.create_task_group() as tg:
-        with anyio.fail_after(10):
-            await tg.start(listener.run)
-        # (The trigger fires on a change only: s3 is retired twice, in two states.)
-        for sandbox, state in (("s3", "suspended"), ("s1", "suspended"), ("s3", "replaced")):
-            await _retire(pg_conn, f"space-sbx-{sandbox}-g1", state)
-        await _retire(pg_conn, "space-sbx-s2-g1")
-        await wait_for(lambda: len(handler.changes) == 2, timeout_s=5, what="two notifications")
-        # The sync round trip: every notification committed before it has been handled.
-        await listener.sync()
-        tg.cancel_scope.cancel()
-    assert [(c.namespace, c.pod_name) for c in handler.changes] == [
-        (NAMESPACE, "space-sbx-s1-g1"),
-        ("tenant-b", "space-sbx-s2-g1"),
-    ]
-    assert metric(registry, "retired_pod_gc_notifications_total") == 4
-    assert metric(registry, "retired_pod_gc_notifications_ignored_total") == 2
-
-
-async def test_a_batch_of_several_namespaces_hands_on_exactly_the_watched_rows(
-    pg_url: str, pg_conn: asyncpg.Connection
-) -> None:
-    # One statement changes rows of three namespaces: one batch, filtered row by row.
-    spread = [("b1", NAMESPACE), ("b2", "tenant-b"), ("b3", "elsewhere"), ("b4", "elsewhere")]
+    # The trigger's payload names pods, not namespaces (pod_name is unique): each change is the
+    # change of that name in every watched namespace, whatever namespace its sandbox row says;
+    # the service checks the pod's namespace against the row's when it reads the row. A payload
+    # of an earlier shape names its namespace: only a watched one is handed on.
+    spread = [("b1", NAMESPACE), ("b2", "tenant-b"), ("b3", "elsewhere")]
     for sandbox, namespace in spread:
         await seed_sandbox(pg_conn, sandbox, namespace=namespace)
         await seed_execution(pg_conn, pod_name=f"space-sbx-{sandbox}-g1", sandbox_id=sandbox)
@@ -1054,12 +1041,25 @@ async def test_a_batch_of_several_namespaces_hands_on_exactly_the_watched_rows(
         await pg_conn.execute(
             "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'"
         )
+        await _retire(pg_conn, "space-sbx-b1-g1", "suspended")
+        old_shape = {
+            "groups": [
+                ["update", NAMESPACE, False, "replaced", ["g1"]],
+                ["update", "elsewhere", False, "replaced", ["g2", "g3"]],
+            ]
+        }
+        await pg_conn.execute("SELECT pg_notify($1, $2)", DEFAULT_CHANNEL, json.dumps(old_shape))
         await listener.sync()
         tg.cancel_scope.cancel()
-    assert len(handler.batches) == 1
-    assert sorted((c.namespace, c.pod_name) for c in handler.batches[0]) == [
-        (NAMESPACE, "space-sbx-b1-g1"),
-        ("tenant-b", "space-sbx-b2-g1"),
+    pods = [f"space-sbx-{sandbox}-g1" for sandbox, _ in spread]
+    assert len(handler.batches) == 3
+    assert sorted((c.namespace, c.pod_name) for c in handler.batches[0]) == sorted(
+        (namespace, pod) for namespace in (NAMESPACE, "tenant-b") for pod in pods
+    )
+    assert [(c.namespace, c.pod_name, c.state) for c in handler.batches[1]] == [
+        (NAMESPACE, "space-sbx-b1-g1", ExecutionState.SUSPENDED),
+        ("tenant-b", "space-sbx-b1-g1", ExecutionState.SUSPENDED),
     ]
-    assert metric(registry, "retired_pod_gc_notifications_total") == 1
+    assert [(c.namespace, c.pod_name) for c in handler.batches[2]] == [(NAMESPACE, "g1")]
+    assert metric(registry, "retired_pod_gc_notifications_total") == 3
     assert metric(registry, "retired_pod_gc_notifications_ignored_total") == 2

@@ -203,9 +203,7 @@ async def test_migrate_replaces_0002_with_0003_in_place(empty_db: str) -> None:
             empty_db,
             "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'",
         )
-        assert json.loads(after) == {
-            "groups": [["update", NAMESPACE, False, "replaced", ["space-sbx-s1-g1"]]]
-        }
+        assert json.loads(after) == {"pods": [["update", False, "replaced", ["space-sbx-s1-g1"]]]}
 
         # A second run changes nothing at all.
         catalog = [tuple(r) for r in await conn.fetch(_CATALOG_STATE)]
@@ -249,9 +247,7 @@ async def test_migrate_replaces_0003s_first_form_in_place(empty_db: str) -> None
             empty_db,
             "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'",
         )
-        assert json.loads(after) == {
-            "groups": [["update", NAMESPACE, False, "replaced", ["space-sbx-s1-g1"]]]
-        }
+        assert json.loads(after) == {"pods": [["update", False, "replaced", ["space-sbx-s1-g1"]]]}
     finally:
         await conn.close()
 
@@ -311,8 +307,8 @@ async def test_migrate_on_a_schema_the_project_did_not_write(empty_db: str) -> N
             " ('space-sbx-s2-g1', 's2', 'active', 1, 'create')",
         )
         assert sorted(r for p in inserted for r in payload_rows(p)) == [
-            ["insert", "elsewhere", "space-sbx-s2-g1", True, "active"],
-            ["insert", NAMESPACE, "space-sbx-s1-g1", True, "active"],
+            ["insert", "space-sbx-s1-g1", True, "active"],
+            ["insert", "space-sbx-s2-g1", True, "active"],
         ]
         retired = await _payloads_of(
             conn,
@@ -321,11 +317,10 @@ async def test_migrate_on_a_schema_the_project_did_not_write(empty_db: str) -> N
             " notes = '{}' WHERE sandbox_id = 's1'",
         )
         assert [payload_rows(p) for p in retired] == [
-            [["update", NAMESPACE, "space-sbx-s1-g1", False, "suspended"]]
+            [["update", "space-sbx-s1-g1", False, "suspended"]]
         ]
-        # The owner's trigger still runs. A cascade from sandboxes reports the delete; its
-        # sandbox is gone by then, so the namespace is null, as with 0002 (the listener counts
-        # such a row as malformed; the pod then has no row, which never reaps).
+        # The owner's trigger still runs. A cascade from sandboxes reports the delete (the
+        # payload names the pod, not the sandbox's namespace, which is gone by then).
         assert (
             await conn.fetchval(
                 "SELECT count(*) FROM sandbox_k8s_executions WHERE updated_at IS NOT NULL"
@@ -334,7 +329,7 @@ async def test_migrate_on_a_schema_the_project_did_not_write(empty_db: str) -> N
         )
         deleted = await _payloads_of(conn, empty_db, "DELETE FROM sandboxes WHERE id = 's2'")
         assert [json.loads(p) for p in deleted] == [
-            {"groups": [["delete", None, True, "active", ["space-sbx-s2-g1"]]]}
+            {"pods": [["delete", True, "active", ["space-sbx-s2-g1"]]]}
         ]
         assert await conn.fetchval("SELECT count(*) FROM other.sandbox_k8s_executions") == 0
     finally:

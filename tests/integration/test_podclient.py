@@ -16,10 +16,10 @@ from prometheus_client import CollectorRegistry
 from devtools.emulator import RunningEmulator
 from service.config import KubeSettings
 from service.domain import DeleteResult, PodPhase
-from service.kit.errors import ApiError, Unavailable
+from service.kit.errors import ApiError, Unavailable, Undecodable
 from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
-from service.kube.decode import PodDecoder
+from service.kube.decode import PodDecodeError, PodDecoder
 from service.kube.errors import KubeApiError
 from service.metrics import Metrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, sandbox_pod
@@ -79,19 +79,46 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_a_refused_connection_is_unavailable_on_get_and_a_typed_error_on_delete(
+async def test_a_refused_connection_is_unavailable_on_get_and_on_delete_alike(
     event_loop_guard: None, kube_settings: KubeSettings
 ) -> None:
     api = await new_api_client(host=f"http://127.0.0.1:{_free_port()}")
     try:
-        client, _ = make_client(api, kube_settings)
+        client, metrics = make_client(api, kube_settings)
         with pytest.raises(Unavailable) as unavailable:
             await client.get_pod(NS, "space-sbx-any-g1")
+        assert not isinstance(unavailable.value, ApiError)
         assert isinstance(unavailable.value.__cause__, aiohttp.ClientError | OSError)
-        outcome = await client.delete_pod(NS, "space-sbx-any-g1", uid="u", resource_version="1")
-        assert (outcome.result, outcome.status) == (DeleteResult.ERROR, 0)
+        with pytest.raises(Unavailable) as unavailable:
+            await client.delete_pod(NS, "space-sbx-any-g1", uid="u", resource_version="1")
+        assert not isinstance(unavailable.value, ApiError)
+        assert isinstance(unavailable.value.__cause__, aiohttp.ClientError | OSError)
+        for op in ("get", "delete"):
+            transport = metrics.registry.get_sample_value(
+                "retired_pod_gc_api_requests_total", {"op": op, "result": "transport"}
+            )
+            assert transport == 1, op
     finally:
         await api.close()
+
+
+async def test_an_undecodable_pod_from_get_is_its_own_error_counted_never_an_api_error(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+) -> None:
+    emu = emulator.emulator
+    bad = sandbox_pod("u1")
+    bad["metadata"]["labels"]["space.generation"] = 5  # not a string: the decoder rejects it
+    emu.create_pod(bad, namespace=NS)
+    client, metrics = make_client(kube_api, kube_settings)
+    with pytest.raises(PodDecodeError) as undecodable:
+        await client.get_pod(NS, "space-sbx-u1-g1")
+    assert isinstance(undecodable.value, Undecodable)
+    assert not isinstance(undecodable.value, ApiError)
+    decode_errors = metrics.registry.get_sample_value(
+        "retired_pod_gc_decode_errors_total", {"source": "get"}
+    )
+    assert decode_errors == 1
+    assert emu.audit_log(method="DELETE") == []
 
 
 async def test_delete_with_a_stale_uid_is_a_conflict_and_deletes_nothing(
@@ -210,20 +237,33 @@ async def test_configured_grace_period_is_sent(
     assert emu.audit_log(method="DELETE")[0].body["gracePeriodSeconds"] == 0
 
 
-async def test_delete_errors_and_timeouts_are_typed_not_raised(
+async def test_a_failed_delete_raises_as_a_failed_get_does(
     emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     pod = emu.create_pod(sandbox_pod("e1", phase="Succeeded"), namespace=NS)
     meta = pod["metadata"]
     client, _ = make_client(kube_api, dataclasses.replace(kube_settings, api_timeout_s=0.2))
+    for method in ("GET", "DELETE"):
+        emu.fail_next(1, code=429, method=method, retry_after_s=7)
+    with pytest.raises(KubeApiError) as get_error:
+        await client.get_pod(NS, "space-sbx-e1-g1")
+    with pytest.raises(KubeApiError) as delete_error:
+        await client.delete_pod(
+            NS, "space-sbx-e1-g1", uid=meta["uid"], resource_version=meta["resourceVersion"]
+        )
+    for err in (get_error, delete_error):
+        assert (err.value.status, err.value.retry_after_s) == (429, 7.0)
     emu.fail_next(1, code=500, method="DELETE")
-    outcome = await client.delete_pod(
-        NS, "space-sbx-e1-g1", uid=meta["uid"], resource_version=meta["resourceVersion"]
-    )
-    assert (outcome.result, outcome.status) == (DeleteResult.ERROR, 500)
+    with pytest.raises(KubeApiError) as delete_error:
+        await client.delete_pod(
+            NS, "space-sbx-e1-g1", uid=meta["uid"], resource_version=meta["resourceVersion"]
+        )
+    assert (delete_error.value.status, delete_error.value.retry_after_s) == (500, None)
+    assert emu.get_pod(NS, "space-sbx-e1-g1") is not None  # a failed DELETE deleted nothing
     emu.add_latency(1.0, method="DELETE", count=1)
-    outcome = await client.delete_pod(
-        NS, "space-sbx-e1-g1", uid=meta["uid"], resource_version=meta["resourceVersion"]
-    )
-    assert (outcome.result, outcome.status) == (DeleteResult.ERROR, 0)
+    with pytest.raises(Unavailable) as unavailable:
+        await client.delete_pod(
+            NS, "space-sbx-e1-g1", uid=meta["uid"], resource_version=meta["resourceVersion"]
+        )
+    assert isinstance(unavailable.value.__cause__, TimeoutError)

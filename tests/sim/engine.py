@@ -1,8 +1,9 @@
 """The real service, built on the models: the adapters as ``service.app.service.build`` makes
 them, and the engine on them by the same ``wire_engine``.
 
-What differs from ``build`` is only what a deterministic run needs: every part reads and waits
-on :class:`tests.sim.loop.LoopClock` (virtual time), every random choice (backoff jitter, the
+What differs from ``build`` is only what a deterministic run needs: it runs on
+:class:`tests.sim.loop.VirtualLoop`, whose clock is virtual (every part reads and waits on the
+event loop's clock, as in production), every random choice (backoff jitter, the
 watch timeout's jitter) comes from the seed, the listener's delivery probes go out on a fixed
 channel (:data:`PROBE_CHANNEL`), the Kubernetes client's ``CoreV1Api`` is the model's
 (:class:`tests.sim.kube.SimCoreV1Api`), ``asyncpg.connect``/``create_pool`` are the database
@@ -15,16 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import random
-from asyncio import tasks as asyncio_tasks
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import anyio._backends._asyncio as anyio_asyncio
-import anyio._core._eventloop as anyio_eventloop
 import asyncpg
 
 from service.app.service import default_queue_backoff, new_pod_client, new_store, wire_engine
@@ -44,7 +41,7 @@ from service.pg import listener as listener_module
 from service.pg.listener import RetirementListener
 from service.ports import ReapReport
 from tests.sim.kube import SimCoreV1Api
-from tests.sim.loop import LoopClock, VirtualLoop
+from tests.sim.loop import VirtualLoop
 from tests.sim.pg import Asyncpg
 
 
@@ -88,8 +85,6 @@ def build(
     rng: random.Random,
     metrics: Metrics,
 ) -> Service:
-    clock = LoopClock(loop)
-
     def seeded(policy: Backoff) -> Backoff:
         return dataclasses.replace(policy, rng=random.Random(rng.random()))
 
@@ -103,7 +98,6 @@ def build(
             decoder,
             metrics,
             namespace=namespace,
-            clock=clock,
             rng=random.Random(rng.random()),
             backoff=seeded(informer_module.default_backoff()),
         )
@@ -120,7 +114,6 @@ def build(
         settings.database,
         metrics=metrics,
         probe=store.notify,
-        clock=clock,
         backoff=seeded(listener_module.default_backoff()),
         namespaces=settings.kube.namespaces,
         probe_channel=PROBE_CHANNEL,
@@ -134,7 +127,6 @@ def build(
         listener=listener,
         activation=Activation(enabled=settings.enabled),
         recorder=recorder,
-        clock=clock,
         metrics=metrics,
         queue_backoff=queue_backoff,
     )
@@ -162,31 +154,18 @@ async def run(service: Service, *, stop: anyio.Event) -> None:
 
 
 @contextlib.contextmanager
-def environment(models: Asyncpg, loop: VirtualLoop) -> Iterator[None]:
+def environment(models: Asyncpg) -> Iterator[None]:
     """What the service runs on, meanwhile: ``asyncpg.connect`` and ``asyncpg.create_pool`` are
-    the database model's, and three calls whose answer is fixed in a simulation (one loop, one
-    thread, asyncio only) answer it without the work they do in a real process:
-
-    - anyio's ``current_task()`` is the running task of ``loop`` read from asyncio's own table
-      (``asyncio.current_task`` reads the same table after asking for the running loop, which
-      costs a ``getpid()`` system call; anyio asks about 260 times a seed);
-    - anyio's ``current_async_library()`` is ``"asyncio"`` (it imports asyncio and asks for the
-      running loop to find that out, about 120 times a seed);
-    - ``trim_heap()`` (glibc's ``malloc_trim`` after a sync or a burst) does nothing: the C
-      heap is no part of the model, and the call costs about 50 us.
-    None of them draws from the seed or makes a model event: the traces are the same."""
+    the database model's, and the product's ``trim_heap()`` (glibc's ``malloc_trim`` after a sync
+    or a burst) does nothing: the C heap is no part of the model, and the call costs about 50 us.
+    Neither draws from the seed or makes a model event: the traces are the same."""
     saved = asyncpg.connect, asyncpg.create_pool
-    saved_task, saved_library = anyio_asyncio.current_task, anyio_eventloop.current_async_library
     saved_trim = reflector_module.trim_heap, workqueue_module.trim_heap
     asyncpg.connect = models.connect  # type: ignore[assignment]
     asyncpg.create_pool = models.create_pool  # type: ignore[assignment]
-    anyio_asyncio.current_task = functools.partial(asyncio_tasks._current_tasks.get, loop)
-    anyio_eventloop.current_async_library = "asyncio".__str__
     reflector_module.trim_heap = workqueue_module.trim_heap = bool
     try:
         yield
     finally:
         asyncpg.connect, asyncpg.create_pool = saved
-        anyio_asyncio.current_task = saved_task
-        anyio_eventloop.current_async_library = saved_library
         reflector_module.trim_heap, workqueue_module.trim_heap = saved_trim

@@ -11,7 +11,8 @@
   rely on (the listener's notification barrier does);
 - there is no I/O at all: every adapter is a model that completes its calls with timers.
 
-:class:`LoopClock` is the product's ``SchedulingClock`` on this loop's time.
+The product reads and waits on the running loop's clock only (``service/kit/clock.py``), so on
+this loop all of it runs on virtual time; the unit tests use it too (``tests/virtualtime.py``).
 """
 
 from __future__ import annotations
@@ -87,9 +88,16 @@ class VirtualLoop(asyncio.BaseEventLoop):
 
     get_debug = staticmethod(bool)
 
-    def __init__(self, rng: random.Random, *, hold_p: float = 0.1) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        *,
+        hold_p: float = 0.1,
+        permute: bool = True,
+        start_s: float = 0.0,
+    ) -> None:
         super().__init__()
-        self._now = 0.0
+        self._now = start_s
         # time() as a C call (it is read everywhere: anyio, the clock, the models): the
         # method below, without a Python frame.
         self.time = functools.partial(_read_now, self)  # type: ignore[method-assign]
@@ -97,6 +105,7 @@ class VirtualLoop(asyncio.BaseEventLoop):
         self.create_future = functools.partial(asyncio.Future, loop=self)  # type: ignore[method-assign]
         self._rng = rng
         self._hold_p = hold_p
+        self._permute = permute
         self.iterations = 0
         self._seq = itertools.count()
         self._task_ids = itertools.count()
@@ -106,6 +115,15 @@ class VirtualLoop(asyncio.BaseEventLoop):
 
     def time(self) -> float:
         return self._now
+
+    def idle(self) -> bool:
+        """Nothing is ready to run and no timer is due now: every task waits for a later timer
+        or for something that is not a timer (read from inside a task, whose own step is then
+        the one running)."""
+        if self._ready:
+            return False
+        scheduled = self._scheduled
+        return not scheduled or scheduled[0][0] > self._now
 
     def stall(self, seconds: float) -> None:
         """The loop was starved (a busy machine, a long GC pause): time moves on at once while
@@ -218,7 +236,7 @@ class VirtualLoop(asyncio.BaseEventLoop):
                     due.append(entry)
             if due:
                 rng = self._rng
-                if len(due) > 1:
+                if len(due) > 1 and self._permute:
                     # Equal deadlines in a permuted order; earlier deadlines still first.
                     random_ = rng.random
                     due.sort(key=lambda e: (e[0], random_()))
@@ -251,16 +269,3 @@ class VirtualLoop(asyncio.BaseEventLoop):
         self._ready.clear()
         self._timer_cancelled_count = 0
         self.close()
-
-
-class LoopClock:
-    """``service.kit.clock.SchedulingClock`` on a loop's (virtual) time."""
-
-    __slots__ = ("_loop", "monotonic")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.monotonic: Callable[[], float] = loop.time
-
-    def call_at(self, deadline: float, callback: Callable[[], object]) -> asyncio.TimerHandle:
-        return self._loop.call_at(deadline, callback)

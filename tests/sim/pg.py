@@ -72,8 +72,8 @@ fills)."""
 TRIGGER_CHANNEL = "sandbox_execution_changed"
 """The channel the trigger notifies on (``NOTIFY_CHANNEL``'s default; :attr:`Database.channel`)."""
 
-GROUPS_FROM = 100
-"""``Database.batch_rows`` from which the model sends 0003's ``groups`` instead of its ``rows``."""
+PODS_FROM = 100
+"""``Database.batch_rows`` from which the model sends 0003's ``pods`` instead of its ``rows``."""
 
 
 class Database:
@@ -97,9 +97,9 @@ class Database:
         self.on_commit: Callable[[str, RowTruth | None], None] = lambda name, row: None
         self._pid = 100
         self.batch_rows = 0
-        """0: trigger 0002 (one payload a row); N below ``GROUPS_FROM``: 0003's first form
-        (``rows`` batches of at most N rows: a database not yet migrated to 0003's groups);
-        otherwise trigger 0003 (``groups``, at most N names a payload)."""
+        """0: trigger 0002 (one payload a row); N below ``PODS_FROM``: 0003's first form
+        (``rows`` batches of at most N rows: a database not yet migrated to 0003's pods);
+        otherwise trigger 0003 (``pods``, at most N names a payload)."""
 
     # -- the writers' side -----------------------------------------------------------------
 
@@ -153,15 +153,15 @@ class Database:
             keys = ("op", "namespace", "pod_name", "active", "execution_state")
             return [_encode(dict(zip(keys, row, strict=True))).decode() for row in reported]
         n = self.batch_rows
-        if n < GROUPS_FROM:
+        if n < PODS_FROM:
             return [
                 _encode({"rows": reported[i : i + n]}).decode() for i in range(0, len(reported), n)
             ]
-        # As trigger 0003: the changes grouped by (op, namespace, active, state), the order of
-        # the commit lost but for the groups' first appearance; each payload at most n names.
+        # As trigger 0003: the changes grouped by (op, active, state), no namespace, the order
+        # of the commit lost but for the groups' first appearance; each payload at most n names.
         groups: dict[tuple[Any, ...], list[str]] = {}
-        for op, namespace, name, active, state in reported:
-            groups.setdefault((op, namespace, active, state), []).append(name)
+        for op, _namespace, name, active, state in reported:
+            groups.setdefault((op, active, state), []).append(name)
         payloads: list[str] = []
         part: list[list[Any]] = []
         room = n
@@ -169,12 +169,12 @@ class Database:
             for i in range(0, len(names), n):
                 chunk = names[i : i + n]
                 if len(chunk) > room:
-                    payloads.append(_encode({"groups": part}).decode())
+                    payloads.append(_encode({"pods": part}).decode())
                     part, room = [], n
                 part.append([*head, chunk])
                 room -= len(chunk)
         if part:
-            payloads.append(_encode({"groups": part}).decode())
+            payloads.append(_encode({"pods": part}).decode())
         return payloads
 
     def kill(self, app: str) -> None:

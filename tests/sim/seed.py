@@ -60,8 +60,8 @@ class Variant:
     hold_p: float
     batch_rows: int
     """How the trigger reports a commit's changes: 0 one 0002 object a row; 1 or 3 0003's first
-    form (``rows`` batches of at most this many rows); 100 0003's ``groups``, at most 100 names
-    a payload (``tests/sim/pg.py``, ``GROUPS_FROM``)."""
+    form (``rows`` batches of at most this many rows); 100 0003's ``pods``, at most 100 names
+    a payload (``tests/sim/pg.py``, ``PODS_FROM``)."""
     pooler: str
     """The listener behind a transaction-mode pooler, which drops notifications
     (``tests/sim/pg.py``, ``ListenConn.drops``; :meth:`World.pooler_fault`): "" never;
@@ -253,7 +253,7 @@ def run_seed(
 
     world.server.on_delete = acted.set
     try:
-        with environment(Asyncpg(world.db), loop):
+        with environment(Asyncpg(world.db)):
             try:
                 loop.run_until_complete(main())
             finally:

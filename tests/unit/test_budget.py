@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import anyio
 import anyio.lowlevel
 import pytest
 
 from service.engine.budget import DeleteBudget
-from service.kit.clock import FakeClock, MonotonicClock
+from service.kit import clock
 from service.kit.ratelimit import capped_shape
+from tests.virtualtime import advance, settle
+
+# Every test here runs on virtual time (tests/unit/conftest.py): both stages, the aiolimiter
+# pacer included, read the event loop's clock, so time moves only when every caller waits.
 
 
-async def _acquire(budget: DeleteBudget) -> float:
-    """A turn taken at once (a caller with no final checks); the grant time."""
+async def _grant(budget: DeleteBudget) -> float:
+    """A caller with no final checks: its turn, taken at once; the grant time."""
     return await (await budget.turn()).take()
 
 
@@ -41,7 +44,7 @@ def test_pacer_shape_never_exceeds_the_cap_in_a_window_and_keeps_most_of_it() ->
         capacity, rate_per_s = shape
         assert capacity >= 1 and rate_per_s > 0
         # A leaky bucket admits at most capacity + rate * window in any window.
-        assert capacity + rate_per_s * 60.0 <= cap + 1e-9
+        assert capacity + rate_per_s * 60.0 <= cap
         if cap >= 10:
             assert rate_per_s * 60.0 >= 0.9 * cap - 1  # a backlog still nears the cap
 
@@ -57,74 +60,101 @@ def test_a_plain_aiolimiter_bucket_would_break_the_cap() -> None:
 
 
 @pytest.mark.anyio
-async def test_the_exact_guard_caps_every_rolling_window_and_a_backlog_reaches_the_cap() -> None:
-    clock = FakeClock()
+async def test_the_exact_guard_alone_caps_every_rolling_window_and_a_backlog_reaches_the_cap() -> (
+    None
+):
+    # A cap of 1 has no pacer (no bucket with a positive rate fits): the exact guard alone
+    # decides, and a backlog gets one grant every window, to the second.
+    assert capped_shape(1) is None
+    budget = DeleteBudget(1)
+    start = clock.now()
+    grants: list[float] = []
+    async with anyio.create_task_group() as tg:
+        for _ in range(5):
+
+            async def take() -> None:
+                grants.append(await _grant(budget))
+
+            tg.start_soon(take)
+        await advance(300)
+    assert grants == [start + 60.0 * m for m in range(5)]
+
+
+@pytest.mark.anyio
+async def test_a_backlog_never_exceeds_the_cap_in_a_window_and_runs_at_the_pacers_rate() -> None:
     cap = 5
-    budget = DeleteBudget(cap, clock=clock, pace=False)
-    start = clock.monotonic()
+    capacity, rate_per_s = capped_shape(cap) or (0, 0.0)
+    budget = DeleteBudget(cap)
+    start = clock.now()
     grants: list[float] = []
     async with anyio.create_task_group() as tg:
         for _ in range(23):
 
             async def take() -> None:
-                grants.append(await _acquire(budget))
+                grants.append(await _grant(budget))
 
             tg.start_soon(take)
-        await anyio.wait_all_tasks_blocked()
-        for _ in range(300):  # 300 s in 1 s steps (timers fire at their exact deadlines)
-            clock.advance(1)
-            await anyio.wait_all_tasks_blocked()
+        await advance(400)
     assert len(grants) == 23
     assert _max_in_any_window(grants, 60.0) <= cap
     for i in range(len(grants) - cap):
         assert grants[i + cap] - grants[i] >= 60.0
-    # Under a backlog every minute is used to the cap: 5 at 0 s, 5 at 60 s, ...
+    # The leaky bucket's envelope holds for every span of grants, and a backlog runs at
+    # N - C per window (here 4 of 5: capacity 1, then one every 15 s).
+    for i in range(len(grants)):
+        for j in range(i + 1, len(grants)):
+            assert j - i + 1 <= capacity + rate_per_s * (grants[j] - grants[i])
     per_minute = [
         sum(1 for g in grants if start + 60 * m <= g < start + 60 * (m + 1)) for m in range(5)
     ]
-    assert per_minute == [5, 5, 5, 5, 3]
+    assert per_minute == [cap - capacity] * 5
 
 
 @pytest.mark.anyio
-async def test_a_cancelled_acquire_consumes_nothing() -> None:
-    clock = FakeClock()
-    budget = DeleteBudget(1, clock=clock, pace=False)
-    await _acquire(budget)
-    assert budget.retry_after_s() == 60.0
-    with anyio.move_on_after(0.01):
-        await _acquire(budget)  # blocks on the fake clock; cancelled by a real 10 ms timeout
-    clock.advance(60)
-    assert budget.retry_after_s() == 0.0
-    with anyio.fail_after(1):
-        granted = await _acquire(budget)
-    assert granted == clock.monotonic()
-    assert budget.retry_after_s() == 60.0  # one grant (the cap), now
-
-
-@pytest.mark.anyio
-async def test_paced_budget_on_the_real_clock_spreads_grants_and_caps_windows() -> None:
-    # A scaled-down window (0.5 s) so the real aiolimiter pacing runs in well under a second.
-    window_s = 0.5
+async def test_the_pacer_spreads_a_burst_that_the_exact_guard_alone_would_grant_at_once() -> None:
+    # Ten callers at once under a cap of 10: the exact guard alone would grant all ten at the
+    # first instant; the pacer admits its capacity (1) and spreads the rest at its rate.
     cap = 10
-    budget = DeleteBudget(cap, clock=MonotonicClock(), window_s=window_s, pace=True)
+    capacity, rate_per_s = capped_shape(cap) or (0, 0.0)
+    assert capacity == 1
+    budget = DeleteBudget(cap)
+    start = clock.now()
     grants: list[float] = []
-    started = time.monotonic()
-    with anyio.fail_after(10):
-        for _ in range(15):
-            grants.append(await _acquire(budget))
-    took_s = time.monotonic() - started
-    assert _max_in_any_window(grants, window_s) <= cap
-    # 15 grants with at most 10 per 0.5 s cannot finish within one window.
-    assert took_s >= window_s * 0.9
-    # Pacing: the burst is the small capacity (1), not the whole cap.
-    assert sum(1 for g in grants if g < started + 0.05) <= 2
+    async with anyio.create_task_group() as tg:
+        for _ in range(cap):
+
+            async def take() -> None:
+                grants.append(await _grant(budget))
+
+            tg.start_soon(take)
+        await advance(120)
+    assert len(grants) == cap
+    assert sum(1 for g in grants if g == start) == capacity
+    for i in range(1, cap):  # one more grant only once the bucket has drained one token's worth
+        assert grants[i] - grants[0] >= i / rate_per_s
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_wait_for_a_turn_consumes_nothing() -> None:
+    budget = DeleteBudget(1)
+    await _grant(budget)
+    assert budget.retry_after_s() == 60.0
+    with anyio.move_on_after(1) as waited:
+        await _grant(budget)  # the guard holds it for 60 s; cancelled after 1
+    assert waited.cancelled_caught
+    await advance(59)
+    assert budget.retry_after_s() == 0.0
+    with anyio.fail_after(0.001):  # granted at once: the cancelled caller holds nothing
+        granted = await _grant(budget)
+    assert granted == clock.now()
+    assert budget.retry_after_s() == 60.0
 
 
 @pytest.mark.anyio
 async def test_taking_a_turn_never_yields_to_the_loop() -> None:
     # The reconciler checks the clock, takes the token and hands the DELETE over with nothing
-    # else running in between: take() must not suspend, on the real, paced budget.
-    budget = DeleteBudget(20, clock=MonotonicClock(), window_s=1.0, pace=True)
+    # else running in between: take() must not suspend, with the pacer on.
+    budget = DeleteBudget(20, window_s=1.0)
     ran_between: list[int] = []
     for i in range(12):  # past the pacer's burst (2): later turns waited for the bucket
         turn = await budget.turn()
@@ -138,8 +168,7 @@ async def test_taking_a_turn_never_yields_to_the_loop() -> None:
 
 @pytest.mark.anyio
 async def test_a_released_turn_spends_nothing_and_goes_to_the_next_caller() -> None:
-    clock = FakeClock()
-    budget = DeleteBudget(1, clock=clock, pace=False)
+    budget = DeleteBudget(2)
     first = await budget.turn()
     order: list[str] = []
 
@@ -150,11 +179,11 @@ async def test_a_released_turn_spends_nothing_and_goes_to_the_next_caller() -> N
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(second)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert order == []  # first come, first served: the line is held
         first.release()
     assert order == ["second has the turn"]
-    assert budget.retry_after_s() == 60.0  # one grant (the cap): the released turn spent none
+    assert budget.retry_after_s() == 0.0  # one grant of two: the released turn spent nothing
     with pytest.raises(RuntimeError):
         await first.take()
 
@@ -163,28 +192,26 @@ async def test_a_released_turn_spends_nothing_and_goes_to_the_next_caller() -> N
 async def test_paced_take_times_keep_the_envelope_however_long_each_holder_checks() -> None:
     # Each holder spends a different time on its final checks before taking (as a
     # re-verification does). The grant happens inside take(), so the leaky bucket's envelope
-    # (at most C + r·t grants in any span t) holds for the take calls themselves. Judged with
-    # each take's own bracket [before, after]: no tolerance.
+    # (at most C + r·t grants in any span t) holds for the take calls themselves.
     window_s = 1.0
     cap = 20
-    budget = DeleteBudget(cap, clock=MonotonicClock(), window_s=window_s, pace=True)
+    budget = DeleteBudget(cap, window_s=window_s)
     capacity, rate_per_s = capped_shape(cap, window_s) or (0, 0.0)
     checks_s = [0.0, 0.12, 0.0, 0.0, 0.09, 0.0, 0.15, 0.0, 0.0, 0.05] * 2
-    taken: list[tuple[float, float]] = []
+    taken: list[float] = []
 
     async def candidate(check_s: float) -> None:
         turn = await budget.turn()
         await anyio.sleep(check_s)
-        before = time.monotonic()
-        await turn.take()
-        taken.append((before, time.monotonic()))
+        taken.append(await turn.take())
 
     with anyio.fail_after(20):
         async with anyio.create_task_group() as tg:
             for check_s in checks_s:
                 tg.start_soon(candidate, check_s)
     assert len(taken) == len(checks_s)
+    assert taken == sorted(taken)
     for i in range(len(taken)):
         for j in range(i + 1, len(taken)):
-            longest_span = taken[j][1] - taken[i][0]
-            assert j - i + 1 <= capacity + rate_per_s * longest_span, (i, j, longest_span)
+            span = taken[j] - taken[i]
+            assert j - i + 1 <= capacity + rate_per_s * span, (i, j, span)

@@ -11,8 +11,10 @@ import pytest
 
 from service.domain import ExecutionChange, ExecutionState, PodPhase, ReconcileOutcome, Verdict
 from service.engine.controller import MIN_BATCH
+from service.kit import clock
 from service.kit.errors import Unavailable
 from tests.fakes import EngineRig, clock_of, make_pod, make_rig, make_row, make_settings
+from tests.virtualtime import settle
 
 BURST = 2_000
 WORKERS = 8
@@ -35,7 +37,7 @@ async def test_a_burst_starts_every_clock_with_one_row_query_per_batch() -> None
     rig = make_rig(make_settings(dry_run=True))
     async with rig.workers(WORKERS):
         _retire_all(rig, BURST)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert len(rig.clocks) == BURST
         assert rig.queue.delayed == BURST and rig.queue.processing == frozenset()
         assert rig.store.fresh_reads == 0
@@ -55,7 +57,7 @@ async def test_due_keys_of_a_batch_are_verified_one_by_one_before_any_delete() -
     rig = make_rig(make_settings(deletes_per_minute=6000))
     async with rig.workers(WORKERS):
         keys = _retire_all(rig, 300)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         # Two rows are re-activated, and the batched reads lag (a replica, say): only the final
         # re-read sees it.
         rig.store.batched_rows = dict(rig.store.rows)
@@ -78,12 +80,12 @@ async def test_due_keys_of_a_batch_are_verified_one_by_one_before_any_delete() -
 
 @pytest.mark.anyio
 async def test_a_notification_during_the_batch_lookup_keeps_that_clock_stopped() -> None:
-    rig = make_rig()
+    rig = make_rig(make_settings(deletes_per_minute=6000))  # a pacer burst of 600: no wait
     gate = anyio.Event()
     rig.store.lookup_gate = gate
     async with rig.workers(1):
         keys = _retire_all(rig, 100)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert rig.store.lookups == 1  # the batch is reading
         flipped = rig.cache.get(keys[7])
         assert flipped is not None
@@ -96,19 +98,19 @@ async def test_a_notification_during_the_batch_lookup_keeps_that_clock_stopped()
         again = anyio.Event()  # holds the re-read of the flipped key
         rig.store.lookup_gate = again
         gate.set()
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert rig.outcome(ReconcileOutcome.CHANGED) == 1
         assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 99
         assert clock_of(rig.clocks, flipped.uid) is None and len(rig.clocks) == 99
-        rig.clock.advance(5)
+        await rig.advance(4)  # the re-read held, within its statement timeout (5 s)
         rig.store.lookup_gate = None
         again.set()
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         obs = clock_of(rig.clocks, flipped.uid)
-        assert obs is not None and obs.since_s == rig.clock.monotonic()  # from the second read
-        await rig.advance(295)
+        assert obs is not None and obs.since_s == clock.now()  # from the second read
+        await rig.advance(296)
         assert len(rig.pods.deletes) == 99 and flipped.key not in rig.pods.deleted_keys
-        await rig.advance(5)
+        await rig.advance(4)
     assert len(rig.pods.deletes) == 100
 
 
@@ -117,12 +119,12 @@ async def test_a_failed_batch_lookup_clears_every_clock_and_backs_off_each_key()
     rig = make_rig(make_settings(deletes_per_minute=6000))
     async with rig.workers(WORKERS):
         keys = _retire_all(rig, 200)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         await rig.advance(100)
         rig.store.lookup_error = Unavailable("db down")
         for key in keys:  # a resync while the database is down
             rig.queue.add(key)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert len(rig.clocks) == 0
         assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) >= 200
         assert rig.sample("retired_pod_gc_queue_retries_total") == 200  # each backed off
@@ -158,7 +160,7 @@ async def test_a_batch_skips_what_is_not_reapable_and_queries_only_candidates() 
     async with rig.workers(1):
         for pod in [*running_pods, *active, *no_row]:
             rig.queue.add(pod.key)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
     assert sorted(queried) == sorted(p.key for p in [*active, *no_row])
     assert rig.outcome(ReconcileOutcome.SKIPPED) == 150
     assert len(rig.clocks) == 0 and rig.queue.delayed == 0
@@ -170,7 +172,7 @@ async def test_an_inactive_replica_drops_a_batch_unread() -> None:
     async with rig.workers(WORKERS):
         for i in range(500):
             rig.queue.add(f"sandboxes/p{i}")
-        await anyio.wait_all_tasks_blocked()
+        await settle()
     assert rig.store.queries == 0 and len(rig.clocks) == 0
 
 
@@ -181,7 +183,7 @@ async def test_stop_ends_a_batch_after_its_read_without_starting_its_due_keys() 
     async with anyio.create_task_group() as tg:
         await tg.start(rig.controller.run_workers, 1)
         _retire_all(rig, 50)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         gate = anyio.Event()
         rig.store.lookup_gate = gate
         await rig.advance(300)  # all 50 due: one batch, reading
@@ -191,7 +193,7 @@ async def test_stop_ends_a_batch_after_its_read_without_starting_its_due_keys() 
             drained.append(await rig.controller.stop(timeout_s=20))
 
         tg.start_soon(stop)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert drained == []
         gate.set()
     assert drained == [True]

@@ -1,7 +1,8 @@
-"""The event side and the worker loop: events in, reconciles out, on fakes and a fake clock."""
+"""The event side and the worker loop: events in, reconciles out, on fakes and virtual time."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable
 
@@ -22,6 +23,7 @@ from service.domain import (
 )
 from service.engine.observation import ObservationClocks
 from service.engine.results import Action
+from service.kit import clock
 from service.kit.errors import Unavailable
 from tests.fakes import (
     NAMESPACE,
@@ -34,6 +36,7 @@ from tests.fakes import (
     make_settings,
     take_ready,
 )
+from tests.virtualtime import settle
 
 T0 = 1000.0
 
@@ -51,12 +54,12 @@ async def _observed_for_100s(rig: EngineRig, pod: PodSnapshot, row: ExecutionRow
     """``pod`` and its ``row`` reconciled once (the clock starts), then 100 s pass."""
     rig.add(pod, row, event=False)
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
-    rig.clock.advance(100)
+    await rig.advance(100)
 
 
 async def _assert_clock_restarted(rig: EngineRig, pod: PodSnapshot) -> None:
     """300 s after the first observation the reconcile still waits a whole threshold."""
-    rig.clock.advance(200)
+    await rig.advance(200)
     result = await rig.reconcile(pod.key)
     assert (result.outcome, result.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
     assert rig.pods.deletes == []
@@ -71,7 +74,7 @@ async def test_deletes_only_after_the_threshold_with_uid_and_rv_preconditions() 
     pod = make_pod()
     async with rig.workers():
         rig.add(pod, make_row(pod))  # the watch event enqueues it at once
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 1
         assert rig.queue.delayed == 1  # requeued: the delete below comes at exactly the expiry
         rig.add(structs.replace(pod, resource_version="131"))  # a reapable-shape status write
@@ -166,7 +169,7 @@ async def test_a_status_write_that_changes_nothing_classification_reads_keeps_th
     pod = make_pod()
     await _observed_for_100s(rig, pod, make_row(pod))
     rig.add(structs.replace(pod, resource_version="2"))
-    assert rig.clocks.elapsed(pod.uid, rig.clock.monotonic()) == 100
+    assert rig.clocks.elapsed(pod.uid, clock.now()) == 100
 
 
 @pytest.mark.anyio
@@ -212,7 +215,7 @@ async def test_cold_cache_listener_reconnect_and_new_leadership_restart_clocks(e
         rig.add(pod, make_row(pod), event=False)
         await rig.reconcile(pod.key)
     assert len(rig.clocks) == 3
-    rig.clock.advance(200)
+    await rig.advance(200)
     if event == "cache_cold":
         rig.controller.cache_cold(NAMESPACE)
     elif event == "notifications_missed":
@@ -222,7 +225,7 @@ async def test_cold_cache_listener_reconnect_and_new_leadership_restart_clocks(e
         rig.controller.set_leader(True)
     assert len(rig.clocks) == 0
     assert rig.sample("retired_pod_gc_tracked_clocks") == 0
-    rig.clock.advance(200)  # 400 s after the first observation
+    await rig.advance(200)  # 400 s after the first observation
     for pod in pods:
         assert (await rig.reconcile(pod.key)).requeue_after_s == 300.0
     assert rig.pods.deletes == []
@@ -242,14 +245,14 @@ async def test_no_clock_starts_from_the_stale_snapshot_of_a_relisting_cache() ->
     stale = await rig.reconcile(pod.key)
     assert stale.outcome == ReconcileOutcome.CACHE_COLD
     assert len(rig.clocks) == 0
-    rig.clock.advance(100)
+    await rig.advance(100)
     # The relist delivers the final state (only its version differs), then the cache is synced.
     rig.add(structs.replace(pod, resource_version="46"))
     rig.cache.synced = True
     rig.controller.cache_synced(NAMESPACE)
     first = await rig.reconcile(pod.key)
     assert (first.outcome, first.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
-    rig.clock.advance(299)
+    await rig.advance(299)
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
     assert rig.pods.deletes == []
 
@@ -262,7 +265,7 @@ async def test_a_restart_starts_with_no_clocks() -> None:
     await before.reconcile(pod.key)
     assert len(before.clocks) == 1
     after = make_rig()  # a new process: nothing carried over
-    after.clock.advance(400)
+    await after.advance(400)
     after.add(pod, make_row(pod))
     assert len(after.clocks) == 0
     assert (await after.reconcile(pod.key)).requeue_after_s == 300.0
@@ -275,7 +278,7 @@ async def test_clocks_never_outlive_their_pods() -> None:
     for pod in pods:
         rig.add(pod, make_row(pod), event=False)
         await rig.reconcile(pod.key)
-    rig.clock.advance(300)
+    await rig.advance(300)
     await rig.reconcile(pods[0].key)  # reported in dry run
     assert rig.clocks.reported_count == 1
     for pod in pods:
@@ -293,7 +296,7 @@ async def test_cache_synced_enqueues_candidates_and_prunes_reports_of_vanished_p
     for pod in (kept, vanished):
         rig.add(pod, make_row(pod), event=False)
         await rig.reconcile(pod.key)
-    rig.clock.advance(300)
+    await rig.advance(300)
     for pod in (kept, vanished):
         await rig.reconcile(pod.key)
     assert rig.clocks.reported_count == 2
@@ -317,7 +320,7 @@ async def test_a_retirement_notification_enqueues_and_records_its_latency() -> N
     rig.add(pod, make_row(pod), event=False)
     change = structs.replace(
         _change(pod, active=False, state=ExecutionState.REPLACED),
-        received_at_s=rig.clock.monotonic() - 0.004,
+        received_at_s=clock.now() - 0.004,
     )
     rig.controller.executions_changed([change])
     assert await take_ready(rig.queue) == [pod.key]
@@ -343,7 +346,7 @@ async def test_a_batch_clears_exactly_its_keys_clocks_at_once_and_enqueues_them_
         _change(in_batch[2], active=False, state=ExecutionState.SUSPENDED),
         ExecutionChange(in_batch[3].namespace, in_batch[3].name, None, None, deleted=True),
     ]
-    received_at_s = rig.clock.monotonic() - 0.004
+    received_at_s = clock.now() - 0.004
     batch = [structs.replace(c, received_at_s=received_at_s) for c in batch]
     rig.controller.executions_changed(batch)
     # Every clock of the batch is gone the moment it is handed over; the others run on.
@@ -362,7 +365,7 @@ async def test_an_inactive_controller_clears_a_batch_but_enqueues_nothing() -> N
     rig = make_rig(leader=False)
     pod = make_pod()
     rig.add(pod, make_row(pod), event=False)
-    rig.clocks.observe(pod.uid, pod.key, Verdict.TERMINAL_RETIRED, rig.clock.monotonic())
+    rig.clocks.observe(pod.uid, pod.key, Verdict.TERMINAL_RETIRED, clock.now())
     rig.controller.executions_changed([_change(pod, active=True, state=ExecutionState.ACTIVE)])
     assert rig.clocks.uid_for(pod.key) is None
     assert len(rig.queue) == 0
@@ -378,9 +381,9 @@ async def test_rate_limit_caps_deletes_per_rolling_minute() -> None:
     pods = [make_pod(f"s{i:02}") for i in range(23)]
     async with rig.workers(4):
         _retired(rig, pods)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         await rig.advance(60)  # every pod is past the threshold now
-        for _ in range(300):
+        for _ in range(400):
             await rig.advance(1)
     times = sorted(d.at_s for d in rig.pods.deletes)
     assert len(times) == 23 and len(set(rig.pods.deleted_keys)) == 23
@@ -390,7 +393,8 @@ async def test_rate_limit_caps_deletes_per_rolling_minute() -> None:
     per_minute = [
         sum(1 for t in times if start + 60 * m <= t < start + 60 * (m + 1)) for m in range(5)
     ]
-    assert per_minute == [5, 5, 5, 5, 3]  # and a backlog uses the whole budget
+    # and a backlog runs at the pacer's rate, cap - capacity a minute (capacity 1 for a cap of 5)
+    assert per_minute == [cap - 1] * 5
 
 
 # ------------------------------------------------------------ invariants 5, 6
@@ -443,7 +447,7 @@ async def test_not_leader_processes_nothing_and_leadership_enqueues_every_candid
         await rig.advance(400)
         assert rig.store.queries == 0 and len(rig.clocks) == 0
         rig.controller.set_leader(True)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert len(rig.clocks) == 3  # observed at once, starting from zero
         assert rig.pods.deletes == []
         await rig.advance(300)
@@ -488,11 +492,11 @@ async def test_a_malformed_key_never_crashes_a_worker(caplog: pytest.LogCaptureF
     async with rig.workers(1):
         for bad in ("no-slash", "a/b/c", "", f"{NAMESPACE}/boom"):
             rig.queue.add(bad)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         dropped = _messages(caplog, "malformed work-queue key")
         assert {m.rsplit(": ", 1)[1] for m in dropped} == {"'no-slash'", "'a/b/c'", "''"}
-        rig.clock.advance(1)
-        await anyio.wait_all_tasks_blocked()
+        await rig.advance(1)
+        await settle()
         rig.add(pod, make_row(pod))
         await rig.advance(300)
     # The key that raises is backed off and retried; a malformed key is dropped, not retried.
@@ -510,9 +514,9 @@ async def test_worker_results_map_onto_the_queue_like_controller_runtime() -> No
 
     async def ready_after(delay_s: float) -> None:
         """The key comes back after ``delay_s`` (within 10 %), not before."""
-        rig.clock.advance(delay_s * 0.9)
+        await rig.advance(delay_s * 0.9)
         assert len(rig.queue) == 0 and rig.queue.delayed == 1
-        rig.clock.advance(delay_s * 0.2)
+        await rig.advance(delay_s * 0.2)
         assert await rig.queue.get_batch(10) == [pod.key]
 
     rig.store.lookup_error = Unavailable("db down")
@@ -529,7 +533,6 @@ async def test_worker_results_map_onto_the_queue_like_controller_runtime() -> No
     rig.store.lookup_error = Unavailable("db down")
     await rig.reconcile(pod.key)
     await ready_after(0.005)  # the success forgot the failures
-    assert rig.queue.processing == frozenset({pod.key})
 
 
 @pytest.mark.anyio
@@ -542,14 +545,14 @@ async def test_stop_lets_an_in_flight_reconcile_finish() -> None:
     async with anyio.create_task_group() as tg:
         await tg.start(rig.controller.run_workers, 2)
         rig.add(pod, make_row(pod))
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert rig.queue.processing == frozenset({pod.key})
 
         async def stop() -> None:
             drained.append(await rig.controller.stop(timeout_s=20))
 
         tg.start_soon(stop)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         rig.add(make_pod("late"), make_row(make_pod("late")))  # not accepted any more
         assert drained == []
         gate.set()
@@ -567,13 +570,16 @@ async def test_stop_gives_up_after_its_timeout() -> None:
     async with anyio.create_task_group() as tg:
         await tg.start(rig.controller.run_workers, 1)
         rig.add(pod, make_row(pod))
-        await anyio.wait_all_tasks_blocked()
+        await settle()
+
+        # The lookup is bounded by the statement timeout (5 s): stop gives up before that.
+        assert rig.settings.database.statement_timeout_s > 1
 
         async def stop() -> None:
-            drained.append(await rig.controller.stop(timeout_s=5))
+            drained.append(await rig.controller.stop(timeout_s=1))
 
         tg.start_soon(stop)
-        await rig.advance(5)
+        await rig.advance(1)
         assert drained == [False]
         tg.cancel_scope.cancel()  # what the caller does next: cancel the workers
 
@@ -652,11 +658,11 @@ async def test_a_bug_in_an_adapter_is_logged_counted_and_never_deletes(
     for _ in range(3):
         if where != "lookup":  # a bug of the verification: observed, due, then it raises
             assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
-            rig.clock.advance(300)
+            await rig.advance(300)
         result = await rig.reconcile(pod.key)
         assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
         assert clock_of(rig.clocks, pod.uid) is None  # a gap in the observation
-        rig.clock.advance(300)
+        await rig.advance(300)
     assert rig.pods.deletes == []
     assert rig.sample("retired_pod_gc_reconcile_bugs_total") == 3
     assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) == 0  # not disguised as an outage
@@ -682,7 +688,7 @@ async def test_a_namespace_going_cold_clears_only_its_own_clocks_and_its_own_key
         rig.add(pod, make_row(pod), event=False)
         await rig.reconcile(pod.key)
     assert len(rig.clocks) == 2
-    rig.clock.advance(200)
+    await rig.advance(200)
     rig.controller.cache_cold(OTHER)
     rig.cache.cold_namespaces.add(OTHER)
     assert clock_of(rig.clocks, ours.uid) is not None and clock_of(rig.clocks, theirs.uid) is None
@@ -691,7 +697,7 @@ async def test_a_namespace_going_cold_clears_only_its_own_clocks_and_its_own_key
     assert results[theirs.key].outcome == ReconcileOutcome.CACHE_COLD
     assert results[ours.key].outcome == ReconcileOutcome.TOO_YOUNG
     assert results[ours.key].requeue_after_s == pytest.approx(100.0)
-    rig.clock.advance(100)
+    await rig.advance(100)
     assert (await rig.reconcile(ours.key)).outcome == Verdict.TERMINAL_RETIRED
     assert (await rig.reconcile(theirs.key)).outcome == ReconcileOutcome.CACHE_COLD
     assert rig.pods.deleted_keys == [ours.key]
@@ -711,7 +717,7 @@ async def test_a_key_of_a_namespace_not_configured_is_never_acted_on() -> None:
     for _ in range(3):
         result = await rig.reconcile(stray.key)
         assert result.outcome == ReconcileOutcome.ERROR
-        rig.clock.advance(400)
+        await rig.advance(400)
     assert len(rig.clocks) == 0
     assert rig.pods.deletes == [] and rig.pods.gets == [] and rig.store.queries == 0
     # Its events do not enqueue it either: that namespace has no synced cache.
@@ -732,13 +738,15 @@ async def test_pods_of_every_configured_namespace_share_one_delete_budget() -> N
             rig.add(pod, make_row(pod))
         await rig.advance(300)
         await rig.advance(1)
-        assert len(rig.pods.deletes) == 2  # not two per namespace
-        # The other two get their turns when the window has room again (and the workers stop
-        # with nothing in flight: a turn still awaited would hold them for the budget's real-time
-        # wait, a third of RECONCILE_TIMEOUT_SECONDS).
-        await rig.advance(59)
+        # One budget for both namespaces: its pacer's burst (capacity 1 for a cap of 2), not
+        # one burst per namespace.
+        assert len(rig.pods.deletes) == 1
+        await rig.advance(300)
     times = sorted(call.at_s for call in rig.pods.deletes)
-    assert times == [T0 + 300, T0 + 300, T0 + 360, T0 + 360]
+    assert len(times) == 4
+    assert times[:2] == [T0 + 300, T0 + 360]
+    # Then the one pacer's rate (cap - capacity = 1 a minute), whichever namespace is next.
+    assert all(later - earlier >= 60.0 for earlier, later in itertools.pairwise(times))
     deleted = {call.namespace for call in rig.pods.deletes}
     assert deleted <= {NAMESPACE, OTHER}
     for namespace in (NAMESPACE, OTHER):

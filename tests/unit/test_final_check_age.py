@@ -2,8 +2,9 @@
 ``FINAL_CHECK_MAX_AGE_S``, whatever aged it — a slow re-read, the notification sync, the wait for
 a delete token, or a starved event loop — and the clock is looked at once more right before.
 
-Every test runs on the fake clock: the delays are virtual, and the age of each DELETE is judged
-from the fakes' own records (when each re-read began, when each DELETE was sent).
+Every test runs on virtual time: the delays are stalls of the virtual-time loop (time moves on
+while no other task runs, as on a starved machine), and the age of each DELETE is judged from the
+fakes' own records (when each re-read began, when each DELETE was sent).
 """
 
 from __future__ import annotations
@@ -17,38 +18,23 @@ import pytest
 from service.domain import ExecutionChange, ExecutionState, PodSnapshot, ReconcileOutcome, Verdict
 from service.engine.reconciler import FINAL_CHECK_MAX_AGE_S, MAX_AGE_REVERIFICATIONS
 from service.engine.results import ReconcileResult
-from service.kit.clock import FakeClock
 from tests.fakes import EngineRig, make_pod, make_rig, make_row, make_settings
+from tests.virtualtime import running_loop, settle
 
 OVER = FINAL_CHECK_MAX_AGE_S + 0.05
 """A delay just past the bound."""
 
 
-class StarvedClock:
-    """The reconciler's view of a starved loop: whenever it reads the clock, time has passed
-    (other tasks ran). The fakes read the underlying clock without moving it, so their records
-    (re-read begun, DELETE sent) are the true times."""
-
-    def __init__(self, base: FakeClock) -> None:
-        self.base = base
-        self.step_s = 0.0
-
-    def monotonic(self) -> float:
-        if self.step_s:
-            self.base.advance(self.step_s)
-        return self.base.monotonic()
-
-
 class SlowBarrier:
-    """A notification sync that takes ``delays`` seconds of virtual time, one per call."""
+    """A notification sync that takes ``delays`` seconds of virtual time, one per call (a stall
+    of the loop: no other task runs meanwhile)."""
 
-    def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
+    def __init__(self) -> None:
         self.delays: list[float] = []
 
     async def sync(self) -> None:
         if self.delays:
-            self.clock.advance(self.delays.pop(0))
+            running_loop().stall(self.delays.pop(0))
 
 
 def _ages(rig: EngineRig) -> list[float]:
@@ -67,7 +53,7 @@ async def _reconcile_after_threshold(rig: EngineRig, *pods: PodSnapshot) -> None
         rig.add(pod, make_row(pod), event=False)
         first = await rig.reconcile(pod.key)
         assert first.outcome == ReconcileOutcome.TOO_YOUNG
-    rig.clock.advance(rig.settings.threshold_s)
+    await rig.advance(rig.settings.threshold_s)
 
 
 async def _concurrently(rig: EngineRig, keys: list[str]) -> list[ReconcileResult]:
@@ -102,9 +88,8 @@ DELAYS: dict[str, Callable[[EngineRig, SlowBarrier], None]] = {
 @pytest.mark.anyio
 @pytest.mark.parametrize("where", list(DELAYS))
 async def test_a_final_check_aged_past_the_bound_is_redone_before_the_delete(where: str) -> None:
-    clock = FakeClock()
-    barrier = SlowBarrier(clock)
-    rig = make_rig(make_settings(), barrier=barrier, clock=clock)
+    barrier = SlowBarrier()
+    rig = make_rig(make_settings(), barrier=barrier)
     pod = make_pod()
     await _reconcile_after_threshold(rig, pod)
     DELAYS[where](rig, barrier)
@@ -120,14 +105,16 @@ async def test_a_final_check_aged_past_the_bound_is_redone_before_the_delete(whe
 
 @pytest.mark.anyio
 async def test_a_long_wait_for_a_delete_token_is_followed_by_a_fresh_check() -> None:
-    rig = make_rig(make_settings(deletes_per_minute=1))
+    # One DELETE per 10 s: the second candidate waits 10 s for its token, far past the bound
+    # and within the reconciler's wait for a turn (a third of the reconcile timeout, 15 s).
+    rig = make_rig(make_settings(deletes_per_minute=1), budget_window_s=10.0)
     first, second = make_pod("a"), make_pod("b")
     await _reconcile_after_threshold(rig, first, second)
 
     results = await _concurrently(rig, [first.key, second.key])
 
     assert sorted(r.outcome for r in results) == [Verdict.TERMINAL_RETIRED] * 2
-    assert rig.pods.deletes[1].at_s - rig.pods.deletes[0].at_s >= 60  # the second one waited
+    assert rig.pods.deletes[1].at_s - rig.pods.deletes[0].at_s >= 10  # the second one waited
     assert all(age <= FINAL_CHECK_MAX_AGE_S for age in _ages(rig)), _ages(rig)
     assert rig.sample("retired_pod_gc_final_check_reverifications_total") == 1
 
@@ -137,11 +124,12 @@ async def test_a_long_wait_for_a_delete_token_is_followed_by_a_fresh_check() -> 
 async def test_a_loop_starved_past_the_bound_at_every_try_gives_up_without_acting(
     dry_run: bool,
 ) -> None:
-    clock = StarvedClock(FakeClock())
-    rig = make_rig(make_settings(dry_run=dry_run), clock=clock.base, reconciler_clock=clock)
+    rig = make_rig(make_settings(dry_run=dry_run))
     pod = make_pod()
     await _reconcile_after_threshold(rig, pod)
-    clock.step_s = OVER  # every check is already too old when the next one reads the clock
+    # The loop is starved past the bound during every re-read: each check is too old when the
+    # reconciler next reads the clock.
+    rig.store.fresh_read_delays.extend([OVER] * (2 + MAX_AGE_REVERIFICATIONS))
 
     result = await rig.reconcile(pod.key)
 
@@ -168,7 +156,7 @@ async def test_a_clearing_event_during_a_short_token_wait_stops_the_delete() -> 
     async with anyio.create_task_group() as tg:
         tg.start_soon(one, first.key)
         tg.start_soon(one, second.key)
-        await anyio.wait_all_tasks_blocked()  # the second waits for the token
+        await settle()  # the second waits for the token
         rig.controller.executions_changed(
             [
                 ExecutionChange(
@@ -187,10 +175,11 @@ async def test_a_clearing_event_during_a_short_token_wait_stops_the_delete() -> 
 
 @pytest.mark.anyio
 async def test_a_candidate_that_fails_its_final_check_passes_the_turn_on_unspent() -> None:
-    # One DELETE per minute. The second candidate waits for the turn; while it waits, its row
-    # becomes active again (no notification: only the re-read after the long wait shows it). It
-    # gives the turn up without spending a token, so the third candidate deletes at once.
-    rig = make_rig(make_settings(deletes_per_minute=1))
+    # One DELETE per 10 s (a wait within the reconciler's 15 s for a turn). The second
+    # candidate waits for the turn; while it waits, its row becomes active again (no
+    # notification: only the re-read after the long wait shows it). It gives the turn up
+    # without spending a token, so the third candidate deletes at once.
+    rig = make_rig(make_settings(deletes_per_minute=1), budget_window_s=10.0)
     first, second, third = make_pod("a"), make_pod("b"), make_pod("c")
     await _reconcile_after_threshold(rig, first, second, third)
     results: list[ReconcileResult] = []
@@ -200,11 +189,11 @@ async def test_a_candidate_that_fails_its_final_check_passes_the_turn_on_unspent
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(one, first.key)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         tg.start_soon(one, second.key)
-        await anyio.wait_all_tasks_blocked()  # the second holds the line, waiting for a token
+        await settle()  # the second holds the line, waiting for a token
         rig.store.put(make_row(second, active=True, state=ExecutionState.ACTIVE))
-        await rig.advance(60.0)
+        await rig.advance(10.0)
     assert [r.outcome for r in results] == [Verdict.TERMINAL_RETIRED, ReconcileOutcome.CHANGED]
     assert rig.budget.retry_after_s() == 0.0  # the first grant left the window; none since
 
@@ -212,4 +201,4 @@ async def test_a_candidate_that_fails_its_final_check_passes_the_turn_on_unspent
 
     assert third_result.outcome == Verdict.TERMINAL_RETIRED
     assert rig.pods.deleted_keys == [first.key, third.key]
-    assert rig.pods.deletes[1].at_s - rig.pods.deletes[0].at_s == 60.0
+    assert rig.pods.deletes[1].at_s - rig.pods.deletes[0].at_s == 10.0

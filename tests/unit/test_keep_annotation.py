@@ -1,4 +1,4 @@
-"""The keep annotation through the one pipeline, on fakes and a fake clock: a kept pod is skipped
+"""The keep annotation through the one pipeline, on fakes and virtual time: a kept pod is skipped
 with its own reason and has no clock, in live and dry run; annotating a pod after its
 observation (even after the fresh GET's verification began) never deletes it; removing the
 annotation starts a full threshold from that moment."""
@@ -9,6 +9,7 @@ import pytest
 from msgspec import structs
 
 from service.domain import PodSnapshot, ReconcileOutcome, SkipReason, Verdict
+from service.kit import clock
 from tests.fakes import EngineRig, clock_of, make_pod, make_rig, make_row, make_settings
 
 pytestmark = pytest.mark.anyio
@@ -34,7 +35,7 @@ async def test_a_kept_pod_is_skipped_with_its_reason_and_never_acted_on(dry_run:
     rig.add(kept)  # the watch event of the annotation
     assert len(rig.clocks) == 0
     for _ in range(3):
-        rig.clock.advance(THRESHOLD_S * 2)
+        await rig.advance(THRESHOLD_S * 2)
         result = await rig.reconcile(pod.key)
         assert (result.outcome, result.skip_reason) == (
             ReconcileOutcome.SKIPPED,
@@ -54,7 +55,7 @@ async def test_a_pod_annotated_after_its_observation_is_not_deleted_by_the_final
     pod = make_pod(resource_version="5")
     rig.add(pod, make_row(pod), event=False)
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
-    rig.clock.advance(THRESHOLD_S)
+    await rig.advance(THRESHOLD_S)
     # Annotated on the server; the watch has not delivered it yet (the cache is stale).
     rig.pods.pods[pod.key] = _kept(pod, "6")
     result = await rig.reconcile(pod.key)
@@ -65,7 +66,7 @@ async def test_a_pod_annotated_after_its_observation_is_not_deleted_by_the_final
     # annotation), the fresh GET's classification stops it.
     rig.add(pod, event=False)
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
-    rig.clock.advance(THRESHOLD_S)
+    await rig.advance(THRESHOLD_S)
     rig.pods.pods[pod.key] = structs.replace(pod, keep=True)
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.CHANGED
     assert rig.pods.deletes == []
@@ -77,8 +78,8 @@ async def test_removing_the_annotation_starts_a_full_threshold_from_that_moment(
     kept = _kept(pod, "5")
     rig.add(kept, make_row(pod))
     assert (await rig.reconcile(pod.key)).skip_reason is SkipReason.KEEP_ANNOTATION
-    rig.clock.advance(THRESHOLD_S * 10)
-    removed_at = rig.clock.monotonic()
+    await rig.advance(THRESHOLD_S * 10)
+    removed_at = clock.now()
     released = structs.replace(pod, resource_version="7")
     rig.add(released)  # the watch event of the removal enqueues the key
     assert len(rig.queue) == 1
@@ -86,10 +87,10 @@ async def test_removing_the_annotation_starts_a_full_threshold_from_that_moment(
     assert (first.outcome, first.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, THRESHOLD_S)
     observation = clock_of(rig.clocks, pod.uid)
     assert observation is not None and observation.since_s == removed_at
-    rig.clock.advance(THRESHOLD_S - 1)
+    await rig.advance(THRESHOLD_S - 1)
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
     assert rig.pods.deletes == []
-    rig.clock.advance(1)
+    await rig.advance(1)
     assert (await rig.reconcile(pod.key)).outcome == Verdict.TERMINAL_RETIRED
     [delete] = rig.pods.deletes
     assert delete.at_s - removed_at >= THRESHOLD_S

@@ -3,14 +3,16 @@ service.kit.clock.wait_until ends on the event, on the deadline or on a cancella
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import pytest
 
-from service.kit.clock import FakeClock, wait_until
+from service.kit import clock
 from service.kit.timeouts import fail_after
+from tests.virtualtime import advance, pending_timers, settle
 
 pytestmark = pytest.mark.anyio
 
@@ -140,75 +142,76 @@ async def test_fail_after_timeout_carries_the_cancellation_as_context() -> None:
 
 
 async def test_wait_until_ends_when_the_event_is_set() -> None:
-    clock, event = FakeClock(), anyio.Event()
+    event = anyio.Event()
     out: list[object] = []
     async with anyio.create_task_group() as tg:
 
         async def wait() -> None:
-            out.append(await wait_until(event, clock, clock.monotonic() + 10))
+            out.append(await clock.wait_until(event, clock.now() + 10))
 
         tg.start_soon(wait)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert out == []
         event.set()
     assert out == [True]
-    assert clock.next_deadline is None  # its timer was cancelled
+    assert pending_timers() == 0  # its timer was cancelled
 
 
 async def test_wait_until_ends_at_the_deadline_with_false() -> None:
-    clock, event = FakeClock(), anyio.Event()
+    event = anyio.Event()
     out: list[object] = []
     async with anyio.create_task_group() as tg:
 
         async def wait() -> None:
-            out.append(await wait_until(event, clock, clock.monotonic() + 10))
+            out.append(await clock.wait_until(event, clock.now() + 10))
 
         tg.start_soon(wait)
-        await anyio.wait_all_tasks_blocked()
-        clock.advance(9.9)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
+        await advance(9.9)
+        await settle()
         assert out == []
-        clock.advance(0.1)
+        await advance(0.1)
     assert out == [False]
 
 
 async def test_wait_until_answers_true_when_the_event_and_the_deadline_come_together() -> None:
-    clock, event = FakeClock(), anyio.Event()
+    event = anyio.Event()
     out: list[object] = []
+    # Set at the deadline's very instant, by a timer that fires just before the wait's own.
+    asyncio.get_running_loop().call_at(clock.now() + 10, event.set)
     async with anyio.create_task_group() as tg:
 
         async def wait() -> None:
-            out.append(await wait_until(event, clock, clock.monotonic() + 10))
+            out.append(await clock.wait_until(event, clock.now() + 10))
 
         tg.start_soon(wait)
-        await anyio.wait_all_tasks_blocked()
-        clock.advance(10)
-        event.set()
+        await settle()
+        await advance(10)
     assert out == [True]
 
 
 async def test_wait_until_does_not_wait_when_already_decided() -> None:
-    clock, event = FakeClock(), anyio.Event()
-    assert await wait_until(event, clock, clock.monotonic()) is False
+    event = anyio.Event()
+    assert await clock.wait_until(event, clock.now()) is False
     event.set()
-    assert await wait_until(event, clock, clock.monotonic() + 10) is True
-    assert clock.next_deadline is None
+    assert await clock.wait_until(event, clock.now() + 10) is True
+    assert pending_timers() == 0
 
 
 async def test_wait_until_lets_a_cancellation_from_outside_through() -> None:
-    clock, event = FakeClock(), anyio.Event()
+    event = anyio.Event()
     out: list[object] = []
     async with anyio.create_task_group() as tg:
 
         async def wait() -> None:
             try:
-                out.append(await wait_until(event, clock, clock.monotonic() + 10))
+                out.append(await clock.wait_until(event, clock.now() + 10))
             except anyio.get_cancelled_exc_class():
                 out.append("cancelled")
                 raise
 
         tg.start_soon(wait)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         tg.cancel_scope.cancel()
     assert out == ["cancelled"]
-    assert clock.next_deadline is None
+    assert pending_timers() == 0

@@ -23,17 +23,17 @@ from prometheus_client import CollectorRegistry
 
 from service.config import KubeSettings
 from service.domain import LabelKeys
+from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
-from service.kit.clock import FakeClock
 from service.kit.errors import Unavailable
-from service.kube.decode import PodDecoder
-from service.kube.errors import KubeApiError
+from service.kube.decode import PodDecodeError, PodDecoder
 from service.kube.informer import BACKOFF_MAX_S, default_backoff
-from service.kube.listwatch import End, Refused, SyncMode, WatchEnd
-from service.kube.reflector import LineReader, Reflector, Stream
+from service.kube.listwatch import Failed, Page
+from service.kube.reflector import LineReader, Reflector, Stream, SyncMode
 from service.kube.store import PodStore, SyncState
 from service.metrics import Metrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, SANDBOX_SELECTOR, RecordingHandler, sandbox_pod
+from tests.virtualtime import settle
 
 pytestmark = pytest.mark.anyio
 NS = SANDBOX_NAMESPACE
@@ -109,16 +109,20 @@ class FakeStream:
 class Listing:
     rv: str
     pods: Sequence[dict[str, Any]] = ()
+    continue_: str = ""
+    """The next page's token (``""``: the last page)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Call:
     op: str
-    """``stream``, ``watch``, ``list_cached`` or ``list_quorum``."""
+    """``stream``, ``watch``, ``list_cached``, ``list_quorum`` or ``list_next`` (a list's next
+    page)."""
     arg: str | None = None
-    """The version asked for (``known`` or ``rv``; ``None`` for the newest state)."""
+    """The version asked for (``known`` or ``rv``; ``None`` for the newest state), or the
+    continue token of ``list_next``."""
     answer: object = None
-    """A FakeStream, a WatchEnd, a Listing, a Refused, or an exception to raise."""
+    """A FakeStream, a Listing, a Failed answer, or an exception to raise."""
 
 
 class ScriptError(AssertionError):
@@ -126,17 +130,18 @@ class ScriptError(AssertionError):
 
 
 class FakeListWatch:
-    """Answers each request with the next step of the script, and records when it came."""
+    """Answers each request with the next step of the script, and records when it came. It only
+    answers: every decision about what an answer means is the reflector's."""
 
-    def __init__(self, clock: FakeClock, script: Sequence[Call]) -> None:
-        self._clock = clock
+    def __init__(self, script: Sequence[Call]) -> None:
         self._script = deque(script)
         self.calls: list[tuple[str, str | None, float]] = []
+        self.limits: list[int | None] = []
         self.exhausted = anyio.Event()
         self.streams: list[FakeStream] = []
 
     async def _next(self, op: str, arg: str | None) -> object:
-        self.calls.append((op, arg, self._clock.monotonic()))
+        self.calls.append((op, arg, clock.now()))
         if not self._script:
             self.exhausted.set()
             await anyio.sleep_forever()
@@ -149,30 +154,40 @@ class FakeListWatch:
             self.streams.append(step.answer)
         return step.answer
 
-    async def list_cached(self, store: PodStore, known: str | None) -> str | Refused:
-        answer = await self._next("list_cached", known)
-        if isinstance(answer, Refused):
+    async def list(
+        self,
+        *,
+        resource_version: str = "",
+        match: str = "",
+        token: str | None = None,
+        limit: int | None = None,
+    ) -> Page | Failed:
+        if token is not None:
+            op, arg = "list_next", token
+        elif (resource_version, match) == ("0", ""):
+            op, arg = "list_cached", None
+        elif match == "NotOlderThan":
+            op, arg = "list_cached", resource_version
+        elif (resource_version, match) == ("", ""):
+            op, arg = "list_quorum", None
+        else:
+            raise ScriptError(f"a list of version {resource_version!r} match {match!r}")
+        self.limits.append(limit)
+        answer = await self._next(op, arg)
+        if isinstance(answer, Failed):
             return answer
         assert isinstance(answer, Listing)
-        for body in answer.pods:
-            store.put(DECODER.decode(msgspec.json.encode(body)))
-        return answer.rv
+        pods = [DECODER.decode(msgspec.json.encode(body)) for body in answer.pods]
+        return Page(pods, answer.rv, answer.continue_)
 
-    async def list_quorum(self, store: PodStore) -> str:
-        answer = await self._next("list_quorum", None)
-        assert isinstance(answer, Listing)
-        for body in answer.pods:
-            store.put(DECODER.decode(msgspec.json.encode(body)))
-        return answer.rv
-
-    async def open_stream(self, known: str | None) -> Stream | WatchEnd:
+    async def stream(self, known: str | None) -> Stream | Failed:
         answer = await self._next("stream", known)
-        assert isinstance(answer, FakeStream | WatchEnd)
+        assert isinstance(answer, FakeStream | Failed)
         return answer
 
-    async def open_watch(self, rv: str) -> Stream | WatchEnd:
+    async def watch(self, rv: str) -> Stream | Failed:
         answer = await self._next("watch", rv)
-        assert isinstance(answer, FakeStream | WatchEnd)
+        assert isinstance(answer, FakeStream | Failed)
         return answer
 
 
@@ -183,7 +198,6 @@ class Run:
     handler: RecordingHandler
     metrics: Metrics
     lw: FakeListWatch
-    clock: FakeClock
 
     def count(self, name: str, **labels: str) -> float:
         value = self.metrics.registry.get_sample_value(name, labels or None)
@@ -204,10 +218,9 @@ class Run:
 async def run_script(
     script: Sequence[Call], *, list_mode: str = "auto", min_watch_s: float = 0.0
 ) -> Run:
-    """Run a reflector until it asks for more than the script holds, advancing virtual time
-    through every backoff; then stop it."""
-    clock = FakeClock()
-    lw = FakeListWatch(clock, script)
+    """Run a reflector until it asks for more than the script holds (virtual time passes
+    through every backoff on its own); then stop it."""
+    lw = FakeListWatch(script)
     handler = RecordingHandler()
     metrics = Metrics(CollectorRegistry())
     store = PodStore(metrics, sink=handler, namespace=NS)
@@ -227,21 +240,17 @@ async def run_script(
         DECODER,
         metrics,
         settings=settings,
-        clock=clock,
         backoff=Backoff(initial_s=1.0, max_s=BACKOFF_MAX_S),
         min_watch_s=min_watch_s,
     )
-    with anyio.fail_after(5):
+    with anyio.fail_after(3600):  # virtual: a reflector that never asks for more fails
         async with anyio.create_task_group() as tg:
             tg.start_soon(reflector.run)
-            while not lw.exhausted.is_set():
-                await anyio.wait_all_tasks_blocked()
-                deadline = clock.next_deadline
-                if deadline is not None and not lw.exhausted.is_set():
-                    clock.advance(deadline - clock.monotonic())
+            await lw.exhausted.wait()
+            await settle()
             tg.cancel_scope.cancel()
     assert all(s.closed for s in lw.streams), "every stream opened was closed"
-    return Run(reflector, store, handler, metrics, lw, clock)
+    return Run(reflector, store, handler, metrics, lw)
 
 
 def streamed(*lines: bytes, rv: int, fail: BaseException | None = None) -> FakeStream:
@@ -311,7 +320,7 @@ async def test_a_410_on_the_sync_asks_the_next_sync_for_the_newest_and_then_know
     run = await run_script(
         [
             Call("stream", None, FakeStream([bookmark(100, end=True), error(410)])),
-            Call("stream", "100", WatchEnd(End.EXPIRED, 410, "too old")),
+            Call("stream", "100", Failed(410, "too old")),
             Call("stream", None, FakeStream([bookmark(300, end=True), error(410)])),
             Call("stream", "300", streamed(rv=400)),
         ]
@@ -324,7 +333,7 @@ async def test_a_410_on_the_sync_asks_the_next_sync_for_the_newest_and_then_know
 async def test_a_refused_cache_list_falls_back_to_a_quorum_list_until_a_sync_completes() -> None:
     run = await run_script(
         [
-            Call("list_cached", None, Refused(410, "too old")),
+            Call("list_cached", None, Failed(410, "too old")),
             Call("list_quorum", None, Unavailable("reset")),  # the quorum list fails ...
             Call("list_quorum", None, Listing("200", [pod("a", 150)])),  # ... and is retried
             Call("watch", "200", FakeStream([error(410)])),
@@ -341,7 +350,7 @@ async def test_a_refused_cache_list_falls_back_to_a_quorum_list_until_a_sync_com
 async def test_auto_mode_falls_back_to_a_list_in_the_same_sync_and_never_streams_again() -> None:
     run = await run_script(
         [
-            Call("stream", None, WatchEnd(End.UNSUPPORTED, 422, "sendInitialEvents forbidden")),
+            Call("stream", None, Failed(422, "sendInitialEvents forbidden")),
             Call("list_cached", None, Listing("100", [pod("a", 90)])),
             Call("watch", "100", FakeStream([error(410)])),
             Call("list_cached", "100", Listing("200", [pod("a", 90)])),
@@ -370,8 +379,8 @@ async def test_a_plain_bookmark_before_the_end_bookmark_is_a_stream_not_honoured
 async def test_stream_mode_backs_off_and_streams_again_when_the_stream_is_rejected() -> None:
     run = await run_script(
         [
-            Call("stream", None, WatchEnd(End.UNSUPPORTED, 422, "forbidden")),
-            Call("stream", None, WatchEnd(End.UNSUPPORTED, 422, "forbidden")),
+            Call("stream", None, Failed(422, "forbidden")),
+            Call("stream", None, Failed(422, "forbidden")),
             Call("stream", None, streamed(added("a", 90), rv=100)),
         ],
         list_mode="stream",
@@ -461,10 +470,10 @@ async def test_a_watch_closed_at_once_without_events_backs_off_one_with_events_d
 async def test_failures_back_off_exponentially_with_retry_after_as_the_least_delay() -> None:
     run = await run_script(
         [
-            Call("stream", None, KubeApiError(500, "down")),
+            Call("stream", None, Failed(500, "down")),
             Call("stream", None, Unavailable("refused")),
-            Call("stream", None, KubeApiError(429, "slow down", retry_after_s=30.0)),
-            Call("stream", None, KubeApiError(429, "slow down", retry_after_s=0.5)),
+            Call("stream", None, Failed(429, "slow down", retry_after_s=30.0)),
+            Call("stream", None, Failed(429, "slow down", retry_after_s=0.5)),
             Call("stream", None, streamed(rv=100)),
         ]
     )
@@ -476,8 +485,8 @@ async def test_a_rejected_watch_request_relists_and_a_server_error_resumes() -> 
     run = await run_script(
         [
             Call("list_cached", None, Listing("100")),
-            Call("watch", "100", KubeApiError(503, "unavailable")),
-            Call("watch", "100", KubeApiError(400, "cannot parse resourceVersion")),
+            Call("watch", "100", Failed(503, "unavailable")),
+            Call("watch", "100", Failed(400, "cannot parse resourceVersion")),
             Call("list_cached", "100", Listing("200")),
         ],
         list_mode="list",
@@ -521,3 +530,115 @@ def test_the_informer_default_backoff_doubles_to_its_cap_each_delay_in_its_upper
     assert attempts.next_delay(floor_s=60.0) == 60.0
     attempts.reset()
     assert 0.25 <= attempts.next_delay() <= 0.5
+
+
+async def test_a_quorum_list_is_read_page_by_page_at_the_version_of_its_first_page() -> None:
+    run = await run_script(
+        [
+            Call("list_cached", None, Failed(410, "too old")),
+            Call("list_quorum", None, Listing("200", [pod("a", 150)], continue_="t1")),
+            Call("list_next", "t1", Listing("201", [pod("b", 160)], continue_="t2")),
+            Call("list_next", "t2", Listing("202", [pod("c", 170)])),
+        ],
+        list_mode="list",
+    )
+    assert run.requests()[-1] == ("watch", "200")
+    assert run.reflector.sync_mode is SyncMode.LIST_QUORUM
+    assert run.handler.added_keys() == [key("a"), key("b"), key("c")]
+    # Pages of the configured size; a list NotOlderThan a known version would not be paged.
+    assert run.lw.limits == [500, 500, 500, 500]
+
+
+async def test_a_list_not_older_than_a_known_version_is_not_paged() -> None:
+    run = await run_script(
+        [
+            Call("list_cached", None, Listing("100", [pod("a", 90)])),
+            Call("watch", "100", FakeStream([error(410)])),
+            Call("list_cached", "100", Listing("200", [pod("a", 90)])),
+        ],
+        list_mode="list",
+    )
+    assert run.requests()[-1] == ("watch", "200")
+    assert run.lw.limits == [500, None]
+
+
+async def test_an_expired_continue_token_starts_the_list_over_at_most_three_times() -> None:
+    run = await run_script(
+        [
+            Call("list_cached", None, Failed(410, "too old")),
+            Call("list_quorum", None, Listing("200", [pod("a", 150)], continue_="t1")),
+            Call("list_next", "t1", Failed(410, "continue expired")),
+            Call("list_quorum", None, Listing("300", [pod("b", 250)], continue_="t2")),
+            Call("list_next", "t2", Listing("300", [pod("c", 260)])),
+        ],
+        list_mode="list",
+    )
+    assert run.requests()[-1] == ("watch", "300")
+    assert run.times()[-1] == 0.0  # started over at once: not a failure
+    # The first attempt's "a" was not in the list that completed: reported deleted.
+    assert run.handler.log == [
+        f"add {key('a')}",
+        f"add {key('b')}",
+        f"add {key('c')}",
+        f"delete {key('a')}",
+        "synced",
+    ]
+    expired = [Call("list_next", "t", Failed(410, "continue expired"))]
+    quorum = [Call("list_quorum", None, Listing("200", continue_="t"))]
+    run = await run_script(
+        [
+            Call("list_cached", None, Failed(410, "too old")),
+            *(quorum + expired) * 4,  # the fourth expiry is a failure: backed off, resynced
+            Call("list_quorum", None, Listing("400")),
+        ],
+        list_mode="list",
+    )
+    assert run.requests()[-1] == ("watch", "400")
+    assert run.times()[-2:] == [1.0, 1.0]
+    assert run.restarts("error") == 1
+
+
+async def test_a_version_too_large_is_a_refusal_of_the_cache_list_and_an_expiry_of_a_watch() -> (
+    None
+):
+    too_large = Failed(504, "Too large resource version: 300, current: 200")
+    run = await run_script(
+        [
+            Call("list_cached", None, Listing("100")),
+            Call("watch", "100", too_large),
+            Call("list_cached", "100", too_large),
+            Call("list_quorum", None, Listing("200")),
+        ],
+        list_mode="list",
+    )
+    assert run.requests()[-1] == ("watch", "200")
+    assert run.times() == [0.0] * 5  # neither is a failure
+    assert run.restarts("expired") == 1
+    assert run.reflector.sync_mode is SyncMode.LIST_QUORUM
+
+
+async def test_a_server_error_on_the_cache_list_backs_off_and_asks_the_cache_again() -> None:
+    run = await run_script(
+        [
+            Call("list_cached", None, Failed(503, "unavailable", retry_after_s=2.0)),
+            Call("list_cached", None, Listing("100")),
+        ],
+        list_mode="list",
+    )
+    assert run.requests() == [("list_cached", None), ("list_cached", None), ("watch", "100")]
+    assert run.times()[1] == 2.0  # the server's Retry-After
+    assert run.reflector.sync_mode is SyncMode.LIST_CACHE
+
+
+async def test_an_undecodable_list_page_is_an_expected_failure_backed_off_and_retried() -> None:
+    run = await run_script(
+        [
+            Call("list_cached", None, PodDecodeError("undecodable pod list")),
+            Call("list_cached", None, Listing("100", [pod("a", 90)])),
+        ],
+        list_mode="list",
+    )
+    assert run.requests()[-1] == ("watch", "100")
+    assert run.times()[1] == 1.0
+    assert run.restarts("error") == 1
+    assert run.handler.log == [f"add {key('a')}", "synced"]

@@ -11,6 +11,7 @@ from service.kube.store import PodStore, SyncState
 from service.metrics import Metrics
 from tests.fakes import NAMESPACE, make_pod
 from tests.kubefixtures import RecordingHandler
+from tests.virtualtime import settle
 
 
 def new_store() -> tuple[PodStore, RecordingHandler, Metrics]:
@@ -186,14 +187,14 @@ async def test_wait_synced_returns_only_once_synced_and_waits_again_during_a_rel
     async with anyio.create_task_group() as tg:
         tg.start_soon(waiter, 1)
         store.begin_sync()
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert done == []
         store.finish_sync()
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert done == [1]
         store.begin_sync()
         tg.start_soon(waiter, 2)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert done == [1]
         store.finish_sync()
     assert done == [1, 2]

@@ -1,4 +1,4 @@
-"""The live view's document on fakes and a fake clock: exactly the running clocks, each due one
+"""The live view's document on fakes and virtual time: exactly the running clocks, each due one
 threshold after it started, and what each waits for (threshold, verification, budget, reported)
 as the pipeline moves it along; its table and ``explain``'s live-clock lines."""
 
@@ -12,7 +12,9 @@ import pytest
 
 from service.app.pending import live_clock_lines, pending_document, pending_lines
 from service.domain import ExecutionChange, ExecutionState, ReconcileOutcome, Verdict
+from service.kit import clock
 from tests.fakes import EngineRig, make_pending_pod, make_pod, make_rig, make_row, make_settings
+from tests.virtualtime import settle
 
 pytestmark = pytest.mark.anyio
 THRESHOLD_S = 300.0
@@ -21,7 +23,7 @@ WALL_OFFSET_S = 1_796_000_000.0
 
 
 def _doc(rig: EngineRig, **options: Any) -> dict[str, Any]:
-    now = rig.clock.monotonic()
+    now = clock.now()
     return pending_document(
         clocks=rig.clocks,
         threshold_s=rig.settings.threshold_s,
@@ -44,12 +46,12 @@ async def test_lists_exactly_the_running_clocks_each_due_one_threshold_after_it_
     rig.add(stuck, make_row(stuck, state=ExecutionState.REPLACED))
     active_row = make_pod("c")
     rig.add(active_row, make_row(active_row, active=True))
-    started = rig.clock.monotonic()
+    started = clock.now()
     assert (await rig.reconcile(terminal.key)).outcome == ReconcileOutcome.TOO_YOUNG
-    rig.clock.advance(10)
+    await rig.advance(10)
     assert (await rig.reconcile(stuck.key)).outcome == ReconcileOutcome.TOO_YOUNG
     assert (await rig.reconcile(active_row.key)).outcome == ReconcileOutcome.SKIPPED
-    rig.clock.advance(5)
+    await rig.advance(5)
     doc = _doc(rig)
     assert (doc["mode"], doc["active"], doc["threshold_s"], doc["count"]) == (
         "live",
@@ -84,7 +86,7 @@ async def test_a_limit_shows_the_soonest_due_and_a_key_shows_one_pod() -> None:
     for pod in reversed(pods):  # the last is observed first, so it is due first
         rig.add(pod, make_row(pod), event=False)
         await rig.reconcile(pod.key)
-        rig.clock.advance(1)
+        await rig.advance(1)
     doc = _doc(rig, limit=2)
     assert (doc["count"], doc["shown"]) == (5, 2)
     assert [p["key"] for p in doc["pods"]] == [pods[4].key, pods[3].key]
@@ -97,21 +99,22 @@ async def test_a_limit_shows_the_soonest_due_and_a_key_shows_one_pod() -> None:
 
 
 async def test_a_due_pod_waits_for_verification_then_the_budget_then_leaves_when_deleted() -> None:
-    rig = make_rig(make_settings(threshold_s=THRESHOLD_S, deletes_per_minute=1))
+    # One DELETE per 10 s: b's wait for the budget is within the reconciler's 15 s for a turn.
+    rig = make_rig(make_settings(threshold_s=THRESHOLD_S, deletes_per_minute=1), budget_window_s=10)
     a, b = make_pod("a"), make_pod("b")
     for pod in (a, b):
         rig.add(pod, make_row(pod), event=False)
         assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
-    rig.clock.advance(THRESHOLD_S)
+    await rig.advance(THRESHOLD_S)
     assert {p["waits_for"] for p in _doc(rig)["pods"]} == {"verification"}
     assert (await rig.reconcile(a.key)).outcome == Verdict.TERMINAL_RETIRED
     async with anyio.create_task_group() as tg:
         tg.start_soon(rig.reconcile, b.key)
-        await anyio.wait_all_tasks_blocked()
-        # b is verified and in line for the budget's next grant, a minute after a's
+        await settle()
+        # b is verified and in line for the budget's next grant, 10 s after a's
         [entry] = _doc(rig)["pods"]
         assert (entry["key"], entry["waits_for"]) == (b.key, "budget")
-        await rig.advance(60)
+        await rig.advance(10)
     assert _doc(rig)["pods"] == []
     assert rig.pods.deleted_keys == [a.key, b.key]
 
@@ -121,7 +124,7 @@ async def test_a_dry_run_shows_a_reported_pod_as_reported() -> None:
     pod = make_pod("a")
     rig.add(pod, make_row(pod), event=False)
     await rig.reconcile(pod.key)
-    rig.clock.advance(THRESHOLD_S)
+    await rig.advance(THRESHOLD_S)
     assert (await rig.reconcile(pod.key)).outcome == Verdict.TERMINAL_RETIRED
     [entry] = _doc(rig)["pods"]
     assert (entry["waits_for"], entry["due_in_s"]) == ("reported", 0.0)

@@ -108,6 +108,14 @@ def _groups(*groups: Any) -> str:
     return json.dumps({"groups": list(groups)}, separators=(",", ":"))
 
 
+WATCHED = ("sandboxes",)
+"""The namespaces a listener watches (a ``pods`` change is one change in each)."""
+
+
+def _pods(*groups: Any) -> str:
+    return json.dumps({"pods": list(groups)}, separators=(",", ":"))
+
+
 def _only(parsed: ParsedPayload) -> ExecutionChange:
     assert parsed.malformed == 0, parsed.problem
     (change,) = parsed.changes
@@ -115,7 +123,7 @@ def _only(parsed: ParsedPayload) -> ExecutionChange:
 
 
 def test_parse_payload_update_retired() -> None:
-    change = _only(parse_payload(_payload(), received_at_s=12.5))
+    change = _only(parse_payload(_payload(), received_at_s=12.5, namespaces=WATCHED))
     assert change.key == "sandboxes/space-sbx-a-g1"
     assert change.active is False and change.state is ExecutionState.SUSPENDED
     assert change.retired and not change.deleted
@@ -123,18 +131,24 @@ def test_parse_payload_update_retired() -> None:
 
 
 def test_parse_payload_reactivation_is_not_retired() -> None:
-    change = _only(parse_payload(_payload(active=True, execution_state="active"), received_at_s=0))
+    change = _only(
+        parse_payload(
+            _payload(active=True, execution_state="active"), received_at_s=0, namespaces=WATCHED
+        )
+    )
     assert change.active is True and not change.retired
 
 
 def test_parse_payload_delete_carries_no_state() -> None:
-    change = _only(parse_payload(_payload(op="delete"), received_at_s=0))
+    change = _only(parse_payload(_payload(op="delete"), received_at_s=0, namespaces=WATCHED))
     assert change.deleted and change.active is None and change.state is None
     assert not change.retired
 
 
 def test_parse_payload_unknown_state_string_is_unknown_member() -> None:
-    change = _only(parse_payload(_payload(execution_state="weird"), received_at_s=0))
+    change = _only(
+        parse_payload(_payload(execution_state="weird"), received_at_s=0, namespaces=WATCHED)
+    )
     assert change.state is ExecutionState.UNKNOWN
     assert not change.retired
 
@@ -147,12 +161,18 @@ def test_both_payload_shapes_say_the_same_change(
 ) -> None:
     # 0002's object and a row of 0003's batch carry the same facts: during a rolling upgrade a
     # change must mean the same whichever trigger sent it.
-    single = parse_payload(_payload(op=op, active=active, execution_state=state), received_at_s=3.0)
+    single = parse_payload(
+        _payload(op=op, active=active, execution_state=state), received_at_s=3.0, namespaces=WATCHED
+    )
     batch = parse_payload(
-        _batch([op, "sandboxes", "space-sbx-a-g1", active, state]), received_at_s=3.0
+        _batch([op, "sandboxes", "space-sbx-a-g1", active, state]),
+        received_at_s=3.0,
+        namespaces=WATCHED,
     )
     grouped = parse_payload(
-        _groups([op, "sandboxes", active, state, ["space-sbx-a-g1"]]), received_at_s=3.0
+        _groups([op, "sandboxes", active, state, ["space-sbx-a-g1"]]),
+        received_at_s=3.0,
+        namespaces=WATCHED,
     )
     assert _only(single) == _only(batch) == _only(grouped)
 
@@ -166,6 +186,7 @@ def test_groups_are_parsed_whole_each_name_with_its_groups_facts() -> None:
             ["delete", "sandboxes", None, None, ["d", "e"]],
         ),
         received_at_s=7.0,
+        namespaces=WATCHED,
     )
     assert parsed.malformed == 0 and parsed.problem == ""
     assert [c.key for c in parsed.changes] == [
@@ -205,7 +226,9 @@ def test_a_malformed_group_or_name_is_counted_and_never_hides_the_others(
     ]
     # A bad name inside an otherwise good group hides neither its neighbours nor other groups.
     mixed = ["update", "sandboxes", False, "replaced", ["m1", 7, "m2"]]
-    parsed = parse_payload(_groups(good[0], bad_group, good[1], mixed, good[2]), received_at_s=0)
+    parsed = parse_payload(
+        _groups(good[0], bad_group, good[1], mixed, good[2]), received_at_s=0, namespaces=WATCHED
+    )
     assert [c.pod_name for c in parsed.changes] == [
         "space-sbx-0-g1",
         "ok",
@@ -222,10 +245,12 @@ def test_a_malformed_group_or_name_is_counted_and_never_hides_the_others(
 
 def test_groups_of_only_malformed_names_count_each() -> None:
     parsed = parse_payload(
-        _groups(["update", "sandboxes", False, "replaced", ["", 5]], "x"), received_at_s=0
+        _groups(["update", "sandboxes", False, "replaced", ["", 5]], "x"),
+        received_at_s=0,
+        namespaces=WATCHED,
     )
     assert parsed.changes == [] and parsed.malformed == 3
-    assert parse_payload(_groups(), received_at_s=0).malformed == 1
+    assert parse_payload(_groups(), received_at_s=0, namespaces=WATCHED).malformed == 1
 
 
 def test_a_batch_is_parsed_whole_in_order() -> None:
@@ -233,7 +258,7 @@ def test_a_batch_is_parsed_whole_in_order() -> None:
         ["insert", "other", "space-sbx-x-g1", True, "active"],
         ["delete", "sandboxes", "d", None, None],
     ]
-    parsed = parse_payload(_batch(*rows), received_at_s=7.0)
+    parsed = parse_payload(_batch(*rows), received_at_s=7.0, namespaces=WATCHED)
     assert parsed.malformed == 0 and parsed.problem == ""
     assert [c.key for c in parsed.changes] == [f"{r[1]}/{r[2]}" for r in rows]
     assert [c.retired for c in parsed.changes] == [True] * 100 + [False, False]
@@ -261,19 +286,23 @@ def test_a_batch_is_parsed_whole_in_order() -> None:
 )
 def test_a_malformed_row_is_counted_and_never_hides_the_others(bad_row: Any) -> None:
     good = [["update", "sandboxes", f"space-sbx-{i}-g1", False, "replaced"] for i in range(3)]
-    parsed = parse_payload(_batch(good[0], bad_row, good[1], bad_row, good[2]), received_at_s=0)
+    parsed = parse_payload(
+        _batch(good[0], bad_row, good[1], bad_row, good[2]), received_at_s=0, namespaces=WATCHED
+    )
     assert [c.pod_name for c in parsed.changes] == [r[2] for r in good]
     assert all(c.retired for c in parsed.changes)
     assert parsed.malformed == 2 and "invalid changes" in parsed.problem
 
 
 def test_a_batch_of_only_malformed_rows_counts_each() -> None:
-    parsed = parse_payload(_batch(["x"], ["update", "", "p", True, "active"], 7), received_at_s=0)
+    parsed = parse_payload(
+        _batch(["x"], ["update", "", "p", True, "active"], 7), received_at_s=0, namespaces=WATCHED
+    )
     assert parsed.changes == [] and parsed.malformed == 3
 
 
 def test_an_empty_batch_is_malformed() -> None:
-    parsed = parse_payload(_batch(), received_at_s=0)
+    parsed = parse_payload(_batch(), received_at_s=0, namespaces=WATCHED)
     assert parsed.changes == [] and parsed.malformed == 1
 
 
@@ -285,19 +314,19 @@ def test_an_oversized_payload_is_skipped_whole() -> None:
     rows = [row] * (MAX_PAYLOAD_BYTES // row_bytes + 1)
     payload = _batch(*rows)
     assert len(payload.encode()) >= MAX_PAYLOAD_BYTES
-    parsed = parse_payload(payload, received_at_s=0)
+    parsed = parse_payload(payload, received_at_s=0, namespaces=WATCHED)
     assert parsed.changes == [] and parsed.malformed == 1 and parsed.problem == "oversized"
     # The bound is in bytes: fewer characters than the limit, but more bytes, is oversized too.
     wide = json.dumps(
         {"rows": [["update", "sandboxes", "\u00e9" * 3980, False, "replaced"]]}, ensure_ascii=False
     )
     assert len(wide) < MAX_PAYLOAD_BYTES <= len(wide.encode())
-    assert parse_payload(wide, received_at_s=0).problem == "oversized"
+    assert parse_payload(wide, received_at_s=0, namespaces=WATCHED).problem == "oversized"
     # Just below the bound, the same rows are parsed.
     most = (MAX_PAYLOAD_BYTES - len('{"rows":[]}')) // row_bytes
     fits = _batch(*rows[:most])
     assert len(fits.encode()) < MAX_PAYLOAD_BYTES
-    assert len(parse_payload(fits, received_at_s=0).changes) == most
+    assert len(parse_payload(fits, received_at_s=0, namespaces=WATCHED).changes) == most
 
 
 @pytest.mark.parametrize(
@@ -314,6 +343,9 @@ def test_an_oversized_payload_is_skipped_whole() -> None:
         '{"groups": 5}',
         '{"groups": {"a": 1}}',
         '{"groups": []}',
+        '{"pods": 5}',
+        '{"pods": []}',
+        '{"pods": [["update", false, "replaced", []]]}',
         _payload(op="truncate"),
         _payload(namespace=""),
         _payload(pod_name=""),
@@ -323,7 +355,7 @@ def test_an_oversized_payload_is_skipped_whole() -> None:
     ],
 )
 def test_parse_payload_rejects_garbage(garbage: str) -> None:
-    parsed = parse_payload(garbage, received_at_s=0)
+    parsed = parse_payload(garbage, received_at_s=0, namespaces=WATCHED)
     assert parsed.changes == [] and parsed.malformed == 1 and parsed.problem
 
 

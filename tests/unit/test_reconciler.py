@@ -1,4 +1,4 @@
-"""One key's reconcile, called directly, on in-memory fakes and a fake clock.
+"""One key's reconcile, called directly, on in-memory fakes and virtual time.
 
 Each safety test names the invariant (docs/architecture.md) it guards and fails when the enforcing code goes.
 """
@@ -23,7 +23,10 @@ from service.domain import (
     Verdict,
 )
 from service.engine.results import INACTIVE, Action
+from service.kit import clock
 from service.kit.errors import Unavailable
+from service.kube.decode import PodDecodeError
+from service.kube.errors import KubeApiError
 from tests.fakes import (
     NAMESPACE,
     EngineRig,
@@ -35,6 +38,7 @@ from tests.fakes import (
     make_row,
     make_settings,
 )
+from tests.virtualtime import settle
 
 T0 = 1000.0
 
@@ -50,7 +54,7 @@ async def _expire(rig: EngineRig, pod: PodSnapshot) -> None:
     """Observe ``pod`` once and let exactly the threshold pass."""
     first = await rig.reconcile(pod.key)
     assert first.outcome == ReconcileOutcome.TOO_YOUNG
-    rig.clock.advance(rig.settings.threshold_s)
+    await rig.advance(rig.settings.threshold_s)
 
 
 # ------------------------------------------------------------- threshold
@@ -62,13 +66,13 @@ async def test_too_young_requeues_for_exactly_the_remaining_time_then_deletes() 
     result = await rig.reconcile(pod.key)
     assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.TOO_YOUNG)
     assert result.requeue_after_s == 300.0
-    rig.clock.advance(120)
+    await rig.advance(120)
     again = await rig.reconcile(pod.key)
     assert again.requeue_after_s == 180.0  # the clock kept running: same UID, same shape
-    rig.clock.advance(179.5)
+    await rig.advance(179.5)
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
     assert rig.pods.deletes == []
-    rig.clock.advance(0.5)
+    await rig.advance(0.5)
     done = await rig.reconcile(pod.key)
     assert (done.action, done.outcome) == (Action.DONE, Verdict.TERMINAL_RETIRED)
     assert [(d.uid, d.at_s) for d in rig.pods.deletes] == [(pod.uid, T0 + 300)]
@@ -183,7 +187,7 @@ class _RecreatingPodClient(FakePodClient):
 @pytest.mark.anyio
 async def test_invariant2_uid_precondition_protects_a_pod_recreated_after_the_fresh_get() -> None:
     rig, pod = _rig()
-    recreating = _RecreatingPodClient([pod], clock=rig.clock)
+    recreating = _RecreatingPodClient([pod])
     rig.reconciler._pods = recreating  # the fake stands in for the API server
     await _expire(rig, pod)
     result = await rig.reconcile(pod.key)
@@ -205,10 +209,10 @@ async def test_invariant2_uid_precondition_protects_a_pod_recreated_after_the_fr
 async def test_a_pod_recreated_under_the_same_name_starts_its_own_clock() -> None:
     rig, pod = _rig()
     await rig.reconcile(pod.key)
-    rig.clock.advance(250)
+    await rig.advance(250)
     new = structs.replace(pod, uid="uid-new", resource_version="7")
     rig.add(new, event=False)  # the cache already shows the new pod (no event needed)
-    rig.clock.advance(100)  # 350 s after the old UID was first seen
+    await rig.advance(100)  # 350 s after the old UID was first seen
     result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.TOO_YOUNG
     assert result.requeue_after_s == 300.0
@@ -223,13 +227,13 @@ async def test_a_pod_recreated_under_the_same_name_starts_its_own_clock() -> Non
 async def test_a_pod_that_stops_classifying_restarts_its_clock() -> None:
     rig, pod = _rig()
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
-    rig.clock.advance(100)
+    await rig.advance(100)
     rig.store.put(make_row(pod, active=True, state=ExecutionState.ACTIVE))  # no notification
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.SKIPPED
     rig.store.put(make_row(pod))  # retired again
-    rig.clock.advance(100)
+    await rig.advance(100)
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
-    rig.clock.advance(150)  # 350 s after first seen: beyond the original threshold
+    await rig.advance(150)  # 350 s after first seen: beyond the original threshold
     result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.TOO_YOUNG
     assert result.requeue_after_s == 150.0  # restarted at 200 s, not 0 s
@@ -242,13 +246,13 @@ async def test_a_pod_that_fails_the_prefilter_restarts_its_clock_without_a_db_qu
     rig, pod = _rig()
     await rig.reconcile(pod.key)
     queries = rig.store.queries
-    rig.clock.advance(200)
+    await rig.advance(200)
     rig.cache.put(structs.replace(pod, phase=PodPhase.RUNNING))
     assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.SKIPPED
     assert rig.store.queries == queries  # the prefilter decides without the database
     assert rig.sample("retired_pod_gc_skips_total", {"reason": "pod_running"}) == 1
     rig.cache.put(pod)
-    rig.clock.advance(200)
+    await rig.advance(200)
     assert (await rig.reconcile(pod.key)).requeue_after_s == 300.0
 
 
@@ -258,7 +262,7 @@ async def test_a_changed_reapable_shape_restarts_the_clock() -> None:
     pending = make_pending_pod()
     rig.add(pending, make_row(pending, state=ExecutionState.REPLACED), event=False)
     await rig.reconcile(pending.key)
-    rig.clock.advance(200)
+    await rig.advance(200)
     failed = structs.replace(
         pending, phase=PodPhase.FAILED, all_containers_terminated=True, resource_version="2"
     )
@@ -271,13 +275,13 @@ async def test_a_changed_reapable_shape_restarts_the_clock() -> None:
 async def test_a_failed_lookup_restarts_the_clock_and_backs_off() -> None:
     rig, pod = _rig()
     await rig.reconcile(pod.key)
-    rig.clock.advance(200)
+    await rig.advance(200)
     rig.store.lookup_error = Unavailable("db down")
     failed = await rig.reconcile(pod.key)
     assert (failed.action, failed.outcome) == (Action.BACKOFF, ReconcileOutcome.LOOKUP_FAILED)
     assert clock_of(rig.clocks, pod.uid) is None
     rig.store.lookup_error = None
-    rig.clock.advance(150)
+    await rig.advance(150)
     assert (await rig.reconcile(pod.key)).requeue_after_s == 300.0
     assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) == 1
 
@@ -305,7 +309,7 @@ async def test_a_clearing_event_during_the_lookup_keeps_the_clock_from_starting(
             results.append(await rig.reconcile(pod.key))
 
         tg.start_soon(run)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert rig.store.lookups == 1  # the lookup is in flight
         # The row flips active (notification) while the lookup (old snapshot) is in flight.
         rig.controller.executions_changed(
@@ -318,12 +322,15 @@ async def test_a_clearing_event_during_the_lookup_keeps_the_clock_from_starting(
 
 @pytest.mark.anyio
 async def test_a_clock_cleared_while_waiting_for_a_delete_token_prevents_the_delete() -> None:
-    rig = make_rig(make_settings(deletes_per_minute=1))
+    rig = make_rig(
+        make_settings(deletes_per_minute=1),
+        budget_window_s=10.0,  # a token wait within the reconciler's 15 s for a turn
+    )
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
         await rig.reconcile(p.key)
-    rig.clock.advance(300)
+    await rig.advance(300)
     assert (await rig.reconcile(first.key)).outcome == Verdict.TERMINAL_RETIRED
     results = []
     async with anyio.create_task_group() as tg:
@@ -332,7 +339,7 @@ async def test_a_clock_cleared_while_waiting_for_a_delete_token_prevents_the_del
             results.append(await rig.reconcile(second.key))
 
         tg.start_soon(run)
-        await anyio.wait_all_tasks_blocked()  # waiting for the budget (1 per minute)
+        await settle()  # waiting for the budget (1 per 10 s)
         # The row flips active and back while we wait: the notification clears the clock.
         rig.controller.executions_changed(
             [
@@ -341,7 +348,7 @@ async def test_a_clock_cleared_while_waiting_for_a_delete_token_prevents_the_del
                 )
             ]
         )
-        await rig.advance(60)
+        await rig.advance(10)
     assert results[0].outcome == ReconcileOutcome.CHANGED
     assert rig.pods.deleted_keys == [first.key]
 
@@ -384,23 +391,38 @@ async def test_409_on_delete_is_benign_counted_and_looked_at_again() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("failure", ["status_500", "raises"])
-async def test_a_delete_error_backs_off(failure: str) -> None:
+@pytest.mark.parametrize("failure", ["status_500", "status_429", "unavailable"])
+async def test_a_failed_delete_is_retried_with_its_clock_kept_and_verified_again(
+    failure: str,
+) -> None:
     rig, pod = _rig()
     await _expire(rig, pod)
     rig.pods.delete_script.append(
-        DeleteOutcome(DeleteResult.ERROR, 500, "boom")
-        if failure == "status_500"
-        else Unavailable("reset")
+        {
+            "status_500": KubeApiError(500, "boom"),
+            "status_429": KubeApiError(429, "slow down", retry_after_s=7.0),
+            "unavailable": Unavailable("reset"),
+        }[failure]
     )
     result = await rig.reconcile(pod.key)
-    assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
+    if failure == "status_429":
+        assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.ERROR)
+        assert result.requeue_after_s == 7.0
+    else:
+        assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
     assert (
         rig.sample(
             "retired_pod_gc_deletes_total", {"sandbox_namespace": NAMESPACE, "result": "error"}
         )
         == 1
     )
+    # The key is not lost: its clock runs on, and the retry verifies again before its DELETE.
+    assert clock_of(rig.clocks, pod.uid) is not None
+    gets = len(rig.pods.gets)
+    retry = await rig.reconcile(pod.key)
+    assert retry.outcome == Verdict.TERMINAL_RETIRED
+    assert len(rig.pods.gets) == gets + 1
+    assert len(rig.pods.deletes) == 2
 
 
 @pytest.mark.anyio
@@ -410,6 +432,26 @@ async def test_a_failed_fresh_get_backs_off_and_sends_nothing() -> None:
     rig.pods.get_error = Unavailable("connection reset")
     result = await rig.reconcile(pod.key)
     assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
+    assert rig.pods.deletes == []
+    assert clock_of(rig.clocks, pod.uid) is not None  # no answer says nothing about the pod
+    rig.pods.get_error = None
+    assert (await rig.reconcile(pod.key)).outcome == Verdict.TERMINAL_RETIRED
+
+
+@pytest.mark.anyio
+async def test_an_undecodable_fresh_get_clears_the_clock_is_retried_and_never_deletes() -> None:
+    rig, pod = _rig()
+    await _expire(rig, pod)
+    rig.pods.get_error = PodDecodeError("undecodable pod object: labels")
+    result = await rig.reconcile(pod.key)
+    assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
+    assert rig.pods.deletes == []
+    assert rig.sample("retired_pod_gc_reconcile_bugs_total") == 0  # expected, not a bug
+    # A gap in what is known of the pod: its continuous observation starts over.
+    assert clock_of(rig.clocks, pod.uid) is None
+    rig.pods.get_error = None
+    again = await rig.reconcile(pod.key)
+    assert (again.outcome, again.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
     assert rig.pods.deletes == []
 
 
@@ -438,7 +480,7 @@ async def test_dry_run_verifies_but_never_deletes_and_reports_once(
     assert rig.pods.gets == [pod.key] and rig.store.fresh_reads == 1  # it verified
     second = await rig.reconcile(pod.key)
     assert second.outcome == ReconcileOutcome.ALREADY_REPORTED
-    rig.clock.advance(3600)
+    await rig.advance(3600)
     third = await rig.reconcile(pod.key)
     assert third.outcome == ReconcileOutcome.ALREADY_REPORTED
     assert rig.pods.deletes == []
@@ -470,7 +512,7 @@ async def test_disabled_sends_nothing_and_reports_nothing(dry_run: bool) -> None
     for _ in range(3):
         result = await rig.reconcile(pod.key)
         assert result.outcome == INACTIVE
-        rig.clock.advance(400)
+        await rig.advance(400)
     assert rig.pods.deletes == [] and rig.pods.gets == []
     assert rig.store.queries == 0
     for mode in ("live", "dry_run"):
@@ -480,12 +522,15 @@ async def test_disabled_sends_nothing_and_reports_nothing(dry_run: bool) -> None
 
 @pytest.mark.anyio
 async def test_leadership_lost_during_the_token_wait_sends_nothing() -> None:
-    rig = make_rig(make_settings(deletes_per_minute=1))
+    rig = make_rig(
+        make_settings(deletes_per_minute=1),
+        budget_window_s=10.0,  # a token wait within the reconciler's 15 s for a turn
+    )
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
         await rig.reconcile(p.key)
-    rig.clock.advance(300)
+    await rig.advance(300)
     await rig.reconcile(first.key)
     results = []
     async with anyio.create_task_group() as tg:
@@ -494,9 +539,9 @@ async def test_leadership_lost_during_the_token_wait_sends_nothing() -> None:
             results.append(await rig.reconcile(second.key))
 
         tg.start_soon(run)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         rig.controller.set_leader(False)
-        await rig.advance(60)
+        await rig.advance(10)
     assert results[0].outcome in (INACTIVE, ReconcileOutcome.CHANGED)
     assert rig.pods.deleted_keys == [first.key]
 
@@ -504,12 +549,16 @@ async def test_leadership_lost_during_the_token_wait_sends_nothing() -> None:
 @pytest.mark.anyio
 async def test_a_lapsed_lease_stops_the_delete_even_before_the_leadership_callback() -> None:
     leading = [True]
-    rig = make_rig(make_settings(deletes_per_minute=1), leader_check=lambda: leading[0])
+    rig = make_rig(
+        make_settings(deletes_per_minute=1),
+        budget_window_s=10.0,  # a token wait within the reconciler's 15 s for a turn
+        leader_check=lambda: leading[0],
+    )
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
         await rig.reconcile(p.key)
-    rig.clock.advance(300)
+    await rig.advance(300)
     await rig.reconcile(first.key)
     results = []
     async with anyio.create_task_group() as tg:
@@ -518,9 +567,9 @@ async def test_a_lapsed_lease_stops_the_delete_even_before_the_leadership_callba
             results.append(await rig.reconcile(second.key))
 
         tg.start_soon(run)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         leading[0] = False  # the renew deadline passed; on_change(False) has not run yet
-        await rig.advance(60)
+        await rig.advance(10)
     assert results[0].outcome == INACTIVE
     assert rig.pods.deleted_keys == [first.key]
     assert len(rig.clocks) == 2 - 1  # clocks untouched: only the live check stopped it
@@ -529,17 +578,19 @@ async def test_a_lapsed_lease_stops_the_delete_even_before_the_leadership_callba
 @pytest.mark.anyio
 async def test_an_exhausted_budget_throttles_and_requeues_for_when_a_token_frees() -> None:
     rig = make_rig(make_settings(deletes_per_minute=1))
-    rig.reconciler._budget_wait_s = 0.01  # real seconds: give up waiting quickly
     first, second = make_pod("a"), make_pod("b")
     for p in (first, second):
         rig.add(p, make_row(p), event=False)
         await rig.reconcile(p.key)
-    rig.clock.advance(300)
+    await rig.advance(300)
     await rig.reconcile(first.key)
-    rig.clock.advance(20)
+    await rig.advance(20)
+    # The token frees 60 s after the first grant; the reconciler waits for a turn a third of
+    # its 45 s timeout (15 s), gives up, and asks to come back when the token frees.
     result = await rig.reconcile(second.key)
     assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.THROTTLED)
-    assert result.requeue_after_s == 40.0
+    assert clock.now() == rig.pods.deletes[0].at_s + 20 + 15
+    assert result.requeue_after_s == 60.0 - 20 - 15
     assert rig.pods.deleted_keys == [first.key]
 
 
@@ -599,7 +650,7 @@ async def test_each_key_of_a_batch_has_one_reconcile_id_from_observation_to_dele
     keys = [pod.key for pod in pods]
     first = await rig.reconcile_batch(keys)
     assert {r.outcome for r in first.values()} == {ReconcileOutcome.TOO_YOUNG}
-    rig.clock.advance(rig.settings.threshold_s)
+    await rig.advance(rig.settings.threshold_s)
     caplog.clear()
     results = await rig.reconcile_batch(keys)
     assert [results[key].outcome for key in keys] == [Verdict.TERMINAL_RETIRED] * 2

@@ -1,4 +1,4 @@
-"""The work queue's client-go semantics, driven by a fake clock (no real sleeps)."""
+"""The work queue's client-go semantics, on virtual time (no real sleeps)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from service.engine.workqueue import WorkQueue
+from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
-from service.kit.clock import FakeClock
 from service.metrics import Metrics
+from tests.virtualtime import advance, settle
 
 
-def _queue(**kw: object) -> tuple[WorkQueue, FakeClock]:
-    clock = FakeClock()
-    return WorkQueue(clock=clock, **kw), clock  # type: ignore[arg-type]
+def _queue(**kw: object) -> WorkQueue:
+    return WorkQueue(**kw)  # type: ignore[arg-type]
 
 
 async def _get_one(queue: WorkQueue) -> str | None:
@@ -34,7 +34,7 @@ async def _get_now(queue: WorkQueue) -> str | None:
 
 @pytest.mark.anyio
 async def test_a_key_added_twice_while_waiting_is_handed_out_once() -> None:
-    queue, _ = _queue()
+    queue = _queue()
     queue.add("ns/a")
     queue.add("ns/a")
     queue.add("ns/b")
@@ -46,7 +46,7 @@ async def test_a_key_added_twice_while_waiting_is_handed_out_once() -> None:
 
 @pytest.mark.anyio
 async def test_a_key_in_flight_is_not_handed_to_a_second_worker_and_returns_after_done() -> None:
-    queue, _ = _queue()
+    queue = _queue()
     queue.add("ns/a")
     assert await _get_now(queue) == "ns/a"
     queue.add("ns/a")  # re-added while processing
@@ -58,17 +58,17 @@ async def test_a_key_in_flight_is_not_handed_to_a_second_worker_and_returns_afte
             got.append(await _get_one(queue))
 
         tg.start_soon(second_worker)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert got == []  # still in flight: nobody else gets it
         queue.done("ns/a")
-        await anyio.wait_all_tasks_blocked()
+        await settle()
     assert got == ["ns/a"]
     assert queue.processing == frozenset({"ns/a"})
 
 
 @pytest.mark.anyio
 async def test_done_without_a_re_add_does_not_requeue() -> None:
-    queue, _ = _queue()
+    queue = _queue()
     queue.add("ns/a")
     await _get_now(queue)
     queue.done("ns/a")
@@ -78,51 +78,51 @@ async def test_done_without_a_re_add_does_not_requeue() -> None:
 
 @pytest.mark.anyio
 async def test_add_after_keeps_the_earliest_due_time() -> None:
-    queue, clock = _queue()
+    queue = _queue()
     queue.add_after("ns/a", 10)
     queue.add_after("ns/a", 5)
     queue.add_after("ns/a", 7)
     assert queue.delayed == 1
-    clock.advance(4.999)
+    await advance(4.999)
     assert len(queue) == 0
-    clock.advance(0.001)
+    await advance(0.001)
     assert len(queue) == 1
     assert await _get_now(queue) == "ns/a"
     queue.done("ns/a")
-    clock.advance(100)  # the superseded 7 s and 10 s entries must not fire again
+    await advance(100)  # the superseded 7 s and 10 s entries must not fire again
     assert len(queue) == 0
     assert queue.delayed == 0
 
 
 @pytest.mark.anyio
-async def test_a_getter_blocked_on_an_empty_queue_is_woken_by_the_fake_clock() -> None:
-    queue, clock = _queue()
+async def test_a_getter_blocked_on_an_empty_queue_is_woken_at_the_due_time() -> None:
+    queue = _queue()
     got: list[tuple[str | None, float]] = []
     async with anyio.create_task_group() as tg:
 
         async def worker() -> None:
             key = await _get_one(queue)
-            got.append((key, clock.monotonic()))
+            got.append((key, clock.now()))
 
         tg.start_soon(worker)
         queue.add_after("ns/a", 300)
-        await anyio.wait_all_tasks_blocked()
-        clock.advance(299)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
+        await advance(299)
+        await settle()
         assert got == []
-        clock.advance(1)
-        await anyio.wait_all_tasks_blocked()
+        await advance(1)
+        await settle()
     assert got == [("ns/a", 1300.0)]
 
 
 @pytest.mark.anyio
 async def test_an_immediate_add_does_not_cancel_a_pending_delayed_add() -> None:
-    queue, clock = _queue()
+    queue = _queue()
     queue.add_after("ns/a", 10)
     queue.add("ns/a")
     assert await _get_now(queue) == "ns/a"
     queue.done("ns/a")
-    clock.advance(10)
+    await advance(10)
     assert await _get_now(queue) == "ns/a"
 
 
@@ -162,29 +162,29 @@ def test_backoff_rejects_a_cap_below_its_first_delay() -> None:
 
 @pytest.mark.anyio
 async def test_add_rate_limited_requeues_after_the_keys_backoff() -> None:
-    queue, clock = _queue()
+    queue = _queue()
     queue.add_rate_limited("ns/a")
     queue.add_rate_limited("ns/b")
     queue.add_rate_limited("ns/b")  # second failure of b: 10 ms, but the 5 ms add is earlier
     assert len(queue) == 0
-    clock.advance(0.005)
+    await advance(0.005)
     assert {await _get_now(queue), await _get_now(queue)} == {"ns/a", "ns/b"}
     queue.done("ns/a", "ns/b")
     queue.forget("ns/a")
     queue.add_rate_limited("ns/a")  # forgotten: a first failure again, 5 ms
     queue.add_rate_limited("ns/b")  # the third failure of b: 20 ms
-    clock.advance(0.006)
+    await advance(0.006)
     assert await _get_now(queue) == "ns/a"
     assert len(queue) == 0
-    clock.advance(0.010)
+    await advance(0.010)
     assert len(queue) == 0
-    clock.advance(0.006)
+    await advance(0.006)
     assert await _get_now(queue) == "ns/b"
 
 
 @pytest.mark.anyio
 async def test_shut_down_stops_accepting_and_wakes_getters_with_none() -> None:
-    queue, clock = _queue()
+    queue = _queue()
     results: list[str | None] = []
     async with anyio.create_task_group() as tg:
         for _ in range(3):
@@ -193,13 +193,13 @@ async def test_shut_down_stops_accepting_and_wakes_getters_with_none() -> None:
                 results.append(await _get_one(queue))
 
             tg.start_soon(worker)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         queue.add_after("ns/x", 1)
         queue.shut_down()
     assert results == [None, None, None]
     queue.add("ns/a")
     queue.add_after("ns/b", 1)
-    clock.advance(5)
+    await advance(5)
     assert len(queue) == 0
     assert queue.delayed == 0
     assert await _get_now(queue) is None
@@ -207,7 +207,7 @@ async def test_shut_down_stops_accepting_and_wakes_getters_with_none() -> None:
 
 @pytest.mark.anyio
 async def test_shut_down_with_drain_waits_for_in_flight_keys() -> None:
-    queue, _ = _queue()
+    queue = _queue()
     queue.add("ns/a")
     assert await _get_now(queue) == "ns/a"
     drained: list[bool] = []
@@ -217,7 +217,7 @@ async def test_shut_down_with_drain_waits_for_in_flight_keys() -> None:
             drained.append(await queue.shut_down_with_drain(timeout_s=10))
 
         tg.start_soon(drain)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert drained == []
         assert await _get_now(queue) is None  # no new work once shutting down
         queue.done("ns/a")
@@ -226,7 +226,7 @@ async def test_shut_down_with_drain_waits_for_in_flight_keys() -> None:
 
 @pytest.mark.anyio
 async def test_shut_down_with_drain_gives_up_after_its_timeout() -> None:
-    queue, clock = _queue()
+    queue = _queue()
     queue.add("ns/a")
     await _get_now(queue)
     drained: list[bool] = []
@@ -236,18 +236,18 @@ async def test_shut_down_with_drain_gives_up_after_its_timeout() -> None:
             drained.append(await queue.shut_down_with_drain(timeout_s=10))
 
         tg.start_soon(drain)
-        await anyio.wait_all_tasks_blocked()
-        clock.advance(9.9)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
+        await advance(9.9)
+        await settle()
         assert drained == []
-        clock.advance(0.1)
+        await advance(0.1)
     assert drained == [False]
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("cancel_before_add", [True, False])
 async def test_a_cancelled_getter_does_not_strand_a_key(cancel_before_add: bool) -> None:
-    queue, _ = _queue()
+    queue = _queue()
     got: list[str | None] = []
     scopes: list[anyio.CancelScope] = []
     async with anyio.create_task_group() as tg:
@@ -261,17 +261,17 @@ async def test_a_cancelled_getter_does_not_strand_a_key(cancel_before_add: bool)
             got.append(await _get_one(queue))
 
         tg.start_soon(doomed)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         tg.start_soon(survivor)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         if cancel_before_add:
             scopes[0].cancel()
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             queue.add("ns/a")
         else:
             queue.add("ns/a")  # wakes the first getter, cancelled before it runs
             scopes[0].cancel()
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         # Exactly one getter holds the key; the queue does not keep it ready meanwhile.
         assert got == ["ns/a"]
         assert len(queue) == 0
@@ -283,8 +283,7 @@ async def test_a_cancelled_getter_does_not_strand_a_key(cancel_before_add: bool)
 async def test_queue_metrics_follow_depth_delay_adds_retries_and_wait() -> None:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
-    clock = FakeClock()
-    queue = WorkQueue(clock=clock, metrics=metrics)
+    queue = WorkQueue(metrics=metrics)
 
     def value(name: str) -> float:
         return registry.get_sample_value(name) or 0.0
@@ -298,7 +297,7 @@ async def test_queue_metrics_follow_depth_delay_adds_retries_and_wait() -> None:
     assert value("retired_pod_gc_queue_delayed") == 2
     assert value("retired_pod_gc_queue_adds_total") == 3
     assert value("retired_pod_gc_queue_retries_total") == 1
-    clock.advance(1.5)
+    await advance(1.5)
     assert await _get_now(queue) == "ns/a"
     assert value("retired_pod_gc_queue_depth") == 2  # b and d (due after 5 ms)
     assert value("retired_pod_gc_queue_delayed") == 1
@@ -307,7 +306,7 @@ async def test_queue_metrics_follow_depth_delay_adds_retries_and_wait() -> None:
 
 @pytest.mark.anyio
 async def test_get_batch_takes_a_share_of_the_ready_keys_within_its_bounds() -> None:
-    q = WorkQueue(clock=FakeClock(0.0))
+    q = WorkQueue()
     for i in range(100):
         q.add(f"k{i}")
     # A quarter of 100 for one of four getters, but never more than the limit...
@@ -334,7 +333,7 @@ async def test_adding_keys_together_is_adding_each_in_order() -> None:
         keys = [f"ns/{rng.randrange(8)}" for _ in range(rng.randrange(1, 20))]
         states = []
         for burst in (True, False):
-            queue, _ = _queue(metrics=Metrics(CollectorRegistry()))
+            queue = _queue(metrics=Metrics(CollectorRegistry()))
             queue.add("ns/1")
             queue.add("ns/2")
             held = await _get_now(queue)  # ns/1 in flight
@@ -354,14 +353,14 @@ async def test_adding_keys_together_is_adding_each_in_order() -> None:
 
 @pytest.mark.anyio
 async def test_adding_keys_together_wakes_one_getter_per_key_that_became_ready() -> None:
-    queue, _ = _queue()
+    queue = _queue()
     got: list[str | None] = []
     async with anyio.create_task_group() as tg:
         for _ in range(3):
             tg.start_soon(lambda: _append(queue, got))
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         queue.add("ns/a", "ns/a", "ns/b")  # two keys ready: two getters
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert sorted(k or "" for k in got) == ["ns/a", "ns/b"]
         queue.shut_down()
     assert got[-1] is None
@@ -375,7 +374,7 @@ async def _append(queue: WorkQueue, got: list[str | None]) -> None:
 async def test_a_burst_large_enough_to_be_compacted_keeps_the_keys_readded_in_flight() -> None:
     # 50,000 keys grow the dirty set past the size that is rebuilt when the burst's last ready
     # key is taken; keys re-added while in flight must survive the rebuild (and come back).
-    queue, _ = _queue()
+    queue = _queue()
     keys = [f"ns/p{i}" for i in range(50_000)]
     for key in keys:
         queue.add(key)

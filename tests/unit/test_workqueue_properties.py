@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.engine.workqueue import WorkQueue
-from service.kit.clock import FakeClock
+from service.kit import clock
+from tests.virtualtime import VIRTUAL_TIME, advance, settle
 
 KEYS = ("ns/a", "ns/b", "ns/c")
 op = st.one_of(
@@ -44,8 +45,7 @@ class Model:
 
 
 async def _run(ops: list[tuple[object, ...]]) -> None:
-    clock = FakeClock()
-    queue = WorkQueue(clock=clock)
+    queue = WorkQueue()
     model = Model()
 
     def check() -> None:
@@ -83,11 +83,11 @@ async def _run(ops: list[tuple[object, ...]]) -> None:
             if delay <= 0:
                 model.owed.add(key)
             else:
-                due = clock.monotonic() + delay
+                due = clock.now() + delay
                 model.pending_due[key] = min(model.pending_due.get(key, due), due)
         elif name == "advance":
-            clock.advance(float(step[1]))  # type: ignore[arg-type]
-            model.fire(clock.monotonic())
+            await advance(float(step[1]))  # type: ignore[arg-type]
+            model.fire(clock.now())
         elif name == "get":
             if model.ready():
                 await take()
@@ -101,8 +101,8 @@ async def _run(ops: list[tuple[object, ...]]) -> None:
         check()
 
     # Drain: every key owed (now or by a pending delayed add) comes out; nothing else does.
-    clock.advance(10_000)
-    model.fire(clock.monotonic())
+    await advance(10_000)
+    model.fire(clock.now())
     while model.inflight:
         queue.done(model.inflight.pop())
     check()
@@ -116,13 +116,12 @@ async def _run(ops: list[tuple[object, ...]]) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(op, max_size=60))
 def test_queue_matches_the_model_never_drops_never_doubles(ops: list[tuple[object, ...]]) -> None:
-    anyio.run(_run, ops)
+    anyio.run(_run, ops, backend_options=VIRTUAL_TIME[1])
 
 
 async def _concurrent(seed: int) -> None:
     rng = random.Random(seed)
-    clock = FakeClock()
-    queue = WorkQueue(clock=clock)
+    queue = WorkQueue()
     busy: set[str] = set()
     processed: dict[str, int] = {}
     requested: dict[str, int] = {}
@@ -152,10 +151,10 @@ async def _concurrent(seed: int) -> None:
             else:
                 queue.add(key)
             if rng.random() < 0.2:
-                clock.advance(0.25)
+                await advance(0.25)
             await anyio.lowlevel.checkpoint()
-        clock.advance(5)
-        await anyio.wait_all_tasks_blocked()
+        await advance(5)
+        await settle()
         assert len(queue) == 0 and queue.delayed == 0 and not queue.processing
         queue.shut_down()
     assert violations == []
@@ -165,4 +164,4 @@ async def _concurrent(seed: int) -> None:
 
 def test_concurrent_workers_never_process_one_key_at_once_and_process_every_key() -> None:
     for seed in range(15):
-        anyio.run(_concurrent, seed)
+        anyio.run(_concurrent, seed, backend_options=VIRTUAL_TIME[1])
