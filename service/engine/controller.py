@@ -164,7 +164,10 @@ class Controller:
         for key in checks.keys_cleared_by(changes):
             self._clocks.clear_key(key)
         if self._activation.active:
-            self._queue.add(*(change.key for change in changes))
+            # Only keys with a cached pod: a change names a pod name in every watched namespace
+            # (service/pg/listener.py), and a pod not cached yet is enqueued by its own event.
+            get = self._cache.get
+            self._queue.add(*(change.key for change in changes if get(change.key) is not None))
         received_at_s = min(
             (c.received_at_s for c in changes if c.retired and c.received_at_s > 0), default=None
         )

@@ -361,6 +361,24 @@ async def test_a_batch_clears_exactly_its_keys_clocks_at_once_and_enqueues_them_
 
 
 @pytest.mark.anyio
+async def test_a_change_of_a_pod_name_not_cached_clears_its_clock_and_enqueues_nothing() -> None:
+    # A change names a pod name in every watched namespace; where no pod of that name is
+    # cached there is nothing to reconcile (a pod that appears later is enqueued by its event).
+    rig = make_rig()
+    pod, elsewhere = make_pod("held"), make_pod("not-held")
+    rig.add(pod, make_row(pod), event=False)
+    rig.clocks.observe(elsewhere.uid, elsewhere.key, Verdict.TERMINAL_RETIRED, clock.now())
+    rig.controller.executions_changed(
+        [
+            _change(pod, active=False, state=ExecutionState.REPLACED),
+            _change(elsewhere, active=True, state=ExecutionState.ACTIVE),
+        ]
+    )
+    assert rig.clocks.uid_for(elsewhere.key) is None
+    assert await take_ready(rig.queue) == [pod.key]
+
+
+@pytest.mark.anyio
 async def test_an_inactive_controller_clears_a_batch_but_enqueues_nothing() -> None:
     rig = make_rig(leader=False)
     pod = make_pod()
