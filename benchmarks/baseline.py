@@ -96,7 +96,7 @@ class PollingGC:
         self.tick_durations_s.append(time.perf_counter() - started)
 
     async def _act(self, pod: PodSnapshot, verdict: Verdict) -> None:
-        await self._budget.acquire()
+        await (await self._budget.turn()).take()
         fresh = await self._pods.get_pod(pod.namespace, pod.name)
         if fresh is None or fresh.uid != pod.uid:
             return

@@ -23,11 +23,11 @@ import matplotlib.pyplot as plt
 
 # The run whose figures are current, per benchmark (a key of a results file).
 CANONICAL: dict[str, str] = {
-    "B1": "redesign-after",
+    "B1": "final-35",
     "B1L": "rss-after",
-    "B2": "redesign-after",
-    "B2B": "trigger",
-    "B3": "redesign-after",
+    "B2": "final-35",
+    "B2B": "final-35",
+    "B3": "final-35",
     "B4": "limit",
     "B5": "limit",
     "B6": "default",

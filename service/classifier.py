@@ -22,8 +22,7 @@ from service.domain import (
     Verdict,
 )
 
-# The decisions whose rule is a fixed sentence, made once: a burst classifies 10,000 pods, and
-# each would otherwise build its decision again (Decision is frozen, so one is shared).
+# The decisions whose rule is a fixed sentence (Decision is frozen, so one of each is shared).
 _KEEP = Decision.skip(SkipReason.KEEP_ANNOTATION, f"an operator keeps this pod ({KEEP_ANNOTATION})")
 _TERMINATING = Decision.skip(SkipReason.TERMINATING, "pod has a deletionTimestamp")
 _UNLABELLED = Decision.skip(
@@ -93,7 +92,6 @@ def prefilter(pod: PodSnapshot) -> Decision | None:
     decision = kept(pod) or _terminating(pod) or _unlabelled(pod) or _unknown_pod_kind(pod)
     if decision is not None:
         return decision
-    # By identity, the likeliest phases of a burst first (a ``match`` compares by ``==``).
     phase = pod.phase
     if phase is PodPhase.PENDING:
         return _pending_with_ip(pod) or _pending_restore_pod(pod) or _pending_condition(pod)

@@ -224,7 +224,6 @@ NOTIFY_CHANNEL = _var("NOTIFY_CHANNEL", "sandbox_execution_changed", _regex(_IDE
 LISTENER_HEARTBEAT_SECONDS = _var("LISTENER_HEARTBEAT_SECONDS", 10.0, _parse_float, "How often the listener proves delivery: a NOTIFY sent through the query pool on a channel of its own must come back on the listening connection.", lo=0.1, hi=300)
 LISTENER_HEARTBEAT_TIMEOUT_SECONDS = _var("LISTENER_HEARTBEAT_TIMEOUT_SECONDS", 5.0, _parse_float, "A delivery probe (heartbeat, or the barrier before a DELETE) that has not come back within this declares the listener connection dead (no DELETE until a new one proves delivery).", lo=0.1, hi=120)
 LOOKUP_BATCH_SIZE = _var("LOOKUP_BATCH_SIZE", 500, _parse_int, "Most pod names one batched row lookup carries.", lo=1, hi=10000)
-LOOKUP_BATCH_WAIT_SECONDS = _var("LOOKUP_BATCH_WAIT_SECONDS", 0.002, _parse_float, "Longest a lookup waits for others to share its query.", lo=0, hi=1)
 METRICS_BIND_ADDRESS = _var("METRICS_BIND_ADDRESS", ("0.0.0.0", 8080), _parse_bind, "HOST:PORT of the /metrics, /healthz and /readyz server.")
 DEBUG_PENDING = _var("DEBUG_PENDING", False, _parse_bool, "Serve GET /debug/pending on the METRICS_BIND_ADDRESS port: every pod whose observation clock runs (key, UID, verdict, since, due at, what it waits for), as JSON. Off by default: it names pods, which /metrics never does.")
 LEADER_ELECTION = _var("LEADER_ELECTION", True, _parse_bool, "Elect one active replica through a coordination.k8s.io/v1 Lease; only the leader deletes or reports.")
@@ -269,7 +268,6 @@ class DatabaseSettings:
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
     batch_max_size: int
-    batch_max_wait_s: float
     url_file: str = ""
     """DATABASE_URL_FILE: read again for every new connection (a rotated Secret)."""
     listener_url: str = field(default="", repr=False)
@@ -518,7 +516,6 @@ def load(env: Mapping[str, str]) -> Settings:
             heartbeat_interval_s=LISTENER_HEARTBEAT_SECONDS.read(env, w),
             heartbeat_timeout_s=LISTENER_HEARTBEAT_TIMEOUT_SECONDS.read(env, w),
             batch_max_size=LOOKUP_BATCH_SIZE.read(env, w),
-            batch_max_wait_s=LOOKUP_BATCH_WAIT_SECONDS.read(env, w),
         ),
         leader=LeaderSettings(
             enabled=LEADER_ELECTION.read(env, w),
@@ -587,7 +584,6 @@ def effective(settings: Settings, env: Mapping[str, str]) -> list[tuple[str, str
         LISTENER_HEARTBEAT_SECONDS.name: settings.database.heartbeat_interval_s,
         LISTENER_HEARTBEAT_TIMEOUT_SECONDS.name: settings.database.heartbeat_timeout_s,
         LOOKUP_BATCH_SIZE.name: settings.database.batch_max_size,
-        LOOKUP_BATCH_WAIT_SECONDS.name: settings.database.batch_max_wait_s,
         METRICS_BIND_ADDRESS.name: f"{settings.bind_host}:{settings.bind_port}",
         DEBUG_PENDING.name: settings.debug_pending,
         LEADER_ELECTION.name: settings.leader.enabled,

@@ -46,9 +46,7 @@ def parse_execution_state(
     _unknown: ExecutionState = ExecutionState.UNKNOWN,
 ) -> ExecutionState:
     """``raw`` as an :class:`ExecutionState`; a string that is no member's value, or no string
-    at all, is ``UNKNOWN``. A plain function because every row of a burst is parsed here: a
-    class method of the enum would also look itself and ``UNKNOWN`` up on the enum's class on
-    every call."""
+    at all, is ``UNKNOWN``."""
     return _get(raw, _unknown) if isinstance(raw, str) else _unknown
 
 
@@ -218,8 +216,7 @@ class ExecutionRow(msgspec.Struct, frozen=True, gc=False):
 
 
 class Decision(msgspec.Struct, frozen=True, gc=False):
-    """The classifier's answer: exactly one of ``verdict`` and ``reason`` is set (a frozen
-    msgspec Struct, built in C: a burst classifies 10,000 pods at once)."""
+    """The classifier's answer: exactly one of ``verdict`` and ``reason`` is set (frozen)."""
 
     verdict: Verdict | None
     reason: SkipReason | None
@@ -309,8 +306,7 @@ class ReconcileOutcome(enum.StrEnum):
 class ExecutionChange(msgspec.Struct, frozen=True, gc=False):
     """One parsed change of a notification: which pod's execution changed, and how.
 
-    A frozen msgspec Struct, as :class:`PodSnapshot`: a mass retirement parses 10,000 of them at
-    once, and a Struct is built in C."""
+    Frozen, a msgspec Struct as :class:`PodSnapshot` (decoded at the same edge)."""
 
     namespace: str
     pod_name: str

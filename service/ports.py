@@ -59,16 +59,12 @@ class ExecutionStore(Protocol):
     """Execution rows of Kubernetes-managed sandboxes, looked up by pod key (``namespace/name``):
     a row is found for a key only when its sandbox's namespace is the key's namespace."""
 
-    async def lookup(self, key: str) -> ExecutionRow | None:
-        """One row through the micro-batcher (concurrent callers share one query)."""
-        ...
-
     async def lookup_many(self, keys: Sequence[str]) -> dict[str, ExecutionRow]:
-        """Rows by pod key for many keys, in as few queries as the batch size allows."""
+        """Rows by pod key (absent keys left out), in as few queries as the batch size allows."""
         ...
 
     async def read_fresh(self, key: str) -> ExecutionRow | None:
-        """A direct single-row read, bypassing any batching (the final re-check)."""
+        """The row of one key, read now (the final re-check before a delete)."""
         ...
 
 

@@ -35,7 +35,7 @@ from service.domain import (
 from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget
 from service.engine.controller import Controller
-from service.engine.observation import ObservationClocks
+from service.engine.observation import Observation, ObservationClocks
 from service.engine.reconciler import Reconciler
 from service.engine.results import ReconcileResult
 from service.engine.workqueue import WorkQueue
@@ -257,37 +257,28 @@ class FakeExecutionStore:
         """Seconds the next ``read_fresh`` calls take to answer, after reading the row: a stall of
         the virtual-time loop (time moves on while no other task runs)."""
         self.lookups = 0
-        self.lookup_many_calls = 0
+        """``lookup_many`` calls (batch row queries)."""
         self.fresh_reads = 0
         self.lookup_error: Exception | None = None
         self.fresh_error: Exception | None = None
         self.fresh_read_log: str | None = None
         """When set, each ``read_fresh`` logs it (``%s``: the pod name) as an adapter would."""
         self.batched_rows: dict[str, ExecutionRow] | None = None
-        """When set, ``lookup`` and ``lookup_many`` answer from this (an older snapshot) instead
-        of ``rows``; ``read_fresh`` always reads ``rows``."""
+        """When set, ``lookup_many`` answers from this (an older snapshot) instead of ``rows``;
+        ``read_fresh`` always reads ``rows``."""
         self.lookup_gate: anyio.Event | None = None
-        """When set, ``lookup`` and ``lookup_many`` wait for it (to interleave events with a
-        lookup in flight)."""
+        """When set, ``lookup_many`` waits for it (to interleave events with a lookup in
+        flight)."""
 
     @property
     def queries(self) -> int:
-        return self.lookups + self.lookup_many_calls + self.fresh_reads
+        return self.lookups + self.fresh_reads
 
     def put(self, row: ExecutionRow) -> None:
         self.rows[row.key] = row
 
-    async def lookup(self, key: str) -> ExecutionRow | None:
-        self.lookups += 1
-        if self.lookup_gate is not None:
-            await self.lookup_gate.wait()
-        if self.lookup_error is not None:
-            raise self.lookup_error
-        rows = self.batched_rows if self.batched_rows is not None else self.rows
-        return rows.get(key)
-
     async def lookup_many(self, keys: Sequence[str]) -> dict[str, ExecutionRow]:
-        self.lookup_many_calls += 1
+        self.lookups += 1
         if self.lookup_gate is not None:
             await self.lookup_gate.wait()
         if self.lookup_error is not None:
@@ -309,6 +300,24 @@ class FakeExecutionStore:
 
 
 # ------------------------------------------------------------- engine rig
+
+
+def clock_of(clocks: ObservationClocks, uid: str) -> Observation | None:
+    """``uid``'s running clock, read as ``GET /debug/pending`` reads it (``None``: none runs)."""
+    running = clocks.running_uid(uid)
+    return running[0][0] if running else None
+
+
+async def take_ready(queue: WorkQueue) -> list[str]:
+    """Every ready key, in order, taken as a worker takes a batch and marked done at once
+    (nothing reconciled); ``[]`` when none is ready."""
+    count = len(queue)
+    if count == 0:
+        return []
+    keys = await queue.get_batch(count, least=count)
+    assert keys is not None
+    queue.done(*keys)
+    return keys
 
 
 class NoNotifications:

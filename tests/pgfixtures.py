@@ -239,7 +239,6 @@ def db_settings(url: str, **overrides: Any) -> DatabaseSettings:
         "heartbeat_interval_s": 0.2,
         "heartbeat_timeout_s": 0.5,
         "batch_max_size": 1000,
-        "batch_max_wait_s": 0.005,
     }
     values.update(overrides)
     return DatabaseSettings(**values)

@@ -104,10 +104,6 @@ class DeleteBudget:
     def window_s(self) -> float:
         return self._window_s
 
-    @property
-    def paced(self) -> bool:
-        return self._pacer is not None
-
     async def turn(self) -> Turn:
         """Wait for the head of the line with a grant available now; consumes nothing.
 
@@ -132,16 +128,8 @@ class DeleteBudget:
             self._lock.release()
             raise
 
-    async def acquire(self) -> float:
-        """Wait for a turn and take it at once (for callers with no final checks)."""
-        return await (await self.turn()).take()
-
     def retry_after_s(self) -> float:
         """How long until the exact guard would grant again (0 when it would now)."""
         if len(self._grants) < self._cap:
             return 0.0
         return max(0.0, self._grants[0] + self._window_s - clock.now())
-
-    def granted_in_window(self) -> int:
-        now = clock.now()
-        return sum(1 for t in self._grants if now - t < self._window_s)

@@ -15,10 +15,9 @@ synchronously on the event loop:
   the event starts it again if the new state is reapable. A namespace's cache going cold clears
   the clocks of that namespace; a listener reconnect and a leadership change clear every clock;
 - **enqueues** the key, so it is reconciled as soon as something changes. Pod events for pods
-  that fail the prefilter are not enqueued: their reconcile could only say "skipped", and at
-  10k events/s that would be pure load. Row notifications always enqueue. A notification is a
-  batch (every row one statement changed, chunked by the trigger): its clocks are cleared
-  together, then its keys go on the queue as one burst.
+  that fail the prefilter are not enqueued: their reconcile could only say "skipped". Row
+  notifications always enqueue. A notification is a batch (every row one statement changed,
+  chunked by the trigger): its clocks are cleared together, then its keys go on the queue.
 
 Workers take keys in batches (a share of what is ready, at most ``LOOKUP_BATCH_SIZE``; one key
 is a batch of one): ``Reconciler.observe`` takes the batch to its clocks with one row query,
@@ -36,35 +35,32 @@ dropped, and becoming active starts from empty clocks and enqueues every cached 
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import assert_never
 
 import anyio
 from anyio.abc import TaskStatus
 
 from service import checks, logs
 from service.classifier import prefilter
-from service.domain import ExecutionChange, PodSnapshot, ReconcileOutcome, SkipReason
+from service.domain import ExecutionChange, PodSnapshot, ReconcileOutcome
 from service.engine.activation import Activation
 from service.engine.observation import ObservationClocks
 from service.engine.reconciler import Reconciler
 from service.engine.results import INACTIVE_RESULT, Action, ReconcileResult
 from service.engine.workqueue import WorkQueue
 from service.kit import clock
-from service.metrics import Metrics, observe_many
+from service.metrics import Metrics
 from service.ports import PodCache
 
 logger = logging.getLogger(__name__)
 
 
-def _ignore(_keys: Sequence[str]) -> None:
-    pass
-
-
 MIN_BATCH = 250
-"""Fewest keys a worker takes from a burst (when that many are ready): a batch costs one row
-query, and below this its fixed cost outweighs spreading the burst over more workers. The
+"""Fewest keys a worker takes (when that many are ready): a batch costs one row query, and below
+this its fixed cost outweighs spreading the ready keys over more workers. The
 lookup pool has a few connections (``DB_POOL_SIZE``, 4), so parts much smaller than this would
 mostly wait for a connection while each still pays its own round trip."""
 
@@ -163,10 +159,15 @@ class Controller:
         # is not reapable as of now, and one retired state for another can change the verdict
         # (a Pending pod is reapable only when the row is retired as `replaced`). Every clock of
         # the batch restarts the moment it arrives, before anything is enqueued; the reconciles
-        # this enqueues (one burst, taken by the workers in observation batches) start them
-        # again where the pod is reapable.
-        self._clocks.clear_keys(checks.keys_cleared_by(changes))
-        self._enqueue_many([change.key for change in changes])
+        # this enqueues (taken by the workers in observation batches) start them again where the
+        # pod is reapable.
+        for key in checks.keys_cleared_by(changes):
+            self._clocks.clear_key(key)
+        if self._activation.active:
+            # Only keys with a cached pod: a change names a pod name in every watched namespace
+            # (service/pg/listener.py), and a pod not cached yet is enqueued by its own event.
+            get = self._cache.get
+            self._queue.add(*(change.key for change in changes if get(change.key) is not None))
         received_at_s = min(
             (c.received_at_s for c in changes if c.retired and c.received_at_s > 0), default=None
         )
@@ -200,10 +201,6 @@ class Controller:
     def _enqueue(self, key: str) -> None:
         if self._activation.active:
             self._queue.add(key)
-
-    def _enqueue_many(self, keys: Sequence[str]) -> None:
-        if self._activation.active:
-            self._queue.add_many(keys)
 
     # -------------------------------------------------------------- workers
 
@@ -240,154 +237,105 @@ class Controller:
                 self._batch_size, shares=self._workers, least=MIN_BATCH
             )
         ) is not None:
-            undone = set(keys)
-            try:
-                await self.process(keys, finished=functools.partial(self._done, undone))
-            finally:
-                # Dropped at shutdown, or the worker is being cancelled.
-                self._queue.done_many([key for key in keys if key in undone])
+            await self.process(keys)
 
-    def _done(self, undone: set[str], keys: Sequence[str]) -> None:
-        undone.difference_update(keys)
-        self._queue.done_many(keys)
-
-    async def process(
-        self, keys: Sequence[str], *, finished: Callable[[Sequence[str]], None] = _ignore
-    ) -> dict[str, ReconcileResult]:
+    async def process(self, keys: Sequence[str]) -> dict[str, ReconcileResult]:
         """The worker loop's body (controller-runtime's ``reconcileHandler``): observe the batch,
-        act on each due key, and finish every key — count its result, requeue it as the result
-        says, then ``finished(keys)`` (the worker's ``queue.done_many``) for the keys finished
-        together. Returns the results.
+        act on each due key, and :meth:`_finish` each key as soon as its result is known.
+        Returns the results; a key left unfinished (shutdown, cancellation) is released.
 
         The one place that catches broad exceptions: a step that raises is a bug (expected
-        failures arrive as results). It is logged with its traceback and counted; a batch that
-        raised is taken again one key at a time, so that one key's bug backs off that key
-        alone; a key that raised has its clock cleared and backs off. A bug never deletes:
-        every check before the DELETE must return first. Cancellation always propagates.
+        failures arrive as results). It is logged with its traceback and counted; a batch whose
+        observation raised is taken again one key at a time, so that one key's bug backs off
+        that key alone; a key that raised has its clock cleared and backs off. A bug never
+        deletes: every check before the DELETE must return first. Cancellation always
+        propagates.
         """
         results: dict[str, ReconcileResult] = {}
+        try:
+            await self._process(keys, results)
+        finally:
+            self._queue.done(*(key for key in keys if key not in results))
+        return results
+
+    async def _process(self, keys: Sequence[str], results: dict[str, ReconcileResult]) -> None:
         started = clock.now()
         if not self._activation.active:
-            for key in keys:
-                self._finish(key, INACTIVE_RESULT, started, results, finished)
-            return results
+            self._finish(dict.fromkeys(keys, INACTIVE_RESULT), started, results)
+            return
         with logs.batch(keys):
             try:
                 observed = await self._reconciler.observe(keys)
             except Exception:
-                if len(keys) > 1:
-                    logger.exception("observing %d keys raised (a bug); one by one now", len(keys))
-                    self._metrics.reconcile_bugs.inc()
-                    for key in keys:
-                        results.update(await self.process([key], finished=finished))
-                    return results
-                self._bug(keys[0], started, results, finished)
-                return results
-            self._finish_many(observed.results.items(), started, results, finished)
+                if len(keys) == 1:
+                    self._bug(keys[0], started, results)
+                    return
+                logger.exception("observing %d keys raised (a bug); one by one now", len(keys))
+                self._metrics.reconcile_bugs.inc()
+                for key in keys:
+                    await self._process([key], results)
+                return
+            self._finish(observed.results, started, results)
+            # A due key's reconcile is the batch's observation and its own action, not the
+            # actions of the due keys before it.
             observing_s = clock.now() - started
             for due in observed.due:
                 if self._queue.shutting_down:
-                    break  # the rest are dropped like queued keys (a restart relists)
-                # A due key's reconcile is the batch's observation and its own action, not the
-                # actions of the due keys before it; its log lines carry the reconcile id its
-                # observation had.
+                    return  # the rest are dropped like queued keys (a restart relists)
                 key_started = clock.now() - observing_s
                 with logs.reconciling(due.key):
                     try:
                         result = await self._reconciler.act(due)
                     except Exception:
-                        self._bug(due.key, key_started, results, finished)
+                        self._bug(due.key, key_started, results)
                     else:
-                        self._finish(due.key, result, key_started, results, finished)
-            return results
+                        self._finish({due.key: result}, key_started, results)
 
-    def _bug(
-        self,
-        key: str,
-        started: float,
-        results: dict[str, ReconcileResult],
-        finished: Callable[[Sequence[str]], None],
-    ) -> None:
+    def _bug(self, key: str, started: float, results: dict[str, ReconcileResult]) -> None:
         logger.exception("reconcile of %r raised (a bug); clock cleared, backing off", key)
         self._metrics.reconcile_bugs.inc()
         self._clocks.clear_key(key)
-        self._finish(
-            key, ReconcileResult.backoff(ReconcileOutcome.ERROR), started, results, finished
-        )
+        self._finish({key: ReconcileResult.backoff(ReconcileOutcome.ERROR)}, started, results)
 
     def _finish(
         self,
-        key: str,
-        result: ReconcileResult,
+        finished: dict[str, ReconcileResult],
         started: float,
         results: dict[str, ReconcileResult],
-        finished: Callable[[Sequence[str]], None],
     ) -> None:
-        """Count ``result`` and apply it to the queue: the one place that does either (for a
-        batch of results, :meth:`_finish_many`, which this is for one)."""
-        self._finish_many(((key, result),), started, results, finished)
+        """Apply each result of keys that finished together to the queue, mark them done and
+        count them: the one place that does any of these."""
+        for key, result in finished.items():
+            match result.action:
+                case Action.DONE:
+                    self._queue.forget(key)
+                case Action.REQUEUE_AFTER:
+                    self._queue.forget(key)
+                    self._queue.add_after(key, result.requeue_after_s)
+                case Action.BACKOFF:
+                    self._queue.add_rate_limited(key)
+                case _:
+                    assert_never(result.action)
+        self._queue.done(*finished)
+        results.update(finished)
+        self._count(finished.values(), clock.now() - started)
 
-    def _finish_many(
-        self,
-        items: Iterable[tuple[str, ReconcileResult]],
-        started: float,
-        results: dict[str, ReconcileResult],
-        finished: Callable[[Sequence[str]], None],
-    ) -> None:
-        """Count each result and apply it to the queue, then ``finished`` with the keys (each of
-        them, whatever raised). The results of one batch share their duration (``started`` to
-        now), so the counters and the duration histogram are updated once per distinct label,
-        not once per key."""
-        # Results alike (action, outcome, skip reason) are counted together: a burst's keys end
-        # in a handful of distinct results, so each is looked at once, not once per key.
-        alike: dict[tuple[Action, str, SkipReason | None], int] = {}
-        first: dict[tuple[Action, str, SkipReason | None], ReconcileResult] = {}
-        queue = self._queue
-        later: list[tuple[str, float]] = []
-        # A burst's keys mostly end in one shared result (the reconciler reuses a frozen one):
-        # its fields are read once a run of it, not once a key.
-        last: ReconcileResult | None = None
-        action = Action.DONE
-        group: tuple[Action, str, SkipReason | None] = (action, "", None)
-        seen: list[str] = []
-        try:
-            try:
-                for key, result in items:
-                    seen.append(key)
-                    results[key] = result
-                    if result is not last:
-                        action = result.action
-                        group = (action, result.outcome, result.skip_reason)
-                        if group not in alike:
-                            alike[group] = 0
-                            first[group] = result
-                        last = result
-                    alike[group] += 1
-                    if action is Action.DONE:
-                        queue.forget(key)
-                    elif action is Action.REQUEUE_AFTER:
-                        queue.forget(key)
-                        later.append((key, result.requeue_after_s))
-                    elif action is Action.BACKOFF:
-                        queue.add_rate_limited(key)
-            finally:
-                finished(seen)
-        finally:
-            # Before any key is finished would be the same: a key's delayed add only arms the
-            # timer, and done() never looks at the delay heap.
-            queue.add_after_many(later)
-            metrics = self._metrics
-            counted = failed = 0
-            for group, count in alike.items():
-                like = first[group]
-                if not like.counted:
-                    continue
-                counted += count
-                metrics.outcome(self._reconciler.mode, str(like.outcome), count)
-                if like.skip_reason is not None:
-                    metrics.skip(str(like.skip_reason), count)
-                if like.failed:
-                    failed += count
-            if failed:
-                metrics.reconcile_errors.inc(failed)
-            observe_many(metrics.reconcile_duration, clock.now() - started, counted)
+    def _count(self, results: Iterable[ReconcileResult], duration_s: float) -> None:
+        """Count results that share one duration (a batch's observation ends many keys at
+        once): the outcome, the skip reason, the error and the duration, each result once.
+
+        Alike results are counted together, one update per distinct label rather than one per
+        key: B2b (benchmarks/NOTES.md, "B2b mass retirement in one statement") ends 10,000 keys
+        in a handful of distinct results, and one update a key measurably added to its CPU per
+        burst."""
+        counted = 0
+        for result, count in Counter(results).items():
+            if not result.counted:
+                continue
+            counted += count
+            self._metrics.outcome(self._reconciler.mode, result.outcome, count)
+            if result.skip_reason is not None:
+                self._metrics.skip(str(result.skip_reason), count)
+            if result.failed:
+                self._metrics.reconcile_errors.inc(count)
+        self._metrics.reconcile_duration.observe(duration_s, counted)

@@ -7,8 +7,9 @@ only a key (row notifications) can clear it. Times are monotonic seconds from th
 "Continuously" is judged at event time (invariant 3 of docs/architecture.md): the controller clears a clock the
 moment a watch event or notification shows a non-reapable state. A reconcile that was already
 reading state when such an event arrived must not start or extend a clock from what it read
-before the event, so a reconcile brackets its work with :meth:`begin`/:meth:`end`, and any clearing
-of that key in between makes its :meth:`observe` return ``None`` ("state changed under you").
+before the event, so a reconcile brackets its batch with :meth:`begin`/:meth:`end`, and any
+clearing of a key in between makes its :meth:`observe` return ``None`` ("state changed under
+you").
 
 A clock also restarts when the reapable shape (verdict) changes: a Pending pod that became a
 Failed one has not been in *one* reapable shape for the threshold.
@@ -31,7 +32,8 @@ from service.metrics import Metrics
 
 
 class Observation(msgspec.Struct, frozen=True, gc=False):
-    """A frozen msgspec Struct (built in C): a burst starts 10,000 clocks at once."""
+    """One running clock (frozen; a msgspec Struct, which the garbage collector does not track:
+    there is one per tracked pod)."""
 
     uid: str
     key: str
@@ -50,27 +52,20 @@ class ObservationClocks:
         self._waiting: dict[str, Waiting] = {}
         """uid -> what it waits for past the threshold, when not verification."""
         if metrics is not None:
-            # Read when scraped: no gauge write per clock started or cleared.
+            # Read when scraped.
             metrics.tracked_clocks.set_function(lambda: len(self._by_uid))
 
     # ----------------------------------------------------------- reconcile side
 
-    def begin(self, key: str) -> None:
-        """A reconcile of ``key`` starts reading state (the queue runs one per key at a time)."""
-        self._inflight[key] = False
-
-    def end(self, key: str) -> None:
-        self._inflight.pop(key, None)
-
-    def begin_many(self, keys: Iterable[str]) -> None:
-        """:meth:`begin` for each of ``keys`` (an observation batch)."""
-        self._inflight.update(dict.fromkeys(keys, False))
-
-    def end_many(self, keys: Iterable[str]) -> None:
-        """:meth:`end` for each of ``keys``."""
-        pop = self._inflight.pop
+    def begin(self, keys: Iterable[str]) -> None:
+        """A reconcile of ``keys`` starts reading state (the queue runs one per key at a time)."""
         for key in keys:
-            pop(key, None)
+            self._inflight[key] = False
+
+    def end(self, keys: Iterable[str]) -> None:
+        """The reconcile of ``keys`` that :meth:`begin` bracketed has observed them."""
+        for key in keys:
+            self._inflight.pop(key, None)
 
     def observe(self, uid: str, key: str, verdict: Verdict, now: float) -> float | None:
         """Record that ``uid`` is reapable as ``verdict`` now; return seconds continuously so.
@@ -93,9 +88,6 @@ class ObservationClocks:
         self._by_uid[uid] = Observation(uid=uid, key=key, verdict=verdict, since_s=now)
         self._uid_by_key[key] = uid
         return 0.0
-
-    def get(self, uid: str) -> Observation | None:
-        return self._by_uid.get(uid)
 
     def elapsed(self, uid: str, now: float) -> float | None:
         """Seconds ``uid`` has been continuously reapable, ``None`` when no clock runs."""
@@ -143,18 +135,6 @@ class ObservationClocks:
         if uid is not None:
             self._by_uid.pop(uid, None)
             self._waiting.pop(uid, None)
-
-    def clear_keys(self, keys: Iterable[str]) -> None:
-        """:meth:`clear_key` for each of ``keys`` (a notification batch, cleared as one unit)."""
-        inflight, uid_by_key, by_uid = self._inflight, self._uid_by_key, self._by_uid
-        waiting = self._waiting
-        for key in keys:
-            if key in inflight:
-                inflight[key] = True
-            uid = uid_by_key.pop(key, None)
-            if uid is not None:
-                by_uid.pop(uid, None)
-                waiting.pop(uid, None)
 
     def clear_all(self) -> None:
         """Forget every clock (cold cache, missed notifications, leadership change)."""

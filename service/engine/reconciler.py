@@ -230,7 +230,7 @@ class Reconciler:
             return observed
         ready: list[str] = []
         # Whether each namespace of the batch is watched and its cache synced, asked once a
-        # namespace (a batch's keys share a handful), not once a key.
+        # namespace.
         synced: dict[str, bool] = {}
         for key in keys:
             namespace = key.partition("/")[0]
@@ -253,7 +253,7 @@ class Reconciler:
         if not ready:
             return observed
         keys = ready
-        self._clocks.begin_many(keys)
+        self._clocks.begin(keys)
         try:
             with fail_after(self._settings.reconcile_timeout_s):
                 await self._observe(keys, observed)
@@ -267,7 +267,7 @@ class Reconciler:
                 observed.results.setdefault(key, ReconcileResult.backoff(ReconcileOutcome.ERROR))
             observed.due = []
         finally:
-            self._clocks.end_many(keys)
+            self._clocks.end(keys)
         return observed
 
     async def _observe(self, keys: Sequence[str], observed: Observed) -> None:
@@ -303,9 +303,6 @@ class Reconciler:
         now = clock.now()
         threshold_s = self._settings.threshold_s
         clocks = self._clocks
-        # A clock started now waits the whole threshold: one result for all of them (results
-        # are frozen), not one built per key of a burst.
-        started_now = ReconcileResult.requeue_after(ReconcileOutcome.TOO_YOUNG, threshold_s)
         for key, pod in candidates:
             decision = classify(pod, rows.get(key))
             verdict = decision.verdict
@@ -323,12 +320,8 @@ class Reconciler:
                     )
                 results[key] = ReconcileResult.done(ReconcileOutcome.CHANGED)
             elif not checks.observed_long_enough(elapsed, threshold_s):
-                results[key] = (
-                    started_now
-                    if elapsed == 0.0
-                    else ReconcileResult.requeue_after(
-                        ReconcileOutcome.TOO_YOUNG, threshold_s - elapsed
-                    )
+                results[key] = ReconcileResult.requeue_after(
+                    ReconcileOutcome.TOO_YOUNG, threshold_s - elapsed
                 )
             elif self._settings.dry_run and self._clocks.was_reported(pod.uid):
                 results[key] = ReconcileResult.done(ReconcileOutcome.ALREADY_REPORTED)
@@ -340,11 +333,7 @@ class Reconciler:
                 observed.due.append(Due(key, pod, verdict))
 
     async def _lookup(self, keys: list[str]) -> dict[str, ExecutionRow]:
-        """Rows by pod key. One key goes through the store's micro-batcher, so that workers
-        taking single keys at the same time still share one query."""
-        if len(keys) == 1:
-            row = await self._store.lookup(keys[0])
-            return {} if row is None else {keys[0]: row}
+        """The batch's rows by pod key (step 3)."""
         return await self._store.lookup_many(keys)
 
     def _not_watched(self, key: str) -> ReconcileResult:

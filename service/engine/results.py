@@ -29,7 +29,7 @@ class Action(enum.StrEnum):
 
 
 class ReconcileResult(msgspec.Struct, frozen=True, gc=False):
-    """A frozen msgspec Struct (built in C): a burst ends 10,000 reconciles at once."""
+    """One key's result (frozen)."""
 
     action: Action
     outcome: str
@@ -52,9 +52,8 @@ class ReconcileResult(msgspec.Struct, frozen=True, gc=False):
 
     @staticmethod
     def skipped(reason: SkipReason | None) -> ReconcileResult:
-        """The one (frozen, shared) result of each skip reason: a re-activated burst skips
-        10,000 keys for one reason."""
-        return _SKIPPED[reason]
+        """Not reapable (``reason`` is counted beside the outcome)."""
+        return ReconcileResult(Action.DONE, str(ReconcileOutcome.SKIPPED), skip_reason=reason)
 
     @staticmethod
     def retry(retry_after_s: float | None) -> ReconcileResult:
@@ -73,10 +72,5 @@ class ReconcileResult(msgspec.Struct, frozen=True, gc=False):
         """Whether it counts as a reconcile error (backoff, or an error with a Retry-After)."""
         return self.action is Action.BACKOFF or self.outcome == ReconcileOutcome.ERROR
 
-
-_SKIPPED: dict[SkipReason | None, ReconcileResult] = {
-    reason: ReconcileResult(Action.DONE, str(ReconcileOutcome.SKIPPED), skip_reason=reason)
-    for reason in (*SkipReason, None)
-}
 
 INACTIVE_RESULT = ReconcileResult.done(INACTIVE)

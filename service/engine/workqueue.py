@@ -18,16 +18,17 @@ Failures back off per key (``add_rate_limited``, client-go's item exponential fa
 the queue counts each key's failures and asks the kit's :class:`~service.kit.backoff.Backoff`
 for the delay; :meth:`forget` resets the count.
 
-A burst (the catch-up after a sync enqueues every cached candidate) grows the dirty set and its
-timestamps to the burst's size, and Python's sets and dicts never shrink as keys leave: when a
-burst's last ready key is taken, tables grown past ``_COMPACT_BYTES`` are rebuilt at the size of
-what is left in them, and the freed memory is handed back to the OS (kit ``trim_heap``), once a
-burst, never per key.
+Workers take keys in batches (:meth:`get_batch`): up to a limit, a share of what is ready.
 
-Shutdown differs from client-go on purpose: after :meth:`shut_down`, :meth:`get` returns ``None``
-at once (queued keys are dropped: a restart relists everything), adds are ignored, and in-flight
-keys may still be marked :meth:`done`; :meth:`shut_down_with_drain` additionally waits, at most
-``timeout_s``, for the in-flight keys to finish.
+Python's sets and dicts never shrink as keys leave, so a catch-up that enqueued every cached
+candidate would leave the dirty set at that size: when the last ready key is taken, tables grown
+past ``_COMPACT_BYTES`` are rebuilt at the size of what is left in them, and the freed memory is
+handed back to the OS (kit ``trim_heap``).
+
+Shutdown differs from client-go on purpose: after :meth:`shut_down`, :meth:`get_batch` returns
+``None`` at once (queued keys are dropped: a restart relists everything), adds are ignored, and
+in-flight keys may still be marked :meth:`done`; :meth:`shut_down_with_drain` additionally
+waits, at most ``timeout_s``, for the in-flight keys to finish.
 """
 
 from __future__ import annotations
@@ -38,21 +39,22 @@ import heapq
 import itertools
 import sys
 from collections import deque
-from collections.abc import Iterable
 
 import anyio
 
 from service.kit import clock
 from service.kit.backoff import Backoff
 from service.kit.memory import trim_heap
-from service.metrics import Metrics, observe_many
+from service.metrics import Metrics
 
 _COMPACT_BYTES = 1 << 20
-"""A dirty set this large (about 30,000 keys' table) is rebuilt once its burst is taken."""
+"""A dirty set this large (about 30,000 keys' table) is rebuilt once its last ready key is
+taken."""
 
 
 class WorkQueue:
-    """See the module docstring. All methods but :meth:`get` and the drain are synchronous."""
+    """See the module docstring. All methods but :meth:`get_batch` and the drain are
+    synchronous."""
 
     def __init__(
         self,
@@ -76,65 +78,46 @@ class WorkQueue:
         self._shutting_down = False
         self._drained: anyio.Event | None = None
         if metrics is not None:
-            # Read when scraped: no gauge write on every add and get (a burst is 10k of each).
+            # Read when scraped.
             metrics.queue_depth.set_function(lambda: len(self._ready))
             metrics.queue_delayed.set_function(lambda: len(self._waiting))
 
     # ------------------------------------------------------------------ adding
 
-    def add(self, key: str) -> None:
-        """Mark ``key`` for processing (no-op when already waiting or after shutdown)."""
-        self.add_many((key,))
-
-    def add_many(self, keys: Iterable[str]) -> None:
-        """:meth:`add` each of ``keys``, as one burst: one clock read, one metric update, and as
-        many getters woken as keys became ready."""
-        if self._shutting_down:
-            return
-        dirty, processing, ready, since = self._dirty, self._processing, self._ready, None
-        added = became_ready = 0
-        for key in keys:
-            added += 1
-            if key in dirty:
-                continue
-            dirty.add(key)
-            if since is None:
-                since = clock.now()
-            self._dirty_since[key] = since
-            if key in processing:
-                continue  # re-queued by done()
-            ready.append(key)
-            became_ready += 1
-        if self._metrics is not None and added:
-            self._metrics.queue_adds.inc(added)
-        for _ in range(became_ready):
-            if not self._getters:
-                break
-            self._wake_one()
-
-    def add_after(self, key: str, delay_s: float) -> None:
-        """Add ``key`` once ``delay_s`` has passed; an earlier pending time for it wins."""
-        self.add_after_many(((key, delay_s),))
-
-    def add_after_many(self, delays: Iterable[tuple[str, float]]) -> None:
-        """:meth:`add_after` for each ``(key, delay_s)``, the timer armed once at the end."""
+    def add(self, *keys: str) -> None:
+        """Mark each of ``keys`` for processing, in order (a key already waiting is not added
+        again; nothing is added after shutdown)."""
         if self._shutting_down:
             return
         now = clock.now()
-        waiting, heap, pushed = self._waiting, self._heap, False
-        for key, delay_s in delays:
-            if delay_s <= 0:
-                self.add(key)
+        became_ready = 0
+        for key in keys:
+            if key in self._dirty:
                 continue
-            due = now + delay_s
-            current = waiting.get(key)
-            if current is not None and current <= due:
-                continue
-            waiting[key] = due
-            heapq.heappush(heap, (due, next(self._seq), key))
-            pushed = True
-        if pushed:
-            self._arm()
+            self._dirty.add(key)
+            self._dirty_since[key] = now
+            if key in self._processing:
+                continue  # re-queued by done()
+            self._ready.append(key)
+            became_ready += 1
+        if self._metrics is not None:
+            self._metrics.queue_adds.inc(len(keys))
+        self._wake(became_ready)
+
+    def add_after(self, key: str, delay_s: float) -> None:
+        """Add ``key`` once ``delay_s`` has passed; an earlier pending time for it wins."""
+        if self._shutting_down:
+            return
+        if delay_s <= 0:
+            self.add(key)
+            return
+        due = clock.now() + delay_s
+        current = self._waiting.get(key)
+        if current is not None and current <= due:
+            return
+        self._waiting[key] = due
+        heapq.heappush(self._heap, (due, next(self._seq), key))
+        self._arm()
 
     def add_rate_limited(self, key: str) -> None:
         """Requeue ``key`` after its per-key exponential backoff."""
@@ -150,23 +133,15 @@ class WorkQueue:
         """``key`` succeeded: reset its backoff (does not remove it from the queue)."""
         self._failures.pop(key, None)
 
-    def num_requeues(self, key: str) -> int:
-        return self._failures.get(key, 0)
-
     # --------------------------------------------------------------- consuming
-
-    async def get(self) -> str | None:
-        """The next ready key, marked as processing; ``None`` once shut down."""
-        keys = await self.get_batch(1)
-        return None if keys is None else keys[0]
 
     async def get_batch(self, limit: int, *, shares: int = 1, least: int = 1) -> list[str] | None:
         """Up to ``limit`` ready keys (at least one; waits for it), each marked as processing;
         ``None`` once shut down.
 
         A ``1/shares`` part of the ready keys (rounded up), but no fewer than ``least``, is
-        taken: a burst is spread over ``shares`` concurrent getters rather than taken whole by
-        the first, in parts of at least ``least`` keys.
+        taken: many ready keys are spread over ``shares`` concurrent getters rather than taken
+        whole by the first, in parts of at least ``least`` keys.
         """
         while True:
             if self._shutting_down:
@@ -177,19 +152,12 @@ class WorkQueue:
                 take = max(1, min(limit, max(least, -(-len(ready) // max(1, shares)))))
                 keys = [ready.popleft() for _ in range(min(take, len(ready)))]
                 now = clock.now()
-                # Keys of one burst share the time they were added: one observation each,
-                # recorded per distinct time.
-                waited: dict[float, int] = {}
                 self._dirty.difference_update(keys)
                 self._processing.update(keys)
-                pop = self._dirty_since.pop
                 for key in keys:
-                    since = pop(key, None)
-                    if since is not None:
-                        waited[since] = waited.get(since, 0) + 1
-                if self._metrics is not None:
-                    for since, count in waited.items():
-                        observe_many(self._metrics.queue_wait, max(0.0, now - since), count)
+                    since = self._dirty_since.pop(key, None)
+                    if since is not None and self._metrics is not None:
+                        self._metrics.queue_wait.observe(max(0.0, now - since))
                 if ready:
                     self._wake_one()
                 elif sys.getsizeof(self._dirty) > _COMPACT_BYTES:
@@ -209,30 +177,24 @@ class WorkQueue:
                 raise
 
     def _compact(self) -> None:
-        """Rebuild the burst-sized tables at the size of what is left (keys re-added while in
+        """Rebuild the grown tables at the size of what is left (keys re-added while in
         flight), and give the freed memory back."""
         self._dirty = set(self._dirty)
         self._dirty_since = dict(self._dirty_since)
         trim_heap()
 
-    def done(self, key: str) -> None:
-        """The worker finished ``key``; a re-add that arrived meanwhile is queued now."""
-        self.done_many((key,))
-
-    def done_many(self, keys: Iterable[str]) -> None:
-        """:meth:`done` for each of ``keys`` (a batch the worker finished), in their order."""
-        processing, dirty, ready = self._processing, self._dirty, self._ready
+    def done(self, *keys: str) -> None:
+        """The worker finished ``keys``; a re-add that arrived meanwhile is queued now."""
         requeued = 0
         for key in keys:
-            processing.discard(key)
-            if key in dirty and not self._shutting_down:
-                ready.append(key)
+            if key not in self._processing:
+                continue  # not handed out: nothing to finish
+            self._processing.remove(key)
+            if key in self._dirty and not self._shutting_down:
+                self._ready.append(key)
                 requeued += 1
-        for _ in range(requeued):
-            if not self._getters:
-                break
-            self._wake_one()
-        if not processing and self._drained is not None:
+        self._wake(requeued)
+        if not self._processing and self._drained is not None:
             self._drained.set()
 
     # ---------------------------------------------------------------- shutdown
@@ -280,13 +242,6 @@ class WorkQueue:
     def processing(self) -> frozenset[str]:
         return frozenset(self._processing)
 
-    def due_at(self, key: str) -> float | None:
-        """When a delayed add of ``key`` is due, or ``None``."""
-        return self._waiting.get(key)
-
-    def is_dirty(self, key: str) -> bool:
-        return key in self._dirty
-
     # ---------------------------------------------------------------- internal
 
     def _promote_due(self) -> None:
@@ -320,6 +275,13 @@ class WorkQueue:
         self._promote_due()
         # A real loop may fire a hair early; _arm then simply re-arms for the same key.
         self._arm()
+
+    def _wake(self, count: int) -> None:
+        """Wake up to ``count`` getters (as many as keys became ready)."""
+        for _ in range(count):
+            if not self._getters:
+                return
+            self._wake_one()
 
     def _wake_one(self) -> None:
         while self._getters:

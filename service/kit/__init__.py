@@ -3,7 +3,7 @@
 ``clock`` (time: the event loop's clock, the one source), ``backoff`` (exponential backoff with
 jitter), ``ratelimit`` (aiolimiter shaped so that a cap per window holds), ``timeouts`` (a
 bounded await: anyio's ``fail_after`` as one object), ``errors`` (the taxonomy of expected
-failures of the outside world) and ``memory`` (freed heap back to the OS after a burst). The
+failures of the outside world) and ``memory`` (freed heap back to the OS). The
 kit imports nothing else of the service; everything above it imports from here instead of
 writing its own (docs/architecture.md, "Layers").
 """

@@ -1,5 +1,5 @@
-"""Memory kept in check: freed heap memory given back to the operating system after a burst
-(glibc ``malloc_trim``), and long-lived objects kept out of the garbage collector's full scans.
+"""Memory kept in check: freed heap memory given back to the operating system after a sync or
+a large batch of work (glibc ``malloc_trim``), and long-lived objects kept out of the garbage collector's full scans.
 
 A sync of the pod cache allocates and frees far more than it keeps: list bodies or streamed
 lines, decode temporaries, the sync's bookkeeping. CPython takes every block over 512 bytes (dict
@@ -12,7 +12,7 @@ event. Where the C library is not glibc (musl, macOS) there is no such call and 
 :func:`freeze_long_lived` is called once, when the pod cache has first synced: what is alive then
 (modules, functions, the clients, the cache's tables) lives as long as the process, yet every
 full collection of the cyclic garbage collector would walk it again: a pause of the event loop
-that grows with the cache, in the middle of whatever burst caused the collection.
+that grows with the cache.
 """
 
 from __future__ import annotations

@@ -9,10 +9,9 @@ propagates, or is swallowed without an error). The scope is the caller's to move
 ``scope.deadline = ...`` reschedules the bound.
 
 Why a class: anyio's ``fail_after`` is two generator context managers deep and looks its backend
-up three times; every reconcile step, row query and listener round trip takes one bound, a
-burst tens of thousands. This one is an object and one cancel scope (asyncio only, as the
-service is: the deadline is on the running loop's clock, which is anyio's ``current_time()``
-there).
+up three times, and every reconcile step, row query and listener round trip takes one bound.
+This one is an object and one cancel scope (asyncio only, as the service is: the deadline is on
+the running loop's clock, which is anyio's ``current_time()`` there).
 """
 
 from __future__ import annotations

@@ -33,8 +33,7 @@ class MultiNamespaceInformer:
         self.informers: dict[str, PodInformer] = {ns: new_informer(ns) for ns in namespaces}
         """Namespace → its informer, in the order configured."""
         self._by_name = {ns: informer.by_name for ns, informer in self.informers.items()}
-        """Namespace → its cache's lookup by pod name (:meth:`get` is one call a key: a burst
-        looks up 10,000)."""
+        """Namespace → its cache's lookup by pod name (what :meth:`get` reads)."""
 
     @property
     def namespaces(self) -> tuple[str, ...]:

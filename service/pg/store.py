@@ -1,35 +1,31 @@
-"""Execution rows from PostgreSQL: the ``ExecutionStore`` adapter and its micro-batcher.
+"""Execution rows from PostgreSQL: the ``ExecutionStore`` adapter.
 
-Rows are looked up by pod key (``namespace/name``). Every read is one query shape: the keys
-asked for, joined into one text and split again by the server, each matched to the rows whose
-namespace and pod name make up exactly that key, joined to ``sandboxes`` on its primary key
-(the pod name's index finds the candidates) and scoped to the configured sandbox namespaces and
-to Kubernetes-managed sandboxes. Each row comes back under the key it answers, so a row of
-another namespace that carries the same pod name is absent for the key, never its row (it can
-never authorize a delete). Concurrent :meth:`PgExecutionStore.lookup` calls that arrive within
-``batch_max_wait_s`` of each other (at most ``batch_max_size`` keys) share one query. A caller
-never joins a query already in flight: that query may have been sent before the change the
-caller is reacting to, so it waits for the next batch instead.
+Rows are looked up by pod key (``namespace/name``) in batches: one query asks for the pod names
+of the keys as an array (``pod_name = ANY($1)``), joined to ``sandboxes`` on its primary key and
+scoped to the configured sandbox namespaces and to Kubernetes-managed sandboxes. A row answers a
+key only when its namespace and pod name make up exactly that key, so a row of another namespace
+that carries the same pod name is absent for the key, never its row (it can never authorize a
+delete). :meth:`PgExecutionStore.read_fresh` is the same query for one key, marked as the final
+re-read before a delete.
 
 Rows are decoded into :class:`service.domain.ExecutionRow` at this boundary: unknown state or
 pod-kind strings become the explicit unknown members; a row with a NULL where a value is required
 is counted, logged and treated as absent (never reaped), never raised.
 
 Errors (the taxonomy is drawn in ``service/pg/errors.py``): a failed query raises a kit
-``ExternalError`` to every waiter of the batch that failed — ``Unavailable`` when the database
-gave no answer (refused, reset, timed out, connection lost; ``StoreClosed`` once
-:meth:`PgExecutionStore.aclose` has begun), ``DatabaseError`` when the server answered with an
-error. Nothing else is converted: any other exception (a bug) reaches the caller as raised.
+``ExternalError`` — ``Unavailable`` when the database gave no answer (refused, reset, timed out,
+connection lost; ``StoreClosed`` once :meth:`PgExecutionStore.aclose` has begun),
+``DatabaseError`` when the server answered with an error. Nothing else is converted: any other
+exception (a bug) reaches the caller as raised.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import asyncpg
@@ -44,33 +40,25 @@ from service.pg.connect import pool_connector, pool_options
 from service.pg.errors import DatabaseError, StoreClosed, database_errors, describe
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 MANAGED_BY_KUBERNETES = "kubernetes"
 
 LOOKUP_SQL = """
 SELECT e.pod_name, s.namespace, e.sandbox_id, e.generation, e.activation_attempt,
-       e.pod_kind, e.execution_state, e.active, asked.key
-FROM unnest(string_to_array($1::text, ',')) AS asked (key)
-JOIN sandbox_k8s_executions AS e ON e.pod_name = split_part(asked.key, '/', 2)
+       e.pod_kind, e.execution_state, e.active
+FROM sandbox_k8s_executions AS e
 JOIN sandboxes AS s ON s.id = e.sandbox_id
-WHERE s.namespace || '/' || e.pod_name = asked.key
+WHERE e.pod_name = ANY($1::text[])
   AND s.namespace = ANY($2::text[])
   AND s.managed_by = $3
 """
-"""The keys asked for travel as one text (:data:`KEY_SEPARATOR` between them): one string for
-the client to encode, not an array whose every element it type-checks (a burst asks for 10,000).
-The server does the matching: a row answers a key only when its namespace and pod name make up
-that key exactly, and it comes back with the key it answers (the last column), so the client
-builds no key of its own."""
+"""The rows of the pod names asked for (the pod name's unique index finds them), of the
+configured namespaces and Kubernetes-managed sandboxes. Which key a row answers (its namespace
+and pod name) is decided by :meth:`PgExecutionStore._query`."""
 
 INVALID_STATEMENT_NAME = "26000"
 """SQLSTATE of "prepared statement ... does not exist": what a statement cached on one server
 meets when a transaction-mode pooler lends the next query another."""
-
-KEY_SEPARATOR = ","
-"""Between the keys of :data:`LOOKUP_SQL`'s first parameter. No Kubernetes namespace or object
-name contains it; a key that does is never asked for (it has no row, and is never reaped)."""
 
 FRESH_SQL = "/* retired-pod-gc: final re-read */" + LOOKUP_SQL
 """The final re-read before a delete: the lookup's query, marked so that a DBA (or a test reading
@@ -86,20 +74,17 @@ COLUMNS = (
     "execution_state",
     "active",
 )
-"""The row's columns :data:`LOOKUP_SQL` selects first, in its order: what :func:`decode_row`
-unpacks (a NULL in any of them: absent). The key the row answers follows them."""
-_KEY_COLUMN = len(COLUMNS)
-"""The position of the key a row answers (after :data:`COLUMNS`)."""
+"""The row's columns :data:`LOOKUP_SQL` selects, in its order: what :func:`decode_row` unpacks
+(a NULL in any of them: absent)."""
 
 
 def decode_row(record: Sequence[Any]) -> ExecutionRow | None:
-    """One joined row, its :data:`COLUMNS` first in that order, as the domain type; ``None``
-    when a required column is NULL or mistyped.
-
-    The columns are read by position, once, and each one's exact type checked (``bool`` is not
-    an ``int`` here, and a NULL is never a ``str``): a burst decodes 10,000 rows."""
-    columns = record[:_KEY_COLUMN]
-    pod_name, namespace, sandbox_id, generation, attempt, pod_kind, state, active = columns
+    """One joined row, its :data:`COLUMNS` in that order, as the domain type; ``None`` when a
+    required column is NULL or mistyped (each one's exact type is checked: ``bool`` is not an
+    ``int`` here, and a NULL is never a ``str``)."""
+    pod_name, namespace, sandbox_id, generation, attempt, pod_kind, state, active = record[
+        : len(COLUMNS)
+    ]
     if (
         type(pod_name) is not str
         or type(namespace) is not str
@@ -138,14 +123,8 @@ class PgExecutionStore:
         self._metrics = metrics
         self._pool: asyncpg.Pool | None = None
         self._closed = False
-        # The batch being gathered: pod key -> the future its waiters share.
-        self._pending: dict[str, asyncio.Future[ExecutionRow | None]] = {}
-        self._timer: asyncio.TimerHandle | None = None
-        self._inflight: set[asyncio.Task[Any]] = set()
         self._ping_log = CauseLog("database ping failed", logger)
         self._query_log = CauseLog("execution-row queries fail", logger)
-        self._queries = {kind: metrics.row_queries.labels(kind=kind) for kind in ("batch", "fresh")}
-        """The query counter of each kind (labelled once: a burst runs a hundred queries)."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -167,20 +146,10 @@ class PgExecutionStore:
         self._closed = False
 
     async def aclose(self) -> None:
-        """Fail waiting lookups, cancel in-flight batches, close the pool. Idempotent."""
+        """Close the pool; later reads raise ``StoreClosed``. Idempotent."""
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        pending, self._pending = self._pending, {}
-        _fail_all(pending.values(), StoreClosed("store closed"))
-        tasks = list(self._inflight)
-        for t in tasks:
-            t.cancel()
         pool, self._pool = self._pool, None
         with anyio.CancelScope(shield=True):
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
             if pool is not None:
                 with anyio.move_on_after(self._settings.connect_timeout_s) as scope:
                     await pool.close()
@@ -201,22 +170,6 @@ class PgExecutionStore:
 
     # -- ExecutionStore --------------------------------------------------------------------
 
-    async def lookup(self, key: str) -> ExecutionRow | None:
-        """One row through the micro-batcher: concurrent callers share one query."""
-        self._check_open()
-        fut = self._pending.get(key)
-        if fut is None:
-            fut = asyncio.get_running_loop().create_future()
-            self._pending[key] = fut
-            if len(self._pending) >= self._settings.batch_max_size:
-                self._flush()
-            elif self._timer is None:
-                self._timer = asyncio.get_running_loop().call_later(
-                    max(0.0, self._settings.batch_max_wait_s), self._flush
-                )
-        # Shielded: one waiter giving up must not cancel the answer the others wait for.
-        return await asyncio.shield(fut)
-
     async def lookup_many(self, keys: Sequence[str]) -> dict[str, ExecutionRow]:
         """Rows by pod key, ``batch_max_size`` keys a query; absent keys are left out."""
         self._check_open()
@@ -224,14 +177,11 @@ class PgExecutionStore:
         size = max(1, self._settings.batch_max_size)
         out: dict[str, ExecutionRow] = {}
         for i in range(0, len(unique), size):
-            # In a task of the store's own, as the micro-batcher's queries: a caller giving up
-            # (its timeout) must not cancel the query while it hands its pooled connection back.
-            task = self._spawn(self._query(unique[i : i + size], kind="batch"))
-            out.update(await asyncio.shield(task))
+            out.update(await self._query(unique[i : i + size], kind="batch"))
         return out
 
     async def read_fresh(self, key: str) -> ExecutionRow | None:
-        """A direct read that bypasses the batcher (the final re-check before a delete)."""
+        """The row of one key, read now (the final re-check before a delete)."""
         self._check_open()
         rows = await self._query([key], kind="fresh", sql=FRESH_SQL)
         return rows.get(key)
@@ -301,61 +251,26 @@ class PgExecutionStore:
                     except ExternalError as exc:  # asyncpg has terminated the connection
                         logger.debug("pooled connection dropped on release: %s", exc)
 
-    def _flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        batch, self._pending = self._pending, {}
-        if not batch:
-            return
-        self._spawn(self._run_batch(batch))
-
-    def _spawn(self, query: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-        """A query in a task of the store's own (cancelled by :meth:`aclose`); its failure is
-        retrieved even when whoever waited for it has given up."""
-        task = asyncio.get_running_loop().create_task(query, name="retired-pod-gc-row-batch")
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
-        task.add_done_callback(_retrieved)
-        return task
-
-    async def _run_batch(self, batch: dict[str, asyncio.Future[ExecutionRow | None]]) -> None:
-        try:
-            rows = await self._query(list(batch), kind="batch")
-        except asyncio.CancelledError:
-            _fail_all(batch.values(), StoreClosed("store closed"))
-            raise
-        except Exception as exc:
-            # Not handled here: every waiter gets it as raised (a database failure as its kit
-            # error, a bug unchanged); a waiter left hanging would be worse than either.
-            _fail_all(batch.values(), exc)
-            return
-        for name, fut in batch.items():
-            if not fut.done():
-                fut.set_result(rows.get(name))
-
     async def _query(
         self, keys: list[str], *, kind: str, sql: str = LOOKUP_SQL
     ) -> dict[str, ExecutionRow]:
-        """Rows by pod key. A key of a namespace not configured (or holding the separator) has
-        no row and costs no query; a row comes back under the key it answers (the server's
-        match of namespace and pod name), the one it is kept under."""
+        """Rows by pod key. A key of a namespace not configured has no row and costs no query; a
+        row is kept under the key its namespace and pod name make up, when that key was asked
+        for."""
         pool = self._pool
         if pool is None:
             raise StoreClosed("store closed")
         configured = self._namespaces
-        asked = [
-            key for key in keys if key.partition("/")[0] in configured and KEY_SEPARATOR not in key
-        ]
+        asked = {key for key in keys if key.partition("/")[0] in configured}
         if not asked:
             return {}
-        self._queries[kind].inc()
+        self._metrics.row_queries.labels(kind=kind).inc()
         try:
             with database_errors():
                 records = await self._fetch(
                     pool,
                     sql,
-                    KEY_SEPARATOR.join(asked),
+                    [key.partition("/")[2] for key in asked],
                     self._namespace_list,
                     MANAGED_BY_KUBERNETES,
                 )
@@ -384,7 +299,8 @@ class PgExecutionStore:
                     record[0],
                 )
                 continue
-            out[record[_KEY_COLUMN]] = row
+            if row.key in asked:
+                out[row.key] = row
         return out
 
 
@@ -393,20 +309,4 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
     open and drops listener callbacks): nothing more. The pool's connections only run the
     lookup's SELECT and ``SELECT 1``, which leave no session state behind (no SET, LISTEN,
     cursor or advisory lock), so the default reset query (``RESET ALL``, ``CLOSE ALL``, ...)
-    would be a round trip per query for nothing; a burst runs a hundred queries."""
-
-
-def _retrieved(task: asyncio.Task[Any]) -> None:
-    """Mark a store-owned query's failure as seen: the caller that awaited it has it, and one
-    that gave up does not want it ("exception was never retrieved" otherwise)."""
-    if not task.cancelled():
-        task.exception()
-
-
-def _fail_all(futures: Iterable[asyncio.Future[Any]], exc: BaseException) -> None:
-    for fut in futures:
-        if not fut.done():
-            fut.set_exception(exc)
-            # Mark retrieved: a waiter that gave up must not leave "never retrieved" noise.
-            with contextlib.suppress(BaseException):
-                fut.exception()
+    would be a round trip per query for nothing."""

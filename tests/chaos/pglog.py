@@ -19,7 +19,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from service.pg.store import FRESH_SQL, KEY_SEPARATOR
+from service.pg.store import FRESH_SQL
 
 SERVER_SETTINGS = {
     "log_min_duration_statement": "0",
@@ -33,8 +33,9 @@ RESOLUTION_S = 0.001
 _MARKER = FRESH_SQL.split("*/", 1)[0] + "*/"
 _HEAD = re.compile(r"^(\d+\.\d{3}) \[([^\]]*)\] ([^:]*): ([A-Z]+):  (.*)$")
 _BIND = re.compile(r"^duration: ([0-9.]+) ms  bind [^:]*: (.*)$")
-_PARAM1 = re.compile(r"\$1 = '([^']*)'")
-"""The re-read's first parameter: the keys asked for, joined (``KEY_SEPARATOR``)."""
+_PARAM1 = re.compile(r"\$1 = '\{([^']*)\}'")
+"""The re-read's first parameter: the pod names asked for, an array (``{name,...}``; pod names
+need no quoting in it)."""
 
 
 class StatementLog:
@@ -72,8 +73,7 @@ class StatementLog:
             elif level == "DETAIL" and pending is not None:
                 param = _PARAM1.search(text)
                 if param is not None:
-                    for key in param.group(1).split(KEY_SEPARATOR):
-                        name = key.partition("/")[2]
+                    for name in param.group(1).split(","):
                         bisect.insort(self._rereads[(pending[0], name)], pending[1])
                 pending = None
 

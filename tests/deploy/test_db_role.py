@@ -64,9 +64,7 @@ async def connect(url: str, user: str) -> asyncpg.Connection:
 async def test_controller_role_runs_the_service_lookup(database_url: str) -> None:
     conn = await connect(database_url, "retired_pod_gc")
     try:
-        rows = await conn.fetch(
-            LOOKUP_SQL, f"sandboxes/{POD}", ["sandboxes"], MANAGED_BY_KUBERNETES
-        )
+        rows = await conn.fetch(LOOKUP_SQL, [POD], ["sandboxes"], MANAGED_BY_KUBERNETES)
     finally:
         await conn.close()
     assert [r["pod_name"] for r in rows] == [POD]

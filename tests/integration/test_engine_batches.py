@@ -19,6 +19,7 @@ import pytest
 from devtools.emulator import RunningEmulator
 from devtools.emulator.sandboxpods import Shape, sandbox_pod
 from service.domain import ExecutionChange, pod_key
+from tests.fakes import clock_of
 from tests.integration.test_engine_safety import NS, deletes, eventually, running_service
 
 pytestmark = pytest.mark.anyio
@@ -73,7 +74,7 @@ async def test_a_reactivation_inside_a_10000_row_batch_clears_exactly_its_clock_
         )
         await eventually(lambda: len(parts.clocks) == EARLY, "the early clocks")
         early_since = {
-            n: parts.clocks.get(parts.clocks.uid_for(pod_key(NS, n)) or "") for n in early
+            n: clock_of(parts.clocks, parts.clocks.uid_for(pod_key(NS, n)) or "") for n in early
         }
         assert all(o is not None for o in early_since.values())
 
@@ -82,7 +83,18 @@ async def test_a_reactivation_inside_a_10000_row_batch_clears_exactly_its_clock_
         seen: list[dict[str, Any]] = []
 
         def observing(changes: Sequence[ExecutionChange]) -> None:
-            original(changes)
+            added: list[str] = []
+            add = parts.queue.add
+
+            def recording(*keys: str) -> None:
+                added.extend(keys)
+                add(*keys)
+
+            parts.queue.add = recording  # type: ignore[method-assign]
+            try:
+                original(changes)
+            finally:
+                del parts.queue.add
             # Right after the handler returned, before any reconcile of this batch can run.
             if any(c.pod_name == flipped for c in changes):
                 seen.append(
@@ -93,7 +105,7 @@ async def test_a_reactivation_inside_a_10000_row_batch_clears_exactly_its_clock_
                             parts.clocks.uid_for(pod_key(NS, n)) is not None for n in early
                         ),
                         "flipped_reconciling": flipped_key in parts.queue.processing,
-                        "flipped_queued": parts.queue.is_dirty(flipped_key),
+                        "flipped_queued": flipped_key in added,
                         "deletes": len(deletes(emu)),
                     }
                 )
@@ -127,7 +139,7 @@ async def test_a_reactivation_inside_a_10000_row_batch_clears_exactly_its_clock_
     for name in early:
         if name == flipped:
             continue
-        observation = parts.clocks.get(parts.clocks.uid_for(pod_key(NS, name)) or "")
+        observation = clock_of(parts.clocks, parts.clocks.uid_for(pod_key(NS, name)) or "")
         assert observation == early_since[name]
     assert all(parts.clocks.uid_for(pod_key(NS, n)) is not None for n in later)
     assert deletes(emu) == []

@@ -19,6 +19,7 @@ from devtools.emulator import Emulator, RunningEmulator
 from devtools.emulator.sandboxpods import Shape
 from service.domain import KEEP_ANNOTATION, SkipReason
 from service.kube.events import REASON_DELETED, REASON_WOULD_DELETE
+from tests.fakes import clock_of
 from tests.integration.test_engine_safety import (
     NS,
     TERMINAL,
@@ -82,7 +83,7 @@ async def test_a_kept_pod_is_never_acted_on_and_is_one_full_threshold_after_rele
         await eventually(
             lambda: parts.clocks.uid_for(f"{NS}/{kept}") == kept_uid, "the kept pod's clock"
         )
-        observation = parts.clocks.get(kept_uid)
+        observation = clock_of(parts.clocks, kept_uid)
         assert observation is not None
         assert observation.since_s >= before_removal
         since_s = observation.since_s

@@ -8,7 +8,6 @@ a failure of the database and leaves as it was raised.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import socket
@@ -26,7 +25,7 @@ from service.kit.errors import ExternalError, Unavailable
 from service.metrics import Metrics
 from service.pg.errors import DRIVER_ERRORS, DatabaseError, StoreClosed
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
-from service.pg.store import KEY_SEPARATOR, LOOKUP_SQL, PgExecutionStore
+from service.pg.store import LOOKUP_SQL, PgExecutionStore
 from tests.pgfixtures import (
     NAMESPACE,
     db_settings,
@@ -62,13 +61,18 @@ def keys(names: list[str]) -> list[str]:
     return [key(n) for n in names]
 
 
+async def lookup(store: PgExecutionStore, pod_key: Any) -> ExecutionRow | None:
+    """One key's row through the batch lookup (a batch of one)."""
+    return (await store.lookup_many([pod_key])).get(pod_key)
+
+
 async def _server_lookup_calls(conn: asyncpg.Connection) -> int:
     """How many times this database ran the lookup statement (pg_stat_statements)."""
     calls = await conn.fetchval(
         """
         SELECT coalesce(sum(calls), 0)::int FROM pg_stat_statements
         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-          AND query LIKE '%FROM unnest(string_to_array($1::text, %'
+          AND query LIKE '%WHERE e.pod_name = ANY($1::text[])%'
         """
     )
     assert isinstance(calls, int)
@@ -106,10 +110,10 @@ async def test_lookup_is_scoped_to_namespace_and_kubernetes_managed_sandboxes(
             active=False,
             kubernetes_managed=True,
         )
-        assert await store.lookup(key("space-sbx-ours-g2")) == expected
+        assert await lookup(store, key("space-sbx-ours-g2")) == expected
         assert await store.read_fresh(key("space-sbx-ours-g2")) == expected
         for absent in ("space-sbx-other-ns-g1", "space-sbx-vm-only-g1", "space-sbx-missing-g1"):
-            assert await store.lookup(key(absent)) is None
+            assert await lookup(store, key(absent)) is None
             assert await store.read_fresh(key(absent)) is None
         many = await store.lookup_many(
             keys(["space-sbx-ours-g2", "space-sbx-other-ns-g1", "space-sbx-vm-only-g1", "nope"])
@@ -143,17 +147,17 @@ async def test_a_row_of_another_namespace_never_answers_for_a_pod_of_the_same_na
     registry = CollectorRegistry()
     async with _store(pg_url, registry, namespaces=(NAMESPACE, "tenant-b")) as store:
         ours, theirs = key("space-sbx-shared-g1"), key("space-sbx-shared-g1", "tenant-b")
-        assert await store.lookup(ours) is None
+        assert await lookup(store, ours) is None
         assert await store.read_fresh(ours) is None
         assert await store.lookup_many([ours]) == {}
-        row = await store.lookup(theirs)
+        row = await lookup(store, theirs)
         assert row is not None and (row.namespace, row.active) == ("tenant-b", False)
         assert await store.read_fresh(theirs) == row
         assert await store.lookup_many([ours, theirs]) == {theirs: row}
         # A namespace not configured has no row, and costs no query.
         queries = metric(registry, BATCH, kind="batch") + metric(registry, BATCH, kind="fresh")
         far = key("space-sbx-far-g1", "unwatched")
-        assert await store.lookup(far) is None
+        assert await lookup(store, far) is None
         assert await store.read_fresh(far) is None
         assert await store.lookup_many([far, "malformed"]) == {}
         assert metric(registry, BATCH, kind="batch") + metric(registry, BATCH, kind="fresh") == (
@@ -175,48 +179,16 @@ async def test_thousand_names_resolve_in_one_query(
         assert await _server_lookup_calls(pg_conn) - calls_before == 1
 
 
-async def test_thousand_concurrent_lookups_share_one_query(
-    pg_url: str, pg_conn: asyncpg.Connection
-) -> None:
-    names = await seed_executions(pg_conn, [f"c{i:04d}" for i in range(1000)])
-    registry = CollectorRegistry()
-    async with _store(pg_url, registry, batch_max_size=1000, batch_max_wait_s=0.05) as store:
-        calls_before = await _server_lookup_calls(pg_conn)
-        results: dict[str, ExecutionRow | None] = {}
-
-        async def one(name: str) -> None:
-            results[name] = await store.lookup(key(name))
-
-        async with anyio.create_task_group() as tg:
-            for name in names:
-                tg.start_soon(one, name)
-        assert set(results) == set(names)
-        assert all(row is not None and row.pod_name == n for n, row in results.items())
-        assert metric(registry, BATCH, kind="batch") == 1
-        assert await _server_lookup_calls(pg_conn) - calls_before == 1
-
-
-async def test_concurrent_lookups_coalesce_and_batches_are_bounded(
+async def test_a_lookup_of_many_keys_is_split_into_batches_of_the_batch_size(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
     names = await seed_executions(pg_conn, [f"b{i:03d}" for i in range(100)])
     registry = CollectorRegistry()
-    async with _store(pg_url, registry, batch_max_size=30, batch_max_wait_s=0.05) as store:
+    async with _store(pg_url, registry, batch_max_size=30) as store:
         calls_before = await _server_lookup_calls(pg_conn)
-        results: list[ExecutionRow | None] = []
-
-        async def one(name: str) -> None:
-            results.append(await store.lookup(key(name)))
-
-        async with anyio.create_task_group() as tg:
-            # 200 callers, each name asked twice in a row: the second caller joins the first's
-            # pending batch. (A caller never joins a query already in flight: that query may
-            # have started before the change the caller is reacting to.)
-            for name in names:
-                tg.start_soon(one, name)
-                tg.start_soon(one, name)
-        assert len(results) == 200 and all(r is not None for r in results)
-        # ceil(100 / 30) = 4 queries: fewer than callers, and none above the batch bound.
+        rows = await store.lookup_many(keys(names) + keys(names))  # each key asked twice
+        assert sorted(rows) == sorted(keys(names))
+        # ceil(100 / 30) = 4 queries, none above the batch bound.
         assert metric(registry, BATCH, kind="batch") == 4
         assert await _server_lookup_calls(pg_conn) - calls_before == 4
 
@@ -233,37 +205,35 @@ async def test_names_with_quotes_and_unicode_round_trip(
         rows = await store.lookup_many(keys([*odd, "it", "名前"]))
         assert sorted(rows) == sorted(keys(odd))
         for name in odd:
-            row = await store.lookup(key(name))
+            row = await lookup(store, key(name))
             assert row is not None and row.pod_name == name
             fresh = await store.read_fresh(key(name))
             assert fresh is not None and fresh.pod_name == name
 
 
-async def test_a_name_holding_the_separator_is_never_asked_for_and_has_no_row(
+async def test_a_name_holding_a_comma_is_asked_for_whole(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
-    # The keys travel joined by the separator: a key that holds it would reach the server as
-    # its parts. No Kubernetes name does; a row that does is never a pod's row.
-    joined = KEY_SEPARATOR.join(["left", "right"])
+    # The pod names travel as an array: a name is never split into parts, whatever it holds
+    # (no Kubernetes name holds a comma; a row that does answers only its own name).
+    joined = "left,right"
     for i, name in enumerate([joined, "left", "right"]):
         await seed_sandbox(pg_conn, f"sep{i}")
         await seed_execution(pg_conn, pod_name=name, sandbox_id=f"sep{i}")
     registry = CollectorRegistry()
     async with _store(pg_url, registry) as store:
-        assert await store.lookup_many(keys([joined])) == {}
-        assert metric(registry, BATCH, kind="batch") == 0  # not even a query
-        assert sorted(await store.lookup_many(keys([joined, "left", "right"]))) == keys(
-            ["left", "right"]
-        )
-        assert await store.lookup(key(joined)) is None
-        assert await store.read_fresh(key(joined)) is None
+        row = await lookup(store, key(joined))
+        assert row is not None and row.pod_name == joined
+        assert list(await store.lookup_many(keys([joined]))) == [key(joined)]
+        assert sorted(await store.lookup_many(keys(["left", "right"]))) == keys(["left", "right"])
+        assert await store.read_fresh(key(joined)) == row
 
 
 async def test_a_key_answers_only_to_the_row_whose_namespace_and_name_make_it_up(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
-    # The server splits each key at its first '/': the parts of a key that is not exactly
-    # "namespace/name" must not find the row they would name on their own.
+    # A key is split at its first '/': the parts of a key that is not exactly "namespace/name"
+    # must not find the row they would name on their own.
     await seed_sandbox(pg_conn, "whole")
     await seed_execution(pg_conn, pod_name="pod", sandbox_id="whole")
     registry = CollectorRegistry()
@@ -271,7 +241,7 @@ async def test_a_key_answers_only_to_the_row_whose_namespace_and_name_make_it_up
         odd = [f"{NAMESPACE}/pod/extra", f"{NAMESPACE}/", f"{NAMESPACE}/pod ", f"{NAMESPACE}//pod"]
         assert await store.lookup_many(odd) == {}
         for one in odd:
-            assert await store.lookup(one) is None
+            assert await lookup(store, one) is None
             assert await store.read_fresh(one) is None
         row = await store.read_fresh(key("pod"))
         assert row is not None and await store.lookup_many([*odd, key("pod")]) == {key("pod"): row}
@@ -292,40 +262,29 @@ async def test_malformed_row_is_counted_and_treated_as_absent(
     registry = CollectorRegistry()
     async with _store(pg_url, registry) as store:
         assert set(await store.lookup_many(keys(["good-pod", "bad-pod"]))) == {key("good-pod")}
-        assert await store.lookup(key("bad-pod")) is None
+        assert await lookup(store, key("bad-pod")) is None
         assert await store.read_fresh(key("bad-pod")) is None
     assert metric(registry, "retired_pod_gc_rows_malformed_total") == 3
 
 
-async def test_query_failure_reaches_every_waiter_as_one_external_error(
+async def test_a_failed_query_raises_one_external_error_and_the_store_recovers(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
     names = await seed_executions(pg_conn, ["l1", "l2", "l3"])
     registry = CollectorRegistry()
     async with _store(pg_url, registry, statement_timeout_s=0.3) as store:
-        errors: list[BaseException] = []
-
-        async def one(name: str) -> None:
-            try:
-                await store.lookup(key(name))
-            except ExternalError as exc:
-                errors.append(exc)
-
         # An exclusive lock held elsewhere makes the lookup outlive its statement timeout.
         async with pg_conn.transaction():
             await pg_conn.execute("LOCK TABLE sandbox_k8s_executions IN ACCESS EXCLUSIVE MODE")
-            with anyio.fail_after(5):
-                async with anyio.create_task_group() as tg:
-                    for name in names:
-                        tg.start_soon(one, name)
+            with anyio.fail_after(5), pytest.raises(ExternalError) as raised:
+                await store.lookup_many(keys(names))
         # The server's statement timeout (a DatabaseError) or the client's (Unavailable),
-        # whichever came first: one failed query, the same error for each of its waiters.
-        assert len(errors) == 3 and errors[0] is errors[1] is errors[2]
-        assert isinstance(errors[0], Unavailable | DatabaseError)
+        # whichever came first: one failed query for the three keys.
+        assert isinstance(raised.value, Unavailable | DatabaseError)
         assert metric(registry, "retired_pod_gc_row_query_errors_total") == 1
         assert metric(registry, BATCH, kind="batch") == 1
         # The store recovers once the lock is gone.
-        row = await store.lookup(key(names[0]))
+        row = await lookup(store, key(names[0]))
         assert row is not None
 
 
@@ -339,9 +298,8 @@ def _refusing_port() -> Iterator[int]:
 
 
 def _reads(store: PgExecutionStore, pod_key: Any) -> dict[str, Callable[[], Awaitable[object]]]:
-    """Each read of the store, by name (batched, many, fresh)."""
+    """Each read of the store, by name (the batch lookup, the fresh read)."""
     return {
-        "lookup": lambda: store.lookup(pod_key),
         "lookup_many": lambda: store.lookup_many([pod_key]),
         "read_fresh": lambda: store.read_fresh(pod_key),
     }
@@ -359,7 +317,7 @@ async def test_a_refused_connection_raises_unavailable_not_the_socket_error() ->
                     await read()
                 assert not isinstance(raised.value, DRIVER_ERRORS), what
                 assert isinstance(raised.value.__cause__, ConnectionRefusedError), what
-    assert metric(registry, "retired_pod_gc_row_query_errors_total") == 3
+    assert metric(registry, "retired_pod_gc_row_query_errors_total") == 2
 
 
 async def test_reads_raise_unavailable_once_the_server_is_stopped() -> None:
@@ -384,7 +342,7 @@ async def test_reads_raise_unavailable_once_the_server_is_stopped() -> None:
                 assert not isinstance(raised.value, DRIVER_ERRORS), what
                 assert isinstance(raised.value.__cause__, DRIVER_ERRORS), what
             assert await store.ping() is False
-    assert metric(registry, "retired_pod_gc_row_query_errors_total") == 3
+    assert metric(registry, "retired_pod_gc_row_query_errors_total") == 2
 
 
 async def test_an_error_the_server_answers_with_raises_database_error_with_its_sqlstate(
@@ -403,7 +361,7 @@ async def test_an_error_the_server_answers_with_raises_database_error_with_its_s
             assert isinstance(raised.value.__cause__, asyncpg.UndefinedTableError), what
         # The server answers SELECT 1: the database is reachable, whatever the reads hit.
         assert await store.ping() is True
-    assert metric(registry, "retired_pod_gc_row_query_errors_total") == 3
+    assert metric(registry, "retired_pod_gc_row_query_errors_total") == 2
 
 
 async def test_an_argument_that_is_not_a_key_is_a_bug_and_propagates_as_raised(
@@ -429,16 +387,11 @@ async def test_ping_reports_a_reachable_database(pg_url: str) -> None:
         assert metric(up, "retired_pod_gc_database_up") == 1
 
 
-async def test_close_fails_waiting_lookups_and_leaves_no_task(pg_url: str) -> None:
-    store = _store(pg_url, CollectorRegistry(), batch_max_wait_s=10.0)
+async def test_reads_after_close_raise_store_closed(pg_url: str) -> None:
+    store = _store(pg_url, CollectorRegistry())
     await store.start()
-    waiter: asyncio.Task[ExecutionRow | None] = asyncio.get_running_loop().create_task(
-        store.lookup(key("never-flushed"))
-    )
-    await anyio.sleep(0.01)
+    assert await store.lookup_many([key("before-close")]) == {}
     await store.aclose()
-    with pytest.raises(StoreClosed):
-        await waiter
     for read in _reads(store, key("after-close")).values():
         with pytest.raises(StoreClosed):
             await read()
@@ -478,7 +431,7 @@ async def _assert_lookup_uses_the_index(pg_conn: asyncpg.Connection, plan_cache_
     asked = keys([f"space-sbx-i{n}-g1" for n in range(1, 100000, 400)])
     plan = await pg_conn.fetchval(
         f"EXPLAIN (FORMAT JSON) {LOOKUP_SQL}",
-        KEY_SEPARATOR.join(asked),
+        [name.partition("/")[2] for name in asked],
         [NAMESPACE],
         "kubernetes",
     )
@@ -487,24 +440,21 @@ async def _assert_lookup_uses_the_index(pg_conn: asyncpg.Connection, plan_cache_
     assert '"Seq Scan"' not in text
 
 
-async def test_a_lookup_many_caller_giving_up_does_not_cancel_its_query(
+async def test_a_caller_giving_up_hands_its_pooled_connection_back(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
     await seed_sandbox(pg_conn, "s1")
     await seed_execution(pg_conn, pod_name="space-sbx-s1-g1", sandbox_id="s1")
     registry = CollectorRegistry()
-    async with _store(pg_url, registry, statement_timeout_s=5.0) as store:
+    # One connection in the pool: one the cancelled lookup kept would starve every later read.
+    async with _store(pg_url, registry, pool_size=1, statement_timeout_s=5.0) as store:
         async with pg_conn.transaction():
             await pg_conn.execute("LOCK TABLE sandbox_k8s_executions IN ACCESS EXCLUSIVE MODE")
             with anyio.move_on_after(0.2) as gave_up:
                 await store.lookup_many([key("space-sbx-s1-g1")])
             assert gave_up.cancelled_caught
-            await anyio.sleep(0.1)
-            assert len(store._inflight) == 1  # the query still waits for the lock, uncancelled
-        # The lock is gone: the query completes on its own and hands its connection back.
         with anyio.fail_after(5):
-            while store._inflight:
-                await anyio.sleep(0.01)
+            rows = await store.lookup_many([key("space-sbx-s1-g1")])
+            assert set(rows) == {key("space-sbx-s1-g1")}
+            assert await store.read_fresh(key("space-sbx-s1-g1")) == rows[key("space-sbx-s1-g1")]
         assert metric(registry, "retired_pod_gc_row_query_errors_total") == 0
-        rows = await store.lookup_many([key("space-sbx-s1-g1")])
-        assert set(rows) == {key("space-sbx-s1-g1")}

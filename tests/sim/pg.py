@@ -39,7 +39,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from service.pg.store import FRESH_SQL, KEY_SEPARATOR, LOOKUP_SQL, MANAGED_BY_KUBERNETES
+from service.pg.store import FRESH_SQL, LOOKUP_SQL, MANAGED_BY_KUBERNETES
 from tests.chaos.model import NAMESPACE, RowTruth
 from tests.sim.net import Call, Net
 
@@ -209,27 +209,22 @@ class Database:
     # -- queries ---------------------------------------------------------------------------
 
     def run(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        """``LOOKUP_SQL`` (or ``FRESH_SQL``): the rows answering the keys asked for, each with
-        its columns (``COLUMNS``) and then the key it answers."""
+        """``LOOKUP_SQL`` (or ``FRESH_SQL``): the rows of the pod names asked for, each with its
+        columns (``COLUMNS``)."""
         assert sql in (LOOKUP_SQL, FRESH_SQL), f"a statement the model does not know: {sql!r}"
-        joined, namespaces, managed = args
+        asked, namespaces, managed = args
         assert managed == MANAGED_BY_KUBERNETES
         now = self.net.loop.time()
         fresh = sql == FRESH_SQL
-        keys = list(dict.fromkeys(joined.split(KEY_SEPARATOR)))
-        # The pod name the server looks a key up by: split_part(key, '/', 2).
-        name_of = {key: key.partition("/")[2].partition("/")[0] for key in keys}
-        names = sorted(set(name_of.values()))
+        names = sorted(set(asked))
         if fresh:
             for name in names:
                 self.rereads.setdefault(name, []).append(now)
         out = []
-        for key, name in name_of.items():
+        for name in names:
             row = self.rows.get(name)
             if row is None or not row.managed or NAMESPACE not in namespaces:
                 continue
-            if key != f"{NAMESPACE}/{name}":
-                continue  # the row answers only the key its namespace and name make up
             out.append(
                 (
                     name,
@@ -240,7 +235,6 @@ class Database:
                     row.pod_kind,
                     row.state,
                     row.active,
-                    key,
                 )
             )
         self.trace(f"pg {'REREAD' if fresh else 'LOOKUP'} {','.join(names)} -> {len(out)}")

@@ -29,10 +29,12 @@ from tests.fakes import (
     NAMESPACE,
     EngineRig,
     FakePodCache,
+    clock_of,
     make_pod,
     make_rig,
     make_row,
     make_settings,
+    take_ready,
 )
 from tests.virtualtime import settle
 
@@ -74,7 +76,7 @@ async def test_deletes_only_after_the_threshold_with_uid_and_rv_preconditions() 
         rig.add(pod, make_row(pod))  # the watch event enqueues it at once
         await settle()
         assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 1
-        assert rig.queue.due_at(pod.key) == T0 + 300  # requeued for exactly the expiry
+        assert rig.queue.delayed == 1  # requeued: the delete below comes at exactly the expiry
         rig.add(structs.replace(pod, resource_version="131"))  # a reapable-shape status write
         await rig.advance(299.5)
         assert rig.pods.deletes == []
@@ -96,12 +98,12 @@ async def test_pods_failing_the_prefilter_are_not_enqueued_but_clear_their_clock
     pod = make_pod()
     rig.add(pod, make_row(pod))
     assert len(rig.queue) == 1
-    await rig.reconcile(await rig.queue.get() or "")
-    rig.queue.done(pod.key)
-    assert rig.clocks.get(pod.uid) is not None
+    assert await take_ready(rig.queue) == [pod.key]
+    await rig.reconcile(pod.key)
+    assert clock_of(rig.clocks, pod.uid) is not None
     running_pod = structs.replace(pod, phase=PodPhase.RUNNING, resource_version="2")
     rig.add(running_pod)
-    assert rig.clocks.get(pod.uid) is None
+    assert clock_of(rig.clocks, pod.uid) is None
     assert len(rig.queue) == 0
 
 
@@ -298,18 +300,14 @@ async def test_cache_synced_enqueues_candidates_and_prunes_reports_of_vanished_p
     for pod in (kept, vanished):
         await rig.reconcile(pod.key)
     assert rig.clocks.reported_count == 2
-    while len(rig.queue):  # the requeues of those reconciles: not what is asserted below
-        rig.queue.done(await rig.queue.get() or "")
+    await take_ready(rig.queue)  # the requeues of those reconciles: not what is asserted below
     rig.controller.cache_cold(NAMESPACE)
     rig.cache.remove(vanished.key)  # deleted while the watch was down: no event
     rig.add(running_pod, event=False)
     rig.controller.cache_synced(NAMESPACE)
     assert rig.clocks.reported_count == 1
     assert rig.clocks.was_reported(kept.uid)
-    keys = []
-    while len(rig.queue):
-        keys.append(await rig.queue.get())
-    assert keys == [kept.key]  # only candidates; the Running pod is not enqueued
+    assert await take_ready(rig.queue) == [kept.key]  # only candidates; not the Running pod
 
 
 # ------------------------------------------------------------ notifications
@@ -325,7 +323,7 @@ async def test_a_retirement_notification_enqueues_and_records_its_latency() -> N
         received_at_s=clock.now() - 0.004,
     )
     rig.controller.executions_changed([change])
-    assert rig.queue.is_dirty(pod.key)
+    assert await take_ready(rig.queue) == [pod.key]
     assert rig.sample("retired_pod_gc_retirement_to_enqueue_seconds_count") == 1
     assert rig.sample("retired_pod_gc_retirement_to_enqueue_seconds_sum") == pytest.approx(0.004)
 
@@ -340,8 +338,7 @@ async def test_a_batch_clears_exactly_its_keys_clocks_at_once_and_enqueues_them_
         rig.add(pod, make_row(pod), event=False)
         assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
     assert len(rig.clocks) == 6
-    while len(rig.queue):
-        rig.queue.done(await rig.queue.get())
+    await take_ready(rig.queue)
     in_batch, outside = pods[:4], pods[4:]
     batch = [
         _change(in_batch[0], active=True, state=ExecutionState.ACTIVE),  # a re-activation
@@ -361,6 +358,24 @@ async def test_a_batch_clears_exactly_its_keys_clocks_at_once_and_enqueues_them_
     # One latency sample for the notification (it carries retirements), not one per row.
     assert rig.sample("retired_pod_gc_retirement_to_enqueue_seconds_count") == 1
     assert rig.sample("retired_pod_gc_retirement_to_enqueue_seconds_sum") == pytest.approx(0.004)
+
+
+@pytest.mark.anyio
+async def test_a_change_of_a_pod_name_not_cached_clears_its_clock_and_enqueues_nothing() -> None:
+    # A change names a pod name in every watched namespace; where no pod of that name is
+    # cached there is nothing to reconcile (a pod that appears later is enqueued by its event).
+    rig = make_rig()
+    pod, elsewhere = make_pod("held"), make_pod("not-held")
+    rig.add(pod, make_row(pod), event=False)
+    rig.clocks.observe(elsewhere.uid, elsewhere.key, Verdict.TERMINAL_RETIRED, clock.now())
+    rig.controller.executions_changed(
+        [
+            _change(pod, active=False, state=ExecutionState.REPLACED),
+            _change(elsewhere, active=True, state=ExecutionState.ACTIVE),
+        ]
+    )
+    assert rig.clocks.uid_for(elsewhere.key) is None
+    assert await take_ready(rig.queue) == [pod.key]
 
 
 @pytest.mark.anyio
@@ -463,15 +478,18 @@ async def test_keys_already_queued_when_leadership_is_lost_are_dropped() -> None
     pod = make_pod()
     rig.add(pod, make_row(pod))
     rig.controller.set_leader(False)
-    key = await rig.queue.get()
-    assert key == pod.key
-    result = await rig.reconcile(key)
-    rig.queue.done(key)
-    assert result is not None and result.outcome == "inactive"
+    assert await rig.queue.get_batch(10) == [pod.key]
+    result = await rig.reconcile(pod.key)
+    assert result.outcome == "inactive"
+    assert rig.queue.processing == frozenset()
     assert rig.store.queries == 0
 
 
 # ------------------------------------------------------------ worker loop
+
+
+def _messages(caplog: pytest.LogCaptureFixture, part: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if part in r.getMessage()]
 
 
 class _ExplodingCache(FakePodCache):
@@ -482,7 +500,7 @@ class _ExplodingCache(FakePodCache):
 
 
 @pytest.mark.anyio
-async def test_a_malformed_key_never_crashes_a_worker() -> None:
+async def test_a_malformed_key_never_crashes_a_worker(caplog: pytest.LogCaptureFixture) -> None:
     rig = make_rig()
     exploding = _ExplodingCache()
     rig.cache = exploding
@@ -493,40 +511,46 @@ async def test_a_malformed_key_never_crashes_a_worker() -> None:
         for bad in ("no-slash", "a/b/c", "", f"{NAMESPACE}/boom"):
             rig.queue.add(bad)
         await settle()
+        dropped = _messages(caplog, "malformed work-queue key")
+        assert {m.rsplit(": ", 1)[1] for m in dropped} == {"'no-slash'", "'a/b/c'", "''"}
         await rig.advance(1)
         await settle()
         rig.add(pod, make_row(pod))
         await rig.advance(300)
-        assert rig.queue.num_requeues(f"{NAMESPACE}/boom") >= 2  # raised, backed off, retried
-        assert rig.queue.num_requeues("no-slash") == 0  # malformed: dropped, not retried
+    # The key that raises is backed off and retried; a malformed key is dropped, not retried.
+    assert len(_messages(caplog, f"reconcile of '{NAMESPACE}/boom' raised")) >= 2
+    assert _messages(caplog, "malformed work-queue key") == dropped
     assert rig.pods.deleted_keys == [pod.key]  # the one worker lived on
     assert rig.sample("retired_pod_gc_reconcile_errors_total") >= 2
 
 
 @pytest.mark.anyio
 async def test_worker_results_map_onto_the_queue_like_controller_runtime() -> None:
-    rig = make_rig()
+    rig = make_rig()  # the queue's backoff: 5 ms after the first failure, doubling
     pod = make_pod()
     rig.add(pod, make_row(pod), event=False)
+
+    async def ready_after(delay_s: float) -> None:
+        """The key comes back after ``delay_s`` (within 10 %), not before."""
+        await rig.advance(delay_s * 0.9)
+        assert len(rig.queue) == 0 and rig.queue.delayed == 1
+        await rig.advance(delay_s * 0.2)
+        assert await rig.queue.get_batch(10) == [pod.key]
+
     rig.store.lookup_error = Unavailable("db down")
-    for expected in (1, 2, 3):
-        rig.queue.add(pod.key)
-        await rig.advance(100)
-        key = await rig.queue.get()
-        assert key is not None
-        result = await rig.reconcile(key)
-        rig.queue.done(key)
-        assert result is not None and result.action is Action.BACKOFF
-        assert rig.queue.num_requeues(pod.key) == expected
+    rig.queue.add(pod.key)
+    assert await rig.queue.get_batch(10) == [pod.key]
+    for delay_s in (0.005, 0.010, 0.020):  # backoff: rate-limited requeue, one more failure each
+        result = await rig.reconcile(pod.key)
+        assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.LOOKUP_FAILED)
+        await ready_after(delay_s)
     rig.store.lookup_error = None
-    await rig.advance(100)
-    key = await rig.queue.get()
-    assert key is not None
-    result = await rig.reconcile(key)
-    rig.queue.done(key)
-    assert result is not None and result.action is Action.REQUEUE_AFTER
-    assert rig.queue.num_requeues(pod.key) == 0  # forgotten on success
-    assert rig.queue.due_at(pod.key) == clock.now() + 300
+    result = await rig.reconcile(pod.key)  # requeue after: forget, and add after the delay
+    assert (result.action, result.requeue_after_s) == (Action.REQUEUE_AFTER, 300.0)
+    await ready_after(300.0)
+    rig.store.lookup_error = Unavailable("db down")
+    await rig.reconcile(pod.key)
+    await ready_after(0.005)  # the success forgot the failures
 
 
 @pytest.mark.anyio
@@ -590,8 +614,7 @@ async def test_resync_enqueues_every_cached_candidate_and_only_those() -> None:
     for pod in candidates + others:
         rig.add(pod, event=False)
     assert rig.controller.resync() == 3
-    assert {await rig.queue.get() for _ in range(3)} == {p.key for p in candidates}
-    assert len(rig.queue) == 0
+    assert sorted(await take_ready(rig.queue)) == sorted(p.key for p in candidates)
 
 
 @pytest.mark.anyio
@@ -613,7 +636,7 @@ def test_observation_clocks_restart_on_a_new_uid_and_index_by_key() -> None:
     assert clocks.observe("u1", "ns/a", Verdict.TERMINAL_RETIRED, 10.0) == 0.0
     assert clocks.observe("u1", "ns/a", Verdict.TERMINAL_RETIRED, 25.0) == 15.0
     assert clocks.observe("u2", "ns/a", Verdict.TERMINAL_RETIRED, 30.0) == 0.0
-    assert clocks.get("u1") is None and clocks.uid_for("ns/a") == "u2"
+    assert clock_of(clocks, "u1") is None and clocks.uid_for("ns/a") == "u2"
     clocks.clear_key("ns/a")
     assert len(clocks) == 0 and clocks.uid_for("ns/a") is None
 
@@ -623,16 +646,16 @@ async def test_a_sync_in_progress_enqueues_nothing_but_still_clears_clocks_at_ev
     rig = make_rig()
     pod = make_pod()
     await _observed_for_100s(rig, pod, make_row(pod))
-    assert rig.clocks.get(pod.uid) is not None
+    assert clock_of(rig.clocks, pod.uid) is not None
     rig.cache.synced = False  # a relist is filling the cache
     rig.add(structs.replace(pod, resource_version="101", pod_ip="10.0.0.1"))  # changed
-    assert rig.clocks.get(pod.uid) is None  # cleared when the event arrived
+    assert clock_of(rig.clocks, pod.uid) is None  # cleared when the event arrived
     other = make_pod("other")
     rig.add(other, make_row(other))
-    assert not rig.queue.is_dirty(pod.key) and not rig.queue.is_dirty(other.key)
+    assert await take_ready(rig.queue) == []
     rig.cache.synced = True
     rig.controller.cache_synced(NAMESPACE)  # the end of the sync enqueues every candidate
-    assert rig.queue.is_dirty(pod.key) and rig.queue.is_dirty(other.key)
+    assert sorted(await take_ready(rig.queue)) == sorted([pod.key, other.key])
 
 
 @pytest.mark.anyio
@@ -656,7 +679,7 @@ async def test_a_bug_in_an_adapter_is_logged_counted_and_never_deletes(
             await rig.advance(300)
         result = await rig.reconcile(pod.key)
         assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
-        assert rig.clocks.get(pod.uid) is None  # a gap in the observation
+        assert clock_of(rig.clocks, pod.uid) is None  # a gap in the observation
         await rig.advance(300)
     assert rig.pods.deletes == []
     assert rig.sample("retired_pod_gc_reconcile_bugs_total") == 3
@@ -686,7 +709,7 @@ async def test_a_namespace_going_cold_clears_only_its_own_clocks_and_its_own_key
     await rig.advance(200)
     rig.controller.cache_cold(OTHER)
     rig.cache.cold_namespaces.add(OTHER)
-    assert rig.clocks.get(ours.uid) is not None and rig.clocks.get(theirs.uid) is None
+    assert clock_of(rig.clocks, ours.uid) is not None and clock_of(rig.clocks, theirs.uid) is None
     # A key is judged by the cache of its own namespace: OTHER's waits, ours goes on.
     results = await rig.reconcile_batch([ours.key, theirs.key])
     assert results[theirs.key].outcome == ReconcileOutcome.CACHE_COLD
@@ -699,7 +722,7 @@ async def test_a_namespace_going_cold_clears_only_its_own_clocks_and_its_own_key
     # Synced again: only then does OTHER's pod start a clock, from zero.
     rig.cache.cold_namespaces.clear()
     rig.controller.cache_synced(OTHER)
-    assert rig.queue.is_dirty(theirs.key)
+    assert theirs.key in await take_ready(rig.queue)
     assert (await rig.reconcile(theirs.key)).requeue_after_s == 300.0
 
 
@@ -717,7 +740,7 @@ async def test_a_key_of_a_namespace_not_configured_is_never_acted_on() -> None:
     assert rig.pods.deletes == [] and rig.pods.gets == [] and rig.store.queries == 0
     # Its events do not enqueue it either: that namespace has no synced cache.
     rig.controller.pod_changed(None, structs.replace(stray, resource_version="101"))
-    assert not rig.queue.is_dirty(stray.key)
+    assert await take_ready(rig.queue) == []
 
 
 @pytest.mark.anyio
@@ -763,8 +786,7 @@ def test_clearing_a_namespace_stops_its_clocks_and_its_observations_in_flight_on
     lookalike = make_pod("c", namespace=f"{OTHER}-2")
     for pod in (ours, theirs, lookalike):
         assert clocks.observe(pod.uid, pod.key, Verdict.TERMINAL_RETIRED, 0.0) == 0.0
-    for pod in (ours, theirs):
-        clocks.begin(pod.key)
+    clocks.begin([ours.key, theirs.key])
     clocks.clear_namespace(OTHER)
     assert clocks.elapsed(theirs.uid, 10.0) is None and clocks.uid_for(theirs.key) is None
     assert clocks.elapsed(ours.uid, 10.0) == 10.0
@@ -786,7 +808,8 @@ def test_clearing_a_batch_or_a_namespace_forgets_what_its_clocks_waited_for(clea
         assert clocks.observe(f"uid-{i}", key, Verdict.TERMINAL_RETIRED, 0.0) == 0.0
         clocks.set_waiting(f"uid-{i}", Waiting.BUDGET)
     if clearing == "keys":
-        clocks.clear_keys(keys)
+        for key in keys:
+            clocks.clear_key(key)
     else:
         clocks.clear_namespace(NAMESPACE)
     assert clocks.running() == []

@@ -1,11 +1,12 @@
-"""``observe_many`` records exactly what as many ``observe`` calls would."""
+"""``KeyHistogram`` exports exactly what ``prometheus_client``'s ``Histogram`` exports for the
+same observations."""
 
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from service.metrics import observe_many
+from service.metrics import KeyHistogram
 
 
 def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -17,16 +18,39 @@ def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, st
     }
 
 
-@pytest.mark.parametrize("amount", [0.0, 0.0009, 0.001, 0.3, 7.5, 1e9, -1.0])
-@pytest.mark.parametrize("count", [0, 1, 2, 10_000])
-def test_observe_many_is_count_observes(amount: float, count: int) -> None:
-    one, many = CollectorRegistry(), CollectorRegistry()
+@pytest.mark.parametrize("buckets", [(0.001, 0.01, 0.5, 1, 10), (0.25, 2.5, 30)])
+@pytest.mark.parametrize(
+    "amounts",
+    [[], [0.0], [0.001], [0.0009, 0.3, 7.5], [1e9, -1.0, 1.0, 10], [0.02] * 1000],
+)
+def test_key_histogram_exports_what_histogram_exports(
+    buckets: tuple[float, ...], amounts: list[float]
+) -> None:
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    histogram = Histogram("h_seconds", "help", buckets=buckets, registry=theirs)
+    key_histogram = KeyHistogram("h_seconds", "help", buckets=buckets, registry=ours)
+    for amount in amounts:
+        histogram.observe(amount)
+        key_histogram.observe(amount)
+    assert _samples(ours) == pytest.approx(_samples(theirs))
+    exported = [
+        line for line in generate_latest(theirs).decode().splitlines() if "_created" not in line
+    ]
+    assert generate_latest(ours).decode().splitlines() == exported
+
+
+@pytest.mark.parametrize("amount", [0.0, 0.001, 0.3, 1e9, -1.0])
+@pytest.mark.parametrize("count", [0, 1, 3, 10_000])
+def test_key_histogram_observing_a_count_is_observing_that_many_times(
+    amount: float, count: int
+) -> None:
+    once, each = CollectorRegistry(), CollectorRegistry()
     buckets = (0.001, 0.01, 0.5, 1, 10)
-    h_one = Histogram("h", "h", buckets=buckets, registry=one)
-    h_many = Histogram("h", "h", buckets=buckets, registry=many)
-    h_one.observe(0.02)  # something there already
-    h_many.observe(0.02)
+    together = KeyHistogram("h", "h", buckets=buckets, registry=once)
+    one_by_one = KeyHistogram("h", "h", buckets=buckets, registry=each)
+    together.observe(0.02)  # something there already
+    one_by_one.observe(0.02)
+    together.observe(amount, count)
     for _ in range(count):
-        h_one.observe(amount)
-    observe_many(h_many, amount, count)
-    assert _samples(many) == pytest.approx(_samples(one))
+        one_by_one.observe(amount)
+    assert _samples(once) == pytest.approx(_samples(each))

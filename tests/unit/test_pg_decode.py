@@ -32,13 +32,13 @@ def _record(**overrides: Any) -> tuple[Any, ...]:
         "active": False,
     }
     base.update(overrides)
-    return (*(base[column] for column in COLUMNS), f"{base['namespace']}/{base['pod_name']}")
+    return tuple(base[column] for column in COLUMNS)
 
 
-def test_lookup_selects_the_columns_decode_row_unpacks_in_its_order_then_the_key() -> None:
+def test_lookup_selects_the_columns_decode_row_unpacks_in_its_order() -> None:
     select = LOOKUP_SQL.split("SELECT", 1)[1].split("FROM", 1)[0]
     selected = tuple(item.strip().rpartition(".")[2] for item in select.split(","))
-    assert selected == (*COLUMNS, "key")
+    assert selected == COLUMNS
 
 
 def test_decode_row_maps_every_known_state_and_unknown_strings_to_unknown() -> None:

@@ -31,6 +31,7 @@ from tests.fakes import (
     NAMESPACE,
     EngineRig,
     FakePodClient,
+    clock_of,
     make_pending_pod,
     make_pod,
     make_rig,
@@ -147,7 +148,7 @@ async def test_invariant1_no_delete_when_the_final_re_read_is_not_retired(fresh:
     result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.CHANGED
     assert rig.pods.deletes == []
-    assert rig.clocks.get(pod.uid) is None
+    assert clock_of(rig.clocks, pod.uid) is None
     assert rig.store.fresh_reads == 1
 
 
@@ -215,7 +216,7 @@ async def test_a_pod_recreated_under_the_same_name_starts_its_own_clock() -> Non
     result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.TOO_YOUNG
     assert result.requeue_after_s == 300.0
-    assert rig.clocks.get(pod.uid) is None
+    assert clock_of(rig.clocks, pod.uid) is None
     assert rig.pods.deletes == []
 
 
@@ -278,7 +279,7 @@ async def test_a_failed_lookup_restarts_the_clock_and_backs_off() -> None:
     rig.store.lookup_error = Unavailable("db down")
     failed = await rig.reconcile(pod.key)
     assert (failed.action, failed.outcome) == (Action.BACKOFF, ReconcileOutcome.LOOKUP_FAILED)
-    assert rig.clocks.get(pod.uid) is None
+    assert clock_of(rig.clocks, pod.uid) is None
     rig.store.lookup_error = None
     await rig.advance(150)
     assert (await rig.reconcile(pod.key)).requeue_after_s == 300.0
@@ -292,7 +293,7 @@ async def test_a_failed_fresh_re_read_restarts_the_clock_and_sends_nothing() -> 
     rig.store.fresh_error = Unavailable("statement timeout")
     result = await rig.reconcile(pod.key)
     assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.LOOKUP_FAILED)
-    assert rig.clocks.get(pod.uid) is None
+    assert clock_of(rig.clocks, pod.uid) is None
     assert rig.pods.deletes == []
 
 
@@ -370,7 +371,7 @@ async def test_404_on_delete_is_benign_and_counted() -> None:
         )
         == 1
     )
-    assert rig.clocks.get(pod.uid) is None
+    assert clock_of(rig.clocks, pod.uid) is None
 
 
 @pytest.mark.anyio
@@ -383,7 +384,7 @@ async def test_409_on_delete_is_benign_counted_and_looked_at_again() -> None:
     assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.CONFLICT)
     assert result.requeue_after_s == 1.0
     assert rig.outcome(ReconcileOutcome.CONFLICT) == 1
-    assert rig.clocks.get(pod.uid) is not None  # still the same pod, still reapable
+    assert clock_of(rig.clocks, pod.uid) is not None  # still the same pod, still reapable
     retry = await rig.reconcile(pod.key)
     assert retry.outcome == Verdict.TERMINAL_RETIRED
     assert len(rig.pods.deletes) == 2
@@ -416,7 +417,7 @@ async def test_a_failed_delete_is_retried_with_its_clock_kept_and_verified_again
         == 1
     )
     # The key is not lost: its clock runs on, and the retry verifies again before its DELETE.
-    assert rig.clocks.get(pod.uid) is not None
+    assert clock_of(rig.clocks, pod.uid) is not None
     gets = len(rig.pods.gets)
     retry = await rig.reconcile(pod.key)
     assert retry.outcome == Verdict.TERMINAL_RETIRED
@@ -432,7 +433,7 @@ async def test_a_failed_fresh_get_backs_off_and_sends_nothing() -> None:
     result = await rig.reconcile(pod.key)
     assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
     assert rig.pods.deletes == []
-    assert rig.clocks.get(pod.uid) is not None  # no answer says nothing about the pod
+    assert clock_of(rig.clocks, pod.uid) is not None  # no answer says nothing about the pod
     rig.pods.get_error = None
     assert (await rig.reconcile(pod.key)).outcome == Verdict.TERMINAL_RETIRED
 
@@ -447,7 +448,7 @@ async def test_an_undecodable_fresh_get_clears_the_clock_is_retried_and_never_de
     assert rig.pods.deletes == []
     assert rig.sample("retired_pod_gc_reconcile_bugs_total") == 0  # expected, not a bug
     # A gap in what is known of the pod: its continuous observation starts over.
-    assert rig.clocks.get(pod.uid) is None
+    assert clock_of(rig.clocks, pod.uid) is None
     rig.pods.get_error = None
     again = await rig.reconcile(pod.key)
     assert (again.outcome, again.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
@@ -472,7 +473,7 @@ async def test_dry_run_verifies_but_never_deletes_and_reports_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="service.engine")
-    rig, pod = _rig(dry_run=True)
+    rig, pod = _rig(dry_run=True, deletes_per_minute=1)
     await _expire(rig, pod)
     first = await rig.reconcile(pod.key)
     assert first.outcome == Verdict.TERMINAL_RETIRED
@@ -489,7 +490,7 @@ async def test_dry_run_verifies_but_never_deletes_and_reports_once(
     reports = [r for r in caplog.records if "would reap" in r.getMessage()]
     assert len(reports) == 1
     assert rig.pods.gets == [pod.key]  # a reported UID costs no more API calls
-    assert rig.budget.granted_in_window() == 0  # dry run spends no delete tokens
+    assert rig.budget.retry_after_s() == 0.0  # dry run spends no delete token (cap 1)
 
 
 @pytest.mark.anyio
@@ -705,7 +706,7 @@ async def test_no_delete_or_report_when_notifications_cannot_be_synced(dry_run: 
     assert barrier.calls == 1
     assert rig.pods.deletes == []
     assert rig.outcome(Verdict.TERMINAL_RETIRED) == 0
-    assert rig.clocks.get(pod.uid) is None  # a gap in what we know restarts the clock
+    assert clock_of(rig.clocks, pod.uid) is None  # a gap in what we know restarts the clock
 
 
 @pytest.mark.anyio
@@ -731,11 +732,11 @@ async def test_a_flip_still_in_flight_at_the_final_check_stops_the_delete() -> N
 
 @pytest.mark.anyio
 async def test_delete_tokens_are_spent_on_verified_candidates_only() -> None:
-    rig, pod = _rig(deletes_per_minute=3)
+    rig, pod = _rig(deletes_per_minute=1)
     await _expire(rig, pod)
     # The server already has the pod Running again (the watch has not delivered it yet).
     rig.pods.pods[pod.key] = structs.replace(pod, phase=PodPhase.RUNNING, resource_version="7")
     result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.CHANGED
     assert rig.pods.deletes == []
-    assert rig.budget.granted_in_window() == 0
+    assert rig.budget.retry_after_s() == 0.0  # the one token of the window is unspent

@@ -20,10 +20,16 @@ def _queue(**kw: object) -> WorkQueue:
     return WorkQueue(**kw)  # type: ignore[arg-type]
 
 
+async def _get_one(queue: WorkQueue) -> str | None:
+    """One key, as a worker taking batches of one takes it (``None``: shut down)."""
+    keys = await queue.get_batch(1)
+    return None if keys is None else keys[0]
+
+
 async def _get_now(queue: WorkQueue) -> str | None:
     """A get that must not block (fails the test instead of hanging)."""
     with anyio.fail_after(1):
-        return await queue.get()
+        return await _get_one(queue)
 
 
 @pytest.mark.anyio
@@ -49,7 +55,7 @@ async def test_a_key_in_flight_is_not_handed_to_a_second_worker_and_returns_afte
     async with anyio.create_task_group() as tg:
 
         async def second_worker() -> None:
-            got.append(await queue.get())
+            got.append(await _get_one(queue))
 
         tg.start_soon(second_worker)
         await settle()
@@ -73,11 +79,9 @@ async def test_done_without_a_re_add_does_not_requeue() -> None:
 @pytest.mark.anyio
 async def test_add_after_keeps_the_earliest_due_time() -> None:
     queue = _queue()
-    start = clock.now()
     queue.add_after("ns/a", 10)
     queue.add_after("ns/a", 5)
     queue.add_after("ns/a", 7)
-    assert queue.due_at("ns/a") == start + 5
     assert queue.delayed == 1
     await advance(4.999)
     assert len(queue) == 0
@@ -97,7 +101,7 @@ async def test_a_getter_blocked_on_an_empty_queue_is_woken_at_the_due_time() -> 
     async with anyio.create_task_group() as tg:
 
         async def worker() -> None:
-            key = await queue.get()
+            key = await _get_one(queue)
             got.append((key, clock.now()))
 
         tg.start_soon(worker)
@@ -162,12 +166,20 @@ async def test_add_rate_limited_requeues_after_the_keys_backoff() -> None:
     queue.add_rate_limited("ns/a")
     queue.add_rate_limited("ns/b")
     queue.add_rate_limited("ns/b")  # second failure of b: 10 ms, but the 5 ms add is earlier
-    assert queue.num_requeues("ns/b") == 2
     assert len(queue) == 0
     await advance(0.005)
     assert {await _get_now(queue), await _get_now(queue)} == {"ns/a", "ns/b"}
+    queue.done("ns/a", "ns/b")
     queue.forget("ns/a")
-    assert queue.num_requeues("ns/a") == 0
+    queue.add_rate_limited("ns/a")  # forgotten: a first failure again, 5 ms
+    queue.add_rate_limited("ns/b")  # the third failure of b: 20 ms
+    await advance(0.006)
+    assert await _get_now(queue) == "ns/a"
+    assert len(queue) == 0
+    await advance(0.010)
+    assert len(queue) == 0
+    await advance(0.006)
+    assert await _get_now(queue) == "ns/b"
 
 
 @pytest.mark.anyio
@@ -178,7 +190,7 @@ async def test_shut_down_stops_accepting_and_wakes_getters_with_none() -> None:
         for _ in range(3):
 
             async def worker() -> None:
-                results.append(await queue.get())
+                results.append(await _get_one(queue))
 
             tg.start_soon(worker)
         await settle()
@@ -243,10 +255,10 @@ async def test_a_cancelled_getter_does_not_strand_a_key(cancel_before_add: bool)
         async def doomed() -> None:
             with anyio.CancelScope() as scope:
                 scopes.append(scope)
-                got.append(await queue.get())
+                got.append(await _get_one(queue))
 
         async def survivor() -> None:
-            got.append(await queue.get())
+            got.append(await _get_one(queue))
 
         tg.start_soon(doomed)
         await settle()
@@ -313,7 +325,7 @@ async def test_get_batch_takes_a_share_of_the_ready_keys_within_its_bounds() -> 
 
 
 @pytest.mark.anyio
-async def test_add_many_is_add_of_each_key_in_order() -> None:
+async def test_adding_keys_together_is_adding_each_in_order() -> None:
     # The same keys, some waiting, some in flight, some repeated: one burst leaves the queue as
     # one add per key would.
     rng = random.Random(5)
@@ -326,7 +338,7 @@ async def test_add_many_is_add_of_each_key_in_order() -> None:
             queue.add("ns/2")
             held = await _get_now(queue)  # ns/1 in flight
             if burst:
-                queue.add_many(keys)
+                queue.add(*keys)
             else:
                 for key in keys:
                     queue.add(key)
@@ -340,14 +352,14 @@ async def test_add_many_is_add_of_each_key_in_order() -> None:
 
 
 @pytest.mark.anyio
-async def test_add_many_wakes_one_getter_per_key_that_became_ready() -> None:
+async def test_adding_keys_together_wakes_one_getter_per_key_that_became_ready() -> None:
     queue = _queue()
     got: list[str | None] = []
     async with anyio.create_task_group() as tg:
         for _ in range(3):
             tg.start_soon(lambda: _append(queue, got))
         await settle()
-        queue.add_many(["ns/a", "ns/a", "ns/b"])  # two keys ready: two getters
+        queue.add("ns/a", "ns/a", "ns/b")  # two keys ready: two getters
         await settle()
         assert sorted(k or "" for k in got) == ["ns/a", "ns/b"]
         queue.shut_down()
@@ -355,7 +367,7 @@ async def test_add_many_wakes_one_getter_per_key_that_became_ready() -> None:
 
 
 async def _append(queue: WorkQueue, got: list[str | None]) -> None:
-    got.append(await queue.get())
+    got.append(await _get_one(queue))
 
 
 @pytest.mark.anyio
@@ -374,9 +386,7 @@ async def test_a_burst_large_enough_to_be_compacted_keeps_the_keys_readded_in_fl
         rest = await queue.get_batch(100)  # takes the last ready keys: the tables are rebuilt
     assert rest == keys[49_990:]
     assert len(queue) == 0
-    assert queue.is_dirty("ns/p0")
-    for key in first + rest:
-        queue.done(key)
+    queue.done(*first, *rest)
     assert len(queue) == 1
     assert await _get_now(queue) == "ns/p0"
     queue.add("ns/p1")  # adds after the rebuild are kept as before
