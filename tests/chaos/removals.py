@@ -155,10 +155,10 @@ HELD_ELSEWHERE: dict[str, str] = {
     "all_containers_terminated is false: _terminal_container_running",
     "not_kubernetes_managed": "LOOKUP_SQL returns rows of Kubernetes-managed sandboxes only "
     "(decode_row sets kubernetes_managed)",
-    "namespace_mismatch": "LOOKUP_SQL returns a row only under the key its namespace and pod "
-    "name make up",
-    "pod_name_mismatch": "LOOKUP_SQL returns a row only under the key its namespace and pod "
-    "name make up",
+    "namespace_mismatch": "the store keeps a row only under its own key (namespace/pod name, "
+    "PgExecutionStore._query): the row a pod's key finds names that pod's namespace",
+    "pod_name_mismatch": "the store keeps a row only under its own key (namespace/pod name, "
+    "PgExecutionStore._query): the row a pod's key finds names that pod",
 }
 """The rules no world can make the only check standing, and what answers the same for every
 pod and row the product can see: removing one alone changes no decision of the composed product
