@@ -41,9 +41,6 @@ COMMANDS: dict[str, str] = {
     "limit": "python -m benchmarks.run --pods 100000 --limit-pods 150000 --only "
     "B1L,B2,B3,B4,B5 --repeats 1 --idle-s 30 --backlog-s 30 --name limit",
     "rss-after": "python -m benchmarks.run --only B1L --limit-pods 150000 --name rss-after",
-    "redesign-after": "python -m benchmarks.run --pods 100000 --only B1,B2,B3 --repeats 2 "
-    "--name redesign-after",
-    "trigger": "make VENV=.venv-opt PYTHON=/usr/bin/python3.11 bench-trigger",
 }
 
 LABELS: dict[str, str] = {"B1L": "B1 at 150k", "B2B": "B2b", "B7_share": "B7 share"}
