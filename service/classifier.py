@@ -140,7 +140,10 @@ def _terminal_without_container_statuses(pod: PodSnapshot) -> Decision | None:
 
 
 def _terminal_container_running(pod: PodSnapshot) -> Decision | None:
-    return None if pod.all_containers_terminated else _TERMINAL_CONTAINER_NOT_TERMINATED
+    # A pod without container statuses is _terminal_without_container_statuses's alone.
+    if pod.container_count == 0 or pod.all_containers_terminated:
+        return None
+    return _TERMINAL_CONTAINER_NOT_TERMINATED
 
 
 def classify(pod: PodSnapshot, row: ExecutionRow | None) -> Decision:
@@ -211,7 +214,8 @@ def _pod_name_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
 
 
 def _sandbox_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
-    if row.sandbox_id == pod.sandbox_id:
+    # A pod without the label is the prefilter's `unlabelled` alone.
+    if pod.sandbox_id is None or row.sandbox_id == pod.sandbox_id:
         return None
     return Decision.skip(
         SkipReason.SANDBOX_MISMATCH,
@@ -220,7 +224,8 @@ def _sandbox_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
 
 
 def _generation_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
-    if row.generation == pod.generation:
+    # A pod without the label is the prefilter's `unlabelled` alone.
+    if pod.generation is None or row.generation == pod.generation:
         return None
     return Decision.skip(
         SkipReason.GENERATION_MISMATCH,

@@ -149,10 +149,6 @@ for; the simulator's has (``tests/sim/world.py``, ``World.oddities``), and it mu
 those :data:`HELD_ELSEWHERE` (:data:`SIM_REMOVALS`; ``--engine sim --rules`` runs them all)."""
 
 HELD_ELSEWHERE: dict[str, str] = {
-    "unlabelled": "a row's sandbox_id and generation are never NULL (decode_row), so a pod "
-    "without a valid label mismatches every row: _sandbox_mismatch or _generation_mismatch",
-    "terminal_without_container_statuses": "without container statuses the decoder's "
-    "all_containers_terminated is false: _terminal_container_running",
     "not_kubernetes_managed": "LOOKUP_SQL returns rows of Kubernetes-managed sandboxes only "
     "(decode_row sets kubernetes_managed)",
     "namespace_mismatch": "the store keeps a row only under its own key (namespace/pod name, "
