@@ -27,7 +27,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from service.config import LeaderSettings
 from service.kit import clock
-from service.kit.errors import ExternalError
+from service.kit.errors import ExternalError, Undecodable
 from service.kube.decode import decode_json
 from service.kube.errors import TRANSIENT_ERRORS, KubeApiError, unavailable
 from service.metrics import Metrics
@@ -163,7 +163,7 @@ class LeaderElector:
         try:
             return status, decode_json(raw)
         except msgspec.DecodeError as exc:
-            raise KubeApiError(status, f"undecodable lease: {exc}") from exc
+            raise Undecodable(f"undecodable lease (HTTP {status}): {exc}") from exc
 
     def _lease_body(self, *, holder: str, duration_s: float, acquire: bool) -> dict[str, Any]:
         now = _now_micro()
@@ -199,8 +199,8 @@ class LeaderElector:
             )
         except (AttributeError, TypeError, ValueError) as exc:
             # A Lease the server sent that we cannot read is the server's answer, not our bug:
-            # typed here, at the edge, so the loop treats it like any unexpected answer.
-            raise KubeApiError(0, f"malformed lease: {type(exc).__name__}: {exc}") from exc
+            # typed here, at the edge, so the loop treats it like any unreadable answer.
+            raise Undecodable(f"malformed lease: {type(exc).__name__}: {exc}") from exc
         previous = self._observed
         if previous is None or (previous.holder, previous.renew_time) != (
             current.holder,

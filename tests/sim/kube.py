@@ -5,9 +5,9 @@ the product calls (``read_namespaced_pod``, ``delete_namespaced_pod``, ``list_na
 the last one also as a watch), takes the same arguments and answers as a
 ``_preload_content=False`` call does, with an aiohttp-like response. So everything the product
 does with an answer — ``KubePodClient`` (the DELETE preconditions it builds, its status
-mapping), ``ListWatch`` (pages, continue tokens, fallback), the ``Reflector`` (decoding raw watch
-lines, bookmarks, 410s, resume and relist), the ``PodStore`` and the informer's dispatch — runs
-as in production.
+mapping), ``ListWatch`` (the requests), the ``Reflector`` (pages, continue tokens, the fallback,
+decoding raw watch lines, bookmarks, 410s, resume and relist), the ``PodStore`` and the
+informer's dispatch — runs as in production.
 
 :class:`ApiServer` is the server side: pods with UIDs and resourceVersions from one counter,
 an event history for watches to resume from (compaction makes older versions 410 Gone), watch
