@@ -126,14 +126,14 @@ class _LoosePodGroups(msgspec.Struct, forbid_unknown_fields=False):
 
 
 _Group = tuple[_Op, str, bool | None, str | None, list[str]]
-"""One group of a 0003 ``groups`` payload: [op, namespace, active, execution_state, [pod_name,
-...]], each name a change with the group's facts."""
+"""One group of 0003's earlier ``groups`` payload: [op, namespace, active, execution_state,
+[pod_name, ...]], each name a change with the group's facts."""
 _Head = tuple[_Op, str, bool | None, str | None]
 
 
 class _Groups(msgspec.Struct, forbid_unknown_fields=False):
-    """Trigger 0003's payload: ``{"groups": [[op, namespace, active, state, [pod_name, ...]],
-    ...]}``."""
+    """Trigger 0003's earlier payload: ``{"groups": [[op, namespace, active, state, [pod_name,
+    ...]], ...]}``."""
 
     groups: list[_Group]
 
