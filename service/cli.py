@@ -83,13 +83,15 @@ def _dispatch(settings: config.Settings, args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------ parser
 
 DISTRIBUTION = "retired-pod-gc"
+DEBUG_PORT = config.DEBUG_BIND_ADDRESS.default[1]
+"""The debug listener's default port (loopback only in the pod: reached by port-forward)."""
 LEADER_PORT_FORWARD = (
     "LEADER=$(kubectl -n retired-pod-gc get lease retired-pod-gc "
     "-o jsonpath='{.spec.holderIdentity}'); "
-    "kubectl -n retired-pod-gc port-forward pod/${LEADER%_*} 8080"
+    f"kubectl -n retired-pod-gc port-forward pod/${{LEADER%_*}} {DEBUG_PORT}"
 )
-"""How an operator reaches the leader: the Lease's holder identity is ``<pod name>_<pid>`` (the
-default ``LEADER_IDENTITY``)."""
+"""How an operator reaches the leader's debug listener: the Lease's holder identity is
+``<pod name>_<pid>`` (the default ``LEADER_IDENTITY``)."""
 
 
 def version() -> str:
@@ -123,7 +125,7 @@ def _positive_int(text: str) -> int:
 def _http_url(text: str) -> str:
     if not text.startswith(("http://", "https://")):
         raise argparse.ArgumentTypeError(
-            f"needs http:// or https:// (e.g. http://127.0.0.1:8080), got {text!r}"
+            f"needs http:// or https:// (e.g. http://127.0.0.1:{DEBUG_PORT}), got {text!r}"
         )
     return text
 
@@ -180,7 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--url",
         default=None,
         type=_http_url,
-        help="the leader's health port, e.g. http://127.0.0.1:8080 (kubectl port-forward)",
+        help=(
+            f"the leader's debug listener (DEBUG_BIND_ADDRESS), e.g. http://127.0.0.1:{DEBUG_PORT}"
+            " (kubectl port-forward)"
+        ),
     )
     p.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds to wait for --url")
 
@@ -198,9 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--url",
-        default="http://127.0.0.1:8080",
+        default=f"http://127.0.0.1:{DEBUG_PORT}",
         type=_http_url,
-        help="the leader's health port (default %(default)s)",
+        help="the leader's debug listener, DEBUG_BIND_ADDRESS (default %(default)s)",
     )
     p.add_argument("--output", choices=("text", "json"), default="text")
     p.add_argument(

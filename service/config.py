@@ -225,7 +225,8 @@ LISTENER_HEARTBEAT_SECONDS = _var("LISTENER_HEARTBEAT_SECONDS", 10.0, _parse_flo
 LISTENER_HEARTBEAT_TIMEOUT_SECONDS = _var("LISTENER_HEARTBEAT_TIMEOUT_SECONDS", 5.0, _parse_float, "A delivery probe (heartbeat, or the barrier before a DELETE) that has not come back within this declares the listener connection dead (no DELETE until a new one proves delivery).", lo=0.1, hi=120)
 LOOKUP_BATCH_SIZE = _var("LOOKUP_BATCH_SIZE", 500, _parse_int, "Most pod names one batched row lookup carries.", lo=1, hi=10000)
 METRICS_BIND_ADDRESS = _var("METRICS_BIND_ADDRESS", ("0.0.0.0", 8080), _parse_bind, "HOST:PORT of the /metrics, /healthz and /readyz server.")
-DEBUG_PENDING = _var("DEBUG_PENDING", False, _parse_bool, "Serve GET /debug/pending on the METRICS_BIND_ADDRESS port: every pod whose observation clock runs (key, UID, verdict, since, due at, what it waits for), as JSON. Off by default: it names pods, which /metrics never does.")
+DEBUG_PENDING = _var("DEBUG_PENDING", False, _parse_bool, "Serve GET /debug/pending on the DEBUG_BIND_ADDRESS listener (never on the METRICS_BIND_ADDRESS port): every pod whose observation clock runs (key, UID, verdict, since, due at, what it waits for), as JSON. Off by default: it names pods, which /metrics never does.")
+DEBUG_BIND_ADDRESS = _var("DEBUG_BIND_ADDRESS", ("127.0.0.1", 8081), _parse_bind, "HOST:PORT of the /debug/* listener (DEBUG_PENDING), apart from the metrics port. Loopback by default: reached with kubectl port-forward, never from the cluster network; 0.0.0.0:PORT opens it to every pod the NetworkPolicy lets in.")
 LEADER_ELECTION = _var("LEADER_ELECTION", True, _parse_bool, "Elect one active replica through a coordination.k8s.io/v1 Lease; only the leader deletes or reports.")
 LEASE_NAME = _var("LEASE_NAME", "retired-pod-gc", _regex(_DNS_NAME, "a Lease name"), "Name of the Lease.")
 LEASE_NAMESPACE = _var("LEASE_NAMESPACE", "", _parse_text, "Namespace of the Lease; empty means this pod's namespace (service account), else the (first) sandbox namespace.")
@@ -329,7 +330,10 @@ class Settings:
     log_level: str
     log_format: str
     debug_pending: bool = False
-    """Serve ``GET /debug/pending`` on the health port."""
+    """Serve ``GET /debug/pending`` on the debug listener."""
+    debug_host: str = "127.0.0.1"
+    debug_port: int = 8081
+    """DEBUG_BIND_ADDRESS: the debug listener, apart from the metrics port."""
     warnings: tuple[str, ...] = ()
     """Clamp warnings produced while loading (also logged)."""
 
@@ -475,6 +479,7 @@ def load(env: Mapping[str, str]) -> Settings:
         retry = used
     namespaces = _namespaces(env, w)
     host, port = METRICS_BIND_ADDRESS.read(env, w)
+    debug_host, debug_port = DEBUG_BIND_ADDRESS.read(env, w)
     url, url_file = _url(env, w, DATABASE_URL, DATABASE_URL_FILE)
     listener_url, listener_url_file = _url(
         env, w, LISTENER_DATABASE_URL, LISTENER_DATABASE_URL_FILE
@@ -529,6 +534,8 @@ def load(env: Mapping[str, str]) -> Settings:
         bind_host=host,
         bind_port=port,
         debug_pending=DEBUG_PENDING.read(env, w),
+        debug_host=debug_host,
+        debug_port=debug_port,
         events_enabled=EVENTS_ENABLED.read(env, w),
         log_level=LOG_LEVEL.read(env, w),
         log_format=LOG_FORMAT.read(env, w),
@@ -586,6 +593,7 @@ def effective(settings: Settings, env: Mapping[str, str]) -> list[tuple[str, str
         LOOKUP_BATCH_SIZE.name: settings.database.batch_max_size,
         METRICS_BIND_ADDRESS.name: f"{settings.bind_host}:{settings.bind_port}",
         DEBUG_PENDING.name: settings.debug_pending,
+        DEBUG_BIND_ADDRESS.name: f"{settings.debug_host}:{settings.debug_port}",
         LEADER_ELECTION.name: settings.leader.enabled,
         LEASE_NAME.name: settings.leader.lease_name,
         LEASE_NAMESPACE.name: settings.leader.lease_namespace,

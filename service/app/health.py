@@ -1,5 +1,9 @@
-"""The operator-facing HTTP server: ``/metrics``, ``/healthz``, ``/readyz`` and, when
-``DEBUG_PENDING`` is on, ``/debug/pending`` (the live view of the clocks, ``service/app/pending.py``).
+"""The operator-facing HTTP servers: ``/metrics``, ``/healthz``, ``/readyz`` on the pod's port and,
+when ``DEBUG_PENDING`` is on, ``/debug/pending`` (the live view of the clocks,
+``service/app/pending.py``) on a listener of its own, ``DEBUG_BIND_ADDRESS``: loopback by default,
+so only ``kubectl port-forward`` (which connects to the pod's loopback) reaches it and the cluster
+network never does (docs/operations.md, "Who can reach what"). The metrics port answers 404 for
+every ``/debug/`` path.
 
 ``/healthz`` answers 200 while every registered loop has checked in recently (a loop that stops
 beating — a wedged informer, listener or worker — makes the process restartable by the
@@ -63,6 +67,8 @@ class HealthServer:
         host: str,
         port: int,
         pending: Callable[[int, str | None], dict[str, Any]] | None = None,
+        debug_host: str = "127.0.0.1",
+        debug_port: int = 0,
     ) -> None:
         self._metrics = metrics
         self._pending = pending
@@ -72,15 +78,22 @@ class HealthServer:
         self._listener_problem = listener_problem
         self._host = host
         self._port = port
+        self._debug_host = debug_host
+        self._debug_port = debug_port
         self.bound_port: int | None = None
+        self.debug_bound_port: int | None = None
+        """The debug listener's port once it serves (``None``: ``DEBUG_PENDING`` is off)."""
 
     def _app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/metrics", self._serve_metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
-        if self._pending is not None:
-            app.router.add_get(PENDING_PATH, self._serve_pending)
+        return app
+
+    def _debug_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get(PENDING_PATH, self._serve_pending)
         return app
 
     async def _serve_pending(self, request: web.Request) -> web.Response:
@@ -116,22 +129,35 @@ class HealthServer:
         return web.Response(text="ok\n")
 
     async def run(self, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-        runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
-        await runner.setup()
+        """Serve until cancelled; ``started`` with the metrics port once both listeners (the
+        debug one only with ``DEBUG_PENDING``) accept connections."""
+        runners: list[web.AppRunner] = []
         try:
-            site = web.TCPSite(runner, self._host, self._port, reuse_address=True)
-            await site.start()
-            server = site._server
-            sockets = getattr(server, "sockets", None) or []
-            self.bound_port = sockets[0].getsockname()[1] if sockets else self._port
-            logger.info(
-                "serving /metrics /healthz /readyz%s on %s:%s",
-                f" {PENDING_PATH}" if self._pending is not None else "",
-                self._host,
-                self.bound_port,
-            )
+            self.bound_port = await _serve(runners, self._app(), self._host, self._port)
+            logger.info("serving /metrics /healthz /readyz on %s:%s", self._host, self.bound_port)
+            if self._pending is not None:
+                self.debug_bound_port = await _serve(
+                    runners, self._debug_app(), self._debug_host, self._debug_port
+                )
+                logger.info(
+                    "serving %s on %s:%s", PENDING_PATH, self._debug_host, self.debug_bound_port
+                )
             task_status.started(self.bound_port)
             await anyio.sleep_forever()
         finally:
             with anyio.move_on_after(5, shield=True):
-                await runner.cleanup()
+                for runner in reversed(runners):
+                    await runner.cleanup()
+
+
+async def _serve(runners: list[web.AppRunner], app: web.Application, host: str, port: int) -> int:
+    """Start serving ``app`` on ``host:port`` (its runner appended to ``runners`` for the
+    cleanup); the port bound (``port`` 0: the one the kernel picked)."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    runners.append(runner)
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    sockets = getattr(site._server, "sockets", None) or []
+    bound: int = sockets[0].getsockname()[1] if sockets else port
+    return bound

@@ -284,6 +284,8 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         host=settings.bind_host,
         port=settings.bind_port,
         pending=(_pending_view(settings, clocks, controller) if settings.debug_pending else None),
+        debug_host=settings.debug_host,
+        debug_port=settings.debug_port,
     )
     metrics.enabled.set(1 if settings.enabled else 0)
     metrics.dry_run.set(1 if settings.dry_run else 0)

@@ -383,6 +383,12 @@ def test_network_policy_allows_only_dns_api_server_and_postgres_egress(
     ingress = {(p["protocol"], p["port"]) for rule in spec["ingress"] for p in rule["ports"]}
     assert ingress == {("TCP", container(deployment)["ports"][0]["containerPort"])}
 
+    # Only Prometheus's namespace may scrape: every ingress rule names its peers, and those are
+    # the namespace `monitoring` (by the label each namespace carries with its own name).
+    assert [rule["from"] for rule in spec["ingress"]] == [
+        [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    ]
+
 
 def test_controller_namespace_enforces_restricted_pod_security(base_objects: list[Obj]) -> None:
     namespace = only(base_objects, "Namespace")

@@ -242,6 +242,8 @@ class ServiceProcess:
     proc: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    debug_port: int
+    """DEBUG_BIND_ADDRESS's port (127.0.0.1): ``/debug/*`` is served there, never on ``port``."""
     started_at: float
     stopped: bool = field(default=False)
     signal_pid: int | None = (
@@ -252,6 +254,11 @@ class ServiceProcess:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def debug_url(self) -> str:
+        """The debug listener (``/debug/pending`` with ``DEBUG_PENDING``)."""
+        return f"http://127.0.0.1:{self.debug_port}"
+
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")
@@ -261,12 +268,16 @@ class ServiceProcess:
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
-    async def get(self, path: str, *, timeout_s: float = 3.0) -> tuple[int, str]:
-        """(status, body) of GET ``path``; (0, error) when the server does not answer."""
+    async def get(
+        self, path: str, *, timeout_s: float = 3.0, debug: bool = False
+    ) -> tuple[int, str]:
+        """(status, body) of GET ``path`` on the metrics port (``debug``: on the debug
+        listener); (0, error) when the server does not answer."""
+        base = self.debug_url if debug else self.base_url
         try:
             async with (
                 aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
-                session.get(self.base_url + path) as response,
+                session.get(base + path) as response,
             ):
                 return response.status, await response.text()
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -351,9 +362,10 @@ class ServiceLauncher:
         as_pid1: bool = False,
         **settings: object,
     ) -> ServiceProcess:
-        port = free_port()
+        port, debug_port = free_port(), free_port()
         values: dict[str, object] = {
             "METRICS_BIND_ADDRESS": f"127.0.0.1:{port}",
+            "DEBUG_BIND_ADDRESS": f"127.0.0.1:{debug_port}",
             "LEADER_IDENTITY": name,
             "LEASE_DURATION_SECONDS": 3,
             "RENEW_DEADLINE_SECONDS": 2,
@@ -385,6 +397,7 @@ class ServiceLauncher:
             proc=proc,
             port=port,
             log_path=log_path,
+            debug_port=debug_port,
             started_at=time.monotonic(),
             signal_pid=child_of(proc.pid) if as_pid1 else None,
         )

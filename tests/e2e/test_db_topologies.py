@@ -260,7 +260,7 @@ async def _reaped_by_notification(
 
 
 async def _pending_keys(svc: ServiceProcess) -> set[str]:
-    status, body = await svc.get("/debug/pending")
+    status, body = await svc.get("/debug/pending", debug=True)
     assert status == 200, body
     return {str(p["key"]) for p in json.loads(body)["pods"]}
 

@@ -68,16 +68,16 @@ async def test_pending_lists_the_running_clock_and_a_kept_pod_waits_for_its_rele
 
     async def one_clock() -> None:
         while True:
-            status, body = await svc.get("/debug/pending")
+            status, body = await svc.get("/debug/pending", debug=True)
             if status == 200 and '"count":1' in body.replace(" ", ""):
                 return
             await anyio.sleep(0.05)
 
     with anyio.fail_after(20):
         await one_clock()
-    table = await run_cli_async("pending", "--url", svc.base_url, env=launcher.env())
+    table = await run_cli_async("pending", "--url", svc.debug_url, env=launcher.env())
     explained = await run_cli_async(
-        "explain", f"{NS}/{KEPT}", "--url", svc.base_url, env=launcher.env()
+        "explain", f"{NS}/{KEPT}", "--url", svc.debug_url, env=launcher.env()
     )
     assert table.code == 0, table.stderr
     header, _columns, *rows = table.stdout.splitlines()
@@ -98,11 +98,11 @@ async def test_pending_lists_the_running_clock_and_a_kept_pod_waits_for_its_rele
     await anyio.sleep(2 * THRESHOLD_S)
     assert KEPT in present(emu) and _deletes(emulator, KEPT) == []
     explained = await run_cli_async(
-        "explain", f"{NS}/{KEPT}", "--url", svc.base_url, env=launcher.env()
+        "explain", f"{NS}/{KEPT}", "--url", svc.debug_url, env=launcher.env()
     )
     assert explained.code == 0, explained.stderr
     assert "decision: skip keep_annotation" in explained.stdout
-    assert f"live clock ({svc.base_url}): none runs for this pod" in explained.stdout
+    assert f"live clock ({svc.debug_url}): none runs for this pod" in explained.stdout
 
     released_at = time.time()
     emu.patch_pod(NS, KEPT, {"metadata": {"annotations": {KEEP_ANNOTATION: None}}})

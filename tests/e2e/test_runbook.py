@@ -449,12 +449,12 @@ def run_keep(world: World, block: Block) -> None:
 
 def run_pending(world: World, block: Block) -> None:
     replica = world.running_replica()
-    text = fill(block, {"http://127.0.0.1:8080": replica.base_url, "<pod>": ROLL})
+    text = fill(block, {"http://127.0.0.1:8081": replica.debug_url, "<pod>": ROLL})
     out = world.shell.run(block, text).stdout
     for name in (IDLE, ROLL):
         assert re.search(rf"^{SANDBOX_NAMESPACE}/{name}\s", out, re.MULTILINE), out
     assert '"waits_for": "reported"' in out
-    assert f"live clock ({replica.base_url}): uid {world.uids[ROLL]}" in out
+    assert f"live clock ({replica.debug_url}): uid {world.uids[ROLL]}" in out
 
 
 def run_events(world: World, block: Block) -> None:

@@ -126,7 +126,7 @@ def test_pending_help_points_at_the_leader_pod_not_the_deployment(
     out = " ".join(capsys.readouterr().out.split())
     assert "deploy/retired-pod-gc" not in out
     assert "{.spec.holderIdentity}" in out
-    assert "port-forward pod/${LEADER%_*} 8080" in out
+    assert "port-forward pod/${LEADER%_*} 8081" in out
 
 
 def test_config_without_a_database_url_exits_0_and_says_what_will_refuse() -> None:

@@ -56,6 +56,7 @@ def service_env(db_url: str, **overrides: object) -> dict[str, str]:
         "THRESHOLD_SECONDS": 1,
         "RESYNC_PERIOD_SECONDS": 3600,
         "METRICS_BIND_ADDRESS": "127.0.0.1:0",
+        "DEBUG_BIND_ADDRESS": "127.0.0.1:0",
         "LEADER_ELECTION": False,
         "LISTENER_HEARTBEAT_SECONDS": 0.2,
         "LISTENER_HEARTBEAT_TIMEOUT_SECONDS": 1,

@@ -2,8 +2,10 @@
 the CLI as real processes: ``GET /debug/pending`` and ``retired-pod-gc pending`` list exactly the
 pods whose clocks run — not the pod whose row is active, not the kept pod — each due one
 threshold after its clock started, and the DELETEs then come no sooner than those due times;
-``explain --url`` shows one pod's entry. Off (the default), the path answers 404 and the CLI
-says how to turn it on.
+``explain --url`` shows one pod's entry. The view is served on the debug listener
+(``DEBUG_BIND_ADDRESS``, loopback by default) and never on the metrics port, which answers 404 for
+it. Off (the default), no debug listener is opened, the metrics port answers 404 and the CLI says
+how to turn it on.
 
 While ``pending`` runs, single-pod GETs fail (500): the verification cannot pass, so the clocks
 keep running however long the processes take to start on a loaded machine; then the fault is
@@ -25,6 +27,7 @@ import pytest
 from devtools.emulator import RunningEmulator
 from devtools.emulator.sandboxpods import Shape
 from service.app.pending import PATH
+from service.config import load
 from service.domain import KEEP_ANNOTATION
 from tests.e2e.harness import base_env, closed_port, run_cli_async, write_kubeconfig
 from tests.integration.test_engine_safety import (
@@ -78,7 +81,7 @@ async def test_the_view_and_its_cli_list_exactly_the_running_clocks_and_deletes_
     async with running_service(
         emulator, pg_url, THRESHOLD_SECONDS=THRESHOLD_S, DEBUG_PENDING=True
     ) as parts:
-        port = parts.health.bound_port
+        port = parts.health.debug_bound_port
         assert port is not None
         await eventually(lambda: len(parts.clocks) == len(due), "every clock")
         status, doc = await _get(port)
@@ -148,7 +151,7 @@ async def test_explain_shows_the_live_clock_of_a_pod_and_none_for_a_kept_one(
     async with running_service(
         emulator, pg_url, THRESHOLD_SECONDS=1, DRY_RUN=True, DEBUG_PENDING=True
     ) as parts:
-        port = parts.health.bound_port
+        port = parts.health.debug_bound_port
         assert port is not None
         url = f"http://127.0.0.1:{port}"
         await eventually(lambda: parts.clocks.was_reported(uid), "the dry-run report")
@@ -182,6 +185,7 @@ async def test_off_by_default_the_path_is_404_and_the_cli_says_how_to_turn_it_on
     async with running_service(emulator, pg_url) as parts:
         port = parts.health.bound_port
         assert port is not None
+        assert parts.health.debug_bound_port is None, "no debug listener when it is off"
         status, _ = await _get(port)
         assert status == 404
         off = await run_cli_async("pending", "--url", f"http://127.0.0.1:{port}", env=env)
@@ -189,7 +193,7 @@ async def test_off_by_default_the_path_is_404_and_the_cli_says_how_to_turn_it_on
             "explain", f"{NS}/space-sbx-nope-g1", "--url", f"http://127.0.0.1:{port}", env=env
         )
     async with running_service(emulator, pg_url, DEBUG_PENDING=True) as parts:
-        port = parts.health.bound_port
+        port = parts.health.debug_bound_port
         assert port is not None
         async with (
             aiohttp.ClientSession() as http,
@@ -207,3 +211,32 @@ async def test_off_by_default_the_path_is_404_and_the_cli_says_how_to_turn_it_on
     assert "live clock: unknown" in explained.stdout and "404" in explained.stdout
     assert unreachable.code == 1
     assert "could not reach" in unreachable.stderr and "Traceback" not in unreachable.stderr
+
+
+async def test_on_the_view_is_served_on_the_debug_listener_only_never_on_the_metrics_port(
+    emulator: RunningEmulator, pg_url: str
+) -> None:
+    """``DEBUG_PENDING=true``: ``/debug/pending`` answers on ``DEBUG_BIND_ADDRESS`` (whose default
+    is the loopback, which only ``kubectl port-forward`` reaches in a pod) and 404 on the metrics
+    port, the one the Service and the NetworkPolicy expose; the debug listener serves nothing but
+    ``/debug/``."""
+    async with running_service(emulator, pg_url, DEBUG_PENDING=True) as parts:
+        metrics_port, debug_port = parts.health.bound_port, parts.health.debug_bound_port
+        assert metrics_port is not None and debug_port is not None
+        assert metrics_port != debug_port
+        on_metrics, _ = await _get(metrics_port)
+        on_debug, doc = await _get(debug_port)
+        async with aiohttp.ClientSession() as http:
+            for path, port, expected in (
+                ("/metrics", metrics_port, 200),
+                ("/healthz", metrics_port, 200),
+                ("/debug/", metrics_port, 404),
+                ("/metrics", debug_port, 404),
+                ("/healthz", debug_port, 404),
+            ):
+                async with http.get(f"http://127.0.0.1:{port}{path}") as response:
+                    assert response.status == expected, (path, port)
+    assert on_metrics == 404
+    assert on_debug == 200 and doc["pods"] == []
+    default = load({}).debug_host, load({}).debug_port
+    assert default == ("127.0.0.1", 8081)
