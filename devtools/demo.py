@@ -13,11 +13,15 @@ image carries neither the emulator nor a PostgreSQL server.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
+import os
+import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -262,61 +266,119 @@ async def _phase(
         await api.close()
 
 
+GONE_WITHIN_S = 30.0
+"""How long the demo waits for the server's processes to exit before it kills what is left."""
+
+
+@dataclass(frozen=True)
+class Started:
+    """What the demo started outside its own process, to make sure it has all stopped: the
+    PostgreSQL server (its postmaster leads a session of its own, so every process of the server
+    carries the postmaster's pid as its session id) and the emulator's port (the service and the
+    emulator run in the demo's own process)."""
+
+    postgres_pid: int
+    data_dir: Path
+    api: str = ""
+    """The emulator's URL, once it serves (closed with the demo's event loop)."""
+
+    def server_processes(self) -> list[int]:
+        """Live (not zombie) processes of the server's session, from ``/proc``."""
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rpartition(")")[2].split()
+            except OSError:
+                continue  # exited while we looked
+            state, session = fields[0], int(fields[3])
+            if session == self.postgres_pid and state != "Z":
+                found.append(int(stat.parent.name))
+        return found
+
+    async def wait_gone(self) -> None:
+        """Return once no process of the server runs; past ``GONE_WITHIN_S`` kill what is left."""
+        deadline = time.monotonic() + GONE_WITHIN_S
+        while left := self.server_processes():
+            if time.monotonic() > deadline:
+                for pid in left:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            await anyio.sleep(0.05)
+
+    def stopped_line(self) -> str:
+        return (
+            f"stopped: PostgreSQL (pid {self.postgres_pid}, {self.data_dir}) and the API "
+            f"emulator ({self.api}); no process of the demo is left"
+        )
+
+
 async def _demo(threshold_s: float, phase_s: float) -> int:
     started = time.monotonic()
     print("starting a throwaway PostgreSQL and the Kubernetes API emulator ...")
-    with ThrowawayPostgres() as pg:
-        url = pg.create_database("demo")
-        emulator = Emulator(bookmark_interval_s=5.0, kubelet_finish_after_s=2.0)
-        running = await start_emulator(emulator=emulator)
-        try:
-            await seed_population(url, emulator)
-            print(f"seeded namespace {NAMESPACE!r} (API {running.url}):")
-            for p in POPULATION:
-                print(f"  {p.name:<26} {p.label:<42} row: {p.state}, active={p.active}")
-            print(f"  {UNRELATED:<26} unrelated pod (not selected by the label selector)")
-            print(f"threshold {threshold_s:g}s")
+    started_here: Started | None = None
+    try:
+        with ThrowawayPostgres() as pg:
+            assert pg.pid is not None and pg.root_dir is not None
+            started_here = Started(postgres_pid=pg.pid, data_dir=pg.root_dir)
+            url = pg.create_database("demo")
+            emulator = Emulator(bookmark_interval_s=5.0, kubelet_finish_after_s=2.0)
+            running = await start_emulator(emulator=emulator)
+            started_here = replace(started_here, api=running.url)
+            try:
+                await seed_population(url, emulator)
+                print(f"seeded namespace {NAMESPACE!r} (API {running.url}):")
+                for p in POPULATION:
+                    print(f"  {p.name:<26} {p.label:<42} row: {p.state}, active={p.active}")
+                print(f"  {UNRELATED:<26} unrelated pod (not selected by the label selector)")
+                print(f"threshold {threshold_s:g}s")
 
-            disabled = await _phase(
-                "disabled",
-                _settings(url, enabled=False, dry_run=True, threshold_s=threshold_s),
-                running,
-                min_s=phase_s,
-                max_s=phase_s,
-                done=lambda c: False,
-            )
-            dry = await _phase(
-                "dry run",
-                _settings(url, enabled=True, dry_run=True, threshold_s=threshold_s),
-                running,
-                min_s=min(phase_s, threshold_s + 3),
-                max_s=threshold_s + phase_s + 10,
-                done=lambda c: sum(c.values()) >= 2,
-            )
-            after_dry = _present(emulator)
-            # Every pod is still there after the dry run: each one's decision, as the
-            # controller makes it (a verdict, or the reason it is kept).
-            why = await _decisions(
-                _settings(url, enabled=True, dry_run=True, threshold_s=threshold_s), running
-            )
-            live = await _phase(
-                "live",
-                _settings(url, enabled=True, dry_run=False, threshold_s=threshold_s),
-                running,
-                min_s=2.0,
-                max_s=threshold_s + phase_s + 15,
-                done=lambda c: (
-                    sum(c.values()) >= 2
-                    and not any(
-                        p.expect_deleted and p.name in _present(emulator) for p in POPULATION
-                    )
-                ),
-            )
-            final = _present(emulator)
-            deletes = emulator.audit_log(method="DELETE")
-            events = emulator.events.events(NAMESPACE)
-        finally:
-            await running.aclose()
+                disabled = await _phase(
+                    "disabled",
+                    _settings(url, enabled=False, dry_run=True, threshold_s=threshold_s),
+                    running,
+                    min_s=phase_s,
+                    max_s=phase_s,
+                    done=lambda c: False,
+                )
+                dry = await _phase(
+                    "dry run",
+                    _settings(url, enabled=True, dry_run=True, threshold_s=threshold_s),
+                    running,
+                    min_s=min(phase_s, threshold_s + 3),
+                    max_s=threshold_s + phase_s + 10,
+                    done=lambda c: sum(c.values()) >= 2,
+                )
+                after_dry = _present(emulator)
+                # Every pod is still there after the dry run: each one's decision, as the
+                # controller makes it (a verdict, or the reason it is kept).
+                why = await _decisions(
+                    _settings(url, enabled=True, dry_run=True, threshold_s=threshold_s), running
+                )
+                live = await _phase(
+                    "live",
+                    _settings(url, enabled=True, dry_run=False, threshold_s=threshold_s),
+                    running,
+                    min_s=2.0,
+                    max_s=threshold_s + phase_s + 15,
+                    done=lambda c: (
+                        sum(c.values()) >= 2
+                        and not any(
+                            p.expect_deleted and p.name in _present(emulator) for p in POPULATION
+                        )
+                    ),
+                )
+                final = _present(emulator)
+                deletes = emulator.audit_log(method="DELETE")
+                events = emulator.events.events(NAMESPACE)
+            finally:
+                await running.aclose()
+    finally:
+        # ThrowawayPostgres has stopped its postmaster; the result is printed only once every
+        # process of the server (its backends, checkpointer, ...) has exited too.
+        if started_here is not None:
+            await started_here.wait_gone()
+    assert started_here is not None
+    print(started_here.stopped_line())
     ok = _summary(
         why=why,
         disabled=disabled,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -509,6 +510,7 @@ OPERATIONS_RUNNERS: dict[str, Callable[[World, Block], None]] = {
 def run_demo(shell: Shell, block: Block) -> None:
     out = shell.run(block, block.text, timeout_s=240).stdout
     assert "demo finished" in out and ": OK" in out, out
+    _nothing_of_the_demo_is_left(out)
     summary = out.split("== summary ==", 1)[1]
     for name, why in (
         (IDLE, "terminal_retired"),
@@ -519,6 +521,36 @@ def run_demo(shell: Shell, block: Block) -> None:
         (UNRELATED, "not selected"),
     ):
         assert re.search(rf"^{name}\s.*\s{why}", summary, re.MULTILINE), (name, summary)
+
+
+_STOPPED = re.compile(
+    r"^stopped: PostgreSQL \(pid (\d+), (\S+)\) and the API emulator \((http://\S+)\)",
+    re.MULTILINE,
+)
+
+
+def _nothing_of_the_demo_is_left(out: str) -> None:
+    """When ``make demo`` has returned, no process of its PostgreSQL runs (none carries its
+    postmaster's session: the postmaster starts one of its own, and its backends inherit it), its
+    data directory is gone, and the emulator's port refuses connections. Looked at once, right
+    after the return: nothing is waited for."""
+    found = _STOPPED.search(out)
+    assert found is not None, out
+    pid, data_dir, api = int(found[1]), Path(found[2]), found[3]
+    left = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text.rpartition(")")[2].split()
+        if fields[0] != "Z" and pid in (int(stat.parent.name), int(fields[3])):
+            left.append(text.strip())
+    assert left == [], f"processes of the demo's PostgreSQL still run: {left}"
+    assert not data_dir.exists(), data_dir
+    host, port = api.removeprefix("http://").rsplit(":", 1)
+    with pytest.raises(OSError):
+        socket.create_connection((host, int(port)), timeout=5).close()
 
 
 def run_emulator_kubectl(shell: Shell, block: Block) -> None:
