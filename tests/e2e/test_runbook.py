@@ -41,6 +41,7 @@ from typing import Any
 
 import anyio
 import asyncpg
+import kubernetes_validate
 import pytest
 import yaml
 from markdown_it import MarkdownIt
@@ -165,6 +166,14 @@ kubectl() {
     command kubectl "$@" --dry-run=client -o yaml; return
   fi
   command kubectl "$@"
+}
+# The emulator serves no Deployments: with RUNBOOK_CLIENT_DRY_RUN, `helm install` renders
+# client-side (helm install --dry-run=client) and prints what it would send.
+helm() {
+  if [[ -n ${RUNBOOK_CLIENT_DRY_RUN:-} && ${1:-} == install ]]; then
+    command helm "$@" --dry-run=client; return
+  fi
+  command helm "$@"
 }
 make() { command make -o "$RUNBOOK_VENV/.installed-stamp" VENV="$RUNBOOK_VENV" "$@"; }
 """
@@ -400,6 +409,45 @@ def run_secret(world: World, block: Block) -> None:
     assert set(secret["data"]) == {"url"}
 
 
+def run_helm(world: World, block: Block) -> None:
+    """The chart as the docs install it: the namespace labelled, the chart linted, rendered to a
+    file and installed (client-side: the test adds --dry-run=client). What it would send is the
+    base's objects, disabled and in dry run, valid against the Kubernetes schemas."""
+    cwd = world.tmp_path / "helm-workstation"
+    cwd.mkdir()
+    world.cluster.call(lambda emu: emu.ensure_namespace(LEASE_NAMESPACE))
+    text = fill(block, {"deploy/": f"{REPO_ROOT}/deploy/"})
+    done = world.shell.run(block, text, cwd=cwd, RUNBOOK_CLIENT_DRY_RUN="1")
+    assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout, done.stdout
+    namespace = world.cluster.run("get", "namespace", LEASE_NAMESPACE, "-o", "json").stdout
+    labels = json.loads(namespace)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    rendered = [o for o in yaml.safe_load_all((cwd / "rendered.yaml").read_text()) if o]
+    assert "STATUS: pending-install" in done.stdout and "Dry run complete" in done.stdout
+    installed = [o for o in yaml.safe_load_all(done.stdout.split("MANIFEST:", 1)[1]) if o]
+    for objects in (rendered, installed):
+        kinds = sorted(o["kind"] for o in objects)
+        assert kinds == sorted(
+            [
+                "ConfigMap",
+                "Deployment",
+                "NetworkPolicy",
+                "PodDisruptionBudget",
+                "Role",
+                "Role",
+                "RoleBinding",
+                "RoleBinding",
+                "Service",
+                "ServiceAccount",
+            ]
+        ), kinds
+        for obj in objects:
+            kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
+        [cm] = [o for o in objects if o["kind"] == "ConfigMap"]
+        assert cm["data"][PREFIX + "ENABLED"] == "false"
+        assert cm["data"][PREFIX + "DRY_RUN"] == "true"
+
+
 def run_population_sql(world: World, block: Block) -> None:
     rows = sql(world.url, lambda c: c.fetch(block.text))
     expected: dict[tuple[str, str], int] = {}
@@ -499,6 +547,7 @@ OPERATIONS_RUNNERS: dict[str, Callable[[World, Block], None]] = {
     "uninstall-sql": run_uninstall_sql,
     "keep": run_keep,
     "pending": run_pending,
+    "helm": run_helm,
     "events": run_events,
     "rollback-0002": run_rollback_0002,
 }
