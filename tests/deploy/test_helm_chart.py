@@ -379,3 +379,30 @@ def test_the_schema_refuses_a_bad_value_before_anything_is_rendered(
     assert done.returncode != 0
     assert done.stdout == ""
     assert "schema" in done.stderr and refusal in done.stderr, done.stderr
+
+
+def test_another_release_name_keeps_every_reference_consistent(tmp_path: Path) -> None:
+    """Released as ``gc``: the objects are named after the release, and what refers to what
+    (the binding's subject, the envFrom ConfigMap, the Lease the Role grants) still matches."""
+    objects = render_chart({"config": {"LEASE_NAME": "gc-lease"}}, release="gc")
+    deployment = only(objects, "Deployment")
+    assert deployment["metadata"]["name"] == "gc-retired-pod-gc"
+    pod = deployment["spec"]["template"]["spec"]
+    sa = only(objects, "ServiceAccount", pod["serviceAccountName"])
+    for binding in of_kind(objects, "RoleBinding"):
+        assert binding["subjects"] == [
+            {
+                "kind": "ServiceAccount",
+                "name": sa["metadata"]["name"],
+                "namespace": "retired-pod-gc",
+            }
+        ]
+        only(objects, "Role", binding["roleRef"]["name"])
+    env = container_env(deployment, of_kind(objects, "ConfigMap"))
+    [lease_role] = [
+        r for r in of_kind(objects, "Role") if r["metadata"]["namespace"] == "retired-pod-gc"
+    ]
+    granted = {n for rule in lease_role["rules"] for n in rule.get("resourceNames", [])}
+    assert granted == {env[config.LEASE_NAME.name]} == {"gc-lease"}
+    service = only(objects, "Service")
+    assert service["metadata"]["name"] == "gc-retired-pod-gc-metrics"
