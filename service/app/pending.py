@@ -107,8 +107,9 @@ async def fetch_pending(
         ):
             if response.status == 404:
                 raise PendingUnavailable(
-                    f"{target} answered 404: the service does not serve the live view "
-                    "(set SPACE_RETIRED_EXECUTION_POD_GC_DEBUG_PENDING=true)"
+                    f"{target} answered 404: the service does not serve the live view there "
+                    "(set SPACE_RETIRED_EXECUTION_POD_GC_DEBUG_PENDING=true, and ask its debug "
+                    "listener, DEBUG_BIND_ADDRESS, never the metrics port)"
                 )
             if response.status != 200:
                 raise PendingUnavailable(f"{target} answered {response.status}")
