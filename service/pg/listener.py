@@ -1,15 +1,14 @@
 """The LISTEN side of the change trigger: one dedicated connection, kept alive, reconnected.
 
 :class:`RetirementListener` holds its own asyncpg connection (never a pooled one: a pool would
-reset it and drop the LISTEN), parses each payload (:func:`parse_payload`: trigger 0003's
-pods, its earlier groups and rows, or 0002's single change as a batch of one) into
-:class:`service.domain.ExecutionChange` values
-and hands them, as one unit, to every :class:`service.ports.ExecutionEventHandler` registered
-with :meth:`~RetirementListener.add_handler`. Malformed or oversized payloads, and bad changes
-inside a batch, are logged, counted (``notifications_malformed``) and skipped; the other changes
-of the batch are handed over. It is also the reconciler's
-:class:`service.ports.NotificationBarrier` (:meth:`~RetirementListener.sync`), so it is built
-before its consumer and told about it afterwards.
+reset it and drop the LISTEN). It decodes each payload with
+:func:`service.pg.payload.parse_payload` and hands the changes, as one unit, to every
+:class:`service.ports.ExecutionEventHandler` registered with
+:meth:`~RetirementListener.add_handler`. Malformed or oversized payloads, and bad parts inside
+one, are logged, counted (``notifications_malformed``) and skipped; the other changes of the
+payload are handed over. It is also the reconciler's :class:`service.ports.NotificationBarrier`
+(:meth:`~RetirementListener.sync`), so it is built before its consumer and told about it
+afterwards.
 
 The connection is opened by :func:`service.pg.connect.connect` (the listener's URL, read anew
 for every connection; the primary only). It counts as connected only once it has proven
@@ -41,18 +40,15 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
 
 import anyio
 import asyncpg
-import msgspec
 from anyio.abc import TaskStatus
 
 from service import checks
 from service.config import DatabaseSettings
-from service.domain import ExecutionChange, parse_execution_state
 from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
 from service.kit.causelog import CauseLog
@@ -61,6 +57,7 @@ from service.kit.timeouts import fail_after
 from service.metrics import Metrics
 from service.pg.connect import connect
 from service.pg.errors import ListenerUnavailable, database_errors, describe
+from service.pg.payload import parse_payload
 from service.ports import ExecutionEventHandler
 
 logger = logging.getLogger(__name__)
@@ -72,277 +69,6 @@ BACKOFF_MAX_S = 30.0
 BACKOFF_JITTER = 0.5
 """Equal jitter: each delay is uniform in [d/2, d], so that replicas cut off by the same server
 restart do not reconnect in lockstep."""
-
-
-MAX_PAYLOAD_BYTES = 8000
-"""PostgreSQL refuses a NOTIFY payload of this many bytes or more, so a longer payload did not
-come from the trigger: it is skipped whole (``oversized``)."""
-
-_Op = Literal["insert", "update", "delete"]
-
-
-class _Single(msgspec.Struct, forbid_unknown_fields=False):
-    """Trigger 0002's payload: one change as an object."""
-
-    op: _Op
-    namespace: str
-    pod_name: str
-    active: bool | None = None
-    execution_state: str | None = None
-
-
-_Row = tuple[_Op, str, str, bool | None, str | None]
-"""One change of a 0003 ``rows`` batch: [op, namespace, pod_name, active, execution_state]."""
-
-
-class _Batch(msgspec.Struct, forbid_unknown_fields=False):
-    """Trigger 0003's first payload: ``{"rows": [[op, namespace, pod_name, active, state], ...]}``."""
-
-    rows: list[_Row]
-
-
-class _LooseBatch(msgspec.Struct, forbid_unknown_fields=False):
-    """A batch whose rows are decoded one by one (a bad row must not hide the others)."""
-
-    rows: list[msgspec.Raw]
-
-
-_Pods = tuple[_Op, bool | None, str | None, list[str]]
-"""One group of a 0003 ``pods`` payload: [op, active, execution_state, [pod_name, ...]], each
-name a change with the group's facts, of the pod of that name in every watched namespace."""
-_PodsHead = tuple[_Op, bool | None, str | None]
-
-
-class _PodGroups(msgspec.Struct, forbid_unknown_fields=False):
-    """Trigger 0003's payload: ``{"pods": [[op, active, state, [pod_name, ...]], ...]}``."""
-
-    pods: list[_Pods]
-
-
-class _LoosePodGroups(msgspec.Struct, forbid_unknown_fields=False):
-    """A ``pods`` payload decoded group by group and name by name."""
-
-    pods: list[msgspec.Raw]
-
-
-_Group = tuple[_Op, str, bool | None, str | None, list[str]]
-"""One group of 0003's earlier ``groups`` payload: [op, namespace, active, execution_state,
-[pod_name, ...]], each name a change with the group's facts."""
-_Head = tuple[_Op, str, bool | None, str | None]
-
-
-class _Groups(msgspec.Struct, forbid_unknown_fields=False):
-    """Trigger 0003's earlier payload: ``{"groups": [[op, namespace, active, state, [pod_name,
-    ...]], ...]}``."""
-
-    groups: list[_Group]
-
-
-class _LooseGroups(msgspec.Struct, forbid_unknown_fields=False):
-    """A ``groups`` payload decoded group by group and name by name (a bad name must not hide
-    the others, nor a bad group the other groups)."""
-
-    groups: list[msgspec.Raw]
-
-
-_pods_decoder = msgspec.json.Decoder(_PodGroups)
-_loose_pods_decoder = msgspec.json.Decoder(_LoosePodGroups)
-_loose_pods_group_decoder = msgspec.json.Decoder(
-    tuple[msgspec.Raw, msgspec.Raw, msgspec.Raw, list[msgspec.Raw]]
-)
-_pods_head_decoder = msgspec.json.Decoder(_PodsHead)
-_groups_decoder = msgspec.json.Decoder(_Groups)
-_batch_decoder = msgspec.json.Decoder(_Batch)
-_single_decoder = msgspec.json.Decoder(_Single)
-_loose_groups_decoder = msgspec.json.Decoder(_LooseGroups)
-_loose_decoder = msgspec.json.Decoder(_LooseBatch)
-_row_decoder = msgspec.json.Decoder(_Row)
-_loose_group_decoder = msgspec.json.Decoder(
-    tuple[msgspec.Raw, msgspec.Raw, msgspec.Raw, msgspec.Raw, list[msgspec.Raw]]
-)
-_head_decoder = msgspec.json.Decoder(_Head)
-_name_decoder = msgspec.json.Decoder(str)
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedPayload:
-    """What one notification payload says: its valid changes, in payload order, and how many
-    parts were skipped (``malformed``: the whole payload counts as one, else each bad change:
-    a bad row, a bad name, each name of a group whose facts are bad, or a group that is not one)."""
-
-    changes: list[ExecutionChange]
-    malformed: int = 0
-    problem: str = ""
-    """Why something was skipped (for the log), empty when nothing was."""
-
-
-def parse_payload(
-    payload: str, *, received_at_s: float, namespaces: Sequence[str]
-) -> ParsedPayload:
-    """The changes a trigger payload describes, in any of its shapes: 0003's ``pods``, its
-    earlier ``groups`` and ``rows``, or 0002's single object (a batch of one), so that a
-    listener keeps working while the trigger is upgraded. A ``pods`` change names no namespace:
-    it is the change of the pod of that name in each of ``namespaces`` (the watched ones), one
-    change each; the other shapes name theirs.
-
-    Never raises: a payload that is none of these shapes, or longer than PostgreSQL allows, is
-    skipped whole; inside a payload, each change that is not valid (wrong arity or types, an
-    unknown op, an empty namespace or pod name) is skipped alone.
-    """
-    if len(payload) >= MAX_PAYLOAD_BYTES or len(payload.encode()) >= MAX_PAYLOAD_BYTES:
-        return ParsedPayload([], 1, "oversized")
-    changes: list[ExecutionChange] = []
-    total = 0
-    try:
-        pods = _pods_decoder.decode(payload).pods
-    except msgspec.DecodeError:
-        pass
-    else:
-        for op, active, state, names in pods:
-            total += len(names)
-            for namespace in namespaces:
-                _add_group(changes, (op, namespace, active, state), names, received_at_s)
-        return _outcome(changes, total, len(namespaces))
-    try:
-        groups = _groups_decoder.decode(payload).groups
-    except msgspec.DecodeError:
-        pass
-    else:
-        for op, namespace, active, state, names in groups:
-            total += len(names)
-            _add_group(changes, (op, namespace, active, state), names, received_at_s)
-        return _outcome(changes, total)
-    try:
-        rows = _batch_decoder.decode(payload).rows
-    except msgspec.DecodeError:
-        pass
-    else:
-        changes = [c for row in rows if (c := _change(row, received_at_s)) is not None]
-        return _outcome(changes, len(rows))
-    try:
-        single = _single_decoder.decode(payload)
-    except msgspec.DecodeError:
-        return _parse_loosely(payload, received_at_s, namespaces)
-    change = _change(
-        (single.op, single.namespace, single.pod_name, single.active, single.execution_state),
-        received_at_s,
-    )
-    if change is None:
-        return ParsedPayload([], 1, "empty namespace or pod name")
-    return ParsedPayload([change])
-
-
-def _outcome(changes: list[ExecutionChange], total: int, each: int = 1) -> ParsedPayload:
-    """``changes`` found among ``total`` parts, ``each`` changes a valid part (a ``pods`` name
-    is one a watched namespace): the others are bad (an empty batch is one)."""
-    if not changes:
-        return ParsedPayload([], max(1, total), "no valid change in the batch")
-    bad = total - len(changes) // max(1, each)
-    return ParsedPayload(changes, bad, f"{bad} invalid changes in the batch" if bad else "")
-
-
-def _add_group(
-    changes: list[ExecutionChange],
-    head: _Head,
-    names: Iterable[str],
-    received_at_s: float,
-) -> None:
-    """Append a change for each valid name of a group: empty namespaces and names are not
-    changes; a delete says nothing of active or state. The group's facts are worked out once:
-    a mass retirement's payload is one group of hundreds of names."""
-    op, namespace, active, state = head
-    if not namespace:
-        return
-    deleted = op == "delete"
-    if deleted:
-        active, parsed = None, None
-    else:
-        parsed = None if state is None else parse_execution_state(state)
-    append = changes.append
-    for name in names:
-        if name:
-            append(ExecutionChange(namespace, name, active, parsed, deleted, received_at_s))
-
-
-def _parse_loosely(payload: str, received_at_s: float, namespaces: Sequence[str]) -> ParsedPayload:
-    """A payload of a batch shape that did not decode as a whole: its parts one by one."""
-    try:
-        raw_pods = _loose_pods_decoder.decode(payload).pods
-    except msgspec.DecodeError:
-        pass
-    else:
-        return _parse_groups_loosely(
-            raw_pods, _loose_pods_group_decoder, _pods_head_decoder, received_at_s, namespaces
-        )
-    try:
-        raw_groups = _loose_groups_decoder.decode(payload).groups
-    except msgspec.DecodeError:
-        return _parse_rows_one_by_one(payload, received_at_s)
-    return _parse_groups_loosely(
-        raw_groups, _loose_group_decoder, _head_decoder, received_at_s, None
-    )
-
-
-def _parse_groups_loosely(
-    raw_groups: list[msgspec.Raw],
-    group_decoder: msgspec.json.Decoder[Any],
-    head_decoder: msgspec.json.Decoder[Any],
-    received_at_s: float,
-    namespaces: Sequence[str] | None,
-) -> ParsedPayload:
-    """Groups one by one, then each group's head and names: ``pods`` groups (``namespaces``
-    given: their heads name none) or ``groups`` (``None``: each head names its namespace)."""
-    changes: list[ExecutionChange] = []
-    total = 0
-    for raw in raw_groups:
-        try:
-            *raw_head, raw_names = group_decoder.decode(raw)
-        except msgspec.DecodeError:
-            total += 1  # not a group: one bad part
-            continue
-        total += len(raw_names)
-        try:
-            head = head_decoder.decode(b"[" + b",".join(raw_head) + b"]")
-        except msgspec.DecodeError:
-            continue  # every name of the group is bad with it
-        names = []
-        for raw_name in raw_names:
-            try:
-                names.append(_name_decoder.decode(raw_name))
-            except msgspec.DecodeError:
-                continue
-        if namespaces is None:
-            _add_group(changes, head, names, received_at_s)
-        else:
-            op, active, state = head
-            for namespace in namespaces:
-                _add_group(changes, (op, namespace, active, state), names, received_at_s)
-    return _outcome(changes, total, 1 if namespaces is None else len(namespaces))
-
-
-def _parse_rows_one_by_one(payload: str, received_at_s: float) -> ParsedPayload:
-    try:
-        raw_rows = _loose_decoder.decode(payload).rows
-    except msgspec.DecodeError:
-        return ParsedPayload([], 1, "not a change payload")
-    changes: list[ExecutionChange] = []
-    for raw in raw_rows:
-        try:
-            row = _row_decoder.decode(raw)
-        except msgspec.DecodeError:
-            continue
-        if (change := _change(row, received_at_s)) is not None:
-            changes.append(change)
-    return _outcome(changes, len(raw_rows))
-
-
-def _change(row: _Row, received_at_s: float) -> ExecutionChange | None:
-    """One change of a ``rows`` batch or 0002's object (``None`` when it is not valid): a group
-    of one name, so that :func:`_add_group` alone says what a change's facts mean."""
-    op, namespace, pod_name, active, state = row
-    one: list[ExecutionChange] = []
-    _add_group(one, (op, namespace, active, state), (pod_name,), received_at_s)
-    return one[0] if one else None
 
 
 def default_backoff() -> Backoff:
@@ -386,10 +112,9 @@ class RetirementListener:
     """LISTEN on the notify channel until cancelled; see the module docstring.
 
     ``probe`` sends the delivery probes (through the query pool); ``backoff`` is the reconnect
-    policy (default :func:`default_backoff`); ``namespaces`` the watched sandbox namespaces (a
-    change naming no namespace is one change in each; one naming another is counted and
-    ignored); ``probe_channel`` the channel of
-    its probes (default: :func:`new_probe_channel`).
+    policy (default :func:`default_backoff`); ``namespaces`` the watched sandbox namespaces
+    (each name of a payload is one change in each); ``probe_channel`` the channel of its probes
+    (default: :func:`new_probe_channel`).
     """
 
     def __init__(
@@ -404,10 +129,6 @@ class RetirementListener:
     ) -> None:
         self._settings = settings
         self._namespaces = tuple(dict.fromkeys(namespaces))
-        """The sandbox namespaces whose changes are handed on: a change that names no namespace
-        (0003's ``pods``) is one change in each; one that names another namespace is counted
-        and ignored."""
-        self._watched = frozenset(self._namespaces)
         self._channel = settings.notify_channel
         self._handlers: list[ExecutionEventHandler] = []
         self._metrics = metrics
@@ -618,16 +339,9 @@ class RetirementListener:
                 parsed.problem,
                 payload,
             )
-        changes = parsed.changes
-        # One channel carries every namespace's changes; only the watched ones matter (a
-        # change of the earlier shapes names its namespace).
-        watched = [c for c in changes if c.namespace in self._watched]
-        if len(watched) < len(changes):
-            self._metrics.notifications_ignored.inc(len(changes) - len(watched))
-        changes = watched
-        if changes:
+        if parsed.changes:
             for handler in self._handlers:
-                handler.executions_changed(changes)
+                handler.executions_changed(parsed.changes)
 
 
 def _setter(event: anyio.Event) -> Callable[[object], None]:

@@ -527,7 +527,7 @@ def run_events(world: World, block: Block) -> None:
 
 
 def run_rollback_0002(world: World, block: Block) -> None:
-    # As the doc says: after step 2, i.e. with 0003 installed (the uninstall above removed it).
+    # As the doc says: after step 1, i.e. with 0003 installed (the uninstall above removed it).
     install(world.shell, world.url)
     assert _triggers(world.url) == TRIGGERS_0003
     world.shell.run(block, block.text)

@@ -27,7 +27,7 @@ def load_targets() -> dict[str, Callable[[bytes], None]]:
     from service.config import VARIABLES, ConfigError, load
     from service.domain import ExecutionState
     from service.kube.decode import PodDecodeError, PodDecoder
-    from service.pg.listener import parse_payload
+    from service.pg.payload import parse_payload
     from tests.fuzz.test_fuzz_inputs import raw_has_reapable_shape, retired_row_for
 
     decoder = PodDecoder()

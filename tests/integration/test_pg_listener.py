@@ -38,8 +38,9 @@ from service.kit.backoff import Backoff
 from service.kit.errors import Unavailable
 from service.metrics import Metrics
 from service.pg.errors import ListenerUnavailable
-from service.pg.listener import BACKOFF_MAX_S, RetirementListener, parse_payload
+from service.pg.listener import BACKOFF_MAX_S, RetirementListener
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
+from service.pg.payload import parse_payload
 from tests.pgfixtures import (
     NAMESPACE,
     db_settings,
@@ -900,12 +901,25 @@ async def test_one_odd_text_among_plain_rows_of_a_statement_arrives_as_it_is(
     assert sorted(rows) == sorted(expected)  # type: ignore[type-var]
 
 
-async def test_every_payload_shape_and_bad_rows_inside_a_batch(
+async def test_bad_parts_of_a_payload_and_payloads_of_another_shape_are_counted_and_skipped(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
-    # During a rolling upgrade 0002's single objects, the `rows` batches of 0003's first form
-    # and 0003's groups share the channel.
+    # A bad name hides neither its group's other names nor the other groups; a group whose facts
+    # are bad loses its names (each counted), a non-group counts once. A payload of another shape
+    # (0002's object, 0003's earlier `rows` and `groups`: no shipped trigger sends them) or one
+    # too long is skipped whole and counted once.
     handler, registry = RecordingHandler(), CollectorRegistry()
+    pods = json.dumps(
+        {
+            "pods": [
+                ["update", False, "replaced", ["d", "", 7]],
+                ["delete", None, None, ["e"]],
+                ["truncate", None, None, ["f", "g"]],
+                "junk",
+                ["insert", True, "active", ["h"]],
+            ]
+        }
+    )
     single = json.dumps(
         {
             "op": "update",
@@ -915,46 +929,19 @@ async def test_every_payload_shape_and_bad_rows_inside_a_batch(
             "execution_state": "suspended",
         }
     )
-    batch = json.dumps(
-        {
-            "rows": [
-                ["update", NAMESPACE, "b", False, "replaced"],
-                ["update", "", "bad", True, None],
-                ["delete", NAMESPACE, "c", None, None],
-                [1, 2, 3],
-            ]
-        }
-    )
-    # 0003's groups: a bad name hides neither its group's other names nor the other groups; a
-    # group whose facts are bad loses its names (each counted), a non-group counts once.
-    groups = json.dumps(
-        {
-            "groups": [
-                ["update", NAMESPACE, False, "replaced", ["d", "", 7]],
-                ["delete", NAMESPACE, None, None, ["e"]],
-                ["truncate", NAMESPACE, None, None, ["f", "g"]],
-                "junk",
-                ["insert", NAMESPACE, True, "active", ["h"]],
-            ]
-        }
-    )
+    rows = json.dumps({"rows": [["update", NAMESPACE, "b", False, "replaced"]]})
+    groups = json.dumps({"groups": [["update", NAMESPACE, False, "replaced", ["c"]]]})
     async with running(db_settings(pg_url), handler, registry) as listener:
-        for payload in (single, batch, groups, "x" * 8000):
+        for payload in (single, rows, pods, groups, "x" * 8000):
             await pg_conn.execute("SELECT pg_notify($1, $2)", DEFAULT_CHANNEL, payload[:7999])
         await listener.sync()
-    assert [[c.pod_name for c in b] for b in handler.batches] == [
-        ["a"],
-        ["b", "c"],
-        ["d", "e", "h"],
-    ]
-    assert handler.changes[0].retired and handler.changes[1].retired
-    assert handler.changes[2].deleted
-    assert handler.changes[3].retired and handler.changes[4].deleted
-    assert handler.changes[5].active is True and not handler.changes[5].retired
-    # Two bad rows of the batch; two bad names, two names of a bad group and one non-group of
-    # the groups; and the junk payload.
-    assert metric(registry, "retired_pod_gc_notifications_malformed_total") == 8
-    assert metric(registry, "retired_pod_gc_notifications_total") == 4
+    assert [[c.pod_name for c in b] for b in handler.batches] == [["d", "e", "h"]]
+    assert handler.changes[0].retired and handler.changes[1].deleted
+    assert handler.changes[2].active is True and not handler.changes[2].retired
+    # Two bad names, two names of a bad group and one non-group; three payloads of another
+    # shape; and the junk payload.
+    assert metric(registry, "retired_pod_gc_notifications_malformed_total") == 9
+    assert metric(registry, "retired_pod_gc_notifications_total") == 5
 
 
 async def test_a_one_row_statement_says_what_the_same_row_says_in_a_batch(
@@ -1016,13 +1003,12 @@ async def test_an_update_of_the_key_itself_reports_the_old_row_deleted_and_the_n
     )
 
 
-async def test_a_change_is_handed_on_in_every_watched_namespace_and_an_old_shape_only_in_its_own(
+async def test_a_change_is_handed_on_in_every_watched_namespace(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
     # The trigger's payload names pods, not namespaces (pod_name is unique): each change is the
     # change of that name in every watched namespace, whatever namespace its sandbox row says;
-    # the service checks the pod's namespace against the row's when it reads the row. A payload
-    # of an earlier shape names its namespace: only a watched one is handed on.
+    # the service checks the pod's namespace against the row's when it reads the row.
     spread = [("b1", NAMESPACE), ("b2", "tenant-b"), ("b3", "elsewhere")]
     for sandbox, namespace in spread:
         await seed_sandbox(pg_conn, sandbox, namespace=namespace)
@@ -1042,17 +1028,10 @@ async def test_a_change_is_handed_on_in_every_watched_namespace_and_an_old_shape
             "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'"
         )
         await _retire(pg_conn, "space-sbx-b1-g1", "suspended")
-        old_shape = {
-            "groups": [
-                ["update", NAMESPACE, False, "replaced", ["g1"]],
-                ["update", "elsewhere", False, "replaced", ["g2", "g3"]],
-            ]
-        }
-        await pg_conn.execute("SELECT pg_notify($1, $2)", DEFAULT_CHANNEL, json.dumps(old_shape))
         await listener.sync()
         tg.cancel_scope.cancel()
     pods = [f"space-sbx-{sandbox}-g1" for sandbox, _ in spread]
-    assert len(handler.batches) == 3
+    assert len(handler.batches) == 2
     assert sorted((c.namespace, c.pod_name) for c in handler.batches[0]) == sorted(
         (namespace, pod) for namespace in (NAMESPACE, "tenant-b") for pod in pods
     )
@@ -1060,6 +1039,4 @@ async def test_a_change_is_handed_on_in_every_watched_namespace_and_an_old_shape
         (NAMESPACE, "space-sbx-b1-g1", ExecutionState.SUSPENDED),
         ("tenant-b", "space-sbx-b1-g1", ExecutionState.SUSPENDED),
     ]
-    assert [(c.namespace, c.pod_name) for c in handler.batches[2]] == [(NAMESPACE, "g1")]
-    assert metric(registry, "retired_pod_gc_notifications_total") == 3
-    assert metric(registry, "retired_pod_gc_notifications_ignored_total") == 2
+    assert metric(registry, "retired_pod_gc_notifications_total") == 2

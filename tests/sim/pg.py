@@ -72,9 +72,6 @@ fills)."""
 TRIGGER_CHANNEL = "sandbox_execution_changed"
 """The channel the trigger notifies on (``NOTIFY_CHANNEL``'s default; :attr:`Database.channel`)."""
 
-PODS_FROM = 100
-"""``Database.batch_rows`` from which the model sends 0003's ``pods`` instead of its ``rows``."""
-
 
 class Database:
     def __init__(self, net: Net) -> None:
@@ -96,10 +93,9 @@ class Database:
         self.listener_connects: list[float] = []
         self.on_commit: Callable[[str, RowTruth | None], None] = lambda name, row: None
         self._pid = 100
-        self.batch_rows = 0
-        """0: trigger 0002 (one payload a row); N below ``PODS_FROM``: 0003's first form
-        (``rows`` batches of at most N rows: a database not yet migrated to 0003's pods);
-        otherwise trigger 0003 (``pods``, at most N names a payload)."""
+        self.batch_rows = 1
+        """At most this many names a payload (trigger 0003's ``pods``; the real trigger's bound
+        is in bytes, about 370 plain names)."""
 
     # -- the writers' side -----------------------------------------------------------------
 
@@ -124,7 +120,7 @@ class Database:
                 and (old.active != new.active or old.state != new.state)
             )
             if fires and shown is not None and not silent:
-                reported.append([op, NAMESPACE, name, shown.active, shown.state])
+                reported.append([op, name, shown.active, shown.state])
         payloads = self._payloads(reported)
         self.trace(
             "pg COMMIT "
@@ -147,20 +143,12 @@ class Database:
             conn.send_notification(channel, payload)
 
     def _payloads(self, reported: list[list[Any]]) -> list[str]:
-        """The NOTIFY payloads of one commit's changes, in order: trigger 0002's one object a
-        row (``batch_rows`` 0, a replica mid-upgrade) or trigger 0003's batches."""
-        if not self.batch_rows:
-            keys = ("op", "namespace", "pod_name", "active", "execution_state")
-            return [_encode(dict(zip(keys, row, strict=True))).decode() for row in reported]
+        """The NOTIFY payloads of one commit's changes, as trigger 0003 sends them."""
         n = self.batch_rows
-        if n < PODS_FROM:
-            return [
-                _encode({"rows": reported[i : i + n]}).decode() for i in range(0, len(reported), n)
-            ]
         # As trigger 0003: the changes grouped by (op, active, state), no namespace, the order
         # of the commit lost but for the groups' first appearance; each payload at most n names.
         groups: dict[tuple[Any, ...], list[str]] = {}
-        for op, _namespace, name, active, state in reported:
+        for op, name, active, state in reported:
             groups.setdefault((op, active, state), []).append(name)
         payloads: list[str] = []
         part: list[list[Any]] = []

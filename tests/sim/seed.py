@@ -59,9 +59,8 @@ class Variant:
     p_slow: float
     hold_p: float
     batch_rows: int
-    """How the trigger reports a commit's changes: 0 one 0002 object a row; 1 or 3 0003's first
-    form (``rows`` batches of at most this many rows); 100 0003's ``pods``, at most 100 names
-    a payload (``tests/sim/pg.py``, ``PODS_FROM``)."""
+    """At most this many pod names in one of the trigger's payloads (``tests/sim/pg.py``,
+    ``Database.batch_rows``): 1, a payload a change; 3 or 100, a commit's changes grouped."""
     pooler: str
     """The listener behind a transaction-mode pooler, which drops notifications
     (``tests/sim/pg.py``, ``ListenConn.drops``; :meth:`World.pooler_fault`): "" never;
@@ -87,7 +86,7 @@ class Variant:
             p_fail=rng.choice((0.0, 0.02, 0.08)),
             p_slow=rng.choice((0.0, 0.05)),
             hold_p=rng.choice((0.0, 0.1, 0.3)),
-            batch_rows=rng.choice((0, 1, 3, 100, 100)),
+            batch_rows=rng.choice((1, 1, 3, 100, 100)),
             pooler=rng.choice(("",) * 9 + ("connection", "window", "start")),
             odd=rng.choice((0, 0, 1, 2, 3)),
         )

@@ -8,16 +8,21 @@ from typing import Any
 
 import pytest
 
-from service.domain import ExecutionChange, ExecutionState, PodKind
-from service.pg.listener import (
-    BACKOFF_MAX_S,
-    MAX_PAYLOAD_BYTES,
-    ParsedPayload,
-    default_backoff,
-    parse_payload,
+from service.domain import (
+    RETIRED_STATES,
+    ExecutionChange,
+    ExecutionState,
+    PodKind,
+    parse_execution_state,
 )
+from service.pg.listener import BACKOFF_MAX_S, default_backoff
 from service.pg.migrate import DEFAULT_CHANNEL, render_trigger_sql, steps
+from service.pg.payload import MAX_PAYLOAD_BYTES, ParsedPayload, parse_payload
 from service.pg.store import COLUMNS, LOOKUP_SQL, decode_row
+
+
+def _json(doc: Any) -> str:
+    return json.dumps(doc, separators=(",", ":"))
 
 
 def _record(**overrides: Any) -> tuple[Any, ...]:
@@ -88,32 +93,19 @@ def test_decode_row_rejects_mistyped_values(column: str, value: object) -> None:
     assert decode_row(_record(**{column: value})) is None
 
 
-def _payload(**overrides: Any) -> str:
-    body: dict[str, Any] = {
-        "op": "update",
-        "namespace": "sandboxes",
-        "pod_name": "space-sbx-a-g1",
-        "active": False,
-        "execution_state": "suspended",
-    }
-    body.update(overrides)
-    return json.dumps(body)
-
-
-def _batch(*rows: Any) -> str:
-    return json.dumps({"rows": list(rows)}, separators=(",", ":"))
-
-
-def _groups(*groups: Any) -> str:
-    return json.dumps({"groups": list(groups)}, separators=(",", ":"))
-
-
 WATCHED = ("sandboxes",)
-"""The namespaces a listener watches (a ``pods`` change is one change in each)."""
+"""The namespaces a listener watches (each name of a payload is one change in each)."""
 
 
 def _pods(*groups: Any) -> str:
-    return json.dumps({"pods": list(groups)}, separators=(",", ":"))
+    return _json({"pods": list(groups)})
+
+
+def _one(
+    op: Any = "update", active: Any = False, state: Any = "suspended", name: Any = "space-sbx-a-g1"
+) -> str:
+    """A payload of one change, as the trigger sends a one-row statement's."""
+    return _pods([op, active, state, [name]])
 
 
 def _only(parsed: ParsedPayload) -> ExecutionChange:
@@ -123,7 +115,7 @@ def _only(parsed: ParsedPayload) -> ExecutionChange:
 
 
 def test_parse_payload_update_retired() -> None:
-    change = _only(parse_payload(_payload(), received_at_s=12.5, namespaces=WATCHED))
+    change = _only(parse_payload(_one(), received_at_s=12.5, namespaces=WATCHED))
     assert change.key == "sandboxes/space-sbx-a-g1"
     assert change.active is False and change.state is ExecutionState.SUSPENDED
     assert change.retired and not change.deleted
@@ -132,23 +124,19 @@ def test_parse_payload_update_retired() -> None:
 
 def test_parse_payload_reactivation_is_not_retired() -> None:
     change = _only(
-        parse_payload(
-            _payload(active=True, execution_state="active"), received_at_s=0, namespaces=WATCHED
-        )
+        parse_payload(_one(active=True, state="active"), received_at_s=0, namespaces=WATCHED)
     )
     assert change.active is True and not change.retired
 
 
 def test_parse_payload_delete_carries_no_state() -> None:
-    change = _only(parse_payload(_payload(op="delete"), received_at_s=0, namespaces=WATCHED))
+    change = _only(parse_payload(_one(op="delete"), received_at_s=0, namespaces=WATCHED))
     assert change.deleted and change.active is None and change.state is None
     assert not change.retired
 
 
 def test_parse_payload_unknown_state_string_is_unknown_member() -> None:
-    change = _only(
-        parse_payload(_payload(execution_state="weird"), received_at_s=0, namespaces=WATCHED)
-    )
+    change = _only(parse_payload(_one(state="weird"), received_at_s=0, namespaces=WATCHED))
     assert change.state is ExecutionState.UNKNOWN
     assert not change.retired
 
@@ -156,34 +144,30 @@ def test_parse_payload_unknown_state_string_is_unknown_member() -> None:
 @pytest.mark.parametrize("op", ["insert", "update", "delete"])
 @pytest.mark.parametrize("active", [True, False, None])
 @pytest.mark.parametrize("state", [*(s.value for s in ExecutionState), "weird", None])
-def test_both_payload_shapes_say_the_same_change(
+def test_a_name_alone_and_among_others_says_the_same_change(
     op: str, active: bool | None, state: str | None
 ) -> None:
-    # 0002's object and a row of 0003's batch carry the same facts: during a rolling upgrade a
-    # change must mean the same whichever trigger sent it.
-    single = parse_payload(
-        _payload(op=op, active=active, execution_state=state), received_at_s=3.0, namespaces=WATCHED
-    )
-    batch = parse_payload(
-        _batch([op, "sandboxes", "space-sbx-a-g1", active, state]),
-        received_at_s=3.0,
-        namespaces=WATCHED,
-    )
+    # A one-row statement's payload and a mass retirement's group must mean the same for a name.
+    alone = _only(parse_payload(_one(op, active, state), received_at_s=3.0, namespaces=WATCHED))
     grouped = parse_payload(
-        _groups([op, "sandboxes", active, state, ["space-sbx-a-g1"]]),
+        _pods([op, active, state, ["x", "space-sbx-a-g1", "y"]]),
         received_at_s=3.0,
         namespaces=WATCHED,
     )
-    assert _only(single) == _only(batch) == _only(grouped)
+    assert grouped.malformed == 0
+    assert grouped.changes[1] == alone
+    assert alone.retired == (
+        op != "delete" and active is False and parse_execution_state(state) in RETIRED_STATES
+    )
 
 
 def test_groups_are_parsed_whole_each_name_with_its_groups_facts() -> None:
     names = [f"space-sbx-{i}-g1" for i in range(100)]
     parsed = parse_payload(
-        _groups(
-            ["update", "sandboxes", False, "replaced", names],
-            ["insert", "other", True, "active", ["space-sbx-x-g1"]],
-            ["delete", "sandboxes", None, None, ["d", "e"]],
+        _pods(
+            ["update", False, "replaced", names],
+            ["insert", True, "active", ["space-sbx-x-g1"]],
+            ["delete", None, None, ["d", "e"]],
         ),
         received_at_s=7.0,
         namespaces=WATCHED,
@@ -191,7 +175,7 @@ def test_groups_are_parsed_whole_each_name_with_its_groups_facts() -> None:
     assert parsed.malformed == 0 and parsed.problem == ""
     assert [c.key for c in parsed.changes] == [
         *(f"sandboxes/{n}" for n in names),
-        "other/space-sbx-x-g1",
+        "sandboxes/space-sbx-x-g1",
         "sandboxes/d",
         "sandboxes/e",
     ]
@@ -201,19 +185,44 @@ def test_groups_are_parsed_whole_each_name_with_its_groups_facts() -> None:
     assert {c.received_at_s for c in parsed.changes} == {7.0}
 
 
+def test_each_name_is_one_change_in_every_watched_namespace_group_by_group() -> None:
+    parsed = parse_payload(
+        _pods(["update", False, "replaced", ["a", "b"]], ["delete", None, None, ["c"]]),
+        received_at_s=0,
+        namespaces=("sandboxes", "tenant-b"),
+    )
+    assert parsed.malformed == 0
+    assert [c.key for c in parsed.changes] == [
+        "sandboxes/a",
+        "sandboxes/b",
+        "tenant-b/a",
+        "tenant-b/b",
+        "sandboxes/c",
+        "tenant-b/c",
+    ]
+    # A bad name is counted once, not once per namespace.
+    bad = parse_payload(
+        _pods(["update", False, "replaced", ["a", "", 5]]),
+        received_at_s=0,
+        namespaces=("sandboxes", "tenant-b"),
+    )
+    assert [c.key for c in bad.changes] == ["sandboxes/a", "tenant-b/a"]
+    assert bad.malformed == 2
+
+
 @pytest.mark.parametrize(
     ("bad_group", "bad"),
     [
-        (["update", "sandboxes", False, ["space-sbx-bad-g1"]], 1),  # too short: not a group
-        (["update", "sandboxes", False, "replaced", ["a", "b"], "extra"], 1),
-        (["update", "sandboxes", False, "replaced", "space-sbx-bad-g1"], 1),  # names not a list
-        (["truncate", "sandboxes", False, "replaced", ["a", "b"]], 2),  # bad facts: every name
-        (["update", None, False, "replaced", ["a", "b"]], 2),  # no sandboxes row
-        (["update", "", False, "replaced", ["a", "b", "c"]], 3),
-        (["update", "sandboxes", "false", "replaced", ["a"]], 1),
-        (["update", "sandboxes", False, 3, ["a"]], 1),
-        (["update", "sandboxes", False, "replaced", []], 0),  # nothing in it, nothing bad
-        (["update", "sandboxes", False, "replaced", ["", 5, None]], 3),  # each bad name
+        (["update", False, ["space-sbx-bad-g1"]], 1),  # too short: not a group
+        (["update", False, "replaced", ["a", "b"], "extra"], 1),
+        (["update", False, "replaced", "space-sbx-bad-g1"], 1),  # names not a list
+        (["update", "sandboxes", False, "replaced", ["a", "b"]], 1),  # 0003's earlier `groups`
+        (["truncate", False, "replaced", ["a", "b"]], 2),  # bad facts: every name
+        (["update", "false", "replaced", ["a"]], 1),
+        (["update", 0, "replaced", ["a", "b", "c"]], 3),
+        (["update", False, 3, ["a"]], 1),
+        (["update", False, "replaced", []], 0),  # nothing in it, nothing bad
+        (["update", False, "replaced", ["", 5, None]], 3),  # each bad name
         ("garbage", 1),
         (None, 1),
     ],
@@ -221,13 +230,11 @@ def test_groups_are_parsed_whole_each_name_with_its_groups_facts() -> None:
 def test_a_malformed_group_or_name_is_counted_and_never_hides_the_others(
     bad_group: Any, bad: int
 ) -> None:
-    good = [
-        ["update", "sandboxes", False, "replaced", [f"space-sbx-{i}-g1", "ok"]] for i in range(3)
-    ]
+    good = [["update", False, "replaced", [f"space-sbx-{i}-g1", "ok"]] for i in range(3)]
     # A bad name inside an otherwise good group hides neither its neighbours nor other groups.
-    mixed = ["update", "sandboxes", False, "replaced", ["m1", 7, "m2"]]
+    mixed = ["update", False, "replaced", ["m1", 7, "m2"]]
     parsed = parse_payload(
-        _groups(good[0], bad_group, good[1], mixed, good[2]), received_at_s=0, namespaces=WATCHED
+        _pods(good[0], bad_group, good[1], mixed, good[2]), received_at_s=0, namespaces=WATCHED
     )
     assert [c.pod_name for c in parsed.changes] == [
         "space-sbx-0-g1",
@@ -245,86 +252,32 @@ def test_a_malformed_group_or_name_is_counted_and_never_hides_the_others(
 
 def test_groups_of_only_malformed_names_count_each() -> None:
     parsed = parse_payload(
-        _groups(["update", "sandboxes", False, "replaced", ["", 5]], "x"),
-        received_at_s=0,
-        namespaces=WATCHED,
+        _pods(["update", False, "replaced", ["", 5]], "x"), received_at_s=0, namespaces=WATCHED
     )
     assert parsed.changes == [] and parsed.malformed == 3
-    assert parse_payload(_groups(), received_at_s=0, namespaces=WATCHED).malformed == 1
-
-
-def test_a_batch_is_parsed_whole_in_order() -> None:
-    rows = [["update", "sandboxes", f"space-sbx-{i}-g1", False, "replaced"] for i in range(100)] + [
-        ["insert", "other", "space-sbx-x-g1", True, "active"],
-        ["delete", "sandboxes", "d", None, None],
-    ]
-    parsed = parse_payload(_batch(*rows), received_at_s=7.0, namespaces=WATCHED)
-    assert parsed.malformed == 0 and parsed.problem == ""
-    assert [c.key for c in parsed.changes] == [f"{r[1]}/{r[2]}" for r in rows]
-    assert [c.retired for c in parsed.changes] == [True] * 100 + [False, False]
-    assert parsed.changes[-1].deleted and parsed.changes[-2].active is True
-    assert {c.received_at_s for c in parsed.changes} == {7.0}
-
-
-@pytest.mark.parametrize(
-    "bad_row",
-    [
-        ["update", "sandboxes", "space-sbx-bad-g1", False],  # too short
-        ["update", "sandboxes", "space-sbx-bad-g1", False, "replaced", "extra"],
-        ["truncate", "sandboxes", "space-sbx-bad-g1", False, "replaced"],
-        ["update", None, "space-sbx-bad-g1", False, "replaced"],  # no sandboxes row
-        ["update", "", "space-sbx-bad-g1", False, "replaced"],
-        ["update", "sandboxes", "", False, "replaced"],
-        ["update", "sandboxes", 5, False, "replaced"],
-        ["update", "sandboxes", "space-sbx-bad-g1", "false", "replaced"],
-        ["update", "sandboxes", "space-sbx-bad-g1", 0, "replaced"],
-        ["update", "sandboxes", "space-sbx-bad-g1", False, 3],
-        {"op": "update", "namespace": "sandboxes", "pod_name": "space-sbx-bad-g1"},
-        "garbage",
-        None,
-    ],
-)
-def test_a_malformed_row_is_counted_and_never_hides_the_others(bad_row: Any) -> None:
-    good = [["update", "sandboxes", f"space-sbx-{i}-g1", False, "replaced"] for i in range(3)]
-    parsed = parse_payload(
-        _batch(good[0], bad_row, good[1], bad_row, good[2]), received_at_s=0, namespaces=WATCHED
-    )
-    assert [c.pod_name for c in parsed.changes] == [r[2] for r in good]
-    assert all(c.retired for c in parsed.changes)
-    assert parsed.malformed == 2 and "invalid changes" in parsed.problem
-
-
-def test_a_batch_of_only_malformed_rows_counts_each() -> None:
-    parsed = parse_payload(
-        _batch(["x"], ["update", "", "p", True, "active"], 7), received_at_s=0, namespaces=WATCHED
-    )
-    assert parsed.changes == [] and parsed.malformed == 3
-
-
-def test_an_empty_batch_is_malformed() -> None:
-    parsed = parse_payload(_batch(), received_at_s=0, namespaces=WATCHED)
-    assert parsed.changes == [] and parsed.malformed == 1
+    assert parse_payload(_pods(), received_at_s=0, namespaces=WATCHED).malformed == 1
 
 
 def test_an_oversized_payload_is_skipped_whole() -> None:
     # PostgreSQL refuses payloads of 8000 bytes or more, so this did not come from the trigger;
-    # valid rows in it are not trusted either.
-    row = ["update", "sandboxes", "space-sbx-0123456789ab-g1", False, "replaced"]
-    row_bytes = len(json.dumps(row, separators=(",", ":"))) + 1  # with its comma
-    rows = [row] * (MAX_PAYLOAD_BYTES // row_bytes + 1)
-    payload = _batch(*rows)
+    # valid names in it are not trusted either.
+    name = "space-sbx-0123456789ab-g1"
+    name_bytes = len(json.dumps(name)) + 1  # with its comma
+    names = [name] * (MAX_PAYLOAD_BYTES // name_bytes + 1)
+    payload = _pods(["update", False, "replaced", names])
     assert len(payload.encode()) >= MAX_PAYLOAD_BYTES
     parsed = parse_payload(payload, received_at_s=0, namespaces=WATCHED)
     assert parsed.changes == [] and parsed.malformed == 1 and parsed.problem == "oversized"
     # The bound is in bytes: fewer characters than the limit, but more bytes, is oversized too.
     wide = json.dumps(
-        {"rows": [["update", "sandboxes", "\u00e9" * 3980, False, "replaced"]]}, ensure_ascii=False
+        {"pods": [["update", False, "replaced", ["\u00e9" * 3990]]]}, ensure_ascii=False
     )
     assert len(wide) < MAX_PAYLOAD_BYTES <= len(wide.encode())
     assert parse_payload(wide, received_at_s=0, namespaces=WATCHED).problem == "oversized"
-    # Just below the bound, the same rows are parsed.
-    most = (MAX_PAYLOAD_BYTES - len('{"rows":[]}')) // row_bytes
-    fits = _batch(*rows[:most])
+    # Just below the bound, the same names are parsed.
+    head = len(_pods(["update", False, "replaced", []]))
+    most = (MAX_PAYLOAD_BYTES - head) // name_bytes
+    fits = _pods(["update", False, "replaced", names[:most]])
     assert len(fits.encode()) < MAX_PAYLOAD_BYTES
     assert len(parse_payload(fits, received_at_s=0, namespaces=WATCHED).changes) == most
 
@@ -338,20 +291,28 @@ def test_an_oversized_payload_is_skipped_whole() -> None:
         "[1, 2]",
         "{}",
         '{"op": "insert"}',
-        '{"rows": 5}',
-        '{"rows": {"a": 1}}',
-        '{"groups": 5}',
-        '{"groups": {"a": 1}}',
-        '{"groups": []}',
         '{"pods": 5}',
+        '{"pods": {"a": 1}}',
         '{"pods": []}',
         '{"pods": [["update", false, "replaced", []]]}',
-        _payload(op="truncate"),
-        _payload(namespace=""),
-        _payload(pod_name=""),
-        _payload(pod_name=5),
-        _payload(active="false"),
-        _payload(execution_state=3),
+        _one(op="truncate"),
+        _one(name=""),
+        _one(name=5),
+        _one(active="false"),
+        _one(state=3),
+        # The shapes no shipped trigger sends (0002's object, 0003's earlier `rows` and
+        # `groups`): skipped whole, each valid as it was.
+        json.dumps(
+            {
+                "op": "update",
+                "namespace": "sandboxes",
+                "pod_name": "space-sbx-a-g1",
+                "active": False,
+                "execution_state": "suspended",
+            }
+        ),
+        _json({"rows": [["update", "sandboxes", "space-sbx-a-g1", False, "replaced"]]}),
+        _json({"groups": [["update", "sandboxes", False, "replaced", ["space-sbx-a-g1"]]]}),
     ],
 )
 def test_parse_payload_rejects_garbage(garbage: str) -> None:
