@@ -41,26 +41,17 @@ def default_backoff() -> Backoff:
     return Backoff(initial_s=0.5, max_s=BACKOFF_MAX_S, jitter=0.5)
 
 
-class _NoHandler:
-    """Where changes go while no handler is registered (``scan`` reads the cache only)."""
-
-    def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
-        pass
-
-    def cache_cold(self, namespace: str) -> None:
-        pass
-
-    def cache_synced(self, namespace: str) -> None:
-        pass
-
-
 class _Handlers:
-    """Several handlers, told in the order they were added."""
+    """The store's one sink: every handler added, told in the order it was added (none for
+    ``scan``, which reads the cache only)."""
 
     __slots__ = ("_handlers",)
 
-    def __init__(self, handlers: tuple[PodEventHandler, ...]) -> None:
-        self._handlers = handlers
+    def __init__(self) -> None:
+        self._handlers: tuple[PodEventHandler, ...] = ()
+
+    def add(self, handler: PodEventHandler) -> None:
+        self._handlers = (*self._handlers, handler)
 
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
         for handler in self._handlers:
@@ -96,11 +87,11 @@ class PodInformer:
         watch_jitter: float = WATCH_JITTER,
         min_watch_s: float = 1.0,
     ) -> None:
-        self._handlers: tuple[PodEventHandler, ...] = ()
+        self._handlers = _Handlers()
         self._running = False
         self.namespace = namespace
         """The namespace watched (a namespaced list+watch: no cluster-wide request)."""
-        self._store = PodStore(metrics, sink=_NoHandler(), namespace=namespace)
+        self._store = PodStore(metrics, sink=self._handlers, namespace=namespace)
         self._reflector = Reflector(
             ListWatch(
                 api,
@@ -126,12 +117,7 @@ class PodInformer:
         already cached, so that raises ``RuntimeError``."""
         if self._running:
             raise RuntimeError("handlers are added before the informer runs")
-        self._handlers = (*self._handlers, handler)
-        # One handler is called directly from the store: no dispatch layer per event.
-        sink: PodEventHandler = (
-            self._handlers[0] if len(self._handlers) == 1 else _Handlers(self._handlers)
-        )
-        self._store.sink = sink
+        self._handlers.add(handler)
 
     # ------------------------------------------------------------------ PodCache
 

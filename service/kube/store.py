@@ -1,9 +1,9 @@
 """The pod cache of one namespace: ``namespace/name`` → :class:`PodSnapshot`, and how far it
 matches the server.
 
-The pods are held by name: the name a pod is found by is the snapshot's own ``name`` string, so
-a cached pod costs no key string of its own (a ``namespace/name`` key is 84 bytes more a pod;
-``keys()`` builds the keys when asked, and ``get`` answers ``None`` for another namespace's key).
+The pods are held by name, keyed by the snapshot's own ``name`` string, so a cached pod costs
+no key string of its own (``benchmarks/NOTES.md``, RSS per cached pod); ``keys()`` builds the
+``namespace/name`` keys when asked, and ``get`` answers ``None`` for another namespace's key.
 
 :class:`PodStore` implements ``ports.PodCache``. Its one piece of state besides the pods is a
 :class:`SyncState`. A sync (a list, or the initial events of a streaming list) puts every pod the
@@ -48,9 +48,6 @@ class SyncState(enum.StrEnum):
     changes; the pods it holds are the old ones until the sync reports the difference."""
 
 
-_SYNCED = SyncState.SYNCED  # a global read on the per-event path instead of an attribute chain
-
-
 class PodStore:
     """Implements ``ports.PodCache``; reports changes to ``sink``."""
 
@@ -71,7 +68,7 @@ class PodStore:
         self.state = SyncState.COLD
         """Read it; only :meth:`begin_sync` and :meth:`finish_sync` move it."""
         self.sink = sink
-        """Where changes go (the informer replaces it as handlers are added)."""
+        """Where changes go (the informer's handlers)."""
         self._pods: dict[str, PodSnapshot] = {}
         """name → snapshot; the key is the snapshot's own ``name`` string. Never replaced (its
         ``get`` is handed out by :meth:`by_name`)."""
@@ -102,14 +99,14 @@ class PodStore:
 
     @property
     def synced(self) -> bool:
-        return self.state is _SYNCED
+        return self.state is SyncState.SYNCED
 
     def __len__(self) -> int:
         return len(self._pods)
 
     async def wait_synced(self) -> None:
         """Return once the cache matches the server (immediately if it does now)."""
-        while self.state is not _SYNCED:
+        while self.state is not SyncState.SYNCED:
             await self._synced_event.wait()
 
     # ------------------------------------------------------------------ sync
@@ -151,7 +148,7 @@ class PodStore:
         and always reported; during a sync only when the pod is new or changed since cached."""
         pods = self._pods
         before = pods.get(snap.name)
-        if self.state is _SYNCED:
+        if self.state is SyncState.SYNCED:
             self.sink.pod_changed(before, self._replace(before, snap))
             self._size.set(len(pods))
             return
@@ -167,7 +164,7 @@ class PodStore:
         """The server deleted this pod; reported with the last cached state (or ``snap``)."""
         pods = self._pods
         before = pods.pop(snap.name, None)
-        if self.state is not _SYNCED:
+        if self.state is not SyncState.SYNCED:
             self._seen.discard(snap.name)
         self.sink.pod_changed(before if before is not None else snap, None)
         self._size.set(len(pods))
