@@ -40,6 +40,7 @@ from service.kit.errors import ExternalError, Unavailable
 from service.kube.api import ApiConfigError
 from service.kube.listwatch import Failed
 from service.metrics import Metrics
+from service.pg.errors import describe
 from service.pg.migrate import migrate
 
 logger = logging.getLogger("service.cli")
@@ -67,15 +68,8 @@ def _one_line_on_error(call: Callable[[], int]) -> int:
         return 1
     except ExternalError as exc:
         # A failure of the outside world that no command put in its own words.
-        print(f"retired-pod-gc: {_describe(exc)}", file=sys.stderr)
+        print(f"retired-pod-gc: {describe(exc)}", file=sys.stderr)
         return 1
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(_describe(e) for e in exc.exceptions)
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 _DATABASE_HINTS = {
@@ -102,11 +96,11 @@ def _database_failure(what: str, settings: config.Settings, exc: BaseException) 
     sqlstate = str(getattr(root, "sqlstate", "") or "")
     hint = _DATABASE_HINTS.get(sqlstate)
     if sqlstate:
-        text = _describe(root)
+        text = describe(root)
     elif isinstance(exc, TimeoutError):
         text = str(exc) or "no answer in time"
     else:
-        text = _describe(exc)
+        text = describe(exc)
     if any(isinstance(e, TimeoutError) for e in chain):
         hint = (
             "are the host and port right, and does every firewall and NetworkPolicy let them "
@@ -170,11 +164,11 @@ async def _probe_api(api: ApiClient, settings: config.Settings) -> None:
             page = await lw.list(limit=1)
         except Unavailable as exc:
             raise CommandError(
-                f"Kubernetes API unreachable ({api.configuration.host}): {_describe(exc)}"
+                f"Kubernetes API unreachable ({api.configuration.host}): {describe(exc)}"
             ) from None
         except ExternalError as exc:
             raise CommandError(
-                f"Kubernetes API: listing pods in {namespace}: {_describe(exc)}"
+                f"Kubernetes API: listing pods in {namespace}: {describe(exc)}"
             ) from None
         if isinstance(page, Failed):
             raise CommandError(
@@ -201,7 +195,7 @@ def run(settings: config.Settings) -> int:
             parts = service.build(settings, api=api, metrics=Metrics(registry))
             await service.run(parts, stop=stop)
         except Exception as exc:
-            logger.critical("service failed: %s", _describe(exc), exc_info=exc)
+            logger.critical("service failed: %s", describe(exc), exc_info=exc)
             return 1
         finally:
             with anyio.move_on_after(5, shield=True):
@@ -317,7 +311,7 @@ def explain_pod(
                 cause = exc.__cause__
                 if isinstance(cause, asyncpg.PostgresError | OSError):
                     raise _database_failure("explain: row read", settings, exc) from None
-                raise CommandError(f"explain: {_describe(exc)}") from None
+                raise CommandError(f"explain: {describe(exc)}") from None
             except TimeoutError:
                 raise CommandError(
                     "explain: no answer in time from the API server or the database"
@@ -383,7 +377,7 @@ def cancel_create_execution(
                 )
             except (ExternalError, TimeoutError) as exc:
                 raise CommandError(
-                    f"cancel-create failed: {_describe(exc) if str(exc) else 'no answer in time'}"
+                    f"cancel-create failed: {describe(exc) if str(exc) else 'no answer in time'}"
                     "; running it again is safe"
                 ) from None
             finally:

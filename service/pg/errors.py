@@ -112,6 +112,10 @@ def database_errors() -> Iterator[None]:
 
 
 def describe(exc: BaseException) -> str:
-    """``Class: message`` (just the class when there is no message), for logs and messages."""
-    text = str(exc)
-    return f"{exc.__class__.__name__}: {text}" if text else exc.__class__.__name__
+    """``Class: message`` on one line, for logs and messages: the message's first line, just the
+    class when there is none; an exception group, each of its exceptions joined by ``; ``."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe(e) for e in exc.exceptions)
+    lines = str(exc).strip().splitlines()
+    name = type(exc).__name__
+    return f"{name}: {lines[0]}" if lines else name

@@ -21,6 +21,7 @@ from service.pg.errors import (
     ListenerUnavailable,
     StoreClosed,
     database_errors,
+    describe,
     to_external,
 )
 
@@ -144,3 +145,13 @@ def test_the_adapters_own_errors_are_kit_unavailable() -> None:
     assert issubclass(StoreClosed, Unavailable)
     assert issubclass(ListenerUnavailable, Unavailable)
     assert issubclass(DatabaseError, ExternalError) and not issubclass(DatabaseError, Unavailable)
+
+
+def test_describe_is_one_line_per_exception() -> None:
+    # Logs and the commands' stderr line: the class, the message's first line, each exception
+    # of a group.
+    assert describe(TimeoutError()) == "TimeoutError"
+    assert describe(OSError("  ")) == "OSError"
+    assert describe(ValueError("bad value\n  detail")) == "ValueError: bad value"
+    group = ExceptionGroup("two", [OSError("refused"), BaseExceptionGroup("in", [KeyError("k")])])
+    assert describe(group) == "OSError: refused; KeyError: 'k'"
