@@ -1,7 +1,8 @@
 """The decision function: is this pod one of the two reapable shapes, given its execution row?
 
 Pure and total: no I/O, no clock, no exceptions for any well-typed input. Every path that is not
-one of the two shapes of docs/architecture.md returns a named skip reason; unknown values fail closed.
+one of the two shapes of docs/architecture.md returns a named skip reason; unknown values fail
+closed.
 """
 
 from __future__ import annotations

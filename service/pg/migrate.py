@@ -137,7 +137,8 @@ async def _apply(conn: asyncpg.Connection, planned: list[Step]) -> list[str]:
                     await conn.execute(
                         """
                         INSERT INTO retired_pod_gc_migrations (name, sha256) VALUES ($1, $2)
-                        ON CONFLICT (name) DO UPDATE SET sha256 = EXCLUDED.sha256, applied_at = now()
+                        ON CONFLICT (name)
+                        DO UPDATE SET sha256 = EXCLUDED.sha256, applied_at = now()
                         """,
                         step.name,
                         step.sha256,

@@ -1,10 +1,11 @@
 """Fuzzing every outside input with hypothesis: no crash, no unexpected exception, no reap.
 
-Inputs: pod JSON (``service.kube.decode``), NOTIFY payloads (``service.pg.payload.
-parse_payload``) and the environment (``service.config.load``). Watch-stream framing is fuzzed
-end to end in ``test_fuzz_watch_stream.py``. The "never reaps" oracles restate the table of docs/architecture.md
-over the *raw* input, independently of the decoder and the classifier: a verdict is only
-acceptable when the raw document literally has the reapable shape.
+Inputs: pod JSON (``service.kube.decode``), NOTIFY payloads
+(``service.pg.payload.parse_payload``) and the environment (``service.config.load``).
+Watch-stream framing is fuzzed end to end in ``test_fuzz_watch_stream.py``. The "never reaps"
+oracles restate the table of docs/architecture.md over the *raw* input, independently of the
+decoder and the classifier: a verdict is only acceptable when the raw document literally has the
+reapable shape.
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ def _dig(doc: Any, *path: str) -> Any:
 
 
 def raw_has_reapable_shape(doc: Any, verdict: Verdict) -> bool:
-    """The table of docs/architecture.md over the raw JSON (independent of decoder and classifier)."""
+    """The table of docs/architecture.md over the raw JSON (independent of decoder and
+    classifier)."""
     labels = _dig(doc, "metadata", "labels")
     if not isinstance(labels, dict) or _dig(doc, "metadata", "deletionTimestamp") is not None:
         return False

@@ -1,4 +1,5 @@
-"""``RetirementListener`` end to end: trigger → NOTIFY → handler, and recovery from each failure.
+"""``RetirementListener`` end to end: trigger → NOTIFY → handler, and recovery from each
+failure.
 
 The three failure modes each have a test that fails without its recovery code:
 
