@@ -362,6 +362,12 @@ class Metrics:
         for reason in KEPT_REASONS:
             self.retired_kept_pods.labels(reason=reason)
             self.retired_kept_oldest.labels(reason=reason)
+        self.retired_kept_bound = Gauge(
+            "retired_pod_gc_retired_kept_bound_seconds",
+            "KEPT_BOUND_SECONDS: how long a retired pod may be kept before its Event and the "
+            "alert RetiredPodGcRetiredPodsKept.",
+            registry=r,
+        )
         self.retired_kept_sweep_duration = Histogram(
             "retired_pod_gc_retired_kept_sweep_duration_seconds",
             "Duration of one retired-but-kept sweep of a namespace (one row query).",

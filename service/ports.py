@@ -143,9 +143,13 @@ class RetiredRowSource(Protocol):
     """The retired rows among a namespace's pods, for the retired-but-kept view
     (``service/engine/kept.py``)."""
 
-    async def retired_rows(self, namespace: str, names: Sequence[str]) -> dict[str, RetiredRow]:
+    async def retired_rows(
+        self, namespace: str, names: Sequence[str], *, kind: str
+    ) -> dict[str, RetiredRow]:
         """The inactive rows of Kubernetes-managed sandboxes of ``namespace`` whose pod name is
-        one of ``names``, by pod key, in ONE query whatever the number of names."""
+        one of ``names``, by pod key, in ONE query whatever the number of names; ``kind`` names
+        the query in ``row_queries{kind}`` (``kept_sweep``, ``kept_confirm``, ``kept_event``,
+        ``scan``)."""
         ...
 
 

@@ -180,6 +180,7 @@ class KeptPods:
         self._sweeps: dict[str, float] = {}
         """When each namespace's last sweep ended (loop clock)."""
         self._log = CauseLog("retired-but-kept row queries fail", logger)
+        metrics.retired_kept_bound.set(bound_s)
 
     # -------------------------------------------------------------------------------- view
 
@@ -362,7 +363,8 @@ class KeptPods:
         touched: set[str] = set()
         self._inflight.append(touched)
         try:
-            found = await self._rows.retired_rows(namespace, [split_key(key)[1] for key in keys])
+            names = [split_key(key)[1] for key in keys]
+            found = await self._rows.retired_rows(namespace, names, kind=kind)
         except ExternalError as exc:
             self._metrics.retired_kept_sweep_errors.inc()
             self._log.failed(f"{type(exc).__name__}: {exc}")

@@ -38,6 +38,8 @@ ACTION_KEEP = "Keep"
 BUFFER_SIZE = 1000
 """Most Events waiting to be written; more are dropped (``dropped_buffer_full``)."""
 _NOTE_MAX_BYTES = 1024
+RUNBOOK = 'docs/operations.md, "Retired but kept"'
+"""Where the Event sends its reader (the runbook entry of each reason)."""
 _INSTANCE_MAX = 128
 
 
@@ -47,8 +49,7 @@ def kept_note(report: KeptReport) -> str:
     note = (
         f"Execution retired ({report.row_state}, inactive) since {since} ({report.since_source}) "
         f"but the pod is kept: {report.reason}: {report.rule}. Kept for "
-        f"{report.kept_for_s:.0f}s. Nothing will delete it: see docs/operations.md, "
-        f'"Retired but kept", {report.reason}.'
+        f"{report.kept_for_s:.0f}s. Nothing will delete it: {RUNBOOK}, {report.reason}."
     )
     encoded = note.encode()
     if len(encoded) <= _NOTE_MAX_BYTES:
