@@ -30,7 +30,9 @@ def _rule_groups() -> dict[str, Any]:
 
 
 def _series(name: str, values: str, pod: str = LEADER, **labels: str) -> dict[str, str]:
-    shown = ",".join(f'{k}="{v}"' for k, v in {"namespace": NAMESPACE, "pod": pod, **labels}.items())
+    shown = ",".join(
+        f'{k}="{v}"' for k, v in {"namespace": NAMESPACE, "pod": pod, **labels}.items()
+    )
     return {"series": f"{name}{{{shown}}}", "values": values}
 
 
@@ -183,9 +185,7 @@ def test_the_retired_but_kept_alerts_fire_past_the_bound_at_their_severity(
     assert "SUCCESS" in result.stdout
 
 
-def test_the_rule_test_fails_when_the_alert_would_not_fire(
-    promtool: str, tmp_path: Path
-) -> None:
+def test_the_rule_test_fails_when_the_alert_would_not_fire(promtool: str, tmp_path: Path) -> None:
     # The same expectations against a bound that is never reached: promtool must say so (the
     # rule test above can fail).
     tests = _kept_tests()
