@@ -178,7 +178,7 @@ class KeptPods:
         self._wake = anyio.Event()
         self._was_leader = False
         self._sweeps: dict[str, float] = {}
-        """When each namespace's last sweep ended (loop clock)."""
+        """When each namespace's last sweep that answered began (loop clock)."""
         self._log = CauseLog("retired-but-kept row queries fail", logger)
         metrics.retired_kept_bound.set(bound_s)
 
@@ -204,7 +204,8 @@ class KeptPods:
         return self._wall_clock() - clock.now()
 
     def last_sweep(self, namespace: str) -> float | None:
-        """When ``namespace``'s last sweep ended (loop clock), ``None`` before the first."""
+        """When ``namespace``'s last sweep that answered began (loop clock): every pod cached
+        then and unchanged since is known. ``None`` before the first (and after a clear)."""
         return self._sweeps.get(namespace)
 
     # ------------------------------------------------------------------ PodEventHandler
@@ -316,7 +317,7 @@ class KeptPods:
         for key in [k for k in self._retired if k.startswith(prefix)]:
             if self._cache.get(key) is None:
                 self._forget(key)
-        self._sweeps[namespace] = clock.now()
+        self._sweeps[namespace] = started
         self._metrics.retired_kept_sweep_duration.observe(clock.now() - started)
         return True
 
@@ -447,6 +448,7 @@ class KeptPods:
         self._suspects.clear()
         self._counts.clear()
         self._evented.clear()
+        self._sweeps.clear()
         for reason in KEPT_REASONS:
             self._metrics.retired_kept_pods.labels(reason=reason).set(0)
         self._publish_ages()
