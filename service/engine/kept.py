@@ -170,9 +170,11 @@ class KeptPods:
         self._counts: Counter[SkipReason] = Counter()
         self._suspects: dict[str, float] = {}
         """Keys a notification said are inactive, with its arrival, until a query confirms."""
-        self._inflight: list[set[str]] = []
-        """For each row query in flight, the keys a notification named meanwhile (its answer
-        for them may be older than the notification: not applied)."""
+        self._inflight: dict[int, set[str]] = {}
+        """For each row query in flight (by a number of its own: two empty sets are equal), the
+        keys a notification named meanwhile (its answer for them may be older than the
+        notification: not applied)."""
+        self._queries = 0
         self._evented: dict[str, float] = {}
         """When each pod UID's Event was recorded."""
         self._wake = anyio.Event()
@@ -213,8 +215,10 @@ class KeptPods:
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
         if new is None:
             if old is not None:
+                # The row stays known until the next sweep (which forgets keys not cached): a
+                # pod recreated under the name of a retired row is classified at once.
                 self._evented.pop(old.uid, None)
-                self._forget(old.key)
+                self._set(old.key, None)
             return
         if new.key in self._retired:
             if old is not None and old.uid != new.uid:
@@ -240,7 +244,7 @@ class KeptPods:
         get = self._cache.get
         for change in changes:
             key = change.key
-            for touched in self._inflight:
+            for touched in self._inflight.values():
                 touched.add(key)
             if change.deleted or change.active is True:
                 # Re-activated (or gone): never reported from this moment.
@@ -362,7 +366,9 @@ class KeptPods:
         """The retired rows of ``keys`` (one query) and the keys notified meanwhile; ``None``
         when the query failed (logged once a cause, counted)."""
         touched: set[str] = set()
-        self._inflight.append(touched)
+        self._queries += 1
+        token = self._queries
+        self._inflight[token] = touched
         try:
             names = [split_key(key)[1] for key in keys]
             found = await self._rows.retired_rows(namespace, names, kind=kind)
@@ -371,7 +377,7 @@ class KeptPods:
             self._log.failed(f"{type(exc).__name__}: {exc}")
             return None
         finally:
-            self._inflight.remove(touched)
+            del self._inflight[token]
         self._log.ok()
         if not self.active:
             return None

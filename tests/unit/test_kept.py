@@ -364,3 +364,33 @@ async def test_run_sweeps_once_a_period_a_namespace_and_confirms_notifications()
         assert len(rig.recorder.reports) == 1
         tg.cancel_scope.cancel()
     assert {split_key(k.key)[1] for k in rig.kept.kept()} == {pods[3].name}
+
+
+async def test_two_queries_in_flight_finishing_out_of_order_each_see_their_notifications() -> None:
+    # (found by the simulator: the queries' sets of notified keys were told apart by value)
+    first, second = running("a"), running("b")
+    rig = Rig(first, second)
+    retire(rig, first)
+    retire(rig, second)
+    gates = [anyio.Event(), anyio.Event()]
+    calls = 0
+    answer = rig.rows.retired_rows
+
+    async def gated(namespace: str, names: Sequence[str], *, kind: str) -> dict[str, RetiredRow]:
+        nonlocal calls
+        gate = gates[calls]
+        calls += 1
+        await gate.wait()
+        return await answer(namespace, names, kind=kind)
+
+    rig.rows.retired_rows = gated  # type: ignore[method-assign]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.kept.sweep, NAMESPACE)
+        await settle()
+        tg.start_soon(rig.kept.sweep, NAMESPACE)
+        await settle()
+        gates[1].set()  # the second query answers first
+        await settle()
+        rig.notify(first, active=True)  # while the first is still in flight
+        gates[0].set()
+    assert [k.key for k in rig.kept.kept()] == [second.key]
