@@ -84,6 +84,8 @@ TICK_S = 5.0
 CONFIRM_COALESCE_S = 0.2
 """How long the first suspect of a burst waits for more: notifications of one writer's burst
 are confirmed by one query a namespace, not one each."""
+WAIT_S = 0.5
+"""How often a sweep that waits for the leadership or a synced cache looks again."""
 SWEEP_RETRY_S = 30.0
 """After a failed sweep, when it is tried again (or a resync period, when that is shorter)."""
 QUERY_RETRY_S = 5.0
@@ -293,7 +295,7 @@ class KeptPods:
     async def _sweep_loop(self, namespace: str) -> None:
         while True:
             if not (self.active and self._cache.namespace_synced(namespace)):
-                await anyio.sleep(self.tick_s())
+                await anyio.sleep(WAIT_S)
             elif await self.sweep(namespace):
                 await anyio.sleep(self.period_s)
             else:
