@@ -4,11 +4,13 @@ by notifications, the cache and the sweep; on fakes and virtual time."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 import anyio
 import pytest
 from msgspec import structs
 
+from service.app.pending import kept_lines, kept_section
 from service.domain import (
     ConditionStatus,
     ExecutionChange,
@@ -23,6 +25,7 @@ from service.engine.activation import Activation
 from service.engine.kept import EVENT_INTERVAL_S, KeptPods, Since
 from service.kit import clock
 from service.kit.errors import Unavailable
+from service.kube.kept_events import kept_event_body
 from service.metrics import KEPT_REASONS, Metrics
 from service.ports import KeptReport, RetiredRow
 from tests.fakes import NAMESPACE, FakePodCache, make_pod, make_row
@@ -394,3 +397,53 @@ async def test_two_queries_in_flight_finishing_out_of_order_each_see_their_notif
         rig.notify(first, active=True)  # while the first is still in flight
         gates[0].set()
     assert [k.key for k in rig.kept.kept()] == [second.key]
+
+
+async def test_the_pending_section_lists_the_longest_kept_first_and_the_table_shows_it() -> None:
+    older, newer, active = running("old"), running("new"), running("act")
+    rig = Rig(older, newer, active)
+    rig.rows.put(make_row(older), retired_at_s=WALL + clock.now() - 600)
+    rig.rows.put(make_row(newer), retired_at_s=WALL + clock.now() - 60)
+    rig.rows.put(make_row(active, active=True, state=ExecutionState.ACTIVE))
+    await rig.kept.sweep(NAMESPACE)
+    section = kept_section(rig.kept, now_s=clock.now(), wall_offset_s=WALL)
+    assert section["count"] == 2 and section["by_reason"] == {"pod_running": 2}
+    assert [p["key"] for p in section["pods"]] == [older.key, newer.key]
+    first = section["pods"][0]
+    assert (first["reason"], first["severity"], first["row_state"]) == (
+        "pod_running",
+        "warning",
+        "suspended",
+    )
+    assert first["since_source"] == "retired_at" and first["kept_for_s"] == pytest.approx(600)
+    assert datetime.fromisoformat(first["since"]).timestamp() == pytest.approx(
+        WALL + clock.now() - 600
+    )
+    one = kept_section(rig.kept, now_s=clock.now(), wall_offset_s=WALL, key=newer.key)
+    assert [p["key"] for p in one["pods"]] == [newer.key]
+    assert kept_section(rig.kept, now_s=0, wall_offset_s=0, key=active.key)["pods"] == []
+    lines = kept_lines(section)
+    assert lines[0].startswith("retired but kept: 2 pods")
+    assert lines[1].split()[:3] == ["KEY", "REASON", "SEVERITY"]
+    assert lines[2].split()[:3] == [older.key, "pod_running", "warning"]
+    assert kept_lines(None) == []
+
+
+def test_the_event_is_a_warning_naming_the_reason_the_state_and_since_when() -> None:
+    pod = running()
+    report = KeptReport(
+        pod=pod,
+        reason="pod_running",
+        rule="Running pods may hold a live VM",
+        row_state=ExecutionState.SUSPENDED,
+        since_s=1.8e9,
+        since_source="retired_at",
+        kept_for_s=1900.0,
+    )
+    body = kept_event_body(report, instance="gc-0", at_s=1.8e9 + 1900)
+    assert (body["type"], body["reason"], body["action"]) == ("Warning", "RetiredPodKept", "Keep")
+    assert body["regarding"]["uid"] == pod.uid and body["regarding"]["name"] == pod.name
+    note = body["note"]
+    assert "pod_running" in note and "(suspended, inactive)" in note
+    assert "since 2027-01-15T08:00:00.000000Z (retired_at)" in note
+    assert "Kept for 1900s" in note
