@@ -16,7 +16,8 @@ own):
 - idle row queries per minute, over ``--idle-s``, at the default resync period (600 s) and at
   ``--short-period-s``.
 
-Results go to ``benchmarks/results/kept.json`` and are printed; benchmarks/RESULTS.md has them.
+Results go to ``benchmarks/results/kept.json`` (key ``B8``) and are printed; ``python -m
+benchmarks.report`` renders them into RESULTS.md (``CANONICAL["B8"]``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from benchmarks.harness import (
     seed_rows,
     settings,
 )
+from benchmarks.run import _machine
 from devtools.pg.throwaway import ThrowawayPostgres
 from service.app import service
 from service.kit.memory import trim_heap
@@ -192,11 +194,7 @@ async def _short_period(
 
 
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
-    results: dict[str, Any] = {
-        "args": vars(args),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "load_average_start": load_average(),
-    }
+    results: dict[str, Any] = {"args": vars(args)}
     with ThrowawayPostgres() as pg:
         db = pg.create_database("bench_kept")
         emulator = await EmulatorProcess().start()
@@ -217,7 +215,6 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             _progress(f"  {results['short_period']}")
         finally:
             await emulator.aclose()
-    results["load_average_end"] = load_average()
     return results
 
 
@@ -249,9 +246,17 @@ def main() -> None:
     p.add_argument("--short-period-s", type=float, default=10.0)
     p.add_argument("--name", default="kept")
     args = p.parse_args()
-    results = anyio.run(_main, args)
-    (HERE / "results" / f"{args.name}.json").write_text(json.dumps(results, indent=2) + "\n")
-    for line in summary_lines(results):
+    run: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "load_average_start": load_average(),
+        "machine": _machine(),
+        "command": " ".join(["python -m benchmarks.kept", *sys.argv[1:]]),
+        "config": {"repeats": args.repeats},
+    }
+    run["B8"] = anyio.run(_main, args)
+    run["load_average_end"] = load_average()
+    (HERE / "results" / f"{args.name}.json").write_text(json.dumps(run, indent=2) + "\n")
+    for line in summary_lines(run["B8"]):
         print(line)
 
 
