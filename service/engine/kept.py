@@ -312,17 +312,15 @@ class KeptPods:
         if answer is None:
             return False
         found, touched = answer
-        for key in keys:
-            if key in touched:
-                continue  # a notification named it meanwhile: it is fresher than this answer
-            retired = found.get(key)
-            if retired is None:
-                self._forget(key)
-            else:
-                self._know(key, retired, None)
+        # Work in proportion to the retired rows, not to the cache: a key known retired that
+        # the answer lacks is active or gone (or no longer cached); a key notified meanwhile is
+        # left to its notification, fresher than this answer.
         for key in [k for k in self._retired if k.startswith(prefix)]:
-            if self._cache.get(key) is None:
+            if key not in found and key not in touched:
                 self._forget(key)
+        for key, retired in found.items():
+            if key not in touched:
+                self._know(key, retired, None)
         self._sweeps[namespace] = started
         self._metrics.retired_kept_sweep_duration.observe(clock.now() - started)
         return True
