@@ -278,8 +278,8 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
         f"sweep query (RETIRED_SQL, {w['pods']:,} names): median "
         f"{statistics.median(w['query_s']) * 1000:.0f} ms "
         f"(min {min(w['query_s']) * 1000:.0f}, max {max(w['query_s']) * 1000:.0f})",
-        f"  from its 6th execution on (PostgreSQL may switch the prepared statement to a generic "
-        f"plan): median {statistics.median(w['query_s'][4:] or w['query_s']) * 1000:.0f} ms",
+        f"  from its 7th execution on (PostgreSQL switched the prepared statement to a generic "
+        f"plan): median {statistics.median(w['query_s'][5:] or w['query_s']) * 1000:.0f} ms",
         f"whole sweep (query + applying): median {statistics.median(w['sweep_s']) * 1000:.0f} ms",
         f"RSS idle: {wo['rss_kib'] / 1024:.1f} MiB without the view, "
         f"{w['rss_kib'] / 1024:.1f} MiB with it ({(w['rss_kib'] - wo['rss_kib']) / 1024:+.1f} MiB)"
