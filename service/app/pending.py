@@ -214,7 +214,8 @@ _COLUMNS = ("KEY", "UID", "VERDICT", "OBSERVED SINCE", "DUE AT", "DUE IN", "WAIT
 
 
 def pending_lines(document: Mapping[str, Any]) -> list[str]:
-    """The document as a table, with a header line naming the mode and threshold."""
+    """The document as a table, with a header line naming the mode and threshold; then, after a
+    blank line, the retired-but-kept section's (:func:`kept_lines`) when the document has one."""
     lines = [
         f"mode {document.get('mode')}, active {str(document.get('active')).lower()}, "
         f"threshold {document.get('threshold_s')}s, at {document.get('now')}: "
@@ -243,7 +244,8 @@ def pending_lines(document: Mapping[str, Any]) -> list[str]:
             lines.append(
                 "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
             )
-    return lines + kept_lines(document.get("retired_kept"))
+    kept = kept_lines(document.get("retired_kept"))
+    return lines + ["", *kept] if kept else lines
 
 
 def live_clock_lines(
