@@ -46,7 +46,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict service devtools
 
-test: lint typecheck pg-debian pgbouncer
+test: lint typecheck pg-debian pgbouncer promtool
 	$(BIN)/coverage erase
 	$(BIN)/coverage run -m pytest
 	$(BIN)/coverage combine --quiet || true
@@ -64,6 +64,18 @@ pgbouncer:
 			exit 1; \
 		fi; \
 		apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer; }
+
+# Prometheus's promtool, which tests/deploy/test_alert_rules.py runs (`promtool test rules` on the
+# alerts of deploy/monitoring): Debian's prometheus package, installed from apt when absent (as
+# root). RUNLEVEL=1: the package's own server is not started.
+.PHONY: promtool
+promtool:
+	@command -v promtool >/dev/null 2>&1 || test -x /usr/bin/promtool || { \
+		if [ "$$(id -u)" != 0 ]; then \
+			echo "promtool is not installed: run 'make promtool' as root (apt-get install prometheus)" >&2; \
+			exit 1; \
+		fi; \
+		apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 
 # Debian's PostgreSQL 15 (LLVM JIT, on by default), beside the wheel's for the tests and benchmarks
 # that depend on the server's planner (devtools/pg/throwaway.py `Flavor.DEBIAN`). Installed from

@@ -33,6 +33,7 @@ CANONICAL: dict[str, str] = {
     "B6": "default",
     "B7": "trigger",
     "B7_share": "trigger-pods",
+    "B8": "kept",
 }
 
 # The command of each canonical run whose results file predates ``run.py`` recording it.
@@ -56,6 +57,7 @@ HEADINGS: dict[str, str] = {
     "B6": "B6 decode",
     "B7": "B7 writer overhead",
     "B7_share": "B7 trigger share",
+    "B8": "B8 retired but kept",
 }
 
 
@@ -274,6 +276,12 @@ FIGURES: tuple[Figure, ...] = (
         "the trigger's share of a one-row statement, beside the floors (benchmarks/b7_floors)",
         "<= 1.25x",
         _b7_share_one_row,
+    ),
+    Figure(
+        "B8",
+        "retired but kept: the sweep at 150,000 cached pods, extra memory, idle queries",
+        "1 row query a resync period a namespace",
+        lambda r: _b8(r),
     ),
 )
 
@@ -531,6 +539,57 @@ def _render_b7_share(r: dict[str, Any]) -> list[str]:
     return _b7_share(r["B7_share"])[2:-1]
 
 
+def _render_b8(r: dict[str, Any]) -> list[str]:
+    b = r["B8"]
+    w, wo, short = b["with"], b["without"], b["short_period"]
+    ms = [
+        ["the sweep's row query alone", *_ms3(w["query_s"])],
+        [
+            "the same, from its 7th execution (generic plan)",
+            *_ms3(w["query_s"][5:] or w["query_s"]),
+        ],
+        ["a whole sweep (query and applying the answer)", *_ms3(w["sweep_s"])],
+    ]
+    return [
+        f"{w['pods']:,} cached pods (a quarter Running), {w['kept']:,} of them retired and kept "
+        f"(`pod_running`), {b['args']['history']:,} more retired rows of pods long gone; one "
+        "namespace.",
+        "",
+        _table(["", "median ms", "min ms", "max ms"], ms),
+        "",
+        _table(
+            ["", "RSS idle MiB", "idle row queries/min (default period, 600 s)"],
+            [
+                ["without the view", _f(wo["rss_kib"] / 1024), _f(wo["idle_row_queries_per_min"])],
+                ["with the view", _f(w["rss_kib"] / 1024), _f(w["idle_row_queries_per_min"])],
+            ],
+        ),
+        "",
+        f"The view's own structures: {w['view_bytes'] / 1024:,.0f} KiB. At a resync period of "
+        f"{short['period_s']:g} s: {short['sweeps_per_min']:.1f} sweeps/min "
+        f"({short['row_queries_per_min']:.1f} row queries/min in all, the resync's lookups "
+        f"included); idle windows of {b['args']['idle_s']:g} s.",
+    ]
+
+
+def _ms3(values: list[float]) -> list[str]:
+    ordered = sorted(values)
+    return [_f(ordered[len(ordered) // 2] * 1000), _f(ordered[0] * 1000), _f(ordered[-1] * 1000)]
+
+
+def _b8(r: dict[str, Any]) -> str:
+    w = r["B8"]["with"]
+    query = sorted(w["query_s"])[len(w["query_s"]) // 2] * 1000
+    generic_s = sorted(w["query_s"][5:] or w["query_s"])
+    generic = generic_s[len(generic_s) // 2] * 1000
+    extra = (w["rss_kib"] - r["B8"]["without"]["rss_kib"]) / 1024
+    return (
+        f"sweep query **{query:,.0f} ms** at {w['pods']:,} pods ({generic:,.0f} ms with the "
+        f"generic plan); RSS {extra:+.1f} MiB; idle {w['idle_row_queries_per_min']:.1f} row "
+        "queries/min at the default 600 s"
+    )
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "B1": _render_b1,
     "B1L": _render_b1l,
@@ -542,6 +601,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "B6": _render_b6,
     "B7": _render_b7,
     "B7_share": _render_b7_share,
+    "B8": _render_b8,
 }
 
 

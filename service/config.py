@@ -237,6 +237,7 @@ EVENTS_ENABLED = _var("EVENTS_ENABLED", True, _parse_bool, "Record a Kubernetes 
 LEADER_IDENTITY = _var("LEADER_IDENTITY", "", _parse_text, "Holder identity written to the Lease; empty means hostname and process id.")
 LOG_LEVEL = _var("LOG_LEVEL", "info", _choice("debug", "info", "warning", "error"), "Log level.")
 LOG_FORMAT = _var("LOG_FORMAT", "json", _choice("json", "text"), "json: one JSON object a line; text: for humans.")
+KEPT_BOUND_SECONDS = _var("KEPT_BOUND_SECONDS", 1800.0, _parse_float, "Retired but kept: a pod whose execution is retired but that is kept longer than this gets one RetiredPodKept Warning Event (at most one a pod a day); the alert RetiredPodGcRetiredPodsKept uses the same bound (deploy/monitoring).", lo=1, hi=604800)
 # fmt: on
 
 
@@ -334,6 +335,9 @@ class Settings:
     debug_host: str = "127.0.0.1"
     debug_port: int = 8081
     """DEBUG_BIND_ADDRESS: the debug listener, apart from the metrics port."""
+    kept_bound_s: float = 1800.0
+    """Retired but kept: how long a retired pod may be kept before its ``RetiredPodKept``
+    Event."""
     warnings: tuple[str, ...] = ()
     """Clamp warnings produced while loading (also logged)."""
 
@@ -536,6 +540,7 @@ def load(env: Mapping[str, str]) -> Settings:
         debug_pending=DEBUG_PENDING.read(env, w),
         debug_host=debug_host,
         debug_port=debug_port,
+        kept_bound_s=KEPT_BOUND_SECONDS.read(env, w),
         events_enabled=EVENTS_ENABLED.read(env, w),
         log_level=LOG_LEVEL.read(env, w),
         log_format=LOG_FORMAT.read(env, w),
@@ -594,6 +599,7 @@ def effective(settings: Settings, env: Mapping[str, str]) -> list[tuple[str, str
         METRICS_BIND_ADDRESS.name: f"{settings.bind_host}:{settings.bind_port}",
         DEBUG_PENDING.name: settings.debug_pending,
         DEBUG_BIND_ADDRESS.name: f"{settings.debug_host}:{settings.debug_port}",
+        KEPT_BOUND_SECONDS.name: settings.kept_bound_s,
         LEADER_ELECTION.name: settings.leader.enabled,
         LEASE_NAME.name: settings.leader.lease_name,
         LEASE_NAMESPACE.name: settings.leader.lease_namespace,

@@ -39,6 +39,11 @@ within the call's timeout, no connection), never sent (buffer full, shutdown flu
 dry-run report beyond the bound that is named in a summary line instead), or dropped because
 writing it raised something unexpected (a bug, logged with its traceback)."""
 DELETE_RESULTS = ("deleted", "gone", "conflict", "error")
+KEPT_REASONS: tuple[str, ...] = tuple(
+    str(r) for r in SkipReason if r not in (SkipReason.NO_ROW, SkipReason.ROW_ACTIVE)
+)
+"""The reasons a pod whose execution is retired can be kept for: every skip reason but the two
+that say the execution is not retired (``service/engine/kept.py``)."""
 
 
 class KeyHistogram(Collector):
@@ -316,6 +321,7 @@ class Metrics:
             "1 when the last database health check succeeded.",
             registry=r,
         )
+        self._init_kept(r)
 
     def bind_namespaces(self, namespaces: Iterable[str]) -> None:
         """Create the per-namespace label sets at zero (the namespaces are fixed by config)."""
@@ -336,3 +342,48 @@ class Metrics:
         if child is None:
             child = self.skips.labels(reason=reason)
         child.inc(count)
+
+    def _init_kept(self, r: CollectorRegistry) -> None:
+        """Retired but kept (``service/engine/kept.py``): every reason's label set at zero."""
+        self.retired_kept_pods = Gauge(
+            "retired_pod_gc_retired_kept_pods",
+            "Cached pods whose execution row is retired (inactive) but that are kept, by the "
+            "classifier's skip reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.retired_kept_oldest = Gauge(
+            "retired_pod_gc_retired_kept_oldest_seconds",
+            "Age of the oldest retired-but-kept pod of each reason: since its row's retired_at, "
+            "else the retirement notification's arrival, else first seen (0: none).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in KEPT_REASONS:
+            self.retired_kept_pods.labels(reason=reason)
+            self.retired_kept_oldest.labels(reason=reason)
+        self.retired_kept_bound = Gauge(
+            "retired_pod_gc_retired_kept_bound_seconds",
+            "KEPT_BOUND_SECONDS: how long a retired pod may be kept before its Event and the "
+            "alert RetiredPodGcRetiredPodsKept.",
+            registry=r,
+        )
+        self.retired_kept_sweep_duration = Histogram(
+            "retired_pod_gc_retired_kept_sweep_duration_seconds",
+            "Duration of one retired-but-kept sweep of a namespace (one row query).",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.retired_kept_sweep_errors = Counter(
+            "retired_pod_gc_retired_kept_sweep_errors",
+            "Retired-but-kept row queries (sweep, notification, Event check) that failed.",
+            registry=r,
+        )
+        self.kept_events = Counter(
+            "retired_pod_gc_kept_events",
+            "RetiredPodKept Event writes, by result (as retired_pod_gc_events_total).",
+            ["result"],
+            registry=r,
+        )
+        for result in EVENT_RESULTS:
+            self.kept_events.labels(result=result)

@@ -128,3 +128,50 @@ class ReapRecorder(Protocol):
         """Hand the report over and return at once: never awaits, never raises, and whatever
         becomes of the report can never change what is deleted or when."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredRow:
+    """A retired (inactive) execution row, with its ``retired_at`` as Unix seconds (``None``
+    when the column is NULL)."""
+
+    row: ExecutionRow
+    retired_at_s: float | None
+
+
+class RetiredRowSource(Protocol):
+    """The retired rows among a namespace's pods, for the retired-but-kept view
+    (``service/engine/kept.py``)."""
+
+    async def retired_rows(
+        self, namespace: str, names: Sequence[str], *, kind: str
+    ) -> dict[str, RetiredRow]:
+        """The inactive rows of Kubernetes-managed sandboxes of ``namespace`` whose pod name is
+        one of ``names``, by pod key, in ONE query whatever the number of names; ``kind`` names
+        the query in ``row_queries{kind}`` (``kept_sweep``, ``kept_confirm``, ``kept_event``,
+        ``scan``)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class KeptReport:
+    """A pod whose execution is retired but that is kept, kept longer than the bound."""
+
+    pod: PodSnapshot
+    reason: str
+    """The classifier's skip reason."""
+    rule: str
+    row_state: ExecutionState
+    since_s: float
+    """Unix seconds: since when the pod is known retired (the row's ``retired_at``, else the
+    notification's arrival, else first seen)."""
+    since_source: str
+    kept_for_s: float
+
+
+class KeptRecorder(Protocol):
+    """Makes a retired-but-kept pod visible outside the process (a ``RetiredPodKept`` Event)."""
+
+    def record_kept(self, report: KeptReport) -> None:
+        """Hand the report over and return at once: never awaits, never raises."""
+        ...

@@ -34,7 +34,13 @@ from service.app.inspect import (
     list_pods,
     scan,
 )
-from service.app.pending import PendingUnavailable, fetch_pending, live_clock_lines, pending_lines
+from service.app.pending import (
+    PendingUnavailable,
+    fetch_pending,
+    live_clock_lines,
+    live_kept_lines,
+    pending_lines,
+)
 from service.kit.backoff import Backoff
 from service.kit.errors import ExternalError, Unavailable
 from service.kube.api import ApiConfigError
@@ -270,7 +276,7 @@ def scan_pods(settings: config.Settings, *, output: str, timeout_s: float) -> in
                     f"Kubernetes API: could not list pods within {timeout_s:g}s"
                 ) from None
             try:
-                report = await scan(settings, pods=pods, store=store)
+                report = await scan(settings, pods=pods, store=store, retired=store)
             except ExternalError as exc:
                 raise _database_failure("scan: row lookup", settings, exc) from None
         if output == "json":
@@ -288,6 +294,18 @@ def scan_pods(settings: config.Settings, *, output: str, timeout_s: float) -> in
             print("candidates:")
             for c in report.candidates:
                 print(f"  {c['pod']:<50} {c['verdict']:<24} age {c['age_s']}s")
+        print(
+            f"retired but kept (execution retired, pod kept; docs/operations.md): "
+            f"{len(report.retired_kept)} pods"
+        )
+        for reason, count in report.retired_kept_by_reason.items():
+            print(f"  {reason:<34} {count}")
+        for k in report.retired_kept:
+            since = k["retired_at"] or "retired_at unknown"
+            print(
+                f"  {k['pod']:<50} {k['reason']:<34} {k['severity']:<8} "
+                f"{k['row_state']} since {since}"
+            )
         return 0
 
     return _run_async(main)
@@ -304,7 +322,7 @@ def explain_pod(
         async with _store_and_api(settings) as (store, api):
             client = service.new_pod_client(settings, api, Metrics())
             try:
-                exp = await explain(settings, key=key, pods=client, store=store)
+                exp = await explain(settings, key=key, pods=client, store=store, rows=store)
             except NamespaceNotConfigured as exc:
                 raise CommandError(str(exc)) from None
             except ExternalError as exc:
@@ -322,7 +340,15 @@ def explain_pod(
                 live = await fetch_pending(url, timeout_s=timeout_s, key=key)
             except PendingUnavailable as exc:
                 live = str(exc)
-        print("\n".join([*explanation_lines(exp), *live_clock_lines(key, url, live)]))
+        print(
+            "\n".join(
+                [
+                    *explanation_lines(exp),
+                    *live_clock_lines(key, url, live),
+                    *live_kept_lines(key, url, live),
+                ]
+            )
+        )
         return 0
 
     return _run_async(main)

@@ -26,9 +26,10 @@ from service.domain import (
     SkipReason,
     split_key,
 )
+from service.engine.kept import severity_of
 from service.kube.client import KubePodClient
 from service.kube.namespaces import MultiNamespaceInformer
-from service.ports import ExecutionStore
+from service.ports import ExecutionStore, RetiredRow, RetiredRowSource
 
 
 @dataclass
@@ -41,6 +42,10 @@ class ScanReport:
     verdicts: dict[str, int] = field(default_factory=dict)
     skips: dict[str, int] = field(default_factory=dict)
     candidates: list[dict[str, Any]] = field(default_factory=list)
+    retired_kept_by_reason: dict[str, int] = field(default_factory=dict)
+    """Retired but kept (``service/engine/kept.py``), counted by the classifier's reason."""
+    retired_kept: list[dict[str, Any]] = field(default_factory=list)
+    """Every pod whose execution row is retired but that is kept, the longest retired first."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,7 +64,58 @@ async def list_pods(informer: MultiNamespaceInformer, *, timeout_s: float) -> li
     return [p for p in pods if p is not None]
 
 
-async def scan(settings: Settings, *, pods: list[PodSnapshot], store: ExecutionStore) -> ScanReport:
+def _utc(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def retired_kept_entry(pod: PodSnapshot, retired: RetiredRow, now: float) -> dict[str, Any] | None:
+    """The scan's entry of a pod whose row is retired, when the classifier keeps it; else
+    ``None``. Since when is the row's ``retired_at`` (``None`` when the column is NULL)."""
+    decision = classify(pod, retired.row)
+    reason = decision.reason
+    if reason is None or reason in (SkipReason.NO_ROW, SkipReason.ROW_ACTIVE):
+        return None
+    since = retired.retired_at_s
+    return {
+        "pod": pod.key,
+        "uid": pod.uid,
+        "reason": str(reason),
+        "severity": severity_of(reason),
+        "phase": str(pod.phase),
+        "row_state": str(retired.row.state),
+        "retired_at": None if since is None else _utc(since),
+        "kept_for_s": None if since is None else round(max(0.0, now - since)),
+        "rule": decision.rule,
+    }
+
+
+async def scan_retired_kept(
+    settings: Settings, *, pods: list[PodSnapshot], rows: RetiredRowSource, report: ScanReport
+) -> None:
+    """Fill ``report``'s retired-but-kept section: one row query a namespace, as the service's
+    sweep."""
+    now = time.time()  # noqa: TID251 (wall clock: retired_at is wall time)
+    entries: list[dict[str, Any]] = []
+    for namespace in settings.kube.namespaces:
+        mine = {pod.key: pod for pod in pods if pod.namespace == namespace}
+        found = await rows.retired_rows(namespace, [pod.name for pod in mine.values()], kind="scan")
+        for key, retired in found.items():
+            pod = mine.get(key)
+            entry = None if pod is None else retired_kept_entry(pod, retired, now)
+            if entry is not None:
+                entries.append(entry)
+    entries.sort(key=lambda e: (-(e["kept_for_s"] or 0), str(e["pod"])))
+    report.retired_kept = entries
+    report.retired_kept_by_reason = dict(sorted(Counter(str(e["reason"]) for e in entries).items()))
+
+
+async def scan(
+    settings: Settings,
+    *,
+    pods: list[PodSnapshot],
+    store: ExecutionStore,
+    retired: RetiredRowSource | None = None,
+) -> ScanReport:
     namespaces = list(settings.kube.namespaces)
     by_namespace = Counter(pod.namespace for pod in pods)
     report = ScanReport(
@@ -97,6 +153,8 @@ async def scan(settings: Settings, *, pods: list[PodSnapshot], store: ExecutionS
     report.verdicts = dict(sorted(verdicts.items()))
     report.skips = dict(sorted(skips.items()))
     report.candidates.sort(key=lambda c: str(c["pod"]))
+    if retired is not None:
+        await scan_retired_kept(settings, pods=pods, rows=retired, report=report)
     return report
 
 
@@ -108,6 +166,8 @@ class Explanation:
     decision: Decision | None
     threshold_s: float
     mode: str
+    retired_kept: dict[str, Any] | None = None
+    """The pod's retired-but-kept entry (:func:`retired_kept_entry`), when it is one."""
 
 
 class NamespaceNotConfigured(ValueError):
@@ -115,7 +175,12 @@ class NamespaceNotConfigured(ValueError):
 
 
 async def explain(
-    settings: Settings, *, key: str, pods: KubePodClient, store: ExecutionStore
+    settings: Settings,
+    *,
+    key: str,
+    pods: KubePodClient,
+    store: ExecutionStore,
+    rows: RetiredRowSource | None = None,
 ) -> Explanation:
     namespace, name = split_key(key)
     if namespace not in settings.kube.namespaces:
@@ -129,6 +194,13 @@ async def explain(
     with anyio.fail_after(settings.database.statement_timeout_s):
         row = await store.read_fresh(key)
     decision = None if pod is None else classify(pod, row)
+    kept = None
+    if rows is not None and pod is not None and row is not None and not row.active:
+        with anyio.fail_after(settings.database.statement_timeout_s):
+            retired = (await rows.retired_rows(namespace, [name], kind="scan")).get(key)
+        if retired is not None:
+            now = time.time()  # noqa: TID251 (wall clock: retired_at is wall time)
+            kept = retired_kept_entry(pod, retired, now)
     return Explanation(
         key=key,
         pod=pod,
@@ -136,6 +208,7 @@ async def explain(
         decision=decision,
         threshold_s=settings.threshold_s,
         mode=settings.mode,
+        retired_kept=kept,
     )
 
 
@@ -174,4 +247,12 @@ def explanation_lines(exp: Explanation) -> list[str]:
                 f"  the running leader deletes it after {exp.threshold_s:g}s of continuous "
                 f"observation in this shape (mode now: {exp.mode})"
             )
+    kept = exp.retired_kept
+    if kept is not None:
+        since = kept["retired_at"] or "an unknown time (retired_at is NULL)"
+        lines.append(
+            f"retired but kept: {kept['reason']} (severity {kept['severity']}): the execution "
+            f"is retired ({kept['row_state']}) since {since} but nothing will delete this pod; "
+            f'see docs/operations.md, "Retired but kept", {kept["reason"]}'
+        )
     return lines

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from service.domain import Waiting
+from service.engine.kept import KeptPods, kept_entries
 from service.engine.observation import ObservationClocks
 
 PATH = "/debug/pending"
@@ -86,6 +87,92 @@ def pending_document(
     }
 
 
+def kept_section(
+    kept: KeptPods,
+    *,
+    now_s: float,
+    wall_offset_s: float,
+    limit: int = DEFAULT_LIMIT,
+    key: str | None = None,
+) -> dict[str, Any]:
+    """The document's ``retired_kept`` section: the pods whose execution is retired but that
+    are kept (``service/engine/kept.py``), the longest kept first, at most ``limit``; with
+    ``key``, only that pod's."""
+    if key is not None:
+        one = kept.get(key)
+        shown = [one] if one is not None else []
+    else:
+        shown = kept.kept()[:limit]
+    by_reason: dict[str, int] = {}
+    for entry in kept.kept():
+        by_reason[str(entry.reason)] = by_reason.get(str(entry.reason), 0) + 1
+    return {
+        "active": kept.active,
+        "bound_s": kept.bound_s,
+        "sweep_period_s": kept.period_s,
+        "count": len(kept),
+        "by_reason": dict(sorted(by_reason.items())),
+        "shown": len(shown),
+        "pods": kept_entries(shown, now_s=now_s, wall_offset_s=wall_offset_s),
+    }
+
+
+_KEPT_COLUMNS = ("KEY", "REASON", "SEVERITY", "ROW STATE", "SINCE", "FROM", "KEPT FOR")
+
+
+def kept_lines(section: Mapping[str, Any] | None) -> list[str]:
+    """The ``retired_kept`` section as a table of its own (nothing when the service has none)."""
+    if not isinstance(section, Mapping):
+        return []
+    lines = [
+        f"retired but kept: {section.get('count')} pods whose execution is retired but that "
+        f"are kept (bound {section.get('bound_s')}s"
+        + (
+            f", the {section.get('shown')} longest kept shown"
+            if section.get("shown") != section.get("count")
+            else ""
+        )
+        + ")"
+    ]
+    rows = [
+        (
+            str(p.get("key")),
+            str(p.get("reason")),
+            str(p.get("severity")),
+            str(p.get("row_state")),
+            str(p.get("since")),
+            str(p.get("since_source")),
+            f"{float(p.get('kept_for_s') or 0):.0f}s",
+        )
+        for p in section.get("pods") or []
+    ]
+    if not rows:
+        return lines
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_KEPT_COLUMNS)]
+    for row in (_KEPT_COLUMNS, *rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return lines
+
+
+def live_kept_lines(
+    key: str, url: str | None, document: Mapping[str, Any] | str | None
+) -> list[str]:
+    """``explain``'s line on the running replica's retired-but-kept view of one pod."""
+    if url is None or isinstance(document, str) or document is None:
+        return []
+    section = document.get("retired_kept")
+    if not isinstance(section, Mapping):
+        return []
+    entry = next((p for p in section.get("pods") or [] if p.get("key") == key), None)
+    if entry is None:
+        return [f"retired but kept ({url}): not reported for this pod"]
+    return [
+        f"retired but kept ({url}): {entry.get('reason')} (severity {entry.get('severity')}), "
+        f"row {entry.get('row_state')} since {entry.get('since')} ({entry.get('since_source')}), "
+        f"kept for {float(entry.get('kept_for_s') or 0):.0f}s"
+    ]
+
+
 class PendingUnavailable(Exception):
     """The service could not be asked (no answer, the view off, an unexpected answer)."""
 
@@ -128,7 +215,8 @@ _COLUMNS = ("KEY", "UID", "VERDICT", "OBSERVED SINCE", "DUE AT", "DUE IN", "WAIT
 
 
 def pending_lines(document: Mapping[str, Any]) -> list[str]:
-    """The document as a table, with a header line naming the mode and threshold."""
+    """The document as a table, with a header line naming the mode and threshold; then, after a
+    blank line, the retired-but-kept section's (:func:`kept_lines`) when the document has one."""
     lines = [
         f"mode {document.get('mode')}, active {str(document.get('active')).lower()}, "
         f"threshold {document.get('threshold_s')}s, at {document.get('now')}: "
@@ -151,12 +239,14 @@ def pending_lines(document: Mapping[str, Any]) -> list[str]:
         )
         for p in document.get("pods") or []
     ]
-    if not rows:
-        return lines
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
-    for row in (_COLUMNS, *rows):
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    return lines
+    if rows:
+        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
+        for row in (_COLUMNS, *rows):
+            lines.append(
+                "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            )
+    kept = kept_lines(document.get("retired_kept"))
+    return lines + ["", *kept] if kept else lines
 
 
 def live_clock_lines(

@@ -29,6 +29,7 @@ from service.config import Settings
 from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget
 from service.engine.controller import Controller
+from service.engine.kept import KeptPods
 from service.engine.observation import ObservationClocks
 from service.engine.reconciler import Reconciler
 from service.engine.workqueue import WorkQueue
@@ -40,6 +41,7 @@ from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
 from service.kube.informer import WATCH_JITTER, PodInformer
+from service.kube.kept_events import KeptEventWriter
 from service.kube.leaderelection import LeaderElector, default_identity
 from service.kube.listwatch import ListWatch
 from service.kube.namespaces import MultiNamespaceInformer
@@ -47,10 +49,16 @@ from service.metrics import Metrics
 from service.pg.connect import connect_once
 from service.pg.listener import RetirementListener
 from service.pg.store import PgExecutionStore
-from service.ports import ExecutionStore, PodClient, ReapRecorder
+from service.ports import (
+    ExecutionStore,
+    KeptRecorder,
+    PodClient,
+    ReapRecorder,
+    RetiredRowSource,
+)
 
 from .health import HealthServer, Heartbeats
-from .pending import pending_document
+from .pending import kept_section, pending_document
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +100,10 @@ class Parts:
     """``None`` when ``EVENTS_ENABLED`` is false."""
     heartbeats: Heartbeats
     health: HealthServer
+    kept: KeptPods | None = None
+    """Retired but kept (``service/engine/kept.py``)."""
+    kept_events: KeptEventWriter | None = None
+    """``None`` when ``EVENTS_ENABLED`` is false."""
 
 
 APPLICATION_NAME = "retired-pod-gc"
@@ -220,6 +232,34 @@ def wire_engine(
     return Engine(queue, clocks, controller)
 
 
+def wire_kept(
+    settings: Settings,
+    *,
+    informer: MultiNamespaceInformer,
+    rows: RetiredRowSource,
+    listener: RetirementListener,
+    activation: Activation,
+    recorder: KeptRecorder | None,
+    metrics: Metrics,
+) -> KeptPods:
+    """The retired-but-kept view beside the engine (it never touches it): the informer's and the
+    listener's handler after the controller, sweeping every resync period. :func:`build` and
+    the deterministic simulator wire it the same way."""
+    kept = KeptPods(
+        cache=informer,
+        rows=rows,
+        namespaces=settings.kube.namespaces,
+        activation=activation,
+        metrics=metrics,
+        period_s=settings.resync_period_s,
+        bound_s=settings.kept_bound_s,
+        recorder=recorder,
+    )
+    informer.add_handler(kept)
+    listener.add_handler(kept)
+    return kept
+
+
 def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     store = new_store(settings, metrics)
     informer = new_informer(settings, api, metrics)
@@ -272,6 +312,25 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         queue_backoff=default_queue_backoff(),
     )
     queue, clocks, controller = engine.queue, engine.clocks, engine.controller
+    kept_events = (
+        KeptEventWriter(
+            api,
+            instance=settings.leader.identity or default_identity(),
+            metrics=metrics,
+            timeout_s=settings.kube.api_timeout_s,
+        )
+        if settings.events_enabled
+        else None
+    )
+    kept = wire_kept(
+        settings,
+        informer=informer,
+        rows=store,
+        listener=listener,
+        activation=activation,
+        recorder=kept_events,
+        metrics=metrics,
+    )
     if elector is not None:
         elector.add_handler(controller.set_leader)
     heartbeats = Heartbeats()
@@ -283,7 +342,9 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         listener_problem=lambda: listener.problem,
         host=settings.bind_host,
         port=settings.bind_port,
-        pending=(_pending_view(settings, clocks, controller) if settings.debug_pending else None),
+        pending=(
+            _pending_view(settings, clocks, controller, kept) if settings.debug_pending else None
+        ),
         debug_host=settings.debug_host,
         debug_port=settings.debug_port,
     )
@@ -304,11 +365,16 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         recorder=recorder,
         heartbeats=heartbeats,
         health=health,
+        kept=kept,
+        kept_events=kept_events,
     )
 
 
 def _pending_view(
-    settings: Settings, clocks: ObservationClocks, controller: Controller
+    settings: Settings,
+    clocks: ObservationClocks,
+    controller: Controller,
+    kept: KeptPods | None = None,
 ) -> Callable[[int, str | None], dict[str, Any]]:
     """The live view (``GET /debug/pending``); the loop's clock is mapped onto UTC once, at the
     first request (the one place the service relates its clock to the wall clock)."""
@@ -318,7 +384,7 @@ def _pending_view(
         nonlocal wall_offset_s
         if wall_offset_s is None:
             wall_offset_s = time.time() - clock.now()  # noqa: TID251 (UTC in the view)
-        return pending_document(
+        document = pending_document(
             clocks=clocks,
             threshold_s=settings.threshold_s,
             mode=settings.mode,
@@ -328,6 +394,11 @@ def _pending_view(
             limit=limit,
             key=key,
         )
+        if kept is not None:
+            document["retired_kept"] = kept_section(
+                kept, now_s=clock.now(), wall_offset_s=wall_offset_s, limit=limit, key=key
+            )
+        return document
 
     return view
 
@@ -405,6 +476,10 @@ async def run(
             tg.start_soon(_freeze_when_synced, parts)
             if parts.recorder is not None:
                 await tg.start(parts.recorder.run)
+            if parts.kept_events is not None:
+                await tg.start(parts.kept_events.run)
+            if parts.kept is not None:
+                await tg.start(parts.kept.run)
             # Not awaited: a database that is down must not keep the HTTP server and the
             # informer from starting (readiness reports it instead).
             tg.start_soon(parts.listener.run)

@@ -38,6 +38,7 @@ from service.kit.timeouts import fail_after
 from service.metrics import Metrics
 from service.pg.connect import pool_connector, pool_options
 from service.pg.errors import DatabaseError, StoreClosed, database_errors, describe
+from service.ports import RetiredRow
 
 logger = logging.getLogger(__name__)
 
@@ -220,6 +221,42 @@ class PgExecutionStore:
             )
         return float(rows[0][1])
 
+    async def retired_rows(
+        self, namespace: str, names: Sequence[str], *, kind: str = "kept_sweep"
+    ) -> dict[str, RetiredRow]:
+        """``ports.RetiredRowSource``: the inactive rows among ``names`` of ``namespace``, by
+        pod key, in one query (:data:`RETIRED_SQL`); a namespace not configured, or no names,
+        costs none. Raises as :meth:`lookup_many`."""
+        self._check_open()
+        pool = self._pool
+        if pool is None:
+            raise StoreClosed("store closed")
+        if namespace not in self._namespaces or not names:
+            return {}
+        self._metrics.row_queries.labels(kind=kind).inc()
+        try:
+            with database_errors():
+                records = await self._fetch(
+                    pool, RETIRED_SQL, list(names), namespace, MANAGED_BY_KUBERNETES
+                )
+        except ExternalError as exc:
+            self._metrics.row_query_errors.inc()
+            self._query_log.failed(describe(exc))
+            raise
+        self._query_log.ok()
+        out: dict[str, RetiredRow] = {}
+        for record in records:
+            row = decode_row(record)
+            if row is None or row.namespace != namespace or row.active:
+                if row is None:
+                    self._metrics.rows_malformed.inc()
+                continue
+            retired_at = record[len(COLUMNS)]
+            out[row.key] = RetiredRow(
+                row, float(retired_at) if isinstance(retired_at, float | int) else None
+            )
+        return out
+
     # -- internals -------------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -302,6 +339,22 @@ class PgExecutionStore:
             if row.key in asked:
                 out[row.key] = row
         return out
+
+
+RETIRED_SQL = """/* retired-pod-gc: retired but kept */
+SELECT e.pod_name, s.namespace, e.sandbox_id, e.generation, e.activation_attempt,
+       e.pod_kind, e.execution_state, e.active,
+       extract(epoch FROM e.retired_at)::float8 AS retired_at_s
+FROM sandbox_k8s_executions AS e
+JOIN sandboxes AS s ON s.id = e.sandbox_id
+WHERE e.pod_name = ANY($1::text[])
+  AND NOT e.active
+  AND s.namespace = $2
+  AND s.managed_by = $3
+"""
+"""The retired-but-kept sweep (``service/engine/kept.py``): the inactive rows among the pod
+names of one namespace's cache, in one statement whatever their number (the pod name's unique
+index finds each; only retired rows come back, so the answer is as small as the leak)."""
 
 
 async def _keep_session(_conn: asyncpg.Connection) -> None:

@@ -108,6 +108,18 @@ def reapable(pod: PodTruth | None, row: RowTruth | None) -> bool:
     return pod.shape is PodShape.PENDING_STUCK and pod.kind == "create" and row.state == "replaced"
 
 
+def retired_kept(pod: PodTruth | None, row: RowTruth | None) -> bool:
+    """Retired but kept (docs/architecture.md): a pod whose Kubernetes-managed row is inactive
+    and that is not one of the reapable shapes (restated over the driver's model)."""
+    return (
+        pod is not None
+        and row is not None
+        and row.managed
+        and not row.active
+        and not reapable(pod, row)
+    )
+
+
 def pod_shape_reapable(pod: PodTruth) -> bool:
     """Could this pod state be reaped with some row? (pod side only)."""
     if pod.terminating or pod.keep or pod.kind not in POD_KINDS:

@@ -30,6 +30,8 @@ REQUIRED_ALERTS = {
     "RetiredPodGcReapBacklogGrowing",
     "RetiredPodGcReconcileErrors",
     "RetiredPodGcReconcileBugs",
+    "RetiredPodGcRetiredPodsKept",
+    "RetiredPodGcRetiredPodsKeptAnnotated",
 }
 SEVERITIES = {"critical", "warning", "info"}
 # Labels Prometheus attaches from the scrape target (ServiceMonitor), not the service.

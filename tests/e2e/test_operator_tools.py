@@ -80,7 +80,14 @@ async def test_pending_lists_the_running_clock_and_a_kept_pod_waits_for_its_rele
         "explain", f"{NS}/{KEPT}", "--url", svc.debug_url, env=launcher.env()
     )
     assert table.code == 0, table.stderr
-    header, _columns, *rows = table.stdout.splitlines()
+    clocks, _, kept = table.stdout.partition("\n\n")
+    header, _columns, *rows = clocks.splitlines()
+    # Its execution retired, the annotated pod is listed apart, as retired but kept.
+    assert kept.startswith("retired but kept: ")
+    assert any(
+        line.split()[:3] == [f"{NS}/{KEPT}", "keep_annotation", "info"]
+        for line in kept.splitlines()
+    )
     assert "mode live, active true" in header and "1 pods with a running clock" in header
     [row] = rows
     key, uid, verdict, since, due_at, _due_in, _waits = row.split()

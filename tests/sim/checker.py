@@ -11,6 +11,10 @@ reaches the server a latency later, or later still when the loop stalled meanwhi
 the final check's age bound (a DELETE sent more than ``FINAL_CHECK_MAX_AGE_S`` after its row's
 last re-read reached the database is a violation of invariant 1).
 
+Retired but kept (service/engine/kept.py), judged once the world is still (after the quiet
+phase), for every pod unchanged since before the view's last sweep began (and ``settle_s``
+more): the view reports it if and only if the model's truth says it is retired and kept.
+
 Liveness: once the faults are lifted, every pod reapable then must be deleted (reported, in dry
 run) within ``threshold + recovery_bound + backlog / pace``, counted from when the service's
 links are back (capped by the product's backoff caps), as :func:`tests.chaos.checker.quiet_phase`.
@@ -24,7 +28,13 @@ from collections.abc import Callable
 from service.engine.reconciler import FINAL_CHECK_MAX_AGE_S
 from service.kit.ratelimit import capped_shape
 from tests.chaos.checker import RECONNECT_CAP_S
-from tests.chaos.model import PodLife, action_window_ok, pod_shape_reapable, reapable
+from tests.chaos.model import (
+    PodLife,
+    action_window_ok,
+    pod_shape_reapable,
+    reapable,
+    retired_kept,
+)
 from tests.sim.world import World
 
 Violation = tuple[float, str]
@@ -233,3 +243,55 @@ class Checker:
                     for uid, name in sorted(late.items(), key=lambda kv: kv[1])
                 ),
             )
+
+    # -- retired but kept ------------------------------------------------------------------
+
+    def judge_kept(
+        self, reported: dict[str, str], *, now: float, sweep_started: float, settle_s: float
+    ) -> None:
+        """``reported``: pod name to the view's reason; ``sweep_started``: when the view's last
+        sweep that answered began. A pod unchanged since ``settle_s`` before it is judged both
+        ways: reported only if retired and kept, and reported if it is."""
+        world = self.world
+
+        def changed_at(name: str) -> float:
+            life = world.life(name)
+            row = world.rows.get(name)
+            times = [0.0]
+            if life is not None and life.times:
+                times.append(life.times[-1])
+                if life.ended_at is not None:
+                    times.append(life.ended_at)
+            if row is not None and row.his:
+                times.append(row.his[-1])
+            return max(times)
+
+        def truth(name: str) -> bool:
+            pod = world.server.pods.get(name)
+            row_life = world.rows.get(name)
+            row = row_life.current if row_life is not None else None
+            if pod is None:
+                return False
+            if pod.terminating:  # a pod being deleted is kept (its own skip reason)
+                return row is not None and row.managed and not row.active
+            life = world.life(name)
+            return retired_kept(life.current if life is not None else None, row)
+
+        for name, reason in sorted(reported.items()):
+            if not truth(name) and changed_at(name) + settle_s < sweep_started:
+                self._fail(
+                    now,
+                    f"[kept] {name} reported as retired but kept ({reason}) but it is not: "
+                    "its row is active or absent, or it is reapable",
+                )
+        names = set(world.server.pods) | set(reported)
+        for name in sorted(names):
+            if name in reported or not truth(name):
+                continue
+            if changed_at(name) + settle_s < sweep_started:
+                self._fail(
+                    now,
+                    f"[kept] {name} is retired and kept, unchanged since "
+                    f"{changed_at(name):.3f}, but the sweep that began at {sweep_started:.3f} "
+                    "did not report it",
+                )

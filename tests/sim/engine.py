@@ -24,11 +24,18 @@ from typing import Any
 import anyio
 import asyncpg
 
-from service.app.service import default_queue_backoff, new_pod_client, new_store, wire_engine
+from service.app.service import (
+    default_queue_backoff,
+    new_pod_client,
+    new_store,
+    wire_engine,
+    wire_kept,
+)
 from service.config import Settings
 from service.engine import workqueue as workqueue_module
 from service.engine.activation import Activation
 from service.engine.controller import Controller
+from service.engine.kept import KeptPods
 from service.engine.workqueue import WorkQueue
 from service.kit.backoff import Backoff
 from service.kube import informer as informer_module
@@ -68,6 +75,7 @@ class Service:
     store: Any
     queue: WorkQueue
     recorder: Recorder
+    kept: KeptPods
 
 
 PROBE_CHANNEL = "retired_pod_gc_probe_sim"
@@ -119,19 +127,29 @@ def build(
         probe_channel=PROBE_CHANNEL,
     )
     recorder = Recorder(loop)
+    activation = Activation(enabled=settings.enabled)
     engine = wire_engine(
         settings,
         informer=informer,
         pods=pods,
         store=store,
         listener=listener,
-        activation=Activation(enabled=settings.enabled),
+        activation=activation,
         recorder=recorder,
         metrics=metrics,
         queue_backoff=queue_backoff,
     )
     controller, queue = engine.controller, engine.queue
-    return Service(settings, controller, informer, listener, store, queue, recorder)
+    kept = wire_kept(
+        settings,
+        informer=informer,
+        rows=store,
+        listener=listener,
+        activation=activation,
+        recorder=None,
+        metrics=metrics,
+    )
+    return Service(settings, controller, informer, listener, store, queue, recorder, kept)
 
 
 async def run(service: Service, *, stop: anyio.Event) -> None:
@@ -144,6 +162,7 @@ async def run(service: Service, *, stop: anyio.Event) -> None:
             tg.start_soon(service.listener.run)
             await tg.start(service.controller.run_workers, settings.workers)
             await tg.start(service.controller.run_resync, settings.resync_period_s)
+            await tg.start(service.kept.run)
             service.controller.set_leader(True)
             await stop.wait()
             await service.controller.stop(settings.shutdown_timeout_s)

@@ -39,7 +39,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from service.pg.store import FRESH_SQL, LOOKUP_SQL, MANAGED_BY_KUBERNETES
+from service.pg.store import FRESH_SQL, LOOKUP_SQL, MANAGED_BY_KUBERNETES, RETIRED_SQL
 from tests.chaos.model import NAMESPACE, RowTruth
 from tests.sim.net import Call, Net
 
@@ -199,6 +199,8 @@ class Database:
     def run(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         """``LOOKUP_SQL`` (or ``FRESH_SQL``): the rows of the pod names asked for, each with its
         columns (``COLUMNS``)."""
+        if sql == RETIRED_SQL:
+            return self._retired(args)
         assert sql in (LOOKUP_SQL, FRESH_SQL), f"a statement the model does not know: {sql!r}"
         asked, namespaces, managed = args
         assert managed == MANAGED_BY_KUBERNETES
@@ -226,6 +228,32 @@ class Database:
                 )
             )
         self.trace(f"pg {'REREAD' if fresh else 'LOOKUP'} {','.join(names)} -> {len(out)}")
+        return out
+
+    def _retired(self, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """``RETIRED_SQL``: the inactive rows among the names asked for, of the namespace, with
+        ``retired_at`` (the model keeps none: NULL)."""
+        asked, namespace, managed = args
+        assert managed == MANAGED_BY_KUBERNETES
+        out = []
+        for name in sorted(set(asked)):
+            row = self.rows.get(name)
+            if row is None or not row.managed or row.active or namespace != NAMESPACE:
+                continue
+            out.append(
+                (
+                    name,
+                    NAMESPACE,
+                    row.sandbox_id,
+                    row.generation,
+                    0,
+                    row.pod_kind,
+                    row.state,
+                    row.active,
+                    None,
+                )
+            )
+        self.trace(f"pg RETIRED {len(set(asked))} names -> {len(out)}")
         return out
 
     def next_pid(self) -> int:

@@ -16,17 +16,19 @@ import logging
 import random
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
 
 from service.config import PREFIX, Settings, load
+from service.domain import split_key
 from service.metrics import Metrics
 from tests.chaos.checker import RECONNECT_CAP_S
 from tests.chaos.model import NAMESPACE
 from tests.chaos.schedule import Step, seed_mode
 from tests.sim.checker import Checker, Violation
-from tests.sim.engine import build, environment, run
+from tests.sim.engine import Service, build, environment, run
 from tests.sim.kube import SimCoreV1Api
 from tests.sim.loop import VirtualLoop
 from tests.sim.net import Net, Trace
@@ -254,6 +256,7 @@ def run_seed(
             world.lift_faults()
             trace("faults lifted")
             await quiet(world, checker, service, acted)
+            await kept_phase(world, checker, service)
             stop.set()
 
     world.server.on_delete = acted.set
@@ -285,6 +288,82 @@ def run_seed(
         merged.sort(key=lambda line: float(line.split(" ", 1)[0]))
         result.trace = merged
     return result
+
+
+KEPT_SETTLE_S = 3.0
+"""How long the world must have been still before the retired-but-kept view is judged (the
+watch's and the listener's latencies, a confirmation's coalescing and query, a tick)."""
+KEPT_SWEEPS_WITHIN_S = 12.0
+"""Beyond the resync period, how long the sweep that starts after the stillness may take
+(a failed sweep is retried within the period; the models answer within seconds)."""
+
+
+def cache_caught_up(world: World, service: Service) -> bool:
+    """The service's pod cache holds exactly the API server model's pods (UID and
+    resourceVersion): what the view is judged on is then the models' truth."""
+    pods = world.server.pods
+    cache = service.informer
+    keys = {split_key(key)[1] for key in list(cache.keys())}
+    for name in keys | set(pods):
+        cached = cache.get(f"{NAMESPACE}/{name}")
+        pod = pods.get(name)
+        if (cached is None) != (pod is None):
+            return False
+        if (
+            cached is not None
+            and pod is not None
+            and (cached.uid, cached.resource_version) != (pod.uid, str(pod.rv))
+        ):
+            return False
+    return True
+
+
+async def _poll(done: Callable[[], bool], deadline: float, loop: VirtualLoop) -> bool:
+    while not done() and loop.time() < deadline:
+        await asyncio.sleep(0.25)
+    return done()
+
+
+async def kept_phase(world: World, checker: Checker, service: Service) -> None:
+    """Retired but kept: after the quiet phase the world is still. Once the pod cache has
+    caught up with it, with a short resync period, wait for a sweep that begins after that
+    (within the period and a bound, else a violation); with the long one (600 s), whose next
+    sweep is beyond the run, run one sweep of the view's now. Then judge the view against the
+    models' truth as of that sweep (``Checker.judge_kept``). A cache that does not catch up in
+    time is the informer's to answer for (the delete oracle judges it): not judged here."""
+    loop = world.loop
+    kept = service.kept
+    period = service.settings.resync_period_s
+    await asyncio.sleep(KEPT_SETTLE_S)
+    if not await _poll(
+        lambda: cache_caught_up(world, service), loop.time() + KEPT_SWEEPS_WITHIN_S, loop
+    ):
+        return
+    caught_up = loop.time()
+    if period <= KEPT_SWEEPS_WITHIN_S:
+
+        def swept() -> bool:
+            started = kept.last_sweep(NAMESPACE)
+            return started is not None and started >= caught_up
+
+        if not await _poll(swept, caught_up + period + KEPT_SWEEPS_WITHIN_S, loop):
+            checker.violations.append(
+                (loop.time(), f"[kept] no sweep began within {period + KEPT_SWEEPS_WITHIN_S}s")
+            )
+            return
+    else:
+        await kept.sweep(NAMESPACE)
+    started = kept.last_sweep(NAMESPACE)
+    await asyncio.sleep(KEPT_SETTLE_S)  # confirmations and pod events in flight
+    if not cache_caught_up(world, service):
+        return
+    reported = {split_key(k.key)[1]: str(k.reason) for k in kept.kept()}
+    checker.judge_kept(
+        reported,
+        now=loop.time(),
+        sweep_started=float("-inf") if started is None else started,
+        settle_s=KEPT_SETTLE_S,
+    )
 
 
 def _describe(exc: BaseException) -> str:
