@@ -55,7 +55,7 @@ from service.config import DatabaseSettings
 from service.domain import ExecutionChange, parse_execution_state
 from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
-from service.kit.causelog import CauseLog
+from service.kit.causelog import CauseLog, cause_of
 from service.kit.errors import ExternalError, Unavailable
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
@@ -501,7 +501,7 @@ class RetirementListener:
             logger.warning("notify listener connection lost: %s", cause)
             self._failures.ok()
         else:
-            self._failures.failed(cause)
+            self._failures.failed(cause_of(exc), cause)
 
     def _on_connected(self) -> None:
         if self._ever_connected:
