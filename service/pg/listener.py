@@ -501,6 +501,7 @@ class RetirementListener:
             logger.warning("notify listener connection lost: %s", cause)
             self._failures.ok()
         else:
+            self._metrics.listener_connect_failures.inc()
             self._failures.failed(cause_of(exc), cause)
 
     def _on_connected(self) -> None:
