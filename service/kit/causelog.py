@@ -62,7 +62,7 @@ class CauseLog:
         self._now = now
         self._last: str | None = None
         """The cause last logged, while it has not worked since."""
-        self._shown: str | None = None
+        self._latest: str | None = None
         self._failures = 0
         """Failures since the last time it worked."""
         self._since_line = 0
@@ -76,13 +76,14 @@ class CauseLog:
         ``detail``, shown instead of it when a line is written, may name the instance."""
         self._failures += 1
         self._since_line += 1
+        self._latest = detail or cause
         if cause == self._last:
             return
         if self._last is None and self._cleared is not None and self._cleared[0] == cause:
             now = self._now()
             if now - self._cleared[1] < HOLD_S and now - self._worked_at < SETTLE_S:
                 return  # a straggler of the outage that just ended, or a flicker: counted
-        shown = detail or cause
+        shown = self._latest
         extra = {"failing": self._what, "cause": cause, "failures": self._failures}
         if self._last is None:
             self._log.warning("%s: %s", self._what, shown, extra=extra)
@@ -95,12 +96,12 @@ class CauseLog:
                 extra=extra,
             )
         self._last = cause
-        self._shown = shown
         self._since_line = 1
 
     def ok(self) -> None:
         """It worked."""
         cleared = self._cleared
+        self._latest = None
         if self._last is None and cleared is None:
             self._failures = self._since_line = 0  # the usual case: no clock read
             return
@@ -115,15 +116,14 @@ class CauseLog:
             )
             self._cleared = (self._last, now)
             self._last = None
-            self._shown = None
         elif cleared is not None and now - cleared[1] >= HOLD_S:
             self._cleared = None
         self._failures = self._since_line = 0
 
     @property
     def cause(self) -> str | None:
-        """The failure last logged (as shown), ``None`` once it worked since."""
-        return self._shown
+        """The latest failure (its detail), ``None`` once it worked since."""
+        return self._latest
 
     @property
     def failures(self) -> int:

@@ -91,9 +91,12 @@ def test_stragglers_of_an_outage_that_just_ended_are_counted_not_logged(
     # Requests sent before the recovery time out while new ones work.
     for _ in range(30):
         clock.t += 0.1
-        log.failed("timeout")
+        log.failed("timeout", "timeout of a request sent before")
+        # What readiness reports still names it, logged or not.
+        assert log.cause == "timeout of a request sent before"
         log.ok()
     assert len(lines) == 2
+    assert log.cause is None
     # Another cause is logged at once.
     log.failed("refused")
     assert lines[-1].getMessage() == "lookups fail: refused"
