@@ -279,6 +279,11 @@ class Metrics:
             "Connections whose login the server refused (wrong password, unknown role).",
             registry=r,
         )
+        self.listener_connect_failures = Counter(
+            "retired_pod_gc_listener_connect_failures",
+            "Attempts to open the LISTEN connection and prove delivery on it that failed.",
+            registry=r,
+        )
         self.listener_reconnects = Counter(
             "retired_pod_gc_listener_reconnects",
             "LISTEN connection re-establishments.",

@@ -76,7 +76,7 @@ from service.engine.budget import DeleteBudget, Turn
 from service.engine.observation import ObservationClocks
 from service.engine.results import INACTIVE_RESULT, ReconcileResult
 from service.kit import clock
-from service.kit.causelog import CauseLog
+from service.kit.causelog import CauseLog, cause_of
 from service.kit.errors import ApiError, ExternalError, Undecodable
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
@@ -211,9 +211,17 @@ class Reconciler:
         )
         self._conflict_requeue_s = conflict_requeue_s
         self._barrier = barrier
+        # Each recurring failure is logged once per change of its cause, with a count; the
+        # per-batch and per-key lines are debug (their outcomes are counted in the metrics).
         self._sync_failures = CauseLog(
             "could not sync change notifications, clocks of due pods cleared", logger
         )
+        self._lookup_failures = CauseLog("row lookups fail, clocks cleared", logger)
+        self._observe_timeouts = CauseLog("observing batches times out", logger)
+        self._get_failures = CauseLog("fresh pod GETs fail", logger)
+        self._reread_failures = CauseLog("row re-reads fail, clocks cleared", logger)
+        self._act_timeouts = CauseLog("reconciles of due pods time out", logger)
+        self._delete_failures = CauseLog("DELETEs fail", logger)
         self._recorder = recorder
         self.mode = "dry_run" if settings.dry_run else "live"
         """The ``mode`` label of the outcome metric."""
@@ -257,8 +265,12 @@ class Reconciler:
         try:
             with fail_after(self._settings.reconcile_timeout_s):
                 await self._observe(keys, observed)
-        except TimeoutError:
-            logger.warning(
+            self._observe_timeouts.ok()
+        except TimeoutError as exc:
+            self._observe_timeouts.failed(
+                cause_of(exc), f"the bound is {self._settings.reconcile_timeout_s:.1f}s"
+            )
+            logger.debug(
                 "observing %d keys timed out after %.1fs",
                 len(keys),
                 self._settings.reconcile_timeout_s,
@@ -295,11 +307,13 @@ class Reconciler:
             )
         except StepFailed as exc:
             # A failed lookup is a gap in the observation (invariant 3).
-            logger.warning("row lookup of %d keys failed, clocks cleared: %s", len(candidates), exc)
+            self._lookup_failures.failed(cause_of(exc), str(exc))
+            logger.debug("row lookup of %d keys failed, clocks cleared: %s", len(candidates), exc)
             for key, _ in candidates:
                 self._clocks.clear_key(key)
                 results[key] = ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
             return
+        self._lookup_failures.ok()
         now = clock.now()
         threshold_s = self._settings.threshold_s
         clocks = self._clocks
@@ -315,7 +329,7 @@ class Reconciler:
                 # A clearing event arrived while we read; what we read may predate it. The event
                 # enqueued the key again, so the next reconcile starts the clock afresh.
                 with logs.reconciling(key):
-                    logger.info(
+                    logger.debug(
                         "state changed during the reconcile; clock not started", extra={"key": key}
                     )
                 results[key] = ReconcileResult.done(ReconcileOutcome.CHANGED)
@@ -358,14 +372,19 @@ class Reconciler:
         """Steps 7-10 for one due key; bounded by ``RECONCILE_TIMEOUT_SECONDS``."""
         try:
             with fail_after(self._settings.reconcile_timeout_s):
-                return await self._act(due)
-        except TimeoutError:
-            logger.warning(
+                result = await self._act(due)
+        except TimeoutError as exc:
+            self._act_timeouts.failed(
+                cause_of(exc), f"the bound is {self._settings.reconcile_timeout_s:.1f}s"
+            )
+            logger.debug(
                 "reconcile timed out after %.1fs",
                 self._settings.reconcile_timeout_s,
                 extra={"key": due.key},
             )
             return ReconcileResult.backoff(ReconcileOutcome.ERROR)
+        self._act_timeouts.ok()
+        return result
 
     async def _act(self, due: Due) -> ReconcileResult:
         # Verified before waiting for a delete token, so only verified candidates wait in line.
@@ -385,7 +404,7 @@ class Reconciler:
             turn = await self._budget.turn()
         if turn is None:
             delay_s = max(self._budget.retry_after_s(), self._conflict_requeue_s)
-            logger.info(
+            logger.debug(
                 "no turn at the delete budget in time; retrying in %.1fs",
                 delay_s,
                 extra={"key": due.key},
@@ -415,10 +434,13 @@ class Reconciler:
             if isinstance(exc.__cause__, Undecodable):
                 # The pod as the server has it now cannot be read: a gap in its observation.
                 self._clocks.clear_key(key)
-                logger.warning("fresh pod GET undecodable, clock cleared: %s", exc, extra=extra)
+                self._get_failures.failed(cause_of(exc), f"{key} undecodable, clock cleared: {exc}")
+                logger.debug("fresh pod GET undecodable, clock cleared: %s", exc, extra=extra)
             else:
-                logger.warning("fresh pod GET failed: %s", exc, extra=extra)
+                self._get_failures.failed(cause_of(exc), str(exc))
+                logger.debug("fresh pod GET failed: %s", exc, extra=extra)
             return ReconcileResult.retry(_retry_after(exc))
+        self._get_failures.ok()
         if fresh is None:
             self._clocks.clear_key(key)
             return ReconcileResult.done(ReconcileOutcome.GONE)
@@ -429,8 +451,10 @@ class Reconciler:
             )
         except StepFailed as exc:
             self._clocks.clear_key(key)
-            logger.warning("row re-read failed, clock cleared: %s", exc, extra=extra)
+            self._reread_failures.failed(cause_of(exc), str(exc))
+            logger.debug("row re-read failed, clock cleared: %s", exc, extra=extra)
             return ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
+        self._reread_failures.ok()
 
         again = classify(fresh, fresh_row)
         same_uid = checks.uid_unchanged(pod, fresh)
@@ -440,7 +464,7 @@ class Reconciler:
             # between (perhaps a non-reapable state) is unknown. Its event is on the way and
             # enqueues the key again (clearing the clock first if it shows a non-reapable
             # state); act only on a pod the cache has seen up to this version.
-            logger.info(
+            logger.debug(
                 "pod resourceVersion %s is ahead of the cache (%s); waiting for its events",
                 fresh.resource_version,
                 pod.resource_version,
@@ -449,7 +473,7 @@ class Reconciler:
             return ReconcileResult.done(ReconcileOutcome.CHANGED)
         if not same_uid or not same_verdict:
             self._clocks.clear(pod.uid)
-            logger.info(
+            logger.debug(
                 "changed before acting: uid %s -> %s, now %s (%s)",
                 pod.uid,
                 fresh.uid,
@@ -469,7 +493,7 @@ class Reconciler:
         except StepFailed as exc:
             self._clocks.clear_key(key)
             # Once per cause: a listener that cannot prove delivery fails every due key.
-            self._sync_failures.failed(str(exc))
+            self._sync_failures.failed(cause_of(exc), str(exc))
             logger.debug("could not sync change notifications, clock cleared: %s", exc, extra=extra)
             return ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
         self._sync_failures.ok()
@@ -493,7 +517,7 @@ class Reconciler:
             if age_s <= FINAL_CHECK_MAX_AGE_S:
                 break
             if reverified == MAX_AGE_REVERIFICATIONS:
-                logger.info(
+                logger.debug(
                     "final check still %.3fs old after %d re-verifications",
                     age_s,
                     reverified,
@@ -504,7 +528,7 @@ class Reconciler:
                 )
             reverified += 1
             self._metrics.final_check_reverifications.inc()
-            logger.info(
+            logger.debug(
                 "final check %.3fs old (bound %.2fs); verifying again",
                 age_s,
                 FINAL_CHECK_MAX_AGE_S,
@@ -527,10 +551,10 @@ class Reconciler:
         Synchronous."""
         elapsed = self._clocks.elapsed(due.pod.uid, now)
         if elapsed is None or not checks.observed_long_enough(elapsed, self._settings.threshold_s):
-            logger.info("clock cleared while verifying; not acting", extra={"key": due.key})
+            logger.debug("clock cleared while verifying; not acting", extra={"key": due.key})
             return ReconcileResult.done(ReconcileOutcome.CHANGED)
         if not self._activation.active:
-            logger.info("no longer active; not acting", extra={"key": due.key})
+            logger.debug("no longer active; not acting", extra={"key": due.key})
             return INACTIVE_RESULT
         return elapsed
 
@@ -571,8 +595,10 @@ class Reconciler:
             # No answer or an unexpected one: the clock runs on, and the key is verified again
             # (fresh GET first) when it comes back.
             self._metrics.deletes.labels(sandbox_namespace=fresh.namespace, result="error").inc()
-            logger.warning("DELETE failed: %s", exc, extra=extra)
+            self._delete_failures.failed(cause_of(exc), str(exc))
+            logger.debug("DELETE failed: %s", exc, extra=extra)
             return ReconcileResult.retry(_retry_after(exc))
+        self._delete_failures.ok()
         self._metrics.deletes.labels(
             sandbox_namespace=fresh.namespace, result=str(outcome.result)
         ).inc()
@@ -591,10 +617,10 @@ class Reconciler:
                 return ReconcileResult.done(checked.verdict)
             case DeleteResult.GONE:
                 self._clocks.clear(verified.due.pod.uid)
-                logger.info("DELETE found the pod already gone (404)", extra=extra)
+                logger.debug("DELETE found the pod already gone (404)", extra=extra)
                 return ReconcileResult.done(ReconcileOutcome.GONE)
             case DeleteResult.CONFLICT:
-                logger.info("DELETE preconditions failed (409): %s", outcome.message, extra=extra)
+                logger.debug("DELETE preconditions failed (409): %s", outcome.message, extra=extra)
                 return ReconcileResult.requeue_after(
                     ReconcileOutcome.CONFLICT, self._conflict_requeue_s
                 )

@@ -84,7 +84,8 @@ class KubePodClient:
             return self._decoder.decode(body)
         except PodDecodeError as exc:
             self._metrics.decode_errors.labels(source="get").inc()
-            logger.warning("undecodable pod from GET %s/%s: %s", namespace, name, exc)
+            # Counted; the reconciler logs it once per change of cause.
+            logger.debug("undecodable pod from GET %s/%s: %s", namespace, name, exc)
             raise
 
     async def delete_pod(

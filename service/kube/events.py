@@ -24,8 +24,9 @@ The Events API must never be in the way of a delete:
   only ``create``;
 - every report that is not written is counted with its reason
   (``retired_pod_gc_events_total{result}``): refused or failed writes (403, other 4xx, 5xx,
-  timeout, no connection: logged as a warning the first time of its kind, never retried), a
-  full buffer, a summarised report, the end of the shutdown flush;
+  timeout, no connection: logged as a warning once per change of their kind and once when a
+  write works again, never retried), a full buffer (logged the first time), a summarised
+  report, the end of the shutdown flush;
 - on shutdown, :meth:`KubeEventRecorder.flush` gives pending Events a short, bounded time.
 """
 
@@ -43,6 +44,7 @@ import anyio
 from anyio.abc import TaskStatus
 from kubernetes_asyncio import client as k8s_client
 
+from service.kit.causelog import CauseLog
 from service.kit.ratelimit import limiter
 from service.kube.errors import TRANSIENT_ERRORS, read_whole, status_message
 from service.metrics import Metrics
@@ -123,6 +125,10 @@ def event_body(report: ReapReport, *, instance: str, at_s: float) -> dict[str, A
     }
 
 
+_WRITE_FAILURES = frozenset(("timeout", "transport_error", "forbidden", "server_error", "rejected"))
+"""The results of a write that failed (the others are the buffer's)."""
+
+
 def _result_of(status: int) -> str:
     if status == 403:
         return "forbidden"
@@ -179,6 +185,8 @@ class KubeEventRecorder:
         self._wake = anyio.Event()
         self._progress = anyio.Event()
         self._logged: set[str] = set()
+        self._write_failures = CauseLog("Event writes fail", logger)
+        """Failed writes, logged once per change of cause (their result) and when one works."""
         self._closed = False
         self._write_scope = anyio.CancelScope()
 
@@ -299,12 +307,19 @@ class KubeEventRecorder:
         status = response.status
         if status in (200, 201):
             self._metrics.events.labels(result="created").inc()
+            self._write_failures.ok()
             return
         result = _result_of(status)
         self._count(result, f"Event write answered {status}: {status_message(raw)}")
 
     def _count(self, result: str, message: str) -> None:
         self._metrics.events.labels(result=result).inc()
+        if result in _WRITE_FAILURES:
+            self._write_failures.failed(
+                result, f"{message} (counted in retired_pod_gc_events_total{{result={result!r}}})"
+            )
+            logger.debug("%s", message)
+            return
         if result in self._logged:
             logger.debug("%s", message)
             return

@@ -27,6 +27,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from service.config import LeaderSettings
 from service.kit import clock
+from service.kit.causelog import CauseLog, cause_of
 from service.kit.errors import ExternalError, Undecodable
 from service.kube.decode import decode_json
 from service.kube.errors import TRANSIENT_ERRORS, KubeApiError, unavailable
@@ -82,6 +83,8 @@ class LeaderElector:
         self._observed_at = -math.inf
         self._last_renew = -math.inf
         self._leading = False
+        # A failing renewal is retried every retry period: logged once per change of cause.
+        self._failures = CauseLog(f"lease {settings.lease_name}", logger)
 
     @property
     def identity(self) -> str:
@@ -107,11 +110,15 @@ class LeaderElector:
     async def _tick(self) -> None:
         try:
             acquired = await self._try_acquire_or_renew()
-        except LeaseConflict:
+        except LeaseConflict:  # answered: the renewal path works
             acquired = False
+            self._failures.ok()
         except ExternalError as exc:  # API down, timeouts: judged by the renew deadline below
-            logger.warning("lease %s: %s", self._settings.lease_name, exc)
+            self._failures.failed(cause_of(exc), str(exc))
+            logger.debug("lease %s: %s", self._settings.lease_name, exc)
             acquired = False
+        else:
+            self._failures.ok()
         now = clock.now()
         if acquired:
             self._last_renew = now
@@ -155,6 +162,7 @@ class LeaderElector:
             finally:
                 response.release()
         except TRANSIENT_ERRORS as exc:
+            self._metrics.api_requests.labels(op="lease", result="transport").inc()
             raise unavailable(f"lease {method}", exc) from exc
         result = "ok" if status < 400 else str(status)
         self._metrics.api_requests.labels(op="lease", result=result).inc()

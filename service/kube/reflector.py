@@ -33,6 +33,7 @@ import msgspec
 from service.config import KubeSettings
 from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
+from service.kit.causelog import CauseLog, cause_of
 from service.kit.errors import ApiError, ExternalError
 from service.kit.memory import trim_heap
 from service.kube.decode import PodDecodeError, PodDecoder
@@ -271,6 +272,8 @@ class Reflector:
         self._mode = ListMode(settings.list_mode)
         self._next = SyncRequest.first(self._mode)
         self._attempts = Attempts(backoff)
+        # Logged once per change of cause, with a count; each retry is a debug line.
+        self._failures = CauseLog(f"list/watch of namespace {self._namespace} fails", logger)
         self._min_watch_s = min_watch_s
         self.resource_version: str | None = None
         """The last resourceVersion seen (sync, event or bookmark); ``None`` before a sync."""
@@ -294,7 +297,9 @@ class Reflector:
                 # Refused (e.g. a resourceVersion it cannot parse, from a bad bookmark):
                 # resuming would fail forever, so sync.
                 relist = refused or not self._store.synced
-                await self._back_off(_reason(exc), f"{type(exc).__name__}: {exc}", retry_after_s)
+                await self._back_off(
+                    _reason(exc), f"{type(exc).__name__}: {exc}", retry_after_s, cause_of(exc)
+                )
                 continue
             relist = await self._after(end)
 
@@ -304,6 +309,7 @@ class Reflector:
         match end.why:
             case End.CLOSED:
                 self._metrics.watch_restarts.labels(reason="closed").inc()
+                self._failures.ok()  # a watch that lived (the backoff is left as it was)
                 return not synced
             case End.EXPIRED:
                 self._metrics.watch_restarts.labels(reason="expired").inc()
@@ -315,19 +321,29 @@ class Reflector:
                 )
                 return True
             case End.ERROR:
-                await self._back_off("error", str(end))
+                await self._back_off("error", str(end), cause=f"watch {end.why} {end.status}")
                 return rejected(end.status) or not synced
             case End.EMPTY | End.UNSUPPORTED | End.BROKEN:
-                await self._back_off("error", str(end))
+                await self._back_off("error", str(end), cause=f"watch {end.why} {end.status}")
                 return not synced
             case _:
                 assert_never(end.why)
 
-    async def _back_off(self, reason: str, what: str, floor_s: float | None = None) -> None:
+    async def _back_off(
+        self, reason: str, what: str, floor_s: float | None = None, cause: str | None = None
+    ) -> None:
+        """Count, log (once per change of ``cause``, by default ``what``) and wait."""
         self._metrics.watch_restarts.labels(reason=reason).inc()
         delay = self._attempts.next_delay(floor_s)
-        logger.warning("kubernetes list/watch failed (%s); retrying in %.2fs", what, delay)
+        self._failures.failed(cause or what, what)
+        logger.debug("kubernetes list/watch failed (%s); retrying in %.2fs", what, delay)
         await anyio.sleep(delay)
+
+    def _worked(self) -> None:
+        """A sync completed or a watch delivered: the backoff starts over, and a failure
+        logged says it works again."""
+        self._attempts.reset()
+        self._failures.ok()
 
     # ------------------------------------------------------------------ sync
 
@@ -413,7 +429,7 @@ class Reflector:
 
     async def _listed(self, rv: str, mode: SyncMode) -> WatchEnd:
         self._synced(rv, mode)
-        self._attempts.reset()
+        self._worked()
         return await self._watch(rv)
 
     def _synced(self, rv: str, mode: SyncMode) -> None:
@@ -484,7 +500,7 @@ class Reflector:
                     End.BROKEN,
                     message="streaming list ended before its initial-events-end bookmark",
                 )
-            self._attempts.reset()
+            self._worked()
             return await self._follow(opened, started, events)
         finally:
             opened.close()
@@ -524,7 +540,7 @@ class Reflector:
                 return end
             events += 1
             if events == 1:
-                self._attempts.reset()
+                self._worked()
         if events == 0 and clock.now() - started < self._min_watch_s:
             return WatchEnd(End.EMPTY, message="watch stream closed at once without events")
         return _CLOSED

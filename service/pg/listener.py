@@ -51,7 +51,7 @@ from service import checks
 from service.config import DatabaseSettings
 from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
-from service.kit.causelog import CauseLog
+from service.kit.causelog import CauseLog, cause_of
 from service.kit.errors import ExternalError, Unavailable
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
@@ -222,7 +222,8 @@ class RetirementListener:
             logger.warning("notify listener connection lost: %s", cause)
             self._failures.ok()
         else:
-            self._failures.failed(cause)
+            self._metrics.listener_connect_failures.inc()
+            self._failures.failed(cause_of(exc), cause)
 
     def _on_connected(self) -> None:
         if self._ever_connected:

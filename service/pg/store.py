@@ -32,7 +32,7 @@ import asyncpg
 
 from service.config import DatabaseSettings
 from service.domain import ExecutionRow, parse_execution_state, parse_pod_kind
-from service.kit.causelog import CauseLog
+from service.kit.causelog import CauseLog, cause_of
 from service.kit.errors import ExternalError
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
@@ -197,7 +197,7 @@ class PgExecutionStore:
                     rows = await self._fetch(self._pool, "SELECT 1")
                 ok = len(rows) == 1 and rows[0][0] == 1
             except ExternalError as exc:
-                self._ping_log.failed(describe(exc))
+                self._ping_log.failed(cause_of(exc), describe(exc))
             else:
                 self._ping_log.ok()
         self._metrics.database_up.set(1 if ok else 0)
@@ -323,7 +323,7 @@ class PgExecutionStore:
                     " (a prepared statement vanished: the URL goes through a transaction-mode "
                     "pooler; set DB_TRANSACTION_POOLER=true)"
                 )
-            self._query_log.failed(cause)
+            self._query_log.failed(cause_of(exc), cause)
             raise
         self._query_log.ok()
         out: dict[str, ExecutionRow] = {}

@@ -1,6 +1,6 @@
 """The Event recorder against the emulator over HTTP: what an Event says, that the real server's
 validation accepts it, the rate limit, the bounded buffer, failures counted and logged once per
-kind, and the bounded flush at shutdown."""
+change of kind (and once when a write works again), and the bounded flush at shutdown."""
 
 from __future__ import annotations
 
@@ -172,7 +172,7 @@ async def test_a_full_buffer_drops_and_counts_what_does_not_fit(
     assert results(metrics) == {"dropped_buffer_full": 7, "dropped_shutdown": 5}
 
 
-async def test_failures_are_counted_logged_once_per_kind_and_never_stop_the_drain(
+async def test_failures_are_counted_logged_once_per_change_of_kind_and_never_stop_the_drain(
     emulator: RunningEmulator, kube_api: k8s_client.ApiClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     emu = emulator.emulator
@@ -192,6 +192,9 @@ async def test_failures_are_counted_logged_once_per_kind_and_never_stop_the_drai
     assert sum("403" in w for w in warnings) == 1
     assert sum("500" in w for w in warnings) == 1
     assert sum("timed out" in w for w in warnings) == 1
+    # The write that worked says so, with the failures before it.
+    [recovered] = [r.getMessage() for r in caplog.records if "works again" in r.getMessage()]
+    assert recovered == "Event writes fail: works again after 5 failures"
     assert len(emu.events.events(NS)) == 1
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -231,13 +232,21 @@ async def test_a_lease_it_cannot_read_is_an_unexpected_answer_not_a_crash(
         },
     )
     candidate = Elector(kube_api, _settings("candidate"))
+    caplog.set_level(logging.DEBUG, logger="service.kube.leaderelection")
     async with anyio.create_task_group() as tg:
         await tg.start(candidate.elector.run)
-        # Read, judged unreadable, and read again: the loop lived on.
+        # Read, judged unreadable, and read again: the loop lived on (a debug line each time).
         await eventually(
             lambda: sum("malformed lease" in r.getMessage() for r in caplog.records) >= 3,
             timeout_s=5,
         )
+        # One warning for the cause, not one a retry.
+        warned = [
+            r
+            for r in caplog.records
+            if r.levelno == logging.WARNING and "malformed lease" in r.getMessage()
+        ]
+        assert len(warned) == 1
         assert not candidate.elector.is_leader()
         assert candidate.changes == []
         tg.cancel_scope.cancel()
