@@ -285,8 +285,7 @@ class KubeEventRecorder:
             self._attempts.reset()
             self._count(
                 "expired",
-                f"an Event could not be written within {self.max_age_s:g}s of its delete; "
-                "dropped",
+                f"an Event could not be written within {self.max_age_s:g}s of its delete; dropped",
             )
             return
         self._pending.appendleft(entry)
