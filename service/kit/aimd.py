@@ -1,12 +1,12 @@
 """An adaptive concurrency limit: additive increase, multiplicative decrease (AIMD).
 
 :class:`AimdLimit` is a fair (first come, first served) semaphore whose size follows the answers
-it gets, as TCP's congestion window does: every success adds ``1 / limit`` (about one slot per
-round of ``limit`` requests), a throttle signal (an HTTP 429) halves it, never below ``floor``
-nor above ``ceiling``. A round's worth of throttle signals halves it once: a signal from a
-request that began before the last decrease was sent under the old limit, and does not decrease
-it again. The slots in use are ``floor(limit)``; requests already running when the limit drops
-finish, and no new one starts until fewer run than the new limit.
+it gets, as TCP's congestion window does: ``limit`` answers in a row add one slot (one per
+round), a throttle signal (an HTTP 429) halves it (rounded down), never below ``floor`` nor above
+``ceiling``. A round's worth of throttle signals halves it once: a signal from a request that
+began before the last decrease was sent under the old limit, and does not decrease it again.
+Requests already running when the limit drops finish, and no new one starts until fewer run than
+the new limit.
 
 Time is the event loop's (``service/kit/clock.py``); nothing here sleeps.
 """
@@ -37,8 +37,10 @@ class AimdLimit:
             raise ValueError("need 1 <= floor <= ceiling")
         self.floor = floor
         self.ceiling = ceiling
-        self.limit = float(ceiling)
-        """The current limit (a fraction while it grows back)."""
+        self.limit = ceiling
+        """How many may run at once now."""
+        self._answers = 0
+        """Answers since the limit last changed."""
         self.in_flight = 0
         """Slots held."""
         self._waiters: deque[_Waiter] = deque()
@@ -46,8 +48,8 @@ class AimdLimit:
 
     @property
     def slots(self) -> int:
-        """How many may run at once now."""
-        return max(self.floor, int(self.limit))
+        """How many may run at once now (the limit)."""
+        return self.limit
 
     @property
     def waiting(self) -> int:
@@ -77,9 +79,13 @@ class AimdLimit:
         self._grant()
 
     def succeeded(self) -> None:
-        """An answer that was not a throttle signal: the limit grows by ``1 / limit``."""
-        if self.limit < self.ceiling:
-            self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
+        """An answer that was not a throttle signal: the ``limit``-th in a row adds a slot."""
+        if self.limit >= self.ceiling:
+            return
+        self._answers += 1
+        if self._answers >= self.limit:
+            self._answers = 0
+            self.limit += 1
             self._grant()
 
     def throttled(self, started_at: float) -> bool:
@@ -88,7 +94,8 @@ class AimdLimit:
         if started_at <= self._decreased_at:
             return False
         self._decreased_at = clock.now()
-        self.limit = max(float(self.floor), self.limit / 2.0)
+        self._answers = 0
+        self.limit = max(self.floor, self.limit // 2)
         return True
 
     def _grant(self) -> None:

@@ -156,6 +156,32 @@ def client_timeout(request_timeout: Any) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout()
 
 
+def is_throttled(status: int, retry_after_s: float | None) -> bool:
+    """A 429, or a 503 with ``Retry-After``: the server did not process the request and says
+    when to come back (client-go's ``checkWait`` waits on these)."""
+    return status == 429 or (status == 503 and retry_after_s is not None)
+
+
+def throttle_wait(
+    retry_after_s: float | None,
+    *,
+    delete: bool,
+    retries: int,
+    now: float,
+    deadline: float | None,
+) -> float | None:
+    """How long to wait before sending a throttled request again, after ``retries`` retries;
+    ``None`` when its answer goes back to the caller instead: a DELETE (never delayed after its
+    final check), the :data:`MAX_THROTTLE_RETRIES`-th retry, or a wait that would outlast the
+    request's ``deadline``."""
+    wait_s = DEFAULT_RETRY_AFTER_S if retry_after_s is None else retry_after_s
+    if delete or retries >= MAX_THROTTLE_RETRIES:
+        return None
+    if deadline is not None and now + wait_s >= deadline:
+        return None
+    return wait_s
+
+
 def _budget_s(timeout: aiohttp.ClientTimeout) -> float | None:
     """How long one request may take in all, retries included: its total timeout, or for a
     stream (no total) the time to connect."""
@@ -365,7 +391,6 @@ class ApiTransport:
                 await self._close_retired()
             if limited:
                 await self._acquire(deadline)
-            wait_s: float | None = None
             try:
                 generation = self._generation
                 sent_at = clock.now()
@@ -389,24 +414,25 @@ class ApiTransport:
                     return response
                 self._accept()
                 retry_after_s = parse_retry_after(response.headers.get("Retry-After"))
-                if status == 429 or (status == 503 and retry_after_s is not None):
-                    if status == 429 and self.limit.throttled(sent_at):
-                        self._metrics.api_concurrency_limit.set(self.limit.slots)
-                    wait_s = DEFAULT_RETRY_AFTER_S if retry_after_s is None else retry_after_s
-                    if (
-                        delete
-                        or throttles >= MAX_THROTTLE_RETRIES
-                        or (deadline is not None and clock.now() + wait_s >= deadline)
-                    ):
-                        self._metrics.api_throttled.labels(action="returned").inc()
-                        return response
-                    await _drain(response)
-                    self._metrics.api_throttled.labels(action="retried").inc()
-                    throttles += 1
-                else:
+                if not is_throttled(status, retry_after_s):
                     self.limit.succeeded()
                     self._metrics.api_concurrency_limit.set(self.limit.slots)
                     return response
+                if status == 429 and self.limit.throttled(sent_at):
+                    self._metrics.api_concurrency_limit.set(self.limit.slots)
+                wait_s = throttle_wait(
+                    retry_after_s,
+                    delete=delete,
+                    retries=throttles,
+                    now=clock.now(),
+                    deadline=deadline,
+                )
+                if wait_s is None:
+                    self._metrics.api_throttled.labels(action="returned").inc()
+                    return response
+                await _drain(response)
+                self._metrics.api_throttled.labels(action="retried").inc()
+                throttles += 1
             finally:
                 if limited:
                     self.limit.release()
