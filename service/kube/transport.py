@@ -217,7 +217,7 @@ def _encode(method: str, headers: dict[str, str], body: Any, post_params: Any) -
 
 
 async def _drain(response: aiohttp.ClientResponse) -> bytes:
-    """Read a short answer whole and give its connection back (the body stays readable)."""
+    """Read a short answer whole and give its connection back."""
     try:
         return await response.read()
     finally:
@@ -399,7 +399,9 @@ class ApiTransport:
                 )
                 status = response.status
                 if status == 401:
-                    message = status_message(await _drain(response))
+                    # Read whole (it stays readable for the caller), released only when sent
+                    # again.
+                    message = status_message(await response.read())
                     authorization = await self._reauthenticate(generation)
                     if (
                         not delete
@@ -407,6 +409,7 @@ class ApiTransport:
                         and authorization is not None
                         and authorization != headers.get(_AUTHORIZATION)
                     ):
+                        response.release()
                         reauthenticated = True
                         headers[_AUTHORIZATION] = authorization
                         continue
