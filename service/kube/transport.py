@@ -278,6 +278,11 @@ class ApiTransport:
         metrics.api_unauthorized.set(1 if self._refused is not None else 0)
 
     @property
+    def credentials(self) -> Credentials | None:
+        """What is read again at a 401 (``None``: nothing, a client without a token)."""
+        return self._credentials
+
+    @property
     def problem(self) -> str | None:
         """Why the replica is not ready as far as the API server goes (``None``: nothing)."""
         if self._refused is not None:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
+import certifi
 import pytest
 from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
@@ -20,6 +21,7 @@ from service.config import KubeSettings
 from service.domain import DeleteResult
 from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
+from service.kube.credentials import TokenFile
 from service.kube.decode import PodDecoder
 from service.kube.errors import KubeApiError
 from service.kube.transport import MAX_THROTTLE_RETRIES, ApiTransport, transport_of
@@ -251,5 +253,29 @@ async def test_the_slot_held_across_the_final_check_serves_its_requests_and_no_o
                 release.set()
         assert order == ["reconciler GET", "reconciler DELETE", "other GET"]
         assert limit.in_flight == 0
+    finally:
+        await api.close()
+
+
+async def test_in_cluster_the_token_file_is_the_credentials_read_again(
+    event_loop_guard: None, tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("sa-token-1")
+    ca = certifi.where()  # any CA bundle: it is loaded, never used (no request is made)
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    with pytest.MonkeyPatch.context() as patch:
+        # The library reads the CA's path from its module constant; the file must exist.
+        patch.setattr("kubernetes_asyncio.config.incluster_config.SERVICE_CERT_FILENAME", ca)
+        api = await new_api_client(env=env, token_file=str(token))
+    try:
+        assert api.configuration.host == "https://10.0.0.1:443"
+        assert api.configuration.api_key["BearerToken"] == "Bearer sa-token-1"
+        token.write_text("sa-token-2")
+        credentials = transport(api).credentials
+        assert isinstance(credentials, TokenFile)
+        assert credentials.path == token
+        await credentials.reload(api.configuration)  # what a 401 does
+        assert api.configuration.api_key["BearerToken"] == "Bearer sa-token-2"
     finally:
         await api.close()
