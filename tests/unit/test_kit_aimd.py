@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from service.kit import clock
-from service.kit.aimd import AimdLimit
+from service.kit.aimd import INCREASE_INTERVAL_S, AimdLimit
 from tests.virtualtime import advance, settle
 
 pytestmark = pytest.mark.anyio
@@ -56,16 +56,40 @@ async def test_the_limit_never_falls_below_the_floor_and_grows_back_to_the_ceili
     for _ in range(10):
         await anyio.sleep(0.1)
         limit.throttled(clock.now())
-    assert (limit.limit, limit.slots) == (1.0, 1)
-    # Additive increase: about one slot per round of `limit` answers.
-    answers = 0
-    while limit.slots < 4:
+    assert limit.slots == 1
+    # Additive increase: one slot per round of `limit` answers, at most one per interval.
+    for _ in range(10):
         limit.succeeded()
-        answers += 1
-    assert answers == 1 + 2 + 3  # one answer at 1, two at 2, three at 3
+    assert limit.slots == 1  # the last decrease was just now
+    rounds = []
+    for _ in range(3):
+        await anyio.sleep(INCREASE_INTERVAL_S)
+        before, answers = limit.slots, 0
+        while limit.slots == before:
+            limit.succeeded()
+            answers += 1
+        rounds.append(answers)
+    # At 1 the round was counted already; then two answers at 2, three at 3.
+    assert rounds == [1, 2, 3]
+    for _ in range(100):
+        await anyio.sleep(INCREASE_INTERVAL_S)
+        limit.succeeded()
+    assert limit.slots == 4
+
+
+async def test_the_limit_grows_by_one_slot_an_interval_at_most() -> None:
+    limit = AimdLimit(ceiling=8)
+    limit.throttled(clock.now())
+    await anyio.sleep(INCREASE_INTERVAL_S)
+    for _ in range(4):
+        limit.succeeded()
+    assert limit.slots == 5
     for _ in range(100):
         limit.succeeded()
-    assert (limit.limit, limit.slots) == (4.0, 4)
+    assert limit.slots == 5  # a round's worth and more, but within the interval
+    await anyio.sleep(INCREASE_INTERVAL_S)
+    limit.succeeded()  # the answers of the interval count for the round
+    assert limit.slots == 6
 
 
 async def test_a_lower_limit_admits_no_new_request_until_fewer_run() -> None:
@@ -114,6 +138,7 @@ async def test_growth_wakes_a_waiter_and_a_cancelled_wait_takes_no_slot() -> Non
         tg.start_soon(waiter)
         await settle()
         assert got == []
+        await anyio.sleep(INCREASE_INTERVAL_S)
         limit.succeeded()  # 1 -> 2: the waiter gets the new slot
         await settle()
         assert got == ["slot"]
