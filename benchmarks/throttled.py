@@ -12,6 +12,9 @@ level:
    whose ``--rows`` rows are retired in one statement once its cache is synced: every pod must be
    deleted, each with its ``RetiredPodDeleted`` Event.
 
+Every request takes the emulator ``--latency-ms`` (5 ms), during which it holds its seat (the
+in-process emulator would otherwise answer without yielding, and no two requests would overlap).
+
 Reported: each client's delete rate (deletes over the span from its first to its last DELETE),
 the controller's rate as a fraction of the sequential one (the goal: at least half), the time
 until the controller's last Event, the 429s each drew, the concurrency limit at the end, and the
@@ -54,6 +57,12 @@ def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.throttled", description=__doc__)
     p.add_argument("--rows", type=int, default=300, help="pods each client deletes")
     p.add_argument("--seats", type=int, default=1, help="concurrent requests the level admits")
+    p.add_argument(
+        "--latency-ms",
+        type=float,
+        default=5.0,
+        help="how long the emulator takes for each request (it holds its seat that long)",
+    )
     p.add_argument("--timeout-s", type=float, default=600.0)
     return p.parse_args()
 
@@ -232,6 +241,9 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             emu.create_pod(pod, namespace=NAMESPACE)
         running = await start_emulator(emulator=emu)
         try:
+            # A request holds its seat while the server works on it; the in-process emulator
+            # would answer without ever yielding, so no two requests would ever overlap.
+            emu.add_latency(args.latency_ms / 1000)
             throttle(emu, args.seats)
             seq = await sequential(running.url, emu, range(rows))
             ctl = await controller(running.url, emu, db_url, range(rows, 2 * rows), args.timeout_s)
@@ -240,6 +252,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "rows": rows,
         "seats": args.seats,
+        "latency_ms": args.latency_ms,
         "sequential": seq,
         "controller": ctl,
         "controller_vs_sequential": round(ctl["deletes_per_s"] / seq["deletes_per_s"], 2),
