@@ -33,6 +33,7 @@ CANONICAL: dict[str, str] = {
     "B6": "default",
     "B7": "trigger",
     "B7_share": "trigger-pods",
+    "B8": "throttled",
 }
 
 # The command of each canonical run whose results file predates ``run.py`` recording it.
@@ -56,6 +57,7 @@ HEADINGS: dict[str, str] = {
     "B6": "B6 decode",
     "B7": "B7 writer overhead",
     "B7_share": "B7 trigger share",
+    "B8": "B8 a throttled priority level",
 }
 
 
@@ -229,6 +231,18 @@ def _b7_share_one_row(r: dict[str, Any]) -> str:
     return "debian15, " + "; ".join(figures)
 
 
+def _b8(r: dict[str, Any]) -> str:
+    b = r["B8"]
+    ctl, seq = b["controller"], b["sequential"]
+    warnings = ctl["log"]["by_level"].get("WARNING", 0)
+    return (
+        f"**{b['controller_vs_sequential']:.2f}x** ({ctl['deletes_per_s']:.1f} against "
+        f"{seq['deletes_per_s']:.1f} deletes/s); {ctl['deleted']}/{b['rows']} deleted, "
+        f"{ctl['events']}/{b['rows']} Events; {ctl['statuses'].get('429', 0)} answers 429; "
+        f"{warnings} warning lines"
+    )
+
+
 FIGURES: tuple[Figure, ...] = (
     Figure(
         "B1",
@@ -274,6 +288,13 @@ FIGURES: tuple[Figure, ...] = (
         "the trigger's share of a one-row statement, beside the floors (benchmarks/b7_floors)",
         "<= 1.25x",
         _b7_share_one_row,
+    ),
+    Figure(
+        "B8",
+        "a priority level of one seat (429 beyond it): the controller's delete rate over one "
+        "sequential client's, each pod with its Event",
+        ">= 0.5x, every Event",
+        _b8,
     ),
 )
 
@@ -531,6 +552,50 @@ def _render_b7_share(r: dict[str, Any]) -> list[str]:
     return _b7_share(r["B7_share"])[2:-1]
 
 
+def _render_b8(r: dict[str, Any]) -> list[str]:
+    b = r["B8"]
+    rows = []
+    for label, c in (
+        ("one sequential client (GET, DELETE, Event)", b["sequential"]),
+        ("the controller (32 workers)", b["controller"]),
+    ):
+        rows.append(
+            [
+                label,
+                f"{c['deleted']}/{b['rows']}",
+                f"{c['events']}/{b['rows']}",
+                _f(c["delete_span_s"], 2),
+                _f(c["deletes_per_s"]),
+                _f(c["statuses"].get("429", 0)),
+                _f(c["log"]["lines"]) if "log" in c else "-",
+                _f(c["log"]["by_level"].get("WARNING", 0)) if "log" in c else "-",
+            ]
+        )
+    ctl = b["controller"]
+    return [
+        f"{b['seats']} seat(s); the emulator takes {b['latency_ms']:g} ms per request.",
+        "",
+        _table(
+            [
+                "client",
+                "deleted",
+                "Events",
+                "first to last DELETE s",
+                "deletes/s",
+                "answers 429",
+                "log lines (info+)",
+                "warnings",
+            ],
+            rows,
+        ),
+        "",
+        f"The controller: first DELETE {_f(ctl['first_delete_after_retire_s'], 2)} s after the "
+        f"retirement (threshold 1 s), last Event {_f(ctl['last_event_after_retire_s'], 2)} s "
+        f"after it; concurrency limit at the end {_f(ctl['concurrency_limit_at_end'], 0)}. "
+        f"Its info lines are the per-delete `deleted ...` lines and the start-up lines.",
+    ]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "B1": _render_b1,
     "B1L": _render_b1l,
@@ -542,6 +607,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "B6": _render_b6,
     "B7": _render_b7,
     "B7_share": _render_b7_share,
+    "B8": _render_b8,
 }
 
 

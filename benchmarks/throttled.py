@@ -19,7 +19,7 @@ Reported: each client's delete rate (deletes over the span from its first to its
 the controller's rate as a fraction of the sequential one (the goal: at least half), the time
 until the controller's last Event, the 429s each drew, the concurrency limit at the end, and the
 log lines the controller wrote at the default level (info). Results go to
-``benchmarks/results/throttled.json``.
+``benchmarks/results/throttled.json`` (B8 of ``benchmarks/RESULTS.md``, rendered again).
 """
 
 from __future__ import annotations
@@ -35,7 +35,16 @@ import anyio
 import asyncpg
 from kubernetes_asyncio import client as k8s_client
 
-from benchmarks.harness import NAMESPACE, Population, running_service, seed_rows, settings
+from benchmarks import report
+from benchmarks.harness import (
+    NAMESPACE,
+    Population,
+    load_average,
+    running_service,
+    seed_rows,
+    settings,
+)
+from benchmarks.run import _machine
 from devtools.emulator import Emulator, start_emulator
 from devtools.emulator.sandboxpods import Shape, sandbox_pod
 from devtools.pg.throwaway import ThrowawayPostgres
@@ -65,6 +74,9 @@ def _args() -> argparse.Namespace:
     )
     p.add_argument("--timeout-s", type=float, default=600.0)
     return p.parse_args()
+
+
+_DEFAULTS = {"rows": 300, "seats": 1, "latency_ms": 5.0, "timeout_s": 600.0}
 
 
 def throttle(emu: Emulator, seats: int) -> None:
@@ -261,10 +273,25 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     args = _args()
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    load_start = load_average()
     result = anyio.run(_main, args)
+    command = "python -m benchmarks.throttled" + "".join(
+        f" --{k.replace('_', '-')} {v:g}" for k, v in vars(args).items() if v != _DEFAULTS[k]
+    )
+    run = {
+        "machine": _machine(),
+        "started": started,
+        "command": command,
+        "load_average_start": load_start,
+        "load_average_end": load_average(),
+        "config": {"repeats": 1},
+        "B8": result,
+    }
     RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    RESULTS.write_text(json.dumps(run, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    report.render(HERE)
 
 
 if __name__ == "__main__":
