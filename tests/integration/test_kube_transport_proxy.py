@@ -1,18 +1,23 @@
 """The transport's connections against the emulator behind a TCP proxy (``tests/kubeproxy.py``):
 black-holed pooled connections cost one request its timeout, then the pool is new and the next
-requests succeed at once; watches never reuse a connection."""
+requests succeed at once (the pod client's, and the whole service's reaping a pod retired behind
+the black hole); watches never reuse a connection."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import cast
 
 import anyio
+import asyncpg
 import pytest
 from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
+from devtools.emulator.sandboxpods import Shape
 from service.config import KubeSettings
 from service.kit.errors import Unavailable
 from service.kube.api import new_api_client
@@ -21,6 +26,14 @@ from service.kube.decode import PodDecoder
 from service.kube.errors import read_whole
 from service.kube.transport import transport_of
 from service.metrics import Metrics
+from tests.integration.test_engine_safety import (
+    create_pod,
+    deletes,
+    eventually,
+    running_service,
+    sample,
+    seed_row,
+)
 from tests.kubefixtures import SANDBOX_NAMESPACE, sandbox_pod
 from tests.kubeproxy import KubeProxy, proxied
 from tests.pgfixtures import metric
@@ -86,6 +99,38 @@ async def test_black_holed_pooled_connections_cost_one_request_its_timeout(
     assert proxy.accepted == 8 + 1
 
 
+async def test_a_caller_giving_up_near_the_timeout_replaces_the_pool_and_an_early_one_not(
+    emulator: RunningEmulator,
+    proxy: KubeProxy,
+    api: k8s_client.ApiClient,
+    kube_settings: KubeSettings,
+) -> None:
+    emulator.emulator.create_pod(sandbox_pod("p1"), namespace=NS)
+    client, metrics = pod_client(api, dataclasses.replace(kube_settings, api_timeout_s=1.0))
+
+    async def fill_pool() -> None:
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(client.get_pod, NS, POD)
+
+    registry = metrics.registry
+    await fill_pool()
+    proxy.blackhole_existing()
+    # The reconciler bounds each call by the same timeout from outside: whichever fires first,
+    # a request without an answer for (about) its whole timeout leaves the pool suspect.
+    with pytest.raises(TimeoutError), anyio.fail_after(0.95):
+        await client.get_pod(NS, POD)
+    assert metric(registry, "retired_pod_gc_api_pool_replacements_total") == 1
+    assert await client.get_pod(NS, POD) is not None
+    # A caller that gives up early (a shutdown, a reconcile out of time) says nothing about
+    # the connection.
+    await fill_pool()
+    proxy.blackhole_existing()
+    with anyio.move_on_after(0.2):
+        await client.get_pod(NS, POD)
+    assert metric(registry, "retired_pod_gc_api_pool_replacements_total") == 1
+
+
 async def test_watches_never_reuse_a_connection_and_other_requests_do(
     emulator: RunningEmulator, proxy: KubeProxy, api: k8s_client.ApiClient
 ) -> None:
@@ -101,3 +146,33 @@ async def test_watches_never_reuse_a_connection_and_other_requests_do(
             core.list_namespaced_pod(NS, watch=True, timeout_seconds=1, _preload_content=False)
         )
     assert proxy.accepted == 1 + 3  # each watch on a connection of its own
+
+
+async def test_a_pod_retired_behind_black_holed_connections_costs_one_timeout_then_is_deleted(
+    emulator: RunningEmulator, proxy: KubeProxy, pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    emu = emulator.emulator
+    name = await seed_row(pg_conn, "h1", active=True, state="active")
+    create_pod(emu, "h1", Shape.SUCCEEDED)
+    through_proxy = cast(RunningEmulator, SimpleNamespace(url=proxy.url))
+    # A list (not a streaming list) fills the cache: its connection stays in the pool.
+    async with running_service(
+        through_proxy, pg_url, THRESHOLD_SECONDS=1, API_TIMEOUT_SECONDS=2, LIST_MODE="list"
+    ) as parts:
+        assert proxy.blackhole_existing() >= 2  # the pooled list connection and the watch
+        await pg_conn.execute(
+            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'suspended' "
+            "WHERE pod_name = $1",
+            name,
+        )
+        await eventually(lambda: any(e.status == 200 for e in deletes(emu, name)), "the DELETE")
+        registry = parts.metrics.registry
+        # The fresh GET met the dead pooled connection once; the pool was replaced and the
+        # retry went through on a new connection.
+        assert sample(parts, "retired_pod_gc_api_pool_replacements_total") == 1
+        get_failures = metric(
+            registry, "retired_pod_gc_api_requests_total", op="get", result="transport"
+        )
+        assert get_failures == 1
+    sent = deletes(emu, name)
+    assert [e.status for e in sent] == [200]
