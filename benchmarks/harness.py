@@ -91,8 +91,15 @@ class EmulatorProcess:
     """``python -m devtools.emulator`` in a subprocess, with its admin API."""
 
     def __init__(
-        self, *, bookmark_interval_s: float = 60.0, kubelet_finish_after_s: float | None = None
+        self,
+        *,
+        bookmark_interval_s: float = 60.0,
+        kubelet_finish_after_s: float | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
+        """``extra_args``: more of ``python -m devtools.emulator``'s options (``--apf-seats 1``,
+        ``--token-file PATH``...)."""
+        self._extra_args = list(extra_args)
         self._bookmark_interval_s = bookmark_interval_s
         self._kubelet_finish_after_s = kubelet_finish_after_s
         self.proc: subprocess.Popen[bytes] | None = None
@@ -118,6 +125,7 @@ class EmulatorProcess:
                     if self._kubelet_finish_after_s is not None
                     else []
                 ),
+                *self._extra_args,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -23,12 +23,18 @@ What a loopback proxy cannot imitate: TCP keepalive probes are answered by the p
 so keepalive never finds a black-holed connection dead here (with the kernel's default two-hour
 keepalive time it would not in a test's span anyway). The application must notice the silence.
 
-Use (one line with the fixture of ``tests/kubefixtures.py``)::
+Use (one line with the fixture ``proxied_emulator`` of ``tests/kubefixtures.py``)::
+
+    from tests.kubefixtures import ProxiedEmulator
 
     async def test_x(proxied_emulator: ProxiedEmulator) -> None:
         api = await new_api_client(host=proxied_emulator.url)   # through the proxy
         proxied_emulator.proxy.blackhole_existing()
         proxied_emulator.emulator.create(...)                    # the emulator's state
+
+The emulator behind it is the ``emulator`` fixture's, so a module's ``emulator_options``
+fixture shapes it (``auth=TokenAuth(...)``, ``flow_control=FlowControl(seats=1)``,
+``bookmark_interval_s``...); ``proxied_emulator.running.url`` bypasses the proxy.
 
 or, without the fixture, ``async with proxied(running_emulator) as kube_proxy:`` gives a
 started :class:`KubeProxy` whose ``url`` leads to that emulator.

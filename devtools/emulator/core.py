@@ -20,8 +20,10 @@ from typing import Any
 import msgspec
 
 from devtools.emulator import statuses as st
+from devtools.emulator.auth import TokenAuth
 from devtools.emulator.events import EventStore
 from devtools.emulator.faults import AuditEntry, FaultControls, Faults, RequestRecord
+from devtools.emulator.flowcontrol import FlowControl
 from devtools.emulator.patching import (
     PatchError,
     json_patch,
@@ -79,7 +81,10 @@ class Emulator(Watches, FaultControls):
     ``history_size`` bounds the watch history (older resourceVersions get 410 Expired);
     ``bookmark_interval_s`` is how often watches with ``allowWatchBookmarks`` get a BOOKMARK;
     ``kubelet_finish_after_s`` (``None``: never) finishes graceful pod deletions by itself, as
-    a kubelet would; ``clock`` gives wall-clock seconds for timestamps.
+    a kubelet would; ``clock`` gives wall-clock seconds for timestamps; ``auth`` (``None``:
+    no authentication) and ``flow_control`` (``None``: no throttling) install the bearer-token
+    authentication of ``auth.py`` (its ``enabled`` says whether requests must authenticate) and
+    the priority levels of ``flowcontrol.py``.
     """
 
     def __init__(
@@ -91,6 +96,8 @@ class Emulator(Watches, FaultControls):
         kubelet_finish_after_s: float | None = None,
         watch_list: WatchListSupport = WatchListSupport.SUPPORTED,
         clock: Callable[[], float] = time.time,
+        auth: TokenAuth | None = None,
+        flow_control: FlowControl | None = None,
     ) -> None:
         self.history_size = history_size
         self.bookmark_interval_s = bookmark_interval_s
@@ -101,6 +108,13 @@ class Emulator(Watches, FaultControls):
         self.rbac: RbacPolicy | None = None
         """When set, every API request is authorized against it (``devtools/emulator/rbac.py``);
         ``None``: everything is allowed. Kept across :meth:`reset`."""
+        self.auth = auth if auth is not None else TokenAuth(enabled=False)
+        """The tokens the emulator issued; when ``enabled``, every API request must carry one
+        it accepts, or is answered 401 (``devtools/emulator/auth.py``). Kept across
+        :meth:`reset`."""
+        self.flow_control = flow_control
+        """When set, each user's requests beyond its seats are answered 429
+        (``devtools/emulator/flowcontrol.py``). Kept across :meth:`reset`."""
         self.reset()
 
     def now_s(self) -> float:

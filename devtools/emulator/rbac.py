@@ -1,8 +1,9 @@
 """RBAC authorization of the emulator's API requests, off until a test installs a policy.
 
-A kube-apiserver authorizes every request. The emulator has no authentication, so once a
-:class:`RbacPolicy` is installed (``Emulator.rbac``) every API request acts as the policy's one
-subject (a service account) and is allowed only when a rule bound to that subject grants it, as
+A kube-apiserver authorizes every request. Once a :class:`RbacPolicy` is installed
+(``Emulator.rbac``), every API request acts as the policy's one subject (a service account) —
+or, with token authentication on (``auth.py``), as its token's user, who is granted nothing
+unless it is that subject — and is allowed only when a rule bound to that subject grants it, as
 the RBAC authorizer decides:
 
 - a RoleBinding in namespace N grants the rules of its Role (or ClusterRole) for requests in N;
@@ -135,12 +136,15 @@ class RbacPolicy:
             rules.extend(self.namespaced.get(a.namespace, []))
         return any(_matches(rule, a) for rule in rules)
 
-    def forbidden(self, a: Attributes) -> st.ApiError:
-        """The 403 a kube-apiserver answers for ``a``."""
+    def forbidden(self, a: Attributes, user: str | None = None) -> st.ApiError:
+        """The 403 a kube-apiserver answers ``user`` (by default the policy's subject) for
+        ``a``."""
         what = f'resource "{a.resource.split("/")[0]}" in API group "{a.group}"'
         scope = f'in the namespace "{a.namespace}"' if a.namespace else "at the cluster scope"
         subject = f"{a.resource}" + (f' "{a.name}"' if a.name else "")
-        message = f'{subject} is forbidden: User "{self.user}" cannot {a.verb} {what} {scope}'
+        message = (
+            f'{subject} is forbidden: User "{user or self.user}" cannot {a.verb} {what} {scope}'
+        )
         details: dict[str, Any] = {"kind": a.resource.split("/")[0]}
         if a.name:
             details = {"name": a.name, **details}

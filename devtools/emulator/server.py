@@ -1,10 +1,12 @@
 """The emulator's HTTP face: the Kubernetes REST paths, watch streaming, and ``/_emulator`` admin.
 
 API paths (``/api/v1/...``, ``/apis/coordination.k8s.io/v1/...``, the Events paths of
-``events.py``) go through one middleware that applies injected latency and faults, authorizes
-the request when an RBAC policy is installed (``rbac.py``) and writes the audit log of mutating
-requests; admin paths
-under ``/_emulator/`` bypass all three so tests and benchmarks can steer a running emulator.
+``events.py``, discovery) go through one middleware that applies injected latency, then, in a
+kube-apiserver's order, authenticates the request when token authentication is on (``auth.py``:
+401), gives it a seat of its user's priority level when flow control is on (``flowcontrol.py``:
+429), authorizes it when an RBAC policy is installed (``rbac.py``: 403), applies injected faults,
+and writes the audit log of mutating requests; admin paths under ``/_emulator/`` bypass all of it
+so tests and benchmarks can steer a running emulator.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -22,15 +25,18 @@ from aiohttp import web
 
 from devtools.emulator import discovery, fields, rbac, tables
 from devtools.emulator import statuses as st
+from devtools.emulator.auth import DEFAULT_USER
 from devtools.emulator.core import MERGE_PATCH, Emulator
 from devtools.emulator.events import event_routes
 from devtools.emulator.faults import AuditEntry, RequestRecord
+from devtools.emulator.flowcontrol import DEFAULT_SEAT_TIME_S, FlowControl
 from devtools.emulator.statuses import NAMESPACES, PODS, ApiError, Resource
 from devtools.emulator.watch import WatchExpiredError, WatchListSupport
 
 logger = logging.getLogger(__name__)
 
 ADMIN_PREFIX = "/_emulator/"
+ANONYMOUS = "system:anonymous"
 _MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _TRUE = frozenset({"true", "True", "1"})
 _JSON = "application/json"
@@ -59,16 +65,61 @@ async def _read_json(request: web.Request) -> Any:
 
 
 def _authorize(
-    emulator: Emulator, method: str, path: str, query: Mapping[str, str]
+    emulator: Emulator, method: str, path: str, query: Mapping[str, str], user: str
 ) -> ApiError | None:
-    """The 403 of a request the installed RBAC policy does not allow; ``None``: allowed."""
+    """The 403 of a request of ``user`` the installed RBAC policy does not allow (a user other
+    than the policy's subject is granted nothing); ``None``: allowed."""
     policy = emulator.rbac
     if policy is None:
         return None
     attrs = rbac.attributes(method, path, query)
-    if attrs is None or policy.allows(attrs):
+    if attrs is None or (user == policy.user and policy.allows(attrs)):
         return None
-    return policy.forbidden(attrs)
+    return policy.forbidden(attrs, user)
+
+
+def _user(emulator: Emulator, request: web.Request) -> str:
+    """The request's user: its token's when authentication is on (raises the 401), else the
+    RBAC policy's subject, else ``system:anonymous``."""
+    if emulator.auth.enabled:
+        return emulator.auth.authenticate(request.headers.get("Authorization"))
+    return emulator.rbac.user if emulator.rbac is not None else ANONYMOUS
+
+
+async def _answer(request: web.Request, handler: Handler, user: str) -> web.StreamResponse:
+    """Authorization, faults and the handler: the answer of an authenticated request."""
+    emulator = request.app[EMULATOR_KEY]
+    method, path = request.method, request.path
+    # Authorization first, as a kube-apiserver: a denied request reaches no handler or fault.
+    denied = _authorize(emulator, method, path, request.query, user)
+    if denied is not None:
+        return _error_response(denied)
+    fault = emulator.take_fault(method, path, request.query)
+    if fault is not None:
+        return _error_response(fault)
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return _error_response(err)
+
+
+async def _seated(request: web.Request, handler: Handler, user: str) -> web.StreamResponse:
+    """:func:`_answer` in a seat of ``user``'s priority level when flow control is on."""
+    flow = request.app[EMULATOR_KEY].flow_control
+    watch = request.query.get("watch", "") in _TRUE
+    if flow is None or not flow.applies(user, watch=watch):
+        return await _answer(request, handler, user)
+    if not flow.try_acquire(user):
+        return flow.too_many_requests(user)
+    try:
+        await flow.before_handling()
+        response = await _answer(request, handler, user)
+        await flow.after_handling()
+    finally:
+        flow.release_seat(user)
+    if not response.prepared:
+        response.headers.update(flow.headers(user))
+    return response
 
 
 @web.middleware
@@ -86,18 +137,12 @@ async def _api_middleware(request: web.Request, handler: Handler) -> web.StreamR
         await asyncio.sleep(delay)
     await emulator.intercept(method, path)
     record.time_s = time.time()
-    # Authorization first, as a kube-apiserver: a denied request reaches no handler or fault.
-    denied = _authorize(emulator, method, path, request.query)
-    fault = None if denied is not None else emulator.take_fault(method, path, request.query)
-    if denied is not None:
-        response: web.StreamResponse = _error_response(denied)
-    elif fault is not None:
-        response = _error_response(fault)
+    try:
+        user = _user(emulator, request)
+    except ApiError as err:
+        response: web.StreamResponse = _error_response(err)
     else:
-        try:
-            response = await handler(request)
-        except ApiError as err:
-            response = _error_response(err)
+        response = await _seated(request, handler, user)
     record.status = response.status
     if method in _MUTATING:
         raw = await request.read()
@@ -521,6 +566,53 @@ async def _admin_watch_list(request: web.Request) -> web.Response:
     return _ok({"support": e.watch_list.value})
 
 
+async def _admin_auth(request: web.Request) -> web.Response:
+    auth = request.app[EMULATOR_KEY].auth
+    if request.method == "POST":
+        b = await _admin_body(request)
+        if "enabled" in b:
+            auth.enabled = bool(b["enabled"])
+        if "token_file" in b:
+            auth.token_file = Path(b["token_file"]) if b["token_file"] else None
+        if "token_file_user" in b:
+            auth.token_file_user = str(b["token_file_user"])
+    return _ok(auth.to_dict())
+
+
+async def _admin_issue_token(request: web.Request) -> web.Response:
+    b = await _admin_body(request)
+    user = str(b.get("user") or DEFAULT_USER)
+    token = request.app[EMULATOR_KEY].auth.issue(user, b.get("token"))
+    return _ok({"token": token, "user": user})
+
+
+async def _admin_revoke_token(request: web.Request) -> web.Response:
+    b = await _admin_body(request)
+    return _ok({"revoked": request.app[EMULATOR_KEY].auth.revoke(str(b.get("token", "")))})
+
+
+async def _admin_flow_control(request: web.Request) -> web.Response:
+    e = request.app[EMULATOR_KEY]
+    if request.method == "POST":
+        b = await _admin_body(request)
+        seats = b.get("seats")
+        if not seats:
+            if e.flow_control is not None:
+                e.flow_control.release()
+            e.flow_control = None
+        else:
+            users = b.get("users")
+            if e.flow_control is not None:
+                e.flow_control.release()
+            e.flow_control = FlowControl(
+                seats=int(seats),
+                retry_after_s=int(b.get("retry_after_s", 1)),
+                seat_time_s=float(b.get("seat_time_s", DEFAULT_SEAT_TIME_S)),
+                users=[str(u) for u in users] if users is not None else None,
+            )
+    return _ok(e.flow_control.to_dict() if e.flow_control is not None else {"seats": None})
+
+
 async def _admin_reset(request: web.Request) -> web.Response:
     request.app[EMULATOR_KEY].reset()
     return _ok({"ok": True})
@@ -545,6 +637,12 @@ def build_app(emulator: Emulator) -> web.Application:
     app.router.add_post(f"{admin}/kubelet/finish", _admin_kubelet_finish)
     app.router.add_post(f"{admin}/watch-list", _admin_watch_list)
     app.router.add_post(f"{admin}/reset", _admin_reset)
+    app.router.add_route("GET", f"{admin}/auth", _admin_auth)
+    app.router.add_route("POST", f"{admin}/auth", _admin_auth)
+    app.router.add_post(f"{admin}/tokens", _admin_issue_token)
+    app.router.add_post(f"{admin}/tokens/revoke", _admin_revoke_token)
+    app.router.add_route("GET", f"{admin}/flow-control", _admin_flow_control)
+    app.router.add_route("POST", f"{admin}/flow-control", _admin_flow_control)
     app.router.add_get("/version", _version)
     app.router.add_get("/api", _api)
     app.router.add_get("/api/v1", _api_v1)
