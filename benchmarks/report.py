@@ -238,7 +238,7 @@ def _b8(r: dict[str, Any]) -> str:
     return (
         f"**{b['controller_vs_sequential']:.2f}x** ({ctl['deletes_per_s']:.1f} against "
         f"{seq['deletes_per_s']:.1f} deletes/s); {ctl['deleted']}/{b['rows']} deleted, "
-        f"{ctl['events']}/{b['rows']} Events; {ctl['statuses'].get('429', 0)} answers 429; "
+        f"{ctl['events']}/{b['rows']} Events; {ctl['answers_429']} answers 429; "
         f"{warnings} warning lines"
     )
 
@@ -566,14 +566,15 @@ def _render_b8(r: dict[str, Any]) -> list[str]:
                 f"{c['events']}/{b['rows']}",
                 _f(c["delete_span_s"], 2),
                 _f(c["deletes_per_s"]),
-                _f(c["statuses"].get("429", 0)),
+                _f(c["answers_429"]),
                 _f(c["log"]["lines"]) if "log" in c else "-",
                 _f(c["log"]["by_level"].get("WARNING", 0)) if "log" in c else "-",
             ]
         )
     ctl = b["controller"]
     return [
-        f"{b['seats']} seat(s); the emulator takes {b['latency_ms']:g} ms per request.",
+        f"{b['seats']} seat(s); each request holds its seat {b['latency_ms']:g} ms beyond its "
+        "handling.",
         "",
         _table(
             [

@@ -12,8 +12,9 @@ level:
    whose ``--rows`` rows are retired in one statement once its cache is synced: every pod must be
    deleted, each with its ``RetiredPodDeleted`` Event.
 
-Every request takes the emulator ``--latency-ms`` (5 ms), during which it holds its seat (the
-in-process emulator would otherwise answer without yielding, and no two requests would overlap).
+Every request holds its seat ``--latency-ms`` (5 ms) beyond its handling, as a real server's
+work on it (the in-process emulator would otherwise answer without yielding, and no two
+requests would ever overlap).
 
 Reported: each client's delete rate (deletes over the span from its first to its last DELETE),
 the controller's rate as a fraction of the sequential one (the goal: at least half), the time
@@ -27,7 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import platform
+import sys
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any, cast
 
@@ -35,7 +40,6 @@ import anyio
 import asyncpg
 from kubernetes_asyncio import client as k8s_client
 
-from benchmarks import report
 from benchmarks.harness import (
     NAMESPACE,
     Population,
@@ -44,8 +48,8 @@ from benchmarks.harness import (
     seed_rows,
     settings,
 )
-from benchmarks.run import _machine
 from devtools.emulator import Emulator, start_emulator
+from devtools.emulator.flowcontrol import FlowControl
 from devtools.emulator.sandboxpods import Shape, sandbox_pod
 from devtools.pg.throwaway import ThrowawayPostgres
 from service.domain import ExecutionState, Verdict
@@ -79,11 +83,36 @@ def _args() -> argparse.Namespace:
 _DEFAULTS = {"rows": 300, "seats": 1, "latency_ms": 5.0, "timeout_s": 600.0}
 
 
-def throttle(emu: Emulator, seats: int) -> None:
-    """Turn the emulator's priority-level mode on: 429 beyond ``seats`` concurrent requests
-    (0: off, an unthrottled level)."""
-    if seats > 0:
-        emu.throttle(seats=seats)
+def throttle(emu: Emulator, *, seats: int, seat_time_s: float) -> FlowControl:
+    """The emulator's priority level: 429 beyond ``seats`` concurrent requests of a user, each
+    request holding its seat ``seat_time_s`` beyond its handling."""
+    emu.flow_control = FlowControl(seats=seats, seat_time_s=seat_time_s)
+    return emu.flow_control
+
+
+def _machine() -> dict[str, Any]:
+    """As ``benchmarks/run.py`` records it (that module needs the bench extra's matplotlib)."""
+    model = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": {d: metadata.version(d) for d in ("kubernetes_asyncio", "aiohttp", "anyio")},
+    }
+
+
+def _progress(message: str) -> None:
+    print(f"[B8 {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _rejected(flow: FlowControl) -> int:
+    return sum(flow.rejected.values())
 
 
 def pod_name(index: int) -> str:
@@ -201,6 +230,7 @@ async def controller(
             finally:
                 await conn.close()
             retired_at = time.time()
+            _progress("rows retired")
             wanted = set(names)
             with anyio.fail_after(timeout_s):
                 while True:
@@ -255,10 +285,15 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         try:
             # A request holds its seat while the server works on it; the in-process emulator
             # would answer without ever yielding, so no two requests would ever overlap.
-            emu.add_latency(args.latency_ms / 1000)
-            throttle(emu, args.seats)
+            flow = throttle(emu, seats=args.seats, seat_time_s=args.latency_ms / 1000)
+            before = _rejected(flow)
+            _progress(f"sequential client: {rows} pods")
             seq = await sequential(running.url, emu, range(rows))
+            seq["answers_429"] = _rejected(flow) - before
+            before = _rejected(flow)
+            _progress(f"sequential: {seq['deletes_per_s']} deletes/s; controller: {rows} rows")
             ctl = await controller(running.url, emu, db_url, range(rows, 2 * rows), args.timeout_s)
+            ctl["answers_429"] = _rejected(flow) - before
         finally:
             await running.aclose()
     return {
@@ -291,6 +326,11 @@ def main() -> None:
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(run, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    try:
+        from benchmarks import report  # noqa: PLC0415 (matplotlib: the bench extra)
+    except ImportError:
+        print("benchmarks/RESULTS.md not rendered: python -m benchmarks.report needs matplotlib")
+        return
     report.render(HERE)
 
 
