@@ -5,8 +5,9 @@ Each safety test names the invariant (docs/architecture.md) it guards and fails 
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import pytest
@@ -750,3 +751,50 @@ async def test_delete_tokens_are_spent_on_verified_candidates_only() -> None:
     assert result.outcome == ReconcileOutcome.CHANGED
     assert rig.pods.deletes == []
     assert rig.budget.retry_after_s() == 0.0  # the one token of the window is unspent
+
+
+class _SlotRecordingPodClient(FakePodClient):
+    """Records whether the API client's request slot is held at each GET and at the DELETE."""
+
+    def __init__(self, pods: list[PodSnapshot]) -> None:
+        super().__init__(pods)
+        self.held = False
+        self.entered = 0
+        self.held_at: list[tuple[str, bool]] = []
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        self.entered += 1
+        self.held = True
+        try:
+            yield
+        finally:
+            self.held = False
+
+    def delete_slot(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._slot()
+
+    async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
+        self.held_at.append(("GET", self.held))
+        return await super().get_pod(namespace, name)
+
+    async def delete_pod(
+        self, namespace: str, name: str, *, uid: str, resource_version: str
+    ) -> DeleteOutcome:
+        self.held_at.append(("DELETE", self.held))
+        return await super().delete_pod(namespace, name, uid=uid, resource_version=resource_version)
+
+
+@pytest.mark.anyio
+async def test_the_request_slot_is_held_from_the_final_check_through_the_delete() -> None:
+    rig, pod = _rig()
+    recording = _SlotRecordingPodClient([pod])
+    rig.reconciler._pods = recording  # the fake stands in for the API server
+    await _expire(rig, pod)
+    result = await rig.reconcile(pod.key)
+    assert result.outcome == Verdict.TERMINAL_RETIRED
+    # The verification's GET takes a slot of its own (not held); the DELETE is sent in the
+    # slot taken before the final check, once.
+    assert recording.held_at == [("GET", False), ("DELETE", True)]
+    assert recording.entered == 1
+    assert not recording.held
