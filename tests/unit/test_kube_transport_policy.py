@@ -4,6 +4,7 @@ caller, which requests are watches, and the token file read at a 401 and once a 
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import anyio
@@ -14,9 +15,13 @@ from service.kit import clock
 from service.kube.credentials import BEARER_TOKEN, TokenFile
 from service.kube.transport import (
     DEFAULT_RETRY_AFTER_S,
+    KEEPALIVE_IDLE_S,
+    KEEPALIVE_INTERVAL_S,
+    KEEPALIVE_PROBES,
     MAX_THROTTLE_RETRIES,
     is_throttled,
     is_watch,
+    keepalive_socket,
     throttle_wait,
 )
 
@@ -103,3 +108,16 @@ async def test_the_token_file_is_read_at_once_on_reload_and_by_the_hook_once_a_p
     path.unlink()
     with pytest.raises(OSError):
         await source.reload(configuration)
+
+
+def test_every_connection_has_tcp_keepalive_with_a_minute_to_give_up() -> None:
+    sock = keepalive_socket((socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("", 0)))
+    try:
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        tcp = socket.IPPROTO_TCP
+        assert sock.getsockopt(tcp, socket.TCP_KEEPIDLE) == KEEPALIVE_IDLE_S
+        assert sock.getsockopt(tcp, socket.TCP_KEEPINTVL) == KEEPALIVE_INTERVAL_S
+        assert sock.getsockopt(tcp, socket.TCP_KEEPCNT) == KEEPALIVE_PROBES
+        assert KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES == 60
+    finally:
+        sock.close()
