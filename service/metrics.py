@@ -39,6 +39,11 @@ within the call's timeout, no connection), never sent (buffer full, shutdown flu
 dry-run report beyond the bound that is named in a summary line instead), or dropped because
 writing it raised something unexpected (a bug, logged with its traceback)."""
 DELETE_RESULTS = ("deleted", "gone", "conflict", "error")
+WATCH_RESTART_REASONS = ("closed", "expired", "error", "timeout", "silent")
+"""Why the pod watch was started again: the server ended it (``closed``), its version is gone
+(``expired``, a relist follows), a failure (``error``; ``timeout``: no answer within the
+request's timeout), or no event and no bookmark for ``WATCH_SILENCE_SECONDS`` from a server
+that sends bookmarks (``silent``: the connection is taken for dead)."""
 
 
 class KeyHistogram(Collector):
@@ -212,10 +217,12 @@ class Metrics:
         )
         self.watch_restarts = Counter(
             "retired_pod_gc_watch_restarts",
-            "Watch (re)starts, by reason (expired, closed, error, timeout).",
+            "Watch (re)starts, by reason (closed, expired, error, timeout, silent).",
             ["reason"],
             registry=r,
         )
+        for reason in WATCH_RESTART_REASONS:
+            self.watch_restarts.labels(reason=reason)
         self.relists = Counter(
             "retired_pod_gc_relists", "Full relists of the pod cache.", registry=r
         )
