@@ -307,11 +307,11 @@ class Reflector:
         self._stream_sync_timeout_s = settings.stream_sync_timeout_s
         self._silence_s = settings.watch_silence_s
         self._bookmarks_sent = False
-        """Whether the server is known to send bookmarks (so that silence means a dead
-        connection): set by any bookmark, cleared by a stream that lived for the silence bound
-        without one."""
+        """Whether the server is known to send periodic bookmarks (so that silence means a dead
+        connection): set by any such bookmark, cleared by a stream that lived for the silence
+        bound without one."""
         self._stream_bookmarks = 0
-        """Bookmarks received on the stream being read."""
+        """Periodic bookmarks received on the stream being read."""
         self._silence_log = CauseLog(f"pod watch of namespace {store.namespace}", logger)
         self._page_size = settings.list_page_size
         self._mode = ListMode(settings.list_mode)
@@ -655,14 +655,18 @@ class Reflector:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self._decode_error("malformed bookmark: %s", exc)
             return None
-        self._stream_bookmarks += 1
-        self._bookmarks_sent = True
+        initial_end = (meta.annotations or {}).get(_INITIAL_EVENTS_END) == "true"
+        if not initial_end:
+            # A periodic bookmark: the server sends them, so silence means a dead connection.
+            # (Not the initial-events-end one: a server may send that one alone.)
+            self._stream_bookmarks += 1
+            self._bookmarks_sent = True
         if self._store.state is _SYNCED:
             if meta.resourceVersion:
                 self.resource_version = meta.resourceVersion
             return None
         # The initial events of a streaming list: only their end bookmark may come now.
-        if (meta.annotations or {}).get(_INITIAL_EVENTS_END) != "true":
+        if not initial_end:
             return _NOT_HONOURED
         if not meta.resourceVersion:
             return WatchEnd(

@@ -169,6 +169,7 @@ class WatchStream:
         self.last_read_at = self.net.loop.time()
         """When the client last read a line (or the stream opened)."""
         self.bookmarks_read = 0
+        """Periodic bookmarks the client read (not the initial-events-end one)."""
         self.closed_at: float | None = None
         """When the client gave the stream up (``close``)."""
         self._timers: list[asyncio.TimerHandle] = []
@@ -234,7 +235,7 @@ class WatchStream:
             raise item
         line: bytes = item
         self.last_read_at = loop.time()
-        if line.startswith(b'{"type":"BOOKMARK"'):
+        if line.startswith(b'{"type":"BOOKMARK"') and b"initial-events-end" not in line:
             self.bookmarks_read += 1
         return line
 
@@ -383,8 +384,8 @@ class ApiServer:
         self.trace(f"kube drop watches abrupt={abrupt}")
 
     def kill_watches(self) -> list[WatchStream]:
-        """The connections of the open streams from which the client has read a bookmark die
-        silently (a black hole: no reset, no bytes, not even the server's end of the stream).
+        """The connections of the open streams from which the client has read a periodic
+        bookmark die silently (a black hole: no reset, no bytes, not even the server's end of the stream).
         Only those: a client that has read a bookmark knows that the server sends them, so its
         silence bound applies (docs/architecture.md, "A silent watch")."""
         killed = [w for w in self.watches if w.bookmarks_read and not w.ended and not w.closed]

@@ -696,14 +696,20 @@ async def test_the_stream_of_a_streaming_list_is_bounded_once_its_initial_events
     run = await run_script(
         [
             Call(
-                "stream", None, FakeStream([added("a", 90), bookmark(100, end=True)], silent=True)
+                "stream",
+                None,
+                FakeStream(
+                    [added("a", 90), bookmark(100, end=True), bookmark(105)],
+                    gaps=[0.0, 0.0, 10.0],
+                    silent=True,
+                ),
             ),
-            Call("watch", "100", FakeStream([modified("a", 110)], gaps=[1.0])),
+            Call("watch", "105", FakeStream([modified("a", 110)], gaps=[1.0])),
         ],
         silence_s=20.0,
     )
-    assert run.requests()[:3] == [("stream", None), ("watch", "100"), ("watch", "110")]
-    assert run.times()[:3] == [0.0, 20.0, 21.0]
+    assert run.requests()[:3] == [("stream", None), ("watch", "105"), ("watch", "110")]
+    assert run.times()[:3] == [0.0, 30.0, 31.0]
     assert run.restarts("silent") == 1
     assert run.reflector.sync_mode is SyncMode.STREAM  # no relist: the cache stayed synced
     assert run.handler.log == [f"add {key('a')}", "synced", f"update {key('a')}"]
@@ -739,6 +745,25 @@ async def test_silence_from_a_server_that_sends_no_bookmarks_is_not_taken_for_de
     )
     assert run.requests()[-1] == ("watch", "110")
     assert run.times()[-1] == 600.0
+    assert run.restarts("silent") == 0
+
+
+async def test_an_initial_events_end_bookmark_alone_does_not_arm_the_bound() -> None:
+    # A server may end a streaming list with its bookmark and send no periodic ones.
+    run = await run_script(
+        [
+            Call(
+                "stream",
+                None,
+                FakeStream(
+                    [added("a", 90), bookmark(100, end=True), modified("a", 110)],
+                    gaps=[0.0, 0.0, 500.0],
+                ),
+            ),
+        ]
+    )
+    assert run.requests() == [("stream", None), ("watch", "110")]
+    assert run.times() == [0.0, 500.0]
     assert run.restarts("silent") == 0
 
 
