@@ -391,7 +391,9 @@ async def test_409_on_delete_is_benign_counted_and_looked_at_again() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("failure", ["status_500", "status_429", "unavailable"])
+@pytest.mark.parametrize(
+    "failure", ["status_500", "status_429", "status_503_retry_after", "status_401", "unavailable"]
+)
 async def test_a_failed_delete_is_retried_with_its_clock_kept_and_verified_again(
     failure: str,
 ) -> None:
@@ -401,21 +403,29 @@ async def test_a_failed_delete_is_retried_with_its_clock_kept_and_verified_again
         {
             "status_500": KubeApiError(500, "boom"),
             "status_429": KubeApiError(429, "slow down", retry_after_s=7.0),
+            "status_503_retry_after": KubeApiError(503, "shutting down", retry_after_s=2.0),
+            "status_401": KubeApiError(401, "Unauthorized"),
             "unavailable": Unavailable("reset"),
         }[failure]
     )
     result = await rig.reconcile(pod.key)
     if failure == "status_429":
-        assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.ERROR)
-        assert result.requeue_after_s == 7.0
+        # Throttled: after the Retry-After, not a failure of the reconcile.
+        expected = (Action.REQUEUE_AFTER, ReconcileOutcome.THROTTLED, 7.0)
+    elif failure == "status_503_retry_after":
+        expected = (Action.REQUEUE_AFTER, ReconcileOutcome.THROTTLED, 2.0)
+    elif failure == "status_401":
+        # The credentials were read again by the API client: verified again at once.
+        expected = (Action.REQUEUE_AFTER, ReconcileOutcome.ERROR, 0.0)
     else:
-        assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
-    assert (
-        rig.sample(
-            "retired_pod_gc_deletes_total", {"sandbox_namespace": NAMESPACE, "result": "error"}
-        )
-        == 1
-    )
+        expected = (Action.BACKOFF, ReconcileOutcome.ERROR, 0.0)
+    assert (result.action, result.outcome, result.requeue_after_s) == expected
+    throttled = failure in {"status_429", "status_503_retry_after"}
+    assert result.failed is not throttled
+    for label in ("error", "throttled"):
+        assert rig.sample(
+            "retired_pod_gc_deletes_total", {"sandbox_namespace": NAMESPACE, "result": label}
+        ) == (1 if (label == "throttled") is throttled else 0)
     # The key is not lost: its clock runs on, and the retry verifies again before its DELETE.
     assert clock_of(rig.clocks, pod.uid) is not None
     gets = len(rig.pods.gets)
