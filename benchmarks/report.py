@@ -33,6 +33,7 @@ CANONICAL: dict[str, str] = {
     "B6": "default",
     "B7": "trigger",
     "B7_share": "trigger-pods",
+    "B8": "blackhole",
 }
 
 # The command of each canonical run whose results file predates ``run.py`` recording it.
@@ -56,6 +57,7 @@ HEADINGS: dict[str, str] = {
     "B6": "B6 decode",
     "B7": "B7 writer overhead",
     "B7_share": "B7 trigger share",
+    "B8": "B8 a silent connection to the API server",
 }
 
 
@@ -229,6 +231,26 @@ def _b7_share_one_row(r: dict[str, Any]) -> str:
     return "debian15, " + "; ".join(figures)
 
 
+def _b8_seconds(value: float | None) -> str:
+    return "not within 400 s" if value is None else f"{value:.1f} s"
+
+
+def _b8_new(r: dict[str, Any]) -> str:
+    b = r["B8"]
+    return (
+        f"**{_b8_seconds(b['new_pod_delete_s'])}** (target {b['new_pod_target_s']:g} s); "
+        f"watch restarts: silent {b['watch_restarts']['silent']:g}"
+    )
+
+
+def _b8_cached(r: dict[str, Any]) -> str:
+    b = r["B8"]
+    return (
+        f"**{_b8_seconds(b['cached_pod_delete_s'])}** (target {b['cached_pod_target_s']:g} s); "
+        f"pool replacements {b['pool_replacements']:g}"
+    )
+
+
 FIGURES: tuple[Figure, ...] = (
     Figure(
         "B1",
@@ -274,6 +296,19 @@ FIGURES: tuple[Figure, ...] = (
         "the trigger's share of a one-row statement, beside the floors (benchmarks/b7_floors)",
         "<= 1.25x",
         _b7_share_one_row,
+    ),
+    Figure(
+        "B8",
+        "connections black-holed, default settings: a pod created then with its row retired, "
+        "black hole to DELETE",
+        "<= 90 s + threshold",
+        _b8_new,
+    ),
+    Figure(
+        "B8",
+        "the same: a cached pod whose row is retired then, black hole to DELETE",
+        "<= threshold + API_TIMEOUT_SECONDS + 5 s",
+        _b8_cached,
     ),
 )
 
@@ -531,6 +566,40 @@ def _render_b7_share(r: dict[str, Any]) -> list[str]:
     return _b7_share(r["B7_share"])[2:-1]
 
 
+def _render_b8(r: dict[str, Any]) -> list[str]:
+    b = r["B8"]
+    st = b["settings"]
+    restarts = ", ".join(f"{k} {v:g}" for k, v in b["watch_restarts"].items())
+    return [
+        _table(
+            ["pod", "black hole to DELETE", "target"],
+            [
+                [
+                    "created in the black hole, row already retired",
+                    _b8_seconds(b["new_pod_delete_s"]),
+                    f"{b['new_pod_target_s']:g} s",
+                ],
+                [
+                    "cached, row retired in the black hole",
+                    _b8_seconds(b["cached_pod_delete_s"]),
+                    f"{b['cached_pod_target_s']:g} s",
+                ],
+            ],
+        ),
+        "",
+        f"THRESHOLD_SECONDS {st['THRESHOLD_SECONDS']:g}, API_TIMEOUT_SECONDS "
+        f"{st['API_TIMEOUT_SECONDS']:g}, WATCH_SILENCE_SECONDS {st['WATCH_SILENCE_SECONDS']:g}, "
+        f"WATCH_TIMEOUT_SECONDS {st['WATCH_TIMEOUT_SECONDS']:g}, the rest at their defaults; "
+        f"a bookmark every {st['bookmark_interval_s']:g} s. {b['connections_black_holed']} "
+        f"connection(s) black-holed, {b['bookmark_wait_s']:.1f} s after the service was ready and "
+        f"leading (once a periodic bookmark had come). During it: watch restarts {restarts}; "
+        f"pool replacements {b['pool_replacements']:g}; relists {b['relists']:g}; "
+        f"other pods deleted: {len(b['wrongly_deleted'])}; {len(b['warnings'])} warning line(s):",
+        "",
+        *(f"- `{line}`" for line in b["warnings"]),
+    ]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "B1": _render_b1,
     "B1L": _render_b1l,
@@ -542,6 +611,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "B6": _render_b6,
     "B7": _render_b7,
     "B7_share": _render_b7_share,
+    "B8": _render_b8,
 }
 
 
