@@ -11,11 +11,11 @@ watched again from the last resourceVersion seen (events and bookmarks advance i
 that history is gone, and the store is synced again (the cache goes cold, the difference is
 reported). A stream that stays silent (no event, no bookmark) for ``WATCH_SILENCE_SECONDS``, from
 a server known to send bookmarks, is taken for a dead connection: closed and watched again at
-once, from the same version (docs/architecture.md, "A silent watch"). A failure of the outside world (``ExternalError``: no answer, a 5xx, a 429 with its
-Retry-After as the least delay) is retried after a jittered exponential backoff (kit
-``Attempts``) from where the loop was; a 4xx other than 429 means the request itself is refused,
-so the next attempt syncs. Anything else raised is a bug: it ends the loop, and with it the
-process.
+once, from the same version (docs/architecture.md, "A silent watch"). A failure of the outside
+world (``ExternalError``: no answer, a 5xx, a 429 with its Retry-After as the least delay) is
+retried after a jittered exponential backoff (kit ``Attempts``) from where the loop was; a 4xx
+other than 429 means the request itself is refused, so the next attempt syncs. Anything else
+raised is a bug: it ends the loop, and with it the process.
 
 Watch events are decoded from raw JSON lines straight into :class:`PodSnapshot` (client models
 are never built); malformed lines and objects are skipped, counted and logged.

@@ -385,9 +385,9 @@ class ApiServer:
 
     def kill_watches(self) -> list[WatchStream]:
         """The connections of the open streams from which the client has read a periodic
-        bookmark die silently (a black hole: no reset, no bytes, not even the server's end of the stream).
-        Only those: a client that has read a bookmark knows that the server sends them, so its
-        silence bound applies (docs/architecture.md, "A silent watch")."""
+        bookmark die silently (a black hole: no reset, no bytes, not even the server's end of
+        the stream). Only those: a client that has read a bookmark knows that the server sends
+        them, so its silence bound applies (docs/architecture.md, "A silent watch")."""
         killed = [w for w in self.watches if w.bookmarks_read and not w.ended and not w.closed]
         now = self.net.loop.time()
         for watch in killed:

@@ -7,7 +7,8 @@ instant here: the model *is* the database). The steps are the campaign's kinds
 only a simulation can do cheaply: a starved event loop, a lagging watch, a leadership flip; and,
 drawn with the seed's configuration, a listener behind a transaction-mode pooler that drops its
 notifications (:meth:`World.pooler_fault`), a watch whose connection dies silently
-(:meth:`World.silent_fault`), and sandboxes beside the steps' in shapes the steps never make (:meth:`World.oddities`: a pod that one rule alone keeps from its DELETE).
+(:meth:`World.silent_fault`), and sandboxes beside the steps' in shapes the steps never make
+(:meth:`World.oddities`: a pod that one rule alone keeps from its DELETE).
 """
 
 from __future__ import annotations
