@@ -3,7 +3,7 @@ TCP proxy of ``tests/kubeproxy.py``: the informer gives the dead stream up once 
 nothing for ``WATCH_SILENCE_SECONDS`` and hears of what happened meanwhile
 (docs/architecture.md, "A silent watch").
 
-Scaled down: bookmarks every 0.5 s, a bound of 2.5 s, and a server ``timeoutSeconds`` of 10
+Scaled down: bookmarks every 0.5 s, a bound of 3 s, and a server ``timeoutSeconds`` of 10
 minutes, so that only the bound can end the dead stream within the test (the request's read
 timeout, the backstop, would wait out those 10 minutes: without the bound the test times out).
 """
@@ -39,7 +39,7 @@ from tests.kubeproxy import KubeProxy, proxied
 
 pytestmark = pytest.mark.anyio
 NS = SANDBOX_NAMESPACE
-SILENCE_S = 2.5
+SILENCE_S = 3.0
 DEAF_FOR_AT_MOST_S = 60.0
 """How long the test waits for the pod created in the black hole: far beyond the bound, far
 short of the backstop (600 s)."""
@@ -100,8 +100,9 @@ async def test_a_black_holed_watch_is_given_up_and_a_pod_created_in_the_hole_is_
         await eventually(
             lambda: metric(metrics, "retired_pod_gc_watch_events_total", type="BOOKMARK") >= 2
         )
-        assert proxy.accepted == 1  # the streaming list, going on as the watch
-        assert proxy.blackhole_existing() == 1
+        # The informer's connections (the streaming list going on as the watch), all of them.
+        assert proxy.blackhole_existing() == proxy.accepted
+        accepted = proxy.accepted
         emu.create_pod(sandbox_pod("after"), namespace=NS)
         created = server_pods(emu)
 
@@ -111,11 +112,12 @@ async def test_a_black_holed_watch_is_given_up_and_a_pod_created_in_the_hole_is_
         )
         # Given up for its silence (not for a read timeout or an error), watched again over a
         # new connection from the version last seen: no relist, the cache never went cold.
-        assert metric(metrics, "retired_pod_gc_watch_restarts_total", reason="silent") == 1
+        # (At least once: a machine too busy to read a bookmark for 3 s may cut a live one too.)
+        assert metric(metrics, "retired_pod_gc_watch_restarts_total", reason="silent") >= 1
         for reason in ("timeout", "error", "expired"):
             assert metric(metrics, "retired_pod_gc_watch_restarts_total", reason=reason) == 0
         assert metric(metrics, "retired_pod_gc_relists_total") == 0
         assert handler.cold == 0
-        assert proxy.accepted == 2
+        assert proxy.accepted > accepted
         assert cache_state(informer) == created
         assert handler.added_keys() == [f"{NS}/space-sbx-before-g1", f"{NS}/space-sbx-after-g1"]
