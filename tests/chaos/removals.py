@@ -226,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         ("baseline", contextlib.nullcontext)
     ]
     table = RULE_REMOVALS if args.rules else REMOVALS
+    outside = sorted(set(args.only or ()) - set(table))
+    if outside:
+        parser.error(f"not in this table (--rules; --engine sim): {', '.join(outside)}")
     runs += [(name, table[name]) for name in args.only or list(table)]
     baseline_failed: set[int] = set()
     for name, removal in runs:
