@@ -2,7 +2,9 @@
 
 Fixtures: ``emulator`` (a :class:`RunningEmulator`; ``emulator.emulator`` is the state with the
 Python helpers and fault controls), ``kube_api`` (a real ``kubernetes_asyncio`` ApiClient over
-HTTP), ``kube_settings`` (``KubeSettings`` for the ``sandboxes`` namespace with small timeouts).
+HTTP), ``kube_settings`` (``KubeSettings`` for the ``sandboxes`` namespace with small timeouts),
+``proxied_emulator`` (a :class:`ProxiedEmulator`: the same emulator behind a TCP proxy that resets
+or black-holes connections, ``tests/kubeproxy.py``).
 Both async fixtures depend on ``event_loop_guard`` so that the event-loop guard runs after the
 client and server have been closed (keep-alive connections own server tasks until then).
 """
@@ -10,6 +12,7 @@ client and server have been closed (keep-alive connections own server tasks unti
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -21,6 +24,7 @@ from service.config import KubeSettings
 from service.domain import LabelKeys, PodSnapshot
 from service.kube.api import new_api_client
 from service.ports import PodCache
+from tests.kubeproxy import KubeProxy, proxied
 
 SANDBOX_NAMESPACE = "sandboxes"
 SANDBOX_SELECTOR = "app.kubernetes.io/managed-by=space-sandbox"
@@ -54,6 +58,30 @@ async def kube_api(
         yield api
     finally:
         await api.close()
+
+
+@dataclass(frozen=True, slots=True)
+class ProxiedEmulator:
+    """The emulator behind a proxy: ``url`` leads through ``proxy``; ``running.url`` does not."""
+
+    running: RunningEmulator
+    proxy: KubeProxy
+
+    @property
+    def url(self) -> str:
+        return self.proxy.url
+
+    @property
+    def emulator(self) -> Emulator:
+        return self.running.emulator
+
+
+@pytest.fixture
+async def proxied_emulator(
+    event_loop_guard: None, emulator: RunningEmulator
+) -> AsyncIterator[ProxiedEmulator]:
+    async with proxied(emulator) as proxy:
+        yield ProxiedEmulator(emulator, proxy)
 
 
 @pytest.fixture
