@@ -35,6 +35,7 @@ CANONICAL: dict[str, str] = {
     "B7_share": "trigger-pods",
     "B8": "kept",
     "B9": "throttled",
+    "B10": "blackhole",
 }
 
 # The command of each canonical run whose results file predates ``run.py`` recording it.
@@ -60,6 +61,7 @@ HEADINGS: dict[str, str] = {
     "B7_share": "B7 trigger share",
     "B8": "B8 retired but kept",
     "B9": "B9 a throttled priority level",
+    "B10": "B10 a silent connection to the API server",
 }
 
 
@@ -245,6 +247,26 @@ def _b9(r: dict[str, Any]) -> str:
     )
 
 
+def _b10_seconds(value: float | None) -> str:
+    return "not within 400 s" if value is None else f"{value:.1f} s"
+
+
+def _b10_new(r: dict[str, Any]) -> str:
+    b = r["B10"]
+    return (
+        f"**{_b10_seconds(b['new_pod_delete_s'])}** (target {b['new_pod_target_s']:g} s); "
+        f"watch restarts: silent {b['watch_restarts']['silent']:g}"
+    )
+
+
+def _b10_cached(r: dict[str, Any]) -> str:
+    b = r["B10"]
+    return (
+        f"**{_b10_seconds(b['cached_pod_delete_s'])}** (target {b['cached_pod_target_s']:g} s); "
+        f"pool replacements {b['pool_replacements']:g}"
+    )
+
+
 FIGURES: tuple[Figure, ...] = (
     Figure(
         "B1",
@@ -303,6 +325,19 @@ FIGURES: tuple[Figure, ...] = (
         "sequential client's, each pod with its Event",
         ">= 0.5x, every Event",
         _b9,
+    ),
+    Figure(
+        "B10",
+        "connections black-holed, default settings: a pod created then with its row retired, "
+        "black hole to DELETE",
+        "<= 90 s + threshold",
+        _b10_new,
+    ),
+    Figure(
+        "B10",
+        "the same: a cached pod whose row is retired then, black hole to DELETE",
+        "<= threshold + API_TIMEOUT_SECONDS + 5 s",
+        _b10_cached,
     ),
 )
 
@@ -656,6 +691,40 @@ def _render_b9(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def _render_b10(r: dict[str, Any]) -> list[str]:
+    b = r["B10"]
+    st = b["settings"]
+    restarts = ", ".join(f"{k} {v:g}" for k, v in b["watch_restarts"].items())
+    return [
+        _table(
+            ["pod", "black hole to DELETE", "target"],
+            [
+                [
+                    "created in the black hole, row already retired",
+                    _b10_seconds(b["new_pod_delete_s"]),
+                    f"{b['new_pod_target_s']:g} s",
+                ],
+                [
+                    "cached, row retired in the black hole",
+                    _b10_seconds(b["cached_pod_delete_s"]),
+                    f"{b['cached_pod_target_s']:g} s",
+                ],
+            ],
+        ),
+        "",
+        f"THRESHOLD_SECONDS {st['THRESHOLD_SECONDS']:g}, API_TIMEOUT_SECONDS "
+        f"{st['API_TIMEOUT_SECONDS']:g}, WATCH_SILENCE_SECONDS {st['WATCH_SILENCE_SECONDS']:g}, "
+        f"WATCH_TIMEOUT_SECONDS {st['WATCH_TIMEOUT_SECONDS']:g}, the rest at their defaults; "
+        f"a bookmark every {st['bookmark_interval_s']:g} s. {b['connections_black_holed']} "
+        f"connection(s) black-holed, {b['bookmark_wait_s']:.1f} s after the service was ready and "
+        f"leading (once a periodic bookmark had come). During it: watch restarts {restarts}; "
+        f"pool replacements {b['pool_replacements']:g}; relists {b['relists']:g}; "
+        f"other pods deleted: {len(b['wrongly_deleted'])}; {len(b['warnings'])} warning line(s):",
+        "",
+        *(f"- `{line}`" for line in b["warnings"]),
+    ]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "B1": _render_b1,
     "B1L": _render_b1l,
@@ -669,6 +738,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "B7_share": _render_b7_share,
     "B8": _render_b8,
     "B9": _render_b9,
+    "B10": _render_b10,
 }
 
 

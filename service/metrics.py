@@ -54,6 +54,11 @@ KEPT_REASONS: tuple[str, ...] = tuple(
 )
 """The reasons a pod whose execution is retired can be kept for: every skip reason but the two
 that say the execution is not retired (``service/engine/kept.py``)."""
+WATCH_RESTART_REASONS = ("closed", "expired", "error", "timeout", "silent")
+"""Why the pod watch was started again: the server ended it (``closed``), its version is gone
+(``expired``, a relist follows), a failure (``error``; ``timeout``: no answer within the
+request's timeout), or no event and no bookmark for ``WATCH_SILENCE_SECONDS`` from a server
+that sends bookmarks (``silent``: the connection is taken for dead)."""
 
 
 class KeyHistogram(Collector):
@@ -227,10 +232,12 @@ class Metrics:
         )
         self.watch_restarts = Counter(
             "retired_pod_gc_watch_restarts",
-            "Watch (re)starts, by reason (expired, closed, error, timeout).",
+            "Watch (re)starts, by reason (closed, expired, error, timeout, silent).",
             ["reason"],
             registry=r,
         )
+        for reason in WATCH_RESTART_REASONS:
+            self.watch_restarts.labels(reason=reason)
         self.relists = Counter(
             "retired_pod_gc_relists", "Full relists of the pod cache.", registry=r
         )
