@@ -9,11 +9,11 @@ from pathlib import Path
 
 import anyio
 import pytest
-from devtools.emulator.flowcontrol import FlowControl
 from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
+from devtools.emulator.flowcontrol import FlowControl
 from service.config import KubeSettings
 from service.domain import ExecutionState, Verdict
 from service.kube.api import new_api_client

@@ -11,11 +11,11 @@ from pathlib import Path
 import aiohttp
 import asyncpg
 import pytest
-from devtools.emulator.auth import TokenAuth
 from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
+from devtools.emulator.auth import TokenAuth
 from devtools.emulator.sandboxpods import Shape
 from service.config import KubeSettings
 from service.kube.api import new_api_client
