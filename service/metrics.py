@@ -308,6 +308,19 @@ class Metrics:
             "reload); the replica is not ready meanwhile.",
             registry=r,
         )
+        self.api_reachable = Gauge(
+            "retired_pod_gc_api_reachable",
+            "0 while the API server is taken for unreachable: a request ended without an answer "
+            "and nothing has answered since it was sent (the replica is not ready meanwhile); "
+            "else 1.",
+            registry=r,
+        )
+        self.api_last_answer_age = Gauge(
+            "retired_pod_gc_api_last_answer_age_seconds",
+            "Seconds since the API server last answered anything (a response of any status, a "
+            "line on a watch stream).",
+            registry=r,
+        )
         # PostgreSQL
         self.listener_connected = Gauge(
             "retired_pod_gc_listener_connected",

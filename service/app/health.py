@@ -9,8 +9,8 @@ every ``/debug/`` path.
 beating — a wedged informer, listener or worker — makes the process restartable by the
 kubelet). ``/readyz`` answers 200 when the pod cache is synced, the database answered a ping
 recently, the notify listener has proven that notifications arrive and the Kubernetes API server
-accepts the credentials (``service/kube/transport.py``); otherwise 503, its body naming each
-problem.
+answers and accepts the credentials (``service/kube/transport.py``,
+``service/kube/reachability.py``); otherwise 503, its body naming each problem.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from service.kube.decode import PodDecoder
 from service.kube.listwatch import ListWatch
 from service.kube.reflector import Reflector, SyncMode
 from service.kube.store import PodStore
+from service.kube.transport import transport_of
 from service.metrics import Metrics
 from service.ports import PodEventHandler
 
@@ -92,6 +93,7 @@ class PodInformer:
         self.namespace = namespace
         """The namespace watched (a namespaced list+watch: no cluster-wide request)."""
         self._store = PodStore(metrics, sink=self._handlers, namespace=namespace)
+        transport = transport_of(api)
         self._reflector = Reflector(
             ListWatch(
                 api,
@@ -108,6 +110,7 @@ class PodInformer:
             settings=settings,
             backoff=backoff or default_backoff(),
             min_watch_s=min_watch_s,
+            reachability=transport.reachability if transport is not None else None,
         )
 
     def add_handler(self, handler: PodEventHandler) -> None:

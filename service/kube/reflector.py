@@ -14,8 +14,10 @@ a server known to send bookmarks, is taken for a dead connection: closed and wat
 once, from the same version (docs/architecture.md, "A silent watch"). A failure of the outside
 world (``ExternalError``: no answer, a 5xx, a 429 with its Retry-After as the least delay) is
 retried after a jittered exponential backoff (kit ``Attempts``) from where the loop was; a 4xx
-other than 429 means the request itself is refused, so the next attempt syncs. Anything else
-raised is a bug: it ends the loop, and with it the process.
+other than 429 means the request itself is refused, so the next attempt syncs; after a failure
+without an answer, the backoff ends once the server answers anything again (its
+:class:`~service.kube.reachability.Reachability`, which every line read here feeds too).
+Anything else raised is a bug: it ends the loop, and with it the process.
 
 Watch events are decoded from raw JSON lines straight into :class:`PodSnapshot` (client models
 are never built); malformed lines and objects are skipped, counted and logged.
@@ -41,10 +43,14 @@ from service.kit.memory import trim_heap
 from service.kube.decode import PodDecodeError, PodDecoder
 from service.kube.errors import TRANSIENT_ERRORS, KubeApiError, WireStatus, unavailable
 from service.kube.listwatch import Failed, Page
+from service.kube.reachability import Reachability
 from service.kube.store import PodStore, SyncState
 from service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
+
+WAKE_FLOOR_S = 1.0
+"""The least wait after a failure without an answer, however soon the server answers again."""
 
 
 class LineReader(Protocol):
@@ -298,8 +304,10 @@ class Reflector:
         settings: KubeSettings,
         backoff: Backoff,
         min_watch_s: float,
+        reachability: Reachability | None = None,
     ) -> None:
         self._lw = lw
+        self._reach = reachability if reachability is not None else Reachability()
         self._store = store
         self._decoder = decoder
         self._metrics = metrics
@@ -334,6 +342,7 @@ class Reflector:
         """Sync, watch, resume, relist and back off until cancelled."""
         relist = True
         while True:
+            started = clock.now()
             try:
                 end = await self._sync() if relist else await self._resume()
             except ExternalError as exc:
@@ -343,7 +352,12 @@ class Reflector:
                 # resuming would fail forever, so sync.
                 relist = refused or not self._store.synced
                 await self._back_off(
-                    _reason(exc), f"{type(exc).__name__}: {exc}", retry_after_s, cause_of(exc)
+                    _reason(exc),
+                    f"{type(exc).__name__}: {exc}",
+                    retry_after_s,
+                    cause_of(exc),
+                    # No answer (an ApiError is one): the server's first answer ends the wait.
+                    unanswered_since=None if isinstance(exc, ApiError) else started,
                 )
                 continue
             relist = await self._after(end)
@@ -361,6 +375,7 @@ class Reflector:
                 # A dead connection, not a refusal: watch again at once, from the same version.
                 self._metrics.watch_restarts.labels(reason="silent").inc()
                 self._silence_log.failed(end.message)
+                self._reach.unanswered(clock.now() - self._silence_s, "watch stream silent")
                 return not synced
             case End.EXPIRED:
                 self._metrics.watch_restarts.labels(reason="expired").inc()
@@ -381,14 +396,28 @@ class Reflector:
                 assert_never(end.why)
 
     async def _back_off(
-        self, reason: str, what: str, floor_s: float | None = None, cause: str | None = None
+        self,
+        reason: str,
+        what: str,
+        floor_s: float | None = None,
+        cause: str | None = None,
+        *,
+        unanswered_since: float | None = None,
     ) -> None:
-        """Count, log (once per change of ``cause``, by default ``what``) and wait."""
+        """Count, log (once per change of ``cause``, by default ``what``) and wait. After an
+        attempt begun at ``unanswered_since`` that got no answer, the wait ends
+        :data:`WAKE_FLOOR_S` after it began once the server has answered anything (a Lease
+        renewal, another namespace's watch) since that attempt began: the server is back, and
+        the watch follows within seconds of the restore rather than a backoff step later."""
         self._metrics.watch_restarts.labels(reason=reason).inc()
         delay = self._attempts.next_delay(floor_s)
         self._failures.failed(cause or what, what)
         logger.debug("kubernetes list/watch failed (%s); retrying in %.2fs", what, delay)
-        await anyio.sleep(delay)
+        if unanswered_since is None or delay <= WAKE_FLOOR_S:
+            await anyio.sleep(delay)
+            return
+        await anyio.sleep(WAKE_FLOOR_S)
+        await self._reach.answered_after(unanswered_since, delay - WAKE_FLOOR_S)
 
     def _worked(self) -> None:
         """A sync completed or a watch delivered: the backoff starts over, and a failure
@@ -517,6 +546,7 @@ class Reflector:
         apply = self._apply
         readline = opened.content.readline
         bound_s = self._stream_sync_timeout_s
+        answered = self._reach.answered
         events = 0
         end: WatchEnd | None = None
         try:
@@ -533,6 +563,7 @@ class Reflector:
                         break
                     if not line.strip():
                         continue
+                    answered()
                     now = loop_time()
                     if now + bound_s - silence.deadline > bound_s / 2:
                         silence.deadline = now + bound_s
@@ -585,6 +616,7 @@ class Reflector:
     async def _follow(self, stream: Stream, started: float, events: int) -> WatchEnd:
         """Read the watch until it ends; a silence past :meth:`_silence_bound` ends it too."""
         apply = self._apply
+        answered = self._reach.answered
         readline = stream.content.readline
         loop_time = asyncio.get_running_loop().time
         silence: _Silence | None = None
@@ -604,6 +636,7 @@ class Reflector:
                         break
                     if not line.strip():
                         continue
+                    answered()
                     if silence is not None:
                         silence.last = loop_time()
                     end = apply(line)

@@ -48,6 +48,12 @@ requests (``coordination.k8s.io``) do not wait for a slot: a renewal stuck behin
 requests would cost the leadership. The reconciler takes its slot before its final check with
 :meth:`ApiTransport.slot`, which marks it held for the task (a context variable), so the DELETE
 that follows does not wait for another.
+
+**Reachability.** Every answer, and every request that ends without one, is told to
+:attr:`ApiTransport.reachability` (``service/kube/reachability.py``): the replica is unready
+while the server is taken for unreachable. No pool is replaced when it answers again: a
+connection opened while nothing answered carries an unanswered request, and aiohttp closes it when
+that request times out; only an answered request leaves its connection idle in the pool.
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ from service.kit.aimd import AimdLimit
 from service.kit.causelog import CauseLog
 from service.kube.credentials import BEARER_TOKEN, Credentials
 from service.kube.errors import parse_retry_after, status_message
+from service.kube.reachability import Reachability
 from service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -267,6 +274,8 @@ class ApiTransport:
         )
         self._metrics = metrics if metrics is not None else Metrics()
         self._metrics.api_concurrency_limit.set(self.limit.slots)
+        self.reachability = Reachability(self._metrics)
+        """Whether the server answers (fed here and by the reflector's watch lines)."""
 
     # ------------------------------------------------------------------ wiring
 
@@ -276,6 +285,7 @@ class ApiTransport:
         self._metrics = metrics
         metrics.api_concurrency_limit.set(self.limit.slots)
         metrics.api_unauthorized.set(1 if self._refused is not None else 0)
+        self.reachability.bind(metrics)
 
     @property
     def credentials(self) -> Credentials | None:
@@ -287,7 +297,7 @@ class ApiTransport:
         """Why the replica is not ready as far as the API server goes (``None``: nothing)."""
         if self._refused is not None:
             return f"credentials refused: {self._refused}"
-        return None
+        return self.reachability.problem
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -477,9 +487,13 @@ class ApiTransport:
                 method, url, headers=headers, data=data, timeout=timeouts, **self._extra
             )
         except BaseException as exc:
-            if not watch and self._stalled(exc, clock.now() - started, timeouts.total):
+            waited_s = clock.now() - started
+            if not watch and self._stalled(exc, waited_s, timeouts.total):
                 self._replace(session, timeouts.total)
+            if _unanswered(exc, waited_s, _budget_s(timeouts)):
+                self.reachability.unanswered(started, f"{type(exc).__name__} {method} {_path(url)}")
             raise
+        self.reachability.answered()
         if not watch:
             self._stall_log.ok()
         return response
@@ -508,11 +522,14 @@ class ApiTransport:
         """Replace the pool ``session`` (when it still is the pool) by a new one."""
         if session is not self._session:
             return  # replaced already, by a sibling that timed out with it
-        grace_s = 2 * timeout_s if timeout_s else RETIRED_POOL_GRACE_S
-        self._retired.append((clock.now() + grace_s, session))
+        self._retire(session, 2 * timeout_s if timeout_s else RETIRED_POOL_GRACE_S)
         self._session = self._pool()
         self._metrics.api_pool_replacements.inc()
         self._stall_log.failed("no answer within the request timeout")
+
+    def _retire(self, session: aiohttp.ClientSession, grace_s: float) -> None:
+        """Close ``session`` once the requests in flight on it have had ``grace_s``."""
+        self._retired.append((clock.now() + grace_s, session))
 
     async def _close_retired(self) -> None:
         if not self._retired:
@@ -565,6 +582,23 @@ class ApiTransport:
             self._refused = None
             self._metrics.api_unauthorized.set(0)
             self._auth_log.ok()
+
+
+def _unanswered(exc: BaseException, waited_s: float, budget_s: float | None) -> bool:
+    """Whether a request that raised ``exc`` after ``waited_s`` ended without an answer from the
+    server: timed out, refused, reset, or given up by its caller after most of its budget (a
+    cancellation before that is the caller's business, e.g. a shutdown)."""
+    if isinstance(exc, TimeoutError | aiohttp.ClientConnectionError | OSError):
+        return True
+    cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
+    return cancelled and budget_s is not None and waited_s >= STALL_FRACTION * budget_s
+
+
+def _path(url: str) -> str:
+    """The path of ``url``, without host or query (a log line's cause)."""
+    without_scheme = url.split("://", 1)[-1]
+    slash = without_scheme.find("/")
+    return without_scheme[slash:].split("?", 1)[0] if slash >= 0 else "/"
 
 
 def transport_of(api: Any) -> ApiTransport | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -29,6 +29,7 @@ from service.kit.errors import Unavailable
 from service.kube.decode import PodDecodeError, PodDecoder
 from service.kube.informer import BACKOFF_MAX_S, default_backoff
 from service.kube.listwatch import Failed, Page
+from service.kube.reachability import Reachability
 from service.kube.reflector import LineReader, Reflector, Stream, SyncMode
 from service.kube.store import PodStore, SyncState
 from service.metrics import Metrics
@@ -236,6 +237,8 @@ async def run_script(
     list_mode: str = "auto",
     min_watch_s: float = 0.0,
     silence_s: float = 75.0,
+    reachability: Reachability | None = None,
+    meanwhile: Callable[[], Awaitable[None]] | None = None,
 ) -> Run:
     """Run a reflector until it asks for more than the script holds (virtual time passes
     through every backoff on its own); then stop it."""
@@ -262,10 +265,13 @@ async def run_script(
         settings=settings,
         backoff=Backoff(initial_s=1.0, max_s=BACKOFF_MAX_S),
         min_watch_s=min_watch_s,
+        reachability=reachability,
     )
     with anyio.fail_after(3600):  # virtual: a reflector that never asks for more fails
         async with anyio.create_task_group() as tg:
             tg.start_soon(reflector.run)
+            if meanwhile is not None:
+                tg.start_soon(meanwhile)
             await lw.exhausted.wait()
             await settle()
             tg.cancel_scope.cancel()
@@ -809,3 +815,47 @@ async def test_a_silent_watch_is_logged_once_per_cause_and_once_when_a_stream_en
         "the connection is taken for dead",
         f"pod watch of namespace {NS}: works again",
     ]
+
+
+async def test_the_backoff_after_failures_without_an_answer_ends_when_the_server_answers() -> None:
+    # Watches that get no answer back off 1, 2, 4, 8, 16 s, then the cap (30 s); the server
+    # answers another request (a Lease renewal) 9 s into that last wait: the watch follows then,
+    # not 21 s later.
+    reach = Reachability()
+
+    async def server_back() -> None:
+        await anyio.sleep(40)
+        reach.answered()
+
+    run = await run_script(
+        [
+            Call("list_cached", None, Listing("100")),
+            *[Call("watch", "100", Unavailable("no answer")) for _ in range(6)],
+            Call("watch", "100", FakeStream([bookmark(110)])),
+        ],
+        list_mode="list",
+        reachability=reach,
+        meanwhile=server_back,
+    )
+    assert run.times() == [0, 0, 1, 3, 7, 15, 31, 40, 40]
+
+
+async def test_the_backoff_after_an_answer_that_is_an_error_is_not_shortened() -> None:
+    # A 500 is an answer: the server is up and refuses; other answers do not end the wait.
+    reach = Reachability()
+
+    async def answers() -> None:
+        while True:
+            await anyio.sleep(0.5)
+            reach.answered()
+
+    run = await run_script(
+        [
+            Call("list_cached", None, Listing("100")),
+            *[Call("watch", "100", Failed(500, "boom", None)) for _ in range(3)],
+        ],
+        list_mode="list",
+        reachability=reach,
+        meanwhile=answers,
+    )
+    assert run.times() == [0, 0, 1, 3, 7]

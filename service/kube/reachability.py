@@ -1,0 +1,104 @@
+"""Whether the API server answers: when it last did, and whether requests go unanswered since.
+
+:class:`Reachability` is fed by the transport (``service/kube/transport.py``: every HTTP answer,
+whatever its status, and every request that ended without one — a timeout, a refused or reset
+connection, a caller that gave up after most of the request's timeout) and by the reflector
+(``service/kube/reflector.py``: every line read on a watch stream is an answer too, and a watch
+closed for silence is a request that went unanswered since its last line).
+
+The server is **unreachable** once a request ended without an answer and nothing has answered
+since that request was sent: the server then stayed silent for at least that request's bound
+(its timeout, the Lease attempt bound, the watch silence bound) while being asked. One request
+stuck on a dead pooled connection while its siblings are answered is not that (an answer came
+after it was sent). Unreachable makes the replica unready (``/readyz``: "kubernetes api: no
+answer for Ns: <cause>") and sets ``retired_pod_gc_api_reachable`` to 0; the first answer clears
+it. ``retired_pod_gc_api_last_answer_age_seconds`` is the time since the last answer at any
+moment (docs/operations.md, "Kubernetes API connectivity", gives the bounds).
+
+Waiters (:meth:`Reachability.answered_after`) are woken by the first answer: the reflector's
+backoff after a failure without an answer ends as soon as the server is heard again, so that
+the watch comes back within a second of a restored connection rather than a backoff step later.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+from service.kit import clock
+from service.metrics import Metrics
+
+
+class Reachability:
+    """See the module docstring."""
+
+    __slots__ = ("_cause", "_last_answer", "_metrics", "_silent_since", "_wake")
+
+    def __init__(self, metrics: Metrics | None = None) -> None:
+        self._last_answer = clock.now()
+        """When the server last answered (start-up counts: nothing was asked before)."""
+        self._silent_since: float | None = None
+        """When the earliest request that ended unanswered, with no answer since, was sent."""
+        self._cause = ""
+        self._wake: anyio.Event | None = None
+        self._metrics = metrics if metrics is not None else Metrics()
+        self._metrics.api_reachable.set(1)
+
+    def bind(self, metrics: Metrics) -> None:
+        """Report into ``metrics`` from now on."""
+        self._metrics = metrics
+        metrics.api_reachable.set(0 if self.unreachable else 1)
+        metrics.api_last_answer_age.set_function(self.last_answer_age_s)
+
+    # ------------------------------------------------------------------ fed by
+
+    def answered(self) -> None:
+        """An answer came (any HTTP status, a line on a watch stream)."""
+        self._last_answer = clock.now()
+        if self._silent_since is not None:
+            self._silent_since = None
+            self._metrics.api_reachable.set(1)
+        if self._wake is not None:
+            self._wake.set()
+            self._wake = None
+
+    def unanswered(self, sent_at: float, cause: str) -> None:
+        """A request sent at ``sent_at`` ended without an answer (``cause``: how)."""
+        if sent_at < self._last_answer:
+            return  # the server answered since: this connection's failure, not the server's
+        if self._silent_since is None or sent_at < self._silent_since:
+            if self._silent_since is None:
+                self._metrics.api_reachable.set(0)
+            self._silent_since = sent_at
+        self._cause = cause
+
+    # ------------------------------------------------------------------ read by
+
+    @property
+    def last_answer(self) -> float:
+        return self._last_answer
+
+    @property
+    def unreachable(self) -> bool:
+        return self._silent_since is not None
+
+    def last_answer_age_s(self) -> float:
+        return max(0.0, clock.now() - self._last_answer)
+
+    @property
+    def problem(self) -> str | None:
+        """``no answer for Ns: <cause>`` while unreachable; ``None`` otherwise."""
+        if self._silent_since is None:
+            return None
+        return f"no answer for {self.last_answer_age_s():.0f}s: {self._cause}"
+
+    async def answered_after(self, since: float, timeout_s: float) -> bool:
+        """Wait until an answer later than ``since`` (at once when one came already), at most
+        ``timeout_s``; whether one came."""
+        if self._last_answer > since:
+            return True
+        if self._wake is None:
+            self._wake = anyio.Event()
+        wake = self._wake
+        with anyio.move_on_after(timeout_s):
+            await wake.wait()
+        return self._last_answer > since
