@@ -36,6 +36,7 @@ CANONICAL: dict[str, str] = {
     "B8": "kept",
     "B9": "throttled",
     "B10": "blackhole",
+    "B11": "blackhole-all",
 }
 
 # The command of each canonical run whose results file predates ``run.py`` recording it.
@@ -62,6 +63,7 @@ HEADINGS: dict[str, str] = {
     "B8": "B8 retired but kept",
     "B9": "B9 a throttled priority level",
     "B10": "B10 a silent connection to the API server",
+    "B11": "B11 every connection to the API server black-holed for 3 minutes",
 }
 
 
@@ -267,6 +269,15 @@ def _b10_cached(r: dict[str, Any]) -> str:
     )
 
 
+def _b11_restore(r: dict[str, Any]) -> str:
+    b = r["B11"]
+    return (
+        f"**{_b10_seconds(b['restore_to_delete_s'])}** (target {b['restore_target_s']:g} s); "
+        f"/readyz 503 {_b10_seconds(b['unready_after_s'])} into the outage; "
+        f"{len(b['warnings'])} warning lines"
+    )
+
+
 FIGURES: tuple[Figure, ...] = (
     Figure(
         "B1",
@@ -338,6 +349,13 @@ FIGURES: tuple[Figure, ...] = (
         "the same: a cached pod whose row is retired then, black hole to DELETE",
         "<= threshold + API_TIMEOUT_SECONDS + 5 s",
         _b10_cached,
+    ),
+    Figure(
+        "B11",
+        "every connection black-holed for 3 minutes, default settings: restore to the DELETE of "
+        "a cached pod whose row was retired in the outage",
+        "<= threshold + 10 s",
+        _b11_restore,
     ),
 )
 
@@ -725,6 +743,49 @@ def _render_b10(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def _render_b11(r: dict[str, Any]) -> list[str]:
+    b = r["B11"]
+    st = b["settings"]
+    restarts = ", ".join(f"{k} {v:g}" for k, v in b["watch_restarts"].items())
+    return [
+        _table(
+            ["event", "seconds", "target"],
+            [
+                [
+                    "black hole to `/readyz` 503 (`kubernetes api: no answer ...`)",
+                    _b10_seconds(b["unready_after_s"]),
+                    "RETRY_PERIOD_SECONDS + the Lease attempt bound",
+                ],
+                [
+                    "black hole to `retired_pod_gc_api_reachable` 0",
+                    _b10_seconds(b["unreachable_gauge_after_s"]),
+                    "the same",
+                ],
+                [
+                    "restore to the DELETE of the pod retired in the outage",
+                    _b10_seconds(b["restore_to_delete_s"]),
+                    f"{b['restore_target_s']:g} s",
+                ],
+                ["restore to `/readyz` 200", _b10_seconds(b["restore_to_ready_s"]), "-"],
+            ],
+        ),
+        "",
+        f"THRESHOLD_SECONDS {st['THRESHOLD_SECONDS']:g}, API_TIMEOUT_SECONDS "
+        f"{st['API_TIMEOUT_SECONDS']:g}, RETRY_PERIOD_SECONDS {st['RETRY_PERIOD_SECONDS']:g}, "
+        f"WATCH_SILENCE_SECONDS {st['WATCH_SILENCE_SECONDS']:g}, the rest at their defaults; a "
+        f"bookmark every {st['bookmark_interval_s']:g} s. Every connection black-holed for "
+        f"{b['outage_s']:g} s ({b['connections_black_holed']} open then), new ones too; restored "
+        f"with the black-holed ones left dead. `/readyz` said: `{b['readyz_body']}`; at the "
+        f"restore: `{b['readyz_at_restore']}`, last answer "
+        f"{b['last_answer_age_at_restore_s']:.0f} s old. Deleted during the outage: "
+        f"{b['deleted_during_outage']}; other pods deleted: {len(b['wrongly_deleted'])}. Watch "
+        f"restarts (whole run) {restarts}; pool replacements {b['pool_replacements']:g}; relists "
+        f"{b['relists']:g}; {len(b['warnings'])} warning line(s) from the black hole on:",
+        "",
+        *(f"- `{line}`" for line in b["warnings"]),
+    ]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "B1": _render_b1,
     "B1L": _render_b1l,
@@ -739,6 +800,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "B8": _render_b8,
     "B9": _render_b9,
     "B10": _render_b10,
+    "B11": _render_b11,
 }
 
 

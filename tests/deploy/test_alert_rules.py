@@ -196,3 +196,55 @@ def test_the_rule_test_fails_when_the_alert_would_not_fire(promtool: str, tmp_pa
     result = _run(tmp_path, tests)
     assert result.returncode != 0
     assert "FAILED" in result.stdout + result.stderr
+
+
+def _unreachable_tests(minutes_down: int) -> list[dict[str, Any]]:
+    alert = "RetiredPodGcApiUnreachable"
+    # The leader's gauge drops to 0 at minute 2 for ``minutes_down`` minutes; the follower's stays
+    # 1 but for one minute (a blip, shorter than the alert's 5 minutes).
+    down = f"1x1 0x{minutes_down - 1} 1x20"
+    return [
+        {
+            "interval": "1m",
+            "input_series": [
+                _series("retired_pod_gc_api_reachable", down),
+                _series("retired_pod_gc_api_reachable", "1x3 0 1x20", FOLLOWER),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "5m", "alertname": alert, "exp_alerts": []},
+                {
+                    "eval_time": "8m",
+                    "alertname": alert,
+                    "exp_alerts": _with_runbook(
+                        [
+                            {
+                                "exp_labels": {
+                                    "namespace": NAMESPACE,
+                                    "pod": LEADER,
+                                    "severity": "warning",
+                                },
+                                "exp_annotations": {
+                                    "summary": f"{LEADER}: the Kubernetes API server has not "
+                                    "answered for 5 minutes.",
+                                    "description": _description(alert),
+                                },
+                            }
+                        ],
+                        alert,
+                    ),
+                },
+            ],
+        }
+    ]
+
+
+def test_the_unreachable_alert_fires_after_five_minutes_without_an_answer(
+    promtool: str, tmp_path: Path
+) -> None:
+    result = _run(tmp_path, _unreachable_tests(minutes_down=10))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+    # Four minutes down (back before the alert's five): the same expectations fail.
+    result = _run(tmp_path, _unreachable_tests(minutes_down=4))
+    assert result.returncode != 0
+    assert "FAILED" in result.stdout + result.stderr
