@@ -34,8 +34,8 @@ class Reachability:
     __slots__ = ("_cause", "_last_answer", "_metrics", "_silent_since", "_wake")
 
     def __init__(self, metrics: Metrics | None = None) -> None:
-        self._last_answer = clock.now()
-        """When the server last answered (start-up counts: nothing was asked before)."""
+        self._last_answer: float | None = None
+        """When the server last answered (``None``: never yet)."""
         self._silent_since: float | None = None
         """When the earliest request that ended unanswered, with no answer since, was sent."""
         self._cause = ""
@@ -63,7 +63,7 @@ class Reachability:
 
     def unanswered(self, sent_at: float, cause: str) -> None:
         """A request sent at ``sent_at`` ended without an answer (``cause``: how)."""
-        if sent_at < self._last_answer:
+        if self._last_answer is not None and sent_at < self._last_answer:
             return  # the server answered since: this connection's failure, not the server's
         if self._silent_since is None or sent_at < self._silent_since:
             if self._silent_since is None:
@@ -74,15 +74,14 @@ class Reachability:
     # ------------------------------------------------------------------ read by
 
     @property
-    def last_answer(self) -> float:
-        return self._last_answer
-
-    @property
     def unreachable(self) -> bool:
         return self._silent_since is not None
 
     def last_answer_age_s(self) -> float:
-        return max(0.0, clock.now() - self._last_answer)
+        """Seconds since the last answer; before any, since the first request that went
+        unanswered (0 while there was neither)."""
+        since = self._last_answer if self._last_answer is not None else self._silent_since
+        return 0.0 if since is None else max(0.0, clock.now() - since)
 
     @property
     def problem(self) -> str | None:
@@ -94,11 +93,14 @@ class Reachability:
     async def answered_after(self, since: float, timeout_s: float) -> bool:
         """Wait until an answer later than ``since`` (at once when one came already), at most
         ``timeout_s``; whether one came."""
-        if self._last_answer > since:
+        if self._answered_after(since):
             return True
         if self._wake is None:
             self._wake = anyio.Event()
         wake = self._wake
         with anyio.move_on_after(timeout_s):
             await wake.wait()
-        return self._last_answer > since
+        return self._answered_after(since)
+
+    def _answered_after(self, since: float) -> bool:
+        return self._last_answer is not None and self._last_answer > since
