@@ -813,7 +813,7 @@ async def test_a_silent_watch_is_logged_once_per_cause_and_once_when_a_stream_en
     assert lines == [
         f"pod watch of namespace {NS}: no event and no bookmark for 75s: "
         "the connection is taken for dead",
-        f"pod watch of namespace {NS}: works again",
+        f"pod watch of namespace {NS}: works again after 3 failures",
     ]
 
 
