@@ -27,7 +27,10 @@ The worker loop (:meth:`process`) is the one place that counts outcomes and the 
 catches broad exceptions: a step that raises is a bug, logged with its traceback at error
 level, counted (``reconcile_bugs``) and backed off; the worker lives on; cancellation always
 propagates. It maps each :class:`ReconcileResult` onto the queue like controller-runtime: done
-→ ``forget``; requeue-after → ``forget`` + ``add_after``; backoff → ``add_rate_limited``.
+→ ``forget``; requeue-after → ``forget`` + ``add_after``; backoff → ``add_rate_limited``. A key
+held by a dependency's shared backoff (``held``: requeued to its next attempt time) is also
+remembered, and every key held by that dependency is enqueued at once when it answers again (the
+reconciler's gates, ``service/kit/gate.py``), so a recovery is seen by all of them together.
 
 Nothing is processed while inactive (disabled, or not the leader): keys handed out meanwhile are
 dropped, and becoming active starts from empty clocks and enqueues every cached candidate.
@@ -35,6 +38,7 @@ dropped, and becoming active starts from empty clocks and enqueues every cached 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -85,6 +89,11 @@ class Controller:
         self._metrics = metrics
         self._batch_size = batch_size
         self._workers = 1
+        self._held: dict[str, set[str]] = {}
+        """Keys held by each dependency's shared backoff, released when it answers."""
+        for gate in reconciler.gates:
+            self._held[gate.name] = set()
+            gate.on_open(functools.partial(self._release, gate.name))
 
     # ------------------------------------------------------------- activation
 
@@ -197,6 +206,14 @@ class Controller:
                 self._queue.add(key)
                 count += 1
         return count
+
+    def _release(self, dependency: str) -> None:
+        """``dependency`` answers again: every key it held goes on the queue now."""
+        held = self._held[dependency]
+        self._held[dependency] = set()
+        if held and self._activation.active:
+            logger.debug("%s answers again: releasing %d held keys", dependency, len(held))
+            self._queue.add(*held)
 
     def _enqueue(self, key: str) -> None:
         if self._activation.active:
@@ -312,6 +329,8 @@ class Controller:
                 case Action.REQUEUE_AFTER:
                     self._queue.forget(key)
                     self._queue.add_after(key, result.requeue_after_s)
+                    if result.held_by is not None:
+                        self._held[result.held_by].add(key)
                 case Action.BACKOFF:
                     self._queue.add_rate_limited(key)
                 case _:

@@ -34,6 +34,7 @@ import msgspec
 from service.app.service import wire_engine
 from service.config import PREFIX, Settings, load
 from service.engine.activation import Activation
+from service.engine.reconciler import dependency_backoff
 from service.kube import informer as informer_module
 from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
@@ -336,6 +337,7 @@ def build(
         recorder=recorder,
         metrics=metrics,
         queue_backoff=_seeded(default_queue_backoff(), rng),
+        gate_backoff=_seeded(dependency_backoff(), rng),
     )
     elector.add_handler(engine.controller.set_leader)
     return Service(s, metrics, store, informer, listener, elector, recorder, engine.controller)

@@ -22,6 +22,7 @@ from service.domain import (
     ReconcileOutcome,
     Verdict,
 )
+from service.engine.reconciler import DEPENDENCY_BACKOFF_INITIAL_S
 from service.engine.results import INACTIVE, Action
 from service.kit import clock
 from service.kit.errors import Unavailable
@@ -272,18 +273,29 @@ async def test_a_changed_reapable_shape_restarts_the_clock() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_failed_lookup_restarts_the_clock_and_backs_off() -> None:
+async def test_a_failed_lookup_restarts_the_clock_and_holds_the_key_for_the_database() -> None:
     rig, pod = _rig()
     await rig.reconcile(pod.key)
     await rig.advance(200)
     rig.store.lookup_error = Unavailable("db down")
     failed = await rig.reconcile(pod.key)
-    assert (failed.action, failed.outcome) == (Action.BACKOFF, ReconcileOutcome.LOOKUP_FAILED)
+    assert (failed.action, failed.outcome) == (
+        Action.REQUEUE_AFTER,
+        ReconcileOutcome.LOOKUP_FAILED,
+    )
+    assert failed.held_by == "database"
+    assert 0 < failed.requeue_after_s <= DEPENDENCY_BACKOFF_INITIAL_S
+    assert clock_of(rig.clocks, pod.uid) is None
+    # Held: until its next attempt time no lookup goes out, and the clock stays cleared.
+    lookups = rig.store.lookups
+    again = await rig.reconcile(pod.key)
+    assert (again.outcome, again.held_by) == (ReconcileOutcome.LOOKUP_FAILED, "database")
+    assert rig.store.lookups == lookups
     assert clock_of(rig.clocks, pod.uid) is None
     rig.store.lookup_error = None
     await rig.advance(150)
     assert (await rig.reconcile(pod.key)).requeue_after_s == 300.0
-    assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) == 1
+    assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) == 2
 
 
 @pytest.mark.anyio
@@ -292,7 +304,7 @@ async def test_a_failed_fresh_re_read_restarts_the_clock_and_sends_nothing() -> 
     await _expire(rig, pod)
     rig.store.fresh_error = Unavailable("statement timeout")
     result = await rig.reconcile(pod.key)
-    assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.LOOKUP_FAILED)
+    assert (result.outcome, result.held_by) == (ReconcileOutcome.LOOKUP_FAILED, "database")
     assert clock_of(rig.clocks, pod.uid) is None
     assert rig.pods.deletes == []
 
@@ -408,6 +420,9 @@ async def test_a_failed_delete_is_retried_with_its_clock_kept_and_verified_again
     if failure == "status_429":
         assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.ERROR)
         assert result.requeue_after_s == 7.0
+    elif failure == "unavailable":  # no answer: held for the API server with every other key
+        assert (result.outcome, result.held_by) == (ReconcileOutcome.ERROR, "api_server")
+        await rig.advance(result.requeue_after_s)
     else:
         assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
     assert (
@@ -431,10 +446,11 @@ async def test_a_failed_fresh_get_backs_off_and_sends_nothing() -> None:
     await _expire(rig, pod)
     rig.pods.get_error = Unavailable("connection reset")
     result = await rig.reconcile(pod.key)
-    assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
+    assert (result.outcome, result.held_by) == (ReconcileOutcome.ERROR, "api_server")
     assert rig.pods.deletes == []
     assert clock_of(rig.clocks, pod.uid) is not None  # no answer says nothing about the pod
     rig.pods.get_error = None
+    await rig.advance(result.requeue_after_s)
     assert (await rig.reconcile(pod.key)).outcome == Verdict.TERMINAL_RETIRED
 
 
