@@ -28,9 +28,11 @@ catches broad exceptions: a step that raises is a bug, logged with its traceback
 level, counted (``reconcile_bugs``) and backed off; the worker lives on; cancellation always
 propagates. It maps each :class:`ReconcileResult` onto the queue like controller-runtime: done
 → ``forget``; requeue-after → ``forget`` + ``add_after``; backoff → ``add_rate_limited``. A key
-held by a dependency's shared backoff (``held``: requeued to its next attempt time) is also
-remembered, and every key held by that dependency is enqueued at once when it answers again (the
-reconciler's gates, ``service/kit/gate.py``), so a recovery is seen by all of them together.
+held by a dependency's shared backoff (``held``, the reconciler's gates, ``service/kit/gate.py``)
+is parked: one held key — the *driver* — is requeued to the dependency's next attempt time, where
+it sends the probe, and the others only every :data:`HELD_RECHECK_S`; every key the dependency
+holds is enqueued at once when it answers again. So a recovery is seen by all of them together,
+and an outage costs the workers one key a backoff step rather than every key.
 
 Nothing is processed while inactive (disabled, or not the leader): keys handed out meanwhile are
 dropped, and becoming active starts from empty clocks and enqueues every cached candidate.
@@ -62,6 +64,10 @@ from service.ports import PodCache
 logger = logging.getLogger(__name__)
 
 
+HELD_RECHECK_S = 60.0
+"""A key held by a dependency that is down, but not its probe's driver, comes back this often
+(a backstop: the dependency's first answer releases it at once)."""
+
 MIN_BATCH = 250
 """Fewest keys a worker takes (when that many are ready): a batch costs one row query, and below
 this its fixed cost outweighs spreading the ready keys over more workers. The
@@ -91,8 +97,12 @@ class Controller:
         self._workers = 1
         self._held: dict[str, set[str]] = {}
         """Keys held by each dependency's shared backoff, released when it answers."""
+        self._drivers: dict[str, str | None] = {}
+        """The held key requeued to each dependency's next attempt time (its probe's driver)."""
+        self._gates = {gate.name: gate for gate in reconciler.gates}
         for gate in reconciler.gates:
             self._held[gate.name] = set()
+            self._drivers[gate.name] = None
             gate.on_open(functools.partial(self._release, gate.name))
 
     # ------------------------------------------------------------- activation
@@ -211,9 +221,36 @@ class Controller:
         """``dependency`` answers again: every key it held goes on the queue now."""
         held = self._held[dependency]
         self._held[dependency] = set()
+        self._drivers[dependency] = None
         if held and self._activation.active:
             logger.debug("%s answers again: releasing %d held keys", dependency, len(held))
             self._queue.add(*held)
+
+    def _hold(self, key: str, dependency: str, wait_s: float) -> None:
+        """Park ``key`` until ``dependency`` answers; the driver (the first key held, or the
+        driver itself held again) comes back at the next attempt time."""
+        self._held[dependency].add(key)
+        driver = self._drivers[dependency]
+        if driver is None or driver == key:
+            self._drivers[dependency] = key
+            self._queue.add_after(key, wait_s)
+        else:
+            self._queue.add_after(key, max(wait_s, HELD_RECHECK_S))
+
+    def _drive_another(self, key: str) -> None:
+        """``key`` drove a probe but ended otherwise (gone, skipped, or its step answered): the
+        next held key of that dependency, if it is still down, drives the next probe."""
+        for dependency, driver in self._drivers.items():
+            if driver != key:
+                continue
+            self._drivers[dependency] = None
+            held = self._held[dependency]
+            held.discard(key)
+            gate = self._gates[dependency]
+            if held and gate.closed and self._activation.active:
+                successor = next(iter(held))
+                self._drivers[dependency] = successor
+                self._queue.add_after(successor, gate.retry_in_s())
 
     def _enqueue(self, key: str) -> None:
         if self._activation.active:
@@ -326,15 +363,18 @@ class Controller:
             match result.action:
                 case Action.DONE:
                     self._queue.forget(key)
+                case Action.REQUEUE_AFTER if result.held_by is not None:
+                    self._queue.forget(key)
+                    self._hold(key, result.held_by, result.requeue_after_s)
                 case Action.REQUEUE_AFTER:
                     self._queue.forget(key)
                     self._queue.add_after(key, result.requeue_after_s)
-                    if result.held_by is not None:
-                        self._held[result.held_by].add(key)
                 case Action.BACKOFF:
                     self._queue.add_rate_limited(key)
                 case _:
                     assert_never(result.action)
+            if result.held_by is None and key in self._drivers.values():
+                self._drive_another(key)
         self._queue.done(*finished)
         results.update(finished)
         self._count(finished.values(), clock.now() - started)
