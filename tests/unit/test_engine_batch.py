@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from service.domain import ExecutionChange, ExecutionState, PodPhase, ReconcileOutcome, Verdict
-from service.engine.controller import MIN_BATCH
+from service.engine.controller import HELD_RECHECK_S, MIN_BATCH
 from service.engine.reconciler import DEPENDENCY_BACKOFF_MAX_S
 from service.kit import clock
 from service.kit.errors import Unavailable
@@ -143,6 +143,11 @@ async def test_a_failed_batch_lookup_clears_every_clock_and_holds_every_key_toge
                 {"dependency": "database", "result": "failed"},
             )
             == probes
+        )
+        # And the workers are not kept busy either: one held key (the driver) comes back each
+        # step; the others once in HELD_RECHECK_S at most.
+        assert (
+            rig.outcome(ReconcileOutcome.LOOKUP_FAILED) <= 200 * (1 + 60 / HELD_RECHECK_S) + probes
         )
         rig.store.lookup_error = None
         # Back: the next probe answers within the cap, and releases every held key at once.
