@@ -112,7 +112,8 @@ DEPENDENCY_BACKOFF_INITIAL_S = 0.25
 """A dependency's first probe after the call that found it unavailable comes this long after."""
 DEPENDENCY_BACKOFF_MAX_S = 5.0
 """Cap of the time between two probes of an unavailable dependency: a restored dependency is
-found, and every held key released, within this (docs/operations.md, "What the service does to a dependency that is down")."""
+found, and every held key released, within this (docs/operations.md,
+"What the service does to a dependency that is down")."""
 MAX_AGE_REVERIFICATIONS = 3
 """Re-verifications caused by age in one reconcile before it gives up (``stale``) and requeues:
 a loop starved for longer than the bound at every try must not spin on the API and database."""
