@@ -119,6 +119,11 @@ class Controller:
         self._activation.set_leader(leader)
         # Either way the clocks restart: a new leader has not been watching (invariant 3).
         self._clocks.clear_all()
+        # Keys held by a dependency are dropped like queued keys (becoming active enqueues every
+        # candidate again, and the first held one drives the next probe).
+        for dependency in self._held:
+            self._held[dependency] = set()
+            self._drivers[dependency] = None
         if self._activation.active and not was_active:
             logger.info("active: enqueueing every cached candidate")
             self.resync()
@@ -237,11 +242,12 @@ class Controller:
         else:
             self._queue.add_after(key, max(wait_s, HELD_RECHECK_S))
 
-    def _drive_another(self, key: str) -> None:
-        """``key`` drove a probe but ended otherwise (gone, skipped, or its step answered): the
-        next held key of that dependency, if it is still down, drives the next probe."""
+    def _drive_another(self, key: str, held_by: str | None) -> None:
+        """``key`` was to drive a probe but ended otherwise (gone, skipped, its step answered, or
+        held by another dependency): the next key held by that dependency, if it is still down,
+        drives its next probe."""
         for dependency, driver in self._drivers.items():
-            if driver != key:
+            if driver != key or dependency == held_by:
                 continue
             self._drivers[dependency] = None
             held = self._held[dependency]
@@ -373,8 +379,8 @@ class Controller:
                     self._queue.add_rate_limited(key)
                 case _:
                     assert_never(result.action)
-            if result.held_by is None and key in self._drivers.values():
-                self._drive_another(key)
+            if key in self._drivers.values():
+                self._drive_another(key, result.held_by)
         self._queue.done(*finished)
         results.update(finished)
         self._count(finished.values(), clock.now() - started)

@@ -241,3 +241,24 @@ async def test_a_batch_from_a_relisting_cache_starts_no_clock() -> None:
     assert len(rig.clocks) == 0
     assert rig.store.lookups == 0
     assert rig.outcome(ReconcileOutcome.CACHE_COLD) == len(pods)
+
+
+@pytest.mark.anyio
+async def test_when_the_key_that_drives_the_probe_is_gone_another_held_key_drives_it() -> None:
+    rig = make_rig(make_settings(deletes_per_minute=6000))
+    async with rig.workers(1):
+        rig.store.lookup_error = Unavailable("db down")
+        keys = _retire_all(rig, 3)  # one batch: the first key held drives the probes
+        await settle()
+        assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) == 3
+        # The driver and the next one go away while the database is down (no event: the cache
+        # alone forgets them, as after a missed delete).
+        for key in keys[:2]:
+            rig.cache.remove(key)
+        await rig.advance(20)
+        rig.store.lookup_error = None
+        # The one left drives the probes now: it is back within a backoff step of the restore,
+        # not at its own recheck (HELD_RECHECK_S).
+        await rig.advance(DEPENDENCY_BACKOFF_MAX_S)
+        assert len(rig.clocks) == 1
+        assert DEPENDENCY_BACKOFF_MAX_S + 20 < HELD_RECHECK_S
