@@ -95,13 +95,14 @@ class Controller:
         self._metrics = metrics
         self._batch_size = batch_size
         self._workers = 1
-        self._held: dict[str, set[str]] = {}
-        """Keys held by each dependency's shared backoff, released when it answers."""
+        self._held: dict[str, dict[str, None]] = {}
+        """Keys held by each dependency's shared backoff, released when it answers (a dict, for
+        its order: a run does not depend on the string hash seed)."""
         self._drivers: dict[str, str | None] = {}
         """The held key requeued to each dependency's next attempt time (its probe's driver)."""
         self._gates = {gate.name: gate for gate in reconciler.gates}
         for gate in reconciler.gates:
-            self._held[gate.name] = set()
+            self._held[gate.name] = {}
             self._drivers[gate.name] = None
             gate.on_open(functools.partial(self._release, gate.name))
 
@@ -122,7 +123,7 @@ class Controller:
         # Keys held by a dependency are dropped like queued keys (becoming active enqueues every
         # candidate again, and the first held one drives the next probe).
         for dependency in self._held:
-            self._held[dependency] = set()
+            self._held[dependency] = {}
             self._drivers[dependency] = None
         if self._activation.active and not was_active:
             logger.info("active: enqueueing every cached candidate")
@@ -225,7 +226,7 @@ class Controller:
     def _release(self, dependency: str) -> None:
         """``dependency`` answers again: every key it held goes on the queue now."""
         held = self._held[dependency]
-        self._held[dependency] = set()
+        self._held[dependency] = {}
         self._drivers[dependency] = None
         if held and self._activation.active:
             logger.debug("%s answers again: releasing %d held keys", dependency, len(held))
@@ -234,7 +235,7 @@ class Controller:
     def _hold(self, key: str, dependency: str, wait_s: float) -> None:
         """Park ``key`` until ``dependency`` answers; the driver (the first key held, or the
         driver itself held again) comes back at the next attempt time."""
-        self._held[dependency].add(key)
+        self._held[dependency][key] = None
         driver = self._drivers[dependency]
         if driver is None or driver == key:
             self._drivers[dependency] = key
@@ -251,7 +252,7 @@ class Controller:
                 continue
             self._drivers[dependency] = None
             held = self._held[dependency]
-            held.discard(key)
+            held.pop(key, None)
             gate = self._gates[dependency]
             if held and gate.closed and self._activation.active:
                 successor = next(iter(held))
