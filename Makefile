@@ -133,7 +133,7 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
-.PHONY: bench bench-large bench-limit bench-trigger
+.PHONY: bench bench-large bench-limit bench-trigger bench-blackhole
 bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run
 
@@ -151,6 +151,11 @@ bench-limit: $(BENCH_STAMP)
 # polling beside it, 5 repeats too, each at a random phase of its tick).
 bench-trigger: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run --pods 100000 --only B7,B2B --repeats 5 --b7-rounds 21 --name trigger
+
+# B10 (~3 min): the API server's connections black-holed at the default settings, the time to
+# delete a pod created in the black hole and a cached pod retired in it (benchmarks/blackhole.py).
+bench-blackhole: $(BENCH_STAMP)
+	$(PY) -m benchmarks.blackhole
 
 # Randomized fault campaigns (tests/chaos): `make chaos SEEDS=200` or replay one: `make chaos SEED=1234`.
 .PHONY: chaos soak

@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import platform
 import resource
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 import aiohttp
@@ -68,6 +70,37 @@ def summary_ms(latencies_s: Sequence[float]) -> dict[str, float]:
         "p50_ms": pct(latencies_s, 50) * 1000,
         "p99_ms": pct(latencies_s, 99) * 1000,
         "max_ms": (max(latencies_s) * 1000) if latencies_s else float("nan"),
+    }
+
+
+def machine() -> dict[str, Any]:
+    """The machine and the versions of the libraries that matter, for a results file."""
+    model = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    versions = {}
+    for dist in (
+        "msgspec",
+        "kubernetes_asyncio",
+        "asyncpg",
+        "aiohttp",
+        "anyio",
+        "aiolimiter",
+        "prometheus-client",
+    ):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = "?"
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": versions,
     }
 
 

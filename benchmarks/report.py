@@ -34,6 +34,8 @@ CANONICAL: dict[str, str] = {
     "B7": "trigger",
     "B7_share": "trigger-pods",
     "B8": "kept",
+    "B9": "throttled",
+    "B10": "blackhole",
 }
 
 # The command of each canonical run whose results file predates ``run.py`` recording it.
@@ -58,6 +60,8 @@ HEADINGS: dict[str, str] = {
     "B7": "B7 writer overhead",
     "B7_share": "B7 trigger share",
     "B8": "B8 retired but kept",
+    "B9": "B9 a throttled priority level",
+    "B10": "B10 a silent connection to the API server",
 }
 
 
@@ -231,6 +235,38 @@ def _b7_share_one_row(r: dict[str, Any]) -> str:
     return "debian15, " + "; ".join(figures)
 
 
+def _b9(r: dict[str, Any]) -> str:
+    b = r["B9"]
+    ctl, seq = b["controller"], b["sequential"]
+    warnings = ctl["log"]["by_level"].get("WARNING", 0)
+    return (
+        f"**{b['controller_vs_sequential']:.2f}x** ({ctl['deletes_per_s']:.1f} against "
+        f"{seq['deletes_per_s']:.1f} deletes/s); {ctl['deleted']}/{b['rows']} deleted, "
+        f"{ctl['events']}/{b['rows']} Events; {ctl['answers_429']} answers 429; "
+        f"{warnings} warning lines"
+    )
+
+
+def _b10_seconds(value: float | None) -> str:
+    return "not within 400 s" if value is None else f"{value:.1f} s"
+
+
+def _b10_new(r: dict[str, Any]) -> str:
+    b = r["B10"]
+    return (
+        f"**{_b10_seconds(b['new_pod_delete_s'])}** (target {b['new_pod_target_s']:g} s); "
+        f"watch restarts: silent {b['watch_restarts']['silent']:g}"
+    )
+
+
+def _b10_cached(r: dict[str, Any]) -> str:
+    b = r["B10"]
+    return (
+        f"**{_b10_seconds(b['cached_pod_delete_s'])}** (target {b['cached_pod_target_s']:g} s); "
+        f"pool replacements {b['pool_replacements']:g}"
+    )
+
+
 FIGURES: tuple[Figure, ...] = (
     Figure(
         "B1",
@@ -282,6 +318,26 @@ FIGURES: tuple[Figure, ...] = (
         "retired but kept: the sweep at 150,000 cached pods, extra memory, idle queries",
         "1 row query a resync period a namespace",
         lambda r: _b8(r),
+    ),
+    Figure(
+        "B9",
+        "a priority level of one seat (429 beyond it): the controller's delete rate over one "
+        "sequential client's, each pod with its Event",
+        ">= 0.5x, every Event",
+        _b9,
+    ),
+    Figure(
+        "B10",
+        "connections black-holed, default settings: a pod created then with its row retired, "
+        "black hole to DELETE",
+        "<= 90 s + threshold",
+        _b10_new,
+    ),
+    Figure(
+        "B10",
+        "the same: a cached pod whose row is retired then, black hole to DELETE",
+        "<= threshold + API_TIMEOUT_SECONDS + 5 s",
+        _b10_cached,
     ),
 )
 
@@ -590,6 +646,85 @@ def _b8(r: dict[str, Any]) -> str:
     )
 
 
+def _render_b9(r: dict[str, Any]) -> list[str]:
+    b = r["B9"]
+    rows = []
+    for label, c in (
+        ("one sequential client (GET, DELETE, Event)", b["sequential"]),
+        ("the controller (32 workers)", b["controller"]),
+    ):
+        rows.append(
+            [
+                label,
+                f"{c['deleted']}/{b['rows']}",
+                f"{c['events']}/{b['rows']}",
+                _f(c["delete_span_s"], 2),
+                _f(c["deletes_per_s"]),
+                _f(c["answers_429"]),
+                _f(c["log"]["lines"]) if "log" in c else "-",
+                _f(c["log"]["by_level"].get("WARNING", 0)) if "log" in c else "-",
+            ]
+        )
+    ctl = b["controller"]
+    return [
+        f"{b['seats']} seat(s); each request holds its seat {b['latency_ms']:g} ms beyond its "
+        "handling.",
+        "",
+        _table(
+            [
+                "client",
+                "deleted",
+                "Events",
+                "first to last DELETE s",
+                "deletes/s",
+                "answers 429",
+                "log lines (info+)",
+                "warnings",
+            ],
+            rows,
+        ),
+        "",
+        f"The controller: first DELETE {_f(ctl['first_delete_after_retire_s'], 2)} s after the "
+        f"retirement (threshold 1 s), last Event {_f(ctl['last_event_after_retire_s'], 2)} s "
+        f"after it; concurrency limit at the end {_f(ctl['concurrency_limit_at_end'], 0)}. "
+        f"Its info lines are the per-delete `deleted ...` lines and the start-up lines.",
+    ]
+
+
+def _render_b10(r: dict[str, Any]) -> list[str]:
+    b = r["B10"]
+    st = b["settings"]
+    restarts = ", ".join(f"{k} {v:g}" for k, v in b["watch_restarts"].items())
+    return [
+        _table(
+            ["pod", "black hole to DELETE", "target"],
+            [
+                [
+                    "created in the black hole, row already retired",
+                    _b10_seconds(b["new_pod_delete_s"]),
+                    f"{b['new_pod_target_s']:g} s",
+                ],
+                [
+                    "cached, row retired in the black hole",
+                    _b10_seconds(b["cached_pod_delete_s"]),
+                    f"{b['cached_pod_target_s']:g} s",
+                ],
+            ],
+        ),
+        "",
+        f"THRESHOLD_SECONDS {st['THRESHOLD_SECONDS']:g}, API_TIMEOUT_SECONDS "
+        f"{st['API_TIMEOUT_SECONDS']:g}, WATCH_SILENCE_SECONDS {st['WATCH_SILENCE_SECONDS']:g}, "
+        f"WATCH_TIMEOUT_SECONDS {st['WATCH_TIMEOUT_SECONDS']:g}, the rest at their defaults; "
+        f"a bookmark every {st['bookmark_interval_s']:g} s. {b['connections_black_holed']} "
+        f"connection(s) black-holed, {b['bookmark_wait_s']:.1f} s after the service was ready and "
+        f"leading (once a periodic bookmark had come). During it: watch restarts {restarts}; "
+        f"pool replacements {b['pool_replacements']:g}; relists {b['relists']:g}; "
+        f"other pods deleted: {len(b['wrongly_deleted'])}; {len(b['warnings'])} warning line(s):",
+        "",
+        *(f"- `{line}`" for line in b["warnings"]),
+    ]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "B1": _render_b1,
     "B1L": _render_b1l,
@@ -602,6 +737,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "B7": _render_b7,
     "B7_share": _render_b7_share,
     "B8": _render_b8,
+    "B9": _render_b9,
+    "B10": _render_b10,
 }
 
 

@@ -11,18 +11,22 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import platform
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from benchmarks import report, scenarios, share, writer
-from benchmarks.harness import EmulatorProcess, Population, create_pods, load_average, seed_rows
+from benchmarks.harness import (
+    EmulatorProcess,
+    Population,
+    create_pods,
+    load_average,
+    machine,
+    seed_rows,
+)
 from devtools.pg.throwaway import ThrowawayPostgres
 
 HERE = Path(__file__).resolve().parent
@@ -33,36 +37,6 @@ LIMIT = "B1L"
 MASS = "B2B"
 """B2b (in ``--only``): one statement retiring 10,000 rows at ``--pods`` cached, at least five
 repeats, the service's CPU-seconds per retirement burst, polling beside it."""
-
-
-def _machine() -> dict[str, Any]:
-    model = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    versions = {}
-    for dist in (
-        "msgspec",
-        "kubernetes_asyncio",
-        "asyncpg",
-        "aiohttp",
-        "anyio",
-        "aiolimiter",
-        "prometheus-client",
-    ):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = "?"
-    return {
-        "nproc": os.cpu_count(),
-        "cpu_model": model,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "versions": versions,
-    }
 
 
 def _args() -> argparse.Namespace:
@@ -103,7 +77,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     idle_s = args.idle_s or (120.0 if large else 30.0)
     backlog_s = args.backlog_s or (75.0 if large else 30.0)
     results: dict[str, Any] = {
-        "machine": _machine(),
+        "machine": machine(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": " ".join(["python -m benchmarks.run", *sys.argv[1:]]),
         "pods": args.pods,

@@ -210,6 +210,7 @@ API_TIMEOUT_SECONDS = _var("API_TIMEOUT_SECONDS", 10.0, _parse_float, "Timeout o
 WATCH_TIMEOUT_SECONDS = _var("WATCH_TIMEOUT_SECONDS", 300.0, _parse_float, "Server-side timeoutSeconds of a watch request (jittered up to +10%).", lo=5, hi=3600)
 LIST_PAGE_SIZE = _var("LIST_PAGE_SIZE", 500, _parse_int, "Pods per page when listing.", lo=1, hi=10000)
 LIST_MODE = _var("LIST_MODE", "auto", _choice("auto", "stream", "list"), "How the pod cache is filled at start and on every relist: stream (a streaming list, the state as watch events), list (a list from the API server's watch cache, a quorum list as the last resort) or auto (stream, falling back to list for good when the server rejects or does not honour it).")
+WATCH_SILENCE_SECONDS = _var("WATCH_SILENCE_SECONDS", 75.0, _parse_float, "A watch that has received no event and no bookmark for this long is taken for dead (a silently dropped connection): closed, counted and resumed from the last resourceVersion. Applies once the API server is known to send bookmarks (a real one sends one every 60 s); keep it above that.", lo=1, hi=3600)
 STREAM_SYNC_TIMEOUT_SECONDS = _var("STREAM_SYNC_TIMEOUT_SECONDS", 30.0, _parse_float, "A streaming list that goes this long without an event before its initial-events-end bookmark is not honoured by the server (auto: fall back to list).", lo=1, hi=600)
 DELETE_GRACE_PERIOD_SECONDS = _var("DELETE_GRACE_PERIOD_SECONDS", None, _optional_int, "gracePeriodSeconds sent with each DELETE; empty means the pod's own.", lo=0, hi=3600)
 DATABASE_URL = _var("DATABASE_URL", "", _parse_text, "PostgreSQL URL of the primary (postgresql://user:password@host:port/db, or libpq's multi-host form host1:port1,host2:port2 for a failover pair: the primary is picked). Never logged unmasked.", secret=True)
@@ -256,6 +257,9 @@ class KubeSettings:
     """``auto``, ``stream`` or ``list`` (see ``service.kube.informer``)."""
     stream_sync_timeout_s: float = 30.0
     """Longest silence of a streaming list before its initial-events-end bookmark."""
+    watch_silence_s: float = 75.0
+    """Longest silence (no event, no bookmark) of a watch from a server known to send
+    bookmarks before it is taken for dead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,6 +515,7 @@ def load(env: Mapping[str, str]) -> Settings:
             delete_grace_period_s=DELETE_GRACE_PERIOD_SECONDS.read(env, w),
             list_mode=LIST_MODE.read(env, w),
             stream_sync_timeout_s=STREAM_SYNC_TIMEOUT_SECONDS.read(env, w),
+            watch_silence_s=WATCH_SILENCE_SECONDS.read(env, w),
         ),
         database=DatabaseSettings(
             url=url,
@@ -575,6 +580,7 @@ def effective(settings: Settings, env: Mapping[str, str]) -> list[tuple[str, str
         LIST_PAGE_SIZE.name: settings.kube.list_page_size,
         LIST_MODE.name: settings.kube.list_mode,
         STREAM_SYNC_TIMEOUT_SECONDS.name: settings.kube.stream_sync_timeout_s,
+        WATCH_SILENCE_SECONDS.name: settings.kube.watch_silence_s,
         DELETE_GRACE_PERIOD_SECONDS.name: (
             ""
             if settings.kube.delete_grace_period_s is None

@@ -296,7 +296,8 @@ class ReconcileOutcome(enum.StrEnum):
     ALREADY_REPORTED = "already_reported"
     """Dry run: this UID's would-reap was reported before."""
     THROTTLED = "throttled"
-    """The delete budget had no token within the reconcile's wait; requeued for later."""
+    """The delete budget had no token within the reconcile's wait, or the API server throttled
+    the GET or DELETE (429); requeued for later (after its Retry-After), the clock running on."""
     CACHE_COLD = "cache_cold"
     """The pod cache is relisting: nothing is observed from a snapshot that may be stale; every
     candidate is looked at again when the cache is synced."""

@@ -31,21 +31,36 @@ EVENT_RESULTS = (
     "server_error",
     "timeout",
     "transport_error",
+    "throttled",
+    "expired",
     "dropped_buffer_full",
     "dropped_shutdown",
     "summarized",
     "bug",
 )
-"""Results of Kubernetes Event writes: written, refused (403, other 4xx), failed (5xx, no answer
-within the call's timeout, no connection), never sent (buffer full, shutdown flush over, a
-dry-run report beyond the bound that is named in a summary line instead), or dropped because
-writing it raised something unexpected (a bug, logged with its traceback)."""
-DELETE_RESULTS = ("deleted", "gone", "conflict", "error")
+"""Results of Kubernetes Event writes: written (``created``), refused and dropped (403, other 4xx),
+an attempt that failed transiently and is retried (``throttled``: 429; ``server_error``: 5xx;
+``timeout``; ``transport_error``: no connection), dropped after retrying until its age passed
+``EVENT_MAX_AGE_S`` (``expired``), never sent (buffer full, shutdown flush over, a dry-run report
+beyond the bound that is named in a summary line instead), or dropped because writing it raised
+something unexpected (a bug, logged with its traceback). Each Event ends as exactly one of
+created, forbidden, rejected, expired, dropped_*, summarized or bug."""
+DELETE_RESULTS = ("deleted", "gone", "conflict", "throttled", "error")
+THROTTLE_ACTIONS = ("retried", "returned")
+"""What the API client did with a 429 (or a 503 with Retry-After): sent the request again after
+its Retry-After, or handed the answer back (a DELETE's, the last retry's, or one whose wait would
+outlast the request's timeout)."""
+CREDENTIAL_RELOADS = ("changed", "unchanged", "failed")
 KEPT_REASONS: tuple[str, ...] = tuple(
     str(r) for r in SkipReason if r not in (SkipReason.NO_ROW, SkipReason.ROW_ACTIVE)
 )
 """The reasons a pod whose execution is retired can be kept for: every skip reason but the two
 that say the execution is not retired (``service/engine/kept.py``)."""
+WATCH_RESTART_REASONS = ("closed", "expired", "error", "timeout", "silent")
+"""Why the pod watch was started again: the server ended it (``closed``), its version is gone
+(``expired``, a relist follows), a failure (``error``; ``timeout``: no answer within the
+request's timeout), or no event and no bookmark for ``WATCH_SILENCE_SECONDS`` from a server
+that sends bookmarks (``silent``: the connection is taken for dead)."""
 
 
 class KeyHistogram(Collector):
@@ -219,10 +234,12 @@ class Metrics:
         )
         self.watch_restarts = Counter(
             "retired_pod_gc_watch_restarts",
-            "Watch (re)starts, by reason (expired, closed, error, timeout).",
+            "Watch (re)starts, by reason (closed, expired, error, timeout, silent).",
             ["reason"],
             registry=r,
         )
+        for reason in WATCH_RESTART_REASONS:
+            self.watch_restarts.labels(reason=reason)
         self.relists = Counter(
             "retired_pod_gc_relists", "Full relists of the pod cache.", registry=r
         )
@@ -251,6 +268,46 @@ class Metrics:
             "retired_pod_gc_api_requests",
             "Kubernetes API requests, by operation (watchlist, list, watch, get, delete, lease) and result.",
             ["op", "result"],
+            registry=r,
+        )
+        self.api_pool_replacements = Counter(
+            "retired_pod_gc_api_pool_replacements",
+            "Times the API client's keep-alive connection pool was replaced because a request "
+            "on it got no answer within its timeout.",
+            registry=r,
+        )
+        self.api_throttled = Counter(
+            "retired_pod_gc_api_throttled",
+            "Answers 429 (or 503 with Retry-After) from the API server, by what the client did: "
+            "retried after the Retry-After, or returned to the caller.",
+            ["action"],
+            registry=r,
+        )
+        for action in THROTTLE_ACTIONS:
+            self.api_throttled.labels(action=action)
+        self.api_concurrency_limit = Gauge(
+            "retired_pod_gc_api_concurrency_limit",
+            "Requests (other than watches) the API client sends at once: halved on a 429, grown "
+            "back on answers, from 1 to the connection pool size.",
+            registry=r,
+        )
+        self.api_credential_reloads = Counter(
+            "retired_pod_gc_api_credential_reloads",
+            "Credentials read again after a 401, by result (changed, unchanged, failed).",
+            ["result"],
+            registry=r,
+        )
+        for result in CREDENTIAL_RELOADS:
+            self.api_credential_reloads.labels(result=result)
+        self.api_unauthorized_answers = Counter(
+            "retired_pod_gc_api_unauthorized_answers",
+            "Answers 401 that stood after the credentials were read again (the request failed).",
+            registry=r,
+        )
+        self.api_unauthorized = Gauge(
+            "retired_pod_gc_api_unauthorized",
+            "1 while the API server refuses the credentials (the last answer was a 401 after a "
+            "reload); the replica is not ready meanwhile.",
             registry=r,
         )
         # PostgreSQL

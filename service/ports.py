@@ -8,6 +8,7 @@ with in-memory fakes. No I/O here.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,6 +53,12 @@ class PodClient(Protocol):
     ) -> DeleteOutcome:
         """DELETE with ``preconditions`` {uid, resourceVersion}; the expected answers (deleted,
         404, 409) are typed, a failure raises as :meth:`get_pod`'s does."""
+        ...
+
+    def delete_slot(self) -> AbstractAsyncContextManager[None]:
+        """``async with pods.delete_slot():`` final check, DELETE. Waits for the API client's
+        request slot (its adaptive concurrency limit) on entry and holds it for this task
+        inside, so that the DELETE after the final check never waits for one."""
         ...
 
 

@@ -207,6 +207,9 @@ class FakePodClient:
         self.delete_script: deque[DeleteOutcome | Exception] = deque()
         """Answers to return (or raise) for the next DELETEs, before the real rules apply."""
 
+    def delete_slot(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext()
+
     async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
         key = f"{namespace}/{name}"
         self.gets.append(key)

@@ -8,8 +8,9 @@ every ``/debug/`` path.
 ``/healthz`` answers 200 while every registered loop has checked in recently (a loop that stops
 beating — a wedged informer, listener or worker — makes the process restartable by the
 kubelet). ``/readyz`` answers 200 when the pod cache is synced, the database answered a ping
-recently and the notify listener has proven that notifications arrive; otherwise 503, its body
-naming each problem.
+recently, the notify listener has proven that notifications arrive and the Kubernetes API server
+accepts the credentials (``service/kube/transport.py``); otherwise 503, its body naming each
+problem.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class HealthServer:
         cache_synced: Callable[[], bool],
         database_problem: Callable[[], Awaitable[str | None]],
         listener_problem: Callable[[], str | None],
+        api_problem: Callable[[], str | None] = lambda: None,
         host: str,
         port: int,
         pending: Callable[[int, str | None], dict[str, Any]] | None = None,
@@ -76,6 +78,7 @@ class HealthServer:
         self._cache_synced = cache_synced
         self._database_problem = database_problem
         self._listener_problem = listener_problem
+        self._api_problem = api_problem
         self._host = host
         self._port = port
         self._debug_host = debug_host
@@ -124,6 +127,9 @@ class HealthServer:
         listener = self._listener_problem()
         if listener is not None:
             problems.append(f"notify listener: {listener}")
+        api = self._api_problem()
+        if api is not None:
+            problems.append(f"kubernetes api: {api}")
         if problems:
             return web.Response(status=503, text="; ".join(problems) + "\n")
         return web.Response(text="ok\n")

@@ -246,7 +246,7 @@ def pending_lines(document: Mapping[str, Any]) -> list[str]:
                 "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
             )
     kept = kept_lines(document.get("retired_kept"))
-    return lines + ["", *kept] if kept else lines
+    return [*lines, "", *kept] if kept else lines
 
 
 def live_clock_lines(

@@ -45,6 +45,7 @@ from service.kube.kept_events import KeptEventWriter
 from service.kube.leaderelection import LeaderElector, default_identity
 from service.kube.listwatch import ListWatch
 from service.kube.namespaces import MultiNamespaceInformer
+from service.kube.transport import transport_of
 from service.metrics import Metrics
 from service.pg.connect import connect_once
 from service.pg.listener import RetirementListener
@@ -335,6 +336,9 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     )
     if elector is not None:
         elector.add_handler(controller.set_leader)
+    transport = transport_of(api)
+    if transport is not None:
+        transport.bind(metrics)
     heartbeats = Heartbeats()
     health = HealthServer(
         metrics=metrics,
@@ -342,6 +346,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         cache_synced=lambda: informer.synced,
         database_problem=_cached_ping(store),
         listener_problem=lambda: listener.problem,
+        api_problem=(lambda: transport.problem) if transport is not None else (lambda: None),
         host=settings.bind_host,
         port=settings.bind_port,
         pending=(

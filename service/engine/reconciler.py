@@ -41,8 +41,11 @@ Verify and act (one due key):
    activation once more, the token (live), and the action;
 10. dry run: report "would reap" once per UID; live: DELETE with preconditions {uid,
     resourceVersion of the fresh GET}: deleted → the verdict, 404 → ``gone``, 409 →
-    ``conflict`` (looked at again shortly), a failure (no answer, another status) → ``error``
-    (back off, or wait the server's Retry-After).
+    ``conflict`` (looked at again shortly), throttled (429, or 503 with Retry-After) →
+    ``throttled`` (after the Retry-After, the clock running on), refused (401: the API client has
+    read the credentials again) → ``error``, at once; another failure (no answer, another status)
+    → ``error`` (back off, or wait the server's Retry-After). The API client's request slot
+    (``PodClient.delete_slot``) is held from before step 9 until the DELETE is sent.
 
 A dependency that gives no answer is backed off from as one, not key by key: the row lookup
 and re-read go through the database's :class:`~service.kit.gate.Gate`, the pod GET and DELETE
@@ -114,6 +117,9 @@ DEPENDENCY_BACKOFF_MAX_S = 5.0
 """Cap of the time between two probes of an unavailable dependency: a restored dependency is
 found, and every held key released, within this (docs/operations.md,
 "What the service does to a dependency that is down")."""
+THROTTLED_REQUEUE_S = 1.0
+"""When a throttled GET or DELETE (429) comes back without a Retry-After: the key is looked at
+again this much later (its clock runs on)."""
 MAX_AGE_REVERIFICATIONS = 3
 """Re-verifications caused by age in one reconcile before it gives up (``stale``) and requeues:
 a loop starved for longer than the bound at every try must not spin on the API and database."""
@@ -157,6 +163,24 @@ def _no_answer(exc: StepFailed) -> bool:
 def _retry_after(exc: StepFailed) -> float | None:
     cause = exc.__cause__
     return cause.retry_after_s if isinstance(cause, ApiError) else None
+
+
+def _throttled(exc: StepFailed) -> float | None:
+    """How long the API server asked to wait when it throttled the call (a 429, or a 503 with
+    Retry-After: the request was not processed); ``None`` when it did not."""
+    cause = exc.__cause__
+    if not isinstance(cause, ApiError):
+        return None
+    if cause.status == 429 or (cause.status == 503 and cause.retry_after_s is not None):
+        return cause.retry_after_s if cause.retry_after_s is not None else THROTTLED_REQUEUE_S
+    return None
+
+
+def _unauthorized(exc: StepFailed) -> bool:
+    """The API server refused the credentials (the API client has read them again already and
+    logged the refusal once)."""
+    cause = exc.__cause__
+    return isinstance(cause, ApiError) and cause.status == 401
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,15 +548,18 @@ class Reconciler:
             return ReconcileResult.requeue_after(ReconcileOutcome.THROTTLED, delay_s)
         self._clocks.set_waiting(uid, None)
         try:
-            checked = await self._final_check(verified)
-            if isinstance(checked, ReconcileResult):
-                return checked  # the turn passes to the next candidate; no token spent
-            # The token last: ``take`` never suspends, so the grant time is the moment the
-            # DELETE below is handed to the API client.
-            await turn.take()
+            # The API client's request slot is taken before the final check, so the DELETE
+            # after it never waits for one (the GETs of a re-verification use it too).
+            async with self._pods.delete_slot():
+                checked = await self._final_check(verified)
+                if isinstance(checked, ReconcileResult):
+                    return checked  # the turn passes to the next candidate; no token spent
+                # The token last: ``take`` never suspends, so the grant time is the moment the
+                # DELETE below is handed to the API client.
+                await turn.take()
+                return await self._delete(checked)
         finally:
             turn.release()
-        return await self._delete(checked)
 
     async def _verify(self, due: Due) -> Verified | ReconcileResult:
         """Step 7: fresh GET, direct row re-read, classify again, notification sync, clock."""
@@ -546,6 +573,15 @@ class Reconciler:
                 lambda: self._pods.get_pod(pod.namespace, pod.name),
             )
         except StepFailed as exc:
+            throttled_s = _throttled(exc)
+            if throttled_s is not None:
+                # The API client retried it within its timeout already; the key comes back
+                # after the server's Retry-After, its clock running on.
+                logger.debug("fresh pod GET throttled: %s", exc, extra=extra)
+                return ReconcileResult.requeue_after(ReconcileOutcome.THROTTLED, throttled_s)
+            if _unauthorized(exc):
+                logger.debug("fresh pod GET refused: %s", exc, extra=extra)
+                return ReconcileResult.backoff(ReconcileOutcome.ERROR)
             if isinstance(exc.__cause__, Undecodable):
                 # The pod as the server has it now cannot be read: a gap in its observation.
                 self._clocks.clear_key(key)
@@ -720,7 +756,21 @@ class Reconciler:
         except StepFailed as exc:
             # No answer or an unexpected one: the clock runs on, and the key is verified again
             # (fresh GET first) when it comes back.
+            throttled_s = _throttled(exc)
+            if throttled_s is not None:
+                # Not sent again by the API client (nothing may delay a DELETE after its final
+                # check): the key comes back after the server's Retry-After.
+                self._metrics.deletes.labels(
+                    sandbox_namespace=fresh.namespace, result="throttled"
+                ).inc()
+                logger.debug("DELETE throttled: %s", exc, extra=extra)
+                return ReconcileResult.requeue_after(ReconcileOutcome.THROTTLED, throttled_s)
             self._metrics.deletes.labels(sandbox_namespace=fresh.namespace, result="error").inc()
+            if _unauthorized(exc):
+                # The API client has read the credentials again: the next attempt verifies the
+                # pod afresh and its DELETE carries them (at most one refused DELETE).
+                logger.debug("DELETE refused: %s; verifying again", exc, extra=extra)
+                return ReconcileResult.requeue_after(ReconcileOutcome.ERROR, 0.0)
             self._delete_failures.failed(cause_of(exc), str(exc))
             logger.debug("DELETE failed: %s", exc, extra=extra)
             held_result = self._failed(self.api_gate, exc, ReconcileOutcome.ERROR)

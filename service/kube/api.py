@@ -2,7 +2,12 @@
 
 The explicit URL is how the emulator (tests, demo, benchmarks) is reached; production uses the
 in-cluster service account, and a developer's ``KUBECONFIG`` works too. Must be called on the
-event loop (the client owns an aiohttp session).
+event loop (the client owns aiohttp sessions).
+
+Every request of the client goes through :class:`~service.kube.transport.ApiTransport`, installed
+as the ApiClient's ``rest_client``, with the credentials it reads again at a 401
+(``service/kube/credentials.py``): the service-account token file in-cluster, the kubeconfig's
+user otherwise, a token file given with an explicit host (tests).
 """
 
 from __future__ import annotations
@@ -10,9 +15,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from typing import Any, cast
 
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.config.incluster_config import SERVICE_TOKEN_FILENAME
+
+from service.kube.credentials import Credentials, KubeconfigCredentials, TokenFile
+from service.kube.transport import ApiTransport
 
 logger = logging.getLogger(__name__)
 
@@ -31,16 +41,36 @@ async def new_api_client(
     context: str | None = None,
     env: Mapping[str, str] | None = None,
     pool_size: int = 32,
+    token_file: str | None = None,
 ) -> k8s_client.ApiClient:
     """An ApiClient for ``host`` when given, else in-cluster when running in a pod, else the
-    kubeconfig (``kubeconfig`` argument, ``KUBECONFIG``, then ``~/.kube/config``)."""
+    kubeconfig (``kubeconfig`` argument, ``KUBECONFIG``, then ``~/.kube/config``).
+
+    ``token_file``: the bearer token's file with an explicit host (none: no token), and in-cluster
+    the service-account token's (default ``/var/run/secrets/kubernetes.io/serviceaccount/token``).
+    """
     environ = os.environ if env is None else env
     configuration = k8s_client.Configuration()
+    credentials: Credentials | None = None
     if host:
         configuration.host = host.rstrip("/")
         source = "explicit host"
+        if token_file:
+            credentials = _token_file(token_file, configuration)
     elif kubeconfig is None and environ.get(IN_CLUSTER_ENV):
-        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        token_path = token_file or SERVICE_TOKEN_FILENAME
+        try:
+            # Host and CA from the library; the token is the TokenFile's, which replaces the
+            # library's refresh hook with its own (read once a minute, and at once at a 401).
+            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration,
+                try_refresh_token=False,
+                token_filename=token_path,
+                environ=environ,
+            )
+        except k8s_config.ConfigException as exc:
+            raise ApiConfigError(f"in-cluster configuration: {exc}") from exc
+        credentials = _token_file(token_path, configuration)
         source = "in-cluster service account"
     else:
         path = kubeconfig or (environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None)
@@ -62,7 +92,23 @@ async def new_api_client(
             )
         except (k8s_config.ConfigException, OSError) as exc:
             raise ApiConfigError(f"no Kubernetes configuration: {exc}") from exc
+        credentials = KubeconfigCredentials(path, context=context)
         source = f"kubeconfig {path or KUBECONFIG_DEFAULT}"
     configuration.connection_pool_maxsize = pool_size
     logger.info("kubernetes api %s (%s)", configuration.host, source)
-    return k8s_client.ApiClient(configuration)
+    api = k8s_client.ApiClient(configuration)
+    # The library's own rest client (an aiohttp session) is replaced by the transport, which
+    # offers what the ApiClient calls of it: GET to PATCH and close.
+    await api.rest_client.close()
+    transport = ApiTransport(configuration, pool_size=pool_size, credentials=credentials)
+    api.rest_client = cast(Any, transport)
+    return api
+
+
+def _token_file(path: str, configuration: k8s_client.Configuration) -> TokenFile:
+    source = TokenFile(path)
+    try:
+        source.install(configuration)
+    except (OSError, ValueError) as exc:
+        raise ApiConfigError(f"cannot read the token file {path}: {exc}") from exc
+    return source

@@ -12,6 +12,7 @@ unexpected status (with the server's ``Retry-After``), :class:`PodDecodeError` (
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any, cast
 
 import aiohttp
@@ -29,6 +30,7 @@ from service.kube.errors import (
     status_message,
     unavailable,
 )
+from service.kube.transport import transport_of
 from service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ class KubePodClient:
         metrics: Metrics,
     ) -> None:
         self._core = k8s_client.CoreV1Api(api)
+        self._transport = transport_of(api)
         self._settings = settings
         self._decoder = decoder
         self._metrics = metrics
@@ -54,6 +57,13 @@ class KubePodClient:
 
     def _count(self, op: str, result: str) -> None:
         self._metrics.api_requests.labels(op=op, result=result).inc()
+
+    def delete_slot(self) -> AbstractAsyncContextManager[None]:
+        """The transport's request slot, held by this task while inside
+        (``ApiTransport.slot``); nothing to hold on a client without the transport."""
+        if self._transport is None:
+            return nullcontext()
+        return self._transport.slot()
 
     async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
         """The pod as the server has it now; ``None`` on 404. Raises ``Unavailable`` when no

@@ -22,11 +22,19 @@ The Events API must never be in the way of a delete:
   cannot. Each of them is still in the log as its own "dry run: would reap" line. Each Event
   regards another pod, so there is nothing to aggregate into a ``series``, and the Role needs
   only ``create``;
+- **a write that fails transiently is retried, not dropped**: a 429 (after its Retry-After;
+  the API client has already retried it within the call's timeout), a 5xx, a timeout or no
+  connection is counted under its kind (``throttled``, ``server_error``, ``timeout``,
+  ``transport_error``) and the same Event (same name: a 409 AlreadyExists means an earlier
+  attempt was written after all, and counts as ``created``) is written again after a backoff
+  (``EVENT_RETRY_BACKOFF``, at least the Retry-After), ahead of the others, until it is written
+  or its age since the delete passes ``EVENT_MAX_AGE_S`` (then dropped: ``expired``). Under API
+  Priority and Fairness throttling every Event of a delete is written, later;
 - every report that is not written is counted with its reason
-  (``retired_pod_gc_events_total{result}``): refused or failed writes (403, other 4xx, 5xx,
-  timeout, no connection: logged as a warning once per change of their kind and once when a
-  write works again, never retried), a full buffer (logged the first time), a summarised
-  report, the end of the shutdown flush;
+  (``retired_pod_gc_events_total{result}``): refused writes (403, other 4xx), failed attempts
+  and an Event too old to retry are logged as a warning once per change of their kind and
+  once when a write works again; a full buffer (logged the first time), a summarised report,
+  the end of the shutdown flush;
 - on shutdown, :meth:`KubeEventRecorder.flush` gives pending Events a short, bounded time.
 """
 
@@ -44,9 +52,16 @@ import anyio
 from anyio.abc import TaskStatus
 from kubernetes_asyncio import client as k8s_client
 
+from service.kit import clock
+from service.kit.backoff import Attempts, Backoff
 from service.kit.causelog import CauseLog
 from service.kit.ratelimit import limiter
-from service.kube.errors import TRANSIENT_ERRORS, read_whole, status_message
+from service.kube.errors import (
+    TRANSIENT_ERRORS,
+    parse_retry_after,
+    read_whole,
+    status_message,
+)
 from service.metrics import Metrics
 from service.ports import ReapReport
 
@@ -68,6 +83,12 @@ EVENTS_PER_SECOND = 2.0
 is faster)."""
 SUMMARY_INTERVAL_S = 60.0
 """While reports are being summarised, how often the summary is logged at most."""
+EVENT_MAX_AGE_S = 300.0
+"""How long after its delete (or report) an Event whose writes fail transiently is still retried;
+older, it is dropped (``expired``)."""
+EVENT_RETRY_BACKOFF = Backoff(initial_s=0.5, max_s=30.0, jitter=0.2)
+"""Delays between attempts of an Event whose write failed transiently (at least the server's
+Retry-After)."""
 FLUSH_TIMEOUT_S = 2.0
 """On shutdown, how long pending Events may still be written."""
 _NOTE_MAX_BYTES = 1024
@@ -132,9 +153,15 @@ _WRITE_FAILURES = frozenset(("timeout", "transport_error", "forbidden", "server_
 def _result_of(status: int) -> str:
     if status == 403:
         return "forbidden"
+    if status == 429:
+        return "throttled"
     if status >= 500:
         return "server_error"
     return "rejected"
+
+
+_TRANSIENT_RESULTS = frozenset({"throttled", "server_error"})
+"""Results of an answer whose Event is written again."""
 
 
 class KubeEventRecorder:
@@ -153,6 +180,8 @@ class KubeEventRecorder:
         burst: int = EVENT_BURST,
         per_second: float | None = None,
         wall_clock: Callable[[], float] = time.time,  # noqa: TID251 (Event timestamps)
+        max_age_s: float = EVENT_MAX_AGE_S,
+        retry_backoff: Backoff = EVENT_RETRY_BACKOFF,
     ) -> None:
         self._events = k8s_client.EventsV1Api(api)
         self._instance = instance
@@ -175,7 +204,13 @@ class KubeEventRecorder:
         # Paces dry-run reports on the event loop's clock, as the summary interval is measured.
         self._limiter = limiter(burst=burst, per_second=self.reports_per_second)
         self._wall_clock = wall_clock
-        self._pending: deque[tuple[ReapReport, float]] = deque()
+        self.max_age_s = max_age_s
+        """How long an Event is retried after it was recorded."""
+        self._attempts = Attempts(retry_backoff)
+        self._retry_at = float("-inf")
+        """Event-loop time before which the Event at the head is not written again."""
+        self._pending: deque[tuple[ReapReport, float, float]] = deque()
+        """(report, wall-clock time of the Event, event-loop time it was recorded)."""
         self._pending_reports = 0
         """Dry-run reports among ``_pending``."""
         self._summarized = 0
@@ -212,7 +247,7 @@ class KubeEventRecorder:
         if len(self._pending) >= self.buffer_size:
             self._count("dropped_buffer_full", "event buffer full; dropping Events")
             return
-        self._pending.append((report, self._wall_clock()))
+        self._pending.append((report, self._wall_clock(), clock.now()))
         self._pending_reports += report.dry_run
         self._wake.set()
 
@@ -225,20 +260,45 @@ class KubeEventRecorder:
                 self._wake = anyio.Event()
                 await self._wake.wait()
                 continue
+            if clock.now() < self._retry_at:
+                await clock.sleep_until(self._retry_at)
+                continue  # flushed meanwhile, perhaps
             if self._pending[0][0].dry_run:
                 await self._limiter.acquire()
             if not self._pending:
                 continue  # flushed while this waited for its turn
-            report, at_s = self._pending.popleft()
+            entry = self._pending.popleft()
+            report = entry[0]
             self._pending_reports -= report.dry_run
             self._sending = True
+            retry_s: float | None = None
             try:
                 with anyio.CancelScope() as self._write_scope:
-                    await self._write(report, at_s)
+                    retry_s = await self._write(report, entry[1])
             finally:
                 self._sending = False
                 self._progress.set()
                 self._progress = anyio.Event()
+            if retry_s is None:
+                self._attempts.reset()
+            elif not self._closed:
+                self._again(entry, retry_s)
+
+    def _again(self, entry: tuple[ReapReport, float, float], retry_s: float) -> None:
+        """The Event ``entry`` failed transiently: first in line again after ``retry_s``, unless
+        it would be older than ``max_age_s`` by then (dropped: ``expired``)."""
+        delay_s = self._attempts.next_delay(retry_s)
+        now = clock.now()
+        if now + delay_s - entry[2] > self.max_age_s:
+            self._attempts.reset()
+            self._count(
+                "expired",
+                f"an Event could not be written within {self.max_age_s:g}s of its delete; dropped",
+            )
+            return
+        self._pending.appendleft(entry)
+        self._pending_reports += entry[0].dry_run
+        self._retry_at = now + delay_s
 
     async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> int:
         """Wait up to ``timeout_s`` for pending Events (:meth:`run` must be running); then drop
@@ -279,7 +339,9 @@ class KubeEventRecorder:
         self._summarized = 0
         self._summary_at = now
 
-    async def _write(self, report: ReapReport, at_s: float) -> None:
+    async def _write(self, report: ReapReport, at_s: float) -> float | None:
+        """Write one Event; ``None`` when it is done with (written, or dropped and counted),
+        else the least delay before it is written again (the server's Retry-After, or 0)."""
         namespace = report.pod.namespace
         # Whatever goes wrong with an Event is counted and forgotten; it must not end the drain
         # task (and with it the process). A bug is logged with its traceback as well.
@@ -295,22 +357,29 @@ class KubeEventRecorder:
                     )
                 )
         except TimeoutError:
-            self._count("timeout", f"Event write timed out after {self._timeout_s:.1f}s")
-            return
+            self._count("timeout", f"Event write timed out after {self._timeout_s:.1f}s; retrying")
+            return 0.0
         except TRANSIENT_ERRORS as exc:  # refused connection, reset: never fatal here
-            self._count("transport_error", f"Event write failed: {type(exc).__name__}: {exc}")
-            return
+            self._count(
+                "transport_error", f"Event write failed: {type(exc).__name__}: {exc}; retrying"
+            )
+            return 0.0
         except Exception:
             logger.exception("writing an Event raised (a bug); the Event is dropped")
             self._metrics.events.labels(result="bug").inc()
-            return
+            return None
         status = response.status
-        if status in (200, 201):
+        if status in (200, 201, 409):
+            # 409 AlreadyExists: an earlier attempt of this very Event (its name) was written.
             self._metrics.events.labels(result="created").inc()
             self._write_failures.ok()
-            return
+            return None
         result = _result_of(status)
-        self._count(result, f"Event write answered {status}: {status_message(raw)}")
+        if result in _TRANSIENT_RESULTS:
+            self._count(result, f"Event write answered {status}: {status_message(raw)}; retrying")
+            return parse_retry_after(response.headers.get("Retry-After")) or 0.0
+        self._count(result, f"Event write answered {status}: {status_message(raw)}; dropped")
+        return None
 
     def _count(self, result: str, message: str) -> None:
         self._metrics.events.labels(result=result).inc()

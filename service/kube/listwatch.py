@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import aiohttp
+import anyio
 from kubernetes_asyncio import client as k8s_client
 
 from service.config import KubeSettings
@@ -159,25 +160,31 @@ class ListWatch:
         timeout_s = self._watch_timeout_s()
         requests = self._metrics.api_requests
         try:
-            response = await raw_response(
-                self._core.list_namespaced_pod(
-                    self._namespace,
-                    label_selector=settings.label_selector,
-                    watch=True,
-                    allow_watch_bookmarks=True,
-                    timeout_seconds=timeout_s,
-                    _preload_content=False,
-                    # No total timeout (the stream is long-lived); a silent connection is dead
-                    # once nothing arrived for longer than the server's own timeout.
-                    _request_timeout=aiohttp.ClientTimeout(
-                        total=None,
-                        connect=settings.api_timeout_s,
-                        sock_connect=settings.api_timeout_s,
-                        sock_read=timeout_s + settings.api_timeout_s,
-                    ),
-                    **params,
+            # The answer's status and headers within the API timeout, as any request's (the
+            # server sends them at once); the stream itself has no total timeout.
+            with anyio.fail_after(settings.api_timeout_s):
+                response = await raw_response(
+                    self._core.list_namespaced_pod(
+                        self._namespace,
+                        label_selector=settings.label_selector,
+                        watch=True,
+                        allow_watch_bookmarks=True,
+                        timeout_seconds=timeout_s,
+                        _preload_content=False,
+                        # The read timeout is only the backstop for a server that sends no
+                        # bookmarks, where silence is no evidence: its stream is dead once
+                        # nothing arrived for longer than its own timeoutSeconds. From a server
+                        # that sends them, the reflector ends a stream silent for
+                        # WATCH_SILENCE_SECONDS (docs/architecture.md, "A silent watch").
+                        _request_timeout=aiohttp.ClientTimeout(
+                            total=None,
+                            connect=settings.api_timeout_s,
+                            sock_connect=settings.api_timeout_s,
+                            sock_read=timeout_s + settings.api_timeout_s,
+                        ),
+                        **params,
+                    )
                 )
-            )
         except TRANSIENT_ERRORS as exc:
             requests.labels(op=op, result="transport").inc()
             raise unavailable(f"{op} pods", exc) from exc

@@ -9,11 +9,13 @@ back: streaming list → list from the watch cache → quorum list (docs/archite
 cache is filled"). A list whose continue token expired is started over. A stream that ends is
 watched again from the last resourceVersion seen (events and bookmarks advance it); a 410 means
 that history is gone, and the store is synced again (the cache goes cold, the difference is
-reported). A failure of the outside world (``ExternalError``: no answer, a 5xx, a 429 with its
-Retry-After as the least delay) is retried after a jittered exponential backoff (kit
-``Attempts``) from where the loop was; a 4xx other than 429 means the request itself is refused,
-so the next attempt syncs. Anything else raised is a bug: it ends the loop, and with it the
-process.
+reported). A stream that stays silent (no event, no bookmark) for ``WATCH_SILENCE_SECONDS``, from
+a server known to send bookmarks, is taken for a dead connection: closed and watched again at
+once, from the same version (docs/architecture.md, "A silent watch"). A failure of the outside
+world (``ExternalError``: no answer, a 5xx, a 429 with its Retry-After as the least delay) is
+retried after a jittered exponential backoff (kit ``Attempts``) from where the loop was; a 4xx
+other than 429 means the request itself is refused, so the next attempt syncs. Anything else
+raised is a bug: it ends the loop, and with it the process.
 
 Watch events are decoded from raw JSON lines straight into :class:`PodSnapshot` (client models
 are never built); malformed lines and objects are skipped, counted and logged.
@@ -154,6 +156,9 @@ class End(enum.StrEnum):
     BROKEN = "broken"
     """A stream that broke the protocol: an initial-events-end bookmark without a version, or
     a streaming list that ended before its initial events did."""
+    SILENT = "silent"
+    """No event and no bookmark for the silence bound, from a server that sends bookmarks: the
+    connection is taken for dead (resume at once)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +244,38 @@ def _opened(answer: Stream | Failed, *, streaming: bool) -> Stream | WatchEnd:
     raise KubeApiError(status, message, retry_after_s=answer.retry_after_s)
 
 
+class _Silence:
+    """Ends a stream's reading (cancels ``scope``) once ``bound_s`` has passed since its last
+    line. The reader sets :attr:`last` per line, an assignment: the timer checks it when due and
+    sets itself again for the new deadline, so a stream costs one timer per ``bound_s`` however
+    many events it carries, and a stream whose lines come less than ``bound_s`` apart is never
+    cut."""
+
+    __slots__ = ("_bound_s", "_handle", "_loop", "_scope", "last")
+
+    def __init__(self, scope: anyio.CancelScope, bound_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._scope = scope
+        self._bound_s = bound_s
+        self.last = self._loop.time()
+        self._handle: asyncio.TimerHandle | None = self._loop.call_at(
+            self.last + bound_s, self._check
+        )
+
+    def _check(self) -> None:
+        due = self.last + self._bound_s
+        if self._loop.time() >= due:
+            self._handle = None
+            self._scope.cancel()
+        else:
+            self._handle = self._loop.call_at(due, self._check)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 def _reason(exc: ExternalError) -> str:
     """The ``watch_restarts`` reason of a failure."""
     return "timeout" if isinstance(exc.__cause__, TimeoutError) else "error"
@@ -268,6 +305,14 @@ class Reflector:
         self._metrics = metrics
         self._namespace = store.namespace
         self._stream_sync_timeout_s = settings.stream_sync_timeout_s
+        self._silence_s = settings.watch_silence_s
+        self._bookmarks_sent = False
+        """Whether the server is known to send periodic bookmarks (so that silence means a dead
+        connection): set by any such bookmark, cleared by a stream that lived for the silence
+        bound without one."""
+        self._stream_bookmarks = 0
+        """Periodic bookmarks received on the stream being read."""
+        self._silence_log = CauseLog(f"pod watch of namespace {store.namespace}", logger)
         self._page_size = settings.list_page_size
         self._mode = ListMode(settings.list_mode)
         self._next = SyncRequest.first(self._mode)
@@ -310,6 +355,12 @@ class Reflector:
             case End.CLOSED:
                 self._metrics.watch_restarts.labels(reason="closed").inc()
                 self._failures.ok()  # a watch that lived (the backoff is left as it was)
+                self._silence_log.ok()  # a stream followed to its end: the connection works
+                return not synced
+            case End.SILENT:
+                # A dead connection, not a refusal: watch again at once, from the same version.
+                self._metrics.watch_restarts.labels(reason="silent").inc()
+                self._silence_log.failed(end.message)
                 return not synced
             case End.EXPIRED:
                 self._metrics.watch_restarts.labels(reason="expired").inc()
@@ -461,6 +512,7 @@ class Reflector:
         opened = _opened(await self._lw.stream(known), streaming=True)
         if isinstance(opened, WatchEnd):
             return opened
+        self._stream_bookmarks = 0
         store = self._store
         apply = self._apply
         readline = opened.content.readline
@@ -518,29 +570,61 @@ class Reflector:
         opened = _opened(await self._lw.watch(rv), streaming=False)
         if isinstance(opened, WatchEnd):
             return opened
+        self._stream_bookmarks = 0
         try:
             return await self._follow(opened, started, 0)
         finally:
             opened.close()
 
+    def _silence_bound(self) -> float | None:
+        """How long the stream being read may stay silent before it is taken for dead:
+        ``WATCH_SILENCE_SECONDS`` once the server is known to send bookmarks; ``None`` before
+        (silence is then no evidence, and only the request's read timeout ends it)."""
+        return self._silence_s if self._bookmarks_sent else None
+
     async def _follow(self, stream: Stream, started: float, events: int) -> WatchEnd:
+        """Read the watch until it ends; a silence past :meth:`_silence_bound` ends it too."""
         apply = self._apply
         readline = stream.content.readline
-        while True:
+        loop_time = asyncio.get_running_loop().time
+        silence: _Silence | None = None
+        end: WatchEnd | None = None
+        with anyio.CancelScope() as scope:
             try:
-                line = await readline()
-            except TRANSIENT_ERRORS as exc:
-                raise unavailable("watch stream", exc) from exc
-            if not line:
-                break
-            if not line.strip():
-                continue
-            end = apply(line)
-            if end is not None:
-                return end
-            events += 1
-            if events == 1:
-                self._worked()
+                while True:
+                    if silence is None and self._bookmarks_sent:
+                        bound_s = self._silence_bound()
+                        if bound_s is not None:
+                            silence = _Silence(scope, bound_s)
+                    try:
+                        line = await readline()
+                    except TRANSIENT_ERRORS as exc:
+                        raise unavailable("watch stream", exc) from exc
+                    if not line:
+                        break
+                    if not line.strip():
+                        continue
+                    if silence is not None:
+                        silence.last = loop_time()
+                    end = apply(line)
+                    if end is not None:
+                        break
+                    events += 1
+                    if events == 1:
+                        self._worked()
+            finally:
+                if silence is not None:
+                    silence.stop()
+                if not self._stream_bookmarks and clock.now() - started >= self._silence_s:
+                    self._bookmarks_sent = False  # lived the bound without one: none are sent
+        if scope.cancelled_caught:
+            return WatchEnd(
+                End.SILENT,
+                message=f"no event and no bookmark for {self._silence_s:g}s: "
+                "the connection is taken for dead",
+            )
+        if end is not None:
+            return end
         if events == 0 and clock.now() - started < self._min_watch_s:
             return WatchEnd(End.EMPTY, message="watch stream closed at once without events")
         return _CLOSED
@@ -586,12 +670,18 @@ class Reflector:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self._decode_error("malformed bookmark: %s", exc)
             return None
+        initial_end = (meta.annotations or {}).get(_INITIAL_EVENTS_END) == "true"
+        if not initial_end:
+            # A periodic bookmark: the server sends them, so silence means a dead connection.
+            # (Not the initial-events-end one: a server may send that one alone.)
+            self._stream_bookmarks += 1
+            self._bookmarks_sent = True
         if self._store.state is _SYNCED:
             if meta.resourceVersion:
                 self.resource_version = meta.resourceVersion
             return None
         # The initial events of a streaming list: only their end bookmark may come now.
-        if (meta.annotations or {}).get(_INITIAL_EVENTS_END) != "true":
+        if not initial_end:
             return _NOT_HONOURED
         if not meta.resourceVersion:
             return WatchEnd(

@@ -8,7 +8,8 @@ original. A name that no longer exists raises (:func:`replaced`). Run
 ``python -m tests.chaos.removals [--seeds N] [--only NAME ...]``; the table it prints is what
 docs/reliability.md records. Exit status 1 when a removal went unnoticed. ``--engine sim``
 applies the removals to the deterministic simulator (``tests/sim``) instead of the campaign:
-:data:`REMOVALS` on both, and on the simulator the classifier's rules too (:data:`SIM_REMOVALS`).
+:data:`REMOVALS` on both, and on the simulator the classifier's rules and the informer's silence
+bound too (:data:`SIM_REMOVALS`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from service.domain import ExecutionChange, ExecutionRow
 from service.engine.budget import DeleteBudget
 from service.engine.controller import Controller
 from service.engine.reconciler import Reconciler
+from service.kube.reflector import Reflector
 from tests.chaos.campaign import run_campaign
 from tests.chaos.checker import SeedResult
 from tests.chaos.schedule import CampaignConfig
@@ -161,12 +163,27 @@ pod and row the product can see: removing one alone changes no decision of the c
 (an equivalent mutant). The simulator runs them too (``--rules``), and fails if one is caught
 (then this reason is wrong)."""
 
+
+def _no_silence_bound(_self: Reflector) -> float | None:
+    return None
+
+
+LIVENESS_REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    # The informer's silence bound: a watch whose connection died silently is read until the
+    # request's read timeout gives up, as if the server sent no bookmarks.
+    "watch_silence_bound": lambda: replaced(Reflector, "_silence_bound", _no_silence_bound),
+}
+"""What keeps the pod cache from going deaf rather than a delete safe. Not part of
+:data:`REMOVALS`: the campaign's emulator never drops a connection silently; the simulator's
+API server model does (``tests/sim/kube.py``, ``ApiServer.kill_watches``)."""
+
 SIM_REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     **REMOVALS,
     **{name: r for name, r in RULE_REMOVALS.items() if name not in HELD_ELSEWHERE},
+    **LIVENESS_REMOVALS,
 }
-"""What the simulator must catch (``make sim-removals``): every removal, and every classifier
-rule but those :data:`HELD_ELSEWHERE`."""
+"""What the simulator must catch (``make sim-removals``): every removal, every classifier
+rule but those :data:`HELD_ELSEWHERE`, and the :data:`LIVENESS_REMOVALS`."""
 
 
 def first_violation(result: SeedResult) -> str:
@@ -177,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, help="24 on the campaign, 2000 on the simulator")
     parser.add_argument("--start", type=int, default=1)
-    parser.add_argument("--only", nargs="*", choices=sorted({*REMOVALS, *RULE_REMOVALS}))
+    parser.add_argument(
+        "--only", nargs="*", choices=sorted({*REMOVALS, *RULE_REMOVALS, *LIVENESS_REMOVALS})
+    )
     parser.add_argument("--rules", action="store_true", help="the classifier's rules instead")
     parser.add_argument("--engine", choices=("campaign", "sim"), default="campaign")
     args = parser.parse_args(argv)
@@ -207,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         ("baseline", contextlib.nullcontext)
     ]
     table = RULE_REMOVALS if args.rules else REMOVALS
+    outside = sorted(set(args.only or ()) - set(table))
+    if outside:
+        parser.error(f"not in this table (--rules; --engine sim): {', '.join(outside)}")
     runs += [(name, table[name]) for name in args.only or list(table)]
     baseline_failed: set[int] = set()
     for name, removal in runs:

@@ -336,11 +336,20 @@ async def test_429_retry_after_is_honoured(
     async with running_informer(kube_api, kube_settings) as (informer, _handler, metrics):
         await informer.wait_synced()
         elapsed = time.monotonic() - started
+        # The API client sent the watch request again after the Retry-After: the informer saw
+        # its 200 only.
         assert (
-            metric(metrics, "retired_pod_gc_api_requests_total", op="watchlist", result="429") == 1
+            metric(metrics, "retired_pod_gc_api_requests_total", op="watchlist", result="ok") == 1
         )
+        assert (
+            metric(metrics, "retired_pod_gc_api_requests_total", op="watchlist", result="429") == 0
+        )
+    watches = [r for r in emu.requests if r.method == "GET"]
+    assert watches[0].status == 429
+    assert watches[1].query.get("watch", "").lower() == "true"  # the same list, sent again
     # backoff_max_s is 0.1 in these tests: only Retry-After can explain a wait of a second.
     assert elapsed >= 0.95
+    assert watches[1].time_s - watches[0].time_s >= 0.95
     assert cache_state(informer) == server_pods(emu)
 
 

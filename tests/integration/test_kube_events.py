@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
 from service.domain import ExecutionState, Verdict
+from service.kit.backoff import Backoff
 from service.kube.events import REASON_DELETED, REASON_WOULD_DELETE, KubeEventRecorder
 from service.metrics import EVENT_RESULTS, Metrics
 from service.ports import ReapReport
@@ -37,6 +38,9 @@ def report(i: int = 0, *, dry_run: bool = False) -> ReapReport:
         row_state=ExecutionState.SUSPENDED,
         dry_run=dry_run,
     )
+
+
+FAST_RETRIES = Backoff(initial_s=0.01, max_s=0.05)
 
 
 def results(metrics: Metrics) -> dict[str, int]:
@@ -172,30 +176,66 @@ async def test_a_full_buffer_drops_and_counts_what_does_not_fit(
     assert results(metrics) == {"dropped_buffer_full": 7, "dropped_shutdown": 5}
 
 
-async def test_failures_are_counted_logged_once_per_change_of_kind_and_never_stop_the_drain(
+async def test_refusals_are_dropped_at_once_and_logged_once_per_kind(
     emulator: RunningEmulator, kube_api: k8s_client.ApiClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     emu = emulator.emulator
     emu.fail_next(2, code=403, method="POST", path_contains=EVENTS_PATH)
-    emu.fail_next(2, code=500, method="POST", path_contains=EVENTS_PATH)
-    emu.add_latency(60.0, method="POST", path_contains=EVENTS_PATH, count=1)
-    recorder, metrics = make_recorder(kube_api, timeout_s=0.3)
+    emu.fail_next(2, code=422, method="POST", path_contains=EVENTS_PATH)
+    recorder, metrics = make_recorder(kube_api, retry_backoff=FAST_RETRIES)
     caplog.set_level(logging.DEBUG, logger="service.kube.events")
     async with draining(recorder):
-        for i in range(6):
+        for i in range(5):
             recorder.record(report(i))
-        await eventually(lambda: sum(results(metrics).values()) == 6)
-    # Faults are taken in order: the first write waits out the latency, then the 403s, 500s.
-    assert results(metrics) == {"timeout": 1, "forbidden": 2, "server_error": 2, "created": 1}
+        await eventually(lambda: sum(results(metrics).values()) == 5)
+    assert results(metrics) == {"forbidden": 2, "rejected": 2, "created": 1}
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 3
+    assert len(warnings) == 2
     assert sum("403" in w for w in warnings) == 1
-    assert sum("500" in w for w in warnings) == 1
-    assert sum("timed out" in w for w in warnings) == 1
+    assert sum("422" in w for w in warnings) == 1
     # The write that worked says so, with the failures before it.
     [recovered] = [r.getMessage() for r in caplog.records if "works again" in r.getMessage()]
-    assert recovered == "Event writes fail: works again after 5 failures"
+    assert recovered == "Event writes fail: works again after 4 failures"
     assert len(emu.events.events(NS)) == 1
+    # Nothing was sent twice.
+    assert sum(r.method == "POST" for r in emu.requests) == 5
+
+
+async def test_transient_failures_are_retried_until_every_event_is_written(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    emu = emulator.emulator
+    emu.add_latency(60.0, method="POST", path_contains=EVENTS_PATH, count=1)
+    emu.fail_next(2, code=500, method="POST", path_contains=EVENTS_PATH)
+    emu.fail_next(1, code=503, method="POST", path_contains=EVENTS_PATH)
+    recorder, metrics = make_recorder(kube_api, timeout_s=0.3, retry_backoff=FAST_RETRIES)
+    caplog.set_level(logging.DEBUG, logger="service.kube.events")
+    async with draining(recorder):
+        for i in range(4):
+            recorder.record(report(i))
+        await eventually(lambda: results(metrics).get("created") == 4)
+    # The first write waits out the latency, then the three failures come in turn, each
+    # retried: every Event is written once, in the order of the deletes.
+    assert results(metrics) == {"timeout": 1, "server_error": 3, "created": 4}
+    written = [e["regarding"]["name"] for e in emu.events.events(NS)]
+    assert written == [report(i).pod.name for i in range(4)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert sum("timed out" in w for w in warnings) == 1
+    assert sum("answered 50" in w for w in warnings) == 1
+
+
+async def test_an_event_failing_past_its_age_bound_is_dropped_and_counted(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+) -> None:
+    emu = emulator.emulator
+    emu.fail_next(1000, code=500, method="POST", path_contains=EVENTS_PATH)
+    recorder, metrics = make_recorder(kube_api, retry_backoff=FAST_RETRIES, max_age_s=0.5)
+    async with draining(recorder):
+        recorder.record(report(0))
+        await eventually(lambda: results(metrics).get("expired") == 1)
+        assert recorder.pending == 0
+    assert results(metrics)["server_error"] >= 2
+    assert "created" not in results(metrics)
 
 
 async def test_flush_at_shutdown_is_bounded_and_counts_what_it_leaves(

@@ -15,6 +15,11 @@ Retired but kept (service/engine/kept.py), judged once the world is still (after
 phase), for every pod unchanged since before the view's last sweep began (and ``settle_s``
 more): the view reports it if and only if the model's truth says it is retired and kept.
 
+A silent watch: a stream whose connection died silently (``ApiServer.kill_watches``) leaves the
+pod cache deaf; the client must give it up within ``WATCH_SILENCE_SECONDS`` of the last line it
+read from it (the service hears of nothing in between, and a pod created meanwhile stays
+unseen).
+
 Liveness: once the faults are lifted, every pod reapable then must be deleted (reported, in dry
 run) within ``threshold + recovery_bound + backlog / pace``, counted from when the service's
 links are back (capped by the product's backoff caps), as :func:`tests.chaos.checker.quiet_phase`.
@@ -201,6 +206,27 @@ class Checker:
                         f"(burst {self.capacity} + {self.rate_per_s:.3f}/s, invariant 4)",
                     )
                     return
+
+    def check_silence(self, bound_s: float, *, end: float) -> None:
+        """Every dead stream given up within ``bound_s`` of the last line the client read (the
+        stalls of the loop meanwhile added: a starved loop runs its timers late)."""
+        for watch in self.world.server.dead:
+            given_up = end if watch.closed_at is None else watch.closed_at
+            since = watch.last_read_at
+            stalled = sum(s for at, s in self.world.loop.stalls if since <= at <= given_up)
+            if given_up - since > bound_s + stalled + 1e-6:
+                self._fail(
+                    given_up,
+                    f"the pod cache was deaf for {given_up - since:.3f}s: a watch whose "
+                    f"connection died silently at {watch.dead_at:.3f} (its last line read at "
+                    f"{since:.3f}) was "
+                    + (
+                        "still read when the run ended"
+                        if watch.closed_at is None or watch.closed_at >= end
+                        else "given up only then"
+                    )
+                    + f" (WATCH_SILENCE_SECONDS={bound_s:g})",
+                )
 
     # -- liveness --------------------------------------------------------------------------
 

@@ -14,7 +14,9 @@ an event history for watches to resume from (compaction makes older versions 410
 streams with bookmarks and a server timeout, streaming lists (``sendInitialEvents`` and the
 initial-events-end bookmark), paginated lists, DELETE with preconditions (UID and
 resourceVersion; 409 on mismatch, 404 when gone) and graceful deletion (a node-bound pod is
-marked terminating, then removed a moment later).
+marked terminating, then removed a moment later). A watch's connection can die silently
+(:meth:`ApiServer.kill_watches`: black-holed, nothing more arrives, not even its end), and the
+model records when the client last read a line from it and when it gave it up.
 """
 
 from __future__ import annotations
@@ -144,7 +146,9 @@ _END = object()
 
 class WatchStream:
     """An open watch response: ``content.readline()`` gives the lines as they arrive (FIFO, each
-    after a downlink latency), ``b""`` at a clean end; an abrupt end raises as aiohttp does."""
+    after a downlink latency), ``b""`` at a clean end; an abrupt end raises as aiohttp does.
+    A ``dead`` stream (its connection black-holed) delivers nothing more, ever: only the
+    client's own bounds end it (its read timeout, the reflector's silence bound)."""
 
     def __init__(self, server: ApiServer, sock_read_s: float | None) -> None:
         self.server = server
@@ -160,6 +164,14 @@ class WatchStream:
         self.closed = False
         self.ended = False
         self.stalled = False
+        self.dead = False
+        self.dead_at = 0.0
+        self.last_read_at = self.net.loop.time()
+        """When the client last read a line (or the stream opened)."""
+        self.bookmarks_read = 0
+        """Periodic bookmarks the client read (not the initial-events-end one)."""
+        self.closed_at: float | None = None
+        """When the client gave the stream up (``close``)."""
         self._timers: list[asyncio.TimerHandle] = []
 
     # -- server side -----------------------------------------------------------------------
@@ -178,6 +190,8 @@ class WatchStream:
             loop.call_at(at, self._wake)
 
     def unstall(self) -> None:
+        if self.dead:
+            return
         self.stalled = False
         now = self.net.loop.time()
         self._last_at = max(self._last_at, now)
@@ -220,6 +234,9 @@ class WatchStream:
             self.closed = True
             raise item
         line: bytes = item
+        self.last_read_at = loop.time()
+        if line.startswith(b'{"type":"BOOKMARK"') and b"initial-events-end" not in line:
+            self.bookmarks_read += 1
         return line
 
     def _read_timeout(self, waiter: asyncio.Future[None]) -> None:
@@ -227,6 +244,8 @@ class WatchStream:
             waiter.set_exception(TimeoutError())
 
     def close(self) -> None:
+        if self.closed_at is None:
+            self.closed_at = self.net.loop.time()
         if not self.closed:
             self.closed = True
         self.server.watches.pop(self, None)
@@ -249,6 +268,8 @@ class ApiServer:
         """Versions up to this one are gone: a watch from them gets 410."""
         self.watches: dict[WatchStream, None] = {}
         """Open streams, in the order they opened (a dict: iterated in a stable order)."""
+        self.dead: list[WatchStream] = []
+        """Streams whose connection died silently (:meth:`kill_watches`)."""
         self.deletes: list[Delete] = []
         self.gets: list[Get] = []
         self.syncs: list[float] = []
@@ -361,6 +382,22 @@ class ApiServer:
             watch.push(aiohttp.ClientPayloadError("connection reset") if abrupt else _END)
             self.watches.pop(watch, None)
         self.trace(f"kube drop watches abrupt={abrupt}")
+
+    def kill_watches(self) -> list[WatchStream]:
+        """The connections of the open streams from which the client has read a periodic
+        bookmark die silently (a black hole: no reset, no bytes, not even the server's end of
+        the stream). Only those: a client that has read a bookmark knows that the server sends
+        them, so its silence bound applies (docs/architecture.md, "A silent watch")."""
+        killed = [w for w in self.watches if w.bookmarks_read and not w.ended and not w.closed]
+        now = self.net.loop.time()
+        for watch in killed:
+            watch.dead = True
+            watch.stalled = True
+            watch.dead_at = now
+            self.watches.pop(watch, None)
+            self.dead.append(watch)
+            self.trace(f"kube watch dies silently, last line read at {watch.last_read_at:.6f}")
+        return killed
 
     def stall_watches(self) -> list[WatchStream]:
         stalled = list(self.watches)

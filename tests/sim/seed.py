@@ -36,6 +36,9 @@ from tests.sim.pg import Asyncpg
 from tests.sim.world import World, make_schedule
 
 THRESHOLD_S = 1.0
+WATCH_SILENCE_S = 4.0
+"""Above the model's bookmark interval (3 s), below its watch's read timeout (timeoutSeconds
+5 to 5.5 s + API_TIMEOUT_SECONDS 2 s), which alone would end a dead stream without the bound."""
 RECOVERY_BOUND_S = 8.0
 """As the campaign's (tests/chaos/schedule.py): a key's requeue backoff, a sync, first checks."""
 
@@ -74,6 +77,10 @@ class Variant:
     """How many sandboxes of :meth:`World.oddities` the world has beside the steps' (none in
     two seeds of five: their worlds are the steps' alone)."""
 
+    silent: str = ""
+    """The watch's connection dies silently (:meth:`World.silent_fault`): "" never (three
+    seeds of four), "once" or "twice" at instants of the steps."""
+
     @classmethod
     def draw(cls, seed: int) -> Variant:
         rng = random.Random(f"{seed}:variant")
@@ -91,6 +98,7 @@ class Variant:
             batch_rows=rng.choice((1, 1, 3, 100, 100)),
             pooler=rng.choice(("",) * 9 + ("connection", "window", "start")),
             odd=rng.choice((0, 0, 1, 2, 3)),
+            silent=rng.choice(("",) * 6 + ("once", "twice")),
         )
 
 
@@ -130,6 +138,7 @@ def _environment(v: Variant) -> dict[str, str]:
         "SHUTDOWN_TIMEOUT_SECONDS": "2",
         "API_TIMEOUT_SECONDS": "2",
         "WATCH_TIMEOUT_SECONDS": "5",
+        "WATCH_SILENCE_SECONDS": str(WATCH_SILENCE_S),
         "LIST_MODE": v.list_mode,
         "LIST_PAGE_SIZE": "2",
         "DATABASE_URL": "postgresql://sim@127.0.0.1:1/sim",
@@ -216,6 +225,7 @@ def run_seed(
     world = World(loop, net, threshold_s=THRESHOLD_S)
     world.db.batch_rows = variant.batch_rows
     world.pooler_fault(variant.pooler, random.Random(f"{seed}:pooler"))
+    world.silent_fault(variant.silent, random.Random(f"{seed}:silent"))
     world.populate(cfg.sandboxes, random.Random(f"{seed}:populate"))
     world.oddities(variant.odd, random.Random(f"{seed}:odd"))
     settings = settings_for(variant)
@@ -273,6 +283,7 @@ def run_seed(
         if tap is not None:
             logging.getLogger("service").removeHandler(tap)
     checker.check(service.recorder.reports)
+    checker.check_silence(settings.kube.watch_silence_s, end=loop.time())
     bugs = metrics.reconcile_bugs._value.get() - bugs_before
     if bugs:
         result.violations.append((loop.time(), f"{bugs:.0f} reconcile(s) raised (a bug)"))

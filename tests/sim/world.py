@@ -6,8 +6,9 @@ instant here: the model *is* the database). The steps are the campaign's kinds
 (:mod:`tests.chaos.schedule`, :mod:`tests.chaos.steps`), performed on the models, plus a few
 only a simulation can do cheaply: a starved event loop, a lagging watch, a leadership flip; and,
 drawn with the seed's configuration, a listener behind a transaction-mode pooler that drops its
-notifications (:meth:`World.pooler_fault`) and sandboxes beside the steps' in shapes the steps
-never make (:meth:`World.oddities`: a pod that one rule alone keeps from its DELETE).
+notifications (:meth:`World.pooler_fault`), a watch whose connection dies silently
+(:meth:`World.silent_fault`), and sandboxes beside the steps' in shapes the steps never make
+(:meth:`World.oddities`: a pod that one rule alone keeps from its DELETE).
 """
 
 from __future__ import annotations
@@ -345,6 +346,24 @@ class World:
             self.trace("pg pooler window ends")
 
         self.later(length_s, end)
+
+    def silent_fault(self, kind: str, rng: random.Random) -> None:
+        """Arm the seed's silent-connection fault (``Variant.silent``): at an instant of the
+        steps, the open watch's connection dies without a sound (``ApiServer.kill_watches``),
+        once or twice; tried again a moment later while no stream qualifies (none open, or none
+        that has delivered a bookmark yet). Not once the faults are lifted."""
+        if kind == "":
+            return
+        times = {"once": 1, "twice": 2}[kind]
+        self.net.at(rng.uniform(0.5, 4.0), self._kill_watches, times, rng)
+
+    def _kill_watches(self, times: int, rng: random.Random) -> None:
+        if not self.net.faults_on:
+            return
+        if not self.server.kill_watches():
+            self.net.at(0.25, self._kill_watches, times, rng)
+        elif times > 1:
+            self.net.at(rng.uniform(1.0, 4.0), self._kill_watches, times - 1, rng)
 
     def _drop_notifications(self) -> None:
         if self.net.faults_on:

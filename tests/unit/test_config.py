@@ -286,3 +286,13 @@ def test_url_files_are_read_again_for_every_new_connection(tmp_path: Path) -> No
     shared = config.load({P + "DATABASE_URL_FILE": str(listener_file)}).database
     listener_file.write_text("postgresql://gc:newer@primary/app\n")
     assert shared.listener_url_now() == "postgresql://gc:newer@primary/app"
+
+
+def test_the_watch_silence_bound_defaults_above_the_bookmark_cadence_and_is_clamped() -> None:
+    # A real API server sends a watch a bookmark every 60 s: the default stays above it.
+    assert config.load({}).kube.watch_silence_s == 75.0
+    s = config.load({P + "WATCH_SILENCE_SECONDS": "2.5"})
+    assert (s.kube.watch_silence_s, s.warnings) == (2.5, ())
+    s = config.load({P + "WATCH_SILENCE_SECONDS": "0"})
+    assert s.kube.watch_silence_s == 1.0
+    assert any(f"{P}WATCH_SILENCE_SECONDS='0'" in w for w in s.warnings)

@@ -82,11 +82,22 @@ def error(code: int, message: str = "boom") -> bytes:
 
 
 class FakeStream:
-    """A watch response whose lines are scripted; ``fail`` is raised once they are read."""
+    """A watch response whose lines are scripted; ``fail`` is raised once they are read, and a
+    ``silent`` stream then sends nothing more, without ending (a dead connection). ``gaps`` are
+    the seconds of virtual time before each line (none: at once)."""
 
-    def __init__(self, lines: Sequence[bytes], *, fail: BaseException | None = None) -> None:
+    def __init__(
+        self,
+        lines: Sequence[bytes],
+        *,
+        fail: BaseException | None = None,
+        silent: bool = False,
+        gaps: Sequence[float] = (),
+    ) -> None:
         self._lines = deque(lines)
+        self._gaps = deque(gaps)
         self._fail = fail
+        self._silent = silent
         self.closed = False
 
     @property
@@ -95,10 +106,14 @@ class FakeStream:
 
     async def readline(self) -> bytes:
         await anyio.lowlevel.checkpoint()
+        if self._gaps:
+            await anyio.sleep(self._gaps.popleft())
         if self._lines:
             return self._lines.popleft()
         if self._fail is not None:
             raise self._fail
+        if self._silent:
+            await anyio.sleep_forever()
         return b""
 
     def close(self) -> None:
@@ -216,7 +231,11 @@ class Run:
 
 
 async def run_script(
-    script: Sequence[Call], *, list_mode: str = "auto", min_watch_s: float = 0.0
+    script: Sequence[Call],
+    *,
+    list_mode: str = "auto",
+    min_watch_s: float = 0.0,
+    silence_s: float = 75.0,
 ) -> Run:
     """Run a reflector until it asks for more than the script holds (virtual time passes
     through every backoff on its own); then stop it."""
@@ -233,6 +252,7 @@ async def run_script(
         list_page_size=500,
         delete_grace_period_s=None,
         list_mode=list_mode,
+        watch_silence_s=silence_s,
     )
     reflector = Reflector(
         lw,
@@ -642,3 +662,150 @@ async def test_an_undecodable_list_page_is_an_expected_failure_backed_off_and_re
     assert run.times()[1] == 1.0
     assert run.restarts("error") == 1
     assert run.handler.log == [f"add {key('a')}", "synced"]
+
+
+# ---------------------------------------------------------------------------- silence
+
+
+async def test_a_silent_watch_is_abandoned_at_the_bound_and_resumed_from_the_last_version() -> None:
+    run = await run_script(
+        [
+            Call("list_cached", None, Listing("100", [pod("a", 90)])),
+            # A bookmark, an event, then nothing, and no end: a connection dropped silently.
+            Call("watch", "100", FakeStream([bookmark(110), modified("a", 120)], silent=True)),
+            Call("watch", "120", FakeStream([modified("a", 130)], gaps=[10.0])),
+        ],
+        list_mode="list",
+    )
+    # Abandoned exactly the bound after its last line, and watched again at once (no backoff),
+    # from the version of that line: the event after the silence is in the cache.
+    assert run.requests() == [
+        ("list_cached", None),
+        ("watch", "100"),
+        ("watch", "120"),
+        ("watch", "130"),
+    ]
+    assert run.times() == [0.0, 0.0, 75.0, 85.0]
+    assert run.restarts("silent") == 1
+    assert run.lw.streams[0].closed
+    assert run.store.get(key("a")).resource_version == "130"  # type: ignore[union-attr]
+    assert run.count("retired_pod_gc_relists_total") == 0
+
+
+async def test_the_stream_of_a_streaming_list_is_bounded_once_its_initial_events_end() -> None:
+    run = await run_script(
+        [
+            Call(
+                "stream",
+                None,
+                FakeStream(
+                    [added("a", 90), bookmark(100, end=True), bookmark(105)],
+                    gaps=[0.0, 0.0, 10.0],
+                    silent=True,
+                ),
+            ),
+            Call("watch", "105", FakeStream([modified("a", 110)], gaps=[1.0])),
+        ],
+        silence_s=20.0,
+    )
+    assert run.requests()[:3] == [("stream", None), ("watch", "105"), ("watch", "110")]
+    assert run.times()[:3] == [0.0, 30.0, 31.0]
+    assert run.restarts("silent") == 1
+    assert run.reflector.sync_mode is SyncMode.STREAM  # no relist: the cache stayed synced
+    assert run.handler.log == [f"add {key('a')}", "synced", f"update {key('a')}"]
+
+
+async def test_a_watch_whose_lines_come_closer_than_the_bound_is_never_abandoned() -> None:
+    # A bookmark every 74 s against a bound of 75 s, with events between them at the instants
+    # that would defeat a deadline moved only now and then (half a bound after the last move).
+    lines, gaps = [], []
+    for i in range(10):
+        lines += [modified("a", 200 + 2 * i), bookmark(201 + 2 * i)]
+        gaps += [38.0, 36.0]
+    run = await run_script(
+        [
+            Call("list_cached", None, Listing("100", [pod("a", 90)])),
+            Call("watch", "100", FakeStream([bookmark(150), *lines], gaps=[0.0, 74.0, *gaps])),
+        ],
+        list_mode="list",
+    )
+    assert run.requests()[-1] == ("watch", "219")
+    assert run.times()[-1] == 74.0 + 10 * 74.0  # it ended when its lines did
+    assert run.restarts("silent") == 0
+    assert run.restarts("closed") == 1
+
+
+async def test_silence_from_a_server_that_sends_no_bookmarks_is_not_taken_for_death() -> None:
+    run = await run_script(
+        [
+            Call("list_cached", None, Listing("100", [pod("a", 90)])),
+            Call("watch", "100", FakeStream([modified("a", 110)], gaps=[600.0])),
+        ],
+        list_mode="list",
+    )
+    assert run.requests()[-1] == ("watch", "110")
+    assert run.times()[-1] == 600.0
+    assert run.restarts("silent") == 0
+
+
+async def test_an_initial_events_end_bookmark_alone_does_not_arm_the_bound() -> None:
+    # A server may end a streaming list with its bookmark and send no periodic ones.
+    run = await run_script(
+        [
+            Call(
+                "stream",
+                None,
+                FakeStream(
+                    [added("a", 90), bookmark(100, end=True), modified("a", 110)],
+                    gaps=[0.0, 0.0, 500.0],
+                ),
+            ),
+        ]
+    )
+    assert run.requests() == [("stream", None), ("watch", "110")]
+    assert run.times() == [0.0, 500.0]
+    assert run.restarts("silent") == 0
+
+
+async def test_a_stream_that_lives_the_bound_without_a_bookmark_disarms_it_until_the_next() -> None:
+    run = await run_script(
+        [
+            Call("list_cached", None, Listing("100")),
+            # Bookmarks: the bound is armed, and this stream dies silently.
+            Call("watch", "100", FakeStream([bookmark(110)], silent=True)),
+            # Armed from its start (the server sends bookmarks), but it sends none either: cut.
+            Call("watch", "110", FakeStream([], silent=True)),
+            # No bookmark for the bound: the server no longer sends them, so silence is no
+            # evidence, and this stream is read for as long as it lasts ...
+            Call("watch", "110", FakeStream([event("MODIFIED", pod("a", 120))], gaps=[300.0])),
+            # ... until a bookmark arms the bound again.
+            Call("watch", "120", FakeStream([bookmark(130)], gaps=[1.0], silent=True)),
+        ],
+        list_mode="list",
+    )
+    assert run.requests()[-1] == ("watch", "130")
+    assert run.times() == [0.0, 0.0, 75.0, 150.0, 450.0, 526.0]
+    assert run.restarts("silent") == 3
+
+
+async def test_a_silent_watch_is_logged_once_per_cause_and_once_when_a_stream_ends_well(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", logger="service.kube.reflector")
+    run = await run_script(
+        [
+            Call("list_cached", None, Listing("100")),
+            Call("watch", "100", FakeStream([bookmark(110)], silent=True)),
+            Call("watch", "110", FakeStream([bookmark(120)], silent=True)),
+            Call("watch", "120", FakeStream([bookmark(130)], silent=True)),
+            Call("watch", "130", FakeStream([bookmark(140)])),
+        ],
+        list_mode="list",
+    )
+    assert run.restarts("silent") == 3
+    lines = [r.getMessage() for r in caplog.records if "pod watch of namespace" in r.getMessage()]
+    assert lines == [
+        f"pod watch of namespace {NS}: no event and no bookmark for 75s: "
+        "the connection is taken for dead",
+        f"pod watch of namespace {NS}: works again",
+    ]

@@ -5,8 +5,9 @@ Each safety test names the invariant (docs/architecture.md) it guards and fails 
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import pytest
@@ -403,7 +404,9 @@ async def test_409_on_delete_is_benign_counted_and_looked_at_again() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("failure", ["status_500", "status_429", "unavailable"])
+@pytest.mark.parametrize(
+    "failure", ["status_500", "status_429", "status_503_retry_after", "status_401", "unavailable"]
+)
 async def test_a_failed_delete_is_retried_with_its_clock_kept_and_verified_again(
     failure: str,
 ) -> None:
@@ -413,26 +416,37 @@ async def test_a_failed_delete_is_retried_with_its_clock_kept_and_verified_again
         {
             "status_500": KubeApiError(500, "boom"),
             "status_429": KubeApiError(429, "slow down", retry_after_s=7.0),
+            "status_503_retry_after": KubeApiError(503, "shutting down", retry_after_s=2.0),
+            "status_401": KubeApiError(401, "Unauthorized"),
             "unavailable": Unavailable("reset"),
         }[failure]
     )
     result = await rig.reconcile(pod.key)
     if failure == "status_429":
-        assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.ERROR)
-        assert result.requeue_after_s == 7.0
-    elif failure == "unavailable":  # no answer: held for the API server with every other key
-        assert (result.outcome, result.held_by) == (ReconcileOutcome.ERROR, "api_server")
-        await rig.advance(result.requeue_after_s)
+        # Throttled: after the Retry-After, not a failure of the reconcile.
+        expected = (Action.REQUEUE_AFTER, ReconcileOutcome.THROTTLED, 7.0)
+    elif failure == "status_503_retry_after":
+        expected = (Action.REQUEUE_AFTER, ReconcileOutcome.THROTTLED, 2.0)
+    elif failure == "status_401":
+        # The credentials were read again by the API client: verified again at once.
+        expected = (Action.REQUEUE_AFTER, ReconcileOutcome.ERROR, 0.0)
+    elif failure == "unavailable":
+        # No answer: held for the API server with every other key, to its next attempt time.
+        assert result.held_by == "api_server"
+        assert 0 < result.requeue_after_s <= DEPENDENCY_BACKOFF_INITIAL_S
+        expected = (Action.REQUEUE_AFTER, ReconcileOutcome.ERROR, result.requeue_after_s)
     else:
-        assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
-    assert (
-        rig.sample(
-            "retired_pod_gc_deletes_total", {"sandbox_namespace": NAMESPACE, "result": "error"}
-        )
-        == 1
-    )
+        expected = (Action.BACKOFF, ReconcileOutcome.ERROR, 0.0)
+    assert (result.action, result.outcome, result.requeue_after_s) == expected
+    throttled = failure in {"status_429", "status_503_retry_after"}
+    assert result.failed is not throttled
+    for label in ("error", "throttled"):
+        assert rig.sample(
+            "retired_pod_gc_deletes_total", {"sandbox_namespace": NAMESPACE, "result": label}
+        ) == (1 if (label == "throttled") is throttled else 0)
     # The key is not lost: its clock runs on, and the retry verifies again before its DELETE.
     assert clock_of(rig.clocks, pod.uid) is not None
+    await rig.advance(result.requeue_after_s if result.held_by else 0.0)
     gets = len(rig.pods.gets)
     retry = await rig.reconcile(pod.key)
     assert retry.outcome == Verdict.TERMINAL_RETIRED
@@ -756,3 +770,50 @@ async def test_delete_tokens_are_spent_on_verified_candidates_only() -> None:
     assert result.outcome == ReconcileOutcome.CHANGED
     assert rig.pods.deletes == []
     assert rig.budget.retry_after_s() == 0.0  # the one token of the window is unspent
+
+
+class _SlotRecordingPodClient(FakePodClient):
+    """Records whether the API client's request slot is held at each GET and at the DELETE."""
+
+    def __init__(self, pods: list[PodSnapshot]) -> None:
+        super().__init__(pods)
+        self.held = False
+        self.entered = 0
+        self.held_at: list[tuple[str, bool]] = []
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        self.entered += 1
+        self.held = True
+        try:
+            yield
+        finally:
+            self.held = False
+
+    def delete_slot(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._slot()
+
+    async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
+        self.held_at.append(("GET", self.held))
+        return await super().get_pod(namespace, name)
+
+    async def delete_pod(
+        self, namespace: str, name: str, *, uid: str, resource_version: str
+    ) -> DeleteOutcome:
+        self.held_at.append(("DELETE", self.held))
+        return await super().delete_pod(namespace, name, uid=uid, resource_version=resource_version)
+
+
+@pytest.mark.anyio
+async def test_the_request_slot_is_held_from_the_final_check_through_the_delete() -> None:
+    rig, pod = _rig()
+    recording = _SlotRecordingPodClient([pod])
+    rig.reconciler._pods = recording  # the fake stands in for the API server
+    await _expire(rig, pod)
+    result = await rig.reconcile(pod.key)
+    assert result.outcome == Verdict.TERMINAL_RETIRED
+    # The verification's GET takes a slot of its own (not held); the DELETE is sent in the
+    # slot taken before the final check, once.
+    assert recording.held_at == [("GET", False), ("DELETE", True)]
+    assert recording.entered == 1
+    assert not recording.held
