@@ -22,6 +22,8 @@ MODES = ("live", "dry_run")
 OUTCOME_LABELS: tuple[str, ...] = tuple(str(v) for v in Verdict) + tuple(
     str(o) for o in ReconcileOutcome
 )
+DEPENDENCIES = ("database", "api_server")
+"""The dependencies the reconcile steps back off from as one (``service/kit/gate.py``)."""
 EVENT_RESULTS = (
     "created",
     "forbidden",
@@ -396,6 +398,33 @@ class Metrics:
             "1 when the last database health check succeeded.",
             registry=r,
         )
+        # Shared backoff from a dependency that gives no answer (service/kit/gate.py)
+        self.dependency_backoff = Gauge(
+            "retired_pod_gc_dependency_backoff",
+            "1 while the reconcile steps back off from the dependency as one (it gave no "
+            "answer; one probe a backoff step goes out), 0 once it answers.",
+            ["dependency"],
+            registry=r,
+        )
+        self.dependency_probes = Counter(
+            "retired_pod_gc_dependency_probes",
+            "Attempts sent to a dependency the steps back off from (one a backoff step), by "
+            "result (failed: no answer; answered: the backoff ends).",
+            ["dependency", "result"],
+            registry=r,
+        )
+        self.dependency_held = Counter(
+            "retired_pod_gc_dependency_held",
+            "Keys whose step was not sent to a dependency the steps back off from: requeued "
+            "to its next attempt time, and at once when it answers (clocks cleared).",
+            ["dependency"],
+            registry=r,
+        )
+        for dependency in DEPENDENCIES:
+            self.dependency_backoff.labels(dependency=dependency)
+            self.dependency_held.labels(dependency=dependency)
+            for result in ("failed", "answered"):
+                self.dependency_probes.labels(dependency=dependency, result=result)
         self._init_kept(r)
 
     def bind_namespaces(self, namespaces: Iterable[str]) -> None:

@@ -68,9 +68,9 @@ WATCHDOG_PERIOD_S = 1.0
 WATCHDOG_ALLOWANCE_S = 15.0
 PING_TTL_S = 2.0
 MAX_BACKOFF_S = 5.0
-"""Cap of a key's retry backoff. What fails here is global (the database or the API server is
-down), so every key backs off together; a short cap means keys come back within seconds of the
-recovery, and a retry costs one batched lookup or one GET, so the load stays small."""
+"""Cap of a key's own retry backoff, for failures of that key (an answer that was not the
+expected one, a bug). A dependency that gives no answer is not retried key by key: the
+reconciler's shared backoff holds every key's step (``service/kit/gate.py``)."""
 
 
 def lease_namespace(settings: Settings) -> str:
@@ -198,6 +198,7 @@ def wire_engine(
     recorder: ReapRecorder | None,
     metrics: Metrics,
     queue_backoff: Backoff,
+    gate_backoff: Backoff | None = None,
 ) -> Engine:
     """The engine on its adapters: the work queue, the observation clocks, the reconciler and
     the controller, which becomes the informer's and the listener's handler. :func:`build`
@@ -216,6 +217,7 @@ def wire_engine(
         metrics=metrics,
         barrier=listener,
         recorder=recorder,
+        gate_backoff=gate_backoff,
     )
     controller = Controller(
         cache=informer,

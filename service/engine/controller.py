@@ -27,7 +27,12 @@ The worker loop (:meth:`process`) is the one place that counts outcomes and the 
 catches broad exceptions: a step that raises is a bug, logged with its traceback at error
 level, counted (``reconcile_bugs``) and backed off; the worker lives on; cancellation always
 propagates. It maps each :class:`ReconcileResult` onto the queue like controller-runtime: done
-→ ``forget``; requeue-after → ``forget`` + ``add_after``; backoff → ``add_rate_limited``.
+→ ``forget``; requeue-after → ``forget`` + ``add_after``; backoff → ``add_rate_limited``. A key
+held by a dependency's shared backoff (``held``, the reconciler's gates, ``service/kit/gate.py``)
+is parked: one held key — the *driver* — is requeued to the dependency's next attempt time, where
+it sends the probe, and the others only every :data:`HELD_RECHECK_S`; every key the dependency
+holds is enqueued at once when it answers again. So a recovery is seen by all of them together,
+and an outage costs the workers one key a backoff step rather than every key.
 
 Nothing is processed while inactive (disabled, or not the leader): keys handed out meanwhile are
 dropped, and becoming active starts from empty clocks and enqueues every cached candidate.
@@ -35,6 +40,7 @@ dropped, and becoming active starts from empty clocks and enqueues every cached 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -57,6 +63,10 @@ from service.ports import PodCache
 
 logger = logging.getLogger(__name__)
 
+
+HELD_RECHECK_S = 60.0
+"""A key held by a dependency that is down, but not its probe's driver, comes back this often
+(a backstop: the dependency's first answer releases it at once)."""
 
 MIN_BATCH = 250
 """Fewest keys a worker takes (when that many are ready): a batch costs one row query, and below
@@ -85,6 +95,16 @@ class Controller:
         self._metrics = metrics
         self._batch_size = batch_size
         self._workers = 1
+        self._held: dict[str, dict[str, None]] = {}
+        """Keys held by each dependency's shared backoff, released when it answers (a dict, for
+        its order: a run does not depend on the string hash seed)."""
+        self._drivers: dict[str, str | None] = {}
+        """The held key requeued to each dependency's next attempt time (its probe's driver)."""
+        self._gates = {gate.name: gate for gate in reconciler.gates}
+        for gate in reconciler.gates:
+            self._held[gate.name] = {}
+            self._drivers[gate.name] = None
+            gate.on_open(functools.partial(self._release, gate.name))
 
     # ------------------------------------------------------------- activation
 
@@ -100,6 +120,11 @@ class Controller:
         self._activation.set_leader(leader)
         # Either way the clocks restart: a new leader has not been watching (invariant 3).
         self._clocks.clear_all()
+        # Keys held by a dependency are dropped like queued keys (becoming active enqueues every
+        # candidate again, and the first held one drives the next probe).
+        for dependency in self._held:
+            self._held[dependency] = {}
+            self._drivers[dependency] = None
         if self._activation.active and not was_active:
             logger.info("active: enqueueing every cached candidate")
             self.resync()
@@ -197,6 +222,42 @@ class Controller:
                 self._queue.add(key)
                 count += 1
         return count
+
+    def _release(self, dependency: str) -> None:
+        """``dependency`` answers again: every key it held goes on the queue now."""
+        held = self._held[dependency]
+        self._held[dependency] = {}
+        self._drivers[dependency] = None
+        if held and self._activation.active:
+            logger.debug("%s answers again: releasing %d held keys", dependency, len(held))
+            self._queue.add(*held)
+
+    def _hold(self, key: str, dependency: str, wait_s: float) -> None:
+        """Park ``key`` until ``dependency`` answers; the driver (the first key held, or the
+        driver itself held again) comes back at the next attempt time."""
+        self._held[dependency][key] = None
+        driver = self._drivers[dependency]
+        if driver is None or driver == key:
+            self._drivers[dependency] = key
+            self._queue.add_after(key, wait_s)
+        else:
+            self._queue.add_after(key, max(wait_s, HELD_RECHECK_S))
+
+    def _drive_another(self, key: str, held_by: str | None) -> None:
+        """``key`` was to drive a probe but ended otherwise (gone, skipped, its step answered, or
+        held by another dependency): the next key held by that dependency, if it is still down,
+        drives its next probe."""
+        for dependency, driver in self._drivers.items():
+            if driver != key or dependency == held_by:
+                continue
+            self._drivers[dependency] = None
+            held = self._held[dependency]
+            held.pop(key, None)
+            gate = self._gates[dependency]
+            if held and gate.closed and self._activation.active:
+                successor = next(iter(held))
+                self._drivers[dependency] = successor
+                self._queue.add_after(successor, gate.retry_in_s())
 
     def _enqueue(self, key: str) -> None:
         if self._activation.active:
@@ -309,6 +370,9 @@ class Controller:
             match result.action:
                 case Action.DONE:
                     self._queue.forget(key)
+                case Action.REQUEUE_AFTER if result.held_by is not None:
+                    self._queue.forget(key)
+                    self._hold(key, result.held_by, result.requeue_after_s)
                 case Action.REQUEUE_AFTER:
                     self._queue.forget(key)
                     self._queue.add_after(key, result.requeue_after_s)
@@ -316,6 +380,8 @@ class Controller:
                     self._queue.add_rate_limited(key)
                 case _:
                     assert_never(result.action)
+            if key in self._drivers.values():
+                self._drive_another(key, result.held_by)
         self._queue.done(*finished)
         results.update(finished)
         self._count(finished.values(), clock.now() - started)

@@ -16,7 +16,8 @@ Observe (one row query for the whole batch):
    (else ``error``, never acted on), the cache of *that* namespace synced (relisting:
    ``cache_cold``, nothing observed), the pod cached (missing: clear the key's clock, ``gone``);
 2. pod-only prefilter (skip: clear, ``skipped``, no database query);
-3. batched row lookup (failure: clear, ``lookup_failed``, back off);
+3. batched row lookup (failure: clear, ``lookup_failed``; the database's shared backoff holds
+   the batch while it gives no answer, see below);
 4. classify (not reapable: clear, ``skipped``);
 5. the observation clock on the pod UID, bracketed by ``begin``/``end`` (an event that cleared
    the key meanwhile: ``changed``; not yet continuously reapable for the threshold:
@@ -46,6 +47,15 @@ Verify and act (one due key):
     → ``error`` (back off, or wait the server's Retry-After). The API client's request slot
     (``PodClient.delete_slot``) is held from before step 9 until the DELETE is sent.
 
+A dependency that gives no answer is backed off from as one, not key by key: the row lookup
+and re-read go through the database's :class:`~service.kit.gate.Gate`, the pod GET and DELETE
+through the API server's. Once a call of a step finds its dependency unavailable (no answer, or
+the step's timeout), that step of every key is held — not sent, the key requeued to the
+dependency's next attempt time (``held``) — but for one probe a backoff step
+(:func:`dependency_backoff`); the first answer releases every held key at once
+(``engine/controller.py``). A held step counts as that step's failure: a held lookup or re-read
+clears the clock as a failed one does (invariant 3).
+
 Expected failures of the outside world arrive as :class:`~service.kit.errors.ExternalError`
 (typed at the adapter edge) or as a timeout of the step's bound, and become typed results in
 :func:`_bounded`. Anything else is a bug: it propagates to the worker loop, which logs and counts
@@ -55,7 +65,7 @@ it, and a bug never leads to a delete (every step before the DELETE has to retur
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -79,8 +89,10 @@ from service.engine.budget import DeleteBudget, Turn
 from service.engine.observation import ObservationClocks
 from service.engine.results import INACTIVE_RESULT, ReconcileResult
 from service.kit import clock
+from service.kit.backoff import Backoff
 from service.kit.causelog import CauseLog, cause_of
-from service.kit.errors import ApiError, ExternalError, Undecodable
+from service.kit.errors import ApiError, ExternalError, Unavailable, Undecodable
+from service.kit.gate import Gate, Ticket
 from service.kit.timeouts import fail_after
 from service.metrics import Metrics
 from service.ports import (
@@ -99,12 +111,33 @@ FINAL_CHECK_MAX_AGE_S = 0.25
 """Invariant 1's bound: the DELETE (or dry-run report) is made at most this long after the final
 row re-read began, on the event loop's clock. Older, and the verification is redone. The row re-read
 and notification sync take milliseconds; this leaves room for a loaded machine."""
+DEPENDENCY_BACKOFF_INITIAL_S = 0.25
+"""A dependency's first probe after the call that found it unavailable comes this long after."""
+DEPENDENCY_BACKOFF_MAX_S = 5.0
+"""Cap of the time between two probes of an unavailable dependency: a restored dependency is
+found, and every held key released, within this (docs/operations.md,
+"What the service does to a dependency that is down")."""
 THROTTLED_REQUEUE_S = 1.0
 """When a throttled GET or DELETE (429) comes back without a Retry-After: the key is looked at
 again this much later (its clock runs on)."""
 MAX_AGE_REVERIFICATIONS = 3
 """Re-verifications caused by age in one reconcile before it gives up (``stale``) and requeues:
 a loop starved for longer than the bound at every try must not spin on the API and database."""
+
+
+def dependency_backoff() -> Backoff:
+    """The shared backoff from an unavailable dependency (one probe a step)."""
+    return Backoff(
+        initial_s=DEPENDENCY_BACKOFF_INITIAL_S, max_s=DEPENDENCY_BACKOFF_MAX_S, jitter=0.2
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A step not sent: its dependency's shared backoff holds it for ``wait_s``."""
+
+    dependency: str
+    wait_s: float
 
 
 class StepFailed(Exception):
@@ -120,6 +153,11 @@ async def _bounded(what: str, timeout_s: float, call: Awaitable[T]) -> T:
             return await call
     except (ExternalError, TimeoutError) as exc:
         raise StepFailed(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+def _no_answer(exc: StepFailed) -> bool:
+    """Whether the dependency gave no answer (what closes its gate)."""
+    return isinstance(exc.__cause__, Unavailable | TimeoutError)
 
 
 def _retry_after(exc: StepFailed) -> float | None:
@@ -215,6 +253,7 @@ class Reconciler:
         barrier: NotificationBarrier,
         conflict_requeue_s: float = 1.0,
         recorder: ReapRecorder | None = None,
+        gate_backoff: Backoff | None = None,
     ) -> None:
         self._settings = settings
         self._cache = cache
@@ -235,6 +274,11 @@ class Reconciler:
         )
         self._conflict_requeue_s = conflict_requeue_s
         self._barrier = barrier
+        backoff = gate_backoff if gate_backoff is not None else dependency_backoff()
+        self.database_gate = Gate("database", backoff)
+        self.api_gate = Gate("api_server", backoff)
+        for gate in self.gates:
+            gate.on_change(metrics.dependency_backoff.labels(dependency=gate.name).set)
         # Each recurring failure is logged once per change of its cause, with a count; the
         # per-batch and per-key lines are debug (their outcomes are counted in the metrics).
         self._sync_failures = CauseLog(
@@ -251,6 +295,61 @@ class Reconciler:
         """The ``mode`` label of the outcome metric."""
         self._namespaces = frozenset(settings.kube.namespaces)
         metrics.bind_namespaces(settings.kube.namespaces)
+
+    @property
+    def gates(self) -> tuple[Gate, ...]:
+        """The dependencies' shared backoffs (the controller releases held keys when one
+        opens)."""
+        return (self.database_gate, self.api_gate)
+
+    async def _gated(
+        self,
+        gate: Gate,
+        what: str,
+        timeout_s: float,
+        call: Callable[[], Awaitable[T]],
+        *,
+        keys: int = 1,
+    ) -> T | Held:
+        """``call()`` within ``timeout_s`` through ``gate`` (``keys`` keys wait on it): held
+        while the dependency is backed off from; a failure raises :class:`StepFailed` as
+        :func:`_bounded` does, and no answer closes the gate."""
+        ticket = gate.admit()
+        if not isinstance(ticket, Ticket):
+            self._metrics.dependency_held.labels(dependency=gate.name).inc(keys)
+            return Held(gate.name, ticket)
+        try:
+            result = await _bounded(what, timeout_s, call())
+        except StepFailed as exc:
+            self._report(gate, ticket, answered=not _no_answer(exc))
+            raise
+        except BaseException:
+            gate.abandoned(ticket)  # cancelled, or a bug
+            raise
+        self._report(gate, ticket, answered=True)
+        return result
+
+    @staticmethod
+    def _failed(gate: Gate, exc: StepFailed, outcome: str) -> ReconcileResult | None:
+        """The result of a key whose step got no answer while ``gate`` is closed (held to its
+        next attempt time); ``None`` for any other failure."""
+        if _no_answer(exc) and gate.closed:
+            return ReconcileResult.held(outcome, gate.name, gate.retry_in_s())
+        return None
+
+    @staticmethod
+    def _held(held: Held, outcome: str) -> ReconcileResult:
+        return ReconcileResult.held(outcome, held.dependency, held.wait_s)
+
+    def _report(self, gate: Gate, ticket: Ticket, *, answered: bool) -> None:
+        if ticket.probe:
+            self._metrics.dependency_probes.labels(
+                dependency=gate.name, result="answered" if answered else "failed"
+            ).inc()
+        if answered:
+            gate.succeeded(ticket)
+        else:
+            gate.failed(ticket)
 
     # ================================================================= observe
 
@@ -325,17 +424,30 @@ class Reconciler:
                 results[key] = ReconcileResult.skipped(skip.reason)
         if not candidates:
             return
+        gate = self.database_gate
         try:
-            rows = await _bounded(
-                "row lookup", self._db_timeout_s, self._lookup([key for key, _ in candidates])
+            rows = await self._gated(
+                gate,
+                "row lookup",
+                self._db_timeout_s,
+                lambda: self._lookup([key for key, _ in candidates]),
+                keys=len(candidates),
             )
         except StepFailed as exc:
             # A failed lookup is a gap in the observation (invariant 3).
             self._lookup_failures.failed(cause_of(exc), str(exc))
             logger.debug("row lookup of %d keys failed, clocks cleared: %s", len(candidates), exc)
+            result = self._failed(gate, exc, ReconcileOutcome.LOOKUP_FAILED)
             for key, _ in candidates:
                 self._clocks.clear_key(key)
-                results[key] = ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
+                results[key] = result or ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
+            return
+        if isinstance(rows, Held):
+            # Not looked up: as much a gap in the observation as a failed lookup.
+            held = self._held(rows, ReconcileOutcome.LOOKUP_FAILED)
+            for key, _ in candidates:
+                self._clocks.clear_key(key)
+                results[key] = held
             return
         self._lookup_failures.ok()
         now = clock.now()
@@ -454,8 +566,11 @@ class Reconciler:
         key, pod, verdict = due.key, due.pod, due.verdict
         extra = {"key": key}
         try:
-            fresh = await _bounded(
-                "pod GET", self._api_timeout_s, self._pods.get_pod(pod.namespace, pod.name)
+            fresh = await self._gated(
+                self.api_gate,
+                "pod GET",
+                self._api_timeout_s,
+                lambda: self._pods.get_pod(pod.namespace, pod.name),
             )
         except StepFailed as exc:
             throttled_s = _throttled(exc)
@@ -475,21 +590,31 @@ class Reconciler:
             else:
                 self._get_failures.failed(cause_of(exc), str(exc))
                 logger.debug("fresh pod GET failed: %s", exc, extra=extra)
-            return ReconcileResult.retry(_retry_after(exc))
+            held_result = self._failed(self.api_gate, exc, ReconcileOutcome.ERROR)
+            return held_result or ReconcileResult.retry(_retry_after(exc))
+        if isinstance(fresh, Held):
+            return self._held(fresh, ReconcileOutcome.ERROR)
         self._get_failures.ok()
         if fresh is None:
             self._clocks.clear_key(key)
             return ReconcileResult.done(ReconcileOutcome.GONE)
         reread_at_s = clock.now()
         try:
-            fresh_row = await _bounded(
-                "row re-read", self._db_timeout_s, self._store.read_fresh(pod.key)
+            fresh_row = await self._gated(
+                self.database_gate,
+                "row re-read",
+                self._db_timeout_s,
+                lambda: self._store.read_fresh(pod.key),
             )
         except StepFailed as exc:
             self._clocks.clear_key(key)
             self._reread_failures.failed(cause_of(exc), str(exc))
             logger.debug("row re-read failed, clock cleared: %s", exc, extra=extra)
-            return ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
+            held_result = self._failed(self.database_gate, exc, ReconcileOutcome.LOOKUP_FAILED)
+            return held_result or ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
+        if isinstance(fresh_row, Held):
+            self._clocks.clear_key(key)
+            return self._held(fresh_row, ReconcileOutcome.LOOKUP_FAILED)
         self._reread_failures.ok()
 
         again = classify(fresh, fresh_row)
@@ -617,10 +742,11 @@ class Reconciler:
         key = checked.key
         extra = {"key": key}
         try:
-            outcome = await _bounded(
+            outcome = await self._gated(
+                self.api_gate,
                 "pod DELETE",
                 self._api_timeout_s,
-                self._pods.delete_pod(
+                lambda: self._pods.delete_pod(
                     fresh.namespace,
                     fresh.name,
                     uid=fresh.uid,
@@ -647,7 +773,11 @@ class Reconciler:
                 return ReconcileResult.requeue_after(ReconcileOutcome.ERROR, 0.0)
             self._delete_failures.failed(cause_of(exc), str(exc))
             logger.debug("DELETE failed: %s", exc, extra=extra)
-            return ReconcileResult.retry(_retry_after(exc))
+            held_result = self._failed(self.api_gate, exc, ReconcileOutcome.ERROR)
+            return held_result or ReconcileResult.retry(_retry_after(exc))
+        if isinstance(outcome, Held):
+            # The API server stopped answering since the fresh GET: nothing sent.
+            return self._held(outcome, ReconcileOutcome.ERROR)
         self._delete_failures.ok()
         self._metrics.deletes.labels(
             sandbox_namespace=fresh.namespace, result=str(outcome.result)

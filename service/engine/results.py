@@ -37,6 +37,9 @@ class ReconcileResult(msgspec.Struct, frozen=True, gc=False):
     requeue_after_s: float = 0.0
     skip_reason: SkipReason | None = None
     """Why the pod is not reapable, for ``skipped`` (counted by reason)."""
+    held_by: str | None = None
+    """The dependency (a gate's name, ``service/kit/gate.py``) whose shared backoff holds the
+    key: it is requeued to the dependency's next attempt time, and at once when it answers."""
 
     @staticmethod
     def done(outcome: str) -> ReconcileResult:
@@ -49,6 +52,14 @@ class ReconcileResult(msgspec.Struct, frozen=True, gc=False):
     @staticmethod
     def backoff(outcome: str) -> ReconcileResult:
         return ReconcileResult(Action.BACKOFF, str(outcome))
+
+    @staticmethod
+    def held(outcome: str, dependency: str, wait_s: float) -> ReconcileResult:
+        """The step's dependency gives no answer: wait ``wait_s`` for its next attempt time, or
+        less if it answers sooner."""
+        return ReconcileResult(
+            Action.REQUEUE_AFTER, str(outcome), max(0.0, wait_s), held_by=dependency
+        )
 
     @staticmethod
     def skipped(reason: SkipReason | None) -> ReconcileResult:
@@ -70,7 +81,11 @@ class ReconcileResult(msgspec.Struct, frozen=True, gc=False):
     @property
     def failed(self) -> bool:
         """Whether it counts as a reconcile error (backoff, or an error with a Retry-After)."""
-        return self.action is Action.BACKOFF or self.outcome == ReconcileOutcome.ERROR
+        return (
+            self.action is Action.BACKOFF
+            or self.outcome == ReconcileOutcome.ERROR
+            or self.held_by is not None
+        )
 
 
 INACTIVE_RESULT = ReconcileResult.done(INACTIVE)

@@ -7,6 +7,11 @@ lease duration, so a partitioned leader steps down before anybody else can take 
 Expiry of somebody else's lease is judged on this replica's own clock (the event loop's) from the
 moment it last saw the record change (never by comparing wall clocks across machines); the wall
 clock only writes the Lease's ``acquireTime``/``renewTime``, which Kubernetes defines as wall times.
+
+One attempt (the GET and the write after it) is bounded by :func:`attempt_timeout_s`, not only by
+the API timeout: a request stuck on a dead connection must fail early enough for the next attempt,
+a retry period later and on another connection, to renew within the renew deadline (client-go
+likewise retries every retry period within the renew deadline).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from service.config import LeaderSettings
 from service.kit import clock
 from service.kit.causelog import CauseLog, cause_of
 from service.kit.errors import ExternalError, Undecodable
+from service.kit.timeouts import fail_after
 from service.kube.decode import decode_json
 from service.kube.errors import TRANSIENT_ERRORS, KubeApiError, unavailable
 from service.metrics import Metrics
@@ -36,6 +42,21 @@ from service.metrics import Metrics
 logger = logging.getLogger(__name__)
 
 _LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+
+MIN_ATTEMPT_SHARE = 0.1
+"""The least share of the renew deadline one attempt is given, whatever the retry period."""
+
+
+def attempt_timeout_s(settings: LeaderSettings, api_timeout_s: float) -> float:
+    """The bound of one acquire-or-renew attempt: at most the API timeout, and short enough
+    that two attempts fit in the renew deadline after the last success — the first starts a
+    retry period after it, the second a retry period after the first gave up:
+    ``2 * (retry period + bound) <= renew deadline``. Defaults: min(10, 10/2 - 2) = 3 s.
+    With a retry period of half the renew deadline or more two attempts cannot fit; the bound
+    is then :data:`MIN_ATTEMPT_SHARE` of the renew deadline (docs/configuration.md)."""
+    two_fit_s = settings.renew_deadline_s / 2 - settings.retry_period_s
+    return min(api_timeout_s, max(two_fit_s, settings.renew_deadline_s * MIN_ATTEMPT_SHARE))
 
 
 def default_identity() -> str:
@@ -78,7 +99,8 @@ class LeaderElector:
         self._identity = settings.identity or default_identity()
         self._handlers: list[Callable[[bool], None]] = []
         self._metrics = metrics
-        self._timeout_s = request_timeout_s
+        self._timeout_s = attempt_timeout_s(settings, request_timeout_s)
+        """The bound of one attempt and of each request in it."""
         self._observed: _Observed | None = None
         self._observed_at = -math.inf
         self._last_renew = -math.inf
@@ -109,12 +131,14 @@ class LeaderElector:
 
     async def _tick(self) -> None:
         try:
-            acquired = await self._try_acquire_or_renew()
+            with fail_after(self._timeout_s):
+                acquired = await self._try_acquire_or_renew()
         except LeaseConflict:  # answered: the renewal path works
             acquired = False
             self._failures.ok()
-        except ExternalError as exc:  # API down, timeouts: judged by the renew deadline below
-            self._failures.failed(cause_of(exc), str(exc))
+        except (ExternalError, TimeoutError) as exc:  # API down, timeouts: judged below
+            detail = str(exc) if str(exc) else f"no answer within {self._timeout_s:.1f}s"
+            self._failures.failed(cause_of(exc), f"{type(exc).__name__}: {detail}")
             logger.debug("lease %s: %s", self._settings.lease_name, exc)
             acquired = False
         else:

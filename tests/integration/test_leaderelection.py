@@ -13,10 +13,12 @@ from kubernetes_asyncio import client as k8s_client
 
 from devtools.emulator import RunningEmulator
 from devtools.emulator.statuses import LEASES
+from service import config
 from service.config import LeaderSettings
+from service.kube.api import new_api_client
 from service.kube.leaderelection import LeaderElector
 from service.metrics import Metrics
-from tests.kubefixtures import eventually
+from tests.kubefixtures import ProxiedEmulator, eventually
 from tests.pgfixtures import metric
 
 pytestmark = pytest.mark.anyio
@@ -251,3 +253,53 @@ async def test_a_lease_it_cannot_read_is_an_unexpected_answer_not_a_crash(
         assert candidate.changes == []
         tg.cancel_scope.cancel()
     assert _spec(emulator)["holderIdentity"] == "other"
+
+
+@pytest.mark.timeout(90)
+async def test_a_renewal_stuck_on_a_black_holed_connection_does_not_cost_leadership(
+    proxied_emulator: ProxiedEmulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The defaults: a renewal every 2 s, leadership lost after 10 s without one, and an API
+    # timeout of 10 s, which alone would let one stuck attempt use up the whole renew deadline.
+    settings = LeaderSettings(
+        enabled=True,
+        lease_name=LEASE,
+        lease_namespace=NS,
+        lease_duration_s=config.LEASE_DURATION_SECONDS.default,
+        renew_deadline_s=config.RENEW_DEADLINE_SECONDS.default,
+        retry_period_s=config.RETRY_PERIOD_SECONDS.default,
+        identity="me",
+    )
+    running = proxied_emulator.running
+    api = await new_api_client(host=proxied_emulator.url)
+    changes: list[bool] = []
+    elector = LeaderElector(
+        api,
+        settings=settings,
+        namespace=NS,
+        metrics=Metrics(),
+        request_timeout_s=config.API_TIMEOUT_SECONDS.default,
+    )
+    elector.add_handler(changes.append)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(elector.run)
+            await eventually(elector.is_leader, timeout_s=30)
+            # Right after a renewal, the pooled keep-alive connection it used goes silent: the
+            # next renewal is sent on it and never answered.
+            renewed = _spec(running)["renewTime"]
+            await eventually(lambda: _spec(running)["renewTime"] != renewed, timeout_s=30)
+            assert proxied_emulator.proxy.blackhole_existing() >= 1
+            renewed = _spec(running)["renewTime"]
+            with caplog.at_level(logging.WARNING, logger="service.kube.leaderelection"):
+                # The stuck attempt gives up in time for the next one, on a new connection,
+                # to renew within the renew deadline.
+                await eventually(lambda: _spec(running)["renewTime"] != renewed, timeout_s=60)
+            assert [r.getMessage() for r in caplog.records if "lease" in r.getMessage()], (
+                "no renewal was stuck on the black-holed connection"
+            )
+            assert changes == [True]
+            assert elector.is_leader()
+            tg.cancel_scope.cancel()
+    finally:
+        await api.close()

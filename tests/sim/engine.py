@@ -36,6 +36,7 @@ from service.engine import workqueue as workqueue_module
 from service.engine.activation import Activation
 from service.engine.controller import Controller
 from service.engine.kept import KeptPods
+from service.engine.reconciler import dependency_backoff
 from service.engine.workqueue import WorkQueue
 from service.kit.backoff import Backoff
 from service.kube import informer as informer_module
@@ -116,7 +117,7 @@ def build(
     pods = new_pod_client(settings, _API, metrics)  # type: ignore[arg-type]
     pods._core = core  # type: ignore[assignment]
     # The seed's draws in the order they were always made: the informers', the queue's, the
-    # listener's.
+    # listener's, the dependencies' shared backoff.
     queue_backoff = seeded(default_queue_backoff())
     listener = RetirementListener(
         settings.database,
@@ -126,6 +127,7 @@ def build(
         namespaces=settings.kube.namespaces,
         probe_channel=PROBE_CHANNEL,
     )
+    gate_backoff = seeded(dependency_backoff())
     recorder = Recorder(loop)
     activation = Activation(enabled=settings.enabled)
     engine = wire_engine(
@@ -138,6 +140,7 @@ def build(
         recorder=recorder,
         metrics=metrics,
         queue_backoff=queue_backoff,
+        gate_backoff=gate_backoff,
     )
     controller, queue = engine.controller, engine.queue
     kept = wire_kept(

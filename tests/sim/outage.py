@@ -23,6 +23,7 @@ import functools
 import json
 import logging
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,7 @@ import msgspec
 from service.app.service import wire_engine
 from service.config import PREFIX, Settings, load
 from service.engine.activation import Activation
+from service.engine.reconciler import dependency_backoff
 from service.kube import informer as informer_module
 from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
@@ -95,9 +97,14 @@ class Outage:
 
     def __init__(self) -> None:
         self.api = ""
+        self.attempts: Counter[str] = Counter()
+        """Requests sent to the server while it is down, by what sent them."""
 
-    def fail(self, net: Net, call: Call) -> bool:
-        """Fail ``call`` as the outage does; ``False`` when the server is up."""
+    def fail(self, net: Net, call: Call, what: str) -> bool:
+        """Fail ``call`` (a request of ``what``) as the outage does; ``False`` when the server
+        is up."""
+        if self.api:
+            self.attempts[what] += 1
         if self.api == "refused":
             call.fail(
                 aiohttp.ClientConnectionError(
@@ -128,7 +135,7 @@ class DownableCoreV1Api(SimCoreV1Api):
             return await super()._call(op, timeout, handler)
         net = self.net
         call = Call(net, timeout.total if timeout is not None else None)
-        self.outage.fail(net, call)
+        self.outage.fail(net, call, op)
         return await call.wait()
 
 
@@ -143,7 +150,7 @@ class Leases:
 
     async def call_api(self, path: str, method: str, **kw: Any) -> Response:
         call = Call(self.net, kw.get("_request_timeout"))
-        if not self.outage.fail(self.net, call):
+        if not self.outage.fail(self.net, call, "lease"):
             body = kw.get("body")
             self.net.at(self.net.latency(), lambda: call.answer(self._serve(path, method, body)))
         result: Response = await call.wait()
@@ -187,7 +194,7 @@ class Events:
     async def create_namespaced_event(self, namespace: str, body: Any, **kw: Any) -> Response:
         timeout: aiohttp.ClientTimeout | None = kw.get("_request_timeout")
         call = Call(self.net, timeout.total if timeout is not None else None)
-        if not self.outage.fail(self.net, call):
+        if not self.outage.fail(self.net, call, "event"):
             self.net.at(self.net.latency(), self._create, call)
         result: Response = await call.wait()
         return result
@@ -206,6 +213,13 @@ class ProbedDatabase(Database):
         super().__init__(net)
         self.blackholed = False
         self._cut: list[Any] = []
+        self.attempts: Counter[str] = Counter()
+        """Statements (each a pooled connection's acquire) and listener connects sent to the
+        database while it is down."""
+
+    @property
+    def down(self) -> bool:
+        return self.blackholed or self.net.loop.time() < self.down_until
 
     def run(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         if sql == "SELECT 1":
@@ -241,6 +255,8 @@ class _Pool(Pool):
     db: ProbedDatabase
 
     async def acquire(self) -> PoolConn:
+        if self.db.down:
+            self.db.attempts["statement"] += 1
         await self.db.hang_if_blackholed(None)
         return await super().acquire()
 
@@ -249,6 +265,8 @@ class _Asyncpg(Asyncpg):
     db: ProbedDatabase
 
     async def connect(self, dsn: str, *, timeout: float | None = None, **kw: Any) -> ListenConn:
+        if self.db.down:
+            self.db.attempts["listener_connect"] += 1
         await self.db.hang_if_blackholed(timeout)
         return await super().connect(dsn, timeout=timeout, **kw)
 
@@ -336,6 +354,7 @@ def build(
         recorder=recorder,
         metrics=metrics,
         queue_backoff=_seeded(default_queue_backoff(), rng),
+        gate_backoff=_seeded(dependency_backoff(), rng),
     )
     elector.add_handler(engine.controller.set_leader)
     return Service(s, metrics, store, informer, listener, elector, recorder, engine.controller)
@@ -405,6 +424,9 @@ class Result:
     """Virtual seconds from the outage's start to the end of the run."""
     candidates: int
     """Pods cached (none deleted yet) when the outage began."""
+    attempts: dict[str, int]
+    """Requests sent to the dependency that was down while it was, by what sent them (the
+    database: ``statement``, ``listener_connect``; the API server: the operation)."""
 
 
 class _Tap(logging.Handler):
@@ -514,6 +536,7 @@ def run_outage(what: str, *, pods: int = PODS, seed: int = 1) -> Result:
         events=events.created,
         outage_end=ended - started,
         candidates=candidates,
+        attempts=dict(db.attempts if what.startswith("database") else outage.attempts),
     )
 
 
@@ -540,6 +563,7 @@ def summary(what: str, result: Result, pods: int) -> dict[str, Any]:
         "deleted": result.deleted,
         "deleted_lines": result.deleted_lines,
         "events": result.events,
+        "attempts": result.attempts,
         "lines": [
             {
                 "at": round(line.at, 3),
@@ -578,6 +602,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.what}: {len(result.lines)} lines, {result.deleted} of {args.pods} deleted "
         f"({result.deleted_lines} delete lines; {result.candidates} candidates cached when "
         f"it began), {result.events} Events, {result.outage_end:.0f} virtual s, "
+        f"{sum(result.attempts.values())} attempts on the dependency while down "
+        f"{json.dumps(result.attempts, sort_keys=True)}, "
         f"{time.process_time() - began:.1f} s CPU"
     )
     return 0

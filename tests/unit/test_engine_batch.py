@@ -10,7 +10,8 @@ import anyio
 import pytest
 
 from service.domain import ExecutionChange, ExecutionState, PodPhase, ReconcileOutcome, Verdict
-from service.engine.controller import MIN_BATCH
+from service.engine.controller import HELD_RECHECK_S, MIN_BATCH
+from service.engine.reconciler import DEPENDENCY_BACKOFF_MAX_S
 from service.kit import clock
 from service.kit.errors import Unavailable
 from tests.fakes import EngineRig, clock_of, make_pod, make_rig, make_row, make_settings
@@ -115,23 +116,45 @@ async def test_a_notification_during_the_batch_lookup_keeps_that_clock_stopped()
 
 
 @pytest.mark.anyio
-async def test_a_failed_batch_lookup_clears_every_clock_and_backs_off_each_key() -> None:
+async def test_a_failed_batch_lookup_clears_every_clock_and_holds_every_key_together() -> None:
     rig = make_rig(make_settings(deletes_per_minute=6000))
     async with rig.workers(WORKERS):
         keys = _retire_all(rig, 200)
         await settle()
         await rig.advance(100)
         rig.store.lookup_error = Unavailable("db down")
+        lookups = rig.store.lookups
         for key in keys:  # a resync while the database is down
             rig.queue.add(key)
         await settle()
         assert len(rig.clocks) == 0
         assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) >= 200
-        assert rig.sample("retired_pod_gc_queue_retries_total") == 200  # each backed off
+        # One lookup found the database down; every other key was held, none sent its own.
+        assert rig.store.lookups == lookups + 1
+        assert rig.sample("retired_pod_gc_dependency_backoff", {"dependency": "database"}) == 1
+        assert rig.sample("retired_pod_gc_queue_retries_total") == 0
+        # Down for a minute: one probe a backoff step (capped), not one lookup a key a step.
+        await rig.advance(60)
+        probes = rig.store.lookups - lookups - 1
+        assert 60 / DEPENDENCY_BACKOFF_MAX_S <= probes <= 60 / (0.8 * DEPENDENCY_BACKOFF_MAX_S) + 6
+        assert (
+            rig.sample(
+                "retired_pod_gc_dependency_probes_total",
+                {"dependency": "database", "result": "failed"},
+            )
+            == probes
+        )
+        # And the workers are not kept busy either: one held key (the driver) comes back each
+        # step; the others once in HELD_RECHECK_S at most.
+        assert (
+            rig.outcome(ReconcileOutcome.LOOKUP_FAILED) <= 200 * (1 + 60 / HELD_RECHECK_S) + probes
+        )
         rig.store.lookup_error = None
-        await rig.advance(1)
+        # Back: the next probe answers within the cap, and releases every held key at once.
+        await rig.advance(DEPENDENCY_BACKOFF_MAX_S)
         assert len(rig.clocks) == 200
-        await rig.advance(298)
+        assert rig.sample("retired_pod_gc_dependency_backoff", {"dependency": "database"}) == 0
+        await rig.advance(300 - DEPENDENCY_BACKOFF_MAX_S - 1)
         assert rig.pods.deletes == []  # the gap restarted every clock
         await rig.advance(10)
     assert len(rig.pods.deletes) == 200
@@ -218,3 +241,24 @@ async def test_a_batch_from_a_relisting_cache_starts_no_clock() -> None:
     assert len(rig.clocks) == 0
     assert rig.store.lookups == 0
     assert rig.outcome(ReconcileOutcome.CACHE_COLD) == len(pods)
+
+
+@pytest.mark.anyio
+async def test_when_the_key_that_drives_the_probe_is_gone_another_held_key_drives_it() -> None:
+    rig = make_rig(make_settings(deletes_per_minute=6000))
+    async with rig.workers(1):
+        rig.store.lookup_error = Unavailable("db down")
+        keys = _retire_all(rig, 3)  # one batch: the first key held drives the probes
+        await settle()
+        assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) == 3
+        # The driver and the next one go away while the database is down (no event: the cache
+        # alone forgets them, as after a missed delete).
+        for key in keys[:2]:
+            rig.cache.remove(key)
+        await rig.advance(20)
+        rig.store.lookup_error = None
+        # The one left drives the probes now: it is back within a backoff step of the restore,
+        # not at its own recheck (HELD_RECHECK_S).
+        await rig.advance(DEPENDENCY_BACKOFF_MAX_S)
+        assert len(rig.clocks) == 1
+        assert DEPENDENCY_BACKOFF_MAX_S + 20 < HELD_RECHECK_S

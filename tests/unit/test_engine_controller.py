@@ -24,7 +24,7 @@ from service.domain import (
 from service.engine.observation import ObservationClocks
 from service.engine.results import Action
 from service.kit import clock
-from service.kit.errors import Unavailable
+from service.pg.errors import DatabaseError
 from tests.fakes import (
     NAMESPACE,
     EngineRig,
@@ -537,7 +537,10 @@ async def test_worker_results_map_onto_the_queue_like_controller_runtime() -> No
         await rig.advance(delay_s * 0.2)
         assert await rig.queue.get_batch(10) == [pod.key]
 
-    rig.store.lookup_error = Unavailable("db down")
+    # An answer that is an error (not a dependency that is down: that holds every key together,
+    # tests/unit/test_engine_batch.py) backs the key off on its own.
+    answered = DatabaseError("relation does not exist", sqlstate="42P01")
+    rig.store.lookup_error = answered
     rig.queue.add(pod.key)
     assert await rig.queue.get_batch(10) == [pod.key]
     for delay_s in (0.005, 0.010, 0.020):  # backoff: rate-limited requeue, one more failure each
@@ -548,7 +551,7 @@ async def test_worker_results_map_onto_the_queue_like_controller_runtime() -> No
     result = await rig.reconcile(pod.key)  # requeue after: forget, and add after the delay
     assert (result.action, result.requeue_after_s) == (Action.REQUEUE_AFTER, 300.0)
     await ready_after(300.0)
-    rig.store.lookup_error = Unavailable("db down")
+    rig.store.lookup_error = answered
     await rig.reconcile(pod.key)
     await ready_after(0.005)  # the success forgot the failures
 

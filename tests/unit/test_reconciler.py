@@ -23,6 +23,7 @@ from service.domain import (
     ReconcileOutcome,
     Verdict,
 )
+from service.engine.reconciler import DEPENDENCY_BACKOFF_INITIAL_S
 from service.engine.results import INACTIVE, Action
 from service.kit import clock
 from service.kit.errors import Unavailable
@@ -273,18 +274,29 @@ async def test_a_changed_reapable_shape_restarts_the_clock() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_failed_lookup_restarts_the_clock_and_backs_off() -> None:
+async def test_a_failed_lookup_restarts_the_clock_and_holds_the_key_for_the_database() -> None:
     rig, pod = _rig()
     await rig.reconcile(pod.key)
     await rig.advance(200)
     rig.store.lookup_error = Unavailable("db down")
     failed = await rig.reconcile(pod.key)
-    assert (failed.action, failed.outcome) == (Action.BACKOFF, ReconcileOutcome.LOOKUP_FAILED)
+    assert (failed.action, failed.outcome) == (
+        Action.REQUEUE_AFTER,
+        ReconcileOutcome.LOOKUP_FAILED,
+    )
+    assert failed.held_by == "database"
+    assert 0 < failed.requeue_after_s <= DEPENDENCY_BACKOFF_INITIAL_S
+    assert clock_of(rig.clocks, pod.uid) is None
+    # Held: until its next attempt time no lookup goes out, and the clock stays cleared.
+    lookups = rig.store.lookups
+    again = await rig.reconcile(pod.key)
+    assert (again.outcome, again.held_by) == (ReconcileOutcome.LOOKUP_FAILED, "database")
+    assert rig.store.lookups == lookups
     assert clock_of(rig.clocks, pod.uid) is None
     rig.store.lookup_error = None
     await rig.advance(150)
     assert (await rig.reconcile(pod.key)).requeue_after_s == 300.0
-    assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) == 1
+    assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) == 2
 
 
 @pytest.mark.anyio
@@ -293,7 +305,7 @@ async def test_a_failed_fresh_re_read_restarts_the_clock_and_sends_nothing() -> 
     await _expire(rig, pod)
     rig.store.fresh_error = Unavailable("statement timeout")
     result = await rig.reconcile(pod.key)
-    assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.LOOKUP_FAILED)
+    assert (result.outcome, result.held_by) == (ReconcileOutcome.LOOKUP_FAILED, "database")
     assert clock_of(rig.clocks, pod.uid) is None
     assert rig.pods.deletes == []
 
@@ -418,6 +430,11 @@ async def test_a_failed_delete_is_retried_with_its_clock_kept_and_verified_again
     elif failure == "status_401":
         # The credentials were read again by the API client: verified again at once.
         expected = (Action.REQUEUE_AFTER, ReconcileOutcome.ERROR, 0.0)
+    elif failure == "unavailable":
+        # No answer: held for the API server with every other key, to its next attempt time.
+        assert result.held_by == "api_server"
+        assert 0 < result.requeue_after_s <= DEPENDENCY_BACKOFF_INITIAL_S
+        expected = (Action.REQUEUE_AFTER, ReconcileOutcome.ERROR, result.requeue_after_s)
     else:
         expected = (Action.BACKOFF, ReconcileOutcome.ERROR, 0.0)
     assert (result.action, result.outcome, result.requeue_after_s) == expected
@@ -429,6 +446,7 @@ async def test_a_failed_delete_is_retried_with_its_clock_kept_and_verified_again
         ) == (1 if (label == "throttled") is throttled else 0)
     # The key is not lost: its clock runs on, and the retry verifies again before its DELETE.
     assert clock_of(rig.clocks, pod.uid) is not None
+    await rig.advance(result.requeue_after_s if result.held_by else 0.0)
     gets = len(rig.pods.gets)
     retry = await rig.reconcile(pod.key)
     assert retry.outcome == Verdict.TERMINAL_RETIRED
@@ -442,10 +460,11 @@ async def test_a_failed_fresh_get_backs_off_and_sends_nothing() -> None:
     await _expire(rig, pod)
     rig.pods.get_error = Unavailable("connection reset")
     result = await rig.reconcile(pod.key)
-    assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
+    assert (result.outcome, result.held_by) == (ReconcileOutcome.ERROR, "api_server")
     assert rig.pods.deletes == []
     assert clock_of(rig.clocks, pod.uid) is not None  # no answer says nothing about the pod
     rig.pods.get_error = None
+    await rig.advance(result.requeue_after_s)
     assert (await rig.reconcile(pod.key)).outcome == Verdict.TERMINAL_RETIRED
 
 
