@@ -38,7 +38,8 @@ reconciler, which requeues the key at once, and the next attempt verifies the po
 carries the new token (a DELETE is never delayed between its final check and its send:
 docs/architecture.md, invariant 1). A 401 that stands after the reload is logged once per cause,
 counted, and makes the replica unready (:attr:`ApiTransport.problem`) until an answer other than
-401 comes.
+401 comes; a DELETE's 401 whose reload gave a new token is no such refusal (its next attempt
+carries the new token).
 
 **Throttling.** A 429, or a 503 with ``Retry-After``, is retried after its ``Retry-After``
 (:data:`DEFAULT_RETRY_AFTER_S` without one), at most :data:`MAX_THROTTLE_RETRIES` times, never past
@@ -466,17 +467,18 @@ class ApiTransport:
                     # again.
                     message = status_message(await response.read())
                     authorization = await self._reauthenticate(generation)
-                    if (
-                        not delete
-                        and not reauthenticated
-                        and authorization is not None
-                        and authorization != headers.get(_AUTHORIZATION)
-                    ):
+                    renewed = authorization is not None and authorization != headers.get(
+                        _AUTHORIZATION
+                    )
+                    if renewed and not delete and not reauthenticated:
                         response.release()
                         reauthenticated = True
-                        headers[_AUTHORIZATION] = authorization
+                        headers[_AUTHORIZATION] = cast(str, authorization)
                         continue
-                    self._refuse(f"401 {message}")
+                    if not renewed:
+                        self._refuse(f"401 {message}")
+                    # A DELETE refused with a token since replaced goes back to its reconciler,
+                    # whose next attempt carries the new one: not a refusal that stands.
                     return response
                 self._accept()
                 retry_after_s = parse_retry_after(response.headers.get("Retry-After"))

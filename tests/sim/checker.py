@@ -233,12 +233,18 @@ class Checker:
                     + f" (WATCH_SILENCE_SECONDS={bound_s:g})",
                 )
 
-    def check_tokens(self, budget_s: float, *, problem: str | None, end: float) -> None:
+    def check_tokens(
+        self, budget_s: float, *, problem: str | None, refusals: int, end: float
+    ) -> None:
         """A revoked token is replaced at the first 401: no request carries it when sent more
         than ``budget_s`` (``API_TIMEOUT_SECONDS``: a request's whole budget, a wait for a slot
         and 429 retries included, all sent with the headers it was made with) after the
-        transport first read a 401 for it (the loop's stalls meanwhile added); and no refusal
-        stands at the end (the replica is ready)."""
+        transport first read a 401 for it (the loop's stalls meanwhile added). The token file
+        always holds a token the server accepts (the world writes it before it revokes the
+        old one, and rotations are further apart than a request's budget), so no refusal may
+        stand (``refusals``: the transport's ``api_unauthorized_answers``, each a warning and
+        an unready replica; docs/operations.md promises a rotation one refused request and no
+        warning), nor be left standing at the end (``problem``)."""
         server = self.world.server
         stalls = self.world.loop.stalls
         for sent, authorization, op in server.sent:
@@ -255,6 +261,12 @@ class Checker:
                     f"not read again at the 401 (bound {budget_s:g}s)",
                 )
                 break
+        if refusals:
+            self._fail(
+                end,
+                f"{refusals} refusal(s) of the credentials stood (a warning, the replica "
+                "unready) though the token file held a token the server accepts",
+            )
         if problem is not None:
             self._fail(end, f"the replica is unready at the end: {problem}")
 

@@ -248,6 +248,7 @@ def run_seed(
     world.db.channel = settings.database.notify_channel
     metrics = shared_metrics()
     bugs_before = metrics.reconcile_bugs._value.get()
+    refusals_before = metrics.api_unauthorized_answers._value.get()
     service = build(
         settings,
         loop=loop,
@@ -301,7 +302,10 @@ def run_seed(
     checker.check(service.recorder.reports)
     checker.check_silence(settings.kube.watch_silence_s, end=loop.time())
     checker.check_tokens(
-        settings.kube.api_timeout_s, problem=service.api.transport.problem, end=loop.time()
+        settings.kube.api_timeout_s,
+        problem=service.api.transport.problem,
+        refusals=int(metrics.api_unauthorized_answers._value.get() - refusals_before),
+        end=loop.time(),
     )
     bugs = metrics.reconcile_bugs._value.get() - bugs_before
     if bugs:

@@ -373,15 +373,19 @@ class World:
         """Write the seed's first token into the token file (the server accepts it), and arm the
         seed's rotation (``Variant.rotate``): at an instant of the steps the file gets a new
         token (replaced whole, as the kubelet's atomic writer does) and the old one is revoked,
-        at once or a moment later; twice for "twice". Not once the faults are lifted."""
+        at once or a moment later; twice for "twice" (4-6 s apart). Not once the faults are
+        lifted."""
         self._seed_token = f"sim-{seed}"
         self.server.accept_token(self._write_token())
         if kind == "":
             return
         lag_s = {"revoked": 0.0, "later": rng.uniform(0.01, 0.5), "twice": 0.0}[kind]
-        self.net.at(rng.uniform(0.5, 4.0), self._rotate, lag_s)
+        first_s = rng.uniform(0.5, 4.0)
+        self.net.at(first_s, self._rotate, lag_s)
         if kind == "twice":
-            self.net.at(rng.uniform(4.5, 8.0), self._rotate, lag_s)
+            # Further apart than a request's budget (API_TIMEOUT_SECONDS, 2 s) and a stall:
+            # a request sent again with the first new token is answered before it is revoked.
+            self.net.at(first_s + rng.uniform(4.0, 6.0), self._rotate, lag_s)
 
     def _write_token(self) -> str:
         self._tokens += 1
