@@ -181,8 +181,12 @@ class SimResult:
 
 def token_file() -> str:
     """The service account's token file of this process's seeds (one process runs one seed at a
-    time; each seed writes its own token first)."""
-    return str(Path(tempfile.gettempdir()) / f"retired-pod-gc-sim-token-{os.getpid()}")
+    time; each seed writes its own token first), in memory where there is a tmpfs (a write and
+    rename there costs 12 us; on the disk's /tmp 0.5-4 ms, a third of a seed)."""
+    folder = Path("/dev/shm")
+    if not folder.is_dir():
+        folder = Path(tempfile.gettempdir())
+    return str(folder / f"retired-pod-gc-sim-token-{os.getpid()}")
 
 
 _metrics: Metrics | None = None
