@@ -181,8 +181,9 @@ class SimResult:
 
 def token_file() -> str:
     """The service account's token file of this process's seeds (one process runs one seed at a
-    time; each seed writes its own token first), in memory where there is a tmpfs (a write and
-    rename there costs 12 us; on the disk's /tmp 0.5-4 ms, a third of a seed)."""
+    time; each seed writes its own token first and removes the file at its end), in memory
+    where there is a tmpfs (a write and rename there costs 12 us; on the disk's /tmp 0.5-4 ms,
+    a third of a seed)."""
     folder = Path("/dev/shm")
     if not folder.is_dir():
         folder = Path(tempfile.gettempdir())
@@ -301,6 +302,7 @@ def run_seed(
         result.violations.append((loop.time(), f"crashed: {_describe(exc)}"))
     finally:
         loop.close_quietly()
+        Path(world.token_file).unlink(missing_ok=True)
         if tap is not None:
             logging.getLogger("service").removeHandler(tap)
     checker.check(service.recorder.reports)
