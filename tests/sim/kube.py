@@ -1,13 +1,15 @@
 """A model of the API server for one namespace of pods, behind the product's real client code.
 
-The seam is ``kubernetes_asyncio``'s ``CoreV1Api``: :class:`SimCoreV1Api` has the three methods
-the product calls (``read_namespaced_pod``, ``delete_namespaced_pod``, ``list_namespaced_pod``,
-the last one also as a watch), takes the same arguments and answers as a
-``_preload_content=False`` call does, with an aiohttp-like response. So everything the product
-does with an answer — ``KubePodClient`` (the DELETE preconditions it builds, its status
-mapping), ``ListWatch`` (the requests), the ``Reflector`` (pages, continue tokens, the fallback,
-decoding raw watch lines, bookmarks, 410s, resume and relist), the ``PodStore`` and the
-informer's dispatch — runs as in production.
+The seeds' seam is the transport's HTTP sessions (``service.kube.transport.Sessions``):
+:class:`SimSessions` takes the requests the real ``ApiClient``, ``CoreV1Api`` and
+``ApiTransport`` send (method, URL, ``authorization``, JSON body, aiohttp timeouts) and answers
+as an aiohttp session does, with an aiohttp-like response or stream. So everything the product
+does to make a request and with its answer — the transport (request slots, 429 retries, the
+re-read of the token at a 401), ``KubePodClient`` (the DELETE preconditions it builds, its
+status mapping), ``ListWatch`` (the requests), the ``Reflector`` (pages, continue tokens, the
+fallback, decoding raw watch lines, bookmarks, 410s, resume and relist), the ``PodStore`` and
+the informer's dispatch — runs as in production. :class:`SimCoreV1Api` is the older seam one
+level up (``kubernetes_asyncio``'s ``CoreV1Api`` methods), which ``tests/sim/outage.py`` keeps.
 
 :class:`ApiServer` is the server side: pods with UIDs and resourceVersions from one counter,
 an event history for watches to resume from (compaction makes older versions 410 Gone), watch
@@ -16,7 +18,10 @@ initial-events-end bookmark), paginated lists, DELETE with preconditions (UID an
 resourceVersion; 409 on mismatch, 404 when gone) and graceful deletion (a node-bound pod is
 marked terminating, then removed a moment later). A watch's connection can die silently
 (:meth:`ApiServer.kill_watches`: black-holed, nothing more arrives, not even its end), and the
-model records when the client last read a line from it and when it gave it up.
+model records when the client last read a line from it and when it gave it up. The server
+accepts the bearer tokens it issued (:meth:`ApiServer.accept_token`) and answers 401 to a
+revoked one (:meth:`ApiServer.revoke_token`), recording every request's token and send time and
+when the transport first read a 401 for each token (the checker's revoked-token rule).
 """
 
 from __future__ import annotations
