@@ -15,7 +15,10 @@ replaced by a new one (counted in ``retired_pod_gc_api_pool_replacements_total``
 closed once the requests in flight on it have had their timeout. So one request per outage waits
 its full timeout, not one per pooled connection. Watches (``watch=true``: watches and streaming
 lists) go over connections that are never reused (``force_close``): a re-established watch never
-lands on a connection that died while it sat in the pool.
+lands on a connection that died while it sat in the pool. The sessions come from a
+:class:`Sessions` factory: :class:`TcpSessions` in the service; the deterministic simulator's
+model of the API server in ``tests/sim`` (docs/reliability.md, "Deterministic simulation"), so
+that everything below runs there unchanged.
 
 Every connection has TCP keepalive on (aiohttp's client leaves ``SO_KEEPALIVE`` off; Linux's
 defaults would probe after two hours): the first probe after :data:`KEEPALIVE_IDLE_S` of silence,
@@ -35,7 +38,8 @@ reconciler, which requeues the key at once, and the next attempt verifies the po
 carries the new token (a DELETE is never delayed between its final check and its send:
 docs/architecture.md, invariant 1). A 401 that stands after the reload is logged once per cause,
 counted, and makes the replica unready (:attr:`ApiTransport.problem`) until an answer other than
-401 comes.
+401 comes; a DELETE's 401 whose reload gave a new token is no such refusal (its next attempt
+carries the new token).
 
 **Throttling.** A 429, or a 503 with ``Retry-After``, is retried after its ``Retry-After``
 (:data:`DEFAULT_RETRY_AFTER_S` without one), at most :data:`MAX_THROTTLE_RETRIES` times, never past
@@ -63,10 +67,10 @@ import logging
 import re
 import socket
 import ssl
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
-from typing import Any, cast
+from typing import Any, Protocol, cast
 from urllib.parse import urlencode
 
 import aiohttp
@@ -231,6 +235,63 @@ async def _drain(response: aiohttp.ClientResponse) -> bytes:
         response.release()
 
 
+class HttpSession(Protocol):
+    """What the transport uses of an HTTP session (``aiohttp.ClientSession``'s ``request`` and
+    ``close``)."""
+
+    def request(
+        self, method: str, url: str, **kwargs: Any
+    ) -> Awaitable[aiohttp.ClientResponse]: ...
+
+    async def close(self) -> None: ...
+
+
+class Sessions(Protocol):
+    """Where the transport's HTTP sessions come from: :class:`TcpSessions` (the service's
+    only one); the deterministic simulator (``tests/sim/kube.py``) answers with its model of the
+    API server instead, so that all of the transport's own logic runs there too."""
+
+    def pool(self) -> HttpSession:
+        """A new keep-alive pool for ordinary requests (also after a stalled one replaced the
+        last)."""
+        ...
+
+    def watches(self) -> HttpSession:
+        """The session of watches: connections that are never reused."""
+        ...
+
+
+class TcpSessions:
+    """aiohttp sessions over TCP with the configuration's TLS settings and TCP keepalive (see
+    the module docstring): a pool of ``pool_size`` connections, and watches on connections of
+    their own (``force_close``)."""
+
+    def __init__(self, configuration: k8s_client.Configuration, *, pool_size: int) -> None:
+        self._ssl = ssl_context(configuration)
+        self._pool_size = pool_size
+
+    def pool(self) -> HttpSession:
+        return self._session_of(
+            aiohttp.TCPConnector(
+                limit=self._pool_size, ssl=self._ssl, socket_factory=keepalive_socket
+            )
+        )
+
+    def watches(self) -> HttpSession:
+        return self._session_of(
+            aiohttp.TCPConnector(
+                limit=0, force_close=True, ssl=self._ssl, socket_factory=keepalive_socket
+            )
+        )
+
+    @staticmethod
+    def _session_of(connector: aiohttp.TCPConnector) -> HttpSession:
+        return cast(
+            HttpSession,
+            aiohttp.ClientSession(connector=connector, trust_env=True, read_bufsize=READ_BUFSIZE),
+        )
+
+
 class ApiTransport:
     """The ``rest_client`` of an ApiClient: see the module docstring."""
 
@@ -241,10 +302,12 @@ class ApiTransport:
         pool_size: int,
         credentials: Credentials | None = None,
         metrics: Metrics | None = None,
+        sessions: Sessions | None = None,
     ) -> None:
         self._configuration = configuration
-        self._ssl = ssl_context(configuration)
-        self._pool_size = pool_size
+        self._sessions = (
+            sessions if sessions is not None else TcpSessions(configuration, pool_size=pool_size)
+        )
         self._extra: dict[str, Any] = {}
         if configuration.proxy:
             self._extra["proxy"] = configuration.proxy
@@ -252,13 +315,9 @@ class ApiTransport:
             self._extra["proxy_headers"] = configuration.proxy_headers
         if configuration.tls_server_name:
             self._extra["server_hostname"] = configuration.tls_server_name
-        self._session = self._pool()
-        self._watch_session = self._session_of(
-            aiohttp.TCPConnector(
-                limit=0, force_close=True, ssl=self._ssl, socket_factory=keepalive_socket
-            )
-        )
-        self._retired: list[tuple[float, aiohttp.ClientSession]] = []
+        self._session = self._sessions.pool()
+        self._watch_session = self._sessions.watches()
+        self._retired: list[tuple[float, HttpSession]] = []
         self.limit = AimdLimit(ceiling=pool_size)
         """The adaptive concurrency limit of requests that are not watches."""
         self._credentials = credentials
@@ -418,17 +477,18 @@ class ApiTransport:
                     # again.
                     message = status_message(await response.read())
                     authorization = await self._reauthenticate(generation)
-                    if (
-                        not delete
-                        and not reauthenticated
-                        and authorization is not None
-                        and authorization != headers.get(_AUTHORIZATION)
-                    ):
+                    renewed = authorization is not None and authorization != headers.get(
+                        _AUTHORIZATION
+                    )
+                    if renewed and not delete and not reauthenticated:
                         response.release()
                         reauthenticated = True
-                        headers[_AUTHORIZATION] = authorization
+                        headers[_AUTHORIZATION] = cast(str, authorization)
                         continue
-                    self._refuse(f"401 {message}")
+                    if not renewed:
+                        self._refuse(f"401 {message}")
+                    # A DELETE refused with a token since replaced goes back to its reconciler,
+                    # whose next attempt carries the new one: not a refusal that stands.
                     return response
                 self._accept()
                 retry_after_s = parse_retry_after(response.headers.get("Retry-After"))
@@ -500,16 +560,6 @@ class ApiTransport:
 
     # -------------------------------------------------------------------- pools
 
-    def _session_of(self, connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(connector=connector, trust_env=True, read_bufsize=READ_BUFSIZE)
-
-    def _pool(self) -> aiohttp.ClientSession:
-        return self._session_of(
-            aiohttp.TCPConnector(
-                limit=self._pool_size, ssl=self._ssl, socket_factory=keepalive_socket
-            )
-        )
-
     @staticmethod
     def _stalled(exc: BaseException, waited_s: float, timeout_s: float | None) -> bool:
         """Whether a request ended without an answer for (about) its whole timeout."""
@@ -518,16 +568,16 @@ class ApiTransport:
         cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
         return cancelled and timeout_s is not None and waited_s >= STALL_FRACTION * timeout_s
 
-    def _replace(self, session: aiohttp.ClientSession, timeout_s: float | None) -> None:
+    def _replace(self, session: HttpSession, timeout_s: float | None) -> None:
         """Replace the pool ``session`` (when it still is the pool) by a new one."""
         if session is not self._session:
             return  # replaced already, by a sibling that timed out with it
         self._retire(session, 2 * timeout_s if timeout_s else RETIRED_POOL_GRACE_S)
-        self._session = self._pool()
+        self._session = self._sessions.pool()
         self._metrics.api_pool_replacements.inc()
         self._stall_log.failed("no answer within the request timeout")
 
-    def _retire(self, session: aiohttp.ClientSession, grace_s: float) -> None:
+    def _retire(self, session: HttpSession, grace_s: float) -> None:
         """Close ``session`` once the requests in flight on it have had ``grace_s``."""
         self._retired.append((clock.now() + grace_s, session))
 

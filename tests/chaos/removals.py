@@ -8,8 +8,8 @@ original. A name that no longer exists raises (:func:`replaced`). Run
 ``python -m tests.chaos.removals [--seeds N] [--only NAME ...]``; the table it prints is what
 docs/reliability.md records. Exit status 1 when a removal went unnoticed. ``--engine sim``
 applies the removals to the deterministic simulator (``tests/sim``) instead of the campaign:
-:data:`REMOVALS` on both, and on the simulator the classifier's rules and the informer's silence
-bound too (:data:`SIM_REMOVALS`).
+:data:`REMOVALS` on both, and on the simulator the classifier's rules, the informer's silence
+bound and the transport's re-read of the token at a 401 too (:data:`SIM_REMOVALS`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import functools
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
@@ -29,7 +29,9 @@ from service.domain import ExecutionChange, ExecutionRow
 from service.engine.budget import DeleteBudget
 from service.engine.controller import Controller
 from service.engine.reconciler import Reconciler
+from service.kube.credentials import BEARER_TOKEN
 from service.kube.reflector import Reflector
+from service.kube.transport import ApiTransport
 from tests.chaos.campaign import run_campaign
 from tests.chaos.checker import SeedResult
 from tests.chaos.schedule import CampaignConfig
@@ -168,14 +170,26 @@ def _no_silence_bound(_self: Reflector) -> float | None:
     return None
 
 
+async def _no_reread_at_401(self: ApiTransport, _generation: int) -> str | None:
+    # The Authorization the request was sent with stays: only the periodic re-read (once a
+    # minute, the configuration's refresh hook) ever reads the token file again.
+    auth = await self._configuration.auth_settings()
+    entry = cast(dict[str, dict[str, str]], auth).get(BEARER_TOKEN)
+    return entry["value"] if entry else None
+
+
 LIVENESS_REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     # The informer's silence bound: a watch whose connection died silently is read until the
     # request's read timeout gives up, as if the server sent no bookmarks.
     "watch_silence_bound": lambda: replaced(Reflector, "_silence_bound", _no_silence_bound),
+    # The transport's re-read of the credentials at a 401: a refused request is not sent again
+    # with a new token, and the next ones carry the revoked one until the periodic re-read.
+    "reread_at_401": lambda: replaced(ApiTransport, "_reauthenticate", _no_reread_at_401),
 }
-"""What keeps the pod cache from going deaf rather than a delete safe. Not part of
-:data:`REMOVALS`: the campaign's emulator never drops a connection silently; the simulator's
-API server model does (``tests/sim/kube.py``, ``ApiServer.kill_watches``)."""
+"""What keeps the pod cache from going deaf, or the client from being refused for a minute,
+rather than a delete safe. Not part of :data:`REMOVALS`: the campaign's emulator never drops a
+connection silently nor revokes a token; the simulator's API server model does
+(``tests/sim/kube.py``, ``ApiServer.kill_watches``; ``World.rotate_token``)."""
 
 SIM_REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     **REMOVALS,

@@ -97,6 +97,37 @@ async def test_a_rotated_token_file_costs_one_401(
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+async def test_a_rotated_token_first_refused_on_a_delete_is_no_standing_refusal(
+    emulator: RunningEmulator,
+    api: k8s_client.ApiClient,
+    kube_settings: KubeSettings,
+    token_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Found by the simulator (a rotation whose first refused request is a DELETE, seed 142):
+    # the DELETE is not sent again, its 401 goes back to the caller, and the next one carries
+    # the token read at that 401; no warning, never unready (docs/operations.md, token rotated).
+    emu = emulator.emulator
+    emu.create_pod(sandbox_pod("t1"), namespace=NS)
+    client, metrics = pod_client(api, kube_settings)
+    transport = transport_of(api)
+    assert transport is not None
+    pod = await client.get_pod(NS, "space-sbx-t1-g1")
+    assert pod is not None
+    token_path.write_text("token-two\n")  # the old token is revoked at once
+    with pytest.raises(KubeApiError) as err:
+        await client.delete_pod(NS, pod.name, uid=pod.uid, resource_version=pod.resource_version)
+    assert err.value.status == 401
+    assert transport.problem is None
+    assert metric(metrics.registry, "retired_pod_gc_api_unauthorized_answers_total") == 0
+    outcome = await client.delete_pod(
+        NS, pod.name, uid=pod.uid, resource_version=pod.resource_version
+    )
+    assert outcome.status == 200
+    assert emu.auth.unauthorized == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 async def test_a_revoked_token_not_replaced_warns_once_is_unready_and_recovers(
     emulator: RunningEmulator,
     kube_settings: KubeSettings,

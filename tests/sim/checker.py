@@ -20,6 +20,11 @@ pod cache deaf; the client must give it up within ``WATCH_SILENCE_SECONDS`` of t
 read from it (the service hears of nothing in between, and a pod created meanwhile stays
 unseen).
 
+A revoked token (``World.rotate_token``): the service reads its credentials again at the first
+401, so no request carries the revoked token when sent later than ``API_TIMEOUT_SECONDS`` after
+the transport first read a 401 for it (the periodic re-read, once a minute, would leave a minute
+of them), and the replica is not left unready.
+
 Liveness: once the faults are lifted, every pod reapable then must be deleted (reported, in dry
 run) within ``threshold + recovery_bound + backlog / pace``, counted from when the service's
 links are back (capped by the product's backoff caps), as :func:`tests.chaos.checker.quiet_phase`.
@@ -227,6 +232,43 @@ class Checker:
                     )
                     + f" (WATCH_SILENCE_SECONDS={bound_s:g})",
                 )
+
+    def check_tokens(
+        self, budget_s: float, *, problem: str | None, refusals: int, end: float
+    ) -> None:
+        """A revoked token is replaced at the first 401: no request carries it when sent more
+        than ``budget_s`` (``API_TIMEOUT_SECONDS``: a request's whole budget, a wait for a slot
+        and 429 retries included, all sent with the headers it was made with) after the
+        transport first read a 401 for it (the loop's stalls meanwhile added). The token file
+        always holds a token the server accepts (the world writes it before it revokes the
+        old one, and rotations are further apart than a request's budget), so no refusal may
+        stand (``refusals``: the transport's ``api_unauthorized_answers``, each a warning and
+        an unready replica; docs/operations.md promises a rotation one refused request and no
+        warning), nor be left standing at the end (``problem``)."""
+        server = self.world.server
+        stalls = self.world.loop.stalls
+        for sent, authorization, op in server.sent:
+            refused_at = server.refusals_read.get(authorization)
+            if refused_at is None or sent <= refused_at + budget_s:
+                continue
+            stalled = sum(s for at, s in stalls if refused_at <= at <= sent)
+            if sent - refused_at > budget_s + stalled + 1e-6:
+                self._fail(
+                    sent,
+                    f"a {op} request sent with a revoked token {sent - refused_at:.3f}s after "
+                    f"its first 401 (at {refused_at:.3f}; revoked at "
+                    f"{server.revoked.get(authorization, float('nan')):.3f}): the token was "
+                    f"not read again at the 401 (bound {budget_s:g}s)",
+                )
+                break
+        if refusals:
+            self._fail(
+                end,
+                f"{refusals} refusal(s) of the credentials stood (a warning, the replica "
+                "unready) though the token file held a token the server accepts",
+            )
+        if problem is not None:
+            self._fail(end, f"the replica is unready at the end: {problem}")
 
     # -- liveness --------------------------------------------------------------------------
 

@@ -5,8 +5,10 @@ What differs from ``build`` is only what a deterministic run needs: it runs on
 :class:`tests.sim.loop.VirtualLoop`, whose clock is virtual (every part reads and waits on the
 event loop's clock, as in production), every random choice (backoff jitter, the
 watch timeout's jitter) comes from the seed, the listener's delivery probes go out on a fixed
-channel (:data:`PROBE_CHANNEL`), the Kubernetes client's ``CoreV1Api`` is the model's
-(:class:`tests.sim.kube.SimCoreV1Api`), ``asyncpg.connect``/``create_pool`` are the database
+channel (:data:`PROBE_CHANNEL`), the Kubernetes client is the real ``ApiClient`` and
+``ApiTransport`` whose HTTP sessions are the model's (:class:`tests.sim.kube.SimSessions`: the
+API server model answers the HTTP requests, the token read from a file as in a pod, by
+``TokenFile``), ``asyncpg.connect``/``create_pool`` are the database
 model's (:class:`tests.sim.pg.Asyncpg`), the reap reports are collected by a recorder of the
 simulator's (the Event writer is not run), and there is no HTTP server, watchdog or leader
 election (a step flips the leadership through ``Controller.set_leader`` instead).
@@ -23,6 +25,8 @@ from typing import Any
 
 import anyio
 import asyncpg
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio.client import rest as k8s_rest
 
 from service.app.service import (
     default_queue_backoff,
@@ -41,14 +45,16 @@ from service.engine.workqueue import WorkQueue
 from service.kit.backoff import Backoff
 from service.kube import informer as informer_module
 from service.kube import reflector as reflector_module
+from service.kube.credentials import TokenFile
 from service.kube.decode import PodDecoder
 from service.kube.informer import PodInformer
 from service.kube.namespaces import MultiNamespaceInformer
+from service.kube.transport import ApiTransport
 from service.metrics import Metrics
 from service.pg import listener as listener_module
 from service.pg.listener import RetirementListener
 from service.ports import ReapReport
-from tests.sim.kube import SimCoreV1Api
+from tests.sim.kube import ApiServer, SimSessions
 from tests.sim.loop import VirtualLoop
 from tests.sim.pg import Asyncpg
 
@@ -77,20 +83,56 @@ class Service:
     queue: WorkQueue
     recorder: Recorder
     kept: KeptPods
+    api: SimApi
 
 
 PROBE_CHANNEL = "retired_pod_gc_probe_sim"
 """The listener's delivery-probe channel (the product draws a random one a process)."""
 
-_API = object()
-"""Stands for the ``ApiClient`` the adapters are built with (their ``CoreV1Api`` is replaced)."""
+SIM_HOST = "https://kubernetes.sim.invalid"
+POOL_SIZE = 32
+"""As ``new_api_client``'s."""
+
+
+@dataclass
+class SimApi:
+    """The service's Kubernetes client on the model: the real ``ApiClient`` with the real
+    ``ApiTransport`` as its rest client, the token from ``credentials``."""
+
+    client: k8s_client.ApiClient
+    transport: ApiTransport
+    credentials: TokenFile
+
+
+def new_api(server: ApiServer, *, token_file: str, metrics: Metrics) -> SimApi:
+    """As ``service.kube.api.new_api_client`` makes it for a token file, the sessions the
+    model's. The token is read (``TokenFile.install``) when the service starts (:func:`run`: it
+    reads the loop's clock). The ``ApiClient`` is made by its own ``__init__`` with the
+    transport in place of the library's rest client (whose TLS context costs 50 ms a seed)."""
+    configuration = k8s_client.Configuration()
+    configuration.host = SIM_HOST
+    credentials = TokenFile(token_file)
+    transport = ApiTransport(
+        configuration,
+        pool_size=POOL_SIZE,
+        credentials=credentials,
+        metrics=metrics,
+        sessions=SimSessions(server),
+    )
+    saved = k8s_rest.RESTClientObject
+    k8s_rest.RESTClientObject = lambda _configuration: transport  # type: ignore[assignment,misc]
+    try:
+        client = k8s_client.ApiClient(configuration)
+    finally:
+        k8s_rest.RESTClientObject = saved  # type: ignore[misc]
+    return SimApi(client, transport, credentials)
 
 
 def build(
     settings: Settings,
     *,
     loop: VirtualLoop,
-    core: SimCoreV1Api,
+    api: SimApi,
     rng: random.Random,
     metrics: Metrics,
 ) -> Service:
@@ -101,8 +143,8 @@ def build(
     decoder = PodDecoder(settings.kube.label_keys)
 
     def namespace_informer(namespace: str) -> PodInformer:
-        informer = PodInformer(
-            _API,  # type: ignore[arg-type]
+        return PodInformer(
+            api.client,
             settings.kube,
             decoder,
             metrics,
@@ -110,12 +152,9 @@ def build(
             rng=random.Random(rng.random()),
             backoff=seeded(informer_module.default_backoff()),
         )
-        informer._reflector._lw._core = core  # type: ignore[attr-defined]
-        return informer
 
     informer = MultiNamespaceInformer(settings.kube.namespaces, namespace_informer)
-    pods = new_pod_client(settings, _API, metrics)  # type: ignore[arg-type]
-    pods._core = core  # type: ignore[assignment]
+    pods = new_pod_client(settings, api.client, metrics)
     # The seed's draws in the order they were always made: the informers', the queue's, the
     # listener's, the dependencies' shared backoff.
     queue_backoff = seeded(default_queue_backoff())
@@ -152,12 +191,13 @@ def build(
         recorder=None,
         metrics=metrics,
     )
-    return Service(settings, controller, informer, listener, store, queue, recorder, kept)
+    return Service(settings, controller, informer, listener, store, queue, recorder, kept, api)
 
 
 async def run(service: Service, *, stop: anyio.Event) -> None:
     """As ``service.app.service.run``, without the HTTP server, watchdog and elector."""
     settings = service.settings
+    service.api.credentials.install(service.api.client.configuration)
     await service.store.start()
     try:
         async with anyio.create_task_group() as tg:

@@ -1,13 +1,15 @@
 """A model of the API server for one namespace of pods, behind the product's real client code.
 
-The seam is ``kubernetes_asyncio``'s ``CoreV1Api``: :class:`SimCoreV1Api` has the three methods
-the product calls (``read_namespaced_pod``, ``delete_namespaced_pod``, ``list_namespaced_pod``,
-the last one also as a watch), takes the same arguments and answers as a
-``_preload_content=False`` call does, with an aiohttp-like response. So everything the product
-does with an answer — ``KubePodClient`` (the DELETE preconditions it builds, its status
-mapping), ``ListWatch`` (the requests), the ``Reflector`` (pages, continue tokens, the fallback,
-decoding raw watch lines, bookmarks, 410s, resume and relist), the ``PodStore`` and the
-informer's dispatch — runs as in production.
+The seeds' seam is the transport's HTTP sessions (``service.kube.transport.Sessions``):
+:class:`SimSessions` takes the requests the real ``ApiClient``, ``CoreV1Api`` and
+``ApiTransport`` send (method, URL, ``authorization``, JSON body, aiohttp timeouts) and answers
+as an aiohttp session does, with an aiohttp-like response or stream. So everything the product
+does to make a request and with its answer — the transport (request slots, 429 retries, the
+re-read of the token at a 401), ``KubePodClient`` (the DELETE preconditions it builds, its
+status mapping), ``ListWatch`` (the requests), the ``Reflector`` (pages, continue tokens, the
+fallback, decoding raw watch lines, bookmarks, 410s, resume and relist), the ``PodStore`` and
+the informer's dispatch — runs as in production. :class:`SimCoreV1Api` is the older seam one
+level up (``kubernetes_asyncio``'s ``CoreV1Api`` methods), which ``tests/sim/outage.py`` keeps.
 
 :class:`ApiServer` is the server side: pods with UIDs and resourceVersions from one counter,
 an event history for watches to resume from (compaction makes older versions 410 Gone), watch
@@ -16,7 +18,10 @@ initial-events-end bookmark), paginated lists, DELETE with preconditions (UID an
 resourceVersion; 409 on mismatch, 404 when gone) and graceful deletion (a node-bound pod is
 marked terminating, then removed a moment later). A watch's connection can die silently
 (:meth:`ApiServer.kill_watches`: black-holed, nothing more arrives, not even its end), and the
-model records when the client last read a line from it and when it gave it up.
+model records when the client last read a line from it and when it gave it up. The server
+accepts the bearer tokens it issued (:meth:`ApiServer.accept_token`) and answers 401 to a
+revoked one (:meth:`ApiServer.revoke_token`), recording every request's token and send time and
+when the transport first read a 401 for each token (the checker's revoked-token rule).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import aiohttp
 import msgspec
@@ -286,6 +292,33 @@ class ApiServer:
         self.fail_after_expire = 0
         """After serving the next 410, the next N list and watch requests fail (500)."""
         self.on_delete: Callable[[], object] = lambda: None
+        self.tokens: set[str] = set()
+        """The bearer tokens the server accepts now (``authorization`` headers); empty: any."""
+        self.revoked: dict[str, float] = {}
+        """Tokens the server accepted once and refuses since (401), with when."""
+        self.sent: list[tuple[float, str, str]] = []
+        """(when the client's transport handed it to its session, its authorization, op) of
+        every request, in order."""
+        self.refusals_read: dict[str, float] = {}
+        """When the transport first read a 401 for each refused authorization."""
+
+    # -- credentials -----------------------------------------------------------------------
+
+    def accept_token(self, authorization: str) -> None:
+        self.tokens.add(authorization)
+
+    def revoke_token(self, authorization: str) -> None:
+        if authorization in self.tokens:
+            self.tokens.discard(authorization)
+            self.revoked[authorization] = self.net.loop.time()
+            self.trace(f"kube token revoked: {authorization[-8:]}")
+
+    def refuses(self, authorization: str) -> Response | None:
+        """The 401 a request with ``authorization`` gets (``None``: accepted)."""
+        if not self.tokens or authorization in self.tokens:
+            return None
+        self.trace(f"kube 401 for {authorization[-8:]}")
+        return Response(401, _status_body(401, "Unauthorized", "Unauthorized"))
 
     # -- changes (the driver's, the kubelet's, the service's DELETE) -----------------------
 
@@ -559,8 +592,8 @@ class KubeFaults:
     armed: dict[str, list[_Fault]] = field(default_factory=dict)
 
 
-class SimCoreV1Api:
-    """The ``CoreV1Api`` methods the product calls, against :class:`ApiServer`."""
+class _Wire:
+    """A request's way to :class:`ApiServer` and back: latencies, and faults on the way."""
 
     def __init__(self, server: ApiServer) -> None:
         self.server = server
@@ -610,6 +643,11 @@ class SimCoreV1Api:
         net.at(up, arrive)
         return await call.wait()
 
+
+class SimCoreV1Api(_Wire):
+    """The ``CoreV1Api`` methods the product calls, against :class:`ApiServer` (the seam of
+    ``tests/sim/outage.py``; the seeds' is :class:`SimSessions`, below the transport)."""
+
     async def read_namespaced_pod(self, name: str, namespace: str, **kw: Any) -> Response:
         assert namespace == NAMESPACE and kw.get("_preload_content") is False
         return await self._call("get", kw.get("_request_timeout"), lambda: self.server.get(name))
@@ -653,3 +691,93 @@ class SimCoreV1Api:
                 sock_read_s=sock_read,
             ),
         )
+
+
+_PODS_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods"
+
+
+class SimSessions(_Wire):
+    """``service.kube.transport.Sessions`` on :class:`ApiServer`: the HTTP requests of the real
+    ``ApiClient`` and ``ApiTransport`` (its 401 re-read, 429 retries, pool replacement, request
+    slots) answered by the model, as an aiohttp session answers them (the response headers, then
+    the body or the stream). The request is decoded as the server decodes it: method, path,
+    query, the ``authorization`` header (:meth:`ApiServer.refuses`), the JSON body."""
+
+    def pool(self) -> SimSessions:
+        return self
+
+    def watches(self) -> SimSessions:
+        return self
+
+    async def close(self) -> None:
+        pass
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: dict[str, str],
+        data: Any = None,
+        timeout: aiohttp.ClientTimeout,
+        **_: Any,
+    ) -> Any:
+        server = self.server
+        sent = self.net.loop.time()
+        split = urlsplit(url)
+        query = dict(parse_qsl(split.query))
+        path = split.path
+        authorization = headers.get("authorization", "")
+        if path == _PODS_PATH:
+            assert method == "GET" and query.get("labelSelector") == SELECTOR, (method, query)
+            if query.get("watch", "").lower() == "true":
+                op = "watch"
+                call_timeout = aiohttp.ClientTimeout(total=timeout.connect)
+
+                def serve() -> Any:
+                    return server.open_watch(
+                        version=query.get("resourceVersion"),
+                        initial=query.get("sendInitialEvents", "").lower() == "true",
+                        timeout_s=float(query.get("timeoutSeconds") or 300),
+                        sock_read_s=timeout.sock_read,
+                    )
+
+            else:
+                op, call_timeout = "list", timeout
+                limit = query.get("limit")
+
+                def serve() -> Any:
+                    return server.list_page(
+                        int(limit) if limit else None,
+                        query.get("continue"),
+                        query.get("resourceVersion"),
+                        query.get("resourceVersionMatch"),
+                    )
+
+        else:
+            assert path.startswith(_PODS_PATH + "/"), path
+            name = path[len(_PODS_PATH) + 1 :]
+            call_timeout = timeout
+            if method == "GET":
+                op = "get"
+
+                def serve() -> Any:
+                    return server.get(name)
+
+            else:
+                assert method == "DELETE", method
+                op = "delete"
+                body = msgspec.json.decode(data) if data else {}
+
+                def serve() -> Any:
+                    return server.delete(name, body, sent)
+
+        server.sent.append((sent, authorization, op))
+
+        def handler() -> Any:
+            return server.refuses(authorization) or serve()
+
+        response = await self._call(op, call_timeout, handler)
+        if response.status == 401:
+            server.refusals_read.setdefault(authorization, self.net.loop.time())
+        return response

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import os
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -145,6 +146,9 @@ class World:
         self.stats: Counter[str] = Counter()
         self.hooks = Hooks()
         self._pending: list[tuple[asyncio.TimerHandle, Callable[[], None]]] = []
+        self.token_file = ""
+        """The service account's token file (the service reads it with ``TokenFile``)."""
+        self._tokens = 0
 
     # -- ground truth ----------------------------------------------------------------------
 
@@ -364,6 +368,46 @@ class World:
             self.net.at(0.25, self._kill_watches, times, rng)
         elif times > 1:
             self.net.at(rng.uniform(1.0, 4.0), self._kill_watches, times - 1, rng)
+
+    def rotate_token(self, kind: str, rng: random.Random, *, seed: int) -> None:
+        """Write the seed's first token into the token file (the server accepts it), and arm the
+        seed's rotation (``Variant.rotate``): at an instant of the steps the file gets a new
+        token (replaced whole, as the kubelet's atomic writer does) and the old one is revoked,
+        at once or a moment later; twice for "twice" (4-6 s apart). Not once the faults are
+        lifted."""
+        self._seed_token = f"sim-{seed}"
+        self.server.accept_token(self._write_token())
+        if kind == "":
+            return
+        lag_s = {"revoked": 0.0, "later": rng.uniform(0.01, 0.5), "twice": 0.0}[kind]
+        first_s = rng.uniform(0.5, 4.0)
+        self.net.at(first_s, self._rotate, lag_s)
+        if kind == "twice":
+            # Further apart than a request's budget (API_TIMEOUT_SECONDS, 2 s) and a stall:
+            # a request sent again with the first new token is answered before it is revoked.
+            self.net.at(first_s + rng.uniform(4.0, 6.0), self._rotate, lag_s)
+
+    def _write_token(self) -> str:
+        self._tokens += 1
+        token = f"{self._seed_token}-{self._tokens}"
+        staged = f"{self.token_file}.new"
+        with open(staged, "w", encoding="utf-8") as out:
+            out.write(token + "\n")
+        os.replace(staged, self.token_file)
+        return f"Bearer {token}"
+
+    def _rotate(self, lag_s: float) -> None:
+        if not self.net.faults_on:
+            return
+        old = [t for t in sorted(self.server.tokens)]
+        new = self._write_token()
+        self.server.accept_token(new)
+        self.trace(f"token file rotated: {new[-8:]}, old revoked in {lag_s:.3f}s")
+        for token in old:
+            if lag_s:
+                self.net.at(lag_s, self.server.revoke_token, token)
+            else:
+                self.server.revoke_token(token)
 
     def _drop_notifications(self) -> None:
         if self.net.faults_on:
