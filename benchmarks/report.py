@@ -687,7 +687,8 @@ def _render_b9(r: dict[str, Any]) -> list[str]:
         f"The controller: first DELETE {_f(ctl['first_delete_after_retire_s'], 2)} s after the "
         f"retirement (threshold 1 s), last Event {_f(ctl['last_event_after_retire_s'], 2)} s "
         f"after it; concurrency limit at the end {_f(ctl['concurrency_limit_at_end'], 0)}. "
-        f"Its info lines are the per-delete `deleted ...` lines and the start-up lines.",
+        f"Its info lines are the start-up lines and the deletes' summary (`deleted N pods in "
+        f"the last 60s (...)`, one a minute at most); each delete's own line is debug.",
     ]
 
 

@@ -490,6 +490,7 @@ async def run(
             tg.start_soon(parts.listener.run)
             await tg.start(parts.controller.run_workers, settings.workers)
             await tg.start(parts.controller.run_resync, settings.resync_period_s)
+            await tg.start(parts.controller.reaped.run)
             if parts.elector is not None:
                 await tg.start(parts.elector.run)
             else:

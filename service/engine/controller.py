@@ -28,6 +28,8 @@ catches broad exceptions: a step that raises is a bug, logged with its traceback
 level, counted (``reconcile_bugs``) and backed off; the worker lives on; cancellation always
 propagates. It maps each :class:`ReconcileResult` onto the queue like controller-runtime: done
 → ``forget``; requeue-after → ``forget`` + ``add_after``; backoff → ``add_rate_limited``.
+Counting, it tallies each delete (or dry-run report) for the info-level summary of
+``engine/reaped.py`` (each one's own line is debug).
 
 Nothing is processed while inactive (disabled, or not the leader): keys handed out meanwhile are
 dropped, and becoming active starts from empty clocks and enqueues every cached candidate.
@@ -45,9 +47,10 @@ from anyio.abc import TaskStatus
 
 from service import checks, logs
 from service.classifier import prefilter
-from service.domain import ExecutionChange, PodSnapshot, ReconcileOutcome
+from service.domain import ExecutionChange, PodSnapshot, ReconcileOutcome, Verdict
 from service.engine.activation import Activation
 from service.engine.observation import ObservationClocks
+from service.engine.reaped import ReapTally
 from service.engine.reconciler import Reconciler
 from service.engine.results import INACTIVE_RESULT, Action, ReconcileResult
 from service.engine.workqueue import WorkQueue
@@ -63,6 +66,8 @@ MIN_BATCH = 250
 this its fixed cost outweighs spreading the ready keys over more workers. The
 lookup pool has a few connections (``DB_POOL_SIZE``, 4), so parts much smaller than this would
 mostly wait for a connection while each still pays its own round trip."""
+_REAPED = frozenset(Verdict)
+"""Outcomes of a delete (live) or a dry-run report: a reapable verdict."""
 
 
 class Controller:
@@ -85,6 +90,8 @@ class Controller:
         self._metrics = metrics
         self._batch_size = batch_size
         self._workers = 1
+        self.reaped = ReapTally(dry_run=reconciler.mode == "dry_run")
+        """Deletes (or reports) at info, one summary line an interval (``engine/reaped.py``)."""
 
     # ------------------------------------------------------------- activation
 
@@ -229,6 +236,7 @@ class Controller:
         drained = await self._queue.shut_down_with_drain(timeout_s)
         if not drained:
             logger.warning("in-flight reconciles did not finish within %.1fs", timeout_s)
+        self.reaped.summarise()
         return drained
 
     async def _worker(self, index: int) -> None:
@@ -306,6 +314,8 @@ class Controller:
         """Apply each result of keys that finished together to the queue, mark them done and
         count them: the one place that does any of these."""
         for key, result in finished.items():
+            if result.outcome in _REAPED:
+                self.reaped.add(result.outcome, key.partition("/")[0])
             match result.action:
                 case Action.DONE:
                     self._queue.forget(key)

@@ -19,7 +19,8 @@ The Events API must never be in the way of a delete:
   ``EVENTS_PER_SECOND``, after ``EVENT_BURST``), at most ``report_bound`` of them wait, and the
   ones beyond are summarised: counted (``summarized``) and named in one warning ("N more
   would-delete reports") when the drain catches up, or every ``SUMMARY_INTERVAL_S`` while it
-  cannot. Each of them is still in the log as its own "dry run: would reap" line. Each Event
+  cannot. Each of them is still in the deletes' summary line (``service/engine/reaped.py``) and,
+  at debug level, in its own "dry run: would reap" line. Each Event
   regards another pod, so there is nothing to aggregate into a ``series``, and the Role needs
   only ``create``;
 - **a write that fails transiently is retried, not dropped**: a 429 (after its Retry-After;
@@ -329,8 +330,8 @@ class KubeEventRecorder:
             return
         logger.warning(
             "dry run: %d more would-delete reports were not written as Events (at most %d wait "
-            "to be written, %.1f a second); each is logged as 'dry run: would reap' and counted "
-            'in retired_pod_gc_events_total{result="summarized"}',
+            "to be written, %.1f a second); each is in the 'would have deleted' summary and "
+            'counted in retired_pod_gc_events_total{result="summarized"}',
             self._summarized,
             self.report_bound,
             self.reports_per_second,
