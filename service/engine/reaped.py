@@ -39,7 +39,9 @@ class ReapTally:
         self.interval_s = interval_s
         self._verdicts: Counter[str] = Counter()
         self._namespaces: Counter[str] = Counter()
-        self._since_s = clock.now()
+        self._since_s: float | None = None
+        """Since when it counts: the last summary, else :meth:`run`'s start, else the first
+        delete (event-loop time; built before the loop runs)."""
 
     @property
     def unsummarised(self) -> int:
@@ -48,6 +50,8 @@ class ReapTally:
 
     def add(self, verdict: str, namespace: str) -> None:
         """One delete (or dry-run report): counted only."""
+        if self._since_s is None:
+            self._since_s = clock.now()
         self._verdicts[verdict] += 1
         self._namespaces[namespace] += 1
 
@@ -59,6 +63,7 @@ class ReapTally:
         if not total:
             self._since_s = now
             return None
+        since_s = self._since_s if self._since_s is not None else now
         verdicts = ", ".join(f"{v} {n}" for v, n in sorted(self._verdicts.items()))
         if len(self._namespaces) <= NAMESPACES_NAMED:
             names = ", ".join(f"{ns} {n}" for ns, n in sorted(self._namespaces.items()))
@@ -68,7 +73,7 @@ class ReapTally:
         what = "dry run: would have deleted" if self._dry_run else "deleted"
         line = (
             f"{what} {total} pod{'' if total == 1 else 's'} in the last "
-            f"{now - self._since_s:.0f}s ({verdicts}; {where})"
+            f"{now - since_s:.0f}s ({verdicts}; {where})"
         )
         logger.info(
             "%s",

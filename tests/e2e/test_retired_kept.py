@@ -93,7 +93,7 @@ async def _until(what: str, check: Any, *, timeout_s: float = 60.0) -> None:
 
 
 async def _kept_section(svc: ServiceProcess) -> dict[str, Any]:
-    status, body = await svc.get("/debug/pending")
+    status, body = await svc.get("/debug/pending", debug=True)
     assert status == 200, body
     section: dict[str, Any] = json.loads(body)["retired_kept"]
     return section
