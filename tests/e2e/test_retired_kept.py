@@ -178,11 +178,11 @@ async def test_a_retirement_is_reported_by_its_notification_evented_once_and_lis
     assert sample(await svc.metrics(), KEPT_PODS, reason="pod_running") == 1
 
     env = launcher.env()
-    table = await run_cli_async("pending", "--url", svc.base_url, env=env)
+    table = await run_cli_async("pending", "--url", svc.debug_url, env=env)
     assert table.code == 0, table.stderr
     assert "retired but kept: 2 pods" in table.stdout
     assert any(RETIRED in line and "pod_running" in line for line in table.stdout.splitlines())
-    explained = await run_cli_async("explain", f"{NS}/{RETIRED}", "--url", svc.base_url, env=env)
+    explained = await run_cli_async("explain", f"{NS}/{RETIRED}", "--url", svc.debug_url, env=env)
     assert explained.code == 0, explained.stderr
     assert "retired but kept: pod_running (severity warning)" in explained.stdout
     explained_active = await run_cli_async("explain", f"{NS}/{ACTIVE}", env=env)
