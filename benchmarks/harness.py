@@ -330,29 +330,40 @@ async def seed_rows(db_url: str, population: Population) -> float:
     conn = await asyncpg.connect(db_url)
     try:
         await migrate(conn, channel=DEFAULT_CHANNEL, with_schema=True)
-        ids = [f"{i:012x}" for i in range(population.n)]
-        await conn.copy_records_to_table(
-            "sandboxes",
-            records=[(sid, NAMESPACE, "kubernetes") for sid in ids],
-            columns=["id", "namespace", "managed_by"],
-        )
-        await conn.copy_records_to_table(
-            "sandbox_k8s_executions",
-            records=[(sid, 1, 0, f"space-sbx-{sid}-g1", "create", "active", True) for sid in ids],
-            columns=[
-                "sandbox_id",
-                "generation",
-                "activation_attempt",
-                "pod_name",
-                "pod_kind",
-                "execution_state",
-                "active",
-            ],
-        )
+        await insert_rows(conn, [f"{i:012x}" for i in range(population.n)])
         await conn.execute("ANALYZE")
     finally:
         await conn.close()
     return time.perf_counter() - started
+
+
+async def insert_rows(
+    conn: asyncpg.Connection,
+    ids: Sequence[str],
+    *,
+    state: str = "active",
+    active: bool = True,
+) -> None:
+    """A sandbox and its execution row (generation 1, pod ``space-sbx-<id>-g1``) for each of
+    ``ids``, in ``state`` (COPY: fast at 100k)."""
+    await conn.copy_records_to_table(
+        "sandboxes",
+        records=[(sid, NAMESPACE, "kubernetes") for sid in ids],
+        columns=["id", "namespace", "managed_by"],
+    )
+    await conn.copy_records_to_table(
+        "sandbox_k8s_executions",
+        records=[(sid, 1, 0, f"space-sbx-{sid}-g1", "create", state, active) for sid in ids],
+        columns=[
+            "sandbox_id",
+            "generation",
+            "activation_attempt",
+            "pod_name",
+            "pod_kind",
+            "execution_state",
+            "active",
+        ],
+    )
 
 
 async def retire(conn: asyncpg.Connection, names: Sequence[str]) -> tuple[float, float]:

@@ -25,13 +25,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +41,9 @@ from benchmarks.harness import (
     Population,
     counter_total,
     create_pods,
+    insert_rows,
     load_average,
+    machine,
     pod_name,
     rss_kib,
     running_service,
@@ -56,30 +55,6 @@ from service.app import service
 from service.kit.memory import trim_heap
 
 HERE = Path(__file__).resolve().parent
-
-
-def _machine() -> dict[str, Any]:
-    """As ``benchmarks/run.py`` records it (not imported: that module needs matplotlib)."""
-    model = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    versions = {}
-    for dist in ("msgspec", "kubernetes_asyncio", "asyncpg", "aiohttp", "anyio", "aiolimiter"):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = "?"
-    versions["prometheus-client"] = metadata.version("prometheus-client")
-    return {
-        "nproc": os.cpu_count(),
-        "cpu_model": model,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "versions": versions,
-    }
 
 
 def _progress(message: str) -> None:
@@ -96,26 +71,8 @@ async def _retire(db_url: str, population: Population, retired: int, history: in
                 WHERE pod_name = ANY($1::text[])""",
             names,
         )
-        ids = [f"h{i:011x}" for i in range(history)]
-        await conn.copy_records_to_table(
-            "sandboxes",
-            records=[(sid, NAMESPACE, "kubernetes") for sid in ids],
-            columns=["id", "namespace", "managed_by"],
-        )
-        await conn.copy_records_to_table(
-            "sandbox_k8s_executions",
-            records=[
-                (sid, 1, 0, f"space-sbx-{sid}-g1", "create", "suspended", False) for sid in ids
-            ],
-            columns=[
-                "sandbox_id",
-                "generation",
-                "activation_attempt",
-                "pod_name",
-                "pod_kind",
-                "execution_state",
-                "active",
-            ],
+        await insert_rows(
+            conn, [f"h{i:011x}" for i in range(history)], state="suspended", active=False
         )
         await conn.execute("ANALYZE")
     finally:
@@ -309,7 +266,7 @@ def main() -> None:
     run: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "load_average_start": load_average(),
-        "machine": _machine(),
+        "machine": machine(),
         "command": " ".join(["python -m benchmarks.kept", *sys.argv[1:]]),
         "config": {"repeats": args.repeats},
     }

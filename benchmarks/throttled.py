@@ -28,11 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import platform
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any, cast
 
@@ -44,6 +41,7 @@ from benchmarks.harness import (
     NAMESPACE,
     Population,
     load_average,
+    machine,
     running_service,
     seed_rows,
     settings,
@@ -88,23 +86,6 @@ def throttle(emu: Emulator, *, seats: int, seat_time_s: float) -> FlowControl:
     request holding its seat ``seat_time_s`` beyond its handling."""
     emu.flow_control = FlowControl(seats=seats, seat_time_s=seat_time_s)
     return emu.flow_control
-
-
-def _machine() -> dict[str, Any]:
-    """As ``benchmarks/run.py`` records it (that module needs the bench extra's matplotlib)."""
-    model = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "nproc": os.cpu_count(),
-        "cpu_model": model,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "versions": {d: metadata.version(d) for d in ("kubernetes_asyncio", "aiohttp", "anyio")},
-    }
 
 
 def _progress(message: str) -> None:
@@ -315,7 +296,7 @@ def main() -> None:
         f" --{k.replace('_', '-')} {v:g}" for k, v in vars(args).items() if v != _DEFAULTS[k]
     )
     run = {
-        "machine": _machine(),
+        "machine": machine(),
         "started": started,
         "command": command,
         "load_average_start": load_start,

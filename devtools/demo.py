@@ -109,10 +109,11 @@ UNRELATED = "unrelated-web-0"
 
 
 class _Events(logging.Handler):
-    """Shows the reconciler's would-reap and delete lines as they happen."""
+    """Shows the reconciler's would-reap and delete lines as they happen (debug lines: a
+    service at info logs them summarised, one line a minute, ``service/engine/reaped.py``)."""
 
     def __init__(self, started: float) -> None:
-        super().__init__(logging.INFO)
+        super().__init__(logging.DEBUG)
         self.started = started
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -486,6 +487,7 @@ def run_demo(*, threshold_s: float, phase_s: float) -> int:
     logs.setup("warning", "text")
     logging.getLogger("service.engine").setLevel(logging.INFO)
     logging.getLogger("service.engine").propagate = False
+    logging.getLogger("service.engine.reconciler").setLevel(logging.DEBUG)  # one line a pod
     try:
         return anyio.run(_demo, threshold_s, phase_s)
     except KeyboardInterrupt:

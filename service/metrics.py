@@ -485,7 +485,8 @@ class Metrics:
         )
         self.kept_events = Counter(
             "retired_pod_gc_kept_events",
-            "RetiredPodKept Event writes, by result (as retired_pod_gc_events_total).",
+            "RetiredPodKept Events by result, as retired_pod_gc_events_total counts the Events of "
+            "deletes (one writer, service/kube/events.py; failed attempts retried).",
             ["result"],
             registry=r,
         )

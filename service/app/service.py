@@ -41,7 +41,6 @@ from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
 from service.kube.informer import WATCH_JITTER, PodInformer
-from service.kube.kept_events import KeptEventWriter
 from service.kube.leaderelection import LeaderElector, default_identity
 from service.kube.listwatch import ListWatch
 from service.kube.namespaces import MultiNamespaceInformer
@@ -103,7 +102,6 @@ class Parts:
     health: HealthServer
     kept: KeptPods | None = None
     """Retired but kept (``service/engine/kept.py``)."""
-    kept_events: KeptEventWriter | None = None
     """``None`` when ``EVENTS_ENABLED`` is false."""
 
 
@@ -315,23 +313,13 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         queue_backoff=default_queue_backoff(),
     )
     queue, clocks, controller = engine.queue, engine.clocks, engine.controller
-    kept_events = (
-        KeptEventWriter(
-            api,
-            instance=settings.leader.identity or default_identity(),
-            metrics=metrics,
-            timeout_s=settings.kube.api_timeout_s,
-        )
-        if settings.events_enabled
-        else None
-    )
     kept = wire_kept(
         settings,
         informer=informer,
         rows=store,
         listener=listener,
         activation=activation,
-        recorder=kept_events,
+        recorder=recorder,
         metrics=metrics,
     )
     if elector is not None:
@@ -373,7 +361,6 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         heartbeats=heartbeats,
         health=health,
         kept=kept,
-        kept_events=kept_events,
     )
 
 
@@ -483,8 +470,6 @@ async def run(
             tg.start_soon(_freeze_when_synced, parts)
             if parts.recorder is not None:
                 await tg.start(parts.recorder.run)
-            if parts.kept_events is not None:
-                await tg.start(parts.kept_events.run)
             if parts.kept is not None:
                 await tg.start(parts.kept.run)
             # Not awaited: a database that is down must not keep the HTTP server and the
@@ -492,6 +477,7 @@ async def run(
             tg.start_soon(parts.listener.run)
             await tg.start(parts.controller.run_workers, settings.workers)
             await tg.start(parts.controller.run_resync, settings.resync_period_s)
+            await tg.start(parts.controller.reaped.run)
             if parts.elector is not None:
                 await tg.start(parts.elector.run)
             else:

@@ -33,6 +33,8 @@ is parked: one held key — the *driver* — is requeued to the dependency's nex
 it sends the probe, and the others only every :data:`HELD_RECHECK_S`; every key the dependency
 holds is enqueued at once when it answers again. So a recovery is seen by all of them together,
 and an outage costs the workers one key a backoff step rather than every key.
+Counting, it tallies each delete (or dry-run report) for the info-level summary of
+``engine/reaped.py`` (each one's own line is debug).
 
 Nothing is processed while inactive (disabled, or not the leader): keys handed out meanwhile are
 dropped, and becoming active starts from empty clocks and enqueues every cached candidate.
@@ -51,9 +53,10 @@ from anyio.abc import TaskStatus
 
 from service import checks, logs
 from service.classifier import prefilter
-from service.domain import ExecutionChange, PodSnapshot, ReconcileOutcome
+from service.domain import ExecutionChange, PodSnapshot, ReconcileOutcome, Verdict
 from service.engine.activation import Activation
 from service.engine.observation import ObservationClocks
+from service.engine.reaped import ReapTally
 from service.engine.reconciler import Reconciler
 from service.engine.results import INACTIVE_RESULT, Action, ReconcileResult
 from service.engine.workqueue import WorkQueue
@@ -73,6 +76,8 @@ MIN_BATCH = 250
 this its fixed cost outweighs spreading the ready keys over more workers. The
 lookup pool has a few connections (``DB_POOL_SIZE``, 4), so parts much smaller than this would
 mostly wait for a connection while each still pays its own round trip."""
+_REAPED = frozenset(Verdict)
+"""Outcomes of a delete (live) or a dry-run report: a reapable verdict."""
 
 
 class Controller:
@@ -105,6 +110,8 @@ class Controller:
             self._held[gate.name] = {}
             self._drivers[gate.name] = None
             gate.on_open(functools.partial(self._release, gate.name))
+        self.reaped = ReapTally(dry_run=reconciler.mode == "dry_run")
+        """Deletes (or reports) at info, one summary line an interval (``engine/reaped.py``)."""
 
     # ------------------------------------------------------------- activation
 
@@ -290,6 +297,7 @@ class Controller:
         drained = await self._queue.shut_down_with_drain(timeout_s)
         if not drained:
             logger.warning("in-flight reconciles did not finish within %.1fs", timeout_s)
+        self.reaped.summarise()
         return drained
 
     async def _worker(self, index: int) -> None:
@@ -367,6 +375,8 @@ class Controller:
         """Apply each result of keys that finished together to the queue, mark them done and
         count them: the one place that does any of these."""
         for key, result in finished.items():
+            if result.outcome in _REAPED:
+                self.reaped.add(result.outcome, key.partition("/")[0])
             match result.action:
                 case Action.DONE:
                     self._queue.forget(key)

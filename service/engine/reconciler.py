@@ -724,7 +724,7 @@ class Reconciler:
         verified = checked.verified
         if not self._clocks.mark_reported(verified.due.pod.uid):
             return ReconcileResult.done(ReconcileOutcome.ALREADY_REPORTED)
-        logger.info(
+        logger.debug(  # at info, one summary line an interval (engine/reaped.py)
             "dry run: would reap %s as %s after %.0fs: %s",
             checked.key,
             checked.verdict,
@@ -785,7 +785,7 @@ class Reconciler:
         match outcome.result:
             case DeleteResult.DELETED:
                 self._clocks.clear(verified.due.pod.uid)
-                logger.info(
+                logger.debug(  # at info, one summary line an interval (engine/reaped.py)
                     "deleted %s as %s after %.0fs: %s",
                     key,
                     checked.verdict,

@@ -1,13 +1,17 @@
-"""Kubernetes Events about deletes and dry-run reports (implements ``ports.ReapRecorder``).
+"""Kubernetes Events about deletes, dry-run reports and retired-but-kept pods (implements
+``ports.ReapRecorder`` and ``ports.KeptRecorder``): the one Event writer.
 
 Every live delete becomes an ``events.k8s.io/v1`` Event ``RetiredPodDeleted`` regarding the pod,
 and every dry-run report a ``RetiredPodWouldDelete``, so ``kubectl get events`` and
-``kubectl describe`` show who deleted a pod and why.
+``kubectl describe`` show who deleted a pod and why. A pod whose execution is retired but that
+is kept longer than ``KEPT_BOUND_SECONDS`` gets a ``Warning`` ``RetiredPodKept`` naming the
+classifier's reason, the row's state and since when (``service/engine/kept.py`` decides when: at
+most one a pod a day, never for a pod whose row is active).
 
 The Events API must never be in the way of a delete:
 
-- :meth:`KubeEventRecorder.record` only appends to a bounded buffer; it never awaits and never
-  raises;
+- :meth:`KubeEventRecorder.record` and :meth:`KubeEventRecorder.record_kept` only append to a
+  bounded buffer; they never await and never raise;
 - one drain task of its own writes the Events, one at a time (so a hanging Events API holds at
   most one connection of the shared client), each call under its own timeout;
 - **an Event for every delete, whatever the budget**: deletes are already capped by the delete
@@ -19,22 +23,33 @@ The Events API must never be in the way of a delete:
   ``EVENTS_PER_SECOND``, after ``EVENT_BURST``), at most ``report_bound`` of them wait, and the
   ones beyond are summarised: counted (``summarized``) and named in one warning ("N more
   would-delete reports") when the drain catches up, or every ``SUMMARY_INTERVAL_S`` while it
-  cannot. Each of them is still in the log as its own "dry run: would reap" line. Each Event
-  regards another pod, so there is nothing to aggregate into a ``series``, and the Role needs
-  only ``create``;
-- **a write that fails transiently is retried, not dropped**: a 429 (after its Retry-After;
-  the API client has already retried it within the call's timeout), a 5xx, a timeout or no
-  connection is counted under its kind (``throttled``, ``server_error``, ``timeout``,
-  ``transport_error``) and the same Event (same name: a 409 AlreadyExists means an earlier
-  attempt was written after all, and counts as ``created``) is written again after a backoff
-  (``EVENT_RETRY_BACKOFF``, at least the Retry-After), ahead of the others, until it is written
-  or its age since the delete passes ``EVENT_MAX_AGE_S`` (then dropped: ``expired``). Under API
-  Priority and Fairness throttling every Event of a delete is written, later;
-- every report that is not written is counted with its reason
-  (``retired_pod_gc_events_total{result}``): refused writes (403, other 4xx), failed attempts
-  and an Event too old to retry are logged as a warning once per change of their kind and
-  once when a write works again; a full buffer (logged the first time), a summarised report,
-  the end of the shutdown flush;
+  cannot. Each of them is still in the deletes' summary line (``service/engine/reaped.py``) and,
+  at debug level, in its own "dry run: would reap" line. Each Event regards another pod, so
+  there is nothing to aggregate into a ``series``, and the Role needs only ``create``;
+- **kept Events never starve delete Events**: they wait in a buffer of their own
+  (``KEPT_BUFFER_SIZE``; more are dropped, ``dropped_buffer_full``), are written only when no
+  delete Event or report waits, and share the dry-run reports' pace (one limiter for every
+  Event no delete token paces). A burst of a thousand kept pods (a first sweep, a new leader)
+  therefore delays no delete's Event, and kept Events cannot take the Events API more than the
+  reports' pace; they are few (one a pod a day), so waiting for a quiet moment costs them
+  little;
+- **a write that fails transiently is retried, not dropped**, whatever its kind: a 429 (after
+  its Retry-After; the API client has already retried it within the call's timeout), a 5xx, a
+  timeout or no connection is counted under its kind (``throttled``, ``server_error``,
+  ``timeout``, ``transport_error``) and the same Event (same name: a 409 AlreadyExists means an
+  earlier attempt was written after all, and counts as ``created``) is written again after a
+  backoff (``EVENT_RETRY_BACKOFF``, at least the Retry-After), ahead of the others of its buffer
+  (and no Event is written before that backoff ends: the API is failing), until it is written
+  or its age since the delete (or the report) passes ``EVENT_MAX_AGE_S`` (then dropped:
+  ``expired``). Under API Priority and Fairness throttling every Event of a delete is written,
+  later;
+- every report that is not written is counted with its reason: in
+  ``retired_pod_gc_events_total{result}`` for deletes and dry-run reports, in
+  ``retired_pod_gc_kept_events_total{result}`` (the same results) for kept pods, so that an
+  alert on missing delete Events is never about kept ones. Refused writes (403, other 4xx),
+  failed attempts and an Event too old to retry are logged as a warning once per change of their
+  kind and once when a write works again (one :class:`CauseLog` for every kind of Event); a
+  full buffer (logged the first time), a summarised report, the end of the shutdown flush;
 - on shutdown, :meth:`KubeEventRecorder.flush` gives pending Events a short, bounded time.
 """
 
@@ -52,6 +67,7 @@ import anyio
 from anyio.abc import TaskStatus
 from kubernetes_asyncio import client as k8s_client
 
+from service.domain import PodSnapshot
 from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
 from service.kit.causelog import CauseLog
@@ -63,7 +79,7 @@ from service.kube.errors import (
     status_message,
 )
 from service.metrics import Metrics
-from service.ports import ReapReport
+from service.ports import KeptReport, ReapReport
 
 logger = logging.getLogger(__name__)
 
@@ -71,16 +87,23 @@ REPORTING_CONTROLLER = "space.sandbox/retired-pod-gc"
 REASON_DELETED = "RetiredPodDeleted"
 REASON_WOULD_DELETE = "RetiredPodWouldDelete"
 ACTION = "Delete"
+REASON_KEPT = "RetiredPodKept"
+ACTION_KEEP = "Keep"
+RUNBOOK = 'docs/operations.md, "Retired but kept"'
+"""Where a ``RetiredPodKept`` Event sends its reader (the runbook entry of each reason)."""
 EVENT_BUFFER_SIZE = 1000
 """Fewest reports that may wait to be written (the buffer holds two minutes of deletes at the
 delete budget's cap when that is more); more are dropped (``dropped_buffer_full``)."""
 REPORT_BOUND = 1000
 """Most dry-run reports waiting to be written; more are summarised (``summarized``)."""
+KEPT_BUFFER_SIZE = 1000
+"""Most ``RetiredPodKept`` Events waiting to be written; more are dropped
+(``dropped_buffer_full``)."""
 EVENT_BURST = 20
-"""Dry-run reports written back to back before their pace applies."""
+"""Dry-run reports and kept Events written back to back before their pace applies."""
 EVENTS_PER_SECOND = 2.0
-"""Slowest pace of dry-run reports (it is the pace of live deletes at the budget's cap when that
-is faster)."""
+"""Slowest pace of dry-run reports and kept Events, together (it is the pace of live deletes at
+the budget's cap when that is faster)."""
 SUMMARY_INTERVAL_S = 60.0
 """While reports are being summarised, how often the summary is logged at most."""
 EVENT_MAX_AGE_S = 300.0
@@ -101,26 +124,41 @@ def event_time(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def note_for(report: ReapReport) -> str:
-    """What a person reading ``kubectl get events`` needs: what, why, for how long, and the
-    preconditions the DELETE carried (or would have carried)."""
-    pod = report.pod
-    what = "Would delete (dry run)" if report.dry_run else "Deleted"
-    note = (
-        f"{what} as {report.verdict}: {report.rule}. Reapable continuously for "
-        f"{report.reapable_for_s:.0f}s; execution row state {report.row_state}, inactive. "
-        f"Preconditions uid={pod.uid} resourceVersion={pod.resource_version}."
-    )
+def _truncated(note: str) -> str:
     encoded = note.encode()
     if len(encoded) <= _NOTE_MAX_BYTES:
         return note
     return encoded[: _NOTE_MAX_BYTES - 3].decode("utf-8", "ignore") + "..."
 
 
-def event_body(report: ReapReport, *, instance: str, at_s: float) -> dict[str, Any]:
-    """The ``events.k8s.io/v1`` Event for ``report``, named ``<pod>.<hex nanoseconds>`` as the
-    API server requires (a ``generateName`` of ``<pod>.`` is rejected)."""
+def note_for(report: ReapReport) -> str:
+    """What a person reading ``kubectl get events`` needs: what, why, for how long, and the
+    preconditions the DELETE carried (or would have carried)."""
     pod = report.pod
+    what = "Would delete (dry run)" if report.dry_run else "Deleted"
+    return _truncated(
+        f"{what} as {report.verdict}: {report.rule}. Reapable continuously for "
+        f"{report.reapable_for_s:.0f}s; execution row state {report.row_state}, inactive. "
+        f"Preconditions uid={pod.uid} resourceVersion={pod.resource_version}."
+    )
+
+
+def kept_note(report: KeptReport) -> str:
+    """The reason a retired pod is kept, the row's state and since when, and what to read
+    next."""
+    since = event_time(report.since_s)
+    return _truncated(
+        f"Execution retired ({report.row_state}, inactive) since {since} ({report.since_source}) "
+        f"but the pod is kept: {report.reason}: {report.rule}. Kept for "
+        f"{report.kept_for_s:.0f}s. Nothing will delete it: {RUNBOOK}, {report.reason}."
+    )
+
+
+def _event(
+    pod: PodSnapshot, *, instance: str, at_s: float, action: str, reason: str, note: str, kind: str
+) -> dict[str, Any]:
+    """An ``events.k8s.io/v1`` Event regarding ``pod``, named ``<pod>.<hex nanoseconds>`` as the
+    API server requires (a ``generateName`` of ``<pod>.`` is rejected)."""
     return {
         "apiVersion": "events.k8s.io/v1",
         "kind": "Event",
@@ -131,8 +169,8 @@ def event_body(report: ReapReport, *, instance: str, at_s: float) -> dict[str, A
         "eventTime": event_time(at_s),
         "reportingController": REPORTING_CONTROLLER,
         "reportingInstance": instance[:_INSTANCE_MAX],
-        "action": ACTION,
-        "reason": REASON_WOULD_DELETE if report.dry_run else REASON_DELETED,
+        "action": action,
+        "reason": reason,
         "regarding": {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -141,9 +179,35 @@ def event_body(report: ReapReport, *, instance: str, at_s: float) -> dict[str, A
             "uid": pod.uid,
             "resourceVersion": pod.resource_version,
         },
-        "note": note_for(report),
-        "type": "Normal",
+        "note": note,
+        "type": kind,
     }
+
+
+def event_body(report: ReapReport, *, instance: str, at_s: float) -> dict[str, Any]:
+    """The ``Normal`` Event of a delete or a dry-run report."""
+    return _event(
+        report.pod,
+        instance=instance,
+        at_s=at_s,
+        action=ACTION,
+        reason=REASON_WOULD_DELETE if report.dry_run else REASON_DELETED,
+        note=note_for(report),
+        kind="Normal",
+    )
+
+
+def kept_event_body(report: KeptReport, *, instance: str, at_s: float) -> dict[str, Any]:
+    """The ``Warning`` Event of a retired pod kept longer than the bound."""
+    return _event(
+        report.pod,
+        instance=instance,
+        at_s=at_s,
+        action=ACTION_KEEP,
+        reason=REASON_KEPT,
+        note=kept_note(report),
+        kind="Warning",
+    )
 
 
 _WRITE_FAILURES = frozenset(("timeout", "transport_error", "forbidden", "server_error", "rejected"))
@@ -164,6 +228,16 @@ _TRANSIENT_RESULTS = frozenset({"throttled", "server_error"})
 """Results of an answer whose Event is written again."""
 
 
+_Report = ReapReport | KeptReport
+_Entry = tuple[_Report, float, float]
+"""(report, wall-clock time of the Event, event-loop time it was recorded)."""
+
+
+def _paced(report: _Report) -> bool:
+    """Whether the Event waits for the pace (a delete's Event does not: the budget paced it)."""
+    return isinstance(report, KeptReport) or report.dry_run
+
+
 class KubeEventRecorder:
     """Buffers reports and writes them as Events from its own task (:meth:`run`)."""
 
@@ -177,6 +251,7 @@ class KubeEventRecorder:
         deletes_per_minute: int = 120,
         buffer_size: int | None = None,
         report_bound: int = REPORT_BOUND,
+        kept_buffer_size: int = KEPT_BUFFER_SIZE,
         burst: int = EVENT_BURST,
         per_second: float | None = None,
         wall_clock: Callable[[], float] = time.time,  # noqa: TID251 (Event timestamps)
@@ -195,31 +270,37 @@ class KubeEventRecorder:
         """Most reports waiting to be written."""
         self.report_bound = min(report_bound, self.buffer_size)
         """Most dry-run reports waiting to be written."""
+        self.kept_buffer_size = kept_buffer_size
+        """Most kept Events waiting to be written."""
         self.reports_per_second = (
             per_second
             if per_second is not None
             else max(EVENTS_PER_SECOND, deletes_per_minute / 60.0)
         )
-        """The pace of dry-run reports (deletes are paced by the delete budget alone)."""
-        # Paces dry-run reports on the event loop's clock, as the summary interval is measured.
+        """The pace of dry-run reports and kept Events (deletes are paced by the delete budget
+        alone)."""
+        # Paces them on the event loop's clock, as the summary interval is measured.
         self._limiter = limiter(burst=burst, per_second=self.reports_per_second)
         self._wall_clock = wall_clock
         self.max_age_s = max_age_s
         """How long an Event is retried after it was recorded."""
         self._attempts = Attempts(retry_backoff)
         self._retry_at = float("-inf")
-        """Event-loop time before which the Event at the head is not written again."""
-        self._pending: deque[tuple[ReapReport, float, float]] = deque()
-        """(report, wall-clock time of the Event, event-loop time it was recorded)."""
+        """Event-loop time before which no Event is written (the last attempt failed)."""
+        self._pending: deque[_Entry] = deque()
+        """Deletes and dry-run reports."""
+        self._kept: deque[_Entry] = deque()
+        """Kept pods: written only when ``_pending`` is empty."""
         self._pending_reports = 0
         """Dry-run reports among ``_pending``."""
         self._summarized = 0
         """Dry-run reports summarised since the last summary was logged."""
         self._summary_at = -SUMMARY_INTERVAL_S
-        self._sending = False
+        self._sending: _Report | None = None
         self._wake = anyio.Event()
         self._progress = anyio.Event()
-        self._logged: set[str] = set()
+        self._logged: set[tuple[bool, str]] = set()
+        """(kept, result) of the buffer's results logged once."""
         self._write_failures = CauseLog("Event writes fail", logger)
         """Failed writes, logged once per change of cause (their result) and when one works."""
         self._closed = False
@@ -227,8 +308,8 @@ class KubeEventRecorder:
 
     @property
     def pending(self) -> int:
-        """Reports buffered or being written."""
-        return len(self._pending) + self._sending
+        """Reports (kept ones included) buffered or being written."""
+        return len(self._pending) + len(self._kept) + (self._sending is not None)
 
     @property
     def summarized(self) -> int:
@@ -237,7 +318,7 @@ class KubeEventRecorder:
 
     def record(self, report: ReapReport) -> None:
         if self._closed:
-            self._metrics.events.labels(result="dropped_shutdown").inc()
+            self._count(report, "dropped_shutdown", "")
             return
         if report.dry_run and self._pending_reports >= self.report_bound:
             self._summarized += 1
@@ -245,38 +326,55 @@ class KubeEventRecorder:
             self._wake.set()
             return
         if len(self._pending) >= self.buffer_size:
-            self._count("dropped_buffer_full", "event buffer full; dropping Events")
+            self._count(report, "dropped_buffer_full", "event buffer full; dropping Events")
             return
         self._pending.append((report, self._wall_clock(), clock.now()))
         self._pending_reports += report.dry_run
         self._wake.set()
+
+    def record_kept(self, report: KeptReport) -> None:
+        if self._closed:
+            self._count(report, "dropped_shutdown", "")
+            return
+        if len(self._kept) >= self.kept_buffer_size:
+            self._count(report, "dropped_buffer_full", "kept-pod Event buffer full; dropping")
+            return
+        self._kept.append((report, self._wall_clock(), clock.now()))
+        self._wake.set()
+
+    def _queue(self) -> deque[_Entry]:
+        """Where the next Event comes from: a delete's or report's first, a kept one's only
+        when none waits."""
+        return self._pending if self._pending else self._kept
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Write buffered reports until cancelled."""
         task_status.started()
         while True:
             self._summarize(caught_up=not self._pending)
-            if not self._pending:
+            if not self._pending and not self._kept:
                 self._wake = anyio.Event()
                 await self._wake.wait()
                 continue
             if clock.now() < self._retry_at:
                 await clock.sleep_until(self._retry_at)
                 continue  # flushed meanwhile, perhaps
-            if self._pending[0][0].dry_run:
+            if _paced(self._queue()[0][0]):
                 await self._limiter.acquire()
-            if not self._pending:
+            queue = self._queue()
+            if not queue:
                 continue  # flushed while this waited for its turn
-            entry = self._pending.popleft()
+            entry = queue.popleft()
             report = entry[0]
-            self._pending_reports -= report.dry_run
-            self._sending = True
+            if isinstance(report, ReapReport):
+                self._pending_reports -= report.dry_run
+            self._sending = report
             retry_s: float | None = None
             try:
                 with anyio.CancelScope() as self._write_scope:
                     retry_s = await self._write(report, entry[1])
             finally:
-                self._sending = False
+                self._sending = None
                 self._progress.set()
                 self._progress = anyio.Event()
             if retry_s is None:
@@ -284,20 +382,26 @@ class KubeEventRecorder:
             elif not self._closed:
                 self._again(entry, retry_s)
 
-    def _again(self, entry: tuple[ReapReport, float, float], retry_s: float) -> None:
-        """The Event ``entry`` failed transiently: first in line again after ``retry_s``, unless
-        it would be older than ``max_age_s`` by then (dropped: ``expired``)."""
+    def _again(self, entry: _Entry, retry_s: float) -> None:
+        """The Event ``entry`` failed transiently: first in line of its buffer again after
+        ``retry_s``, unless it would be older than ``max_age_s`` by then (dropped:
+        ``expired``)."""
         delay_s = self._attempts.next_delay(retry_s)
         now = clock.now()
+        report = entry[0]
         if now + delay_s - entry[2] > self.max_age_s:
             self._attempts.reset()
             self._count(
+                report,
                 "expired",
-                f"an Event could not be written within {self.max_age_s:g}s of its delete; dropped",
+                f"an Event could not be written within {self.max_age_s:g}s of its report; dropped",
             )
             return
-        self._pending.appendleft(entry)
-        self._pending_reports += entry[0].dry_run
+        if isinstance(report, KeptReport):
+            self._kept.appendleft(entry)
+        else:
+            self._pending.appendleft(entry)
+            self._pending_reports += report.dry_run
         self._retry_at = now + delay_s
 
     async def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> int:
@@ -309,15 +413,18 @@ class KubeEventRecorder:
                 await self._progress.wait()
         self._closed = True
         self._summarize(caught_up=True)
-        dropped = self.pending
-        self._pending.clear()
-        self._pending_reports = 0
-        if self._sending:
+        left = [entry[0] for entry in (*self._pending, *self._kept)]
+        if self._sending is not None:
+            left.append(self._sending)
             self._write_scope.cancel()
-        if dropped:
-            self._metrics.events.labels(result="dropped_shutdown").inc(dropped)
-            logger.warning("shutting down: %d Events not written", dropped)
-        return dropped
+        self._pending.clear()
+        self._kept.clear()
+        self._pending_reports = 0
+        for report in left:
+            self._count(report, "dropped_shutdown", "")
+        if left:
+            logger.warning("shutting down: %d Events not written", len(left))
+        return len(left)
 
     def _summarize(self, *, caught_up: bool) -> None:
         """Name the summarised reports in one warning: when the drain caught up, or every
@@ -329,8 +436,8 @@ class KubeEventRecorder:
             return
         logger.warning(
             "dry run: %d more would-delete reports were not written as Events (at most %d wait "
-            "to be written, %.1f a second); each is logged as 'dry run: would reap' and counted "
-            'in retired_pod_gc_events_total{result="summarized"}',
+            "to be written, %.1f a second); each is in the 'would have deleted' summary and "
+            'counted in retired_pod_gc_events_total{result="summarized"}',
             self._summarized,
             self.report_bound,
             self.reports_per_second,
@@ -339,14 +446,18 @@ class KubeEventRecorder:
         self._summarized = 0
         self._summary_at = now
 
-    async def _write(self, report: ReapReport, at_s: float) -> float | None:
+    async def _write(self, report: _Report, at_s: float) -> float | None:
         """Write one Event; ``None`` when it is done with (written, or dropped and counted),
         else the least delay before it is written again (the server's Retry-After, or 0)."""
         namespace = report.pod.namespace
         # Whatever goes wrong with an Event is counted and forgotten; it must not end the drain
         # task (and with it the process). A bug is logged with its traceback as well.
         try:
-            body = event_body(report, instance=self._instance, at_s=at_s)
+            body = (
+                kept_event_body(report, instance=self._instance, at_s=at_s)
+                if isinstance(report, KeptReport)
+                else event_body(report, instance=self._instance, at_s=at_s)
+            )
             with anyio.fail_after(self._timeout_s):
                 response, raw = await read_whole(
                     self._events.create_namespaced_event(
@@ -357,40 +468,61 @@ class KubeEventRecorder:
                     )
                 )
         except TimeoutError:
-            self._count("timeout", f"Event write timed out after {self._timeout_s:.1f}s; retrying")
+            self._count(
+                report, "timeout", f"Event write timed out after {self._timeout_s:.1f}s; retrying"
+            )
             return 0.0
         except TRANSIENT_ERRORS as exc:  # refused connection, reset: never fatal here
             self._count(
-                "transport_error", f"Event write failed: {type(exc).__name__}: {exc}; retrying"
+                report,
+                "transport_error",
+                f"Event write failed: {type(exc).__name__}: {exc}; retrying",
             )
             return 0.0
         except Exception:
             logger.exception("writing an Event raised (a bug); the Event is dropped")
-            self._metrics.events.labels(result="bug").inc()
+            self._count(report, "bug", "")
             return None
         status = response.status
         if status in (200, 201, 409):
             # 409 AlreadyExists: an earlier attempt of this very Event (its name) was written.
-            self._metrics.events.labels(result="created").inc()
+            self._count(report, "created", "")
             self._write_failures.ok()
+            if isinstance(report, KeptReport):
+                logger.debug(
+                    "retired but kept: %s (%s) Event written",
+                    report.pod.key,
+                    report.reason,
+                    extra={"pod": report.pod.key, "reason": report.reason},
+                )
             return None
         result = _result_of(status)
         if result in _TRANSIENT_RESULTS:
-            self._count(result, f"Event write answered {status}: {status_message(raw)}; retrying")
+            self._count(
+                report, result, f"Event write answered {status}: {status_message(raw)}; retrying"
+            )
             return parse_retry_after(response.headers.get("Retry-After")) or 0.0
-        self._count(result, f"Event write answered {status}: {status_message(raw)}; dropped")
+        self._count(
+            report, result, f"Event write answered {status}: {status_message(raw)}; dropped"
+        )
         return None
 
-    def _count(self, result: str, message: str) -> None:
-        self._metrics.events.labels(result=result).inc()
+    def _count(self, report: _Report, result: str, message: str) -> None:
+        """Count ``result`` for ``report``'s kind of Event; log ``message`` (when there is one)
+        as its kind of result is logged."""
+        kept = isinstance(report, KeptReport)
+        metric = "retired_pod_gc_kept_events_total" if kept else "retired_pod_gc_events_total"
+        (self._metrics.kept_events if kept else self._metrics.events).labels(result=result).inc()
+        if not message:
+            return
         if result in _WRITE_FAILURES:
             self._write_failures.failed(
-                result, f"{message} (counted in retired_pod_gc_events_total{{result={result!r}}})"
+                result, f"{message} (counted in {metric}{{result={result!r}}})"
             )
             logger.debug("%s", message)
             return
-        if result in self._logged:
+        if (kept, result) in self._logged:
             logger.debug("%s", message)
             return
-        self._logged.add(result)
-        logger.warning("%s (logged once; counted in retired_pod_gc_events_total)", message)
+        self._logged.add((kept, result))
+        logger.warning("%s (logged once; counted in %s)", message, metric)

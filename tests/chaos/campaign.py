@@ -54,7 +54,7 @@ async def run_campaign(
     collector = ReportCollector()
     reconciler_logger = logging.getLogger(RECONCILER_LOGGER)
     old_level = reconciler_logger.level
-    reconciler_logger.setLevel(logging.INFO)
+    reconciler_logger.setLevel(logging.DEBUG)  # the per-report lines (ReportCollector)
     reconciler_logger.addHandler(collector)
     results: dict[int, SeedResult] = {}
     limiter = anyio.Semaphore(concurrency)

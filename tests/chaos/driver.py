@@ -43,12 +43,13 @@ RECONCILER_LOGGER = "service.engine.reconciler"
 
 
 class ReportCollector(logging.Handler):
-    """Collects the reconciler's dry-run "would reap" records, by seed (from the pod name)."""
+    """Collects the reconciler's dry-run "would reap" records (debug: one a report; at info
+    only a summary an interval), by seed (from the pod name)."""
 
     _SEED = re.compile(r"space-sbx-s(\d+)n")
 
     def __init__(self) -> None:
-        super().__init__(logging.INFO)
+        super().__init__(logging.DEBUG)
         self.reports: dict[int, list[tuple[float, str, str]]] = {}
 
     def emit(self, record: logging.LogRecord) -> None:

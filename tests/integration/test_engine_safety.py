@@ -526,6 +526,7 @@ async def test_a_store_log_line_inside_a_reconcile_carries_its_batch_id(
     (and, in a batch of one, the key's reconcile id), as the reconciler's own lines do."""
     emu = emulator.emulator
     caplog.set_level(logging.INFO, logger="service")
+    caplog.set_level(logging.DEBUG, logger="service.engine.reconciler")  # the delete's own line
     await pg_conn.execute("ALTER TABLE sandbox_k8s_executions ALTER COLUMN active DROP NOT NULL")
     malformed = await seed_row(pg_conn, "l1", active=False, state="suspended")
     await pg_conn.execute(

@@ -1,6 +1,8 @@
-"""The Event recorder against the emulator over HTTP: what an Event says, that the real server's
+"""The Event writer against the emulator over HTTP: what an Event says, that the real server's
 validation accepts it, the rate limit, the bounded buffer, failures counted and logged once per
-change of kind (and once when a write works again), and the bounded flush at shutdown."""
+change of kind (and once when a write works again), and the bounded flush at shutdown; the
+``RetiredPodKept`` Events of retired-but-kept pods written by the same writer, retried alike,
+after the delete Events, and counted apart."""
 
 from __future__ import annotations
 
@@ -17,9 +19,14 @@ from prometheus_client import CollectorRegistry
 from devtools.emulator import RunningEmulator
 from service.domain import ExecutionState, Verdict
 from service.kit.backoff import Backoff
-from service.kube.events import REASON_DELETED, REASON_WOULD_DELETE, KubeEventRecorder
+from service.kube.events import (
+    REASON_DELETED,
+    REASON_KEPT,
+    REASON_WOULD_DELETE,
+    KubeEventRecorder,
+)
 from service.metrics import EVENT_RESULTS, Metrics
-from service.ports import ReapReport
+from service.ports import KeptReport, ReapReport
 from tests.fakes import make_pod
 from tests.kubefixtures import SANDBOX_NAMESPACE, eventually
 from tests.pgfixtures import metric
@@ -40,15 +47,28 @@ def report(i: int = 0, *, dry_run: bool = False) -> ReapReport:
     )
 
 
+def kept_report(i: int = 0) -> KeptReport:
+    return KeptReport(
+        pod=make_pod(f"k{i:04d}", uid=f"kept-{i}", resource_version=str(700 + i)),
+        reason="pod_running",
+        rule="Running pods may hold a live VM",
+        row_state=ExecutionState.SUSPENDED,
+        since_s=1_796_000_000.0,
+        since_source="retired_at",
+        kept_for_s=1900.0,
+    )
+
+
 FAST_RETRIES = Backoff(initial_s=0.01, max_s=0.05)
 
 
-def results(metrics: Metrics) -> dict[str, int]:
-    counts = {
-        r: int(metric(metrics.registry, "retired_pod_gc_events_total", result=r))
-        for r in EVENT_RESULTS
-    }
+def results(metrics: Metrics, name: str = "retired_pod_gc_events_total") -> dict[str, int]:
+    counts = {r: int(metric(metrics.registry, name, result=r)) for r in EVENT_RESULTS}
     return {r: n for r, n in counts.items() if n}
+
+
+def kept_results(metrics: Metrics) -> dict[str, int]:
+    return results(metrics, "retired_pod_gc_kept_events_total")
 
 
 @asynccontextmanager
@@ -273,3 +293,47 @@ async def test_a_bug_writing_one_event_is_logged_counted_and_the_next_is_still_w
     [bug] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert bug.exc_info is not None and isinstance(bug.exc_info[1], ValueError)
     assert len(emulator.emulator.events.events(NS)) == 1
+
+
+# ------------------------------------------------------------------ RetiredPodKept
+
+
+async def test_a_kept_event_answered_500_is_retried_and_written(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+) -> None:
+    """A kept pod's Warning Event gets the delete Events' retries: a 500 is an attempt, counted
+    in the kept Events' own metric, and the same Event is written after it."""
+    emu = emulator.emulator
+    emu.fail_next(1, code=500, method="POST", path_contains=EVENTS_PATH)
+    recorder, metrics = make_recorder(kube_api, retry_backoff=FAST_RETRIES)
+    async with draining(recorder):
+        recorder.record_kept(kept_report(1))
+        await eventually(lambda: kept_results(metrics).get("created") == 1)
+    assert kept_results(metrics) == {"server_error": 1, "created": 1}
+    assert results(metrics) == {}  # the delete Events' metric is not theirs
+    [event] = emu.events.events(NS)
+    assert (event["type"], event["reason"], event["action"]) == ("Warning", REASON_KEPT, "Keep")
+    assert event["regarding"]["uid"] == "kept-1"
+    assert "pod_running" in event["note"]
+    posts = emu.audit_log(method="POST", path_contains=EVENTS_PATH)
+    assert [p.status for p in posts] == [500, 201]
+
+
+async def test_kept_events_wait_until_no_delete_event_does_and_have_their_own_bound(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+) -> None:
+    """Kept Events recorded first are still written after the delete Events recorded behind
+    them, so a burst of kept pods never delays a delete's Event; beyond their own buffer they
+    are dropped and counted apart, and the delete Events' buffer is untouched."""
+    recorder, metrics = make_recorder(kube_api, kept_buffer_size=3)
+    for i in range(5):
+        recorder.record_kept(kept_report(i))
+    for i in range(2):
+        recorder.record(report(i))
+    assert recorder.pending == 5
+    async with draining(recorder):
+        await eventually(lambda: recorder.pending == 0)
+    assert results(metrics) == {"created": 2}
+    assert kept_results(metrics) == {"created": 3, "dropped_buffer_full": 2}
+    written = [e["regarding"]["uid"] for e in emulator.emulator.events.events(NS)]
+    assert written == ["uid-0", "uid-1", "kept-0", "kept-1", "kept-2"]

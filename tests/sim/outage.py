@@ -67,9 +67,9 @@ INTO_S = 5.0
 PROBE_EVERY_S = 10.0
 """How often readiness is asked (a kubelet's default ``periodSeconds``), which pings the
 database."""
-DELETE_LINE = "deleted %s as %s after %.0fs: %s"
-"""The reconciler's line for each pod it deleted: the record of the work, one a pod, not a line
-about the outage."""
+REAPED_LOGGER = "service.engine.reaped"
+"""The logger of the deletes' summary lines (one an interval, ``service/engine/reaped.py``): the
+record of the work, not a line about the outage."""
 
 
 def settings() -> Settings:
@@ -378,6 +378,7 @@ async def run(service: Service, *, stop: anyio.Event) -> None:
             tg.start_soon(service.listener.run)
             await tg.start(service.controller.run_workers, s.workers)
             await tg.start(service.controller.run_resync, s.resync_period_s)
+            await tg.start(service.controller.reaped.run)
             await tg.start(service.elector.run)
             tg.start_soon(probe_readiness, service)
             await stop.wait()
@@ -414,8 +415,11 @@ class Line:
 @dataclass
 class Result:
     lines: list[Line]
-    """Every line from the outage's start on, but the per-pod delete lines."""
-    deleted_lines: int
+    """Every line from the outage's start on, but the deletes' summary lines."""
+    summary_lines: int
+    """Summary lines of the deletes (one an interval) from the outage's start to its end."""
+    summarised: int
+    """Deletes those summary lines name, the shutdown's summary included."""
     metrics: Metrics
     deleted: int
     """Pods the API server deleted."""
@@ -529,8 +533,14 @@ def run_outage(what: str, *, pods: int = PODS, seed: int = 1) -> Result:
         root.setLevel(saved_level)
     kept = [Line(at - started, r, text) for at, r, text in records if started <= at < ended]
     return Result(
-        lines=[line for line in kept if line.record.msg != DELETE_LINE],
-        deleted_lines=sum(1 for line in kept if line.record.msg == DELETE_LINE),
+        lines=[line for line in kept if line.record.name != REAPED_LOGGER],
+        summary_lines=sum(1 for line in kept if line.record.name == REAPED_LOGGER),
+        # From the outage's start to the shutdown's summary of what no interval summarised yet.
+        summarised=sum(
+            int(getattr(r, "reaped", 0))
+            for at, r, _ in records
+            if at >= started and r.name == REAPED_LOGGER
+        ),
         metrics=built[0].metrics,
         deleted=deleted(),
         events=events.created,
@@ -561,7 +571,9 @@ def summary(what: str, result: Result, pods: int) -> dict[str, Any]:
         "pods": pods,
         "candidates": result.candidates,
         "deleted": result.deleted,
-        "deleted_lines": result.deleted_lines,
+        "summary_lines": result.summary_lines,
+        "summarised": result.summarised,
+        "outage_end": result.outage_end,
         "events": result.events,
         "attempts": result.attempts,
         "lines": [
@@ -600,7 +612,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line.text)
     print(
         f"{args.what}: {len(result.lines)} lines, {result.deleted} of {args.pods} deleted "
-        f"({result.deleted_lines} delete lines; {result.candidates} candidates cached when "
+        f"({result.summary_lines} delete summary lines naming {result.summarised} deletes; "
+        f"{result.candidates} candidates cached when "
         f"it began), {result.events} Events, {result.outage_end:.0f} virtual s, "
         f"{sum(result.attempts.values())} attempts on the dependency while down "
         f"{json.dumps(result.attempts, sort_keys=True)}, "

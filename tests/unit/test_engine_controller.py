@@ -422,7 +422,7 @@ async def test_rate_limit_caps_deletes_per_rolling_minute() -> None:
 async def test_dry_run_with_workers_reports_each_uid_once_across_many_events(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="service.engine")
+    caplog.set_level(logging.DEBUG, logger="service.engine")  # the per-report line is debug
     rig = make_rig(make_settings(dry_run=True))
     pod = make_pod()
     async with rig.workers():
@@ -435,6 +435,44 @@ async def test_dry_run_with_workers_reports_each_uid_once_across_many_events(
     assert rig.outcome(Verdict.TERMINAL_RETIRED, "dry_run") == 1
     assert rig.outcome(ReconcileOutcome.ALREADY_REPORTED, "dry_run") == 5
     assert sum("would reap" in r.getMessage() for r in caplog.records) == 1
+    assert rig.controller.reaped.unsummarised == 1  # and one in the info summary
+
+
+@pytest.mark.anyio
+async def test_deletes_are_logged_at_info_as_one_summary_line_an_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each delete's own line is debug; at info the worker loop's tally logs them summarised,
+    by verdict and namespace, at most once an interval, and what is left on shutdown."""
+    caplog.set_level(logging.INFO, logger="service")
+    rig = make_rig(
+        make_settings(
+            deletes_per_minute=600, env={config.PREFIX + "NAMESPACES": f"{NAMESPACE},{OTHER}"}
+        )
+    )
+    pods = [make_pod(f"n{i}", namespace=(NAMESPACE, OTHER)[i % 3 == 0]) for i in range(6)]
+    async with rig.workers(2), anyio.create_task_group() as tg:
+        await tg.start(rig.controller.reaped.run)  # summaries at 60, 120, ... (interval 60 s)
+        await rig.advance(30)
+        for pod in pods[:5]:
+            rig.add(pod, make_row(pod))  # deleted at 330 (threshold 300)
+        await rig.advance(331)
+        rig.add(pods[5], make_row(pods[5]))
+        await rig.advance(rig.settings.threshold_s + 1)
+        tg.cancel_scope.cancel()
+    assert len(rig.pods.deletes) == 6
+    info = [r.getMessage() for r in caplog.records if r.name.startswith("service.engine")]
+    assert not any("deleted " in m and " as " in m for m in info), info  # no per-pod line
+    summaries = [m for m in info if m.startswith("deleted ")]
+    assert summaries == [
+        f"deleted 5 pods in the last 60s (terminal_retired 5; namespaces {NAMESPACE} 3, {OTHER} 2)"
+    ], summaries
+    assert rig.controller.reaped.unsummarised == 1
+    await rig.controller.stop(1.0)  # shutdown names what no interval has summarised yet
+    last = [r.getMessage() for r in caplog.records if r.name == "service.engine.reaped"][-1]
+    assert last.startswith("deleted 1 pod in the last ")
+    assert last.endswith(f"(terminal_retired 1; namespace {NAMESPACE} 1)")
+    assert rig.controller.reaped.unsummarised == 0
 
 
 @pytest.mark.anyio

@@ -25,7 +25,7 @@ from service.engine.activation import Activation
 from service.engine.kept import EVENT_INTERVAL_S, KeptPods, Since
 from service.kit import clock
 from service.kit.errors import Unavailable
-from service.kube.kept_events import kept_event_body
+from service.kube.events import kept_event_body
 from service.metrics import KEPT_REASONS, Metrics
 from service.ports import KeptReport, RetiredRow
 from tests.fakes import NAMESPACE, FakePodCache, make_pod, make_row

@@ -502,7 +502,7 @@ async def test_a_pod_gone_from_the_server_is_gone() -> None:
 async def test_dry_run_verifies_but_never_deletes_and_reports_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="service.engine")
+    caplog.set_level(logging.DEBUG, logger="service.engine")  # the per-report line is debug
     rig, pod = _rig(dry_run=True, deletes_per_minute=1)
     await _expire(rig, pod)
     first = await rig.reconcile(pod.key)
