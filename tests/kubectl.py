@@ -1,8 +1,8 @@
 """The real kubectl against the API emulator, for tests that run what an operator runs.
 
-``kubectl_binary()`` is the kubectl ``make install`` puts in the virtualenv (``devtools/kubectl.py``:
-the pinned official binary, kustomize built in); a missing or different binary fails the test with
-the command that installs it.
+``kubectl_binary()`` is the kubectl ``make install`` puts in the virtualenv
+(``devtools/kubectl.py``: the pinned official binary, kustomize built in); a missing or
+different binary fails the test with the command that installs it.
 
 Fixture ``kubectl_cluster`` (registered through ``pytest_plugins`` in ``tests/conftest.py``) yields
 a :class:`KubectlCluster`: an emulator served over HTTP on 127.0.0.1 from a thread of its own (so a

@@ -10,7 +10,8 @@ The parts of a seed, one module each:
 * :mod:`tests.chaos.driver`: runs one seed (its emulator, database and service instance);
 * :mod:`tests.chaos.steps`: what each kind of step does to the seed's world;
 * :mod:`tests.chaos.world`: every change to pods and rows, made and recorded as ground truth;
-* :mod:`tests.chaos.model`: the ground truth's timelines, and the oracle restating docs/architecture.md;
+* :mod:`tests.chaos.model`: the ground truth's timelines, and the oracle restating
+  docs/architecture.md;
 * :mod:`tests.chaos.checker`: judges a seed, safety after every step, liveness at the end;
 * :mod:`tests.chaos.pgserver`, :mod:`tests.chaos.pglog`, :mod:`tests.chaos.pgproxy`: the
   PostgreSQL server the seeds share, its statement log, the proxy that stalls the listener.

@@ -1,7 +1,7 @@
 """Judges one seed against ground truth: safety after every step, liveness in the quiet phase.
 
-:class:`Checker` holds every safety invariant of docs/architecture.md against the emulator's audit log,
-PostgreSQL's statement log (:mod:`tests.chaos.pglog`) and the driver's ground truth
+:class:`Checker` holds every safety invariant of docs/architecture.md against the emulator's
+audit log, PostgreSQL's statement log (:mod:`tests.chaos.pglog`) and the driver's ground truth
 (:mod:`tests.chaos.model`, recorded by :class:`tests.chaos.world.World`), incrementally after
 each step of the schedule. :func:`quiet_phase` judges liveness once faults are lifted: every pod
 that is reapable then must be deleted (reported, in dry run) within ``threshold +

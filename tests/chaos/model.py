@@ -1,9 +1,9 @@
 """The campaign's ground truth: what each pod UID and each execution row looked like, and when.
 
-Written independently of ``service.classifier`` on purpose: the oracle here restates the
-table of docs/architecture.md ("The two reapable shapes") over the driver's own model of a pod (a small
-:class:`PodShape` enum, never the wire JSON), so a bug in the classifier or the decoder cannot
-hide itself by being reused by the checker. How the driver writes a shape on the wire is
+Written independently of ``service.classifier`` on purpose: the oracle here restates the table of
+docs/architecture.md ("The two reapable shapes") over the driver's own model of a pod (a small
+:class:`PodShape` enum, never the wire JSON), so a bug in the classifier or the decoder cannot hide
+itself by being reused by the checker. How the driver writes a shape on the wire is
 :func:`tests.chaos.world.pod_status`: nothing here reads or writes pod JSON.
 
 Timelines:
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 
 NAMESPACE = "sandboxes"
 RETIRED_STATES = frozenset({"suspended", "replaced", "cancelled", "failed", "stopped"})
-"""docs/architecture.md: ``active = false`` with any retired state (``stopped`` included); anything else —
-``active`` or an unknown string — never reaps."""
+"""docs/architecture.md: ``active = false`` with any retired state (``stopped`` included);
+anything else — ``active`` or an unknown string — never reaps."""
 KEEP_ANNOTATION = "retired-pod-gc.space.sandbox/keep"
 """README: a pod an operator annotates with it is never deleted nor reported."""
 

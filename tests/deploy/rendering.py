@@ -1,5 +1,6 @@
-"""``deploy/`` rendered by the real ``kubectl kustomize`` (the pinned kubectl of ``tests/kubectl.py``)
-and the Helm chart by the real ``helm template`` (the pinned helm of ``devtools/helm.py``).
+"""``deploy/`` rendered by the real ``kubectl kustomize`` (the pinned kubectl of
+``tests/kubectl.py``) and the Helm chart by the real ``helm template`` (the pinned helm of
+``devtools/helm.py``).
 
 ``render(path)`` is what ``kubectl apply -k path`` would send: the objects of the kustomization, in
 kustomize's order, as plain dicts. A kustomization kustomize rejects fails the test with

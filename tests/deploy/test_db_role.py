@@ -40,7 +40,8 @@ async def _prepare(admin_url: str) -> None:
         await conn.execute(
             "INSERT INTO sandboxes VALUES ('sb1', 'sandboxes', 'kubernetes');"
             "INSERT INTO sandbox_k8s_executions"
-            " (sandbox_id, generation, activation_attempt, pod_name, pod_kind, execution_state, active)"
+            " (sandbox_id, generation, activation_attempt, pod_name, pod_kind,"
+            " execution_state, active)"
             f" VALUES ('sb1', 1, 3, '{POD}', 'create', 'active', true)"
         )
     finally:

@@ -160,7 +160,8 @@ async def test_status_subresource_and_main_object_writes_are_separate(
     assert status == 200
     assert body["status"]["phase"] == "Running"
     assert "ignored" not in body["metadata"]["labels"]
-    # Strategic merge: conditions merge by type, labels merge, status is untouched by the main object.
+    # Strategic merge: conditions merge by type, labels merge, status is untouched by the main
+    # object.
     status, body = await raw(
         await api.patch_namespaced_pod_status(
             name,

@@ -1,4 +1,5 @@
-"""The safety invariants (1, 2, 3, 5, 6, 7 of docs/architecture.md) with the real adapters, end to end in-process.
+"""The safety invariants (1, 2, 3, 5, 6, 7 of docs/architecture.md) with the real adapters, end
+to end in-process.
 
 The whole service is built by ``service.app.service.build`` and run by ``run``: the real
 ``kubernetes_asyncio`` client over HTTP against the API server emulator, the real informer and
