@@ -177,7 +177,9 @@ async def test_a_pod_retired_behind_black_holed_connections_costs_one_timeout_th
     async with running_service(
         through_proxy, pg_url, THRESHOLD_SECONDS=1, API_TIMEOUT_SECONDS=2, LIST_MODE="list"
     ) as parts:
-        assert proxy.blackhole_existing() >= 2  # the pooled list connection and the watch
+        # Synced is not yet watching: the watch opens its connection after the list returns.
+        await eventually(lambda: proxy.open >= 2, "the pooled list connection and the watch")
+        assert proxy.blackhole_existing() >= 2
         await pg_conn.execute(
             "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'suspended' "
             "WHERE pod_name = $1",
