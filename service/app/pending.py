@@ -1,6 +1,7 @@
 """The live view of the observation clocks: ``GET /debug/pending`` and its readers.
 
-The running service builds the document (:func:`pending_document`) from its clocks: every pod
+The running service answers with the document (:func:`pending_view`) built from its clocks
+(:func:`pending_document`) and its retired-but-kept view (:func:`kept_section`): every pod
 whose clock runs, with its UID, verdict, since when it has been observed, when it is due and what
 it waits for. ``retired-pod-gc pending`` fetches it (:func:`fetch_pending`) and prints it as a
 table (:func:`pending_lines`); ``explain --url`` prints the entry of one pod
@@ -12,7 +13,8 @@ every answer (a wall-clock step after that is not followed).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +23,7 @@ import aiohttp
 from service.domain import Waiting
 from service.engine.kept import KeptPods, kept_entries
 from service.engine.observation import ObservationClocks
+from service.kit import clock
 
 PATH = "/debug/pending"
 DEFAULT_LIMIT = 1000
@@ -85,6 +88,43 @@ def pending_document(
         "shown": len(pods),
         "pods": pods,
     }
+
+
+def pending_view(
+    *,
+    clocks: ObservationClocks,
+    kept: KeptPods | None,
+    threshold_s: float,
+    mode: str,
+    active: Callable[[], bool],
+) -> Callable[[int, str | None], dict[str, Any]]:
+    """The service's ``GET /debug/pending`` answer for a limit and a key: the document, with the
+    retired-but-kept section when ``kept`` is given. The loop's clock is mapped onto UTC once, at
+    the first request (the one place the service relates its clock to the wall clock)."""
+    wall_offset_s: float | None = None
+
+    def view(limit: int, key: str | None) -> dict[str, Any]:
+        nonlocal wall_offset_s
+        if wall_offset_s is None:
+            wall_offset_s = time.time() - clock.now()  # noqa: TID251 (UTC in the view)
+        now_s = clock.now()
+        document = pending_document(
+            clocks=clocks,
+            threshold_s=threshold_s,
+            mode=mode,
+            active=active(),
+            now_s=now_s,
+            wall_offset_s=wall_offset_s,
+            limit=limit,
+            key=key,
+        )
+        if kept is not None:
+            document["retired_kept"] = kept_section(
+                kept, now_s=now_s, wall_offset_s=wall_offset_s, limit=limit, key=key
+            )
+        return document
+
+    return view
 
 
 def kept_section(
