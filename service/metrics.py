@@ -71,10 +71,10 @@ class KeyHistogram(Collector):
     exported as ``prometheus_client``'s ``Histogram`` exports it (without ``_created``), through
     its public custom-collector API.
 
-    Its :meth:`observe` is a bisect and two additions. It exists for B2b (benchmarks/NOTES.md,
-    "B2b mass retirement in one statement"): each key of a 10,000-key burst is observed twice,
-    and ``Histogram.observe`` takes a lock for the sum and one for the bucket. Observed and
-    scraped on the event loop's thread only (``/metrics`` is served there), so nothing locks.
+    Its :meth:`observe` is a bisect and two additions, without the two locks of
+    ``Histogram.observe``: every key of a burst is observed twice (benchmarks/NOTES.md, B2b).
+    Observed and scraped on the event loop's thread only (``/metrics`` is served there), so
+    nothing needs a lock.
     """
 
     def __init__(
