@@ -42,13 +42,7 @@ from service.metrics import Metrics
 from service.pg.connect import connect_once
 from service.pg.listener import RetirementListener
 from service.pg.store import PgExecutionStore
-from service.ports import (
-    ExecutionStore,
-    KeptRecorder,
-    PodClient,
-    ReapRecorder,
-    RetiredRowSource,
-)
+from service.ports import ExecutionStore, KeptRecorder, PodClient, ReapRecorder, RetiredRowSource
 
 from .health import HealthServer, Heartbeats, cached_ping
 from .pending import pending_view
