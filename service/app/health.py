@@ -173,8 +173,8 @@ async def _serve(runners: list[web.AppRunner], app: web.Application, host: str, 
 
 
 def cached_ping(store: PgExecutionStore) -> Callable[[], Awaitable[str | None]]:
-    """Readiness probes may come often; the database is asked at most every PING_TTL_S. Answers
-    why the last ping failed, ``None`` when it worked."""
+    """The database's part of ``/readyz``: why the last ping failed, ``None`` when it worked.
+    Probes may come often, so the database is asked at most every ``PING_TTL_S``."""
     last_at = -PING_TTL_S * 2
     last_problem: str | None = "not checked yet"
 
