@@ -1,4 +1,5 @@
-"""Renders ``RESULTS.md`` and the PNG plots from ``results/*.json`` (``python -m benchmarks.report``).
+"""Renders ``RESULTS.md`` and the PNG plots from ``results/*.json``
+(``python -m benchmarks.report``).
 
 ``RESULTS.md`` opens with one table of the current figures, one row per measured quantity, each
 taken from the canonical run of its benchmark (``CANONICAL``); then one section per benchmark
@@ -395,7 +396,8 @@ def _command(name: str, r: dict[str, Any]) -> str:
 def _provenance(name: str, r: dict[str, Any]) -> list[str]:
     m, cfg = r["machine"], r["config"]
     return [
-        f"Run `{name}`, {r['started']}: `{_command(name, r)}`. {m['nproc']} CPUs, {m['cpu_model']}; "
+        f"Run `{name}`, {r['started']}: `{_command(name, r)}`. "
+        f"{m['nproc']} CPUs, {m['cpu_model']}; "
         f"Python {m['python']}; " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ". "
         f"Load average at start {r['load_average_start']}, at end "
         f"{r.get('load_average_end', '-')}; repeats {cfg['repeats']} (medians shown).",

@@ -94,7 +94,8 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         scenarios._progress("B6 decode")
         results["B6"] = await scenarios.b6_decode(FIXTURES)
         scenarios._progress(
-            f"B6 msgspec {results['B6']['median_msgspec_us']:.1f} us vs model {results['B6']['median_model_us']:.0f} us"
+            f"B6 msgspec {results['B6']['median_msgspec_us']:.1f} us "
+            f"vs model {results['B6']['median_model_us']:.0f} us"
         )
     needs_env = only & {"B1", "B2", "B3", "B4", "B5", MASS}
     if not (needs_env or only & {LIMIT, "B7"}):
@@ -149,7 +150,8 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
                     b1.append(scenarios.b1_summarise(size, runs, emulator.rss_kib()))
                     s = b1[-1]
                     scenarios._progress(
-                        f"B1 {size}: synced {s['synced_s']:.2f}s catch-up {s['catchup_done_s']:.2f}s "
+                        f"B1 {size}: synced {s['synced_s']:.2f}s "
+                        f"catch-up {s['catchup_done_s']:.2f}s "
                         f"rss/pod {s['rss_per_pod_bytes']:.0f} B"
                     )
                 if size == args.pods:

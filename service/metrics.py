@@ -9,7 +9,10 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from functools import partial
+from itertools import product
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily, Metric
@@ -68,10 +71,10 @@ class KeyHistogram(Collector):
     exported as ``prometheus_client``'s ``Histogram`` exports it (without ``_created``), through
     its public custom-collector API.
 
-    Its :meth:`observe` is a bisect and two additions. It exists for B2b (benchmarks/NOTES.md,
-    "B2b mass retirement in one statement"): each key of a 10,000-key burst is observed twice,
-    and ``Histogram.observe`` takes a lock for the sum and one for the bucket. Observed and
-    scraped on the event loop's thread only (``/metrics`` is served there), so nothing locks.
+    Its :meth:`observe` is a bisect and two additions, without the two locks of
+    ``Histogram.observe``: every key of a burst is observed twice (benchmarks/NOTES.md, B2b).
+    Observed and scraped on the event loop's thread only (``/metrics`` is served there), so
+    nothing needs a lock.
     """
 
     def __init__(
@@ -111,6 +114,24 @@ def _le(bound: float) -> str:
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
+_Family = TypeVar("_Family", Counter, Gauge)
+
+
+def _family(
+    kind: type[_Family],
+    registry: CollectorRegistry,
+    name: str,
+    documentation: str,
+    labels: Sequence[str] = (),
+    *,
+    zero: Iterable[tuple[str, ...]] = (),
+) -> _Family:
+    """A counter or gauge on ``registry``, with each label set of ``zero`` created at zero."""
+    family = kind(name, documentation, labels, registry=registry)
+    for values in zero:
+        family.labels(*values)
+    return family
+
 
 class Metrics:
     """All metrics, bound to one registry (tests pass their own; production the default)."""
@@ -118,12 +139,15 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = registry if registry is not None else CollectorRegistry()
         self.registry = r
+        counter = partial(_family, Counter, r)
+        gauge = partial(_family, Gauge, r)
+        latency = partial(Histogram, buckets=_LATENCY_BUCKETS, registry=r)
+        key_latency = partial(KeyHistogram, buckets=_LATENCY_BUCKETS, registry=r)
         # engine
-        self.outcomes = Counter(
+        self.outcomes = counter(
             "cluster_reconciler_outcome",
             "Reconcile outcomes: a reaped shape or a named non-reap outcome.",
             ["loop", "mode", "verdict"],
-            registry=r,
         )
         # Every label set created at zero (dashboards and alerts see it before the first
         # event), and counted into from here.
@@ -132,300 +156,262 @@ class Metrics:
             for mode in MODES
             for verdict in OUTCOME_LABELS
         }
-        self.skips = Counter(
-            "retired_pod_gc_skips",
-            "Pods classified as not reapable, by skip reason.",
-            ["reason"],
-            registry=r,
+        self.skips = counter(
+            "retired_pod_gc_skips", "Pods classified as not reapable, by skip reason.", ["reason"]
         )
         self._skip_children: dict[str, Counter] = {
             str(reason): self.skips.labels(reason=str(reason)) for reason in SkipReason
         }
-        self.reconcile_duration = KeyHistogram(
-            "retired_pod_gc_reconcile_duration_seconds",
-            "Duration of one key's reconcile.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.reconcile_duration = key_latency(
+            "retired_pod_gc_reconcile_duration_seconds", "Duration of one key's reconcile."
         )
-        self.tracked_clocks = Gauge(
-            "retired_pod_gc_tracked_clocks",
-            "Pod UIDs whose observation clock is running.",
-            registry=r,
+        self.tracked_clocks = gauge(
+            "retired_pod_gc_tracked_clocks", "Pod UIDs whose observation clock is running."
         )
-        self.deletes = Counter(
+        self.deletes = counter(
             "retired_pod_gc_deletes",
             "DELETE requests sent, by sandbox namespace and result (deleted, gone, conflict, "
             "error).",
             ["sandbox_namespace", "result"],
-            registry=r,
         )
-        self.final_check_reverifications = Counter(
+        self.final_check_reverifications = counter(
             "retired_pod_gc_final_check_reverifications",
             "Verifications redone because the final row re-read was older than the bound "
             "(FINAL_CHECK_MAX_AGE_S) when the DELETE or dry-run report was due.",
-            registry=r,
         )
-        self.final_check_age = Histogram(
+        self.final_check_age = latency(
             "retired_pod_gc_final_check_age_seconds",
             "Age of the final row re-read when a DELETE or dry-run report was made.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.reconcile_bugs = Counter(
+        self.reconcile_bugs = counter(
             "retired_pod_gc_reconcile_bugs",
             "Reconcile steps that raised an unexpected exception (a bug, logged with its "
             "traceback); the key's clock was cleared and it backs off. Expected failures of the "
             "API server or the database are counted as outcomes instead.",
-            registry=r,
         )
-        self.reconcile_errors = Counter(
+        self.reconcile_errors = counter(
             "retired_pod_gc_reconcile_errors",
             "Reconciles that ended in an error or timeout and were requeued with backoff.",
-            registry=r,
         )
-        self.retirement_to_enqueue = Histogram(
+        self.retirement_to_enqueue = latency(
             "retired_pod_gc_retirement_to_enqueue_seconds",
-            "From receiving a notification that carries a retirement to its keys being enqueued (one "
-            "sample per notification, which may be a batch of many rows).",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            "From receiving a notification that carries a retirement to its keys being "
+            "enqueued (one sample per notification, which may be a batch of many rows).",
         )
-        self.enabled = Gauge("retired_pod_gc_enabled", "1 when ENABLED is true.", registry=r)
-        self.dry_run = Gauge("retired_pod_gc_dry_run", "1 when DRY_RUN is true.", registry=r)
-        self.is_leader = Gauge(
-            "retired_pod_gc_is_leader", "1 while this replica holds the lease.", registry=r
-        )
+        self.enabled = gauge("retired_pod_gc_enabled", "1 when ENABLED is true.")
+        self.dry_run = gauge("retired_pod_gc_dry_run", "1 when DRY_RUN is true.")
+        self.is_leader = gauge("retired_pod_gc_is_leader", "1 while this replica holds the lease.")
         # work queue
-        self.queue_depth = Gauge(
-            "retired_pod_gc_queue_depth", "Keys ready to be processed.", registry=r
+        self.queue_depth = gauge("retired_pod_gc_queue_depth", "Keys ready to be processed.")
+        self.queue_delayed = gauge(
+            "retired_pod_gc_queue_delayed", "Keys waiting for their add_after time."
         )
-        self.queue_delayed = Gauge(
-            "retired_pod_gc_queue_delayed", "Keys waiting for their add_after time.", registry=r
-        )
-        self.queue_adds = Counter(
-            "retired_pod_gc_queue_adds", "Keys added to the work queue.", registry=r
-        )
-        self.queue_retries = Counter(
-            "retired_pod_gc_queue_retries", "Keys requeued with backoff.", registry=r
-        )
-        self.queue_wait = KeyHistogram(
+        self.queue_adds = counter("retired_pod_gc_queue_adds", "Keys added to the work queue.")
+        self.queue_retries = counter("retired_pod_gc_queue_retries", "Keys requeued with backoff.")
+        self.queue_wait = key_latency(
             "retired_pod_gc_queue_wait_seconds",
             "Time a key waited in the queue before a worker took it.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
         # Kubernetes
         # sandbox_namespace: values fixed by configuration (NAMESPACES), so bounded; not
         # `namespace`, which Prometheus gives the scraped target (the controller's own).
-        self.cache_pods = Gauge(
+        self.cache_pods = gauge(
             "retired_pod_gc_cache_pods",
             "Pods in the informer cache, by sandbox namespace.",
             ["sandbox_namespace"],
-            registry=r,
         )
-        self.cache_synced = Gauge(
+        self.cache_synced = gauge(
             "retired_pod_gc_cache_synced",
             "1 when the informer cache of the sandbox namespace is synced.",
             ["sandbox_namespace"],
-            registry=r,
         )
-        self.watch_events = Counter(
-            "retired_pod_gc_watch_events", "Watch events received, by type.", ["type"], registry=r
+        self.watch_events = counter(
+            "retired_pod_gc_watch_events", "Watch events received, by type.", ["type"]
         )
-        self.watch_restarts = Counter(
+        self.watch_restarts = counter(
             "retired_pod_gc_watch_restarts",
             "Watch (re)starts, by reason (closed, expired, error, timeout, silent).",
             ["reason"],
-            registry=r,
+            zero=product(WATCH_RESTART_REASONS),
         )
-        for reason in WATCH_RESTART_REASONS:
-            self.watch_restarts.labels(reason=reason)
-        self.relists = Counter(
-            "retired_pod_gc_relists", "Full relists of the pod cache.", registry=r
-        )
-        self.list_mode = Gauge(
+        self.relists = counter("retired_pod_gc_relists", "Full relists of the pod cache.")
+        self.list_mode = gauge(
             "retired_pod_gc_informer_list_mode",
             "1 for the way the pod cache of the sandbox namespace was last filled (stream, "
             "list_cache, list_quorum).",
             ["sandbox_namespace", "mode"],
-            registry=r,
         )
-        self.decode_errors = Counter(
+        self.decode_errors = counter(
             "retired_pod_gc_decode_errors",
             "Malformed pod objects skipped, by source (list, watch, get).",
             ["source"],
-            registry=r,
         )
-        self.events = Counter(
+        self.events = counter(
             "retired_pod_gc_events",
             "Kubernetes Events about deletes and dry-run reports, by result.",
             ["result"],
-            registry=r,
+            zero=product(EVENT_RESULTS),
         )
-        for result in EVENT_RESULTS:
-            self.events.labels(result=result)
-        self.api_requests = Counter(
+        self.api_requests = counter(
             "retired_pod_gc_api_requests",
-            "Kubernetes API requests, by operation (watchlist, list, watch, get, delete, lease) and result.",
+            "Kubernetes API requests, by operation (watchlist, list, watch, get, delete, lease) "
+            "and result.",
             ["op", "result"],
-            registry=r,
         )
-        self.api_pool_replacements = Counter(
+        self.api_pool_replacements = counter(
             "retired_pod_gc_api_pool_replacements",
             "Times the API client's keep-alive connection pool was replaced because a request "
             "on it got no answer within its timeout.",
-            registry=r,
         )
-        self.api_throttled = Counter(
+        self.api_throttled = counter(
             "retired_pod_gc_api_throttled",
             "Answers 429 (or 503 with Retry-After) from the API server, by what the client did: "
             "retried after the Retry-After, or returned to the caller.",
             ["action"],
-            registry=r,
+            zero=product(THROTTLE_ACTIONS),
         )
-        for action in THROTTLE_ACTIONS:
-            self.api_throttled.labels(action=action)
-        self.api_concurrency_limit = Gauge(
+        self.api_concurrency_limit = gauge(
             "retired_pod_gc_api_concurrency_limit",
             "Requests (other than watches) the API client sends at once: halved on a 429, grown "
             "back on answers, from 1 to the connection pool size.",
-            registry=r,
         )
-        self.api_credential_reloads = Counter(
+        self.api_credential_reloads = counter(
             "retired_pod_gc_api_credential_reloads",
             "Credentials read again after a 401, by result (changed, unchanged, failed).",
             ["result"],
-            registry=r,
+            zero=product(CREDENTIAL_RELOADS),
         )
-        for result in CREDENTIAL_RELOADS:
-            self.api_credential_reloads.labels(result=result)
-        self.api_unauthorized_answers = Counter(
+        self.api_unauthorized_answers = counter(
             "retired_pod_gc_api_unauthorized_answers",
             "Answers 401 that stood after the credentials were read again (the request failed).",
-            registry=r,
         )
-        self.api_unauthorized = Gauge(
+        self.api_unauthorized = gauge(
             "retired_pod_gc_api_unauthorized",
             "1 while the API server refuses the credentials (the last answer was a 401 after a "
             "reload); the replica is not ready meanwhile.",
-            registry=r,
         )
-        self.api_reachable = Gauge(
+        self.api_reachable = gauge(
             "retired_pod_gc_api_reachable",
             "0 while the API server is taken for unreachable: a request ended without an answer "
             "and nothing has answered since it was sent (the replica is not ready meanwhile); "
             "else 1.",
-            registry=r,
         )
-        self.api_last_answer_age = Gauge(
+        self.api_last_answer_age = gauge(
             "retired_pod_gc_api_last_answer_age_seconds",
             "Seconds since the API server last answered anything (a response of any status, a "
             "line on a watch stream).",
-            registry=r,
         )
         # PostgreSQL
-        self.listener_connected = Gauge(
+        self.listener_connected = gauge(
             "retired_pod_gc_listener_connected",
             "1 while the LISTEN connection is up and has proven that notifications arrive.",
-            registry=r,
         )
-        self.listener_delivery_ok = Gauge(
+        self.listener_delivery_ok = gauge(
             "retired_pod_gc_listener_delivery_ok",
             "1 when the listener's last delivery probe (a NOTIFY sent through the query pool) "
             "arrived on the listening connection in time, else 0.",
-            registry=r,
         )
-        self.listener_delivery_failures = Counter(
+        self.listener_delivery_failures = counter(
             "retired_pod_gc_listener_delivery_failures",
             "Delivery probes that failed (not sent, or not arrived in time).",
-            registry=r,
         )
-        self.notify_queue_usage = Gauge(
+        self.notify_queue_usage = gauge(
             "retired_pod_gc_notify_queue_usage_ratio",
             "pg_notification_queue_usage(): the fraction of the server's NOTIFY queue in use. "
             "At 1 every NOTIFYing COMMIT fails (the platform's retirements among them).",
-            registry=r,
         )
-        self.database_login_failures = Counter(
+        self.database_login_failures = counter(
             "retired_pod_gc_database_login_failures",
             "Connections whose login the server refused (wrong password, unknown role).",
-            registry=r,
         )
-        self.listener_connect_failures = Counter(
+        self.listener_connect_failures = counter(
             "retired_pod_gc_listener_connect_failures",
             "Attempts to open the LISTEN connection and prove delivery on it that failed.",
-            registry=r,
         )
-        self.listener_reconnects = Counter(
-            "retired_pod_gc_listener_reconnects",
-            "LISTEN connection re-establishments.",
-            registry=r,
+        self.listener_reconnects = counter(
+            "retired_pod_gc_listener_reconnects", "LISTEN connection re-establishments."
         )
-        self.notifications = Counter(
+        self.notifications = counter(
             "retired_pod_gc_notifications",
             "Change notifications received (payloads; one may carry a batch of changes).",
-            registry=r,
         )
-        self.notifications_ignored = Counter(
-            "retired_pod_gc_notifications_ignored",
-            "Changes (rows of a notification) about a namespace this replica does not watch (ignored).",
-            registry=r,
-        )
-        self.notifications_malformed = Counter(
+        self.notifications_malformed = counter(
             "retired_pod_gc_notifications_malformed",
             "Notification payloads skipped whole (malformed, oversized), plus bad rows skipped "
             "inside otherwise valid batches.",
-            registry=r,
         )
-        self.row_queries = Counter(
+        self.row_queries = counter(
             "retired_pod_gc_row_queries",
             "Execution-row queries, by kind (batch, fresh).",
             ["kind"],
-            registry=r,
         )
-        self.row_query_errors = Counter(
-            "retired_pod_gc_row_query_errors",
-            "Execution-row queries that failed.",
-            registry=r,
+        self.row_query_errors = counter(
+            "retired_pod_gc_row_query_errors", "Execution-row queries that failed."
         )
-        self.rows_malformed = Counter(
+        self.rows_malformed = counter(
             "retired_pod_gc_rows_malformed",
             "Execution rows that could not be decoded (treated as missing: never reaped).",
-            registry=r,
         )
-        self.database_up = Gauge(
-            "retired_pod_gc_database_up",
-            "1 when the last database health check succeeded.",
-            registry=r,
+        self.database_up = gauge(
+            "retired_pod_gc_database_up", "1 when the last database health check succeeded."
         )
         # Shared backoff from a dependency that gives no answer (service/kit/gate.py)
-        self.dependency_backoff = Gauge(
+        self.dependency_backoff = gauge(
             "retired_pod_gc_dependency_backoff",
             "1 while the reconcile steps back off from the dependency as one (it gave no "
             "answer; one probe a backoff step goes out), 0 once it answers.",
             ["dependency"],
-            registry=r,
+            zero=product(DEPENDENCIES),
         )
-        self.dependency_probes = Counter(
+        self.dependency_probes = counter(
             "retired_pod_gc_dependency_probes",
             "Attempts sent to a dependency the steps back off from (one a backoff step), by "
             "result (failed: no answer; answered: the backoff ends).",
             ["dependency", "result"],
-            registry=r,
+            zero=product(DEPENDENCIES, ("failed", "answered")),
         )
-        self.dependency_held = Counter(
+        self.dependency_held = counter(
             "retired_pod_gc_dependency_held",
             "Keys whose step was not sent to a dependency the steps back off from: requeued "
             "to its next attempt time, and at once when it answers (clocks cleared).",
             ["dependency"],
-            registry=r,
+            zero=product(DEPENDENCIES),
         )
-        for dependency in DEPENDENCIES:
-            self.dependency_backoff.labels(dependency=dependency)
-            self.dependency_held.labels(dependency=dependency)
-            for result in ("failed", "answered"):
-                self.dependency_probes.labels(dependency=dependency, result=result)
-        self._init_kept(r)
+        # Retired but kept (service/engine/kept.py): every reason's label set at zero.
+        self.retired_kept_pods = gauge(
+            "retired_pod_gc_retired_kept_pods",
+            "Cached pods whose execution row is retired (inactive) but that are kept, by the "
+            "classifier's skip reason.",
+            ["reason"],
+            zero=product(KEPT_REASONS),
+        )
+        self.retired_kept_oldest = gauge(
+            "retired_pod_gc_retired_kept_oldest_seconds",
+            "Age of the oldest retired-but-kept pod of each reason: since its row's retired_at, "
+            "else the retirement notification's arrival, else first seen (0: none).",
+            ["reason"],
+            zero=product(KEPT_REASONS),
+        )
+        self.retired_kept_bound = gauge(
+            "retired_pod_gc_retired_kept_bound_seconds",
+            "KEPT_BOUND_SECONDS: how long a retired pod may be kept before its Event and the "
+            "alert RetiredPodGcRetiredPodsKept.",
+        )
+        self.retired_kept_sweep_duration = latency(
+            "retired_pod_gc_retired_kept_sweep_duration_seconds",
+            "Duration of one retired-but-kept sweep of a namespace (one row query).",
+        )
+        self.retired_kept_sweep_errors = counter(
+            "retired_pod_gc_retired_kept_sweep_errors",
+            "Retired-but-kept row queries (sweep, notification, Event check) that failed.",
+        )
+        self.kept_events = counter(
+            "retired_pod_gc_kept_events",
+            "RetiredPodKept Events by result, as retired_pod_gc_events_total counts the Events "
+            "of deletes (one writer, service/kube/events.py; failed attempts retried).",
+            ["result"],
+            zero=product(EVENT_RESULTS),
+        )
 
     def bind_namespaces(self, namespaces: Iterable[str]) -> None:
         """Create the per-namespace label sets at zero (the namespaces are fixed by config)."""
@@ -446,49 +432,3 @@ class Metrics:
         if child is None:
             child = self.skips.labels(reason=reason)
         child.inc(count)
-
-    def _init_kept(self, r: CollectorRegistry) -> None:
-        """Retired but kept (``service/engine/kept.py``): every reason's label set at zero."""
-        self.retired_kept_pods = Gauge(
-            "retired_pod_gc_retired_kept_pods",
-            "Cached pods whose execution row is retired (inactive) but that are kept, by the "
-            "classifier's skip reason.",
-            ["reason"],
-            registry=r,
-        )
-        self.retired_kept_oldest = Gauge(
-            "retired_pod_gc_retired_kept_oldest_seconds",
-            "Age of the oldest retired-but-kept pod of each reason: since its row's retired_at, "
-            "else the retirement notification's arrival, else first seen (0: none).",
-            ["reason"],
-            registry=r,
-        )
-        for reason in KEPT_REASONS:
-            self.retired_kept_pods.labels(reason=reason)
-            self.retired_kept_oldest.labels(reason=reason)
-        self.retired_kept_bound = Gauge(
-            "retired_pod_gc_retired_kept_bound_seconds",
-            "KEPT_BOUND_SECONDS: how long a retired pod may be kept before its Event and the "
-            "alert RetiredPodGcRetiredPodsKept.",
-            registry=r,
-        )
-        self.retired_kept_sweep_duration = Histogram(
-            "retired_pod_gc_retired_kept_sweep_duration_seconds",
-            "Duration of one retired-but-kept sweep of a namespace (one row query).",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.retired_kept_sweep_errors = Counter(
-            "retired_pod_gc_retired_kept_sweep_errors",
-            "Retired-but-kept row queries (sweep, notification, Event check) that failed.",
-            registry=r,
-        )
-        self.kept_events = Counter(
-            "retired_pod_gc_kept_events",
-            "RetiredPodKept Events by result, as retired_pod_gc_events_total counts the Events of "
-            "deletes (one writer, service/kube/events.py; failed attempts retried).",
-            ["result"],
-            registry=r,
-        )
-        for result in EVENT_RESULTS:
-            self.kept_events.labels(result=result)

@@ -181,7 +181,8 @@ class Emulator(Watches, FaultControls):
         if res.namespaced:
             if meta.get("namespace") not in (None, "", namespace):
                 raise st.bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request"
+                    "the namespace of the provided object does not match the namespace sent on "
+                    "the request"
                 )
             meta["namespace"] = namespace
             if self._key(NAMESPACES, "", namespace) not in self.table(NAMESPACES).entries:
@@ -266,7 +267,9 @@ class Emulator(Watches, FaultControls):
                         st.status(
                             415,
                             "UnsupportedMediaType",
-                            f"the body of the request was in an unknown format - accepted media types include: {JSON_PATCH}, {MERGE_PATCH}, application/apply-patch+yaml",
+                            "the body of the request was in an unknown format - accepted media "
+                            f"types include: {JSON_PATCH}, {MERGE_PATCH}, "
+                            "application/apply-patch+yaml",
                         )
                     )
                 patched = strategic_merge_patch(current, patch)

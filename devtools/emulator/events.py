@@ -203,7 +203,8 @@ class EventStore:
             meta["name"] = f"{prefix}{uuid.uuid4().hex[:5]}"
         if meta.get("namespace") not in (None, "", namespace):
             raise st.bad_request(
-                "the namespace of the provided object does not match the namespace sent on the request"
+                "the namespace of the provided object does not match the namespace sent on "
+                "the request"
             )
         meta["namespace"] = namespace
         causes = _validate(obj, namespace)

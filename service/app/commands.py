@@ -1,13 +1,11 @@
 """The commands of ``retired-pod-gc``: each takes the effective settings and returns an exit code.
 
 ``run`` (the controller), ``scan``, ``explain``, ``pending``, ``migrate``, ``cancel-create`` and
-``config``.
-Every adapter a command needs comes from the composition root (``service/app/service.py``), so
-the controller and the one-shot commands build their parts one way. Exit codes: 0 success, 1 a
-failure of the outside world (the API server, the database, a replica) or a failed operation:
-one line on stderr naming the cause and, where there is one, the fix (:class:`CommandError`;
-an :class:`ExternalError` that no command caught gets its one line too), never a traceback —
-only a bug shows one. Parsing the command line is ``service/cli.py``'s job.
+``config`` take every adapter from the composition root (``service/app/service.py``), so the
+controller and the one-shot commands build their parts one way. Exit codes: 0 success, 1 a
+failure of the outside world or a failed operation, told in one line on stderr naming the cause
+and, where known, the fix (:class:`CommandError`, or an uncaught :class:`ExternalError`); only a
+bug shows a traceback. Parsing the command line is ``service/cli.py``'s job.
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ from service.app.inspect import (
     explanation_lines,
     list_pods,
     scan,
+    scan_lines,
 )
 from service.app.pending import (
     PendingUnavailable,
@@ -281,31 +280,8 @@ def scan_pods(settings: config.Settings, *, output: str, timeout_s: float) -> in
                 raise _database_failure("scan: row lookup", settings, exc) from None
         if output == "json":
             print(json.dumps(report.to_json(), indent=2))
-            return 0
-        for namespace, count in report.pods_by_namespace.items():
-            print(f"namespace {namespace}: {count} pods")
-        print("reapable shapes (a clock would run; deletion after the threshold):")
-        for verdict, count in report.verdicts.items() or [("(none)", 0)]:
-            print(f"  {verdict:<34} {count}")
-        print("skipped, by reason:")
-        for reason, count in report.skips.items() or [("(none)", 0)]:
-            print(f"  {reason:<34} {count}")
-        if report.candidates:
-            print("candidates:")
-            for c in report.candidates:
-                print(f"  {c['pod']:<50} {c['verdict']:<24} age {c['age_s']}s")
-        print(
-            f"retired but kept (execution retired, pod kept; docs/operations.md): "
-            f"{len(report.retired_kept)} pods"
-        )
-        for reason, count in report.retired_kept_by_reason.items():
-            print(f"  {reason:<34} {count}")
-        for k in report.retired_kept:
-            since = k["retired_at"] or "retired_at unknown"
-            print(
-                f"  {k['pod']:<50} {k['reason']:<34} {k['severity']:<8} "
-                f"{k['row_state']} since {since}"
-            )
+        else:
+            print("\n".join(scan_lines(report)))
         return 0
 
     return _run_async(main)

@@ -29,8 +29,11 @@ from service.app.pending import DEFAULT_LIMIT as PENDING_LIMIT
 from service.app.pending import PATH as PENDING_PATH
 from service.kit import clock
 from service.metrics import Metrics
+from service.pg.store import PgExecutionStore
 
 logger = logging.getLogger(__name__)
+
+PING_TTL_S = 2.0
 
 
 @dataclass
@@ -167,3 +170,21 @@ async def _serve(runners: list[web.AppRunner], app: web.Application, host: str, 
     sockets = getattr(site._server, "sockets", None) or []
     bound: int = sockets[0].getsockname()[1] if sockets else port
     return bound
+
+
+def cached_ping(store: PgExecutionStore) -> Callable[[], Awaitable[str | None]]:
+    """The database's part of ``/readyz``: why the last ping failed, ``None`` when it worked.
+    Probes may come often, so the database is asked at most every ``PING_TTL_S``."""
+    last_at = -PING_TTL_S * 2
+    last_problem: str | None = "not checked yet"
+
+    async def ping() -> str | None:
+        nonlocal last_at, last_problem
+        now = clock.now()
+        if now - last_at >= PING_TTL_S:
+            ok = await store.ping()
+            last_problem = None if ok else store.problem or "unreachable"
+            last_at = now
+        return last_problem
+
+    return ping

@@ -158,6 +158,37 @@ async def scan(
     return report
 
 
+def scan_lines(report: ScanReport) -> list[str]:
+    """The scan report as ``scan`` prints it: counts by namespace, verdict and skip reason, the
+    candidates, then the retired-but-kept pods."""
+    lines = [
+        f"namespace {namespace}: {count} pods"
+        for namespace, count in report.pods_by_namespace.items()
+    ]
+    for heading, counts in (
+        ("reapable shapes (a clock would run; deletion after the threshold):", report.verdicts),
+        ("skipped, by reason:", report.skips),
+    ):
+        lines.append(heading)
+        lines += [f"  {name:<34} {count}" for name, count in (counts or {"(none)": 0}).items()]
+    if report.candidates:
+        lines.append("candidates:")
+        lines += [
+            f"  {c['pod']:<50} {c['verdict']:<24} age {c['age_s']}s" for c in report.candidates
+        ]
+    lines.append(
+        f"retired but kept (execution retired, pod kept; docs/operations.md): "
+        f"{len(report.retired_kept)} pods"
+    )
+    lines += [f"  {reason:<34} {count}" for reason, count in report.retired_kept_by_reason.items()]
+    for k in report.retired_kept:
+        since = k["retired_at"] or "retired_at unknown"
+        lines.append(
+            f"  {k['pod']:<50} {k['reason']:<34} {k['severity']:<8} {k['row_state']} since {since}"
+        )
+    return lines
+
+
 @dataclass
 class Explanation:
     key: str

@@ -1,6 +1,7 @@
 """The live view of the observation clocks: ``GET /debug/pending`` and its readers.
 
-The running service builds the document (:func:`pending_document`) from its clocks: every pod
+The running service answers with the document (:func:`pending_view`) built from its clocks
+(:func:`pending_document`) and its retired-but-kept view (:func:`kept_section`): every pod
 whose clock runs, with its UID, verdict, since when it has been observed, when it is due and what
 it waits for. ``retired-pod-gc pending`` fetches it (:func:`fetch_pending`) and prints it as a
 table (:func:`pending_lines`); ``explain --url`` prints the entry of one pod
@@ -12,7 +13,8 @@ every answer (a wall-clock step after that is not followed).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +23,7 @@ import aiohttp
 from service.domain import Waiting
 from service.engine.kept import KeptPods, kept_entries
 from service.engine.observation import ObservationClocks
+from service.kit import clock
 
 PATH = "/debug/pending"
 DEFAULT_LIMIT = 1000
@@ -87,6 +90,43 @@ def pending_document(
     }
 
 
+def pending_view(
+    *,
+    clocks: ObservationClocks,
+    kept: KeptPods | None,
+    threshold_s: float,
+    mode: str,
+    active: Callable[[], bool],
+) -> Callable[[int, str | None], dict[str, Any]]:
+    """The service's ``GET /debug/pending`` answer for a limit and a key: the document, with the
+    retired-but-kept section when ``kept`` is given. The loop's clock is mapped onto UTC once, at
+    the first request (the one place the service relates its clock to the wall clock)."""
+    wall_offset_s: float | None = None
+
+    def view(limit: int, key: str | None) -> dict[str, Any]:
+        nonlocal wall_offset_s
+        if wall_offset_s is None:
+            wall_offset_s = time.time() - clock.now()  # noqa: TID251 (UTC in the view)
+        now_s = clock.now()
+        document = pending_document(
+            clocks=clocks,
+            threshold_s=threshold_s,
+            mode=mode,
+            active=active(),
+            now_s=now_s,
+            wall_offset_s=wall_offset_s,
+            limit=limit,
+            key=key,
+        )
+        if kept is not None:
+            document["retired_kept"] = kept_section(
+                kept, now_s=now_s, wall_offset_s=wall_offset_s, limit=limit, key=key
+            )
+        return document
+
+    return view
+
+
 def kept_section(
     kept: KeptPods,
     *,
@@ -117,7 +157,37 @@ def kept_section(
     }
 
 
-_KEPT_COLUMNS = ("KEY", "REASON", "SEVERITY", "ROW STATE", "SINCE", "FROM", "KEPT FOR")
+_KEPT_COLUMNS = (
+    ("KEY", "key"),
+    ("REASON", "reason"),
+    ("SEVERITY", "severity"),
+    ("ROW STATE", "row_state"),
+    ("SINCE", "since"),
+    ("FROM", "since_source"),
+    ("KEPT FOR", "kept_for_s"),
+)
+_SECONDS_FORMAT = {"kept_for_s": ".0f", "due_in_s": ".1f"}
+"""The fields printed as seconds, and their precision; every other field is printed as is."""
+
+
+def _table(columns: tuple[tuple[str, str], ...], entries: list[Mapping[str, Any]]) -> list[str]:
+    """One row per entry under a header line, each column (a heading and the entry's field) as
+    wide as its widest cell; nothing when there are no entries."""
+    rows = [tuple(_cell(entry, field) for _, field in columns) for entry in entries]
+    if not rows:
+        return []
+    header = tuple(heading for heading, _ in columns)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    ]
+
+
+def _cell(entry: Mapping[str, Any], field: str) -> str:
+    spec = _SECONDS_FORMAT.get(field)
+    value = entry.get(field)
+    return str(value) if spec is None else f"{float(value or 0):{spec}}s"
 
 
 def kept_lines(section: Mapping[str, Any] | None) -> list[str]:
@@ -134,24 +204,7 @@ def kept_lines(section: Mapping[str, Any] | None) -> list[str]:
         )
         + ")"
     ]
-    rows = [
-        (
-            str(p.get("key")),
-            str(p.get("reason")),
-            str(p.get("severity")),
-            str(p.get("row_state")),
-            str(p.get("since")),
-            str(p.get("since_source")),
-            f"{float(p.get('kept_for_s') or 0):.0f}s",
-        )
-        for p in section.get("pods") or []
-    ]
-    if not rows:
-        return lines
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_KEPT_COLUMNS)]
-    for row in (_KEPT_COLUMNS, *rows):
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    return lines
+    return [*lines, *_table(_KEPT_COLUMNS, section.get("pods") or [])]
 
 
 def live_kept_lines(
@@ -211,7 +264,15 @@ async def fetch_pending(
     return document
 
 
-_COLUMNS = ("KEY", "UID", "VERDICT", "OBSERVED SINCE", "DUE AT", "DUE IN", "WAITS FOR")
+_COLUMNS = (
+    ("KEY", "key"),
+    ("UID", "uid"),
+    ("VERDICT", "verdict"),
+    ("OBSERVED SINCE", "observed_since"),
+    ("DUE AT", "due_at"),
+    ("DUE IN", "due_in_s"),
+    ("WAITS FOR", "waits_for"),
+)
 
 
 def pending_lines(document: Mapping[str, Any]) -> list[str]:
@@ -227,24 +288,7 @@ def pending_lines(document: Mapping[str, Any]) -> list[str]:
             else ""
         )
     ]
-    rows = [
-        (
-            str(p.get("key")),
-            str(p.get("uid")),
-            str(p.get("verdict")),
-            str(p.get("observed_since")),
-            str(p.get("due_at")),
-            f"{float(p.get('due_in_s') or 0):.1f}s",
-            str(p.get("waits_for")),
-        )
-        for p in document.get("pods") or []
-    ]
-    if rows:
-        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
-        for row in (_COLUMNS, *rows):
-            lines.append(
-                "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-            )
+    lines.extend(_table(_COLUMNS, document.get("pods") or []))
     kept = kept_lines(document.get("retired_kept"))
     return [*lines, "", *kept] if kept else lines
 

@@ -1,24 +1,18 @@
 """The composition root: builds every part from the settings and runs them under one task group.
 
-Only this module constructs the Kubernetes and PostgreSQL adapters (:func:`new_api`,
-:func:`new_list_watch`, :func:`new_informer`, :func:`new_pod_client`, :func:`new_store`,
-:func:`new_connection`) and puts them together with the engine (:func:`build`); every command of
-``service/app/commands.py`` takes its adapters from here. The
-task group holds the HTTP server, the informer, the listener, the leader elector, the resync
-timer, a watchdog and N workers; any child that crashes takes the whole process down (non-zero
-exit), which is what a kubelet restart is for. A stop request drains: no new work, in-flight
-reconciles get ``SHUTDOWN_TIMEOUT_SECONDS``, then everything is cancelled and the lease released.
+Only this module constructs the Kubernetes and PostgreSQL adapters (the ``new_*`` functions) and
+wires them to the engine (:func:`build`); the commands of ``service/app/commands.py`` take their
+adapters from here. A child of the task group that crashes takes the process down (a kubelet
+restart is the remedy). A stop request drains: no new work, in-flight reconciles get
+``SHUTDOWN_TIMEOUT_SECONDS``, then everything is cancelled and the lease released.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import anyio
 import asyncpg
@@ -33,7 +27,6 @@ from service.engine.kept import KeptPods
 from service.engine.observation import ObservationClocks
 from service.engine.reconciler import Reconciler
 from service.engine.workqueue import WorkQueue
-from service.kit import clock
 from service.kit.backoff import Backoff
 from service.kit.memory import freeze_long_lived
 from service.kube.api import new_api_client
@@ -49,23 +42,16 @@ from service.metrics import Metrics
 from service.pg.connect import connect_once
 from service.pg.listener import RetirementListener
 from service.pg.store import PgExecutionStore
-from service.ports import (
-    ExecutionStore,
-    KeptRecorder,
-    PodClient,
-    ReapRecorder,
-    RetiredRowSource,
-)
+from service.ports import ExecutionStore, KeptRecorder, PodClient, ReapRecorder, RetiredRowSource
 
-from .health import HealthServer, Heartbeats
-from .pending import kept_section, pending_document
+from .health import HealthServer, Heartbeats, cached_ping
+from .pending import pending_view
 
 logger = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 WATCHDOG_PERIOD_S = 1.0
 WATCHDOG_ALLOWANCE_S = 15.0
-PING_TTL_S = 2.0
 MAX_BACKOFF_S = 5.0
 """Cap of a key's own retry backoff, for failures of that key (an answer that was not the
 expected one, a bug). A dependency that gives no answer is not retried key by key: the
@@ -102,7 +88,6 @@ class Parts:
     health: HealthServer
     kept: KeptPods | None = None
     """Retired but kept (``service/engine/kept.py``)."""
-    """``None`` when ``EVENTS_ENABLED`` is false."""
 
 
 APPLICATION_NAME = "retired-pod-gc"
@@ -110,9 +95,8 @@ APPLICATION_NAME = "retired-pod-gc"
 
 
 async def new_api() -> ApiClient:
-    """The Kubernetes API client: in-cluster when running in a pod, else the kubeconfig
-    (``service/kube/api.py``). Raises ``ApiConfigError`` when neither is found. The caller
-    closes it."""
+    """The Kubernetes API client, in-cluster or from the kubeconfig (``service/kube/api.py``);
+    ``ApiConfigError`` when neither is found. The caller closes it."""
     return await new_api_client()
 
 
@@ -332,13 +316,21 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         metrics=metrics,
         heartbeats=heartbeats,
         cache_synced=lambda: informer.synced,
-        database_problem=_cached_ping(store),
+        database_problem=cached_ping(store),
         listener_problem=lambda: listener.problem,
         api_problem=(lambda: transport.problem) if transport is not None else (lambda: None),
         host=settings.bind_host,
         port=settings.bind_port,
         pending=(
-            _pending_view(settings, clocks, controller, kept) if settings.debug_pending else None
+            pending_view(
+                clocks=clocks,
+                kept=kept,
+                threshold_s=settings.threshold_s,
+                mode=settings.mode,
+                active=lambda: controller.active,
+            )
+            if settings.debug_pending
+            else None
         ),
         debug_host=settings.debug_host,
         debug_port=settings.debug_port,
@@ -362,57 +354,6 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         health=health,
         kept=kept,
     )
-
-
-def _pending_view(
-    settings: Settings,
-    clocks: ObservationClocks,
-    controller: Controller,
-    kept: KeptPods | None = None,
-) -> Callable[[int, str | None], dict[str, Any]]:
-    """The live view (``GET /debug/pending``); the loop's clock is mapped onto UTC once, at the
-    first request (the one place the service relates its clock to the wall clock)."""
-    wall_offset_s: float | None = None
-
-    def view(limit: int, key: str | None) -> dict[str, Any]:
-        nonlocal wall_offset_s
-        if wall_offset_s is None:
-            wall_offset_s = time.time() - clock.now()  # noqa: TID251 (UTC in the view)
-        document = pending_document(
-            clocks=clocks,
-            threshold_s=settings.threshold_s,
-            mode=settings.mode,
-            active=controller.active,
-            now_s=clock.now(),
-            wall_offset_s=wall_offset_s,
-            limit=limit,
-            key=key,
-        )
-        if kept is not None:
-            document["retired_kept"] = kept_section(
-                kept, now_s=clock.now(), wall_offset_s=wall_offset_s, limit=limit, key=key
-            )
-        return document
-
-    return view
-
-
-def _cached_ping(store: PgExecutionStore) -> Callable[[], Awaitable[str | None]]:
-    """Readiness probes may come often; the database is asked at most every PING_TTL_S. Answers
-    why the last ping failed, ``None`` when it worked."""
-    last_at = -PING_TTL_S * 2
-    last_problem: str | None = "not checked yet"
-
-    async def ping() -> str | None:
-        nonlocal last_at, last_problem
-        now = clock.now()
-        if now - last_at >= PING_TTL_S:
-            ok = await store.ping()
-            last_problem = None if ok else store.problem or "unreachable"
-            last_at = now
-        return last_problem
-
-    return ping
 
 
 async def _watchdog(parts: Parts) -> None:
