@@ -1,23 +1,20 @@
 """Where the ``Authorization`` header comes from, and reading it again when the server refuses it.
 
 A :class:`Credentials` source puts the bearer token into the ``kubernetes_asyncio``
-``Configuration`` (``api_key["BearerToken"]``, which the ApiClient turns into the header of every
-request) and can :meth:`~Credentials.reload` it. The transport (``service/kube/transport.py``)
-reloads at the first 401, as client-go's ``tokenSourceTransport`` resets its token source at a
-401, so that a rotated token costs one refused request instead of up to a minute of them.
+``Configuration`` (``api_key["BearerToken"]``, which the ApiClient sends with every request) and
+can :meth:`~Credentials.reload` it. The transport (``service/kube/transport.py``) reloads at the
+first 401, as client-go's ``tokenSourceTransport`` does, so that a rotated token costs one
+refused request instead of up to a minute of them.
 
-- :class:`TokenFile` — a token file: the in-cluster service-account token
-  (``/var/run/secrets/kubernetes.io/serviceaccount/token``, a projected token the kubelet
-  rotates), or any token file given with an explicit host. Read at start, again every
-  ``TOKEN_REFRESH_PERIOD`` (one minute, the library's in-cluster period; the library's own
-  refresh hook is replaced by this one, which does the same and can be told to read now), and at
-  once on :meth:`~TokenFile.reload`.
-- :class:`KubeconfigCredentials` — a kubeconfig's user: :meth:`~KubeconfigCredentials.reload`
-  loads the kubeconfig again (its ``tokenFile`` is read again, its exec plugin run again) and
-  takes the new token. Client certificates are not reloaded (they are the TLS context's).
+- :class:`TokenFile`: a token file, such as the in-cluster service-account token the kubelet
+  rotates. Read at start, again every ``TOKEN_REFRESH_PERIOD`` (the library's in-cluster period,
+  one minute; this replaces the library's refresh hook), and at once on :meth:`~TokenFile.reload`.
+- :class:`KubeconfigCredentials`: a kubeconfig's user. :meth:`~KubeconfigCredentials.reload`
+  loads the kubeconfig again (its ``tokenFile`` read again, its exec plugin run again) and takes
+  the new token. Client certificates are the TLS context's and are not reloaded.
 
-A source that cannot be read raises ``OSError`` or ``ValueError`` (the transport logs and counts
-it, and keeps the old token).
+A source that cannot be read raises ``OSError`` or ``ValueError``; the transport logs and counts
+it, and keeps the old token.
 """
 
 from __future__ import annotations
