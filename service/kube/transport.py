@@ -1,28 +1,25 @@
 """How requests reach the API server: connections, credentials at a 401, and throttling.
 
 :class:`ApiTransport` is the ``rest_client`` of the service's ``kubernetes_asyncio`` ApiClient
-(installed by :func:`service.kube.api.new_api_client`): the generated API methods build each
-request and hand it here, and what comes back is what the library's ``RESTClientObject``
-returns (the aiohttp response with ``_preload_content=False``, as every call of the service is
-made). It decides four things:
+(installed by :func:`service.kube.api.new_api_client`): it sends the requests the generated API
+methods build and returns what the library's ``RESTClientObject`` returns. It decides:
 
 **Connections** (``service/kube/sessions.py``): a keep-alive pool replaced after a request that
 got no answer within its timeout, and watches (``watch=true``) on connections never reused.
 
-**Credentials.** A 401 makes the transport read the credentials again (at most once per refused
-generation of them, however many requests were refused together) and send the request once
-more with the new ``Authorization``, when it changed. A DELETE is not sent again: its 401 goes
-back to the reconciler, whose next attempt verifies the pod afresh (a DELETE is never delayed
-between its final check and its send: docs/architecture.md, invariant 1). A 401 that stands after
-the reload is logged once per cause, counted, and makes the replica unready
-(:attr:`ApiTransport.problem`) until an answer other than 401 comes.
+**Credentials.** A 401 makes the transport read the credentials again (once per refused
+generation of them) and send the request once more with the new ``Authorization``, when it
+changed. A DELETE is not sent again: its 401 goes back to the reconciler, whose next attempt
+verifies the pod afresh (docs/architecture.md, invariant 1). A 401 that stands after the reload
+is logged once per cause, counted, and makes the replica unready (:attr:`ApiTransport.problem`)
+until an answer other than 401 comes.
 
 **Throttling** (``service/kube/requestpolicy.py``): a 429, or a 503 with ``Retry-After``, is
 sent again after its ``Retry-After``. Requests that are not watches wait for a slot of an
-adaptive concurrency limit (``service/kit/aimd.py``): halved on a 429, grown by one slot a round
-on answers, from 1 up to the pool size. Lease requests (``coordination.k8s.io``) take no slot: a
-renewal stuck behind throttled pod requests would cost the leadership. The reconciler takes its
-slot before its final check with :meth:`ApiTransport.slot`, so its DELETE waits for no other.
+adaptive concurrency limit (``service/kit/aimd.py``), from 1 up to the pool size. Lease requests
+(``coordination.k8s.io``) take no slot: a renewal stuck behind throttled pod requests would cost
+the leadership. The reconciler takes its slot before its final check with
+:meth:`ApiTransport.slot`, so its DELETE waits for no other.
 
 **Reachability.** Every answer, and every request that ends without one, is told to
 :attr:`ApiTransport.reachability` (``service/kube/reachability.py``).
@@ -49,7 +46,7 @@ from service.kit import clock
 from service.kit.aimd import AimdLimit
 from service.kit.causelog import CauseLog
 from service.kube import requestpolicy as policy
-from service.kube.credentials import BEARER_TOKEN, Credentials
+from service.kube.credentials import BEARER_TOKEN, Credentials, Reauthentication
 from service.kube.errors import parse_retry_after, status_message
 from service.kube.reachability import Reachability
 from service.kube.sessions import HttpSession, Pools, Sessions, TcpSessions, request_options
@@ -117,18 +114,14 @@ class ApiTransport:
         self._extra = request_options(configuration)
         self.limit = AimdLimit(ceiling=pool_size)
         """The adaptive concurrency limit of requests that are not watches."""
-        self._credentials = credentials
-        self._generation = 0
-        """Counts credential reloads: a 401 reloads only the credentials it was sent with."""
-        self._reload_lock = anyio.Lock()
-        self._refused: str | None = None
-        self._auth_log = CauseLog("the Kubernetes API refuses the credentials", logger)
-        self._reload_log = CauseLog("could not read the Kubernetes API credentials", logger)
         self._stall_log = CauseLog(
             "a Kubernetes API request got no answer in time; its connection pool was replaced",
             logger,
         )
         self._metrics = metrics if metrics is not None else Metrics()
+        self._auth = Reauthentication(
+            configuration, credentials, metrics=self._metrics, logger=logger
+        )
         self._metrics.api_concurrency_limit.set(self.limit.slots)
         self.reachability = Reachability(self._metrics)
         """Whether the server answers (fed here and by the reflector's watch lines)."""
@@ -140,19 +133,19 @@ class ApiTransport:
         metrics)."""
         self._metrics = metrics
         metrics.api_concurrency_limit.set(self.limit.slots)
-        metrics.api_unauthorized.set(1 if self._refused is not None else 0)
+        self._auth.bind(metrics)
         self.reachability.bind(metrics)
 
     @property
     def credentials(self) -> Credentials | None:
         """What is read again at a 401 (``None``: nothing, a client without a token)."""
-        return self._credentials
+        return self._auth.credentials
 
     @property
     def problem(self) -> str | None:
         """Why the replica is not ready as far as the API server goes (``None``: nothing)."""
-        if self._refused is not None:
-            return f"credentials refused: {self._refused}"
+        if self._auth.refused is not None:
+            return f"credentials refused: {self._auth.refused}"
         return self.reachability.problem
 
     @asynccontextmanager
@@ -246,7 +239,7 @@ class ApiTransport:
             if limited:
                 await self._acquire(deadline)
             try:
-                generation = self._generation
+                generation = self._auth.generation
                 sent_at = clock.now()
                 response = await self._send(
                     method, url, headers, policy.within(timeouts, deadline), watch=watch, data=data
@@ -266,11 +259,11 @@ class ApiTransport:
                         headers[_AUTHORIZATION] = cast(str, authorization)
                         continue
                     if not renewed:
-                        self._refuse(f"401 {message}")
+                        self._auth.refuse(f"401 {message}")
                     # A DELETE refused with a token since replaced goes back to its reconciler,
                     # whose next attempt carries the new one: not a refusal that stands.
                     return response
-                self._accept()
+                self._auth.accept()
                 retry_after_s = parse_retry_after(response.headers.get("Retry-After"))
                 if not policy.is_throttled(status, retry_after_s):
                     self.limit.succeeded()
@@ -349,41 +342,10 @@ class ApiTransport:
     async def _reauthenticate(self, generation: int) -> str | None:
         """Read the credentials again (unless that happened since ``generation``); the
         ``Authorization`` to send now."""
-        if self._credentials is not None:
-            async with self._reload_lock:
-                if self._generation == generation:
-                    await self._reload(self._credentials)
+        await self._auth.reload(generation)
         auth = await self._configuration.auth_settings()
         entry = cast(dict[str, dict[str, str]], auth).get(BEARER_TOKEN)
         return entry["value"] if entry else None
-
-    async def _reload(self, credentials: Credentials) -> None:
-        before = self._configuration.api_key.get(BEARER_TOKEN)
-        try:
-            await credentials.reload(self._configuration)
-        except (OSError, ValueError) as exc:
-            self._metrics.api_credential_reloads.labels(result="failed").inc()
-            self._reload_log.failed(f"{credentials.source}: {exc}")
-        else:
-            self._reload_log.ok()
-            changed = self._configuration.api_key.get(BEARER_TOKEN) != before
-            result = "changed" if changed else "unchanged"
-            self._metrics.api_credential_reloads.labels(result=result).inc()
-        self._generation += 1
-
-    def _refuse(self, cause: str) -> None:
-        """A 401 that stands: unready until an answer other than 401 comes."""
-        self._metrics.api_unauthorized_answers.inc()
-        self._metrics.api_unauthorized.set(1)
-        source = self._credentials.source if self._credentials is not None else "no source"
-        self._auth_log.failed(f"{cause} (credentials read again from {source})")
-        self._refused = cause
-
-    def _accept(self) -> None:
-        if self._refused is not None:
-            self._refused = None
-            self._metrics.api_unauthorized.set(0)
-            self._auth_log.ok()
 
 
 def _path(url: str) -> str:
