@@ -75,6 +75,7 @@ EVENT_RETRY_BACKOFF = Backoff(initial_s=0.5, max_s=30.0, jitter=0.2)
 Retry-After)."""
 FLUSH_TIMEOUT_S = 2.0
 """On shutdown, how long pending Events may still be written."""
+
 _WRITE_FAILURES = frozenset(("timeout", "transport_error", "forbidden", "server_error", "rejected"))
 """The results of a write that failed (the others are the buffer's)."""
 
