@@ -18,7 +18,7 @@ no bytes; new connections accepted), and at that instant:
   hole to its DELETE at the emulator (target: 90 s + threshold);
 - **cached pod**: the row of a pod the service has cached is retired; the time to its DELETE
   (target: threshold + ``API_TIMEOUT_SECONDS`` + 5 s; it needs the keep-alive pool replaced after
-  a timeout, ``service/kube/transport.py``).
+  a timeout, ``service/kube/sessions.py``).
 
 Nothing else may be deleted (the other pods' rows stay active). The figures, the service's
 watch restarts and pool replacements go to ``benchmarks/results/<name>.json`` under ``B10``, and

@@ -55,7 +55,7 @@ from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.errors import read_whole
-from service.kube.events import REASON_DELETED, event_body
+from service.kube.eventbodies import REASON_DELETED, event_body
 from service.kube.transport import transport_of
 from service.metrics import Metrics
 from service.ports import ReapReport

@@ -1,35 +1,36 @@
 """Where the ``Authorization`` header comes from, and reading it again when the server refuses it.
 
 A :class:`Credentials` source puts the bearer token into the ``kubernetes_asyncio``
-``Configuration`` (``api_key["BearerToken"]``, which the ApiClient turns into the header of every
-request) and can :meth:`~Credentials.reload` it. The transport (``service/kube/transport.py``)
-reloads at the first 401, as client-go's ``tokenSourceTransport`` resets its token source at a
-401, so that a rotated token costs one refused request instead of up to a minute of them.
+``Configuration`` (``api_key["BearerToken"]``, which the ApiClient sends with every request) and
+can :meth:`~Credentials.reload` it. The transport (``service/kube/transport.py``) reloads at the
+first 401, as client-go's ``tokenSourceTransport`` does, so that a rotated token costs one
+refused request instead of up to a minute of them.
 
-- :class:`TokenFile` — a token file: the in-cluster service-account token
-  (``/var/run/secrets/kubernetes.io/serviceaccount/token``, a projected token the kubelet
-  rotates), or any token file given with an explicit host. Read at start, again every
-  ``TOKEN_REFRESH_PERIOD`` (one minute, the library's in-cluster period; the library's own
-  refresh hook is replaced by this one, which does the same and can be told to read now), and at
-  once on :meth:`~TokenFile.reload`.
-- :class:`KubeconfigCredentials` — a kubeconfig's user: :meth:`~KubeconfigCredentials.reload`
-  loads the kubeconfig again (its ``tokenFile`` is read again, its exec plugin run again) and
-  takes the new token. Client certificates are not reloaded (they are the TLS context's).
+- :class:`TokenFile`: a token file, such as the in-cluster service-account token the kubelet
+  rotates. Read at start, again every ``TOKEN_REFRESH_PERIOD`` (the library's in-cluster period,
+  one minute; this replaces the library's refresh hook), and at once on :meth:`~TokenFile.reload`.
+- :class:`KubeconfigCredentials`: a kubeconfig's user. :meth:`~KubeconfigCredentials.reload`
+  loads the kubeconfig again (its ``tokenFile`` read again, its exec plugin run again) and takes
+  the new token. Client certificates are the TLS context's and are not reloaded.
 
-A source that cannot be read raises ``OSError`` or ``ValueError`` (the transport logs and counts
-it, and keeps the old token).
+A source that cannot be read raises ``OSError`` or ``ValueError``; :class:`Reauthentication`,
+the transport's reload at a 401, logs and counts it, and keeps the old token.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Protocol
 
+import anyio
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.config.incluster_config import TOKEN_REFRESH_PERIOD
 
 from service.kit import clock
+from service.kit.causelog import CauseLog
+from service.metrics import Metrics
 
 BEARER_TOKEN = "BearerToken"  # noqa: S105 (a key name, not a secret)
 """The ``api_key`` entry of a ``Configuration`` the ApiClient sends as ``authorization``."""
@@ -115,3 +116,68 @@ class KubeconfigCredentials:
         token = fresh.api_key.get(BEARER_TOKEN)
         if token:
             configuration.api_key[BEARER_TOKEN] = token
+
+
+class Reauthentication:
+    """The transport's reading of the credentials at a 401, and the refusal that stands after
+    it (logged once per cause through ``logger``, counted into ``metrics``)."""
+
+    def __init__(
+        self,
+        configuration: k8s_client.Configuration,
+        credentials: Credentials | None,
+        *,
+        metrics: Metrics,
+        logger: logging.Logger,
+    ) -> None:
+        self._configuration = configuration
+        self.credentials = credentials
+        """What is read again at a 401 (``None``: nothing, a client without a token)."""
+        self._metrics = metrics
+        self.generation = 0
+        """Counts reloads: a 401 reloads only the credentials it was sent with."""
+        self.refused: str | None = None
+        """Why the last answer was a 401 that stands (``None``: it was not)."""
+        self._lock = anyio.Lock()
+        self._auth_log = CauseLog("the Kubernetes API refuses the credentials", logger)
+        self._reload_log = CauseLog("could not read the Kubernetes API credentials", logger)
+
+    def bind(self, metrics: Metrics) -> None:
+        """Count into ``metrics`` from now on."""
+        self._metrics = metrics
+        metrics.api_unauthorized.set(1 if self.refused is not None else 0)
+
+    async def reload(self, generation: int) -> None:
+        """Read the credentials again, unless that happened since ``generation``."""
+        if self.credentials is None:
+            return
+        async with self._lock:
+            if self.generation != generation:
+                return
+            before = self._configuration.api_key.get(BEARER_TOKEN)
+            try:
+                await self.credentials.reload(self._configuration)
+            except (OSError, ValueError) as exc:
+                self._metrics.api_credential_reloads.labels(result="failed").inc()
+                self._reload_log.failed(f"{self.credentials.source}: {exc}")
+            else:
+                self._reload_log.ok()
+                changed = self._configuration.api_key.get(BEARER_TOKEN) != before
+                result = "changed" if changed else "unchanged"
+                self._metrics.api_credential_reloads.labels(result=result).inc()
+            self.generation += 1
+
+    def refuse(self, cause: str) -> None:
+        """A 401 that stands: unready until an answer other than 401 comes."""
+        self._metrics.api_unauthorized_answers.inc()
+        self._metrics.api_unauthorized.set(1)
+        source = self.credentials.source if self.credentials is not None else "no source"
+        self._auth_log.failed(f"{cause} (credentials read again from {source})")
+        self.refused = cause
+
+    def accept(self) -> None:
+        """An answer other than 401."""
+        if self.refused is not None:
+            self.refused = None
+            self._metrics.api_unauthorized.set(0)
+            self._auth_log.ok()

@@ -1,56 +1,26 @@
-"""Kubernetes Events about deletes, dry-run reports and retired-but-kept pods (implements
-``ports.ReapRecorder`` and ``ports.KeptRecorder``): the one Event writer.
-
-Every live delete becomes an ``events.k8s.io/v1`` Event ``RetiredPodDeleted`` regarding the pod,
-and every dry-run report a ``RetiredPodWouldDelete``, so ``kubectl get events`` and
-``kubectl describe`` show who deleted a pod and why. A pod whose execution is retired but that
-is kept longer than ``KEPT_BOUND_SECONDS`` gets a ``Warning`` ``RetiredPodKept`` naming the
-classifier's reason, the row's state and since when (``service/engine/kept.py`` decides when: at
-most one a pod a day, never for a pod whose row is active).
-
-The Events API must never be in the way of a delete:
+"""The one Event writer (implements ``ports.ReapRecorder`` and ``ports.KeptRecorder``): writes
+the Events of deletes, dry-run reports and retired-but-kept pods (``service/kube/eventbodies.py``)
+without ever being in the way of a delete.
 
 - :meth:`KubeEventRecorder.record` and :meth:`KubeEventRecorder.record_kept` only append to a
-  bounded buffer; they never await and never raise;
-- one drain task of its own writes the Events, one at a time (so a hanging Events API holds at
-  most one connection of the shared client), each call under its own timeout;
-- **an Event for every delete, whatever the budget**: deletes are already capped by the delete
-  budget (``DELETES_PER_MINUTE``), so their Events are written as they come, not paced again,
-  and the buffer holds two minutes of deletes at the cap (at least ``EVENT_BUFFER_SIZE``). Only
-  an Events API that cannot keep up for that long fills it (``dropped_buffer_full``);
-- **dry-run reports are paced and bounded**: a dry run takes no delete token, so a backlog is
-  reported all at once. Reports are written at the pace live deletes would go (at least
-  ``EVENTS_PER_SECOND``, after ``EVENT_BURST``), at most ``report_bound`` of them wait, and the
-  ones beyond are summarised: counted (``summarized``) and named in one warning ("N more
-  would-delete reports") when the drain catches up, or every ``SUMMARY_INTERVAL_S`` while it
-  cannot. Each of them is still in the deletes' summary line (``service/engine/reaped.py``) and,
-  at debug level, in its own "dry run: would reap" line. Each Event regards another pod, so
-  there is nothing to aggregate into a ``series``, and the Role needs only ``create``;
-- **kept Events never starve delete Events**: they wait in a buffer of their own
-  (``KEPT_BUFFER_SIZE``; more are dropped, ``dropped_buffer_full``), are written only when no
-  delete Event or report waits, and share the dry-run reports' pace (one limiter for every
-  Event no delete token paces). A burst of a thousand kept pods (a first sweep, a new leader)
-  therefore delays no delete's Event, and kept Events cannot take the Events API more than the
-  reports' pace; they are few (one a pod a day), so waiting for a quiet moment costs them
-  little;
-- **a write that fails transiently is retried, not dropped**, whatever its kind: a 429 (after
-  its Retry-After; the API client has already retried it within the call's timeout), a 5xx, a
-  timeout or no connection is counted under its kind (``throttled``, ``server_error``,
-  ``timeout``, ``transport_error``) and the same Event (same name: a 409 AlreadyExists means an
-  earlier attempt was written after all, and counts as ``created``) is written again after a
-  backoff (``EVENT_RETRY_BACKOFF``, at least the Retry-After), ahead of the others of its buffer
-  (and no Event is written before that backoff ends: the API is failing), until it is written
-  or its age since the delete (or the report) passes ``EVENT_MAX_AGE_S`` (then dropped:
-  ``expired``). Under API Priority and Fairness throttling every Event of a delete is written,
-  later;
-- every report that is not written is counted with its reason: in
-  ``retired_pod_gc_events_total{result}`` for deletes and dry-run reports, in
-  ``retired_pod_gc_kept_events_total{result}`` (the same results) for kept pods, so that an
-  alert on missing delete Events is never about kept ones. Refused writes (403, other 4xx),
-  failed attempts and an Event too old to retry are logged as a warning once per change of their
-  kind and once when a write works again (one :class:`CauseLog` for every kind of Event); a
-  full buffer (logged the first time), a summarised report, the end of the shutdown flush;
-- on shutdown, :meth:`KubeEventRecorder.flush` gives pending Events a short, bounded time.
+  bounded buffer; they never await and never raise. One drain task writes the Events, one at a
+  time, each call under its own timeout, so a hanging Events API holds one connection at most.
+- A delete's Event is written as it comes: the delete budget paced the deletes already. The
+  buffer holds two minutes of deletes at the budget's cap (at least ``EVENT_BUFFER_SIZE``).
+- Dry-run reports take no delete token, so they are paced (as live deletes would go, at least
+  ``EVENTS_PER_SECOND`` after ``EVENT_BURST``) and at most ``report_bound`` wait; the ones beyond
+  are counted (``summarized``) and named in one warning when the drain catches up, or every
+  ``SUMMARY_INTERVAL_S`` while it cannot.
+- Kept Events wait in a buffer of their own (``KEPT_BUFFER_SIZE``), are written only when no
+  delete Event or report waits, and share the reports' pace, so they never starve delete Events.
+- A write that fails transiently (429, 5xx, timeout, no connection) is written again, same
+  name, ahead of its buffer after a backoff (``EVENT_RETRY_BACKOFF``, at least the Retry-After),
+  until its age passes ``EVENT_MAX_AGE_S`` (then dropped: ``expired``). A 409 means an earlier
+  attempt was written after all, and counts as ``created``.
+- Every Event not written is counted with its reason, in ``retired_pod_gc_events_total`` or
+  ``retired_pod_gc_kept_events_total``; failed writes are logged once per change of cause
+  (:class:`CauseLog`), a full buffer the first time.
+- On shutdown, :meth:`KubeEventRecorder.flush` gives pending Events a short, bounded time.
 """
 
 from __future__ import annotations
@@ -59,7 +29,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any, cast
 
 import aiohttp
@@ -67,7 +36,6 @@ import anyio
 from anyio.abc import TaskStatus
 from kubernetes_asyncio import client as k8s_client
 
-from service.domain import PodSnapshot
 from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
 from service.kit.causelog import CauseLog
@@ -78,19 +46,12 @@ from service.kube.errors import (
     read_whole,
     status_message,
 )
+from service.kube.eventbodies import event_body
 from service.metrics import Metrics
 from service.ports import KeptReport, ReapReport
 
 logger = logging.getLogger(__name__)
 
-REPORTING_CONTROLLER = "space.sandbox/retired-pod-gc"
-REASON_DELETED = "RetiredPodDeleted"
-REASON_WOULD_DELETE = "RetiredPodWouldDelete"
-ACTION = "Delete"
-REASON_KEPT = "RetiredPodKept"
-ACTION_KEEP = "Keep"
-RUNBOOK = 'docs/operations.md, "Retired but kept"'
-"""Where a ``RetiredPodKept`` Event sends its reader (the runbook entry of each reason)."""
 EVENT_BUFFER_SIZE = 1000
 """Fewest reports that may wait to be written (the buffer holds two minutes of deletes at the
 delete budget's cap when that is more); more are dropped (``dropped_buffer_full``)."""
@@ -114,101 +75,6 @@ EVENT_RETRY_BACKOFF = Backoff(initial_s=0.5, max_s=30.0, jitter=0.2)
 Retry-After)."""
 FLUSH_TIMEOUT_S = 2.0
 """On shutdown, how long pending Events may still be written."""
-_NOTE_MAX_BYTES = 1024
-"""The API server rejects a longer ``note``."""
-_INSTANCE_MAX = 128
-
-
-def event_time(ts: float) -> str:
-    """A ``MicroTime`` as the API server writes it."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _truncated(note: str) -> str:
-    encoded = note.encode()
-    if len(encoded) <= _NOTE_MAX_BYTES:
-        return note
-    return encoded[: _NOTE_MAX_BYTES - 3].decode("utf-8", "ignore") + "..."
-
-
-def note_for(report: ReapReport) -> str:
-    """What a person reading ``kubectl get events`` needs: what, why, for how long, and the
-    preconditions the DELETE carried (or would have carried)."""
-    pod = report.pod
-    what = "Would delete (dry run)" if report.dry_run else "Deleted"
-    return _truncated(
-        f"{what} as {report.verdict}: {report.rule}. Reapable continuously for "
-        f"{report.reapable_for_s:.0f}s; execution row state {report.row_state}, inactive. "
-        f"Preconditions uid={pod.uid} resourceVersion={pod.resource_version}."
-    )
-
-
-def kept_note(report: KeptReport) -> str:
-    """The reason a retired pod is kept, the row's state and since when, and what to read
-    next."""
-    since = event_time(report.since_s)
-    return _truncated(
-        f"Execution retired ({report.row_state}, inactive) since {since} ({report.since_source}) "
-        f"but the pod is kept: {report.reason}: {report.rule}. Kept for "
-        f"{report.kept_for_s:.0f}s. Nothing will delete it: {RUNBOOK}, {report.reason}."
-    )
-
-
-def _event(
-    pod: PodSnapshot, *, instance: str, at_s: float, action: str, reason: str, note: str, kind: str
-) -> dict[str, Any]:
-    """An ``events.k8s.io/v1`` Event regarding ``pod``, named ``<pod>.<hex nanoseconds>`` as the
-    API server requires (a ``generateName`` of ``<pod>.`` is rejected)."""
-    return {
-        "apiVersion": "events.k8s.io/v1",
-        "kind": "Event",
-        "metadata": {
-            "name": f"{pod.name}.{int(at_s * 1e9):x}",
-            "namespace": pod.namespace,
-        },
-        "eventTime": event_time(at_s),
-        "reportingController": REPORTING_CONTROLLER,
-        "reportingInstance": instance[:_INSTANCE_MAX],
-        "action": action,
-        "reason": reason,
-        "regarding": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "namespace": pod.namespace,
-            "name": pod.name,
-            "uid": pod.uid,
-            "resourceVersion": pod.resource_version,
-        },
-        "note": note,
-        "type": kind,
-    }
-
-
-def event_body(report: ReapReport, *, instance: str, at_s: float) -> dict[str, Any]:
-    """The ``Normal`` Event of a delete or a dry-run report."""
-    return _event(
-        report.pod,
-        instance=instance,
-        at_s=at_s,
-        action=ACTION,
-        reason=REASON_WOULD_DELETE if report.dry_run else REASON_DELETED,
-        note=note_for(report),
-        kind="Normal",
-    )
-
-
-def kept_event_body(report: KeptReport, *, instance: str, at_s: float) -> dict[str, Any]:
-    """The ``Warning`` Event of a retired pod kept longer than the bound."""
-    return _event(
-        report.pod,
-        instance=instance,
-        at_s=at_s,
-        action=ACTION_KEEP,
-        reason=REASON_KEPT,
-        note=kept_note(report),
-        kind="Warning",
-    )
-
 
 _WRITE_FAILURES = frozenset(("timeout", "transport_error", "forbidden", "server_error", "rejected"))
 """The results of a write that failed (the others are the buffer's)."""
@@ -453,11 +319,7 @@ class KubeEventRecorder:
         # Whatever goes wrong with an Event is counted and forgotten; it must not end the drain
         # task (and with it the process). A bug is logged with its traceback as well.
         try:
-            body = (
-                kept_event_body(report, instance=self._instance, at_s=at_s)
-                if isinstance(report, KeptReport)
-                else event_body(report, instance=self._instance, at_s=at_s)
-            )
+            body = event_body(report, instance=self._instance, at_s=at_s)
             with anyio.fail_after(self._timeout_s):
                 response, raw = await read_whole(
                     self._events.create_namespaced_event(

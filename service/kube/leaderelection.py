@@ -4,9 +4,9 @@ A replica becomes leader by writing its identity into the Lease (optimistic conc
 ``resourceVersion``), renews every ``retry_period_s``, and gives up leadership — stops deleting —
 as soon as it has not renewed successfully for ``renew_deadline_s``, which is shorter than the
 lease duration, so a partitioned leader steps down before anybody else can take the lease.
-Expiry of somebody else's lease is judged on this replica's own clock (the event loop's) from the
-moment it last saw the record change (never by comparing wall clocks across machines); the wall
-clock only writes the Lease's ``acquireTime``/``renewTime``, which Kubernetes defines as wall times.
+Expiry of somebody else's lease is judged on this replica's own clock (the event loop's) from
+the moment it last saw the record change, never by comparing wall clocks across machines; the
+wall clock only writes the Lease's ``acquireTime``/``renewTime`` (Kubernetes defines them so).
 
 One attempt (the GET and the write after it) is bounded by :func:`attempt_timeout_s`, not only by
 the API timeout: a request stuck on a dead connection must fail early enough for the next attempt,
@@ -250,13 +250,7 @@ class LeaderElector:
             body = self._lease_body(
                 holder=self._identity, duration_s=self._settings.lease_duration_s, acquire=True
             )
-            status, lease = await self._request("POST", collection, body)
-            if status == 409:
-                raise LeaseConflict
-            if status >= 400:
-                raise KubeApiError(status, f"lease create answered {status}")
-            self._observe(lease)
-            return True
+            return await self._write("POST", collection, body, "create")
         if status >= 400:
             raise KubeApiError(status, f"lease get answered {status}")
         self._observe(lease)
@@ -275,11 +269,16 @@ class LeaderElector:
             body["spec"]["acquireTime"] = (lease.get("spec") or {}).get("acquireTime")
         transitions = int((lease.get("spec") or {}).get("leaseTransitions") or 0)
         body["spec"]["leaseTransitions"] = transitions + (observed.holder != self._identity)
-        status, lease = await self._request("PUT", path, body)
+        return await self._write("PUT", path, body, "update")
+
+    async def _write(self, method: str, path: str, body: dict[str, Any], what: str) -> bool:
+        """Write the Lease ``body`` (``what``: create or update) and observe what was written;
+        :class:`LeaseConflict` when somebody else wrote it first."""
+        status, lease = await self._request(method, path, body)
         if status == 409:
             raise LeaseConflict
         if status >= 400:
-            raise KubeApiError(status, f"lease update answered {status}")
+            raise KubeApiError(status, f"lease {what} answered {status}")
         self._observe(lease)
         return True
 

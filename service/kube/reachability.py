@@ -1,23 +1,19 @@
 """Whether the API server answers: when it last did, and whether requests go unanswered since.
 
 :class:`Reachability` is fed by the transport (``service/kube/transport.py``: every HTTP answer,
-whatever its status, and every request that ended without one — a timeout, a refused or reset
-connection, a caller that gave up after most of the request's timeout) and by the reflector
-(``service/kube/reflector.py``: every line read on a watch stream is an answer too, and a watch
-closed for silence is a request that went unanswered since its last line).
+whatever its status, and every request that ended without one) and by the reflector
+(``service/kube/reflector.py``: every line read on a watch is an answer, and a watch closed for
+silence is a request unanswered since its last line).
 
 The server is **unreachable** once a request ended without an answer and nothing has answered
-since that request was sent: the server then stayed silent for at least that request's bound
-(its timeout, the Lease attempt bound, the watch silence bound) while being asked. One request
-stuck on a dead pooled connection while its siblings are answered is not that (an answer came
-after it was sent). Unreachable makes the replica unready (``/readyz``: "kubernetes api: no
-answer for Ns: <cause>") and sets ``retired_pod_gc_api_reachable`` to 0; the first answer clears
-it. ``retired_pod_gc_api_last_answer_age_seconds`` is the time since the last answer at any
-moment (docs/operations.md, "Kubernetes API connectivity", gives the bounds).
+since that request was sent: it stayed silent for at least that request's bound while being
+asked. One request stuck on a dead pooled connection while its siblings are answered is not
+that. Unreachable makes the replica unready (``/readyz``) and sets
+``retired_pod_gc_api_reachable`` to 0 until the first answer (docs/operations.md, "Kubernetes API
+connectivity", gives the bounds).
 
-Waiters (:meth:`Reachability.answered_after`) are woken by the first answer: the reflector's
-backoff after a failure without an answer ends as soon as the server is heard again, so that
-the watch comes back within a second of a restored connection rather than a backoff step later.
+:meth:`Reachability.answered_after` wakes its waiters at the first answer, so the reflector's
+backoff after an unanswered failure ends as soon as the server is heard again.
 """
 
 from __future__ import annotations

@@ -19,12 +19,8 @@ from prometheus_client import CollectorRegistry
 from devtools.emulator import RunningEmulator
 from service.domain import ExecutionState, Verdict
 from service.kit.backoff import Backoff
-from service.kube.events import (
-    REASON_DELETED,
-    REASON_KEPT,
-    REASON_WOULD_DELETE,
-    KubeEventRecorder,
-)
+from service.kube.eventbodies import REASON_DELETED, REASON_KEPT, REASON_WOULD_DELETE
+from service.kube.events import KubeEventRecorder
 from service.metrics import EVENT_RESULTS, Metrics
 from service.ports import KeptReport, ReapReport
 from tests.fakes import make_pod

@@ -24,7 +24,8 @@ from service.kube.client import KubePodClient
 from service.kube.credentials import TokenFile
 from service.kube.decode import PodDecoder
 from service.kube.errors import KubeApiError
-from service.kube.transport import MAX_THROTTLE_RETRIES, ApiTransport, transport_of
+from service.kube.requestpolicy import MAX_THROTTLE_RETRIES
+from service.kube.transport import ApiTransport, transport_of
 from service.metrics import Metrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, sandbox_pod
 from tests.pgfixtures import metric

@@ -1,6 +1,6 @@
 """A model of the API server for one namespace of pods, behind the product's real client code.
 
-The seeds' seam is the transport's HTTP sessions (``service.kube.transport.Sessions``):
+The seeds' seam is the transport's HTTP sessions (``service.kube.sessions.Sessions``):
 :class:`SimSessions` takes the requests the real ``ApiClient``, ``CoreV1Api`` and
 ``ApiTransport`` send (method, URL, ``authorization``, JSON body, aiohttp timeouts) and answers
 as an aiohttp session does, with an aiohttp-like response or stream. So everything the product
@@ -697,7 +697,7 @@ _PODS_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods"
 
 
 class SimSessions(_Wire):
-    """``service.kube.transport.Sessions`` on :class:`ApiServer`: the HTTP requests of the real
+    """``service.kube.sessions.Sessions`` on :class:`ApiServer`: the HTTP requests of the real
     ``ApiClient`` and ``ApiTransport`` (its 401 re-read, 429 retries, pool replacement, request
     slots) answered by the model, as an aiohttp session answers them (the response headers, then
     the body or the stream). The request is decoded as the server decodes it: method, path,

@@ -25,7 +25,7 @@ from service.engine.activation import Activation
 from service.engine.kept import EVENT_INTERVAL_S, KeptPods, Since
 from service.kit import clock
 from service.kit.errors import Unavailable
-from service.kube.events import kept_event_body
+from service.kube.eventbodies import event_body
 from service.metrics import KEPT_REASONS, Metrics
 from service.ports import KeptReport, RetiredRow
 from tests.fakes import NAMESPACE, FakePodCache, make_pod, make_row
@@ -440,7 +440,7 @@ def test_the_event_is_a_warning_naming_the_reason_the_state_and_since_when() -> 
         since_source="retired_at",
         kept_for_s=1900.0,
     )
-    body = kept_event_body(report, instance="gc-0", at_s=1.8e9 + 1900)
+    body = event_body(report, instance="gc-0", at_s=1.8e9 + 1900)
     assert (body["type"], body["reason"], body["action"]) == ("Warning", "RetiredPodKept", "Keep")
     assert body["regarding"]["uid"] == pod.uid and body["regarding"]["name"] == pod.name
     note = body["note"]

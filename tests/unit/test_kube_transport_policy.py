@@ -1,6 +1,7 @@
-"""The transport's decisions that need no server (``service/kube/transport.py``): which answers
-are throttling, when a throttled request is sent again and when its answer goes back to the
-caller, which requests are watches, and the token file read at a 401 and once a minute."""
+"""The transport's decisions that need no server (``service/kube/requestpolicy.py``): which
+answers are throttling, when a throttled request is sent again and when its answer goes back to
+the caller, which requests are watches; and TCP keepalive (``service/kube/sessions.py``) and the
+token file read at a 401 and once a minute."""
 
 from __future__ import annotations
 
@@ -13,16 +14,18 @@ from kubernetes_asyncio import client as k8s_client
 
 from service.kit import clock
 from service.kube.credentials import BEARER_TOKEN, TokenFile
-from service.kube.transport import (
+from service.kube.requestpolicy import (
     DEFAULT_RETRY_AFTER_S,
-    KEEPALIVE_IDLE_S,
-    KEEPALIVE_INTERVAL_S,
-    KEEPALIVE_PROBES,
     MAX_THROTTLE_RETRIES,
     is_throttled,
     is_watch,
-    keepalive_socket,
     throttle_wait,
+)
+from service.kube.sessions import (
+    KEEPALIVE_IDLE_S,
+    KEEPALIVE_INTERVAL_S,
+    KEEPALIVE_PROBES,
+    keepalive_socket,
 )
 
 pytestmark = pytest.mark.anyio

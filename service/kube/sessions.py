@@ -1,0 +1,178 @@
+"""The HTTP connections requests go over: a keep-alive pool replaced when it stalls, and watches.
+
+Ordinary requests share one keep-alive pool. A request that gets no answer within its timeout
+leaves the pool suspect: its idle siblings were opened the same way and may be black-holed too
+(a dropped conntrack entry, a load balancer's idle timeout, a dead node behind a NAT).
+:class:`Pools` then replaces the pool and closes the old one once the requests in flight on it
+have had their timeout, so one request per outage waits its full timeout, not one per pooled
+connection. Watches go over connections that are never reused (``force_close``), so a
+re-established watch never lands on a connection that died in the pool.
+
+Every connection has TCP keepalive on (aiohttp leaves ``SO_KEEPALIVE`` off, and Linux's default
+would probe after two hours): the kernel resets an idle connection whose peer or path is gone
+about a minute after it went silent. A silent server behind a live TCP endpoint (a proxy that
+answers the probes itself) is left to the request timeouts and the watch's silence bound.
+
+The sessions come from a :class:`Sessions` factory: :class:`TcpSessions` in the service, the
+deterministic simulator's model of the API server in ``tests/sim`` (docs/reliability.md,
+"Deterministic simulation"), so that the transport runs there unchanged.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from collections.abc import Awaitable
+from typing import Any, Protocol, cast
+
+import aiohttp
+from aiohttp.connector import AddrInfoType
+from kubernetes_asyncio import client as k8s_client
+
+from service.kit import clock
+
+KEEPALIVE_IDLE_S = 30
+KEEPALIVE_INTERVAL_S = 10
+KEEPALIVE_PROBES = 3
+RETIRED_POOL_GRACE_S = 60.0
+"""A replaced pool is closed this long after the replacement when the request that timed out had
+no timeout of its own (else after twice that timeout)."""
+READ_BUFSIZE = 2**21
+"""As the library's: a watch event with a large object exceeds aiohttp's default buffer."""
+
+
+def keepalive_socket(addr_info: AddrInfoType) -> socket.socket:
+    """A socket for aiohttp's connector with TCP keepalive on (see the module docstring)."""
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+        ("TCP_KEEPCNT", KEEPALIVE_PROBES),
+    ):
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+    return sock
+
+
+def ssl_context(configuration: k8s_client.Configuration) -> ssl.SSLContext:
+    """The TLS settings of ``configuration``, as the library's ``RESTClientObject`` makes them."""
+    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if configuration.disable_strict_ssl_verification:
+        context.verify_flags &= ~ssl.VERIFY_X509_STRICT
+    return context
+
+
+def request_options(configuration: k8s_client.Configuration) -> dict[str, Any]:
+    """The proxy and TLS server name of ``configuration``, passed with every request."""
+    options: dict[str, Any] = {}
+    if configuration.proxy:
+        options["proxy"] = configuration.proxy
+    if configuration.proxy_headers:
+        options["proxy_headers"] = configuration.proxy_headers
+    if configuration.tls_server_name:
+        options["server_hostname"] = configuration.tls_server_name
+    return options
+
+
+class HttpSession(Protocol):
+    """What the transport uses of an HTTP session (``aiohttp.ClientSession``'s ``request`` and
+    ``close``)."""
+
+    def request(
+        self, method: str, url: str, **kwargs: Any
+    ) -> Awaitable[aiohttp.ClientResponse]: ...
+
+    async def close(self) -> None: ...
+
+
+class Sessions(Protocol):
+    """Where the transport's HTTP sessions come from: :class:`TcpSessions` in the service, the
+    simulator's model of the API server (``tests/sim/kube.py``) in the seeds."""
+
+    def pool(self) -> HttpSession:
+        """A new keep-alive pool for ordinary requests (also after a stalled one replaced the
+        last)."""
+        ...
+
+    def watches(self) -> HttpSession:
+        """The session of watches: connections that are never reused."""
+        ...
+
+
+class TcpSessions:
+    """aiohttp sessions over TCP with the configuration's TLS settings and TCP keepalive: a pool
+    of ``pool_size`` connections, and watches on connections of their own (``force_close``)."""
+
+    def __init__(self, configuration: k8s_client.Configuration, *, pool_size: int) -> None:
+        self._ssl = ssl_context(configuration)
+        self._pool_size = pool_size
+
+    def pool(self) -> HttpSession:
+        return self._session_of(
+            aiohttp.TCPConnector(
+                limit=self._pool_size, ssl=self._ssl, socket_factory=keepalive_socket
+            )
+        )
+
+    def watches(self) -> HttpSession:
+        return self._session_of(
+            aiohttp.TCPConnector(
+                limit=0, force_close=True, ssl=self._ssl, socket_factory=keepalive_socket
+            )
+        )
+
+    @staticmethod
+    def _session_of(connector: aiohttp.TCPConnector) -> HttpSession:
+        return cast(
+            HttpSession,
+            aiohttp.ClientSession(connector=connector, trust_env=True, read_bufsize=READ_BUFSIZE),
+        )
+
+
+class Pools:
+    """The current keep-alive pool, the watches' session, and the replaced pools still open."""
+
+    def __init__(self, sessions: Sessions) -> None:
+        self._sessions = sessions
+        self.pool = sessions.pool()
+        """Where ordinary requests go now."""
+        self.watches = sessions.watches()
+        self._retired: list[tuple[float, HttpSession]] = []
+        """(when to close it, a replaced pool)."""
+
+    def replace(self, session: HttpSession, timeout_s: float | None) -> bool:
+        """Replace the pool ``session`` by a new one, unless a sibling that timed out with it
+        replaced it already; whether this did."""
+        if session is not self.pool:
+            return False
+        grace_s = 2 * timeout_s if timeout_s else RETIRED_POOL_GRACE_S
+        self._retired.append((clock.now() + grace_s, session))
+        self.pool = self._sessions.pool()
+        return True
+
+    async def close_retired(self) -> None:
+        """Close the replaced pools whose requests have had their time."""
+        if not self._retired:
+            return
+        now = clock.now()
+        due = [session for close_at, session in self._retired if close_at <= now]
+        if not due:
+            return
+        self._retired = [(at, session) for at, session in self._retired if at > now]
+        for session in due:
+            await session.close()
+
+    async def close(self) -> None:
+        for _, session in self._retired:
+            await session.close()
+        self._retired.clear()
+        await self.pool.close()
+        await self.watches.close()
