@@ -3,8 +3,9 @@
 :class:`Reachability` is fed by the transport (``service/kube/transport.py``: every HTTP answer,
 whatever its status, and every request that ended without one — a timeout, a refused or reset
 connection, a caller that gave up after most of the request's timeout) and by the reflector
-(``service/kube/reflector.py``: every line read on a watch stream is an answer too, and a watch
-closed for silence is a request that went unanswered since its last line).
+(``service/kube/watching.py``: every line read on a watch stream is an answer too;
+``service/kube/reflector.py``: a watch closed for silence is a request that went unanswered
+since its last line).
 
 The server is **unreachable** once a request ended without an answer and nothing has answered
 since that request was sent: the server then stayed silent for at least that request's bound
