@@ -354,7 +354,7 @@ class Reflector:
                 return synced
             self._synced(synced, SyncMode.STREAM)
             self._worked()
-            return await self._watcher.follow(opened, started, fresh=False)
+            return await self._watcher.follow(opened, started, continued=True)
         finally:
             opened.close()
 
@@ -372,6 +372,6 @@ class Reflector:
         if isinstance(opened, WatchEnd):
             return opened
         try:
-            return await self._watcher.follow(opened, started, fresh=True)
+            return await self._watcher.follow(opened, started, continued=False)
         finally:
             opened.close()

@@ -144,11 +144,12 @@ class Watcher:
     async def initial_events(self, stream: Stream, started: float) -> str | WatchEnd:
         """Read a streaming list's initial events into the store: the resourceVersion of their
         end bookmark (the stream then goes on as a watch), or why the stream ended first."""
-        return await self._read(stream, started, initial=True)
+        return await self._read(stream, started, initial=True, continued=False)
 
-    async def follow(self, stream: Stream, started: float, *, fresh: bool) -> WatchEnd:
-        """Read a watch until it ends; ``fresh`` is false for the rest of a streaming list."""
-        end = await self._read(stream, started, initial=False, fresh=fresh)
+    async def follow(self, stream: Stream, started: float, *, continued: bool) -> WatchEnd:
+        """Read a watch until it ends; ``continued`` for the rest of a streaming list, which has
+        delivered already."""
+        end = await self._read(stream, started, initial=False, continued=continued)
         assert isinstance(end, WatchEnd)
         return end
 
@@ -159,7 +160,7 @@ class Watcher:
         return self._silence_s if self._bookmarks_sent else None
 
     async def _read(
-        self, stream: Stream, started: float, *, initial: bool, fresh: bool = True
+        self, stream: Stream, started: float, *, initial: bool, continued: bool
     ) -> str | WatchEnd:
         """The one read loop: lines until the stream ends, a line ends it, or it stays silent
         past its bound. Initial events are bounded from the start by the sync timeout."""
@@ -168,7 +169,7 @@ class Watcher:
         readline = stream.content.readline
         loop_time = asyncio.get_running_loop().time
         self._stream_bookmarks = 0
-        lines = 0 if fresh else 1
+        lines = 1 if continued else 0
         end: str | WatchEnd | None = None
         with anyio.CancelScope() as scope:
             silence = _Silence(scope, self._sync_timeout_s) if initial else None

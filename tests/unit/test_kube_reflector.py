@@ -527,9 +527,7 @@ async def test_a_rejected_watch_request_relists_and_a_server_error_resumes() -> 
     assert run.count("retired_pod_gc_relists_total") == 1
 
 
-async def test_a_broken_connection_while_reading_is_unavailable_and_a_timeout_is_counted_as_one() -> (
-    None
-):
+async def test_a_connection_broken_while_reading_is_unavailable_a_timeout_counted_as_one() -> None:
     run = await run_script(
         [
             Call("list_cached", None, Listing("100")),
