@@ -26,6 +26,7 @@ from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.informer import PodInformer
+from service.kube.listwatch import ListWatch
 from service.metrics import Metrics
 from service.pg.store import PgExecutionStore
 
@@ -134,7 +135,14 @@ async def run_baseline(
         settings.database, namespaces=settings.kube.namespaces, metrics=metrics
     )
     informer = PodInformer(
-        api, settings.kube, decoder, metrics, namespace=settings.kube.namespaces[0]
+        ListWatch(
+            api,
+            settings=settings.kube,
+            metrics=metrics,
+            namespace=settings.kube.namespaces[0],
+        ),
+        settings=settings.kube,
+        metrics=metrics,
     )
     gc = PollingGC(
         settings=settings,

@@ -43,7 +43,7 @@ from service.app.pending import (
 from service.kit.backoff import Backoff
 from service.kit.errors import ExternalError, Unavailable
 from service.kube.api import ApiConfigError
-from service.kube.listwatch import Failed
+from service.kube.errors import KubeApiError
 from service.metrics import Metrics
 from service.pg.errors import describe
 from service.pg.migrate import migrate
@@ -166,19 +166,19 @@ async def _probe_api(api: ApiClient, settings: config.Settings) -> None:
     for namespace in settings.kube.namespaces:
         lw = service.new_list_watch(settings, api, Metrics(), namespace=namespace)
         try:
-            page = await lw.list(limit=1)
+            await lw.list(limit=1)
         except Unavailable as exc:
             raise CommandError(
                 f"Kubernetes API unreachable ({api.configuration.host}): {describe(exc)}"
+            ) from None
+        except KubeApiError as exc:
+            raise CommandError(
+                f"Kubernetes API answered {exc.status} listing pods in {namespace}: {exc.message}"
             ) from None
         except ExternalError as exc:
             raise CommandError(
                 f"Kubernetes API: listing pods in {namespace}: {describe(exc)}"
             ) from None
-        if isinstance(page, Failed):
-            raise CommandError(
-                f"Kubernetes API answered {page.status} listing pods in {namespace}: {page.message}"
-            )
 
 
 # ------------------------------------------------------------------------------------ run

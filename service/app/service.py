@@ -33,9 +33,9 @@ from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
-from service.kube.informer import WATCH_JITTER, PodInformer
+from service.kube.informer import PodInformer
 from service.kube.leaderelection import LeaderElector, default_identity
-from service.kube.listwatch import ListWatch
+from service.kube.listwatch import WATCH_JITTER, ListWatch
 from service.kube.namespaces import MultiNamespaceInformer
 from service.kube.transport import transport_of
 from service.metrics import Metrics
@@ -114,12 +114,11 @@ def new_list_watch(
     namespace: str,
     rng: random.Random | None = None,
 ) -> ListWatch:
-    """The pod requests of one sandbox namespace (an informer builds its own the same way)."""
+    """The pod requests of one sandbox namespace (its informer's, or a command's probe)."""
     return ListWatch(
         api,
-        settings.kube,
-        PodDecoder(settings.kube.label_keys),
-        metrics,
+        settings=settings.kube,
+        metrics=metrics,
         namespace=namespace,
         rng=rng or random.Random(),
         watch_jitter=WATCH_JITTER,
@@ -142,15 +141,12 @@ def new_informer(
     backoff: Backoff | None = None,
 ) -> MultiNamespaceInformer:
     """One namespaced informer per sandbox namespace (never a cluster-wide watch)."""
-    decoder = PodDecoder(settings.kube.label_keys)
 
     def informer(namespace: str) -> PodInformer:
         return PodInformer(
-            api,
-            settings.kube,
-            decoder,
-            metrics,
-            namespace=namespace,
+            new_list_watch(settings, api, metrics, namespace=namespace),
+            settings=settings.kube,
+            metrics=metrics,
             backoff=backoff,
         )
 

@@ -6,10 +6,10 @@ Every request of the adapter fails in one of two typed ways (``service.kit.error
   (refused, reset, dropped, timed out) — becomes :class:`~service.kit.errors.Unavailable` through
   :func:`unavailable`, the original chained as ``__cause__``;
 - an answer with an unexpected status becomes :class:`KubeApiError` (an ``ApiError``: status,
-  the ``Status`` body's message, ``Retry-After``).
+  the ``Status`` body's message, ``Retry-After``), which :func:`gone`, :func:`too_large` and
+  :func:`rejected` (of its status) classify, as client-go's ``apierrors.IsGone`` and its kin.
 
-Expected answers (a 404 on GET, a 409 on DELETE, a 410 on a watch) are values of the caller, not
-errors.
+Answers a caller always expects (a 404 on GET, a 409 on DELETE) are values of that caller.
 """
 
 from __future__ import annotations
@@ -57,6 +57,21 @@ async def read_whole(call: Awaitable[Any]) -> tuple[aiohttp.ClientResponse, byte
 
 class KubeApiError(ApiError):
     """A Kubernetes API call answered, but not as expected (``status`` is the HTTP status)."""
+
+
+def gone(exc: ApiError) -> bool:
+    """410 Gone: the resourceVersion or continue token asked for is no longer served."""
+    return exc.status == 410
+
+
+def too_large(exc: ApiError) -> bool:
+    """A resourceVersion newer than the server's cache has seen (a server behind the others)."""
+    return exc.status == 504 and "Too large resource version" in exc.message
+
+
+def rejected(status: int) -> bool:
+    """A 4xx other than 429: the server refuses the request itself, retrying it is useless."""
+    return 400 <= status < 500 and status != 429
 
 
 class WireStatus(msgspec.Struct):

@@ -1,23 +1,20 @@
 """The pod informer: the slim cache of one sandbox namespace, and the handlers it tells.
 
-:class:`PodInformer` composes the parts as client-go's shared informer does:
-:class:`~service.kube.listwatch.ListWatch` makes the requests, the
-:class:`~service.kube.reflector.Reflector` runs the list-watch loop (the one writer of the store,
-and the fallback between the ways of filling it), the :class:`~service.kube.store.PodStore` holds
-the pods and their sync state. The informer
-implements ``ports.PodCache`` for its consumers and delivers every change, in order, to each
-``ports.PodEventHandler`` registered with :meth:`PodInformer.add_handler`. Several namespaces
-are several informers behind one cache (``service/kube/namespaces.py``).
+:class:`PodInformer` composes the parts as client-go's shared informer does: the
+:class:`~service.kube.listwatch.ListWatch` it is given makes the requests, the
+:class:`~service.kube.reflector.Reflector` runs the list-watch loop, the
+:class:`~service.kube.store.PodStore` holds the pods and their sync state. The informer implements
+``ports.PodCache`` for its consumers and delivers every change, in order, to each
+``ports.PodEventHandler`` registered with :meth:`PodInformer.add_handler`. Several namespaces are
+several informers behind one cache (``service/kube/namespaces.py``).
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterable
 
 import anyio
 from anyio.abc import TaskStatus
-from kubernetes_asyncio import client as k8s_client
 
 from service.config import KubeSettings
 from service.domain import PodSnapshot
@@ -26,14 +23,11 @@ from service.kube.decode import PodDecoder
 from service.kube.listwatch import ListWatch
 from service.kube.reflector import Reflector, SyncMode
 from service.kube.store import PodStore
-from service.kube.transport import transport_of
 from service.metrics import Metrics
 from service.ports import PodEventHandler
 
 BACKOFF_MAX_S = 30.0
 """Cap of the delay between list/watch attempts after failures."""
-WATCH_JITTER = 0.1
-"""The default fraction by which a watch's server ``timeoutSeconds`` is randomly lengthened."""
 
 
 def default_backoff() -> Backoff:
@@ -42,19 +36,52 @@ def default_backoff() -> Backoff:
     return Backoff(initial_s=0.5, max_s=BACKOFF_MAX_S, jitter=0.5)
 
 
-class _Handlers:
-    """The store's one sink: every handler added, told in the order it was added (none for
-    ``scan``, which reads the cache only)."""
+class PodInformer:
+    """Implements ``ports.PodCache`` over the pods ``lw`` lists and watches; tells the
+    handlers added with :meth:`add_handler`.
 
-    __slots__ = ("_handlers",)
+    ``backoff`` paces the attempts after failures, and a stream that ends cleanly within
+    ``min_watch_s`` without any event counts as a failure.
+    """
 
-    def __init__(self) -> None:
-        self._handlers: tuple[PodEventHandler, ...] = ()
+    def __init__(
+        self,
+        lw: ListWatch,
+        *,
+        settings: KubeSettings,
+        metrics: Metrics,
+        backoff: Backoff | None = None,
+        min_watch_s: float = 1.0,
+    ) -> None:
+        self._handlers: list[PodEventHandler] = []
+        self._running = False
+        self.namespace = lw.namespace
+        """The namespace watched (a namespaced list+watch: no cluster-wide request)."""
+        self._store = PodStore(metrics, sink=self, namespace=self.namespace)
+        self._reflector = Reflector(
+            lw,
+            self._store,
+            PodDecoder(settings.label_keys),
+            metrics,
+            settings=settings,
+            backoff=backoff or default_backoff(),
+            min_watch_s=min_watch_s,
+            reachability=lw.reachability,
+        )
 
-    def add(self, handler: PodEventHandler) -> None:
-        self._handlers = (*self._handlers, handler)
+    def add_handler(self, handler: PodEventHandler) -> None:
+        """Tell ``handler`` every change from the start (client-go's ``AddEventHandler``).
+
+        Handlers are added before :meth:`run`: one added later would never hear of the pods
+        already cached, so that raises ``RuntimeError``."""
+        if self._running:
+            raise RuntimeError("handlers are added before the informer runs")
+        self._handlers.append(handler)
+
+    # ------------------------------------------------------------------ the store's sink
 
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
+        """Tell every handler, in the order they were added (the store calls it)."""
         for handler in self._handlers:
             handler.pod_changed(old, new)
 
@@ -65,62 +92,6 @@ class _Handlers:
     def cache_synced(self, namespace: str) -> None:
         for handler in self._handlers:
             handler.cache_synced(namespace)
-
-
-class PodInformer:
-    """Implements ``ports.PodCache``; tells the handlers added with :meth:`add_handler`.
-
-    ``backoff`` paces the attempts after failures, ``watch_jitter`` is the fraction by which the
-    server ``timeoutSeconds`` is randomly lengthened, and a stream that ends cleanly within
-    ``min_watch_s`` without any event counts as a failure.
-    """
-
-    def __init__(
-        self,
-        api: k8s_client.ApiClient,
-        settings: KubeSettings,
-        decoder: PodDecoder,
-        metrics: Metrics,
-        *,
-        namespace: str,
-        rng: random.Random | None = None,
-        backoff: Backoff | None = None,
-        watch_jitter: float = WATCH_JITTER,
-        min_watch_s: float = 1.0,
-    ) -> None:
-        self._handlers = _Handlers()
-        self._running = False
-        self.namespace = namespace
-        """The namespace watched (a namespaced list+watch: no cluster-wide request)."""
-        self._store = PodStore(metrics, sink=self._handlers, namespace=namespace)
-        transport = transport_of(api)
-        self._reflector = Reflector(
-            ListWatch(
-                api,
-                settings,
-                decoder,
-                metrics,
-                namespace=namespace,
-                rng=rng or random.Random(),
-                watch_jitter=watch_jitter,
-            ),
-            self._store,
-            decoder,
-            metrics,
-            settings=settings,
-            backoff=backoff or default_backoff(),
-            min_watch_s=min_watch_s,
-            reachability=transport.reachability if transport is not None else None,
-        )
-
-    def add_handler(self, handler: PodEventHandler) -> None:
-        """Tell ``handler`` every change from the start (client-go's ``AddEventHandler``).
-
-        Handlers are added before :meth:`run`: one added later would never hear of the pods
-        already cached, so that raises ``RuntimeError``."""
-        if self._running:
-            raise RuntimeError("handlers are added before the informer runs")
-        self._handlers.add(handler)
 
     # ------------------------------------------------------------------ PodCache
 

@@ -1,17 +1,18 @@
-"""The pod informer's requests: one list page, a watch, a streaming list — and nothing more.
+"""The pod informer's requests: one list page, a watch, a streaming list, and nothing more.
 
 :class:`ListWatch` makes the requests for the pods of one namespace and selector, as client-go's
 ``ListerWatcher`` does: a page of a list (``limit``/``continue``, from the API server's watch
 cache with ``resourceVersion=0`` or ``NotOlderThan`` a version, or a quorum list), a watch from a
 resourceVersion (bookmarks, a jittered server ``timeoutSeconds``), and a streaming list
 (``sendInitialEvents``: a watch that starts with the state as ADDED events). It holds no state
-between requests, writes into no cache and decides nothing: what to ask next, what an answer
-means and how to fall back are the reflector's (``service/kube/reflector.py``).
+between requests and writes into no cache; what an answer means and what to ask next are the
+reflector's (``service/kube/reflector.py``).
 
-An answer is a value: a decoded :class:`Page`, an open stream, or :class:`Failed` for any other
-status. Only the absence of an answer raises (``Unavailable``), and a page that does not decode
-at all (:class:`~service.kube.decode.PodDecodeError`); a pod of a page that does not decode is
-skipped, counted and logged.
+A request answers a decoded :class:`Page` or an open stream, and fails with a kit error:
+``Unavailable`` when no answer came, :class:`KubeApiError` for any other status (the reflector
+classifies it with ``gone``, ``too_large`` and ``rejected``), a
+:class:`~service.kube.decode.PodDecodeError` for a page that does not decode at all. A pod of a
+page that does not decode is skipped, counted and logged.
 """
 
 from __future__ import annotations
@@ -30,15 +31,21 @@ from service.domain import PodSnapshot
 from service.kube.decode import PodDecodeError, PodDecoder
 from service.kube.errors import (
     TRANSIENT_ERRORS,
+    KubeApiError,
     parse_retry_after,
     raw_response,
     read_whole,
     status_message,
     unavailable,
 )
+from service.kube.reachability import Reachability
+from service.kube.transport import transport_of
 from service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
+
+WATCH_JITTER = 0.1
+"""The default fraction by which a watch's server ``timeoutSeconds`` is randomly lengthened."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,16 +58,6 @@ class Page:
     continue_: str
 
 
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """An answer with a status other than 200: the status, the ``Status`` body's message and the
-    server's ``Retry-After``."""
-
-    status: int
-    message: str
-    retry_after_s: float | None = None
-
-
 class ListWatch:
     """The list, watch and streaming-list requests for the pods of one namespace and selector.
 
@@ -71,20 +68,25 @@ class ListWatch:
     def __init__(
         self,
         api: k8s_client.ApiClient,
-        settings: KubeSettings,
-        decoder: PodDecoder,
-        metrics: Metrics,
         *,
+        settings: KubeSettings,
+        metrics: Metrics,
         namespace: str,
-        rng: random.Random,
-        watch_jitter: float,
+        rng: random.Random | None = None,
+        watch_jitter: float = WATCH_JITTER,
     ) -> None:
         self._core = k8s_client.CoreV1Api(api)
         self._settings = settings
-        self._namespace = namespace
-        self._decoder = decoder
+        self.namespace = namespace
+        """The namespace whose pods are asked for (never a cluster-wide request)."""
+        transport = transport_of(api)
+        self.reachability: Reachability | None = (
+            transport.reachability if transport is not None else None
+        )
+        """Whether the server answers, as the client's transport sees it (``None`` without it)."""
+        self._decoder = PodDecoder(settings.label_keys)
         self._metrics = metrics
-        self._rng = rng
+        self._rng = rng or random.Random()
         self._watch_jitter = watch_jitter
         self._decode_errors = metrics.decode_errors.labels(source="list")
 
@@ -97,14 +99,14 @@ class ListWatch:
         match: str = "",
         token: str | None = None,
         limit: int | None = None,
-    ) -> Page | Failed:
+    ) -> Page:
         """One page of the pods: ``resource_version`` and ``match`` as the API takes them
         (``""``: not sent, a quorum list), ``token`` the previous page's ``continue``, ``limit``
         the page size (``None``: not sent)."""
         try:
             response, body = await read_whole(
                 self._core.list_namespaced_pod(
-                    self._namespace,
+                    self.namespace,
                     label_selector=self._settings.label_selector,
                     limit=cast(int, limit),  # None: not sent
                     _continue=cast(str, token),  # None (first page): not sent
@@ -123,7 +125,7 @@ class ListWatch:
         ).inc()
         if status != 200:
             retry_after_s = parse_retry_after(response.headers.get("Retry-After"))
-            return Failed(status, status_message(body), retry_after_s)
+            raise KubeApiError(status, status_message(body), retry_after_s=retry_after_s)
         try:
             wire, pods, bad = self._decoder.decode_list(body)
         except PodDecodeError:
@@ -136,7 +138,7 @@ class ListWatch:
 
     # ------------------------------------------------------------------ watch
 
-    async def stream(self, known: str | None) -> aiohttp.ClientResponse | Failed:
+    async def stream(self, known: str | None) -> aiohttp.ClientResponse:
         """Open a streaming list not older than ``known`` (``None``: the newest state)."""
         return await self._open(
             "watchlist",
@@ -145,7 +147,7 @@ class ListWatch:
             resource_version=cast(str, known),  # None: not sent
         )
 
-    async def watch(self, rv: str) -> aiohttp.ClientResponse | Failed:
+    async def watch(self, rv: str) -> aiohttp.ClientResponse:
         """Open a watch of the changes after ``rv``."""
         return await self._open("watch", resource_version=rv)
 
@@ -153,9 +155,8 @@ class ListWatch:
         timeout_s = self._settings.watch_timeout_s
         return max(1, int(timeout_s * (1 + self._watch_jitter * self._rng.random())))
 
-    async def _open(self, op: str, **params: Any) -> aiohttp.ClientResponse | Failed:
-        """Open a watch stream (``op``: watch or watchlist): the response on a 200, or the
-        answer."""
+    async def _open(self, op: str, **params: Any) -> aiohttp.ClientResponse:
+        """Open a watch stream (``op``: watch or watchlist): the response on a 200."""
         settings = self._settings
         timeout_s = self._watch_timeout_s()
         requests = self._metrics.api_requests
@@ -165,7 +166,7 @@ class ListWatch:
             with anyio.fail_after(settings.api_timeout_s):
                 response = await raw_response(
                     self._core.list_namespaced_pod(
-                        self._namespace,
+                        self.namespace,
                         label_selector=settings.label_selector,
                         watch=True,
                         allow_watch_bookmarks=True,
@@ -200,4 +201,4 @@ class ListWatch:
         finally:
             response.close()
         retry_after_s = parse_retry_after(response.headers.get("Retry-After"))
-        return Failed(status, status_message(body), retry_after_s)
+        raise KubeApiError(status, status_message(body), retry_after_s=retry_after_s)

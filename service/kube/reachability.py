@@ -2,8 +2,9 @@
 
 :class:`Reachability` is fed by the transport (``service/kube/transport.py``: every HTTP answer,
 whatever its status, and every request that ended without one) and by the reflector
-(``service/kube/reflector.py``: every line read on a watch is an answer, and a watch closed for
-silence is a request unanswered since its last line).
+(``service/kube/watching.py``: every line read on a watch stream is an answer;
+``service/kube/reflector.py``: a watch closed for silence is a request unanswered since its last
+line).
 
 The server is **unreachable** once a request ended without an answer and nothing has answered
 since that request was sent: it stayed silent for at least that request's bound while being

@@ -30,8 +30,8 @@ from service.engine.budget import DeleteBudget
 from service.engine.controller import Controller
 from service.engine.reconciler import Reconciler
 from service.kube.credentials import BEARER_TOKEN
-from service.kube.reflector import Reflector
 from service.kube.transport import ApiTransport
+from service.kube.watching import Watcher
 from tests.chaos.campaign import run_campaign
 from tests.chaos.checker import SeedResult
 from tests.chaos.schedule import CampaignConfig
@@ -166,7 +166,7 @@ pod and row the product can see: removing one alone changes no decision of the c
 (then this reason is wrong)."""
 
 
-def _no_silence_bound(_self: Reflector) -> float | None:
+def _no_silence_bound(_self: Watcher) -> float | None:
     return None
 
 
@@ -181,7 +181,7 @@ async def _no_reread_at_401(self: ApiTransport, _generation: int) -> str | None:
 LIVENESS_REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     # The informer's silence bound: a watch whose connection died silently is read until the
     # request's read timeout gives up, as if the server sent no bookmarks.
-    "watch_silence_bound": lambda: replaced(Reflector, "_silence_bound", _no_silence_bound),
+    "watch_silence_bound": lambda: replaced(Watcher, "_silence_bound", _no_silence_bound),
     # The transport's re-read of the credentials at a 401: a refused request is not sent again
     # with a new token, and the next ones carry the revoked one until the periodic re-read.
     "reread_at_401": lambda: replaced(ApiTransport, "_reauthenticate", _no_reread_at_401),

@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry
 from devtools.emulator import RunningEmulator
 from service.config import KubeSettings
 from service.kit.backoff import Backoff
-from service.kube.decode import PodDecoder
 from service.kube.informer import PodInformer
+from service.kube.listwatch import ListWatch
 from service.metrics import Metrics
 from tests.kubefixtures import (
     SANDBOX_NAMESPACE,
@@ -100,13 +100,17 @@ async def test_garbage_lines_never_kill_the_informer_nor_poison_its_cache(
     for i in range(5):
         emu.create_pod(sandbox_pod(f"s{i}"), namespace=NS)
     handler = RecordingHandler()
+    metrics = Metrics(CollectorRegistry())
     informer = PodInformer(
-        kube_api,  # type: ignore[arg-type]
-        kube_settings,
-        PodDecoder(kube_settings.label_keys),
-        Metrics(CollectorRegistry()),
-        namespace=NS,
-        rng=random.Random(seed),
+        ListWatch(
+            kube_api,  # type: ignore[arg-type]
+            settings=kube_settings,
+            metrics=metrics,
+            namespace=NS,
+            rng=random.Random(seed),
+        ),
+        settings=kube_settings,
+        metrics=metrics,
         backoff=Backoff(initial_s=0.01, max_s=0.05, jitter=0.5, rng=random.Random(seed)),
         min_watch_s=0.0,
     )

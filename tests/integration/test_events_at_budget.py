@@ -33,6 +33,7 @@ from service.kube.decode import PodDecoder
 from service.kube.eventbodies import REASON_DELETED
 from service.kube.events import KubeEventRecorder
 from service.kube.informer import PodInformer
+from service.kube.listwatch import ListWatch
 from service.metrics import EVENT_RESULTS, Metrics
 from tests.fakes import FakeExecutionStore, NoNotifications, make_row, make_settings
 from tests.kubefixtures import SANDBOX_NAMESPACE, eventually
@@ -73,7 +74,11 @@ async def test_every_delete_has_its_event_at_600_a_minute_with_a_backlog_of_1200
     settings = make_settings(threshold_s=THRESHOLD_S, deletes_per_minute=BUDGET)
     metrics = Metrics(CollectorRegistry())
     decoder = PodDecoder(settings.kube.label_keys)
-    informer = PodInformer(kube_api, kube_settings, decoder, metrics, namespace=NS)
+    informer = PodInformer(
+        ListWatch(kube_api, settings=kube_settings, metrics=metrics, namespace=NS),
+        settings=kube_settings,
+        metrics=metrics,
+    )
     store = FakeExecutionStore()
     clocks = ObservationClocks(metrics=metrics)
     budget = DeleteBudget(BUDGET, window_s=WINDOW_S)

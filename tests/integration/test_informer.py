@@ -24,8 +24,8 @@ from devtools.emulator import Emulator, RunningEmulator, start_emulator
 from service.config import KubeSettings
 from service.kit.backoff import Backoff
 from service.kube.api import new_api_client
-from service.kube.decode import PodDecoder
 from service.kube.informer import PodInformer
+from service.kube.listwatch import ListWatch
 from service.kube.reflector import SyncMode
 from service.metrics import Metrics
 from tests.kubefixtures import (
@@ -53,12 +53,15 @@ async def running_informer(
     handler = RecordingHandler()
     metrics = Metrics(CollectorRegistry())
     informer = PodInformer(
-        api,
-        settings,
-        PodDecoder(settings.label_keys),
-        metrics,
-        namespace=settings.namespaces[0],
-        rng=random.Random(7),
+        ListWatch(
+            api,
+            settings=settings,
+            metrics=metrics,
+            namespace=settings.namespaces[0],
+            rng=random.Random(7),
+        ),
+        settings=settings,
+        metrics=metrics,
         backoff=Backoff(initial_s=0.02, max_s=0.1, jitter=0.5, rng=random.Random(7)),
         min_watch_s=0.0,
         **kwargs,  # type: ignore[arg-type]

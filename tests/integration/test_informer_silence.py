@@ -24,8 +24,8 @@ from devtools.emulator import RunningEmulator
 from service.config import KubeSettings
 from service.kit.backoff import Backoff
 from service.kube.api import new_api_client
-from service.kube.decode import PodDecoder
 from service.kube.informer import PodInformer
+from service.kube.listwatch import ListWatch
 from service.metrics import Metrics
 from tests.kubefixtures import (
     SANDBOX_NAMESPACE,
@@ -63,12 +63,15 @@ async def informer_through(
     handler = RecordingHandler()
     metrics = Metrics(CollectorRegistry())
     informer = PodInformer(
-        api,
-        settings,
-        PodDecoder(settings.label_keys),
-        metrics,
-        namespace=NS,
-        rng=random.Random(7),
+        ListWatch(
+            api,
+            settings=settings,
+            metrics=metrics,
+            namespace=NS,
+            rng=random.Random(7),
+        ),
+        settings=settings,
+        metrics=metrics,
         backoff=Backoff(initial_s=0.02, max_s=0.1, jitter=0.5, rng=random.Random(7)),
         min_watch_s=0.0,
     )

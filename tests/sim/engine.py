@@ -46,8 +46,8 @@ from service.kit.backoff import Backoff
 from service.kube import informer as informer_module
 from service.kube import reflector as reflector_module
 from service.kube.credentials import TokenFile
-from service.kube.decode import PodDecoder
 from service.kube.informer import PodInformer
+from service.kube.listwatch import ListWatch
 from service.kube.namespaces import MultiNamespaceInformer
 from service.kube.transport import ApiTransport
 from service.metrics import Metrics
@@ -140,16 +140,19 @@ def build(
         return dataclasses.replace(policy, rng=random.Random(rng.random()))
 
     store = new_store(settings, metrics)
-    decoder = PodDecoder(settings.kube.label_keys)
 
     def namespace_informer(namespace: str) -> PodInformer:
-        return PodInformer(
+        lw = ListWatch(
             api.client,
-            settings.kube,
-            decoder,
-            metrics,
+            settings=settings.kube,
+            metrics=metrics,
             namespace=namespace,
             rng=random.Random(rng.random()),
+        )
+        return PodInformer(
+            lw,
+            settings=settings.kube,
+            metrics=metrics,
             backoff=seeded(informer_module.default_backoff()),
         )
 

@@ -37,10 +37,10 @@ from service.config import PREFIX, Settings, load
 from service.engine.activation import Activation
 from service.engine.reconciler import dependency_backoff
 from service.kube import informer as informer_module
-from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
 from service.kube.informer import PodInformer
 from service.kube.leaderelection import LeaderElector
+from service.kube.listwatch import ListWatch
 from service.kube.namespaces import MultiNamespaceInformer
 from service.logs import JsonFormatter
 from service.metrics import Metrics
@@ -301,20 +301,22 @@ def build(
 
     metrics = Metrics()
     store = new_store(s, metrics)
-    decoder = PodDecoder(s.kube.label_keys)
 
     def namespace_informer(namespace: str) -> PodInformer:
-        informer = PodInformer(
+        lw = ListWatch(
             _API,  # type: ignore[arg-type]
-            s.kube,
-            decoder,
-            metrics,
+            settings=s.kube,
+            metrics=metrics,
             namespace=namespace,
             rng=random.Random(rng.random()),
+        )
+        lw._core = core  # type: ignore[assignment]
+        return PodInformer(
+            lw,
+            settings=s.kube,
+            metrics=metrics,
             backoff=_seeded(informer_module.default_backoff(), rng),
         )
-        informer._reflector._lw._core = core  # type: ignore[attr-defined]
-        return informer
 
     informer = MultiNamespaceInformer(s.kube.namespaces, namespace_informer)
     pods = new_pod_client(s, _API, metrics)  # type: ignore[arg-type]

@@ -27,11 +27,13 @@ from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
 from service.kit.errors import Unavailable
 from service.kube.decode import PodDecodeError, PodDecoder
+from service.kube.errors import KubeApiError
 from service.kube.informer import BACKOFF_MAX_S, default_backoff
-from service.kube.listwatch import Failed, Page
+from service.kube.listwatch import Page
 from service.kube.reachability import Reachability
-from service.kube.reflector import LineReader, Reflector, Stream, SyncMode
+from service.kube.reflector import Reflector, SyncMode
 from service.kube.store import PodStore, SyncState
+from service.kube.watchstream import LineReader, Stream
 from service.metrics import Metrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, SANDBOX_SELECTOR, RecordingHandler, sandbox_pod
 from tests.virtualtime import settle
@@ -138,7 +140,13 @@ class Call:
     """The version asked for (``known`` or ``rv``; ``None`` for the newest state), or the
     continue token of ``list_next``."""
     answer: object = None
-    """A FakeStream, a Listing, a Failed answer, or an exception to raise."""
+    """A FakeStream, a Listing, or an exception to raise (an answer with another status is the
+    ``KubeApiError`` of :func:`failed`, as the real ListWatch raises it)."""
+
+
+def failed(status: int, message: str, retry_after_s: float | None = None) -> KubeApiError:
+    """A failed answer, as the real ListWatch raises it."""
+    return KubeApiError(status, message, retry_after_s=retry_after_s)
 
 
 class ScriptError(AssertionError):
@@ -177,7 +185,7 @@ class FakeListWatch:
         match: str = "",
         token: str | None = None,
         limit: int | None = None,
-    ) -> Page | Failed:
+    ) -> Page:
         if token is not None:
             op, arg = "list_next", token
         elif (resource_version, match) == ("0", ""):
@@ -190,20 +198,18 @@ class FakeListWatch:
             raise ScriptError(f"a list of version {resource_version!r} match {match!r}")
         self.limits.append(limit)
         answer = await self._next(op, arg)
-        if isinstance(answer, Failed):
-            return answer
         assert isinstance(answer, Listing)
         pods = [DECODER.decode(msgspec.json.encode(body)) for body in answer.pods]
         return Page(pods, answer.rv, answer.continue_)
 
-    async def stream(self, known: str | None) -> Stream | Failed:
+    async def stream(self, known: str | None) -> Stream:
         answer = await self._next("stream", known)
-        assert isinstance(answer, FakeStream | Failed)
+        assert isinstance(answer, FakeStream)
         return answer
 
-    async def watch(self, rv: str) -> Stream | Failed:
+    async def watch(self, rv: str) -> Stream:
         answer = await self._next("watch", rv)
-        assert isinstance(answer, FakeStream | Failed)
+        assert isinstance(answer, FakeStream)
         return answer
 
 
@@ -346,7 +352,7 @@ async def test_a_410_on_the_sync_asks_the_next_sync_for_the_newest_and_then_know
     run = await run_script(
         [
             Call("stream", None, FakeStream([bookmark(100, end=True), error(410)])),
-            Call("stream", "100", Failed(410, "too old")),
+            Call("stream", "100", failed(410, "too old")),
             Call("stream", None, FakeStream([bookmark(300, end=True), error(410)])),
             Call("stream", "300", streamed(rv=400)),
         ]
@@ -359,7 +365,7 @@ async def test_a_410_on_the_sync_asks_the_next_sync_for_the_newest_and_then_know
 async def test_a_refused_cache_list_falls_back_to_a_quorum_list_until_a_sync_completes() -> None:
     run = await run_script(
         [
-            Call("list_cached", None, Failed(410, "too old")),
+            Call("list_cached", None, failed(410, "too old")),
             Call("list_quorum", None, Unavailable("reset")),  # the quorum list fails ...
             Call("list_quorum", None, Listing("200", [pod("a", 150)])),  # ... and is retried
             Call("watch", "200", FakeStream([error(410)])),
@@ -376,7 +382,7 @@ async def test_a_refused_cache_list_falls_back_to_a_quorum_list_until_a_sync_com
 async def test_auto_mode_falls_back_to_a_list_in_the_same_sync_and_never_streams_again() -> None:
     run = await run_script(
         [
-            Call("stream", None, Failed(422, "sendInitialEvents forbidden")),
+            Call("stream", None, failed(422, "sendInitialEvents forbidden")),
             Call("list_cached", None, Listing("100", [pod("a", 90)])),
             Call("watch", "100", FakeStream([error(410)])),
             Call("list_cached", "100", Listing("200", [pod("a", 90)])),
@@ -405,8 +411,8 @@ async def test_a_plain_bookmark_before_the_end_bookmark_is_a_stream_not_honoured
 async def test_stream_mode_backs_off_and_streams_again_when_the_stream_is_rejected() -> None:
     run = await run_script(
         [
-            Call("stream", None, Failed(422, "forbidden")),
-            Call("stream", None, Failed(422, "forbidden")),
+            Call("stream", None, failed(422, "forbidden")),
+            Call("stream", None, failed(422, "forbidden")),
             Call("stream", None, streamed(added("a", 90), rv=100)),
         ],
         list_mode="stream",
@@ -496,10 +502,10 @@ async def test_a_watch_closed_at_once_without_events_backs_off_one_with_events_d
 async def test_failures_back_off_exponentially_with_retry_after_as_the_least_delay() -> None:
     run = await run_script(
         [
-            Call("stream", None, Failed(500, "down")),
+            Call("stream", None, failed(500, "down")),
             Call("stream", None, Unavailable("refused")),
-            Call("stream", None, Failed(429, "slow down", retry_after_s=30.0)),
-            Call("stream", None, Failed(429, "slow down", retry_after_s=0.5)),
+            Call("stream", None, failed(429, "slow down", retry_after_s=30.0)),
+            Call("stream", None, failed(429, "slow down", retry_after_s=0.5)),
             Call("stream", None, streamed(rv=100)),
         ]
     )
@@ -511,8 +517,8 @@ async def test_a_rejected_watch_request_relists_and_a_server_error_resumes() -> 
     run = await run_script(
         [
             Call("list_cached", None, Listing("100")),
-            Call("watch", "100", Failed(503, "unavailable")),
-            Call("watch", "100", Failed(400, "cannot parse resourceVersion")),
+            Call("watch", "100", failed(503, "unavailable")),
+            Call("watch", "100", failed(400, "cannot parse resourceVersion")),
             Call("list_cached", "100", Listing("200")),
         ],
         list_mode="list",
@@ -521,9 +527,7 @@ async def test_a_rejected_watch_request_relists_and_a_server_error_resumes() -> 
     assert run.count("retired_pod_gc_relists_total") == 1
 
 
-async def test_a_broken_connection_while_reading_is_unavailable_and_a_timeout_is_counted_as_one() -> (
-    None
-):
+async def test_a_connection_broken_while_reading_is_unavailable_a_timeout_counted_as_one() -> None:
     run = await run_script(
         [
             Call("list_cached", None, Listing("100")),
@@ -561,7 +565,7 @@ def test_the_informer_default_backoff_doubles_to_its_cap_each_delay_in_its_upper
 async def test_a_quorum_list_is_read_page_by_page_at_the_version_of_its_first_page() -> None:
     run = await run_script(
         [
-            Call("list_cached", None, Failed(410, "too old")),
+            Call("list_cached", None, failed(410, "too old")),
             Call("list_quorum", None, Listing("200", [pod("a", 150)], continue_="t1")),
             Call("list_next", "t1", Listing("201", [pod("b", 160)], continue_="t2")),
             Call("list_next", "t2", Listing("202", [pod("c", 170)])),
@@ -591,9 +595,9 @@ async def test_a_list_not_older_than_a_known_version_is_not_paged() -> None:
 async def test_an_expired_continue_token_starts_the_list_over_at_most_three_times() -> None:
     run = await run_script(
         [
-            Call("list_cached", None, Failed(410, "too old")),
+            Call("list_cached", None, failed(410, "too old")),
             Call("list_quorum", None, Listing("200", [pod("a", 150)], continue_="t1")),
-            Call("list_next", "t1", Failed(410, "continue expired")),
+            Call("list_next", "t1", failed(410, "continue expired")),
             Call("list_quorum", None, Listing("300", [pod("b", 250)], continue_="t2")),
             Call("list_next", "t2", Listing("300", [pod("c", 260)])),
         ],
@@ -609,11 +613,11 @@ async def test_an_expired_continue_token_starts_the_list_over_at_most_three_time
         f"delete {key('a')}",
         "synced",
     ]
-    expired = [Call("list_next", "t", Failed(410, "continue expired"))]
+    expired = [Call("list_next", "t", failed(410, "continue expired"))]
     quorum = [Call("list_quorum", None, Listing("200", continue_="t"))]
     run = await run_script(
         [
-            Call("list_cached", None, Failed(410, "too old")),
+            Call("list_cached", None, failed(410, "too old")),
             *(quorum + expired) * 4,  # the fourth expiry is a failure: backed off, resynced
             Call("list_quorum", None, Listing("400")),
         ],
@@ -627,7 +631,7 @@ async def test_an_expired_continue_token_starts_the_list_over_at_most_three_time
 async def test_a_version_too_large_is_a_refusal_of_the_cache_list_and_an_expiry_of_a_watch() -> (
     None
 ):
-    too_large = Failed(504, "Too large resource version: 300, current: 200")
+    too_large = failed(504, "Too large resource version: 300, current: 200")
     run = await run_script(
         [
             Call("list_cached", None, Listing("100")),
@@ -646,7 +650,7 @@ async def test_a_version_too_large_is_a_refusal_of_the_cache_list_and_an_expiry_
 async def test_a_server_error_on_the_cache_list_backs_off_and_asks_the_cache_again() -> None:
     run = await run_script(
         [
-            Call("list_cached", None, Failed(503, "unavailable", retry_after_s=2.0)),
+            Call("list_cached", None, failed(503, "unavailable", retry_after_s=2.0)),
             Call("list_cached", None, Listing("100")),
         ],
         list_mode="list",
@@ -852,7 +856,7 @@ async def test_the_backoff_after_an_answer_that_is_an_error_is_not_shortened() -
     run = await run_script(
         [
             Call("list_cached", None, Listing("100")),
-            *[Call("watch", "100", Failed(500, "boom", None)) for _ in range(3)],
+            *[Call("watch", "100", failed(500, "boom", None)) for _ in range(3)],
         ],
         list_mode="list",
         reachability=reach,

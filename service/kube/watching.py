@@ -1,0 +1,261 @@
+"""Following one open watch stream into the pod store, and saying why it ended.
+
+:class:`Watcher` is the read loop of the reflector (``service/kube/reflector.py``), one loop for
+both kinds of stream, as client-go's ``handleWatch``: a streaming list's initial events, read until
+their ``k8s.io/initial-events-end`` bookmark, and a watch, read until it ends. It applies each
+event to the store and keeps the last resourceVersion seen (events and bookmarks advance it,
+except a streaming list's initial events, which are not ordered by it). Every line read tells the
+server's :class:`~service.kube.reachability.Reachability` that it answered.
+
+Each stream has a bound on its silence: ``STREAM_SYNC_TIMEOUT`` before the initial events end,
+after which the server is taken not to honour the streaming list; on a watch,
+``WATCH_SILENCE_SECONDS`` once the server is known to send periodic bookmarks, after which the
+connection is taken for dead (docs/architecture.md, "A silent watch"). A stream that ends is
+described by a :class:`WatchEnd`; what to do next is the reflector's choice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import anyio
+
+from service.config import KubeSettings
+from service.kit import clock
+from service.kube.errors import TRANSIENT_ERRORS, unavailable
+from service.kube.reachability import Reachability
+from service.kube.store import PodStore
+from service.kube.watchstream import (
+    Bookmark,
+    ErrorStatus,
+    PodChange,
+    Stream,
+    Unreadable,
+    WatchDecoder,
+    WatchEvent,
+)
+
+
+class End(enum.StrEnum):
+    """Why a watch stream ended (or was not opened), when the protocol says so."""
+
+    CLOSED = "closed"
+    """The server ended the stream (its ``timeoutSeconds``) or closed it cleanly: resume."""
+    EMPTY = "empty"
+    """Closed at once without a single line: a misbehaving server (back off)."""
+    EXPIRED = "expired"
+    """410 Gone (an answer or an ``ERROR`` event), or a version too large: relist."""
+    UNSUPPORTED = "unsupported"
+    """A streaming list the server rejected (a 4xx) or did not honour (a plain bookmark
+    first, or silence before the initial-events-end bookmark)."""
+    ERROR = "error"
+    """An ``ERROR`` event with a status other than 410."""
+    BROKEN = "broken"
+    """A stream that broke the protocol: an initial-events-end bookmark without a version, or
+    a streaming list that ended before its initial events did."""
+    SILENT = "silent"
+    """No event and no bookmark for the silence bound, from a server that sends bookmarks: the
+    connection is taken for dead (resume at once)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEnd:
+    """How a watch stream ended: the reason, and the server's status and message if any."""
+
+    why: End
+    status: int = 0
+    message: str = ""
+
+    def __str__(self) -> str:
+        status = f" {self.status}" if self.status else ""
+        return f"watch {self.why}{status}: {self.message}" if self.message else f"watch {self.why}"
+
+
+_CLOSED = WatchEnd(End.CLOSED)
+_NOT_HONOURED = WatchEnd(
+    End.UNSUPPORTED, message="a bookmark came before the initial-events-end bookmark"
+)
+
+
+class _Silence:
+    """Ends a stream's reading (cancels ``scope``) once ``bound_s`` has passed since its last
+    line. The reader sets :attr:`last` per line, an assignment; the timer checks it when due and
+    sets itself again for the new deadline, so a stream whose lines come less than ``bound_s``
+    apart is never cut."""
+
+    __slots__ = ("_bound_s", "_handle", "_loop", "_scope", "last")
+
+    def __init__(self, scope: anyio.CancelScope, bound_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._scope = scope
+        self._bound_s = bound_s
+        self.last = self._loop.time()
+        self._handle: asyncio.TimerHandle | None = self._loop.call_at(
+            self.last + bound_s, self._check
+        )
+
+    def _check(self) -> None:
+        due = self.last + self._bound_s
+        if self._loop.time() >= due:
+            self._handle = None
+            self._scope.cancel()
+        else:
+            self._handle = self._loop.call_at(due, self._check)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+class Watcher:
+    """Reads streams into ``store``. ``worked`` is called once a watch delivers its first line,
+    and a watch that ends cleanly within ``min_watch_s`` without a line is :attr:`End.EMPTY`."""
+
+    def __init__(
+        self,
+        store: PodStore,
+        decoder: WatchDecoder,
+        reachability: Reachability,
+        *,
+        settings: KubeSettings,
+        min_watch_s: float,
+        worked: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._decoder = decoder
+        self._reach = reachability
+        self._sync_timeout_s = settings.stream_sync_timeout_s
+        self._silence_s = settings.watch_silence_s
+        self._min_watch_s = min_watch_s
+        self._worked = worked
+        self.resource_version: str | None = None
+        """The last resourceVersion seen (sync, event or bookmark); ``None`` before a sync."""
+        self._bookmarks_sent = False
+        """Whether the server is known to send periodic bookmarks (so that silence means a dead
+        connection): set by any such bookmark, cleared by a watch that lived for the silence
+        bound without one."""
+        self._stream_bookmarks = 0
+        """Periodic bookmarks received on the stream being read."""
+
+    async def initial_events(self, stream: Stream, started: float) -> str | WatchEnd:
+        """Read a streaming list's initial events into the store: the resourceVersion of their
+        end bookmark (the stream then goes on as a watch), or why the stream ended first."""
+        return await self._read(stream, started, initial=True, continued=False)
+
+    async def follow(self, stream: Stream, started: float, *, continued: bool) -> WatchEnd:
+        """Read a watch until it ends; ``continued`` for the rest of a streaming list, which has
+        delivered already."""
+        end = await self._read(stream, started, initial=False, continued=continued)
+        assert isinstance(end, WatchEnd)
+        return end
+
+    def _silence_bound(self) -> float | None:
+        """How long a watch may stay silent before it is taken for dead:
+        ``WATCH_SILENCE_SECONDS`` once the server is known to send bookmarks; ``None`` before
+        (silence is then no evidence, and only the request's read timeout ends it)."""
+        return self._silence_s if self._bookmarks_sent else None
+
+    async def _read(
+        self, stream: Stream, started: float, *, initial: bool, continued: bool
+    ) -> str | WatchEnd:
+        """The one read loop: lines until the stream ends, a line ends it, or it stays silent
+        past its bound. Initial events are bounded from the start by the sync timeout."""
+        answered = self._reach.answered
+        decode = self._decoder.decode
+        readline = stream.content.readline
+        loop_time = asyncio.get_running_loop().time
+        self._stream_bookmarks = 0
+        lines = 1 if continued else 0
+        end: str | WatchEnd | None = None
+        with anyio.CancelScope() as scope:
+            silence = _Silence(scope, self._sync_timeout_s) if initial else None
+            try:
+                while True:
+                    if silence is None and self._bookmarks_sent:
+                        bound_s = self._silence_bound()
+                        if bound_s is not None:
+                            silence = _Silence(scope, bound_s)
+                    try:
+                        line = await readline()
+                    except TRANSIENT_ERRORS as exc:
+                        what = "streaming list" if initial else "watch stream"
+                        raise unavailable(what, exc) from exc
+                    if not line:
+                        break
+                    if not line.strip():
+                        continue
+                    answered()
+                    if silence is not None:
+                        silence.last = loop_time()
+                    event = decode(line)
+                    if event is not None:
+                        end = self._apply(event, initial=initial)
+                        if end is not None:
+                            break
+                    lines += 1
+                    if lines == 1 and not initial:
+                        self._worked()
+            finally:
+                if silence is not None:
+                    silence.stop()
+                unmarked = not initial and not self._stream_bookmarks
+                if unmarked and clock.now() - started >= self._silence_s:
+                    self._bookmarks_sent = False  # lived the bound without one: none are sent
+        if scope.cancelled_caught:
+            if initial:
+                message = f"no initial-events-end bookmark within {self._sync_timeout_s:g}s"
+                return WatchEnd(End.UNSUPPORTED, message=f"{message} of silence")
+            return WatchEnd(
+                End.SILENT,
+                message=f"no event and no bookmark for {self._silence_s:g}s: "
+                "the connection is taken for dead",
+            )
+        if end is not None:
+            return end
+        if initial:
+            message = "streaming list ended before its initial-events-end bookmark"
+            return WatchEnd(End.BROKEN, message=message)
+        if lines == 0 and clock.now() - started < self._min_watch_s:
+            return WatchEnd(End.EMPTY, message="watch stream closed at once without events")
+        return _CLOSED
+
+    def _apply(self, event: WatchEvent, *, initial: bool) -> str | WatchEnd | None:
+        """Apply one event to the store. Why the stream ends, if it does; the version of the
+        initial-events-end bookmark, when the initial events end."""
+        store = self._store
+        match event:
+            case PodChange(pod=pod, deleted=deleted):
+                if deleted:
+                    store.delete(pod)
+                else:
+                    store.put(pod)
+                if not initial:
+                    self.resource_version = pod.resource_version
+            case Unreadable(key=key):
+                # A pod we can no longer read is a gap in its observation: fail closed by
+                # dropping it from the cache until a readable event or a sync brings it back.
+                if key is not None:
+                    store.forget(key)
+            case Bookmark(resource_version=rv, initial_events_end=initial_end):
+                if not initial_end:
+                    # A periodic bookmark: the server sends them, so silence means a dead
+                    # connection. (Not the initial-events-end one: a server may send it alone.)
+                    self._stream_bookmarks += 1
+                    self._bookmarks_sent = True
+                if not initial:
+                    if rv:
+                        self.resource_version = rv
+                    return None
+                if not initial_end:
+                    return _NOT_HONOURED
+                if not rv:
+                    message = "initial-events-end bookmark without resourceVersion"
+                    return WatchEnd(End.BROKEN, message=message)
+                return rv
+            case ErrorStatus(code=code, message=message):
+                return WatchEnd(End.EXPIRED if code == 410 else End.ERROR, code, message)
+        return None

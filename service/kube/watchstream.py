@@ -1,0 +1,163 @@
+"""A watch stream's lines as typed events: the wire edge of the reflector.
+
+:class:`WatchDecoder` turns one JSON line of a watch response into a :class:`PodChange`, an
+:class:`Unreadable` change, a :class:`Bookmark` or an :class:`ErrorStatus`, as apimachinery's
+``StreamWatcher`` does for client-go, so that the reflector decides on events and never reads
+bytes. Pods are decoded straight into :class:`PodSnapshot` (no client models). A line that
+cannot be used (malformed JSON, an unknown event type, a bookmark that does not decode) is
+counted, logged and skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import msgspec
+
+from service.domain import PodSnapshot
+from service.kube.decode import PodDecodeError, PodDecoder
+from service.kube.errors import WireStatus
+from service.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+
+class LineReader(Protocol):
+    async def readline(self) -> bytes:
+        """The next line, with its newline; ``b""`` at the end of the stream."""
+        ...
+
+
+class Stream(Protocol):
+    """An open watch response (``aiohttp.ClientResponse``)."""
+
+    @property
+    def content(self) -> LineReader: ...
+
+    def close(self) -> None: ...
+
+
+class PodChange(msgspec.Struct, frozen=True):
+    """An ADDED or MODIFIED event (``deleted`` false), or a DELETED one."""
+
+    pod: PodSnapshot
+    deleted: bool
+
+
+class Unreadable(msgspec.Struct, frozen=True):
+    """A change whose pod does not decode; ``key`` is its ``namespace/name`` when those read."""
+
+    key: str | None
+
+
+class Bookmark(msgspec.Struct, frozen=True):
+    """A BOOKMARK: the stream's position, and whether it ends a streaming list's initial
+    events (``k8s.io/initial-events-end``) rather than being a periodic one."""
+
+    resource_version: str
+    initial_events_end: bool
+
+
+class ErrorStatus(msgspec.Struct, frozen=True):
+    """An ERROR event: the ``Status`` it carries (``code`` 500 when it has none)."""
+
+    code: int
+    message: str
+
+
+WatchEvent = PodChange | Unreadable | Bookmark | ErrorStatus
+
+
+class _WireEvent(msgspec.Struct):
+    type: str
+    object: msgspec.Raw
+
+
+class _BookmarkMeta(msgspec.Struct):
+    resourceVersion: str = ""
+    annotations: dict[str, str] | None = None
+
+
+class _WireBookmark(msgspec.Struct):
+    metadata: _BookmarkMeta = msgspec.field(default_factory=_BookmarkMeta)
+
+
+class _KeyMeta(msgspec.Struct):
+    name: object = None
+    namespace: object = None
+
+
+class _KeyOnly(msgspec.Struct):
+    metadata: _KeyMeta = msgspec.field(default_factory=_KeyMeta)
+
+
+_event_decoder = msgspec.json.Decoder(_WireEvent)
+_key_decoder = msgspec.json.Decoder(_KeyOnly)
+_bookmark_decoder = msgspec.json.Decoder(_WireBookmark)
+_status_decoder = msgspec.json.Decoder(WireStatus)
+_DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError)
+
+_INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+_TYPES = ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR")
+
+
+class WatchDecoder:
+    """Decodes watch lines with ``decoder``; counts events by type and the lines skipped."""
+
+    def __init__(self, decoder: PodDecoder, metrics: Metrics) -> None:
+        self._decoder = decoder
+        self._counters = {t: metrics.watch_events.labels(type=t) for t in _TYPES}
+        self._errors = metrics.decode_errors.labels(source="watch")
+
+    def decode(self, line: bytes) -> WatchEvent | None:
+        """The event of one line; ``None`` for a line skipped (counted and logged here)."""
+        try:
+            event = _event_decoder.decode(line)
+        except _DECODE_ERRORS as exc:
+            self._skip("malformed watch event: %s", exc)
+            return None
+        kind = event.type
+        counter = self._counters.get(kind)
+        if counter is not None:
+            counter.inc()
+        match kind:
+            case "ADDED" | "MODIFIED" | "DELETED":
+                try:
+                    return PodChange(self._decoder.decode(event.object), kind == "DELETED")
+                except PodDecodeError as exc:
+                    self._skip("skipped malformed pod in a %s event: %s", exc, kind)
+                    return Unreadable(_key_of(event.object))
+            case "BOOKMARK":
+                try:
+                    meta = _bookmark_decoder.decode(event.object).metadata
+                except _DECODE_ERRORS as exc:
+                    self._skip("malformed bookmark: %s", exc)
+                    return None
+                end = (meta.annotations or {}).get(_INITIAL_EVENTS_END) == "true"
+                return Bookmark(meta.resourceVersion, end)
+            case "ERROR":
+                try:
+                    status = _status_decoder.decode(event.object)
+                except _DECODE_ERRORS:
+                    status = WireStatus(message="undecodable ERROR event", code=500)
+                if status.code == 410:
+                    return ErrorStatus(410, status.message)
+                return ErrorStatus(status.code or 500, status.message or status.reason)
+            case _:
+                self._skip("unknown watch event type %r", kind)
+                return None
+
+    def _skip(self, message: str, *args: object) -> None:
+        self._errors.inc()
+        logger.warning(message, *args)
+
+
+def _key_of(raw: msgspec.Raw) -> str | None:
+    try:
+        meta = _key_decoder.decode(raw).metadata
+    except _DECODE_ERRORS:
+        return None
+    if isinstance(meta.namespace, str) and isinstance(meta.name, str):
+        return f"{meta.namespace}/{meta.name}"
+    return None
