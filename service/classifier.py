@@ -215,23 +215,23 @@ def _pod_name_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
 
 
 def _sandbox_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
-    # A pod without the label is the prefilter's `unlabelled` alone.
-    if pod.sandbox_id is None or row.sandbox_id == pod.sandbox_id:
-        return None
-    return Decision.skip(
-        SkipReason.SANDBOX_MISMATCH,
-        f"row sandbox {row.sandbox_id!r} differs from pod label {pod.sandbox_id!r}",
-    )
+    return _label_mismatch(SkipReason.SANDBOX_MISMATCH, "sandbox", row.sandbox_id, pod.sandbox_id)
 
 
 def _generation_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
-    # A pod without the label is the prefilter's `unlabelled` alone.
-    if pod.generation is None or row.generation == pod.generation:
-        return None
-    return Decision.skip(
-        SkipReason.GENERATION_MISMATCH,
-        f"row generation {row.generation} differs from pod label {pod.generation}",
+    return _label_mismatch(
+        SkipReason.GENERATION_MISMATCH, "generation", row.generation, pod.generation
     )
+
+
+def _label_mismatch(
+    reason: SkipReason, what: str, in_row: str | int, on_pod: str | int | None
+) -> Decision | None:
+    """The row's ``what`` differs from the pod's label. A pod without the label is the
+    prefilter's ``unlabelled`` alone."""
+    if on_pod is None or in_row == on_pod:
+        return None
+    return Decision.skip(reason, f"row {what} {in_row!r} differs from pod label {on_pod!r}")
 
 
 def _pod_kind_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
