@@ -2,9 +2,9 @@
 
 A :class:`Var` holds everything about one variable: name, parser, default, range, documentation
 and the attribute path its value fills in a settings object. :func:`assemble` builds nested
-settings objects from values keyed by path, :func:`attribute` reads a value back by its path. A value
-that cannot be parsed raises :class:`ConfigError` naming the variable; a number outside its range
-is clamped, with a warning naming the variable, the raw value and the value used.
+settings objects from values keyed by path, :func:`attribute` reads a value back by its path. A
+value that cannot be parsed raises :class:`ConfigError` naming the variable; a number outside its
+range is clamped, with a warning naming the variable, the raw value and the value used.
 """
 
 from __future__ import annotations
