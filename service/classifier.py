@@ -215,23 +215,21 @@ def _pod_name_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
 
 
 def _sandbox_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
-    # A pod without the label is the prefilter's `unlabelled` alone.
-    if pod.sandbox_id is None or row.sandbox_id == pod.sandbox_id:
-        return None
-    return Decision.skip(
-        SkipReason.SANDBOX_MISMATCH,
-        f"row sandbox {row.sandbox_id!r} differs from pod label {pod.sandbox_id!r}",
-    )
+    differs = _label_differs("sandbox", row.sandbox_id, pod.sandbox_id)
+    return None if differs is None else Decision.skip(SkipReason.SANDBOX_MISMATCH, differs)
 
 
 def _generation_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
-    # A pod without the label is the prefilter's `unlabelled` alone.
-    if pod.generation is None or row.generation == pod.generation:
+    differs = _label_differs("generation", row.generation, pod.generation)
+    return None if differs is None else Decision.skip(SkipReason.GENERATION_MISMATCH, differs)
+
+
+def _label_differs(what: str, in_row: str | int, on_pod: str | int | None) -> str | None:
+    """How the row's ``what`` differs from the pod's label, ``None`` when it does not. A pod
+    without the label is the prefilter's ``unlabelled`` alone."""
+    if on_pod is None or in_row == on_pod:
         return None
-    return Decision.skip(
-        SkipReason.GENERATION_MISMATCH,
-        f"row generation {row.generation} differs from pod label {pod.generation}",
-    )
+    return f"row {what} {in_row!r} differs from pod label {on_pod!r}"
 
 
 def _pod_kind_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:

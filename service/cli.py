@@ -4,10 +4,11 @@ Commands: ``run`` (the controller), ``scan``, ``explain``, ``pending``, ``migrat
 ``cancel-create`` and ``config`` (``service/app/commands.py`` does each), and ``--version``.
 Exit codes (docs/operations.md, "Commands and exit codes"): 0 success; 1 a failure of the
 outside world (the API server, the database, a replica asked with ``--url``) or of the command's
-own check, one line on stderr naming the cause and, where there is one, the fix; 2 bad configuration or usage (one
-line naming the variable or argparse's own error); 143 and 130 when SIGTERM or SIGINT interrupted
-the command (``service/app/signals.py``: every command, from the first line of :func:`main`, so
-that the process is a good PID 1 even while it imports). Never a traceback, except for a bug.
+own check, one line on stderr naming the cause and, where there is one, the fix; 2 bad
+configuration or usage (one line naming the variable or argparse's own error); 143 and 130 when
+SIGTERM or SIGINT interrupted the command (``service/app/signals.py``: every command, from the
+first line of :func:`main`, so that the process is a good PID 1 even while it imports). Never a
+traceback, except for a bug.
 """
 
 from __future__ import annotations
@@ -130,6 +131,64 @@ def _http_url(text: str) -> str:
     return text
 
 
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": (
+        "run the controller",
+        "Run the controller: watch pods, LISTEN for execution changes, and delete pods that "
+        "stayed in a reapable shape for the threshold. Off unless ENABLED=true; dry run unless "
+        "DRY_RUN=false. Serves /metrics, /healthz and /readyz. SIGTERM drains in-flight work and "
+        "releases the lease.",
+    ),
+    "scan": (
+        "classify every pod now against the database (read-only)",
+        "List every sandbox pod, look up its execution row, and classify it with the "
+        "controller's own rules: counts by verdict and skip reason, and the candidates. "
+        "Read-only; use it before enabling, and to compare with dry-run counts.",
+    ),
+    "explain": (
+        "show every input of one pod's decision and the rule that decided",
+        "GET one pod, read its execution row, and print every input the classifier uses and "
+        "the rule that decided. Read-only. With --url, also the pod's live observation clock in "
+        "the running replica there (its GET /debug/pending), or why it could not be asked.",
+    ),
+    "pending": (
+        "list the pods whose observation clock runs in a running replica",
+        "GET /debug/pending from a running replica (DEBUG_PENDING=true) and print every pod "
+        "whose observation clock runs: key, UID, verdict, observed since, due at, and what it "
+        "waits for (threshold, verification, budget; reported in a dry run). Only the leader "
+        "has clocks (a standby answers an empty list), and a port-forward to the Deployment "
+        "may land on the standby: forward to the leader's pod, named in the Lease: "
+        f"`{LEADER_PORT_FORWARD}`.",
+    ),
+    "migrate": (
+        "install the change-notify trigger (idempotent)",
+        "Install or update the trigger that NOTIFYs execution changes on NOTIFY_CHANNEL. "
+        "Running it again changes nothing. --with-schema also creates the development schema "
+        "(never needed against a production database).",
+    ),
+    "cancel-create": (
+        "retire a cancelled create (fenced) and delete its pod if retired",
+        "Retire the execution of SANDBOX_ID/GENERATION fenced on ACTIVATION_ATTEMPT. If the "
+        "execution naming the pod is retired (by this call or earlier), delete the pod under "
+        "its UID precondition; if it is still active (a newer activation owns the pod), leave "
+        "the pod alone. Needs the UPDATE grant (deploy/db-role).",
+    ),
+    "config": (
+        "print the effective configuration (secrets masked)",
+        "Read the environment like `run` does and print every variable's effective value and "
+        "whether it came from the environment or the default. Exit 2 naming the variable when "
+        "one cannot be parsed.",
+    ),
+}
+"""Each command's line in ``--help`` and its description (``COMMAND --help``)."""
+WITHOUT_DATABASE = frozenset({"pending", "config"})
+"""The commands that run without a database URL."""
+
+
+def _timeout(command: argparse.ArgumentParser, default_s: float, help_: str) -> None:
+    command.add_argument("--timeout", type=_positive_float, default=default_s, help=help_)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="retired-pod-gc",
@@ -141,44 +200,19 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
-    parser.set_defaults(needs_database=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    cmd = {
+        name: sub.add_parser(name, help=summary, description=description)
+        for name, (summary, description) in COMMANDS.items()
+    }
+    for name, command in cmd.items():
+        command.set_defaults(needs_database=name not in WITHOUT_DATABASE)
 
-    p = sub.add_parser(
-        "run",
-        help="run the controller",
-        description=(
-            "Run the controller: watch pods, LISTEN for execution changes, and delete pods "
-            "that stayed in a reapable shape for the threshold. Off unless ENABLED=true; "
-            "dry run unless DRY_RUN=false. Serves /metrics, /healthz and /readyz. SIGTERM "
-            "drains in-flight work and releases the lease."
-        ),
-    )
+    cmd["scan"].add_argument("--output", choices=("text", "json"), default="text")
+    _timeout(cmd["scan"], 60.0, "seconds to list pods")
 
-    p = sub.add_parser(
-        "scan",
-        help="classify every pod now against the database (read-only)",
-        description=(
-            "List every sandbox pod, look up its execution row, and classify it with the "
-            "controller's own rules: counts by verdict and skip reason, and the candidates. "
-            "Read-only; use it before enabling, and to compare with dry-run counts."
-        ),
-    )
-    p.add_argument("--output", choices=("text", "json"), default="text")
-    p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds to list pods")
-
-    p = sub.add_parser(
-        "explain",
-        help="show every input of one pod's decision and the rule that decided",
-        description=(
-            "GET one pod, read its execution row, and print every input the classifier uses "
-            "and the rule that decided. Read-only. With --url, also the pod's live observation "
-            "clock in the running replica there (its GET /debug/pending), or why it could not "
-            "be asked."
-        ),
-    )
-    p.add_argument("pod", metavar="NAMESPACE/POD")
-    p.add_argument(
+    cmd["explain"].add_argument("pod", metavar="NAMESPACE/POD")
+    cmd["explain"].add_argument(
         "--url",
         default=None,
         type=_http_url,
@@ -187,73 +221,30 @@ def build_parser() -> argparse.ArgumentParser:
             " (kubectl port-forward)"
         ),
     )
-    p.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds to wait for --url")
+    _timeout(cmd["explain"], 5.0, "seconds to wait for --url")
 
-    p = sub.add_parser(
-        "pending",
-        help="list the pods whose observation clock runs in a running replica",
-        description=(
-            "GET /debug/pending from a running replica (DEBUG_PENDING=true) and print every pod "
-            "whose observation clock runs: key, UID, verdict, observed since, due at, and what "
-            "it waits for (threshold, verification, budget; reported in a dry run). Only the "
-            "leader has clocks (a standby answers an empty list), and a port-forward to the "
-            "Deployment may land on the standby: forward to the leader's pod, named in the "
-            f"Lease: `{LEADER_PORT_FORWARD}`."
-        ),
-    )
-    p.add_argument(
+    cmd["pending"].add_argument(
         "--url",
         default=f"http://127.0.0.1:{DEBUG_PORT}",
         type=_http_url,
         help="the leader's debug listener, DEBUG_BIND_ADDRESS (default %(default)s)",
     )
-    p.add_argument("--output", choices=("text", "json"), default="text")
-    p.add_argument(
+    cmd["pending"].add_argument("--output", choices=("text", "json"), default="text")
+    cmd["pending"].add_argument(
         "--limit",
         type=_positive_int,
         default=None,
         help="show the N soonest due (the service's default: 1000)",
     )
-    p.add_argument(
-        "--timeout", type=_positive_float, default=5.0, help="seconds to wait for the answer"
-    )
-    p.set_defaults(needs_database=False)
+    _timeout(cmd["pending"], 5.0, "seconds to wait for the answer")
 
-    p = sub.add_parser(
-        "migrate",
-        help="install the change-notify trigger (idempotent)",
-        description=(
-            "Install or update the trigger that NOTIFYs execution changes on NOTIFY_CHANNEL. "
-            "Running it again changes nothing. --with-schema also creates the development "
-            "schema (never needed against a production database)."
-        ),
+    cmd["migrate"].add_argument(
+        "--with-schema", action="store_true", help="also create the dev schema"
     )
-    p.add_argument("--with-schema", action="store_true", help="also create the dev schema")
 
-    p = sub.add_parser(
-        "cancel-create",
-        help="retire a cancelled create (fenced) and delete its pod if retired",
-        description=(
-            "Retire the execution of SANDBOX_ID/GENERATION fenced on ACTIVATION_ATTEMPT. If the "
-            "execution naming the pod is retired (by this call or earlier), delete the pod "
-            "under its UID precondition; if it is still active (a newer activation owns the "
-            "pod), leave the pod alone. Needs the UPDATE grant (deploy/db-role)."
-        ),
-    )
-    p.add_argument("sandbox_id")
-    p.add_argument("generation", type=int)
-    p.add_argument("activation_attempt", type=int)
-
-    p = sub.add_parser(
-        "config",
-        help="print the effective configuration (secrets masked)",
-        description=(
-            "Read the environment like `run` does and print every variable's effective value "
-            "and whether it came from the environment or the default. Exit 2 naming the "
-            "variable when one cannot be parsed."
-        ),
-    )
-    p.set_defaults(needs_database=False)
+    cmd["cancel-create"].add_argument("sandbox_id")
+    cmd["cancel-create"].add_argument("generation", type=int)
+    cmd["cancel-create"].add_argument("activation_attempt", type=int)
     return parser
 
 

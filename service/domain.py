@@ -10,8 +10,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgspec
+
+_E = TypeVar("_E", bound=enum.StrEnum)
 
 
 class PodPhase(enum.StrEnum):
@@ -37,18 +40,21 @@ class ExecutionState(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
-_EXECUTION_STATES: dict[str, ExecutionState] = {m.value: m for m in ExecutionState}
+def _wire_parser(unknown: _E) -> Callable[[object], _E]:
+    """A parser of the wire strings of ``unknown``'s enum: a string that is no member's value,
+    or no string at all, is ``unknown``. A plain function with its look-ups bound, not a class
+    method of the enum: every row of a burst, and every change of its notifications, is parsed
+    here."""
+    get = {member.value: member for member in type(unknown)}.get
+
+    def parse(raw: object) -> _E:
+        return get(raw, unknown) if isinstance(raw, str) else unknown
+
+    return parse
 
 
-def parse_execution_state(
-    raw: object,
-    _get: Callable[[str, ExecutionState], ExecutionState] = _EXECUTION_STATES.get,
-    _unknown: ExecutionState = ExecutionState.UNKNOWN,
-) -> ExecutionState:
-    """``raw`` as an :class:`ExecutionState`; a string that is no member's value, or no string
-    at all, is ``UNKNOWN``."""
-    return _get(raw, _unknown) if isinstance(raw, str) else _unknown
-
+parse_execution_state = _wire_parser(ExecutionState.UNKNOWN)
+"""``raw`` as an :class:`ExecutionState` (``UNKNOWN`` when it is none)."""
 
 RETIRED_STATES: frozenset[ExecutionState] = frozenset(
     {
@@ -70,17 +76,9 @@ class PodKind(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
-_POD_KINDS: dict[str, PodKind] = {m.value: m for m in PodKind}
-
-
-def parse_pod_kind(
-    raw: object,
-    _get: Callable[[str, PodKind], PodKind] = _POD_KINDS.get,
-    _unknown: PodKind = PodKind.UNKNOWN,
-) -> PodKind:
-    """``raw`` as a :class:`PodKind` (a plain function, as :func:`parse_execution_state`):
-    ``create`` and ``restore`` are known, anything else is ``UNKNOWN``."""
-    return _get(raw, _unknown) if isinstance(raw, str) else _unknown
+parse_pod_kind = _wire_parser(PodKind.UNKNOWN)
+"""``raw`` as a :class:`PodKind`: ``create`` and ``restore`` are known, anything else is
+``UNKNOWN``."""
 
 
 class ConditionStatus(enum.StrEnum):

@@ -9,7 +9,7 @@ throughout. A log record factory installed when this module is imported copies b
 record as it is created — whichever module logs (the store, the pod client, the engine), and
 whichever handler formats it later — as the ``reconcile_id`` and ``batch_id`` attributes. A line
 about the whole batch (its row lookup) carries the batch id only. Secrets never reach a log
-line: callers log masked values only (``config.mask_dsn``).
+line: callers log masked values only (``service.kit.dsn.mask_dsn``).
 """
 
 from __future__ import annotations

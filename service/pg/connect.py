@@ -4,7 +4,7 @@ Every connection of the service — the query pool's (:func:`pool_connector`), t
 listener's (:func:`connect`) and a one-shot command's (:func:`connect_once`) — is opened here,
 so that each:
 
-* reads its URL when it is opened (``DatabaseSettings.pool_url`` / ``listener_url_now``): a
+* reads its URL when it is opened (``config.pool_url`` / ``config.listener_url_now``): a
   URL file rewritten in place (a rotated Secret) takes effect at the next connection;
 * goes to the primary: ``target_session_attrs=primary`` whatever the URL asks (a multi-host URL
   tries its hosts in order; ``read-write`` would match no server for a login whose sessions are
@@ -23,11 +23,12 @@ raised as :class:`LoginFailed`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 
-from service.config import ConfigError, DatabaseSettings
+from service.config import ConfigError, DatabaseSettings, listener_url_now, pool_url
 from service.kit.errors import Unavailable
 from service.metrics import Metrics
 from service.pg.errors import DatabaseError, describe
@@ -80,9 +81,9 @@ async def open_connection(url: str, *, metrics: Metrics, **kwargs: Any) -> async
     return conn
 
 
-def _url(read: Any) -> str:
+def _url(read: Callable[[DatabaseSettings], str], settings: DatabaseSettings) -> str:
     try:
-        return str(read())
+        return read(settings)
     except ConfigError as exc:
         raise UrlUnusable(str(exc)) from exc
 
@@ -92,7 +93,7 @@ async def connect(
 ) -> asyncpg.Connection:
     """The listener's own connection (its URL, read now)."""
     return await open_connection(
-        _url(settings.listener_url_now),
+        _url(listener_url_now, settings),
         metrics=metrics,
         **_connect_kwargs(settings, application_name),
     )
@@ -104,7 +105,7 @@ async def connect_once(
     """A connection of its own for a one-shot command: the pool's URL (read now) and the pool's
     connect options."""
     return await open_connection(
-        _url(settings.pool_url), metrics=metrics, **pool_options(settings, application_name)
+        _url(pool_url, settings), metrics=metrics, **pool_options(settings, application_name)
     )
 
 
@@ -114,7 +115,7 @@ def pool_connector(settings: DatabaseSettings, *, metrics: Metrics) -> Any:
     pool's connect options, which are kept."""
 
     async def connect_pooled(_dsn: object = None, **kwargs: Any) -> asyncpg.Connection:
-        return await open_connection(_url(settings.pool_url), metrics=metrics, **kwargs)
+        return await open_connection(_url(pool_url, settings), metrics=metrics, **kwargs)
 
     return connect_pooled
 

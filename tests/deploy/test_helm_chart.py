@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from service import config
+from service.kit.env import Var
 from tests.deploy.rendering import CHART, Obj, helm, render, render_chart
 from tests.deploy.support import (
     DEPLOY,
@@ -274,7 +275,7 @@ def test_the_schema_declares_every_variable_with_its_type_range_and_doc() -> Non
             var.parse(choice)  # every choice the schema allows, the service accepts
 
 
-def sample(var: config.Var[Any]) -> Any:
+def sample(var: Var[Any]) -> Any:
     """A value of ``var`` other than its default where there is one, as a values file holds it."""
     prop = CONFIG_PROPERTIES[var.suffix]
     if prop["type"] == "boolean":

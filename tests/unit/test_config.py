@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from devtools import configdoc
 from service import config
 from service.cli import main
+from service.kit.dsn import mask_dsn
 
 P = config.PREFIX
 DOCS = Path(__file__).parent.parent.parent / "docs" / "configuration.md"
@@ -158,7 +160,7 @@ def test_database_url_file_errors_name_the_variable(tmp_path: Path) -> None:
     ],
 )
 def test_mask_dsn_hides_passwords(url: str, secret: str) -> None:
-    masked = config.mask_dsn(url)
+    masked = mask_dsn(url)
     assert secret not in masked
     assert "***" in masked
 
@@ -210,6 +212,20 @@ def test_docs_and_code_agree_on_the_variables_and_defaults() -> None:
         assert documented[var.suffix] == shown, var.suffix
 
 
+def test_the_docs_table_is_exactly_the_one_the_declarations_write() -> None:
+    assert configdoc.documented_table(DOCS.read_text()) == configdoc.table()
+
+
+def test_the_docs_writer_replaces_a_stale_table_and_keeps_the_prose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stale = tmp_path / "configuration.md"
+    stale.write_text(DOCS.read_text().replace("| `LOG_LEVEL` | `info` |", "| `LOG_LEVEL` | `x` |"))
+    monkeypatch.setattr(configdoc, "DOC", stale)
+    assert configdoc.main(["--write"]) == 0
+    assert stale.read_text() == DOCS.read_text()
+
+
 def test_well_formed_database_urls_are_accepted_whatever_their_reachability() -> None:
     for url in (
         "postgresql://gc:secret@db.example:5432/app?sslmode=require",
@@ -256,9 +272,9 @@ def test_a_url_asking_for_a_standby_is_refused_at_start() -> None:
 def test_the_listener_url_defaults_to_the_database_url_and_can_be_its_own() -> None:
     url, direct = "postgresql://gc@pooler:6432/app", "postgresql://gc@primary:5432/app"
     shared = config.load({P + "DATABASE_URL": url}).database
-    assert (shared.pool_url(), shared.listener_url_now()) == (url, url)
+    assert (config.pool_url(shared), config.listener_url_now(shared)) == (url, url)
     own = config.load({P + "DATABASE_URL": url, P + "LISTENER_DATABASE_URL": direct}).database
-    assert (own.pool_url(), own.listener_url_now()) == (url, direct)
+    assert (config.pool_url(own), config.listener_url_now(own)) == (url, direct)
     with pytest.raises(config.ConfigError) as err:
         config.load({P + "LISTENER_DATABASE_URL": "mysql://x"})
     assert err.value.variable == P + "LISTENER_DATABASE_URL"
@@ -276,16 +292,16 @@ def test_url_files_are_read_again_for_every_new_connection(tmp_path: Path) -> No
     ).database
     pool_file.write_text("postgresql://gc:new@db/app\n")
     listener_file.write_text("postgresql://gc:new@primary/app\n")
-    assert settings.pool_url() == "postgresql://gc:new@db/app"
-    assert settings.listener_url_now() == "postgresql://gc:new@primary/app"
+    assert config.pool_url(settings) == "postgresql://gc:new@db/app"
+    assert config.listener_url_now(settings) == "postgresql://gc:new@primary/app"
     pool_file.write_text("")
     with pytest.raises(config.ConfigError) as err:
-        settings.pool_url()
+        config.pool_url(settings)
     assert err.value.variable == P + "DATABASE_URL_FILE"
     # Without a file of its own, the listener follows the pool's file.
     shared = config.load({P + "DATABASE_URL_FILE": str(listener_file)}).database
     listener_file.write_text("postgresql://gc:newer@primary/app\n")
-    assert shared.listener_url_now() == "postgresql://gc:newer@primary/app"
+    assert config.listener_url_now(shared) == "postgresql://gc:newer@primary/app"
 
 
 def test_the_watch_silence_bound_defaults_above_the_bookmark_cadence_and_is_clamped() -> None:
