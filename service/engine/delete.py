@@ -1,4 +1,4 @@
-"""Step 10 of the pipeline (``engine/reconciler.py``): the action on a :class:`Checked` candidate.
+"""Step 10 of the pipeline (``engine/reconciler.py``): the action on a checked candidate.
 
 Live, the DELETE carries preconditions {uid, resourceVersion} from the fresh GET: deleted → the
 verdict, 404 → ``gone``, 409 → ``conflict`` (looked at again shortly), throttled (429, or 503 with

@@ -290,7 +290,8 @@ class Reconciler:
             try:
                 namespace, _ = split_key(key)
             except ValueError as exc:
-                logger.error("dropping a malformed work-queue key: %s", exc)  # noqa: TRY400 (expected)
+                # Expected, so no traceback.
+                logger.error("dropping a malformed work-queue key: %s", exc)  # noqa: TRY400
             else:
                 logger.error("dropping a key of namespace %s, which is not configured", namespace)
         self._clocks.clear_key(key)

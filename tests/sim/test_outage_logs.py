@@ -5,13 +5,13 @@ more reapable pods cached, a database black-holed or an API server refusing ever
 for ten minutes of virtual time, then back — runs in a subprocess of its own (outside the
 suite's coverage tracing, which would triple its time; the two at once), and prints every line
 the ``service`` loggers wrote at the default level from the outage's start on, but the deletes'
-summary lines (one a minute at most, counted apart), with the metrics at the end. Judged here: at most 20 lines; every line of a
-recurring failure is a change of its cause or its recovery, and says how many failures it
-stands for; every other line is a transition that happens once (leadership, the listener's
-reconnect); the metrics counted at least the failures the lines name; the dependency that was
-down was sent a few hundred requests in those ten minutes, not one a key a backoff step (the
-engine backs off from it as one, ``service/kit/gate.py``); and every pod was deleted afterwards,
-each with its Event.
+summary lines (one a minute at most, counted apart), with the metrics at the end. Judged here:
+at most 20 lines; every line of a recurring failure is a change of its cause or its recovery,
+and says how many failures it stands for; every other line is a transition that happens once
+(leadership, the listener's reconnect); the metrics counted at least the failures the lines
+name; the dependency that was down was sent a few hundred requests in those ten minutes, not
+one a key a backoff step (the engine backs off from it as one, ``service/kit/gate.py``); and
+every pod was deleted afterwards, each with its Event.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """One key's reconcile, called directly, on in-memory fakes and virtual time.
 
-Each safety test names the invariant (docs/architecture.md) it guards and fails when the enforcing code goes.
+Each safety test names the invariant (docs/architecture.md) it guards and fails when the
+enforcing code goes.
 """
 
 from __future__ import annotations
