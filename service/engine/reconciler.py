@@ -112,7 +112,8 @@ class Reconciler:
         self._budget = budget
         self._activation = activation
         self._db_timeout_s = settings.database.statement_timeout_s
-        # A third of the reconcile's bound at most waiting in line, the rest for the checks.
+        # The wait for a turn at the budget: a third of the reconcile's bound, so the final
+        # check and the DELETE still fit in it.
         self._budget_wait_s = settings.reconcile_timeout_s / 3
         self._gates = Gates(
             metrics, gate_backoff if gate_backoff is not None else dependency_backoff()
