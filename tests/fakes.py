@@ -408,11 +408,12 @@ def make_rig(
     leader_check: Callable[[], bool] | None = None,
     barrier: NotificationBarrier = NO_NOTIFICATIONS,
     batch_size: int | None = None,
+    pods: FakePodClient | None = None,
 ) -> EngineRig:
     settings = settings if settings is not None else make_settings()
     metrics = Metrics(CollectorRegistry())
     cache = FakePodCache(namespaces=settings.kube.namespaces)
-    pods = FakePodClient()
+    pods = pods if pods is not None else FakePodClient()
     store = FakeExecutionStore()
     clocks = ObservationClocks(metrics=metrics)
     budget = DeleteBudget(settings.deletes_per_minute, window_s=budget_window_s)

@@ -1,45 +1,25 @@
 """Retired but kept: which cached pods have a retired execution row yet are not deleted, why, and
 since when (docs/architecture.md, "Retired but kept").
 
-The controller deletes two safe shapes and keeps every other pod, by design; some of those kept
-pods are the platform's leaks that only a person can fix (a Running pod of a retired execution,
-a half-started or half-stopped sandbox, a keep annotation nobody removed). :class:`KeptPods`
-knows them, beside the engine and without touching it: it deletes nothing, changes no verdict,
-and the reconcile pipeline never consults it.
+The controller keeps every pod but two safe shapes; some kept pods are leaks only a person can
+fix (a Running pod of a retired execution, a half-started sandbox, a forgotten keep annotation).
+:class:`KeptPods` knows them beside the engine: it deletes nothing, and the pipeline never
+consults it. A pod is kept when it is cached, its row (found as the reconciler finds it) is
+inactive, and the classifier's verdict on the two is a skip, whose reason it shows.
 
-A pod is *retired but kept* when it is cached, its execution row (found as the reconciler finds
-it: its namespace, its pod name, a Kubernetes-managed sandbox) is inactive, and the pure
-classifier's verdict on (pod, row) is a skip (:func:`service.classifier.classify`, called, never
-restated): its reason is the classifier's. A pod whose row is active or that has no row is never
-one. It is fed by three sources:
-
-- **the listener's notifications** (:meth:`executions_changed`): a re-activation (or a deleted
-  row) removes the pod at once; an inactive row makes the pod a *suspect*, confirmed by one
-  batched row query for every suspect of a namespace that arrived meanwhile (the notification
-  names neither the sandbox nor the row's identity, so it is never taken for the row);
-- **the informer's cache** (:meth:`pod_changed`): a pod whose retired row is known is classified
-  again, with no query, whenever it changes; a deleted pod leaves;
-- **a periodic sweep**: every ``period_s`` (the resync period) per namespace, ONE row query for
-  the inactive rows among the names of every cached pod of the namespace, whatever their
-  number. It finds what no notification named (a pod created for a retired row, a notification
-  lost while the listener was down) and forgets the rows that are no longer retired.
-
-"Since when" is the row's ``retired_at``, else the notification's arrival, else when the pod was
-first seen retired (:class:`Since`). Gauges per reason (count and oldest age) are refreshed every
-tick; a pod kept longer than ``bound_s`` gets one ``RetiredPodKept`` Event through the recorder,
-at most one a pod UID per :data:`EVENT_INTERVAL_S`, and only after its row was read again and
-found still retired.
-
-Only the leader keeps this view (one replica's queries and Events, not every replica's); losing
-the lease empties it.
+The view is fed by the listener's notifications (a re-activation removes the pod at once; an
+inactive row makes it a suspect, confirmed by one row query per namespace), by the informer's
+cache (a pod whose retired row is known is classified again when it changes), and by a sweep of
+each namespace every ``period_s``: one row query for all its cached pods, which finds what no
+notification named. Gauges per reason are refreshed every tick; a pod kept longer than
+``bound_s`` gets a ``RetiredPodKept`` Event once its row was read again
+(``engine/kept_events.py``). Only the leader keeps the view; losing the lease empties it.
 """
 
 from __future__ import annotations
 
-import enum
-import logging
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,22 +28,13 @@ import anyio
 from anyio.abc import TaskStatus
 
 from service.classifier import classify
-from service.domain import (
-    ExecutionChange,
-    ExecutionRow,
-    ExecutionState,
-    PodSnapshot,
-    SkipReason,
-    split_key,
-)
+from service.domain import ExecutionChange, ExecutionState, PodSnapshot, SkipReason
 from service.engine.activation import Activation
+from service.engine.kept_events import KeptEvents
+from service.engine.kept_rows import Retired, RowQueries, Since, by_namespace
 from service.kit import clock
-from service.kit.causelog import CauseLog
-from service.kit.errors import ExternalError
 from service.metrics import KEPT_REASONS, Metrics
-from service.ports import KeptRecorder, KeptReport, PodCache, RetiredRow, RetiredRowSource
-
-logger = logging.getLogger(__name__)
+from service.ports import KeptRecorder, PodCache, RetiredRow, RetiredRowSource
 
 PERSON_REASONS: frozenset[SkipReason] = frozenset(
     {
@@ -77,8 +48,6 @@ PERSON_REASONS: frozenset[SkipReason] = frozenset(
 """The reasons that need a person (the alert ``RetiredPodGcRetiredPodsKept`` at warning); the
 keep annotation is alerted at a lower severity, the other reasons are shown, not alerted."""
 
-EVENT_INTERVAL_S = 86400.0
-"""At most one ``RetiredPodKept`` Event a pod UID in this long."""
 TICK_S = 5.0
 """Longest period of the gauges' refresh and the Events' check (shorter for a short bound)."""
 CONFIRM_COALESCE_S = 0.2
@@ -90,24 +59,6 @@ SWEEP_RETRY_S = 30.0
 """After a failed sweep, when it is tried again (or a resync period, when that is shorter)."""
 QUERY_RETRY_S = 5.0
 """After a failed confirmation query, when the suspects are asked about again."""
-
-
-class Since(enum.StrEnum):
-    """Where a kept pod's "since" comes from."""
-
-    RETIRED_AT = "retired_at"
-    NOTIFICATION = "notification"
-    FIRST_SEEN = "first_seen"
-
-
-@dataclass(slots=True)
-class _Retired:
-    """A retired row known for a cached pod's key, and since when."""
-
-    row: ExecutionRow
-    since_s: float
-    """On the event loop's clock."""
-    source: Since
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,32 +109,24 @@ class KeptPods:
         wall_clock: Callable[[], float] = time.time,  # noqa: TID251 (retired_at is wall time)
     ) -> None:
         self._cache = cache
-        self._rows = rows
         self._namespaces = tuple(namespaces)
         self._activation = activation
         self._metrics = metrics
         self.period_s = period_s
         self.bound_s = bound_s
-        self._recorder = recorder
         self._wall_clock = wall_clock
-        self._retired: dict[str, _Retired] = {}
+        self._retired: dict[str, Retired] = {}
         """Retired rows of cached pods, by key (kept or not: a reapable pod's too)."""
         self._kept: dict[str, KeptPod] = {}
         self._counts: Counter[SkipReason] = Counter()
         self._suspects: dict[str, float] = {}
         """Keys a notification said are inactive, with its arrival, until a query confirms."""
-        self._inflight: dict[int, set[str]] = {}
-        """For each row query in flight (by a number of its own: two empty sets are equal), the
-        keys a notification named meanwhile (its answer for them may be older than the
-        notification: not applied)."""
-        self._queries = 0
-        self._evented: dict[str, float] = {}
-        """When each pod UID's Event was recorded."""
+        self._queries = RowQueries(rows, metrics)
+        self._events = KeptEvents(recorder, bound_s)
         self._wake = anyio.Event()
         self._was_leader = False
         self._sweeps: dict[str, float] = {}
         """When each namespace's last sweep that answered began (loop clock)."""
-        self._log = CauseLog("retired-but-kept row queries fail", logger)
         metrics.retired_kept_bound.set(bound_s)
 
     # -------------------------------------------------------------------------------- view
@@ -219,12 +162,12 @@ class KeptPods:
             if old is not None:
                 # The row stays known until the next sweep (which forgets keys not cached): a
                 # pod recreated under the name of a retired row is classified at once.
-                self._evented.pop(old.uid, None)
+                self._events.forget(old.uid)
                 self._set(old.key, None)
             return
         if new.key in self._retired:
             if old is not None and old.uid != new.uid:
-                self._evented.pop(old.uid, None)
+                self._events.forget(old.uid)
             self._evaluate(new.key, new)
 
     def cache_cold(self, namespace: str) -> None:
@@ -232,8 +175,7 @@ class KeptPods:
 
     def cache_synced(self, namespace: str) -> None:
         """A relist may have dropped pods without a delete event: forget keys not cached."""
-        prefix = namespace + "/"
-        for key in [k for k in self._retired if k.startswith(prefix)]:
+        for key in _of_namespace(namespace, self._retired):
             if self._cache.get(key) is None:
                 self._forget(key)
 
@@ -246,8 +188,7 @@ class KeptPods:
         get = self._cache.get
         for change in changes:
             key = change.key
-            for touched in self._inflight.values():
-                touched.add(key)
+            self._queries.notified(key)
             if change.deleted or change.active is True:
                 # Re-activated (or gone): never reported from this moment.
                 self._suspects.pop(key, None)
@@ -289,7 +230,7 @@ class KeptPods:
             self.clear()
         self._was_leader = leader
         self._publish_ages()
-        if leader and self._recorder is not None:
+        if leader and self._events.recorder is not None:
             await self._record_due()
 
     async def _sweep_loop(self, namespace: str) -> None:
@@ -306,8 +247,7 @@ class KeptPods:
         every cached pod of the namespace is known retired or not. True when the query
         answered."""
         started = clock.now()
-        prefix = namespace + "/"
-        keys = [key for key in list(self._cache.keys()) if key.startswith(prefix)]
+        keys = _of_namespace(namespace, self._cache.keys())
         answer = await self._query(namespace, keys, kind="kept_sweep")
         if answer is None:
             return False
@@ -315,7 +255,7 @@ class KeptPods:
         # Work in proportion to the retired rows, not to the cache: a key known retired that
         # the answer lacks is active or gone (or no longer cached); a key notified meanwhile is
         # left to its notification, fresher than this answer.
-        for key in [k for k in self._retired if k.startswith(prefix)]:
+        for key in _of_namespace(namespace, self._retired):
             if key not in found and key not in touched:
                 self._forget(key)
         for key, retired in found.items():
@@ -338,11 +278,8 @@ class KeptPods:
         """One row query a namespace for the suspects of that namespace. True when every query
         answered (the suspects of one that failed wait for the next try)."""
         suspects, self._suspects = self._suspects, {}
-        by_namespace: defaultdict[str, list[str]] = defaultdict(list)
-        for key in suspects:
-            by_namespace[split_key(key)[0]].append(key)
         ok = True
-        for namespace, keys in by_namespace.items():
+        for namespace, keys in by_namespace(suspects).items():
             answer = await self._query(namespace, keys, kind="kept_confirm")
             if answer is None:
                 ok = False
@@ -363,25 +300,10 @@ class KeptPods:
     async def _query(
         self, namespace: str, keys: Sequence[str], *, kind: str
     ) -> tuple[dict[str, RetiredRow], set[str]] | None:
-        """The retired rows of ``keys`` (one query) and the keys notified meanwhile; ``None``
-        when the query failed (logged once a cause, counted)."""
-        touched: set[str] = set()
-        self._queries += 1
-        token = self._queries
-        self._inflight[token] = touched
-        try:
-            names = [split_key(key)[1] for key in keys]
-            found = await self._rows.retired_rows(namespace, names, kind=kind)
-        except ExternalError as exc:
-            self._metrics.retired_kept_sweep_errors.inc()
-            self._log.failed(f"{type(exc).__name__}: {exc}")
-            return None
-        finally:
-            del self._inflight[token]
-        self._log.ok()
-        if not self.active:
-            return None
-        return found, touched
+        """The retired rows of ``keys`` and the keys notified meanwhile, if the query answered
+        and this replica still leads."""
+        answer = await self._queries.query(namespace, keys, kind=kind)
+        return answer if self.active else None
 
     # -------------------------------------------------------------------- the state
 
@@ -391,18 +313,13 @@ class KeptPods:
         if pod is None:
             self._forget(key)
             return
-        now = clock.now()
-        old = self._retired.get(key)
-        if retired.retired_at_s is not None:
-            since = now - max(0.0, self._wall_clock() - retired.retired_at_s)
-            source = Since.RETIRED_AT
-        elif old is not None and old.row.state == retired.row.state:
-            since, source = old.since_s, old.source
-        elif notified_s is not None:
-            since, source = notified_s, Since.NOTIFICATION
-        else:
-            since, source = now, Since.FIRST_SEEN
-        self._retired[key] = _Retired(retired.row, since, source)
+        self._retired[key] = Retired.known(
+            retired,
+            self._retired.get(key),
+            notified_s,
+            now_s=clock.now(),
+            wall_clock=self._wall_clock,
+        )
         self._evaluate(key, pod)
 
     def _evaluate(self, key: str, pod: PodSnapshot) -> None:
@@ -453,7 +370,7 @@ class KeptPods:
         self._kept.clear()
         self._suspects.clear()
         self._counts.clear()
-        self._evented.clear()
+        self._events.clear()
         self._sweeps.clear()
         for reason in KEPT_REASONS:
             self._metrics.retired_kept_pods.labels(reason=reason).set(0)
@@ -474,27 +391,11 @@ class KeptPods:
 
     # --------------------------------------------------------------------- Events
 
-    def _due(self, now: float) -> list[KeptPod]:
-        horizon = now - EVENT_INTERVAL_S
-        for uid in [u for u, at in self._evented.items() if at <= horizon]:
-            del self._evented[uid]
-        return [
-            k
-            for k in self._kept.values()
-            if now - k.since_s >= self.bound_s and k.uid not in self._evented
-        ]
-
     async def _record_due(self) -> None:
         """An Event for each pod kept longer than the bound and not evented for a day, once its
         row was read again (one query a namespace) and the pod still classifies as kept."""
-        recorder = self._recorder
-        due = self._due(clock.now())
-        if not due or recorder is None:
-            return
-        by_namespace: defaultdict[str, list[str]] = defaultdict(list)
-        for entry in due:
-            by_namespace[split_key(entry.key)[0]].append(entry.key)
-        for namespace, keys in by_namespace.items():
+        due = self._events.due(self._kept.values(), clock.now())
+        for namespace, keys in by_namespace(k.key for k in due).items():
             answer = await self._query(namespace, keys, kind="kept_event")
             if answer is None:
                 continue
@@ -510,22 +411,14 @@ class KeptPods:
                 self._know(key, retired, None)
                 kept = self._kept.get(key)
                 pod = self._cache.get(key)
-                if kept is None or pod is None or pod.uid != kept.uid:
-                    continue
-                if now - kept.since_s < self.bound_s or kept.uid in self._evented:
-                    continue
-                self._evented[kept.uid] = now
-                recorder.record_kept(
-                    KeptReport(
-                        pod=pod,
-                        reason=str(kept.reason),
-                        rule=kept.rule,
-                        row_state=kept.row_state,
-                        since_s=kept.since_s + offset,
-                        since_source=str(kept.source),
-                        kept_for_s=now - kept.since_s,
-                    )
-                )
+                if kept is not None and pod is not None and pod.uid == kept.uid:
+                    self._events.record(kept, pod, now_s=now, wall_offset_s=offset)
+
+
+def _of_namespace(namespace: str, keys: Iterable[str]) -> list[str]:
+    """The keys of ``namespace`` among ``keys`` (a copy: the caller may change their source)."""
+    prefix = namespace + "/"
+    return [key for key in keys if key.startswith(prefix)]
 
 
 def kept_entries(

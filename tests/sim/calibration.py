@@ -9,7 +9,7 @@ simulator needs to find each (docs/reliability.md, "Deterministic simulation").
   cache", ba92296): a clock started from the stale snapshot of a relisting cache covers the
   states the relist collapses;
 - ``notification_barrier``: no round trip on the listener after the final re-read (the
-  ``NotificationBarrier`` of ``Reconciler._verify``, from 246dc60): a flip committed before the
+  ``NotificationBarrier`` of ``Verifier.verify``, from 246dc60): a flip committed before the
   re-read whose notification is still in flight goes unseen. It is the ``notification_sync``
   removal.
 """

@@ -35,7 +35,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
-from service.engine.reconciler import FINAL_CHECK_MAX_AGE_S
+from service.engine.verify import FINAL_CHECK_MAX_AGE_S
 from service.kit.ratelimit import capped_shape
 from tests.chaos.checker import RECONNECT_CAP_S
 from tests.chaos.model import (

@@ -35,7 +35,7 @@ import msgspec
 from service.app.service import wire_engine
 from service.config import PREFIX, Settings, load
 from service.engine.activation import Activation
-from service.engine.reconciler import dependency_backoff
+from service.engine.gates import dependency_backoff
 from service.kube import informer as informer_module
 from service.kube.events import KubeEventRecorder
 from service.kube.informer import PodInformer

@@ -16,8 +16,8 @@ import anyio
 import pytest
 
 from service.domain import ExecutionChange, ExecutionState, PodSnapshot, ReconcileOutcome, Verdict
-from service.engine.reconciler import FINAL_CHECK_MAX_AGE_S, MAX_AGE_REVERIFICATIONS
 from service.engine.results import ReconcileResult
+from service.engine.verify import FINAL_CHECK_MAX_AGE_S, MAX_AGE_REVERIFICATIONS
 from tests.fakes import EngineRig, make_pod, make_rig, make_row, make_settings
 from tests.virtualtime import running_loop, settle
 

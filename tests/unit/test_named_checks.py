@@ -12,11 +12,13 @@ import pytest
 from service import checks, classifier
 from service.engine.budget import DeleteBudget
 from service.engine.controller import Controller
+from service.engine.delete import Deleter
 from service.engine.reconciler import Reconciler
+from service.engine.verify import Verifier
 from tests.chaos.removals import REMOVALS, RULE_REMOVALS, replaced
 from tests.sim.calibration import REVERTS
 
-_OWNERS = (checks, classifier, Controller, Reconciler, DeleteBudget)
+_OWNERS = (checks, classifier, Controller, Reconciler, Verifier, Deleter, DeleteBudget)
 _APPLIED = {**REMOVALS, **REVERTS, **RULE_REMOVALS}
 
 

@@ -1,6 +1,7 @@
 """One key's reconcile, called directly, on in-memory fakes and virtual time.
 
-Each safety test names the invariant (docs/architecture.md) it guards and fails when the enforcing code goes.
+Each safety test names the invariant (docs/architecture.md) it guards and fails when the
+enforcing code goes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from service.domain import (
     ReconcileOutcome,
     Verdict,
 )
-from service.engine.reconciler import DEPENDENCY_BACKOFF_INITIAL_S
+from service.engine.gates import DEPENDENCY_BACKOFF_INITIAL_S
 from service.engine.results import INACTIVE, Action
 from service.kit import clock
 from service.kit.errors import Unavailable
@@ -45,8 +46,8 @@ from tests.virtualtime import settle
 T0 = 1000.0
 
 
-def _rig(**settings: object) -> tuple[EngineRig, PodSnapshot]:
-    rig = make_rig(make_settings(**settings))  # type: ignore[arg-type]
+def _rig(pods: FakePodClient | None = None, **settings: object) -> tuple[EngineRig, PodSnapshot]:
+    rig = make_rig(make_settings(**settings), pods=pods)  # type: ignore[arg-type]
     pod = make_pod()
     rig.add(pod, make_row(pod), event=False)
     return rig, pod
@@ -188,9 +189,8 @@ class _RecreatingPodClient(FakePodClient):
 
 @pytest.mark.anyio
 async def test_invariant2_uid_precondition_protects_a_pod_recreated_after_the_fresh_get() -> None:
-    rig, pod = _rig()
-    recreating = _RecreatingPodClient([pod])
-    rig.reconciler._pods = recreating  # the fake stands in for the API server
+    recreating = _RecreatingPodClient()  # the fake stands in for the API server
+    rig, pod = _rig(recreating)
     await _expire(rig, pod)
     result = await rig.reconcile(pod.key)
     assert result.outcome == ReconcileOutcome.CONFLICT
@@ -806,9 +806,8 @@ class _SlotRecordingPodClient(FakePodClient):
 
 @pytest.mark.anyio
 async def test_the_request_slot_is_held_from_the_final_check_through_the_delete() -> None:
-    rig, pod = _rig()
-    recording = _SlotRecordingPodClient([pod])
-    rig.reconciler._pods = recording  # the fake stands in for the API server
+    recording = _SlotRecordingPodClient([])  # the fake stands in for the API server
+    rig, pod = _rig(recording)
     await _expire(rig, pod)
     result = await rig.reconcile(pod.key)
     assert result.outcome == Verdict.TERMINAL_RETIRED

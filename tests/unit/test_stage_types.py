@@ -13,34 +13,35 @@ import pytest
 from mypy import api
 
 _HEADER = """
-from service.engine.reconciler import Checked, Due, Reconciler, Verified
+from service.engine.delete import Deleter
 from service.engine.results import ReconcileResult
+from service.engine.stages import Checked, Due, Verified
+from service.engine.verify import Verifier
 
 
 async def act(
-    reconciler: Reconciler, due: Due, verified: Verified, checked: Checked
+    verifier: Verifier, deleter: Deleter, due: Due, verified: Verified, checked: Checked
 ) -> ReconcileResult:
 """
 
-_ALLOWED = "    return await reconciler._delete(checked)\n"
+_ALLOWED = "    return await deleter.delete(checked)\n"
 _FORBIDDEN = {
     "delete_unverified": (
-        "    return await reconciler._delete(due)\n",
-        'Argument 1 to "_delete" of "Reconciler" has incompatible type "Due"; expected "Checked"',
+        "    return await deleter.delete(due)\n",
+        'Argument 1 to "delete" of "Deleter" has incompatible type "Due"; expected "Checked"',
     ),
     "delete_unchecked": (
-        "    return await reconciler._delete(verified)\n",
-        'Argument 1 to "_delete" of "Reconciler" has incompatible type "Verified"; '
-        'expected "Checked"',
+        "    return await deleter.delete(verified)\n",
+        'Argument 1 to "delete" of "Deleter" has incompatible type "Verified"; expected "Checked"',
     ),
     "report_unchecked": (
-        "    return reconciler._report_dry_run(verified)\n",
-        'Argument 1 to "_report_dry_run" of "Reconciler" has incompatible type "Verified"; '
+        "    return deleter.report_dry_run(verified)\n",
+        'Argument 1 to "report_dry_run" of "Deleter" has incompatible type "Verified"; '
         'expected "Checked"',
     ),
     "final_check_unverified": (
-        "    await reconciler._final_check(due)\n    return await reconciler._delete(checked)\n",
-        'Argument 1 to "_final_check" of "Reconciler" has incompatible type "Due"; '
+        "    await verifier.final_check(due)\n    return await deleter.delete(checked)\n",
+        'Argument 1 to "final_check" of "Verifier" has incompatible type "Due"; '
         'expected "Verified"',
     ),
 }
