@@ -2,10 +2,11 @@
 
 The engine, the pod client and the listener call each of these through this module by name
 (``checks.uid_unchanged(...)``; none is imported on its own), so that a reader finds every check
-between a pod and its DELETE in one place, with the invariant it keeps (docs/architecture.md,
-"The seven safety invariants and where each is enforced"), and the mutation check (``tests/chaos/removals.py``) disables one by its name for
-the length of a run. Each is pure and cheap (a comparison or two); the awaits a check guards stay
-with its caller, except the notification sync, which is the await itself.
+between a pod and its DELETE in one place, with the invariant it keeps (docs/architecture.md, "The
+seven safety invariants and where each is enforced"), and the mutation check
+(``tests/chaos/removals.py``) disables one by its name for the length of a run. Each is pure and
+cheap (a comparison or two); the awaits a check guards stay with its caller, except the notification
+sync, which is the await itself.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Whether this replica may act: ENABLED, and holding the lease (invariant 6 of docs/architecture.md).
+"""Whether this replica may act: ENABLED, and holding the lease (invariant 6 of
+docs/architecture.md).
 
 Shared by the controller (which stops handing keys to the reconciler when inactive) and the
 reconciler (which checks it once more right before a DELETE or a dry-run report, because a

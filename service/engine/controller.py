@@ -4,8 +4,8 @@
 ``ports.ExecutionEventHandler`` (for the PostgreSQL listener). Each callback does two things,
 synchronously on the event loop:
 
-- **clears observation clocks at event time** (invariant 3 of docs/architecture.md): any change of what
-  classification reads stops the clock the moment it arrives — a pod snapshot that differs from
+- **clears observation clocks at event time** (invariant 3 of docs/architecture.md): any change of
+  what classification reads stops the clock the moment it arrives — a pod snapshot that differs from
   the cached one in anything but its resourceVersion, a new UID under a known name, a deleted
   pod, and every row notification (the trigger fires only when ``active`` or
   ``execution_state`` changed). The queue deduplicates keys and a reconcile classifies only the

@@ -4,12 +4,11 @@ One clock per pod UID (a recreated pod under the same name is a new UID and star
 with an index from the work-queue key to the UID it currently tracks, so that events that carry
 only a key (row notifications) can clear it. Times are monotonic seconds from the engine clock.
 
-"Continuously" is judged at event time (invariant 3 of docs/architecture.md): the controller clears a clock the
-moment a watch event or notification shows a non-reapable state. A reconcile that was already
-reading state when such an event arrived must not start or extend a clock from what it read
-before the event, so a reconcile brackets its batch with :meth:`begin`/:meth:`end`, and any
-clearing of a key in between makes its :meth:`observe` return ``None`` ("state changed under
-you").
+"Continuously" is judged at event time (invariant 3 of docs/architecture.md): the controller clears
+a clock the moment a watch event or notification shows a non-reapable state. A reconcile that was
+already reading state when such an event arrived must not start or extend a clock from what it read
+before the event, so a reconcile brackets its batch with :meth:`begin`/:meth:`end`, and any clearing
+of a key in between makes its :meth:`observe` return ``None`` ("state changed under you").
 
 A clock also restarts when the reapable shape (verdict) changes: a Pending pod that became a
 Failed one has not been in *one* reapable shape for the threshold.

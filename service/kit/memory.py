@@ -1,5 +1,6 @@
 """Memory kept in check: freed heap memory given back to the operating system after a sync or
-a large batch of work (glibc ``malloc_trim``), and long-lived objects kept out of the garbage collector's full scans.
+a large batch of work (glibc ``malloc_trim``), and long-lived objects kept out of the garbage
+collector's full scans.
 
 A sync of the pod cache allocates and frees far more than it keeps: list bodies or streamed
 lines, decode temporaries, the sync's bookkeeping. CPython takes every block over 512 bytes (dict

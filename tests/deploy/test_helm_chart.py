@@ -62,7 +62,8 @@ CHART_OWNED = {
     "LEASE_NAMESPACE": "the pod's namespace (downward API)",
     "LEADER_IDENTITY": "the pod's name (downward API)",
 }
-"""Variables the chart sets from a value of its own (or the pod); every other one is ``config.X``."""
+"""Variables the chart sets from a value of its own (or the pod); every other one is
+``config.X``."""
 SCHEMA = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
 CONFIG_PROPERTIES: dict[str, dict[str, Any]] = SCHEMA["properties"]["config"]["properties"]
 

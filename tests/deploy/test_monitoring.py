@@ -233,7 +233,8 @@ def test_every_dashboard_query_names_only_exported_series(
 
 @pytest.mark.parametrize("mode", ["live", "dry_run"])
 def test_dashboard_shows_reaps_of_both_modes_by_verdict(mode: str) -> None:
-    # The rollout compares dry-run would-reaps per verdict: the dashboard must not filter a mode out.
+    # The rollout compares dry-run would-reaps per verdict: the dashboard must not filter a mode
+    # out.
     outcome_exprs = [e for e in dashboard_exprs() if "cluster_reconciler_outcome_total" in e]
     assert outcome_exprs
     for expr in outcome_exprs:

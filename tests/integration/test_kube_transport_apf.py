@@ -110,8 +110,10 @@ async def test_on_a_level_of_one_seat_every_request_is_answered_and_every_event_
                 gets.start_soon(get, name)
         # Stored by the server is not yet answered to the recorder: wait for its count too.
         await eventually(
-            lambda: metric(metrics.registry, "retired_pod_gc_events_total", result="created")
-            == len(names),
+            lambda: (
+                metric(metrics.registry, "retired_pod_gc_events_total", result="created")
+                == len(names)
+            ),
             "every Event written and counted",
         )
         tg.cancel_scope.cancel()

@@ -216,7 +216,8 @@ CONTAINERS = {
 
 
 def _expected(pod: PodSnapshot, row: ExecutionRow | None) -> Verdict | None:
-    """An independent statement of the table of docs/architecture.md: the only two reapable shapes."""
+    """An independent statement of the table of docs/architecture.md: the only two reapable
+    shapes."""
     if row is None or row.active or pod.terminating:
         return None
     if row.state not in RETIRED_STATES:
