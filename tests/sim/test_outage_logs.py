@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from service.engine.reconciler import DEPENDENCY_BACKOFF_MAX_S
+from service.engine.gates import DEPENDENCY_BACKOFF_MAX_S
 from tests.sim.outage import OUTAGE_S, PODS, PROBE_EVERY_S
 
 ROOT = Path(__file__).resolve().parents[2]
