@@ -59,36 +59,22 @@ class Heartbeats:
         )
 
 
+@dataclass(slots=True, kw_only=True)
 class HealthServer:
-    def __init__(
-        self,
-        *,
-        metrics: Metrics,
-        heartbeats: Heartbeats,
-        cache_synced: Callable[[], bool],
-        database_problem: Callable[[], Awaitable[str | None]],
-        listener_problem: Callable[[], str | None],
-        api_problem: Callable[[], str | None] = lambda: None,
-        host: str,
-        port: int,
-        pending: Callable[[int, str | None], dict[str, Any]] | None = None,
-        debug_host: str = "127.0.0.1",
-        debug_port: int = 0,
-    ) -> None:
-        self._metrics = metrics
-        self._pending = pending
-        self._heartbeats = heartbeats
-        self._cache_synced = cache_synced
-        self._database_problem = database_problem
-        self._listener_problem = listener_problem
-        self._api_problem = api_problem
-        self._host = host
-        self._port = port
-        self._debug_host = debug_host
-        self._debug_port = debug_port
-        self.bound_port: int | None = None
-        self.debug_bound_port: int | None = None
-        """The debug listener's port once it serves (``None``: ``DEBUG_PENDING`` is off)."""
+    metrics: Metrics
+    heartbeats: Heartbeats
+    cache_synced: Callable[[], bool]
+    database_problem: Callable[[], Awaitable[str | None]]
+    listener_problem: Callable[[], str | None]
+    api_problem: Callable[[], str | None] = lambda: None
+    host: str
+    port: int
+    pending: Callable[[int, str | None], dict[str, Any]] | None = None
+    debug_host: str = "127.0.0.1"
+    debug_port: int = 0
+    bound_port: int | None = field(default=None, init=False)
+    debug_bound_port: int | None = field(default=None, init=False)
+    """The debug listener's port once it serves (``None``: ``DEBUG_PENDING`` is off)."""
 
     def _app(self) -> web.Application:
         app = web.Application()
@@ -104,33 +90,33 @@ class HealthServer:
 
     async def _serve_pending(self, request: web.Request) -> web.Response:
         """``?limit=N`` (the soonest due N, default ``DEFAULT_LIMIT``), ``?key=NS/POD``."""
-        assert self._pending is not None
+        assert self.pending is not None
         raw = request.query.get("limit", str(PENDING_LIMIT))
         if not raw.isascii() or not raw.isdigit():
             return web.Response(status=400, text="limit: expected a non-negative integer\n")
-        return web.json_response(self._pending(int(raw), request.query.get("key")))
+        return web.json_response(self.pending(int(raw), request.query.get("key")))
 
     async def _serve_metrics(self, _: web.Request) -> web.Response:
-        body = generate_latest(self._metrics.registry)
+        body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, _: web.Request) -> web.Response:
-        stuck = self._heartbeats.stuck()
+        stuck = self.heartbeats.stuck()
         if stuck:
             return web.Response(status=503, text=f"stuck: {', '.join(stuck)}\n")
         return web.Response(text="ok\n")
 
     async def _readyz(self, _: web.Request) -> web.Response:
         problems = []
-        if not self._cache_synced():
+        if not self.cache_synced():
             problems.append("pod cache not synced")
-        database = await self._database_problem()
+        database = await self.database_problem()
         if database is not None:
             problems.append(f"database: {database}")
-        listener = self._listener_problem()
+        listener = self.listener_problem()
         if listener is not None:
             problems.append(f"notify listener: {listener}")
-        api = self._api_problem()
+        api = self.api_problem()
         if api is not None:
             problems.append(f"kubernetes api: {api}")
         if problems:
@@ -142,14 +128,14 @@ class HealthServer:
         debug one only with ``DEBUG_PENDING``) accept connections."""
         runners: list[web.AppRunner] = []
         try:
-            self.bound_port = await _serve(runners, self._app(), self._host, self._port)
-            logger.info("serving /metrics /healthz /readyz on %s:%s", self._host, self.bound_port)
-            if self._pending is not None:
+            self.bound_port = await _serve(runners, self._app(), self.host, self.port)
+            logger.info("serving /metrics /healthz /readyz on %s:%s", self.host, self.bound_port)
+            if self.pending is not None:
                 self.debug_bound_port = await _serve(
-                    runners, self._debug_app(), self._debug_host, self._debug_port
+                    runners, self._debug_app(), self.debug_host, self.debug_port
                 )
                 logger.info(
-                    "serving %s on %s:%s", PENDING_PATH, self._debug_host, self.debug_bound_port
+                    "serving %s on %s:%s", PENDING_PATH, self.debug_host, self.debug_bound_port
                 )
             task_status.started(self.bound_port)
             await anyio.sleep_forever()

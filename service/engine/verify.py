@@ -10,6 +10,7 @@ with nothing awaited after it.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 from service import checks
 from service.classifier import classify
@@ -41,36 +42,30 @@ STALE_REQUEUE_S = 1.0
 """A key that gave up as ``stale`` is looked at again this much later (its clock runs on)."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Verifier:
     """Steps 7 and 9 for one due key at a time."""
 
-    def __init__(
-        self,
-        *,
-        settings: Settings,
-        pods: PodClient,
-        store: ExecutionStore,
-        barrier: NotificationBarrier,
-        clocks: ObservationClocks,
-        activation: Activation,
-        metrics: Metrics,
-        gates: Gates,
-    ) -> None:
-        self._settings = settings
-        self._pods = pods
-        self._store = store
-        self._barrier = barrier
-        self._clocks = clocks
-        self._activation = activation
-        self._metrics = metrics
-        self._gates = gates
-        self._api_timeout_s = settings.kube.api_timeout_s
-        self._db_timeout_s = settings.database.statement_timeout_s
-        self._get_failures = CauseLog("fresh pod GETs fail", logger)
-        self._reread_failures = CauseLog("row re-reads fail, clocks cleared", logger)
-        self._sync_failures = CauseLog(
+    settings: Settings
+    pods: PodClient
+    store: ExecutionStore
+    barrier: NotificationBarrier
+    clocks: ObservationClocks
+    activation: Activation
+    metrics: Metrics
+    gates: Gates
+    _get_failures: CauseLog = field(
+        init=False, default_factory=lambda: CauseLog("fresh pod GETs fail", logger)
+    )
+    _reread_failures: CauseLog = field(
+        init=False, default_factory=lambda: CauseLog("row re-reads fail, clocks cleared", logger)
+    )
+    _sync_failures: CauseLog = field(
+        init=False,
+        default_factory=lambda: CauseLog(
             "could not sync change notifications, clocks of due pods cleared", logger
-        )
+        ),
+    )
 
     async def verify(self, due: Due) -> Verified | ReconcileResult:
         """Step 7: fresh GET, direct row re-read, classify again, notification sync, clock."""
@@ -99,7 +94,7 @@ class Verifier:
             )
             return ReconcileResult.done(ReconcileOutcome.CHANGED)
         if not same_uid or not same_verdict:
-            self._clocks.clear(pod.uid)
+            self.clocks.clear(pod.uid)
             logger.debug(
                 "changed before acting: uid %s -> %s, now %s (%s)",
                 pod.uid,
@@ -124,10 +119,10 @@ class Verifier:
         """The fresh GET of the pod."""
         pod = due.pod
         try:
-            fresh = await self._gates.call(
-                self._gates.api,
-                self._api_timeout_s,
-                lambda: self._pods.get_pod(pod.namespace, pod.name),
+            fresh = await self.gates.call(
+                self.gates.api,
+                self.settings.kube.api_timeout_s,
+                lambda: self.pods.get_pod(pod.namespace, pod.name),
             )
         except FAILURES as exc:
             return self._get_failed(due.key, exc)
@@ -135,7 +130,7 @@ class Verifier:
             return fresh.result(ReconcileOutcome.ERROR)
         self._get_failures.ok()
         if fresh is None:
-            self._clocks.clear_key(due.key)
+            self.clocks.clear_key(due.key)
             return ReconcileResult.done(ReconcileOutcome.GONE)
         return fresh
 
@@ -153,30 +148,32 @@ class Verifier:
             return ReconcileResult.backoff(ReconcileOutcome.ERROR)
         if isinstance(exc, Undecodable):
             # The pod as the server has it now cannot be read: a gap in its observation.
-            self._clocks.clear_key(key)
+            self.clocks.clear_key(key)
             self._get_failures.failed(cause_of(exc), f"{key} undecodable, clock cleared: {text}")
             logger.debug("fresh pod GET undecodable, clock cleared: %s", text, extra=extra)
         else:
             self._get_failures.failed(cause_of(exc), text)
             logger.debug("fresh pod GET failed: %s", text, extra=extra)
-        return self._gates.api_failed(exc)
+        return self.gates.api_failed(exc)
 
     async def _reread(self, due: Due) -> ExecutionRow | ReconcileResult | None:
         """The direct re-read of the row; a failed or held one clears the clock (invariant 3)."""
-        database = self._gates.database
+        database = self.gates.database
         try:
-            row = await self._gates.call(
-                database, self._db_timeout_s, lambda: self._store.read_fresh(due.pod.key)
+            row = await self.gates.call(
+                database,
+                self.settings.database.statement_timeout_s,
+                lambda: self.store.read_fresh(due.pod.key),
             )
         except FAILURES as exc:
-            self._clocks.clear_key(due.key)
+            self.clocks.clear_key(due.key)
             text = describe("row re-read", exc)
             self._reread_failures.failed(cause_of(exc), text)
             logger.debug("row re-read failed, clock cleared: %s", text, extra={"key": due.key})
             failed = ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
-            return self._gates.failed(database, exc, ReconcileOutcome.LOOKUP_FAILED, failed)
+            return self.gates.failed(database, exc, ReconcileOutcome.LOOKUP_FAILED, failed)
         if isinstance(row, Held):
-            self._clocks.clear_key(due.key)
+            self.clocks.clear_key(due.key)
             return row.result(ReconcileOutcome.LOOKUP_FAILED)
         self._reread_failures.ok()
         return row
@@ -187,10 +184,10 @@ class Verifier:
         # its notifications: make sure none is still in flight before trusting the clock (a
         # stalled listener fails this, and the clock restarts).
         try:
-            with fail_after(self._db_timeout_s):
-                await checks.sync_notifications(self._barrier)
+            with fail_after(self.settings.database.statement_timeout_s):
+                await checks.sync_notifications(self.barrier)
         except FAILURES as exc:
-            self._clocks.clear_key(key)
+            self.clocks.clear_key(key)
             text = describe("notification sync", exc)
             # Once per cause: a listener that cannot prove delivery fails every due key.
             self._sync_failures.failed(cause_of(exc), text)
@@ -221,7 +218,7 @@ class Verifier:
                 )
                 return ReconcileResult.requeue_after(ReconcileOutcome.STALE, STALE_REQUEUE_S)
             reverified += 1
-            self._metrics.final_check_reverifications.inc()
+            self.metrics.final_check_reverifications.inc()
             logger.debug(
                 "final check %.3fs old (bound %.2fs); verifying again",
                 age_s,
@@ -236,18 +233,18 @@ class Verifier:
         elapsed = self._still_due(due, now)
         if isinstance(elapsed, ReconcileResult):
             return elapsed
-        self._metrics.final_check_age.observe(age_s)
+        self.metrics.final_check_age.observe(age_s)
         return Checked(verified, elapsed)
 
     def _still_due(self, due: Due, now: float) -> float | ReconcileResult:
         """The seconds ``due``'s UID has been continuously reapable at ``now``, if past the
         threshold and this replica still active; else the result that ends the reconcile.
         Synchronous."""
-        elapsed = self._clocks.elapsed(due.pod.uid, now)
-        if elapsed is None or not checks.observed_long_enough(elapsed, self._settings.threshold_s):
+        elapsed = self.clocks.elapsed(due.pod.uid, now)
+        if elapsed is None or not checks.observed_long_enough(elapsed, self.settings.threshold_s):
             logger.debug("clock cleared while verifying; not acting", extra={"key": due.key})
             return ReconcileResult.done(ReconcileOutcome.CHANGED)
-        if not self._activation.active:
+        if not self.activation.active:
             logger.debug("no longer active; not acting", extra={"key": due.key})
             return INACTIVE_RESULT
         return elapsed
