@@ -215,21 +215,24 @@ def _pod_name_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
 
 
 def _sandbox_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
-    differs = _label_differs("sandbox", row.sandbox_id, pod.sandbox_id)
-    return None if differs is None else Decision.skip(SkipReason.SANDBOX_MISMATCH, differs)
+    # A pod without the label is the prefilter's `unlabelled` alone.
+    if pod.sandbox_id is None or row.sandbox_id == pod.sandbox_id:
+        return None
+    return _label_mismatch(SkipReason.SANDBOX_MISMATCH, "sandbox", row.sandbox_id, pod.sandbox_id)
 
 
 def _generation_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
-    differs = _label_differs("generation", row.generation, pod.generation)
-    return None if differs is None else Decision.skip(SkipReason.GENERATION_MISMATCH, differs)
-
-
-def _label_differs(what: str, in_row: str | int, on_pod: str | int | None) -> str | None:
-    """How the row's ``what`` differs from the pod's label, ``None`` when it does not. A pod
-    without the label is the prefilter's ``unlabelled`` alone."""
-    if on_pod is None or in_row == on_pod:
+    if pod.generation is None or row.generation == pod.generation:
         return None
-    return f"row {what} {in_row!r} differs from pod label {on_pod!r}"
+    return _label_mismatch(
+        SkipReason.GENERATION_MISMATCH, "generation", row.generation, pod.generation
+    )
+
+
+def _label_mismatch(reason: SkipReason, what: str, in_row: object, on_pod: object) -> Decision:
+    """The skip of a pod whose label says another ``what`` than its row. The rules test the
+    match themselves: it is on every classification's path, the skip is not."""
+    return Decision.skip(reason, f"row {what} {in_row!r} differs from pod label {on_pod!r}")
 
 
 def _pod_kind_mismatch(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
