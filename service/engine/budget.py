@@ -96,14 +96,6 @@ class DeleteBudget:
             self._pacer = capped_limiter(deletes_per_minute, window_s)
             self._pacer_poll_s = min(PACER_POLL_MAX_S, 0.1 / shape[1])
 
-    @property
-    def cap(self) -> int:
-        return self._cap
-
-    @property
-    def window_s(self) -> float:
-        return self._window_s
-
     async def turn(self) -> Turn:
         """Wait for the head of the line with a grant available now; consumes nothing.
 

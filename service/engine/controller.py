@@ -46,6 +46,7 @@ import functools
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import assert_never
 
 import anyio
@@ -61,6 +62,7 @@ from service.engine.reconciler import Reconciler
 from service.engine.results import INACTIVE_RESULT, Action, ReconcileResult
 from service.engine.workqueue import WorkQueue
 from service.kit import clock
+from service.kit.gate import Gate
 from service.metrics import Metrics
 from service.ports import PodCache
 
@@ -80,62 +82,58 @@ _REAPED = frozenset(Verdict)
 """Outcomes of a delete (live) or a dry-run report: a reapable verdict."""
 
 
+@dataclass(eq=False, kw_only=True)
 class Controller:
-    def __init__(
-        self,
-        *,
-        cache: PodCache,
-        queue: WorkQueue,
-        reconciler: Reconciler,
-        clocks: ObservationClocks,
-        activation: Activation,
-        metrics: Metrics,
-        batch_size: int = 1,
-    ) -> None:
-        self._cache = cache
-        self._queue = queue
-        self._reconciler = reconciler
-        self._clocks = clocks
-        self._activation = activation
-        self._metrics = metrics
-        self._batch_size = batch_size
-        self._workers = 1
-        self._held: dict[str, dict[str, None]] = {}
-        """Keys held by each dependency's shared backoff, released when it answers (a dict, for
-        its order: a run does not depend on the string hash seed)."""
-        self._drivers: dict[str, str | None] = {}
-        """The held key requeued to each dependency's next attempt time (its probe's driver)."""
-        self._gates = {gate.name: gate for gate in reconciler.gates}
-        for gate in reconciler.gates:
+    """The event handlers and the worker loop (see the module docstring)."""
+
+    cache: PodCache
+    queue: WorkQueue
+    reconciler: Reconciler
+    clocks: ObservationClocks
+    activation: Activation
+    metrics: Metrics
+    batch_size: int = 1
+    _workers: int = field(init=False, default=1)
+    _held: dict[str, dict[str, None]] = field(init=False, default_factory=dict)
+    """Keys held by each dependency's shared backoff, released when it answers (a dict, for its
+    order: a run does not depend on the string hash seed)."""
+    _drivers: dict[str, str | None] = field(init=False, default_factory=dict)
+    """The held key requeued to each dependency's next attempt time (its probe's driver)."""
+    _gates: dict[str, Gate] = field(init=False)
+    reaped: ReapTally = field(init=False)
+    """Deletes (or reports) at info, one summary line an interval (``engine/reaped.py``)."""
+
+    def __post_init__(self) -> None:
+        self._gates = {gate.name: gate for gate in self.reconciler.gates}
+        for gate in self.reconciler.gates:
             self._held[gate.name] = {}
             self._drivers[gate.name] = None
             gate.on_open(functools.partial(self._release, gate.name))
-        self.reaped = ReapTally(dry_run=reconciler.mode == "dry_run")
-        """Deletes (or reports) at info, one summary line an interval (``engine/reaped.py``)."""
+        self.reaped = ReapTally(dry_run=self.reconciler.mode == "dry_run")
 
     # ------------------------------------------------------------- activation
 
     @property
     def active(self) -> bool:
-        return self._activation.active
+        return self.activation.active
 
     def set_leader(self, leader: bool) -> None:
         """The leader elector's ``on_change``: start empty and catch up, or stop acting."""
-        if leader == self._activation.leader:
+        if leader == self.activation.leader:
             return
-        was_active = self._activation.active
-        self._activation.set_leader(leader)
+        was_active = self.activation.active
+        self.activation.set_leader(leader)
         # Either way the clocks restart: a new leader has not been watching (invariant 3).
-        self._clocks.clear_all()
+        self.clocks.clear_all()
         # Keys held by a dependency are dropped like queued keys (becoming active enqueues every
         # candidate again, and the first held one drives the next probe).
         for dependency in self._held:
             self._held[dependency] = {}
             self._drivers[dependency] = None
-        if self._activation.active and not was_active:
+        if self.activation.active and not was_active:
             logger.info("active: enqueueing every cached candidate")
             self.resync()
-        elif was_active and not self._activation.active:
+        elif was_active and not self.activation.active:
             logger.info("inactive: clocks cleared; nothing is deleted or reported")
 
     # ----------------------------------------------------- PodEventHandler
@@ -145,7 +143,7 @@ class Controller:
         self._clear_for_pod_event(old, new, candidate=candidate)
         if new is None or not candidate:
             return
-        if self._cache.namespace_synced(new.namespace):
+        if self.cache.namespace_synced(new.namespace):
             # While a (re)list fills the namespace's cache nothing of it is enqueued: its end
             # (cache_synced) enqueues every candidate, and reconciles would only slow it down.
             self._enqueue(new.key)
@@ -158,29 +156,29 @@ class Controller:
         ``candidate``)."""
         if new is None:
             if old is not None:
-                self._clocks.forget_pod(old.uid, old.key)
+                self.clocks.forget_pod(old.uid, old.key)
             return
         key = new.key
         if old is not None and old.uid != new.uid:
-            self._clocks.forget_pod(old.uid, key)
+            self.clocks.forget_pod(old.uid, key)
         elif old is not None and checks.pod_state_changed(old, new):
             # Whether the pod stayed reapable depends on the row as well, and a reconcile may
             # never see this state (it reads the latest one), so the continuous observation
             # restarts here.
-            self._clocks.clear(new.uid)
-        tracked = self._clocks.uid_for(key)
+            self.clocks.clear(new.uid)
+        tracked = self.clocks.uid_for(key)
         if tracked is not None and tracked != new.uid:
-            self._clocks.clear_key(key)
+            self.clocks.clear_key(key)
         if not candidate:
-            self._clocks.clear_key(key)
+            self.clocks.clear_key(key)
 
     def cache_cold(self, namespace: str) -> None:
         logger.info("pod cache of namespace %s cold: clearing its observation clocks", namespace)
-        self._clocks.clear_namespace(namespace)
+        self.clocks.clear_namespace(namespace)
 
     def cache_synced(self, namespace: str) -> None:
-        self._clocks.retain_reported(
-            pod.uid for pod in (self._cache.get(k) for k in list(self._cache.keys())) if pod
+        self.clocks.retain_reported(
+            pod.uid for pod in (self.cache.get(k) for k in list(self.cache.keys())) if pod
         )
         self.resync(namespace)
 
@@ -194,22 +192,22 @@ class Controller:
         # this enqueues (taken by the workers in observation batches) start them again where the
         # pod is reapable.
         for key in checks.keys_cleared_by(changes):
-            self._clocks.clear_key(key)
-        if self._activation.active:
+            self.clocks.clear_key(key)
+        if self.activation.active:
             # Only keys with a cached pod: a change names a pod name in every watched namespace
             # (service/pg/listener.py), and a pod not cached yet is enqueued by its own event.
-            get = self._cache.get
-            self._queue.add(*(change.key for change in changes if get(change.key) is not None))
+            get = self.cache.get
+            self.queue.add(*(change.key for change in changes if get(change.key) is not None))
         received_at_s = min(
             (c.received_at_s for c in changes if c.retired and c.received_at_s > 0), default=None
         )
         if received_at_s is not None:
             # One sample per notification that carries a retirement.
-            self._metrics.retirement_to_enqueue.observe(max(0.0, clock.now() - received_at_s))
+            self.metrics.retirement_to_enqueue.observe(max(0.0, clock.now() - received_at_s))
 
     def notifications_missed(self) -> None:
         logger.info("notifications may have been missed: clearing clocks and resyncing")
-        self._clocks.clear_all()
+        self.clocks.clear_all()
         self.resync()
 
     # ----------------------------------------------------------- enqueueing
@@ -217,16 +215,16 @@ class Controller:
     def resync(self, namespace: str | None = None) -> int:
         """Enqueue every cached pod (of ``namespace``, or of all) that passes the prefilter;
         returns how many."""
-        if not self._activation.active:
+        if not self.activation.active:
             return 0
         count = 0
-        keys = list(self._cache.keys())
+        keys = list(self.cache.keys())
         if namespace is not None:
             keys = [key for key in keys if key.startswith(namespace + "/")]
         for key in keys:
-            pod = self._cache.get(key)
+            pod = self.cache.get(key)
             if pod is not None and prefilter(pod) is None:
-                self._queue.add(key)
+                self.queue.add(key)
                 count += 1
         return count
 
@@ -235,9 +233,9 @@ class Controller:
         held = self._held[dependency]
         self._held[dependency] = {}
         self._drivers[dependency] = None
-        if held and self._activation.active:
+        if held and self.activation.active:
             logger.debug("%s answers again: releasing %d held keys", dependency, len(held))
-            self._queue.add(*held)
+            self.queue.add(*held)
 
     def _hold(self, key: str, dependency: str, wait_s: float) -> None:
         """Park ``key`` until ``dependency`` answers; the driver (the first key held, or the
@@ -246,9 +244,9 @@ class Controller:
         driver = self._drivers[dependency]
         if driver is None or driver == key:
             self._drivers[dependency] = key
-            self._queue.add_after(key, wait_s)
+            self.queue.add_after(key, wait_s)
         else:
-            self._queue.add_after(key, max(wait_s, HELD_RECHECK_S))
+            self.queue.add_after(key, max(wait_s, HELD_RECHECK_S))
 
     def _drive_another(self, key: str, held_by: str | None) -> None:
         """``key`` was to drive a probe but ended otherwise (gone, skipped, its step answered, or
@@ -261,14 +259,14 @@ class Controller:
             held = self._held[dependency]
             held.pop(key, None)
             gate = self._gates[dependency]
-            if held and gate.closed and self._activation.active:
+            if held and gate.closed and self.activation.active:
                 successor = next(iter(held))
                 self._drivers[dependency] = successor
-                self._queue.add_after(successor, gate.retry_in_s())
+                self.queue.add_after(successor, gate.retry_in_s())
 
     def _enqueue(self, key: str) -> None:
-        if self._activation.active:
-            self._queue.add(key)
+        if self.activation.active:
+            self.queue.add(key)
 
     # -------------------------------------------------------------- workers
 
@@ -287,14 +285,14 @@ class Controller:
     ) -> None:
         """The backstop: enqueue every cached candidate every ``period_s`` (until cancelled)."""
         task_status.started()
-        while not self._queue.shutting_down:
+        while not self.queue.shutting_down:
             await anyio.sleep(period_s)
             count = self.resync()
             logger.debug("resync enqueued %d keys", count)
 
     async def stop(self, timeout_s: float) -> bool:
         """Stop taking work; wait up to ``timeout_s`` for in-flight reconciles. True if drained."""
-        drained = await self._queue.shut_down_with_drain(timeout_s)
+        drained = await self.queue.shut_down_with_drain(timeout_s)
         if not drained:
             logger.warning("in-flight reconciles did not finish within %.1fs", timeout_s)
         self.reaped.summarise()
@@ -302,8 +300,8 @@ class Controller:
 
     async def _worker(self, index: int) -> None:
         while (
-            keys := await self._queue.get_batch(
-                self._batch_size, shares=self._workers, least=MIN_BATCH
+            keys := await self.queue.get_batch(
+                self.batch_size, shares=self._workers, least=MIN_BATCH
             )
         ) is not None:
             await self.process(keys)
@@ -324,23 +322,23 @@ class Controller:
         try:
             await self._process(keys, results)
         finally:
-            self._queue.done(*(key for key in keys if key not in results))
+            self.queue.done(*(key for key in keys if key not in results))
         return results
 
     async def _process(self, keys: Sequence[str], results: dict[str, ReconcileResult]) -> None:
         started = clock.now()
-        if not self._activation.active:
+        if not self.activation.active:
             self._finish(dict.fromkeys(keys, INACTIVE_RESULT), started, results)
             return
         with logs.batch(keys):
             try:
-                observed = await self._reconciler.observe(keys)
+                observed = await self.reconciler.observe(keys)
             except Exception:
                 if len(keys) == 1:
                     self._bug(keys[0], started, results)
                     return
                 logger.exception("observing %d keys raised (a bug); one by one now", len(keys))
-                self._metrics.reconcile_bugs.inc()
+                self.metrics.reconcile_bugs.inc()
                 for key in keys:
                     await self._process([key], results)
                 return
@@ -349,12 +347,12 @@ class Controller:
             # actions of the due keys before it.
             observing_s = clock.now() - started
             for due in observed.due:
-                if self._queue.shutting_down:
+                if self.queue.shutting_down:
                     return  # the rest are dropped like queued keys (a restart relists)
                 key_started = clock.now() - observing_s
                 with logs.reconciling(due.key):
                     try:
-                        result = await self._reconciler.act(due)
+                        result = await self.reconciler.act(due)
                     except Exception:
                         self._bug(due.key, key_started, results)
                     else:
@@ -362,8 +360,8 @@ class Controller:
 
     def _bug(self, key: str, started: float, results: dict[str, ReconcileResult]) -> None:
         logger.exception("reconcile of %r raised (a bug); clock cleared, backing off", key)
-        self._metrics.reconcile_bugs.inc()
-        self._clocks.clear_key(key)
+        self.metrics.reconcile_bugs.inc()
+        self.clocks.clear_key(key)
         self._finish({key: ReconcileResult.backoff(ReconcileOutcome.ERROR)}, started, results)
 
     def _finish(
@@ -379,20 +377,20 @@ class Controller:
                 self.reaped.add(result.outcome, key.partition("/")[0])
             match result.action:
                 case Action.DONE:
-                    self._queue.forget(key)
+                    self.queue.forget(key)
                 case Action.REQUEUE_AFTER if result.held_by is not None:
-                    self._queue.forget(key)
+                    self.queue.forget(key)
                     self._hold(key, result.held_by, result.requeue_after_s)
                 case Action.REQUEUE_AFTER:
-                    self._queue.forget(key)
-                    self._queue.add_after(key, result.requeue_after_s)
+                    self.queue.forget(key)
+                    self.queue.add_after(key, result.requeue_after_s)
                 case Action.BACKOFF:
-                    self._queue.add_rate_limited(key)
+                    self.queue.add_rate_limited(key)
                 case _:
                     assert_never(result.action)
             if key in self._drivers.values():
                 self._drive_another(key, result.held_by)
-        self._queue.done(*finished)
+        self.queue.done(*finished)
         results.update(finished)
         self._count(finished.values(), clock.now() - started)
 
@@ -409,9 +407,9 @@ class Controller:
             if not result.counted:
                 continue
             counted += count
-            self._metrics.outcome(self._reconciler.mode, result.outcome, count)
+            self.metrics.outcome(self.reconciler.mode, result.outcome, count)
             if result.skip_reason is not None:
-                self._metrics.skip(str(result.skip_reason), count)
+                self.metrics.skip(str(result.skip_reason), count)
             if result.failed:
-                self._metrics.reconcile_errors.inc(count)
-        self._metrics.reconcile_duration.observe(duration_s, counted)
+                self.metrics.reconcile_errors.inc(count)
+        self.metrics.reconcile_duration.observe(duration_s, counted)
