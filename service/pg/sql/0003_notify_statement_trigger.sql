@@ -32,14 +32,13 @@
 -- active, state), so a payload is mostly pod names (about 21 bytes a change).
 --
 -- Why no namespace. A payload names pods, not their namespace: the namespace is a column of
--- `sandboxes`, and finding it costs the writer a lookup per changed row (B7 trigger share of a
--- 10,000-row statement, Debian's 15: 1.30x with it, benchmarks/results/trigger-floors.json;
--- 1.20x without, benchmarks/RESULTS.md; beside 200,000 sandboxes 1.66x with it, 1.22x
--- without: `sandboxes` grows with every sandbox ever made, not with the statement). The service knows which namespaces it watches, and `pod_name` is unique: it
--- applies a change to the pod of that name in each of them (service/pg/listener.py), and
--- checks the pod's namespace against the row's when it re-reads the row, as it always does.
--- The earlier shapes of this payload (`groups`, `rows`) carried the namespace; the listener
--- still takes them (docs/operations.md, upgrading the trigger).
+-- `sandboxes`, and finding it costs the writer a lookup per changed row in a table that grows
+-- with every sandbox ever made, not with the statement (benchmarks/NOTES.md, B7 trigger share).
+-- The service knows which namespaces it watches, and `pod_name` is unique: it applies a change
+-- to the pod of that name in each of them (service/pg/listener.py), and checks the pod's
+-- namespace against the row's when it re-reads the row, as it always does. The earlier texts of
+-- this file sent the namespace (`rows`, then `groups`); the listener reads only `pods`
+-- (docs/operations.md, upgrading the trigger).
 --
 -- Why no payload can reach PostgreSQL's limit (a payload of 8000 bytes or more makes pg_notify
 -- raise, which would abort the writer's transaction). A payload is `{"pods":[` (9 bytes),
