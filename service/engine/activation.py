@@ -9,22 +9,29 @@ reconcile can be in flight when leadership is lost).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 
-@dataclass(slots=True, kw_only=True)
 class Activation:
-    enabled: bool
-    leader_check: Callable[[], bool] | None = None
-    """Optional live check (e.g. ``LeaderElector.is_leader``, which also expires with the renew
-    deadline between two renewals)."""
-    leader: bool = field(default=False, init=False)
+    def __init__(self, *, enabled: bool, leader_check: Callable[[], bool] | None = None) -> None:
+        """``leader_check``: optional live check (e.g. ``LeaderElector.is_leader``, which also
+        expires with the renew deadline between two renewals)."""
+        self._enabled = enabled
+        self._leader = False
+        self._leader_check = leader_check
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    @property
+    def leader(self) -> bool:
+        return self._leader
 
     def set_leader(self, leader: bool) -> None:
-        self.leader = leader
+        self._leader = leader
 
     @property
     def active(self) -> bool:
-        if not (self.enabled and self.leader):
+        if not (self._enabled and self._leader):
             return False
-        return self.leader_check is None or self.leader_check()
+        return self._leader_check is None or self._leader_check()
