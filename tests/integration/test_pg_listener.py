@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
 import random
 import time
@@ -190,21 +191,32 @@ async def test_notify_arrives_after_commit_and_not_before(
     assert metric(registry, "retired_pod_gc_notifications_total") == 1
 
 
-async def test_insert_delete_and_unrelated_updates(
+async def test_inserts_and_deletes_reach_the_listener_only_for_inactive_executions(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
     await seed_sandbox(pg_conn, "s1")
     handler, registry = RecordingHandler(), CollectorRegistry()
-    async with running(db_settings(pg_url), handler, registry):
+    async with running(db_settings(pg_url), handler, registry) as listener:
+        # An active execution inserted, changed and deleted: nothing that can start a clock.
         await seed_execution(pg_conn, pod_name=POD, sandbox_id="s1")
+        await pg_conn.execute(
+            "UPDATE sandbox_k8s_executions SET execution_state = 'activating' WHERE pod_name = $1",
+            POD,
+        )
+        await pg_conn.execute("DELETE FROM sandbox_k8s_executions WHERE pod_name = $1", POD)
+        await listener.sync()
+        assert handler.changes == []
+        # Inserted inactive, then neither active nor execution_state changed, then deleted.
+        await seed_execution(
+            pg_conn, pod_name=POD, sandbox_id="s1", execution_state="suspended", active=False
+        )
         await wait_for(lambda: len(handler.changes) == 1, timeout_s=5, what="insert")
         inserted = handler.changes[0]
         assert (inserted.active, inserted.state, inserted.deleted) == (
-            True,
-            ExecutionState.ACTIVE,
+            False,
+            ExecutionState.SUSPENDED,
             False,
         )
-        # Neither active nor execution_state changes: no notification.
         await pg_conn.execute(
             "UPDATE sandbox_k8s_executions SET activation_attempt = 5, generation = generation"
             " WHERE pod_name = $1",
@@ -603,7 +615,9 @@ async def raw_payloads(url: str) -> AsyncIterator[RawPayloads]:
         await conn.close()
 
 
-async def _seed_many(conn: asyncpg.Connection, count: int, *, prefix: str = "m") -> list[str]:
+async def _seed_many(
+    conn: asyncpg.Connection, count: int, *, prefix: str = "m", active: bool = True
+) -> list[str]:
     await conn.execute(
         "INSERT INTO sandboxes SELECT $1 || i, $2, 'kubernetes' FROM generate_series(1, $3) i",
         prefix,
@@ -613,10 +627,12 @@ async def _seed_many(conn: asyncpg.Connection, count: int, *, prefix: str = "m")
     await conn.execute(
         "INSERT INTO sandbox_k8s_executions (sandbox_id, generation, activation_attempt, pod_name,"
         " pod_kind, execution_state, active)"
-        " SELECT $1 || i, 1, 0, 'space-sbx-' || $1 || i || '-g1', 'create', 'active', true"
+        " SELECT $1 || i, 1, 0, 'space-sbx-' || $1 || i || '-g1', 'create',"
+        " CASE WHEN $3 THEN 'active' ELSE 'suspended' END, $3"
         " FROM generate_series(1, $2) i",
         prefix,
         count,
+        active,
     )
     return [f"space-sbx-{prefix}{i}-g1" for i in range(1, count + 1)]
 
@@ -653,55 +669,201 @@ async def test_a_10000_row_statement_is_several_notifications_each_below_the_lim
     assert metric(registry, "retired_pod_gc_notifications_malformed_total") == 0
 
 
-async def test_only_rows_whose_active_or_state_changed_are_reported(
+def _can_start_or_stop_a_clock(old: tuple[bool, str] | None, new: tuple[bool, str] | None) -> bool:
+    """The data contract's notify set (docs/architecture.md): a change of an execution that is
+    inactive before or after it, that inserts, deletes, or changes `active` or the state."""
+    if old is None or new is None:
+        return not (old or new)[0]  # type: ignore[index]
+    return (not old[0] or not new[0]) and old != new
+
+
+_KINDS = list(itertools.product([True, False], [True, False], [False, True]))
+"""Every UPDATE of one execution: (active before, active after, state changed)."""
+
+
+async def _seed_kinds(conn: asyncpg.Connection, per_kind: int) -> dict[str, tuple[bool, str]]:
+    """``per_kind`` executions for each of :data:`_KINDS`, each active as the kind starts;
+    returns each pod's (active, state)."""
+    rows = {
+        f"space-sbx-c{k}x{i}-g1": (before, "active" if before else "suspended")
+        for k, (before, _, _) in enumerate(_KINDS)
+        for i in range(per_kind)
+    }
+    await conn.execute(
+        "INSERT INTO sandboxes SELECT 'c' || u.i, $2, 'kubernetes'"
+        " FROM unnest($1::text[]) WITH ORDINALITY AS u(pod, i)",
+        list(rows),
+        NAMESPACE,
+    )
+    await conn.execute(
+        "INSERT INTO sandbox_k8s_executions (sandbox_id, generation, activation_attempt,"
+        " pod_name, pod_kind, execution_state, active)"
+        " SELECT 'c' || u.i, 1, 0, u.pod, 'create', u.state, u.active"
+        " FROM unnest($1::text[], $2::text[], $3::bool[])"
+        " WITH ORDINALITY AS u(pod, state, active, i)",
+        list(rows),
+        [state for _, state in rows.values()],
+        [active for active, _ in rows.values()],
+    )
+    return rows
+
+
+def _after(pod: str, before: tuple[bool, str]) -> tuple[bool, str]:
+    _, after, state_changed = _KINDS[int(pod.removeprefix("space-sbx-c").split("x")[0])]
+    return after, before[1] + "-2" if state_changed else before[1]
+
+
+async def test_exactly_the_changes_that_can_start_or_stop_a_clock_are_reported(
+    planner_url: str,
+) -> None:
+    # On the session's server and on Debian's PostgreSQL 15 with its defaults.
+    pg_url, pg_conn = planner_url, await asyncpg.connect(planner_url)
+    try:
+        await _exactly_the_changes_that_can_start_or_stop_a_clock_are_reported(pg_url, pg_conn)
+    finally:
+        await pg_conn.close()
+
+
+async def _exactly_the_changes_that_can_start_or_stop_a_clock_are_reported(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
-    names = await _seed_many(pg_conn, 300)
+    # Every kind of UPDATE (active before and after, state changed or not), through one
+    # statement of many rows (the general query) and through one-row statements (the short
+    # path), then deletes and inserts of active and inactive executions, each both ways.
+    rows = await _seed_kinds(pg_conn, 40)
+    update = (
+        "UPDATE sandbox_k8s_executions SET activation_attempt = activation_attempt + 1,"
+        " active = u.active, execution_state = u.state"
+        " FROM unnest($1::text[], $2::bool[], $3::text[]) AS u(pod, active, state)"
+        " WHERE pod_name = u.pod"
+    )
+    after = {pod: _after(pod, before) for pod, before in rows.items()}
+    expected = sorted(
+        ["update", pod, *after[pod]]
+        for pod, before in rows.items()
+        if _can_start_or_stop_a_clock(before, after[pod])
+    )
+    assert 0 < len(expected) < len(rows)
     async with raw_payloads(pg_url) as payloads:
         await payloads.drain()
         payloads.clear()
-        # One statement touching all 300 rows: 100 retired, 100 with only their state changed,
-        # 100 with neither changed (other columns, and active/state set to what they were).
         await pg_conn.execute(
-            """
-            UPDATE sandbox_k8s_executions e
-               SET activation_attempt = activation_attempt + 1,
-                   active = (n % 3 <> 0),
-                   execution_state = CASE n % 3 WHEN 0 THEN 'replaced'
-                                                WHEN 1 THEN 'activating'
-                                                ELSE 'active' END
-              FROM (SELECT id, row_number() OVER (ORDER BY id) AS n
-                      FROM sandbox_k8s_executions) AS o
-             WHERE o.id = e.id
-            """
+            update,
+            list(after),
+            [a for a, _ in after.values()],
+            [st for _, st in after.values()],
         )
         await payloads.drain()
-        rows = _rows(payloads)
-        assert len(rows) == 200
-        reported = {r[1]: r for r in rows}
-        ordered = sorted(names, key=lambda n: int(n.removeprefix("space-sbx-m").split("-")[0]))
-        for i, name in enumerate(ordered, start=1):
-            if i % 3 == 0:
-                assert reported[name] == ["update", name, False, "replaced"]
-            elif i % 3 == 1:
-                assert reported[name] == ["update", name, True, "activating"]
-            else:
-                assert name not in reported
-        # A statement changing nothing the service reads sends nothing.
+        assert sorted(_rows(payloads)) == expected  # type: ignore[type-var]
+        # Back, one row a statement: the same rule through the short path.
+        payloads.clear()
+        for pod, (active, state) in rows.items():
+            await pg_conn.execute(update, [pod], [active], [state])
+        await payloads.drain()
+        assert all(len(payload_rows(p)) == 1 for p in payloads)
+        assert sorted(_rows(payloads)) == sorted(  # type: ignore[type-var]
+            ["update", pod, *before]
+            for pod, before in rows.items()
+            if _can_start_or_stop_a_clock(after[pod], before)
+        )
+        # Statements that change neither column send nothing.
         payloads.clear()
         await pg_conn.execute("UPDATE sandbox_k8s_executions SET generation = generation + 1")
         await pg_conn.execute("UPDATE sandbox_k8s_executions SET active = active")
         await pg_conn.execute("DELETE FROM sandbox_k8s_executions WHERE false")
         await payloads.drain()
         assert payloads == []
-        # Deletes and inserts report every row.
-        await pg_conn.execute(
-            "DELETE FROM sandbox_k8s_executions WHERE pod_name = ANY($1)", names[:7]
-        )
+        # Deletes: only of inactive executions; many at once and one at a time.
+        pods = list(rows)
+        for chosen in (pods[: len(pods) // 2], pods[len(pods) // 2 :]):
+            payloads.clear()
+            if chosen is pods[: len(pods) // 2]:
+                await pg_conn.execute(
+                    "DELETE FROM sandbox_k8s_executions WHERE pod_name = ANY($1)", chosen
+                )
+            else:
+                for pod in chosen:
+                    await pg_conn.execute(
+                        "DELETE FROM sandbox_k8s_executions WHERE pod_name = $1", pod
+                    )
+            await payloads.drain()
+            assert sorted(_rows(payloads)) == sorted(  # type: ignore[type-var]
+                ["delete", pod, *rows[pod]]
+                for pod in chosen
+                if _can_start_or_stop_a_clock(rows[pod], None)
+            )
+        # Inserts: only of inactive executions, both ways.
+        for one_by_one in (False, True):
+            await pg_conn.execute("DELETE FROM sandbox_k8s_executions")
+            await payloads.drain()
+            payloads.clear()
+            if one_by_one:
+                for pod, (active, state) in rows.items():
+                    await pg_conn.execute(
+                        "INSERT INTO sandbox_k8s_executions (sandbox_id, generation,"
+                        " pod_name, pod_kind, execution_state, active)"
+                        " SELECT 'c1', 1, $1, 'create', $2, $3",
+                        pod,
+                        state,
+                        active,
+                    )
+            else:
+                await pg_conn.execute(
+                    "INSERT INTO sandbox_k8s_executions (sandbox_id, generation, pod_name,"
+                    " pod_kind, execution_state, active)"
+                    " SELECT 'c1', 1, u.pod, 'create', u.state, u.active"
+                    " FROM unnest($1::text[], $2::text[], $3::bool[]) AS u(pod, state, active)",
+                    list(rows),
+                    [state for _, state in rows.values()],
+                    [active for active, _ in rows.values()],
+                )
+            await payloads.drain()
+            assert sorted(_rows(payloads)) == sorted(  # type: ignore[type-var]
+                ["insert", pod, *row]
+                for pod, row in rows.items()
+                if _can_start_or_stop_a_clock(None, row)
+            )
+
+
+async def test_a_transaction_that_retires_one_execution_still_reports_only_that_one(
+    planner_url: str,
+) -> None:
+    # On the session's server and on Debian's PostgreSQL 15 with its defaults.
+    pg_url, pg_conn = planner_url, await asyncpg.connect(planner_url)
+    try:
+        await _a_transaction_that_retires_one_execution_still_reports_only_that_one(pg_url, pg_conn)
+    finally:
+        await pg_conn.close()
+
+
+async def _a_transaction_that_retires_one_execution_still_reports_only_that_one(
+    pg_url: str, pg_conn: asyncpg.Connection
+) -> None:
+    # A retirement turns the gate on for the rest of its transaction: the later statements of
+    # that transaction run the statement-level trigger, which still picks only what can start
+    # or stop a clock. A rolled-back savepoint takes its retirement back with it.
+    names = await _seed_many(pg_conn, 6, prefix="g")
+    async with raw_payloads(pg_url) as payloads:
         await payloads.drain()
-        deleted = _rows(payloads)
-        assert sorted(r[1] for r in deleted) == sorted(names[:7])  # type: ignore[type-var]
-        assert {r[0] for r in deleted} == {"delete"}
+        payloads.clear()
+        async with pg_conn.transaction():
+            await _retire(pg_conn, names[0])
+            await pg_conn.execute(
+                "UPDATE sandbox_k8s_executions SET execution_state = 'activating'"
+                " WHERE pod_name = ANY($1)",
+                names[1:3],
+            )
+            await seed_execution(pg_conn, pod_name="space-sbx-g9-g1", sandbox_id="g1")
+            with contextlib.suppress(RuntimeError):
+                async with pg_conn.transaction():
+                    await _retire(pg_conn, names[3])
+                    raise RuntimeError("rolled back")
+            await _retire(pg_conn, names[4], "replaced")
+        await payloads.drain()
+    assert sorted(_rows(payloads)) == [  # type: ignore[type-var]
+        ["update", names[0], False, "suspended"],
+        ["update", names[4], False, "replaced"],
+    ]
 
 
 async def test_worst_case_rows_never_reach_the_payload_limit(
@@ -758,28 +920,35 @@ async def test_worst_case_rows_never_reach_the_payload_limit(
         await pg_conn.execute(
             "INSERT INTO sandbox_k8s_executions (sandbox_id, generation, activation_attempt,"
             " pod_name, pod_kind, execution_state, active) VALUES ('worst', 1, 0, $1, 'create',"
-            " $2, true)",
+            " $2, false)",
             worst_pod,
             worst_state,
         )
-        await pg_conn.execute(
-            "UPDATE sandbox_k8s_executions SET active = false WHERE sandbox_id = 'worst'"
-        )
+        for active in (True, False):
+            await pg_conn.execute(
+                "UPDATE sandbox_k8s_executions SET active = $1 WHERE sandbox_id = 'worst'", active
+            )
         await pg_conn.execute("DELETE FROM sandbox_k8s_executions WHERE sandbox_id = 'worst'")
         await payloads.drain()
     # The bound, exactly reached (`true` is a byte shorter than `false`).
-    assert [len(p.encode()) for p in payloads] == [1936, 1937, 1937]
+    assert [len(p.encode()) for p in payloads] == [1937, 1936, 1937, 1937]
     assert [payload_rows(p) for p in payloads] == [
-        [["insert", worst_pod[:253], True, worst_state[:64]]],
+        [["insert", worst_pod[:253], False, worst_state[:64]]],
+        [["update", worst_pod[:253], True, worst_state[:64]]],
         [["update", worst_pod[:253], False, worst_state[:64]]],
         [["delete", worst_pod[:253], False, worst_state[:64]]],
     ]
 
 
 async def _insert_spread(
-    conn: asyncpg.Connection, rows: Sequence[tuple[str, str, str]], *, prefix: str
+    conn: asyncpg.Connection,
+    rows: Sequence[tuple[str, str, str]],
+    *,
+    prefix: str,
+    active: bool = True,
 ) -> None:
-    """One sandbox and one active execution per (namespace, pod_name, state), in one INSERT."""
+    """One sandbox and one execution per (namespace, pod_name, state), in one INSERT; each
+    execution ``active`` as given."""
     await conn.execute(
         "INSERT INTO sandboxes SELECT $1 || u.i, u.ns, 'kubernetes'"
         " FROM unnest($2::text[]) WITH ORDINALITY AS u(ns, i)",
@@ -789,11 +958,12 @@ async def _insert_spread(
     await conn.execute(
         "INSERT INTO sandbox_k8s_executions (sandbox_id, generation, activation_attempt,"
         " pod_name, pod_kind, execution_state, active)"
-        " SELECT $1 || u.i, 1, 0, u.pod, 'create', u.state, true"
+        " SELECT $1 || u.i, 1, 0, u.pod, 'create', u.state, $4"
         " FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS u(pod, state, i)",
         prefix,
         [pod for _, pod, _ in rows],
         [state for _, _, state in rows],
+        active,
     )
 
 
@@ -822,7 +992,8 @@ async def test_slices_that_escaping_makes_too_long_go_name_by_name(
     # of names without a quote, one with a quote in every other name (its slices come out a
     # little longer, still within the limit) and one with a quote in each name and one of
     # names that are mostly 6-byte escapes (their slices would pass the limit: those names go
-    # one piece each). Through an INSERT, an UPDATE and a DELETE of all of them at once.
+    # one piece each). Through an INSERT (inactive), a re-activation, a retirement and a DELETE
+    # of all of them at once.
     def name(i: int, kind: str) -> str:
         if kind == "plain":
             return f"space-sbx-q{i:05d}-g1"
@@ -841,21 +1012,28 @@ async def test_slices_that_escaping_makes_too_long_go_name_by_name(
     async with raw_payloads(pg_url) as payloads:
         await payloads.drain()
         payloads.clear()
-        await _insert_spread(pg_conn, spread, prefix="q")
-        await pg_conn.execute(
-            "UPDATE sandbox_k8s_executions SET active = false WHERE sandbox_id LIKE 'q%'"
-        )
+        await _insert_spread(pg_conn, spread, prefix="q", active=False)
+        for active in (True, False):
+            await pg_conn.execute(
+                "UPDATE sandbox_k8s_executions SET active = $1 WHERE sandbox_id LIKE 'q%'",
+                active,
+            )
         await pg_conn.execute("DELETE FROM sandbox_k8s_executions WHERE sandbox_id LIKE 'q%'")
         await payloads.drain()
     assert max(len(p.encode()) for p in payloads) < 8000
     expected = [
-        [op, pod[:253], op == "insert", state]
-        for op in ("insert", "update", "delete")
+        [op, pod[:253], active, state]
+        for op, active in (
+            ("insert", False),
+            ("update", True),
+            ("update", False),
+            ("delete", False),
+        )
         for _, pod, state in spread
     ]
     assert sorted(_rows(payloads)) == sorted(expected)  # type: ignore[type-var]
     # The plain names go about 370 a payload; the escaped ones (1,500 bytes each) 5 a payload.
-    assert len(payloads) <= 3 * (3 * 700 // 300 + 700 // 4)
+    assert len(payloads) <= 4 * (3 * 700 // 300 + 700 // 4)
 
 
 @pytest.mark.parametrize(
@@ -869,7 +1047,7 @@ async def test_one_odd_text_among_plain_rows_of_a_statement_arrives_as_it_is(
     # The trigger cuts a group's names into slices sized for texts that need no escaping, and
     # measures each slice's piece; one text needing JSON escaping (or a cut) among 500 plain
     # rows must still arrive exactly,
-    # through every event: an INSERT, an UPDATE and a DELETE of many rows at once.
+    # through every event: an INSERT, an UPDATE and a DELETE of many inactive rows at once.
     names = [f"space-sbx-o{i}-g1" for i in range(500)]
     pods = [*names[:250], f"p-{odd}", *names[250:]]
     await pg_conn.execute(
@@ -882,20 +1060,18 @@ async def test_one_odd_text_among_plain_rows_of_a_statement_arrives_as_it_is(
         await pg_conn.execute(
             "INSERT INTO sandbox_k8s_executions (sandbox_id, generation, activation_attempt,"
             " pod_name, pod_kind, execution_state, active)"
-            " SELECT 'o' || (u.i - 1), 1, 0, u.pod, 'create', 'active', true"
+            " SELECT 'o' || (u.i - 1), 1, 0, u.pod, 'create', 'suspended', false"
             " FROM unnest($1::text[]) WITH ORDINALITY AS u(pod, i)",
             pods,
         )
-        await pg_conn.execute(
-            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'"
-        )
+        await pg_conn.execute("UPDATE sandbox_k8s_executions SET execution_state = 'replaced'")
         await pg_conn.execute("DELETE FROM sandbox_k8s_executions")
         await payloads.drain()
     assert len(payloads) >= 3
     assert max(len(p.encode()) for p in payloads) < 8000
     rows = _rows(payloads)
     expected = (
-        [["insert", pod[:253], True, "active"] for pod in pods]
+        [["insert", pod[:253], False, "suspended"] for pod in pods]
         + [["update", pod[:253], False, "replaced"] for pod in pods]
         + [["delete", pod[:253], False, "replaced"] for pod in pods]
     )
@@ -986,7 +1162,7 @@ async def test_a_one_row_statement_says_what_the_same_row_says_in_a_batch(
 async def test_an_update_of_the_key_itself_reports_the_old_row_deleted_and_the_new_inserted(
     rows: int, pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:
-    names = await _seed_many(pg_conn, rows, prefix=f"k{rows}")
+    names = await _seed_many(pg_conn, rows, prefix=f"k{rows}", active=False)
     async with raw_payloads(pg_url) as payloads:
         await payloads.drain()
         payloads.clear()
@@ -1000,7 +1176,7 @@ async def test_an_update_of_the_key_itself_reports_the_old_row_deleted_and_the_n
         reported = sorted(_rows(payloads))  # type: ignore[type-var]
     assert len(ids) == rows
     assert reported == sorted(
-        [op, name, True, "active"] for name in names for op in ("delete", "insert")
+        [op, name, False, "suspended"] for name in names for op in ("delete", "insert")
     )
 
 

@@ -27,6 +27,9 @@ TRIGGERS_0003 = [
     "retired_pod_gc_executions_deleted",
     "retired_pod_gc_executions_inserted",
     "retired_pod_gc_executions_updated",
+    "retired_pod_gc_gate_deleted",
+    "retired_pod_gc_gate_inserted",
+    "retired_pod_gc_gate_updated",
 ]
 _TRIGGERS = (
     "SELECT tgname FROM pg_trigger WHERE tgrelid = 'sandbox_k8s_executions'::regclass"
@@ -80,7 +83,7 @@ async def _payloads_of(conn: asyncpg.Connection, url: str, statement: str) -> li
 
 
 async def _notified_channels(conn: asyncpg.Connection, url: str, channels: list[str]) -> list[str]:
-    """Which of ``channels`` receive a notification when a row is inserted."""
+    """Which of ``channels`` receive a notification when an execution is retired."""
     got: list[str] = []
     listen = await asyncpg.connect(url)
     try:
@@ -88,6 +91,7 @@ async def _notified_channels(conn: asyncpg.Connection, url: str, channels: list[
             await listen.add_listener(ch, lambda _c, _p, channel, _payload: got.append(channel))
         await seed_sandbox(conn, "s1")
         await seed_execution(conn, pod_name="space-sbx-s1-g1", sandbox_id="s1")
+        await conn.execute("UPDATE sandbox_k8s_executions SET active = false")
         with anyio.move_on_after(0.5):
             while not got:
                 await anyio.sleep(0.01)
@@ -303,12 +307,12 @@ async def test_migrate_on_a_schema_the_project_did_not_write(empty_db: str) -> N
             conn,
             empty_db,
             "INSERT INTO sandbox_k8s_executions (pod_name, sandbox_id, execution_state,"
-            " generation, pod_kind) VALUES ('space-sbx-s1-g1', 's1', 'active', 1, 'create'),"
-            " ('space-sbx-s2-g1', 's2', 'active', 1, 'create')",
+            " generation, pod_kind, active) VALUES ('space-sbx-s1-g1', 's1', 'active', 1,"
+            " 'create', true), ('space-sbx-s2-g1', 's2', 'suspended', 1, 'create', false)",
         )
+        # Only the execution inserted inactive can start a clock.
         assert sorted(r for p in inserted for r in payload_rows(p)) == [
-            ["insert", "space-sbx-s1-g1", True, "active"],
-            ["insert", "space-sbx-s2-g1", True, "active"],
+            ["insert", "space-sbx-s2-g1", False, "suspended"],
         ]
         retired = await _payloads_of(
             conn,
@@ -329,7 +333,7 @@ async def test_migrate_on_a_schema_the_project_did_not_write(empty_db: str) -> N
         )
         deleted = await _payloads_of(conn, empty_db, "DELETE FROM sandboxes WHERE id = 's2'")
         assert [json.loads(p) for p in deleted] == [
-            {"pods": [["delete", True, "active", ["space-sbx-s2-g1"]]]}
+            {"pods": [["delete", False, "suspended", ["space-sbx-s2-g1"]]]}
         ]
         assert await conn.fetchval("SELECT count(*) FROM other.sandbox_k8s_executions") == 0
     finally:

@@ -28,17 +28,19 @@ INSERT INTO sandboxes (id, namespace, managed_by)
     SELECT 'p' || n, '{NAMESPACE}', 'kubernetes' FROM generate_series(1, {ROWS}) AS n;
 INSERT INTO sandbox_k8s_executions
     (sandbox_id, generation, activation_attempt, pod_name, pod_kind, execution_state, active)
-    SELECT 'p' || n, 1, 0, 'space-sbx-p' || n || '-g1', 'create', 'active', true
+    SELECT 'p' || n, 1, 0, 'space-sbx-p' || n || '-g1', 'create', 'suspended', false
     FROM generate_series(1, {ROWS}) AS n;
 ANALYZE;
 """
-# One statement of many rows per trigger event: each runs the event's general query.
+# One statement of many rows per trigger event: each runs the event's general query. The rows are
+# inactive, so that every statement has changes to send (the trigger's gates let no statement
+# that writes only active rows reach its queries).
 STATEMENTS = {
     "update": "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'",
     "insert": (
         "INSERT INTO sandbox_k8s_executions (sandbox_id, generation, activation_attempt,"
         " pod_name, pod_kind, execution_state, active)"
-        " SELECT sandbox_id, 2, 0, replace(pod_name, '-g1', '-g2'), 'create', 'activating', true"
+        " SELECT sandbox_id, 2, 0, replace(pod_name, '-g1', '-g2'), 'create', 'activating', false"
         " FROM sandbox_k8s_executions"
     ),
     "delete": "DELETE FROM sandbox_k8s_executions",
@@ -131,7 +133,7 @@ async def test_the_trigger_never_reads_sandboxes(planner_url: str, event: str) -
             "insert": (
                 "INSERT INTO sandbox_k8s_executions (sandbox_id, generation, activation_attempt,"
                 " pod_name, pod_kind, execution_state, active)"
-                " VALUES ('p1', 3, 0, 'space-sbx-p1-g3', 'create', 'activating', true)"
+                " VALUES ('p1', 3, 0, 'space-sbx-p1-g3', 'create', 'activating', false)"
             ),
             "delete": STATEMENTS["delete"] + " WHERE pod_name = 'space-sbx-p2-g1'",
         }[event]

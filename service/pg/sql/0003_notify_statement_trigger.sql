@@ -1,26 +1,49 @@
 -- retired-pod-gc: the change-notify trigger production must install (version 0003).
 --
--- Replaces 0002 in place: 0002's per-row triggers and their function are dropped, and three
--- statement-level triggers take their place. Every statement that inserts or deletes
--- sandbox_k8s_executions rows, or updates rows so that `active` or `execution_state` changes,
--- sends as few NOTIFYs as its changes fit in, on the channel named in the trigger function.
--- `retired-pod-gc migrate` substitutes the configured channel for the default literal
--- 'sandbox_execution_changed' below (five pg_notify calls); applied by hand (psql -f) it uses
--- the default. A literal rather than a trigger argument: the function's queries then have no
--- parameters, so each is planned once per session (a query with parameters is planned again for
--- each of its first runs, which a one-row statement would pay every time).
+-- Replaces 0002 in place: 0002's per-row triggers and their function are dropped. Three
+-- statement-level triggers send the changes a statement made, as few NOTIFYs as they fit in, on
+-- the channel named in the trigger function; three row-level gates decide, in C, whether a
+-- statement has anything to send at all. `retired-pod-gc migrate` substitutes the configured
+-- channel for the default literal 'sandbox_execution_changed' below (five pg_notify calls);
+-- applied by hand (psql -f) it uses the default. A literal rather than a trigger argument: the
+-- function's queries then have no parameters, so each is planned once per session (a query with
+-- parameters is planned again for each of its first runs, which a one-row statement would pay
+-- every time).
+--
+-- What is sent: exactly the changes that can start or stop an observation clock
+-- (docs/architecture.md, "Data contract"). A clock runs only for a pod whose execution is
+-- inactive, so a change is sent when the row is inactive on either side of it:
+--   * INSERT of a row whose `active` is not true (false or null): "insert", the new values;
+--   * DELETE of a row whose `active` is not true: "delete", the deleted values;
+--   * UPDATE of a row inactive before or after it, that changes `active` or `execution_state`:
+--     a retirement, a re-activation, a change of state while inactive: "update", the new
+--     values. Old and new rows are matched by (`id`, `pod_name`): a row whose id or pod name
+--     changed is reported as a delete of the old row and an insert of the new one, each under
+--     the rule for its own side.
+-- The platform's common writes (inserts of active executions, changes of active ones) send
+-- nothing. That matters beyond the trigger's own time: a transaction that sent a NOTIFY takes a
+-- database-wide lock at commit and holds it through its commit's WAL flush, so such
+-- transactions commit one at a time (docs/operations.md, "What the trigger costs the writers").
+--
+-- The gates. A statement-level trigger runs for every statement, and a PL/pgSQL call with a
+-- query over the transition tables costs a one-row write more than the write itself under many
+-- concurrent writers (benchmarks/RESULTS.md, B13). So each statement-level trigger has a WHEN
+-- that reads one transaction-local setting, `retired_pod_gc.clock_changes`, and each event has
+-- a row-level trigger whose WHEN sets it: the row's `active` is tested in C as the row is
+-- written, and only a row inactive on either side calls set_config. The row-level gates never
+-- fire (their WHEN is false whatever the row: `set_config(...) IS NULL`), so a statement that
+-- wrote only active rows runs no PL/pgSQL at all. A statement-level WHEN is evaluated after the
+-- statement's last row, when every gate has run. The setting, once on, stays on to the end of
+-- the transaction (set_config with is_local true; a rolled-back savepoint takes it back with its
+-- rows): every later statement of that transaction runs the statement-level trigger, whose
+-- queries pick exactly the rows above. It is never turned off by the trigger, so a statement
+-- nested in another (run by some other trigger of the table) cannot hide the outer statement's
+-- changes.
 --
 -- Why statement level: a FOR EACH ROW trigger builds a payload and calls pg_notify once per
 -- changed row, inside the writer's transaction; a mass retirement then costs the writer several
 -- times the UPDATE itself and sends one NOTIFY per row. Here the rows a statement changed are
 -- read from its transition tables once and sent in batches.
---
--- Which rows are reported. INSERT: every inserted row. DELETE: every deleted row. UPDATE: an
--- UPDATE trigger with transition tables cannot have a column list (`UPDATE OF ...`), so it
--- fires for every UPDATE; old and new rows are compared by `id` (the primary key of the data
--- contract) and only rows whose `active` or `execution_state` changed are reported. An id
--- present only among the old rows (an UPDATE of the key itself) is reported as a delete, one
--- only among the new rows as an insert.
 --
 -- NOTIFY is transactional: listeners see the payloads only after the writer commits.
 -- Each payload is a JSON object holding a batch of changes, grouped by what they share:
@@ -36,9 +59,7 @@
 -- with every sandbox ever made, not with the statement (benchmarks/NOTES.md, B7 trigger share).
 -- The service knows which namespaces it watches, and `pod_name` is unique: it applies a change
 -- to the pod of that name in each of them (service/pg/listener.py), and checks the pod's
--- namespace against the row's when it re-reads the row, as it always does. The earlier texts of
--- this file sent the namespace (`rows`, then `groups`); the listener reads only `pods`
--- (docs/operations.md, upgrading the trigger).
+-- namespace against the row's when it re-reads the row, as it always does.
 --
 -- Why no payload can reach PostgreSQL's limit (a payload of 8000 bytes or more makes pg_notify
 -- raise, which would abort the writer's transaction). A payload is `{"pods":[` (9 bytes),
@@ -156,20 +177,22 @@ DECLARE
     payload text := '';
     settings_before text[];
 BEGIN
-    -- A statement of one row (a single retirement, a new execution: the common case) is one
+    -- A statement of one row (a single retirement: the common case here) is at most one
     -- change, one payload below 1,937 bytes: it skips the grouping, whose plan (hash join,
     -- aggregate, slices, a cursor) costs several times the whole query for one row. For an
-    -- UPDATE also only when the row kept its id (else the general query reports the old id as
-    -- deleted and the new one as inserted).
+    -- UPDATE also only when the row kept its id and pod name (else the general query reports
+    -- the old row as deleted and the new one as inserted).
     IF TG_OP = 'UPDATE' THEN
         IF NOT EXISTS (SELECT FROM new_rows OFFSET 1)
-           AND NOT EXISTS (SELECT FROM new_rows AS n, old_rows AS o WHERE o.id <> n.id) THEN
+           AND NOT EXISTS (SELECT FROM new_rows AS n, old_rows AS o
+                           WHERE o.id <> n.id OR o.pod_name IS DISTINCT FROM n.pod_name) THEN
             PERFORM pg_notify('sandbox_execution_changed', retired_pod_gc_one_pod(
                        'update', n.pod_name, n.active, n.execution_state))
             FROM new_rows AS n
             JOIN old_rows AS o ON o.id = n.id
-            WHERE o.active IS DISTINCT FROM n.active
-               OR o.execution_state IS DISTINCT FROM n.execution_state;
+            WHERE (o.active IS NOT TRUE OR n.active IS NOT TRUE)
+              AND (o.active IS DISTINCT FROM n.active
+                   OR o.execution_state IS DISTINCT FROM n.execution_state);
             RETURN NULL;
         END IF;
         settings_before := ARRAY[current_setting('jit'), current_setting('enable_mergejoin'),
@@ -200,11 +223,14 @@ BEGIN
                                    CASE WHEN n.id IS NULL THEN o.pod_name
                                         ELSE n.pod_name END AS pod_name
                             FROM old_rows AS o
-                            FULL JOIN new_rows AS n ON n.id = o.id
-                            WHERE o.id IS NULL
-                               OR n.id IS NULL
-                               OR o.active IS DISTINCT FROM n.active
-                               OR o.execution_state IS DISTINCT FROM n.execution_state
+                            FULL JOIN new_rows AS n ON n.id = o.id AND n.pod_name = o.pod_name
+                            WHERE CASE WHEN o.id IS NULL THEN n.active IS NOT TRUE
+                                       WHEN n.id IS NULL THEN o.active IS NOT TRUE
+                                       ELSE (o.active IS NOT TRUE OR n.active IS NOT TRUE)
+                                            AND (o.active IS DISTINCT FROM n.active
+                                                 OR o.execution_state
+                                                    IS DISTINCT FROM n.execution_state)
+                                  END
                             OFFSET 0  -- kept apart: each change's columns are worked out once
                         ) AS u
                     ) AS c
@@ -222,7 +248,8 @@ BEGIN
         IF NOT EXISTS (SELECT FROM new_rows OFFSET 1) THEN
             PERFORM pg_notify('sandbox_execution_changed', retired_pod_gc_one_pod(
                        'insert', n.pod_name, n.active, n.execution_state))
-            FROM new_rows AS n;
+            FROM new_rows AS n
+            WHERE n.active IS NOT TRUE;
             RETURN NULL;
         END IF;
         settings_before := ARRAY[current_setting('jit'), current_setting('enable_mergejoin'),
@@ -243,6 +270,7 @@ BEGIN
                                CASE WHEN octet_length(n.pod_name) <= 253 THEN n.pod_name
                                     ELSE left(n.pod_name, 253) END AS pod_name
                         FROM new_rows AS n
+                        WHERE n.active IS NOT TRUE
                     ) AS c
                     GROUP BY c.active, c.state
                 ) AS g,
@@ -258,7 +286,8 @@ BEGIN
         IF NOT EXISTS (SELECT FROM old_rows OFFSET 1) THEN
             PERFORM pg_notify('sandbox_execution_changed', retired_pod_gc_one_pod(
                        'delete', o.pod_name, o.active, o.execution_state))
-            FROM old_rows AS o;
+            FROM old_rows AS o
+            WHERE o.active IS NOT TRUE;
             RETURN NULL;
         END IF;
         settings_before := ARRAY[current_setting('jit'), current_setting('enable_mergejoin'),
@@ -279,6 +308,7 @@ BEGIN
                                CASE WHEN octet_length(o.pod_name) <= 253 THEN o.pod_name
                                     ELSE left(o.pod_name, 253) END AS pod_name
                         FROM old_rows AS o
+                        WHERE o.active IS NOT TRUE
                     ) AS c
                     GROUP BY c.active, c.state
                 ) AS g,
@@ -330,12 +360,14 @@ DROP TRIGGER IF EXISTS retired_pod_gc_execution_inserted_deleted ON sandbox_k8s_
 DROP TRIGGER IF EXISTS retired_pod_gc_execution_updated ON sandbox_k8s_executions;
 DROP FUNCTION IF EXISTS retired_pod_gc_notify_execution_changed();
 
--- Transition tables allow one event per trigger: three triggers.
+-- Transition tables allow one event per trigger: three triggers, each run only once a gate below
+-- has seen a row inactive on either side in this transaction.
 DROP TRIGGER IF EXISTS retired_pod_gc_executions_inserted ON sandbox_k8s_executions;
 CREATE TRIGGER retired_pod_gc_executions_inserted
     AFTER INSERT ON sandbox_k8s_executions
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT
+    WHEN (current_setting('retired_pod_gc.clock_changes', true) = 'on')
     EXECUTE FUNCTION retired_pod_gc_notify_executions_changed();
 
 DROP TRIGGER IF EXISTS retired_pod_gc_executions_updated ON sandbox_k8s_executions;
@@ -343,6 +375,7 @@ CREATE TRIGGER retired_pod_gc_executions_updated
     AFTER UPDATE ON sandbox_k8s_executions
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT
+    WHEN (current_setting('retired_pod_gc.clock_changes', true) = 'on')
     EXECUTE FUNCTION retired_pod_gc_notify_executions_changed();
 
 DROP TRIGGER IF EXISTS retired_pod_gc_executions_deleted ON sandbox_k8s_executions;
@@ -350,4 +383,40 @@ CREATE TRIGGER retired_pod_gc_executions_deleted
     AFTER DELETE ON sandbox_k8s_executions
     REFERENCING OLD TABLE AS old_rows
     FOR EACH STATEMENT
+    WHEN (current_setting('retired_pod_gc.clock_changes', true) = 'on')
     EXECUTE FUNCTION retired_pod_gc_notify_executions_changed();
+
+-- The gates: a row inactive on either side of its change turns the transaction's setting on
+-- (see the top of this file). Their WHEN is never true, so their function is never called.
+CREATE OR REPLACE FUNCTION retired_pod_gc_gate()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    RETURN NULL;
+END
+$fn$;
+
+DROP TRIGGER IF EXISTS retired_pod_gc_gate_inserted ON sandbox_k8s_executions;
+CREATE TRIGGER retired_pod_gc_gate_inserted
+    AFTER INSERT ON sandbox_k8s_executions
+    FOR EACH ROW
+    WHEN (NEW.active IS NOT TRUE
+          AND set_config('retired_pod_gc.clock_changes', 'on', true) IS NULL)
+    EXECUTE FUNCTION retired_pod_gc_gate();
+
+DROP TRIGGER IF EXISTS retired_pod_gc_gate_updated ON sandbox_k8s_executions;
+CREATE TRIGGER retired_pod_gc_gate_updated
+    AFTER UPDATE ON sandbox_k8s_executions
+    FOR EACH ROW
+    WHEN ((OLD.active IS NOT TRUE OR NEW.active IS NOT TRUE)
+          AND set_config('retired_pod_gc.clock_changes', 'on', true) IS NULL)
+    EXECUTE FUNCTION retired_pod_gc_gate();
+
+DROP TRIGGER IF EXISTS retired_pod_gc_gate_deleted ON sandbox_k8s_executions;
+CREATE TRIGGER retired_pod_gc_gate_deleted
+    AFTER DELETE ON sandbox_k8s_executions
+    FOR EACH ROW
+    WHEN (OLD.active IS NOT TRUE
+          AND set_config('retired_pod_gc.clock_changes', 'on', true) IS NULL)
+    EXECUTE FUNCTION retired_pod_gc_gate();
