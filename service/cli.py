@@ -5,7 +5,8 @@ Commands: ``run`` (the controller), ``scan``, ``explain``, ``pending``, ``migrat
 Exit codes (docs/operations.md, "Commands and exit codes"): 0 success; 1 a failure of the
 outside world (the API server, the database, a replica asked with ``--url``) or of the command's
 own check, one line on stderr naming the cause and, where there is one, the fix; 2 bad
-configuration or usage (one line naming the variable or argparse's own error); 143 and 130 when
+configuration or usage (one line naming the variable or argparse's own error); 3 a ``migrate``
+that stopped at its deadline without a lock it needs (nothing changed); 143 and 130 when
 SIGTERM or SIGINT interrupted the command (``service/app/signals.py``: every command, from the
 first line of :func:`main`, so that the process is a good PID 1 even while it imports). Never a
 traceback, except for a bug.
@@ -163,8 +164,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "migrate": (
         "install the change-notify trigger (idempotent)",
         "Install or update the trigger that NOTIFYs execution changes on NOTIFY_CHANNEL. "
-        "Running it again changes nothing. --with-schema also creates the development schema "
-        "(never needed against a production database).",
+        "Running it again changes nothing. Every lock is asked with "
+        "MIGRATE_LOCK_TIMEOUT_SECONDS and retried up to MIGRATE_DEADLINE_SECONDS; then exit 3, "
+        "naming the sessions holding it, nothing changed. --with-schema also creates the "
+        "development schema (never needed against a production database).",
     ),
     "cancel-create": (
         "retire a cancelled create (fenced) and delete its pod if retired",

@@ -176,6 +176,17 @@ DB_CONNECT_TIMEOUT_SECONDS = _var("DB_CONNECT_TIMEOUT_SECONDS", 5.0, env.number,
 DB_STATEMENT_TIMEOUT_SECONDS = _var("DB_STATEMENT_TIMEOUT_SECONDS", 5.0, env.number,
     "database.statement_timeout_s", lo=0.1, hi=120,
     doc="Timeout of one database query.")
+MIGRATE_LOCK_TIMEOUT_SECONDS = _var("MIGRATE_LOCK_TIMEOUT_SECONDS", 0.5, env.number,
+    "database.migrate_lock_timeout_s", lo=0.01, hi=1,
+    doc="migrate: the lock_timeout of each lock it asks for (the migration lock, then each "
+        "platform table its steps change): the longest a writer of that table can queue behind "
+        "the request. Not granted in time, the attempt is rolled back whole and tried again "
+        "(docs/operations.md, migrate and the platform's writers).")
+MIGRATE_DEADLINE_SECONDS = _var("MIGRATE_DEADLINE_SECONDS", 120.0, env.number,
+    "database.migrate_deadline_s", lo=1, hi=3600,
+    doc="migrate: how long it retries a lock it was not granted before it stops (exit 3, naming "
+        "the sessions that hold it, nothing changed). The migrate Job's activeDeadlineSeconds is "
+        "derived from it.")
 NOTIFY_CHANNEL = _var(
     "NOTIFY_CHANNEL", "sandbox_execution_changed", env.matching(_IDENTIFIER, "an SQL identifier"),
     "database.notify_channel",

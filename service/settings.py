@@ -53,6 +53,10 @@ class DatabaseSettings:
     transaction_pooler: bool = False
     """The pool's URL goes through a transaction-mode pooler: no server-side prepared
     statement outlives its query."""
+    migrate_lock_timeout_s: float = 0.5
+    """``migrate``: the lock_timeout of each lock it asks for."""
+    migrate_deadline_s: float = 120.0
+    """``migrate``: how long it retries a lock it was not granted before it stops."""
 
     @property
     def masked_url(self) -> str:

@@ -4,7 +4,8 @@
 ``config`` take every adapter from the composition root (``service/app/service.py``), so the
 controller and the one-shot commands build their parts one way. Exit codes: 0 success, 1 a
 failure of the outside world or a failed operation, told in one line on stderr naming the cause
-and, where known, the fix (:class:`CommandError`, or an uncaught :class:`ExternalError`); only a
+and, where known, the fix (:class:`CommandError`, or an uncaught :class:`ExternalError`); 3 a
+``migrate`` that stopped at its deadline without the lock it needs (nothing changed); only a
 bug shows a traceback. Parsing the command line is ``service/cli.py``'s job.
 """
 
@@ -46,9 +47,13 @@ from service.kube.api import ApiConfigError
 from service.kube.errors import KubeApiError
 from service.metrics import Metrics
 from service.pg.errors import describe
-from service.pg.migrate import migrate
+from service.pg.migrate import LockNotGranted, migrate
 
 logger = logging.getLogger("service.cli")
+
+
+MIGRATE_LOCK_NOT_GRANTED = 3
+"""``migrate``'s exit code when a lock was not granted by its deadline (nothing changed)."""
 
 
 class CommandError(Exception):
@@ -214,17 +219,37 @@ def run(settings: config.Settings) -> int:
 
 
 def migrate_database(settings: config.Settings, *, with_schema: bool) -> int:
-    """Install or update the change-notify trigger (and the dev schema with ``with_schema``)."""
+    """Install or update the change-notify trigger (and the dev schema with ``with_schema``).
+
+    Exit 3 when a lock was not granted by ``MIGRATE_DEADLINE_SECONDS``: nothing changed, and
+    the line names the lock and the sessions holding it (docs/operations.md). Logs at warning
+    level and above: each attempt that was not granted its lock, naming the holders."""
+    logs.setup("warning", settings.log_format)
+    db = settings.database
 
     async def main() -> int:
         conn = await _connect(settings, "migrate failed")
         try:
-            with anyio.fail_after(max(30.0, settings.database.connect_timeout_s * 3)):
+            # The run bounds itself (no attempt after the deadline, each lock and statement
+            # bounded on the server); this bound is for a server that stops answering.
+            with anyio.fail_after(
+                db.migrate_deadline_s + db.migrate_lock_timeout_s + db.statement_timeout_s
+            ):
                 applied = await migrate(
                     conn,
-                    channel=settings.database.notify_channel,
+                    channel=db.notify_channel,
                     with_schema=with_schema,
+                    lock_timeout_s=db.migrate_lock_timeout_s,
+                    deadline_s=db.migrate_deadline_s,
+                    statement_timeout_s=db.statement_timeout_s,
                 )
+        except LockNotGranted as exc:
+            print(
+                f"retired-pod-gc: migrate stopped: {exc}; end or wait out those transactions "
+                "and run it again (docs/operations.md, migrate and the platform's writers)",
+                file=sys.stderr,
+            )
+            return MIGRATE_LOCK_NOT_GRANTED
         except Exception as exc:
             raise _database_failure("migrate failed", settings, exc) from None
         finally:

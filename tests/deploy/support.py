@@ -5,10 +5,13 @@ Kept out of ``conftest.py`` so tests import plain functions, not a conftest modu
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
 
+from service import config
+from service.app.commands import MIGRATE_LOCK_NOT_GRANTED
 from tests.deploy.rendering import Obj
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,3 +178,48 @@ def container_env(deployment: Obj, configmaps: list[Obj]) -> dict[str, str]:
                 "metadata.name": "retired-pod-gc-6d9f7c-abcde",
             }[field_path]
     return env
+
+
+MIGRATE_POD_START_S = 30.0
+"""What the migrate Job gives a pod to start (image pull, interpreter) beyond migrate's bounds."""
+MIGRATE_BOUNDS = (
+    config.MIGRATE_DEADLINE_SECONDS,
+    config.MIGRATE_LOCK_TIMEOUT_SECONDS,
+    config.DB_CONNECT_TIMEOUT_SECONDS,
+    config.DB_STATEMENT_TIMEOUT_SECONDS,
+)
+"""The variables one migrate run's length follows from: the Job sets each, not the code."""
+
+
+def migrate_job_bounds(objects: list[Obj]) -> tuple[float, int]:
+    """The migrate Job's activeDeadlineSeconds, and the least that lets every run it allows end
+    by itself (backoffLimit + 1 runs, each connect + deadline + one lock_timeout + one statement
+    + the pod's start, and the Job's pod backoff between them: 10 s doubling, capped at 6 min);
+    checks on the way that the Job sets each of :data:`MIGRATE_BOUNDS` within its range and that
+    exit 3 (the lock not granted by the deadline) fails the Job at once."""
+    job = only(objects, "Job")
+    env = container_env(job, of_kind(objects, "ConfigMap"))
+    assert {v.name for v in MIGRATE_BOUNDS} <= set(env), sorted(env)
+    env = {k: v for k, v in env.items() if k != config.DATABASE_URL_FILE.name}
+    settings = config.load(env | {config.DATABASE_URL.name: "postgresql://owner@db:5432/app"})
+    assert settings.warnings == ()  # nothing clamped: the container runs with the Job's values
+    db = settings.database
+    run_s = (
+        db.connect_timeout_s
+        + db.migrate_deadline_s
+        + db.migrate_lock_timeout_s
+        + db.statement_timeout_s
+        + MIGRATE_POD_START_S
+    )
+    spec = job["spec"]
+    limit = spec["backoffLimit"]
+    needed_s = (limit + 1) * run_s + sum(min(10 * 2**i, 360) for i in range(limit))
+    assert {
+        "action": "FailJob",
+        "onExitCodes": {
+            "containerName": container(job)["name"],
+            "operator": "In",
+            "values": [MIGRATE_LOCK_NOT_GRANTED],
+        },
+    } in spec["podFailurePolicy"]["rules"]
+    return float(spec["activeDeadlineSeconds"]), math.ceil(needed_s)

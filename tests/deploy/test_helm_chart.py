@@ -26,6 +26,7 @@ from tests.deploy.support import (
     ROOT,
     container,
     container_env,
+    migrate_job_bounds,
     of_kind,
     only,
 )
@@ -225,6 +226,35 @@ def test_the_migrate_hook_is_deploy_migrate(everything_on: list[Obj]) -> None:
     weights = {o["kind"]: int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for o in chart}
     assert weights["ConfigMap"] < weights["Job"] and weights["NetworkPolicy"] < weights["Job"]
     compare(chart, render(DEPLOY / "migrate"))
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        {"MIGRATE_DEADLINE_SECONDS": 1},
+        {"MIGRATE_DEADLINE_SECONDS": 90.5, "MIGRATE_LOCK_TIMEOUT_SECONDS": 0.25},
+        {
+            "MIGRATE_DEADLINE_SECONDS": 3600,
+            "MIGRATE_LOCK_TIMEOUT_SECONDS": 1,
+            "DB_CONNECT_TIMEOUT_SECONDS": 120,
+            "DB_STATEMENT_TIMEOUT_SECONDS": 120,
+        },
+    ],
+    ids=["shortest", "fractional", "longest"],
+)
+def test_the_migrate_hooks_deadline_follows_migrates_bounds(bounds: dict[str, float]) -> None:
+    """The config values reach the hook Job's container, and its activeDeadlineSeconds is
+    derived from them: every run the Job allows ends by itself, never cut short."""
+    objects = [
+        o
+        for o in render_chart({"migrate": {"enabled": True}, "config": bounds})
+        if o["metadata"]["name"] == "retired-pod-gc-migrate"
+    ]
+    env = container_env(only(objects, "Job"), of_kind(objects, "ConfigMap"))
+    for suffix, value in bounds.items():
+        assert float(env[config.PREFIX + suffix]) == value
+    active_s, needed_s = migrate_job_bounds(objects)
+    assert needed_s <= active_s < needed_s + 60
 
 
 def test_monitoring_and_migrate_are_off_by_default(chart_renders: dict[str, list[Obj]]) -> None:

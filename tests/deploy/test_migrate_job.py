@@ -16,7 +16,15 @@ from devtools.pg.throwaway import run_async
 from service import config
 from service.pg.migrate import TRIGGER_STEP
 from tests.deploy.rendering import Obj, render
-from tests.deploy.support import DEPLOY, ROOT, container, container_env, of_kind, only
+from tests.deploy.support import (
+    DEPLOY,
+    ROOT,
+    container,
+    container_env,
+    migrate_job_bounds,
+    of_kind,
+    only,
+)
 from tests.pgfixtures import PgServer
 
 MIGRATE = DEPLOY / "migrate"
@@ -69,6 +77,15 @@ def test_hardened_as_the_deployment(migrate_objects: list[Obj], base_objects: li
         "hostPath" in v or "hostNetwork" in v or "hostPID" in v for v in job_pod["volumes"]
     )
     assert not {"hostNetwork", "hostPID", "hostIPC"} & set(job_pod)
+
+
+def test_the_job_outlasts_every_run_it_allows_and_stops_at_a_lock_not_granted(
+    migrate_objects: list[Obj],
+) -> None:
+    """activeDeadlineSeconds never cuts a run short of its own message (the holders named), and
+    is no more than a minute above what the runs need; exit 3 fails the Job at once."""
+    active_s, needed_s = migrate_job_bounds(migrate_objects)
+    assert needed_s <= active_s < needed_s + 60
 
 
 def test_the_admin_url_comes_from_its_own_secret_as_a_file(
