@@ -273,7 +273,7 @@ def summarize(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def table(summary: Sequence[dict[str, Any]]) -> str:
     lines = [
-        "| mix | writers | variant | tps (median) | latency ms | NOTIFYs a run | slower than none |",
+        "| mix | writers | variant | tps (median) | latency ms | NOTIFYs a run | slower |",
         "|---|---|---|---|---|---|---|",
     ]
     for s in summary:
