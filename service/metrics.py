@@ -200,7 +200,11 @@ class Metrics:
         )
         self.enabled = gauge("retired_pod_gc_enabled", "1 when ENABLED is true.")
         self.dry_run = gauge("retired_pod_gc_dry_run", "1 when DRY_RUN is true.")
-        self.is_leader = gauge("retired_pod_gc_is_leader", "1 while this replica holds the lease.")
+        self.is_leader = gauge(
+            "retired_pod_gc_is_leader",
+            "1 while this replica acts as the leader: it holds the lease, or leader election is "
+            "off (LEADER_ELECTION=false).",
+        )
         # work queue
         self.queue_depth = gauge("retired_pod_gc_queue_depth", "Keys ready to be processed.")
         self.queue_delayed = gauge(

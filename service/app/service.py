@@ -418,7 +418,9 @@ async def run(
             if parts.elector is not None:
                 await tg.start(parts.elector.run)
             else:
+                # No lease: the one replica acts from the start, and says so as a leader would.
                 parts.controller.set_leader(True)
+                parts.metrics.is_leader.set(1)
             task_status.started()
             await stop.wait()
             logger.info("stopping: draining in-flight reconciles")
