@@ -168,6 +168,16 @@ class Metrics:
         self.tracked_clocks = gauge(
             "retired_pod_gc_tracked_clocks", "Pod UIDs whose observation clock is running."
         )
+        self.oldest_clock = gauge(
+            "retired_pod_gc_oldest_clock_seconds",
+            "Age of the oldest running observation clock (0: none). Past THRESHOLD_SECONDS in "
+            "live mode, a reapable pod waits for its delete (alert RetiredPodGcReapBacklogGrowing);"
+            " in dry run a reported pod's clock runs on.",
+        )
+        self.threshold = gauge(
+            "retired_pod_gc_threshold_seconds",
+            "THRESHOLD_SECONDS: how long a pod must be seen reapable before it is deleted.",
+        )
         self.deletes = counter(
             "retired_pod_gc_deletes",
             "DELETE requests sent, by sandbox namespace and result (deleted, gone, conflict, "

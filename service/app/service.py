@@ -333,6 +333,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     )
     metrics.enabled.set(1 if settings.enabled else 0)
     metrics.dry_run.set(1 if settings.dry_run else 0)
+    metrics.threshold.set(settings.threshold_s)
     metrics.is_leader.set(0)
     return Parts(
         settings=settings,
