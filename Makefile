@@ -77,7 +77,7 @@ promtool:
 		fi; \
 		apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 
-# Debian's Alertmanager, which tests/deploy/test_alerting.py runs beside Debian's Prometheus (the
+# Debian's Alertmanager, which tests/e2e/test_alerting.py runs beside Debian's Prometheus (the
 # shipped rules and inhibition, end to end): installed from apt when absent (as root). RUNLEVEL=1:
 # the package's own server is not started (the test starts its own).
 .PHONY: alertmanager
