@@ -266,6 +266,11 @@ class Metrics:
             ["result"],
             zero=product(EVENT_RESULTS),
         )
+        self.events_unwritten = gauge(
+            "retired_pod_gc_events_unwritten",
+            "Events of deletes, dry-run reports and kept pods buffered or being written: how far "
+            "the Events trail the deletes, and what a SIGKILL would lose now.",
+        )
         self.api_requests = counter(
             "retired_pod_gc_api_requests",
             "Kubernetes API requests, by operation (watchlist, list, watch, get, delete, lease) "
