@@ -5,7 +5,8 @@ without ever being in the way of a delete.
 - :meth:`KubeEventRecorder.record` and :meth:`KubeEventRecorder.record_kept` only append to a
   bounded buffer; they never await and never raise. One drain task writes the Events, one at a
   time, each call under its own timeout, so a hanging Events API holds one connection at most.
-- A delete's Event is written as it comes: the delete budget paced the deletes already. The
+- A delete's Event waits for no pace: the delete budget paced the deletes already (in a burst the
+  Events trail the deletes by what the one drain task has not written yet). The
   buffer holds two minutes of deletes at the budget's cap (at least ``EVENT_BUFFER_SIZE``).
 - Dry-run reports take no delete token, so they are paced (as live deletes would go, at least
   ``EVENTS_PER_SECOND`` after ``EVENT_BURST``) and at most ``report_bound`` wait; the ones beyond
