@@ -4,31 +4,33 @@ deploy/monitoring/alertmanager-inhibit.yaml, and a webhook receiver in this proc
 would page (``warning`` and ``critical``; ``make promtool alertmanager`` installs both servers).
 
 The rules' timings are compressed by :data:`SCALE`, rewritten from the shipped file (``for``,
-``keep_firing_for``, every range window); scrapes and evaluations every second. Two installations
-run at once, told apart by the ``namespace`` target label as the ServiceMonitor gives it:
+``keep_firing_for``, every range window); scrapes and evaluations every second. Four installations
+run at once, told apart by the ``namespace`` target label as the ServiceMonitor gives it, so that
+every documented mode is watched through one healthy phase:
 
-- ``gc-a``: two replicas, leader election on, live, one sandbox namespace; the API server and the
-  database reached through TCP proxies, so that both can be taken away from it alone;
-- ``gc-b``: one replica, leader election off, dry run, two sandbox namespaces; never disturbed.
+- ``gc-a``: two replicas, leader election on, live, one sandbox namespace; the database reached
+  through a TCP proxy, so that it can be taken away from ``gc-a`` alone;
+- ``gc-c``: the same mode in another sandbox namespace; the API server reached through a TCP proxy;
+- ``gc-b``: one replica, leader election off, dry run, two sandbox namespaces; never disturbed;
+- ``gc-d``: one replica, leader election off, live, two sandbox namespaces; never disturbed.
 
-Phases: healthy (no alert pending or firing at all), a database outage of 10 minutes (scaled), an
-API server outage of 9 minutes (scaled), each black-holed (no reset, no bytes) and then restored.
-A page is a group (alert name and namespace, the route's ``group_by``) notified as firing: each
-outage must page exactly once, with the alert that names its cause, and nothing may stay firing 2
-minutes (scaled) after the restore. ``gc-b`` must never page. A kubelet's readiness probe is
-played every second (the database gauge is refreshed by it).
+Phases: healthy (no alert pending or firing but :data:`PENDING_BY_DESIGN`, 5 minutes scaled),
+then at once a database outage of ``gc-a`` (10 minutes scaled) and an API server outage of
+``gc-c`` (9 minutes scaled), each black-holed (no reset, no bytes) and then restored. A page is a
+group (alert name and namespace, the route's ``group_by``) notified as firing: each outage must
+page exactly once, with the alert that names its cause, and nothing of its installation may stay
+firing 2 minutes (scaled) after its restore. ``gc-b`` and ``gc-d`` never have another alert,
+pending included. A kubelet's
+readiness probe is played every second (the database gauge is refreshed by it). The inhibition
+itself, rule by rule, is tests/e2e/test_inhibition.py's.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
-import socket
-import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,23 +48,30 @@ from devtools.emulator.sandboxpods import Shape, pod_name, sandbox_pod
 from devtools.pg.devdata import seed_execution, seed_sandbox
 from tests.kubeproxy import KubeProxy, proxied
 
-from .harness import LEASE_NAMESPACE, REPO_ROOT, ServiceLauncher, ServiceProcess, free_port
+from .harness import LEASE_NAMESPACE, ServiceLauncher, ServiceProcess, free_port
+from .monitoring import (
+    ALERTMANAGER,
+    MONITORING,
+    PROMETHEUS,
+    START_S,
+    alertmanager,
+    get_json,
+    server,
+    shipped_inhibit_rules,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(420)]
 
-MONITORING = REPO_ROOT / "deploy" / "monitoring"
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-ALERTMANAGER = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
-
 SCALE = 15
-"""The rules' durations are divided by this: 5 minutes become 20 s, 2 minutes 8 s."""
+"""The rules' durations are divided by this: 5 minutes become 20 s, 2 minutes 8 s, the one minute
+the causes keep firing 4 s. Not more: the service's own recovery (reconnecting, the next probe,
+scrape and evaluation) takes about 1.6 s of real time after a restore, and it must stay well inside
+:data:`RESOLVED_WITHIN_S` beside the scaled ``keep_firing_for``."""
 HEALTHY_S = 300 / SCALE
 DB_OUTAGE_S = 600 / SCALE
 API_OUTAGE_S = 540 / SCALE
 RESOLVED_WITHIN_S = 120 / SCALE
 """After a restore, every alert of the disturbed installation is resolved within this."""
-START_S = 60.0
-"""Only a bound on a hung start."""
 
 PAGING = ("warning", "critical")
 ANY_DURATION = re.compile(r"(\d+)([smhd])")
@@ -99,33 +108,6 @@ def test_the_rules_are_scaled_from_the_shipped_file() -> None:
 
 
 # ----------------------------------------------------------------------------- the servers
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"{what} exited with {proc.returncode}"
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not listen on {port} within {START_S:.0f}s")
-
-
-@contextmanager
-def _server(command: list[str], log: Path, port: int, what: str) -> Iterator[None]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        _wait_port(port, proc, what)
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 @dataclass
@@ -201,7 +183,6 @@ def _prometheus_config(targets: list[Target], alertmanager_port: int) -> dict[st
 
 
 def _alertmanager_config(webhook_port: int) -> dict[str, Any]:
-    shipped = yaml.safe_load((MONITORING / "alertmanager-inhibit.yaml").read_text("utf-8"))
     return {
         "route": {
             "receiver": "context",
@@ -223,7 +204,7 @@ def _alertmanager_config(webhook_port: int) -> dict[str, Any]:
                 ],
             },
         ],
-        "inhibit_rules": shipped["inhibit_rules"],
+        "inhibit_rules": shipped_inhibit_rules(),
     }
 
 
@@ -231,21 +212,12 @@ def _alertmanager_config(webhook_port: int) -> dict[str, Any]:
 async def _monitoring(tmp_path: Path, targets: list[Target]) -> AsyncIterator[Monitoring]:
     async with _webhook() as (hook, hook_port):
         am_port, prom_port = free_port(), free_port()
-        am_dir, prom_dir = tmp_path / "alertmanager", tmp_path / "prometheus"
-        am_dir.mkdir()
+        prom_dir = tmp_path / "prometheus"
         prom_dir.mkdir()
-        (am_dir / "alertmanager.yml").write_text(yaml.safe_dump(_alertmanager_config(hook_port)))
         (prom_dir / "rules.yaml").write_text(yaml.safe_dump(scaled_rules()))
         (prom_dir / "prometheus.yml").write_text(
             yaml.safe_dump(_prometheus_config(targets, am_port))
         )
-        alertmanager = [
-            ALERTMANAGER,
-            f"--config.file={am_dir / 'alertmanager.yml'}",
-            f"--storage.path={am_dir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{am_port}",
-            "--cluster.listen-address=",
-        ]
         prometheus = [
             PROMETHEUS,
             f"--config.file={prom_dir / 'prometheus.yml'}",
@@ -255,11 +227,12 @@ async def _monitoring(tmp_path: Path, targets: list[Target]) -> AsyncIterator[Mo
             # one reaches Alertmanager at the scale of the rules.
             "--rules.alert.resend-delay=1s",
         ]
+        config = _alertmanager_config(hook_port)
         with (
-            _server(alertmanager, tmp_path / "alertmanager.log", am_port, "alertmanager"),
-            _server(prometheus, tmp_path / "prometheus.log", prom_port, "prometheus"),
+            alertmanager(tmp_path / "alertmanager", config, am_port) as am_url,
+            server(prometheus, prom_dir / "prometheus.log", prom_port, "prometheus"),
         ):
-            yield Monitoring(hook, f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{am_port}")
+            yield Monitoring(hook, f"http://127.0.0.1:{prom_port}", am_url)
 
 
 @dataclass
@@ -268,21 +241,15 @@ class Monitoring:
     prometheus_url: str
     alertmanager_url: str
 
-    async def _get(self, url: str) -> Any:
-        timeout = aiohttp.ClientTimeout(total=5)
-        async with aiohttp.ClientSession(timeout=timeout) as http, http.get(url) as response:
-            assert response.status == 200, (url, response.status)
-            return json.loads(await response.text())
-
     async def prometheus_alerts(self) -> list[dict[str, Any]]:
         """Every alert Prometheus holds (pending or firing)."""
-        body = await self._get(self.prometheus_url + "/api/v1/alerts")
+        body = await get_json(self.prometheus_url + "/api/v1/alerts")
         alerts: list[dict[str, Any]] = body["data"]["alerts"]
         return alerts
 
     async def alertmanager_alerts(self) -> list[dict[str, Any]]:
         """Alertmanager's active alerts (muted ones included)."""
-        alerts: list[dict[str, Any]] = await self._get(self.alertmanager_url + "/api/v2/alerts")
+        alerts: list[dict[str, Any]] = await get_json(self.alertmanager_url + "/api/v2/alerts")
         return alerts
 
     async def targets_up(self, count: int) -> bool:
@@ -293,7 +260,7 @@ class Monitoring:
                 async with http.get(url + "/-/ready") as response:
                     if response.status != 200:
                         return False
-        body = await self._get(self.prometheus_url + "/api/v1/targets")
+        body = await get_json(self.prometheus_url + "/api/v1/targets")
         up = [t for t in body["data"]["activeTargets"] if t["health"] == "up"]
         return len(up) == count
 
@@ -314,7 +281,7 @@ async def _seed(url: str, emulator: RunningEmulator) -> None:
     reported in dry run) and one whose execution is active."""
     conn = await asyncpg.connect(url, timeout=10)
     try:
-        for namespace in ("sandboxes", "sandboxes-b", "sandboxes-c"):
+        for namespace in SANDBOX_NAMESPACES:
             emulator.emulator.ensure_namespace(namespace)
             for index, active in enumerate((False, True)):
                 sandbox_id = f"{namespace.replace('-', '')}{index}"
@@ -369,19 +336,37 @@ async def _pg_proxy(url: str) -> AsyncIterator[KubeProxy]:
 
 
 async def _watch(
-    mon: Monitoring, seconds: float, *, quiet: set[str | None], seen: list[str]
-) -> list[dict[str, Any]]:
-    """Poll Prometheus every second for ``seconds``; fail on any alert (pending included) of a
-    namespace in ``quiet``; every alert seen is added to ``seen``. The last answer."""
-    deadline = time.monotonic() + seconds
-    alerts: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
+    mon: Monitoring, until: Callable[[], bool], *, quiet: set[str | None], seen: list[str]
+) -> None:
+    """Poll Prometheus every second until ``until()``; fail on any alert (pending included, but
+    for :data:`PENDING_BY_DESIGN`) of a namespace in ``quiet``; every alert seen is added to
+    ``seen``."""
+    while not until():
         alerts = await mon.prometheus_alerts()
         seen.extend(s for s in _shown(alerts) if s not in seen)
-        loud = [a for a in alerts if a["labels"].get("namespace") in quiet]
+        loud = [
+            a
+            for a in alerts
+            if a["labels"].get("namespace") in quiet
+            and not (a["state"] == "pending" and _labelled(a) in PENDING_BY_DESIGN)
+        ]
         assert not loud, f"alerts on an undisturbed installation: {_shown(loud)}"
         await anyio.sleep(1.0)
-    return alerts
+
+
+PENDING_BY_DESIGN = {("gc-b", "RetiredPodGcDryRunWouldReapGrowing")}
+"""(namespace, alert) pending on a healthy system: a dry run that reports would-be reaps makes the
+rollout's signal pending (info, firing only after a day of reports, never in this test), as soon
+as Prometheus has seen its counter before a report."""
+
+
+def _labelled(alert: dict[str, Any]) -> tuple[str, str]:
+    return alert["labels"].get("namespace", ""), alert["labels"]["alertname"]
+
+
+def _after(seconds: float) -> Callable[[], bool]:
+    deadline = time.monotonic() + seconds
+    return lambda: time.monotonic() >= deadline
 
 
 async def _resolved(mon: Monitoring, namespace: str, within_s: float) -> float:
@@ -400,9 +385,46 @@ async def _resolved(mon: Monitoring, namespace: str, within_s: float) -> float:
         if not firing and not active:
             return took
         assert took < within_s, (
-            f"still firing {took:.1f}s after the restore: {_shown(firing)} / {_shown(active)}"
+            f"{namespace}: still firing {took:.1f}s after the restore: "
+            f"{_shown(firing)} / {_shown(active)}"
         )
         await anyio.sleep(0.5)
+
+
+@dataclass(frozen=True)
+class Outage:
+    """One cause taken away from one installation: the page it must give, once."""
+
+    namespace: str
+    proxy: KubeProxy
+    seconds: float
+    page: str
+    heal: bool
+    """A database partition heals (its connections pass bytes again); the API server's stay dead."""
+
+    async def run(self, mon: Monitoring, resolved_s: dict[str, float]) -> None:
+        self.proxy.blackhole_all()
+        await anyio.sleep(self.seconds)
+        self.proxy.restore(heal=self.heal)
+        resolved_s[self.namespace] = await _resolved(mon, self.namespace, RESOLVED_WITHIN_S)
+
+
+SANDBOX_NAMESPACES = (
+    "sandboxes",
+    "sandboxes-b",
+    "sandboxes-c",
+    "sandboxes-d",
+    "sandboxes-e",
+    "sandboxes-f",
+)
+DISTURBED = {
+    # Shorter timeouts, so that an outage is seen within a second or two.
+    "API_TIMEOUT_SECONDS": 1,
+    "WATCH_SILENCE_SECONDS": 2,
+    "DB_CONNECT_TIMEOUT_SECONDS": 1,
+    "DB_STATEMENT_TIMEOUT_SECONDS": 1,
+    "LISTENER_HEARTBEAT_TIMEOUT_SECONDS": 1,
+}
 
 
 async def test_each_outage_pages_once_with_its_cause_and_a_healthy_system_never(
@@ -410,88 +432,124 @@ async def test_each_outage_pages_once_with_its_cause_and_a_healthy_system_never(
 ) -> None:
     for binary in (PROMETHEUS, ALERTMANAGER):
         assert Path(binary).exists(), f"{binary} is missing: make promtool alertmanager"
+    started = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def phase(name: str) -> None:
+        phases[name] = round(time.monotonic() - started, 1)
+
     emulator.emulator.ensure_namespace(LEASE_NAMESPACE)
     await _seed(pg_url, emulator)
+    phase("seeded")
     seen: list[str] = []
-    async with proxied(emulator) as api_proxy, _pg_proxy(pg_url) as db_proxy:
+    launchers: list[ServiceLauncher] = []
+
+    def launcher(name: str, api_url: str) -> ServiceLauncher:
         # A directory each: a launcher writes its kubeconfig there.
-        (tmp_path / "gc-a").mkdir()
-        (tmp_path / "gc-b").mkdir()
-        proxied_a = ServiceLauncher(
-            tmp_path=tmp_path / "gc-a", emulator_url=api_proxy.url, database_url=pg_url
+        (tmp_path / name).mkdir()
+        launchers.append(
+            ServiceLauncher(tmp_path=tmp_path / name, emulator_url=api_url, database_url=pg_url)
         )
-        direct = ServiceLauncher(
-            tmp_path=tmp_path / "gc-b", emulator_url=emulator.url, database_url=pg_url
-        )
-        a_settings: dict[str, object] = {
-            "ENABLED": True,
-            "DRY_RUN": False,
-            "THRESHOLD_SECONDS": 2,
-            "LEASE_NAME": "gc-a",
-            "API_TIMEOUT_SECONDS": 1,
-            "WATCH_SILENCE_SECONDS": 2,
-            "DB_CONNECT_TIMEOUT_SECONDS": 1,
-            "DB_STATEMENT_TIMEOUT_SECONDS": 1,
-            "LISTENER_HEARTBEAT_TIMEOUT_SECONDS": 1,
-        }
+        return launchers[-1]
+
+    live: dict[str, object] = {"ENABLED": True, "DRY_RUN": False, "THRESHOLD_SECONDS": 2}
+    async with proxied(emulator) as api_proxy, _pg_proxy(pg_url) as db_proxy:
         try:
-            a0, a1 = (
-                proxied_a.start(name, database_url=_via(pg_url, db_proxy.port), **a_settings)
-                for name in ("gc-a-0", "gc-a-1")
-            )
-            b0 = direct.start(
-                "gc-b-0",
-                ENABLED=True,
-                DRY_RUN=True,
-                THRESHOLD_SECONDS=2,
-                LEADER_ELECTION=False,
-                NAMESPACE="",
-                NAMESPACES="sandboxes-b,sandboxes-c",
-            )
-            services = [a0, a1, b0]
-            targets = [Target(a0, "gc-a"), Target(a1, "gc-a"), Target(b0, "gc-b")]
-            for svc in services:
-                await svc.wait_for("/readyz", 200, timeout_s=START_S)
+            gc_a, gc_c = launcher("gc-a", emulator.url), launcher("gc-c", api_proxy.url)
+            gc_b, gc_d = launcher("gc-b", emulator.url), launcher("gc-d", emulator.url)
+            installations: dict[str, list[ServiceProcess]] = {
+                "gc-a": [
+                    gc_a.start(
+                        name,
+                        database_url=_via(pg_url, db_proxy.port),
+                        LEASE_NAME="gc-a",
+                        **live,
+                        **DISTURBED,
+                    )
+                    for name in ("gc-a-0", "gc-a-1")
+                ],
+                "gc-c": [
+                    gc_c.start(
+                        name, LEASE_NAME="gc-c", NAMESPACE="sandboxes-d", **live, **DISTURBED
+                    )
+                    for name in ("gc-c-0", "gc-c-1")
+                ],
+                "gc-b": [
+                    gc_b.start(
+                        "gc-b-0",
+                        ENABLED=True,
+                        DRY_RUN=True,
+                        THRESHOLD_SECONDS=2,
+                        LEADER_ELECTION=False,
+                        NAMESPACE="",
+                        NAMESPACES="sandboxes-b,sandboxes-c",
+                    )
+                ],
+                "gc-d": [
+                    gc_d.start(
+                        "gc-d-0",
+                        LEADER_ELECTION=False,
+                        NAMESPACE="",
+                        NAMESPACES="sandboxes-e,sandboxes-f",
+                        **live,
+                    )
+                ],
+            }
+            services = [svc for replicas in installations.values() for svc in replicas]
+            phase("launched")
+            targets = [
+                Target(svc, ns) for ns, replicas in installations.items() for svc in replicas
+            ]
+            undisturbed: set[str | None] = {"gc-b", "gc-d"}
+            outages = [
+                Outage("gc-a", db_proxy, DB_OUTAGE_S, "RetiredPodGcDatabaseDown", heal=True),
+                Outage("gc-c", api_proxy, API_OUTAGE_S, "RetiredPodGcApiUnreachable", heal=False),
+            ]
             async with _monitoring(tmp_path, targets) as mon, anyio.create_task_group() as tg:
+                for svc in services:
+                    await svc.wait_for("/readyz", 200, timeout_s=START_S)
+                phase("ready")
                 tg.start_soon(_kubelet, services)
                 deadline = time.monotonic() + START_S
                 while not await mon.targets_up(len(targets)):
                     assert time.monotonic() < deadline, "Prometheus never scraped every target"
                     await anyio.sleep(0.2)
+                phase("scraped")
 
                 # Healthy, in every mode at once: nothing pending, nothing firing, no page (from
                 # the first evaluation after every target was scraped: RetiredPodGcAbsent is
                 # pending before it).
                 await anyio.sleep(2.0)
-                await _watch(mon, HEALTHY_S, quiet={"gc-a", "gc-b", None}, seen=seen)
+                await _watch(mon, _after(HEALTHY_S), quiet={*installations, None}, seen=seen)
                 assert mon.hook.received == []
+                phase("healthy")
 
-                # The database, black-holed for gc-a.
-                db_proxy.blackhole_all()
-                await _watch(mon, DB_OUTAGE_S, quiet={"gc-b"}, seen=seen)
-                db_proxy.restore(heal=True)
-                db_pages = mon.hook.pages()
-                record_property("db_resolved_s", await _resolved(mon, "gc-a", RESOLVED_WITHIN_S))
-                assert db_pages == [("RetiredPodGcDatabaseDown", "gc-a")], seen
-
-                # The API server, black-holed for gc-a (its connections stay dead).
-                api_proxy.blackhole_all()
-                await _watch(mon, API_OUTAGE_S, quiet={"gc-b"}, seen=seen)
-                api_proxy.restore()
-                api_pages = mon.hook.pages()[len(db_pages) :]
-                record_property("api_resolved_s", await _resolved(mon, "gc-a", RESOLVED_WITHIN_S))
-                assert api_pages == [("RetiredPodGcApiUnreachable", "gc-a")], seen
+                # Both outages at once, each of its own installation (the inhibition and the
+                # pages are per namespace); the undisturbed ones stay quiet throughout.
+                resolved_s: dict[str, float] = {}
+                async with anyio.create_task_group() as both:
+                    for outage in outages:
+                        both.start_soon(outage.run, mon, resolved_s)
+                    await _watch(
+                        mon, lambda: len(resolved_s) == len(outages), quiet=undisturbed, seen=seen
+                    )
+                phase("outages_resolved")
+                record_property("resolved_s", resolved_s)
+                pages = [(o.page, o.namespace) for o in outages]
+                assert sorted(mon.hook.pages()) == sorted(pages), seen
                 # Nothing paged late, after its cause was back.
-                await _watch(mon, RESOLVED_WITHIN_S / 2, quiet={"gc-b"}, seen=seen)
-                assert mon.hook.pages() == db_pages + api_pages, seen
+                await _watch(mon, _after(RESOLVED_WITHIN_S / 2), quiet=undisturbed, seen=seen)
+                assert sorted(mon.hook.pages()) == sorted(pages), seen
+                phase("late")
                 record_property("alerts_seen", seen)
                 record_property("notifications", len(mon.hook.received))
                 tg.cancel_scope.cancel()
             for svc in services:
                 svc.assert_running()
         finally:
-            proxied_a.close()
-            direct.close()
-            print(proxied_a.failure_report())
-            print(direct.failure_report())
+            record_property("phases_s", phases)
+            for each in launchers:
+                each.close()
+                print(each.failure_report())
+            print("phases (s since the test began):", phases)
             print("alerts seen:", *seen, sep="\n  ")
