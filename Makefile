@@ -46,7 +46,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict service devtools
 
-test: lint typecheck pg-debian pgbouncer promtool
+test: lint typecheck pg-debian pgbouncer promtool alertmanager
 	$(BIN)/coverage erase
 	$(BIN)/coverage run -m pytest
 	$(BIN)/coverage combine --quiet || true
@@ -76,6 +76,18 @@ promtool:
 			exit 1; \
 		fi; \
 		apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+
+# Debian's Alertmanager, which tests/e2e/test_alerting.py runs beside Debian's Prometheus (the
+# shipped rules and inhibition, end to end): installed from apt when absent (as root). RUNLEVEL=1:
+# the package's own server is not started (the test starts its own).
+.PHONY: alertmanager
+alertmanager:
+	@command -v prometheus-alertmanager >/dev/null 2>&1 || test -x /usr/bin/prometheus-alertmanager || { \
+		if [ "$$(id -u)" != 0 ]; then \
+			echo "prometheus-alertmanager is not installed: run 'make alertmanager' as root (apt-get install prometheus-alertmanager)" >&2; \
+			exit 1; \
+		fi; \
+		apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus-alertmanager; }
 
 # Debian's PostgreSQL 15 (LLVM JIT, on by default), beside the wheel's for the tests and benchmarks
 # that depend on the server's planner (devtools/pg/throwaway.py `Flavor.DEBIAN`). Installed from

@@ -168,6 +168,16 @@ class Metrics:
         self.tracked_clocks = gauge(
             "retired_pod_gc_tracked_clocks", "Pod UIDs whose observation clock is running."
         )
+        self.oldest_clock = gauge(
+            "retired_pod_gc_oldest_clock_seconds",
+            "Age of the oldest running observation clock (0: none). Past THRESHOLD_SECONDS in "
+            "live mode, a reapable pod waits for its delete (alert RetiredPodGcReapBacklogGrowing);"
+            " in dry run a reported pod's clock runs on.",
+        )
+        self.threshold = gauge(
+            "retired_pod_gc_threshold_seconds",
+            "THRESHOLD_SECONDS: how long a pod must be seen reapable before it is deleted.",
+        )
         self.deletes = counter(
             "retired_pod_gc_deletes",
             "DELETE requests sent, by sandbox namespace and result (deleted, gone, conflict, "
@@ -200,7 +210,11 @@ class Metrics:
         )
         self.enabled = gauge("retired_pod_gc_enabled", "1 when ENABLED is true.")
         self.dry_run = gauge("retired_pod_gc_dry_run", "1 when DRY_RUN is true.")
-        self.is_leader = gauge("retired_pod_gc_is_leader", "1 while this replica holds the lease.")
+        self.is_leader = gauge(
+            "retired_pod_gc_is_leader",
+            "1 while this replica acts as the leader: it holds the lease, or leader election is "
+            "off (LEADER_ELECTION=false).",
+        )
         # work queue
         self.queue_depth = gauge("retired_pod_gc_queue_depth", "Keys ready to be processed.")
         self.queue_delayed = gauge(
@@ -251,6 +265,11 @@ class Metrics:
             "Kubernetes Events about deletes and dry-run reports, by result.",
             ["result"],
             zero=product(EVENT_RESULTS),
+        )
+        self.events_unwritten = gauge(
+            "retired_pod_gc_events_unwritten",
+            "Events of deletes, dry-run reports and kept pods buffered or being written: how far "
+            "the Events trail the deletes, and what a SIGKILL would lose now.",
         )
         self.api_requests = counter(
             "retired_pod_gc_api_requests",

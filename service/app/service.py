@@ -333,6 +333,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     )
     metrics.enabled.set(1 if settings.enabled else 0)
     metrics.dry_run.set(1 if settings.dry_run else 0)
+    metrics.threshold.set(settings.threshold_s)
     metrics.is_leader.set(0)
     return Parts(
         settings=settings,
@@ -418,7 +419,9 @@ async def run(
             if parts.elector is not None:
                 await tg.start(parts.elector.run)
             else:
+                # No lease: the one replica acts from the start, and says so as a leader would.
                 parts.controller.set_leader(True)
+                parts.metrics.is_leader.set(1)
             task_status.started()
             await stop.wait()
             logger.info("stopping: draining in-flight reconciles")

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 import msgspec
 
 from service.domain import Verdict, Waiting
+from service.kit import clock
 from service.metrics import Metrics
 
 
@@ -53,6 +54,7 @@ class ObservationClocks:
         if metrics is not None:
             # Read when scraped.
             metrics.tracked_clocks.set_function(lambda: len(self._by_uid))
+            metrics.oldest_clock.set_function(lambda: self.oldest_s(clock.now()))
 
     # ----------------------------------------------------------- reconcile side
 
@@ -92,6 +94,11 @@ class ObservationClocks:
         """Seconds ``uid`` has been continuously reapable, ``None`` when no clock runs."""
         current = self._by_uid.get(uid)
         return None if current is None else now - current.since_s
+
+    def oldest_s(self, now: float) -> float:
+        """Age of the oldest running clock, 0 when none runs (one pass over the clocks: read
+        when scraped)."""
+        return max((now - o.since_s for o in self._by_uid.values()), default=0.0)
 
     def uid_for(self, key: str) -> str | None:
         return self._uid_by_key.get(key)

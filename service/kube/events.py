@@ -5,7 +5,8 @@ without ever being in the way of a delete.
 - :meth:`KubeEventRecorder.record` and :meth:`KubeEventRecorder.record_kept` only append to a
   bounded buffer; they never await and never raise. One drain task writes the Events, one at a
   time, each call under its own timeout, so a hanging Events API holds one connection at most.
-- A delete's Event is written as it comes: the delete budget paced the deletes already. The
+- A delete's Event waits for no pace: the delete budget paced the deletes already (in a burst the
+  Events trail the deletes by what the one drain task has not written yet). The
   buffer holds two minutes of deletes at the budget's cap (at least ``EVENT_BUFFER_SIZE``).
 - Dry-run reports take no delete token, so they are paced (as live deletes would go, at least
   ``EVENTS_PER_SECOND`` after ``EVENT_BURST``) and at most ``report_bound`` wait; the ones beyond
@@ -20,7 +21,9 @@ without ever being in the way of a delete.
 - Every Event not written is counted with its reason, in ``retired_pod_gc_events_total`` or
   ``retired_pod_gc_kept_events_total``; failed writes are logged once per change of cause
   (:class:`CauseLog`), a full buffer the first time.
-- On shutdown, :meth:`KubeEventRecorder.flush` gives pending Events a short, bounded time.
+- On shutdown, :meth:`KubeEventRecorder.flush` gives pending Events a short, bounded time, then
+  logs how many were left unwritten and counts them (``dropped_shutdown``).
+  ``retired_pod_gc_events_unwritten`` says at any time how many wait: what a SIGKILL loses.
 """
 
 from __future__ import annotations
@@ -171,6 +174,7 @@ class KubeEventRecorder:
         """Failed writes, logged once per change of cause (their result) and when one works."""
         self._closed = False
         self._write_scope = anyio.CancelScope()
+        metrics.events_unwritten.set_function(lambda: self.pending)
 
     @property
     def pending(self) -> int:
@@ -274,6 +278,7 @@ class KubeEventRecorder:
         """Wait up to ``timeout_s`` for pending Events (:meth:`run` must be running); then drop
         and count what is left, the write in flight included, and accept no more reports.
         Returns the number dropped."""
+        waiting = self.pending
         with anyio.move_on_after(timeout_s):
             while self.pending:
                 await self._progress.wait()
@@ -289,7 +294,20 @@ class KubeEventRecorder:
         for report in left:
             self._count(report, "dropped_shutdown", "")
         if left:
-            logger.warning("shutting down: %d Events not written", len(left))
+            logger.warning(
+                "shutting down: %d of %d unwritten Events not written within %gs (counted as "
+                "dropped_shutdown)",
+                len(left),
+                waiting,
+                timeout_s,
+                extra={"unwritten": len(left)},
+            )
+        else:
+            logger.info(
+                "shutting down: every Event written (%d were unwritten)",
+                waiting,
+                extra={"unwritten": 0},
+            )
         return len(left)
 
     def _summarize(self, *, caught_up: bool) -> None:

@@ -51,6 +51,7 @@ def _alert(reason: str, severity: str, summary: str, runbook: str) -> dict[str, 
             "pod": LEADER,
             "reason": reason,
             "severity": severity,
+            "component": "retired-pod-gc",
         },
         "exp_annotations": {"summary": summary, "description": _description(runbook)},
     }
@@ -222,6 +223,7 @@ def _unreachable_tests(minutes_down: int) -> list[dict[str, Any]]:
                                     "namespace": NAMESPACE,
                                     "pod": LEADER,
                                     "severity": "warning",
+                                    "component": "retired-pod-gc",
                                 },
                                 "exp_annotations": {
                                     "summary": f"{LEADER}: the Kubernetes API server has not "

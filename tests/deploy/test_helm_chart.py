@@ -44,10 +44,11 @@ EVERYTHING_ON: dict[str, Any] = {
         "serviceMonitor": {"enabled": True},
         "prometheusRule": {"enabled": True},
         "dashboard": {"enabled": True},
+        "alertmanagerConfig": {"enabled": True},
     },
     "migrate": {"enabled": True},
 }
-CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "AlertmanagerConfig"}
 """Kinds of the prometheus-operator, absent from the Kubernetes schemas (compared with
 deploy/monitoring's instead)."""
 CHART_OWNED = {
@@ -207,7 +208,7 @@ def test_the_containers_start_with_the_same_settings(
 def test_the_monitoring_objects_are_deploy_monitoring(everything_on: list[Obj]) -> None:
     """ServiceMonitor, PrometheusRule (every runbook_url from the chart's value, as the
     kustomization's replacement fills it) and the dashboard ConfigMap."""
-    kinds = {"ServiceMonitor", "PrometheusRule"}
+    kinds = {"ServiceMonitor", "PrometheusRule", "AlertmanagerConfig"}
     chart = [
         o
         for o in everything_on
@@ -259,13 +260,15 @@ def test_the_migrate_hooks_deadline_follows_migrates_bounds(bounds: dict[str, fl
 
 def test_monitoring_and_migrate_are_off_by_default(chart_renders: dict[str, list[Obj]]) -> None:
     kinds = {o["kind"] for o in chart_renders["base"]}
-    assert not kinds & {"ServiceMonitor", "PrometheusRule", "Job"}
+    assert not kinds & {"ServiceMonitor", "PrometheusRule", "AlertmanagerConfig", "Job"}
     assert [o["metadata"]["name"] for o in of_kind(chart_renders["base"], "ConfigMap")] == [
         "retired-pod-gc-config"
     ]
 
 
-@pytest.mark.parametrize("name", ["prometheusrule.yaml", "grafana-dashboard.json"])
+@pytest.mark.parametrize(
+    "name", ["prometheusrule.yaml", "alertmanagerconfig.yaml", "grafana-dashboard.json"]
+)
 def test_the_charts_copies_of_the_monitoring_files_are_identical(name: str) -> None:
     """helm reads no file outside the chart, so the chart carries copies; they must not drift."""
     assert (CHART / "files" / name).read_bytes() == (MONITORING / name).read_bytes()

@@ -34,6 +34,8 @@ REQUIRED_ALERTS = {
     "RetiredPodGcRetiredPodsKeptAnnotated",
 }
 SEVERITIES = {"critical", "warning", "info"}
+COMPONENT = "retired-pod-gc"
+INHIBIT_EQUAL = ["namespace", "component"]
 # Labels Prometheus attaches from the scrape target (ServiceMonitor), not the service.
 TARGET_LABELS = {"namespace", "pod", "job", "instance", "service", "container", "endpoint"}
 
@@ -140,12 +142,16 @@ def test_every_alert_is_complete(monitoring_objects: list[Obj]) -> None:
         for h in re.findall(r"^#{1,6} (.+)$", operations, flags=re.MULTILINE)
     }
     for rule in rules(monitoring_objects):
-        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
+        assert set(rule) <= {"alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
         assert rule["labels"]["severity"] in SEVERITIES, rule["alert"]
+        # The label the inhibition matches on, beside the target's namespace.
+        assert rule["labels"]["component"] == COMPONENT, rule["alert"]
         annotations = rule["annotations"]
         assert annotations["summary"] and annotations["description"], rule["alert"]
         if "for" in rule:
             assert re.fullmatch(r"\d+[smh]", rule["for"]), rule["alert"]
+        if "keep_firing_for" in rule:
+            assert re.fullmatch(r"\d+[smh]", rule["keep_firing_for"]), rule["alert"]
         # Every alert links to its section of the runbook (the one base URL of runbook.yaml, the
         # anchor of the alert's heading), and that section exists.
         assert set(annotations) == {"summary", "description", "runbook_url"}, rule["alert"]
@@ -249,3 +255,82 @@ def test_dashboard_configmap_carries_the_json_and_the_sidecar_label(
     cm = only(monitoring_objects, "ConfigMap")
     assert cm["metadata"]["labels"] == {"grafana_dashboard": "1"}
     assert json.loads(cm["data"]["retired-pod-gc.json"]) == dashboard()
+
+
+# --- Alertmanager inhibition --------------------------------------------------------------------
+
+
+def _matcher(text: str) -> tuple[str, str, str]:
+    match = re.fullmatch(r'([a-z_]+)(=~|=)"(.*)"', text)
+    assert match is not None, text
+    name, op, value = match.groups()
+    return name, op, value
+
+
+def inhibit_rules() -> list[dict[str, Any]]:
+    """deploy/monitoring/alertmanager-inhibit.yaml's rules, as (source, target, equal) matchers."""
+    fragment = yaml.safe_load((MONITORING / "alertmanager-inhibit.yaml").read_text("utf-8"))
+    assert set(fragment) == {"inhibit_rules"}
+    rules_: list[dict[str, Any]] = fragment["inhibit_rules"]
+    return rules_
+
+
+def _alertnames(matchers: list[tuple[str, str, str]], names: set[str]) -> set[str]:
+    (matcher,) = matchers
+    name, op, value = matcher
+    assert name == "alertname"
+    return {n for n in names if (re.fullmatch(value, n) if op == "=~" else n == value)}
+
+
+def _am_matcher(name: str, op: str, value: str) -> dict[str, str]:
+    """An AlertmanagerConfig matcher: equality is its default (no matchType)."""
+    return {"name": name, "value": value} | ({"matchType": op} if op != "=" else {})
+
+
+def test_the_alertmanagerconfig_carries_the_same_inhibition(monitoring_objects: list[Obj]) -> None:
+    config = only(monitoring_objects, "AlertmanagerConfig")
+    assert (
+        config["metadata"]["namespace"]
+        == only(monitoring_objects, "PrometheusRule")["metadata"]["namespace"]
+    )
+    expected = [
+        {
+            "sourceMatch": [
+                _am_matcher(n, op, v) for n, op, v in map(_matcher, rule["source_matchers"])
+            ],
+            "targetMatch": [
+                _am_matcher(n, op, v) for n, op, v in map(_matcher, rule["target_matchers"])
+            ],
+            "equal": rule["equal"],
+        }
+        for rule in inhibit_rules()
+    ]
+    assert config["spec"] == {"inhibitRules": expected}
+
+
+def test_every_inhibition_pairs_alerts_that_carry_the_labels_it_matches_on(
+    monitoring_objects: list[Obj],
+) -> None:
+    by_name = {r["alert"]: r for r in rules(monitoring_objects)}
+    names = set(by_name)
+    muted: set[str] = set()
+    for rule in inhibit_rules():
+        assert rule["equal"] == INHIBIT_EQUAL
+        sources = _alertnames([_matcher(m) for m in rule["source_matchers"]], names)
+        targets = _alertnames([_matcher(m) for m in rule["target_matchers"]], names)
+        # Every name a matcher lists exists (a renamed alert would silently stop matching).
+        for matcher in (*rule["source_matchers"], *rule["target_matchers"]):
+            listed = set(_matcher(matcher)[2].split("|"))
+            assert listed <= names, listed - names
+        assert len(sources) == 1 and targets and not sources & targets
+        (source,) = sources
+        # The cause pages; each alert it mutes keeps namespace in its aggregation, as the
+        # source does (an alert without the label is never matched by `equal`).
+        assert by_name[source]["labels"]["severity"] in {"warning", "critical"}
+        for alert in (source, *targets):
+            expr = by_name[alert]["expr"]
+            outer = re.findall(r"\b(?:max|min|sum) by \(([a-z_, ]+)\)", expr)
+            assert outer and all("namespace" in group for group in outer), alert
+        muted |= targets
+    # The causes that page are never muted themselves.
+    assert not muted & {"RetiredPodGcDatabaseDown", "RetiredPodGcApiUnreachable"}

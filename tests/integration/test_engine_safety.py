@@ -328,6 +328,24 @@ async def test_disabled_sends_nothing_and_counts_no_outcome(
     assert emu.get_pod(NS, name) is not None
 
 
+@pytest.mark.parametrize("dry_run", [False, True], ids=["live", "dry_run"])
+async def test_with_leader_election_off_the_replica_reports_itself_leader(
+    emulator: RunningEmulator, pg_url: str, dry_run: bool
+) -> None:
+    # LEADER_ELECTION=false: the one replica acts from the start, so retired_pod_gc_is_leader is
+    # 1 on /metrics (RetiredPodGcNoLeader and RetiredPodGcTwoLeaders read it).
+    async with running_service(emulator, pg_url, DRY_RUN=dry_run) as parts:
+        assert parts.controller.active
+        port = parts.health.bound_port
+        assert port is not None
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{port}/metrics") as response,
+        ):
+            body = await response.text()
+        assert "\nretired_pod_gc_is_leader 1.0\n" in body, body
+
+
 # ---------------------------------------------------------------- retirement by NOTIFY
 
 

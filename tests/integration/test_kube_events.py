@@ -275,6 +275,34 @@ async def test_flush_at_shutdown_is_bounded_and_counts_what_it_leaves(
     assert len(emu.events.events(NS)) == 1
 
 
+async def test_the_unwritten_events_are_exported_and_logged_with_their_count_at_shutdown(
+    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    emu = emulator.emulator
+    recorder, metrics = make_recorder(kube_api, timeout_s=60.0)
+
+    def unwritten() -> float:
+        return metrics.registry.get_sample_value("retired_pod_gc_events_unwritten") or 0.0
+
+    async with draining(recorder):
+        assert unwritten() == 0
+        emu.add_latency(60.0, method="POST", path_contains=EVENTS_PATH)
+        for i in range(3):
+            recorder.record(report(i))
+        # One write hangs at the server, two wait behind it: what a SIGKILL would lose now.
+        await eventually(lambda: sum(r.method == "POST" for r in emu.requests) == 1)
+        assert unwritten() == 3
+        with caplog.at_level(logging.INFO, logger="service.kube.events"):
+            await recorder.flush(timeout_s=0.2)
+    assert unwritten() == 0
+    assert results(metrics) == {"dropped_shutdown": 3}
+    lines = [r.getMessage() for r in caplog.records if "shutting down" in r.getMessage()]
+    assert lines == [
+        "shutting down: 3 of 3 unwritten Events not written within 0.2s (counted as "
+        "dropped_shutdown)"
+    ]
+
+
 async def test_a_bug_writing_one_event_is_logged_counted_and_the_next_is_still_written(
     emulator: RunningEmulator, kube_api: k8s_client.ApiClient, caplog: pytest.LogCaptureFixture
 ) -> None:

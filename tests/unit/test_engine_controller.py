@@ -683,6 +683,21 @@ def test_observation_clocks_restart_on_a_new_uid_and_index_by_key() -> None:
 
 
 @pytest.mark.anyio
+async def test_the_oldest_clock_gauge_is_the_age_of_the_oldest_running_clock() -> None:
+    rig = make_rig()
+    oldest = "retired_pod_gc_oldest_clock_seconds"
+    assert rig.metrics.registry.get_sample_value(oldest) == 0.0
+    first, second = make_pod("first"), make_pod("second")
+    await _observed_for_100s(rig, first, make_row(first))
+    await _observed_for_100s(rig, second, make_row(second))
+    assert rig.metrics.registry.get_sample_value(oldest) == pytest.approx(200.0)
+    rig.clocks.clear(first.uid)
+    assert rig.metrics.registry.get_sample_value(oldest) == pytest.approx(100.0)
+    rig.clocks.clear_all()
+    assert rig.metrics.registry.get_sample_value(oldest) == 0.0
+
+
+@pytest.mark.anyio
 async def test_a_sync_in_progress_enqueues_nothing_but_still_clears_clocks_at_event_time() -> None:
     rig = make_rig()
     pod = make_pod()
