@@ -178,15 +178,16 @@ class ListWatch:
                         allow_watch_bookmarks=True,
                         timeout_seconds=timeout_s,
                         _preload_content=False,
-                        # The read timeout is only a backstop: a stream is dead once nothing
-                        # arrived for longer than its own timeoutSeconds. The reflector ends a
-                        # stream silent for WATCH_SILENCE_SECONDS well before that
-                        # (docs/architecture.md, "A silent watch").
+                        # The read timeout is only a backstop, an API timeout past both the
+                        # stream's own timeoutSeconds and the silence bound by which the
+                        # reflector ends a silent stream first (docs/architecture.md, "A
+                        # silent watch"): the reflector's end is the one counted as silence.
                         _request_timeout=aiohttp.ClientTimeout(
                             total=None,
                             connect=settings.api_timeout_s,
                             sock_connect=settings.api_timeout_s,
-                            sock_read=timeout_s + settings.api_timeout_s,
+                            sock_read=max(timeout_s, settings.watch_silence_s)
+                            + settings.api_timeout_s,
                         ),
                         **params,
                     )
