@@ -178,6 +178,10 @@ class WatchStream:
         """When the client gave the stream up (``close``)."""
         self.held = False
         """Whether the client has the stream (its answer arrived before the client gave up)."""
+        self.watching = True
+        """Whether the stream is a watch as the client reads it: a streaming list once the
+        client has read its initial-events-end bookmark (before, its own bound applies,
+        ``STREAM_SYNC_TIMEOUT_SECONDS``)."""
         self._timers: list[asyncio.TimerHandle] = []
 
     # -- server side -----------------------------------------------------------------------
@@ -241,6 +245,8 @@ class WatchStream:
             raise item
         line: bytes = item
         self.last_read_at = loop.time()
+        if not self.watching and b"initial-events-end" in line:
+            self.watching = True
         return line
 
     def received(self) -> None:
@@ -427,8 +433,10 @@ class ApiServer:
         reset, no bytes, not even the server's end of the stream), whether or not the client has
         read a bookmark from them: the silence bound holds from a stream's first second
         (docs/architecture.md, "A silent watch"). Not a stream whose answer is still on its way,
-        or came after the client gave the request up: the client never reads it."""
-        killed = [w for w in self.watches if w.held and not w.ended and not w.closed]
+        or came after the client gave the request up (the client never reads it), nor a
+        streaming list still in its initial events (bounded by ``STREAM_SYNC_TIMEOUT_SECONDS``,
+        not by the watch's bound)."""
+        killed = [w for w in self.watches if w.held and w.watching and not w.ended and not w.closed]
         now = self.net.loop.time()
         for watch in killed:
             watch.dead = True
@@ -533,6 +541,7 @@ class ApiServer:
                 self.fail_after_expire = 0
             return Response(410, _status_body(410, "Expired", "too old resource version"))
         stream = WatchStream(self, sock_read_s)
+        stream.watching = not initial
         if initial:
             for name in sorted(self.pods):
                 pod = self.pods[name]
