@@ -123,7 +123,9 @@ API_TIMEOUT_SECONDS = _var("API_TIMEOUT_SECONDS", 10.0, env.number,
     doc="Timeout of one Kubernetes API call (GET, DELETE, list page, lease).")
 WATCH_TIMEOUT_SECONDS = _var("WATCH_TIMEOUT_SECONDS", 300.0, env.number,
     "kube.watch_timeout_s", lo=5, hi=3600,
-    doc="Server-side timeoutSeconds of a watch request (jittered up to +10%).")
+    doc="Server-side timeoutSeconds of a watch request (jittered up to +10%), once the API server "
+        "is known to send bookmarks; until then a watch asks for a shorter one (see "
+        "WATCH_SILENCE_SECONDS).")
 LIST_PAGE_SIZE = _var("LIST_PAGE_SIZE", 500, env.integer, "kube.list_page_size", lo=1, hi=10000,
     doc="Pods per page when listing.")
 LIST_MODE = _var("LIST_MODE", "auto", env.choice("auto", "stream", "list"), "kube.list_mode",
@@ -133,10 +135,13 @@ LIST_MODE = _var("LIST_MODE", "auto", env.choice("auto", "stream", "list"), "kub
         " does not honour it).")
 WATCH_SILENCE_SECONDS = _var("WATCH_SILENCE_SECONDS", 75.0, env.number,
     "kube.watch_silence_s", lo=1, hi=3600,
-    doc="A watch that has received no event and no bookmark for this long is taken for dead (a "
-        "silently dropped connection): closed, counted and resumed from the last resourceVersion. "
-        "Applies once the API server is known to send bookmarks (a real one sends one every 60 s); "
-        "keep it above that.")
+    doc="A watch that has received nothing for this long after its last line is taken for dead (a "
+        "silently dropped connection): closed, counted and resumed from the last resourceVersion; "
+        "from the first second of every watch. Once the API server is known to send bookmarks (a "
+        "real one sends one every 60 s: keep this above that), silence itself is the evidence; "
+        "until then a watch asks for a timeoutSeconds this long less a margin (API_TIMEOUT_SECONDS,"
+        " at most a quarter of it; 65 s at the defaults), and one that the server has not ended "
+        "and that stays silent for the margin past it is dead.")
 STREAM_SYNC_TIMEOUT_SECONDS = _var("STREAM_SYNC_TIMEOUT_SECONDS", 30.0, env.number,
     "kube.stream_sync_timeout_s", lo=1, hi=600,
     doc="A streaming list that goes this long without an event before its initial-events-end "

@@ -28,8 +28,8 @@ class KubeSettings:
     stream_sync_timeout_s: float = 30.0
     """Longest silence of a streaming list before its initial-events-end bookmark."""
     watch_silence_s: float = 75.0
-    """Longest silence (no event, no bookmark) of a watch from a server known to send
-    bookmarks before it is taken for dead."""
+    """Longest silence (no event, no bookmark, no end) of a watch after its last line before it
+    is taken for dead; from its first second (docs/architecture.md, "A silent watch")."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,7 +79,8 @@ class Emulator(Watches, FaultControls):
     """The API server's state and its fault controls.
 
     ``history_size`` bounds the watch history (older resourceVersions get 410 Expired);
-    ``bookmark_interval_s`` is how often watches with ``allowWatchBookmarks`` get a BOOKMARK;
+    ``bookmark_interval_s`` is how often watches with ``allowWatchBookmarks`` get a BOOKMARK
+    (and, as from a kube-apiserver, one 2 s before their ``timeoutSeconds``, where they end);
     ``kubelet_finish_after_s`` (``None``: never) finishes graceful pod deletions by itself, as
     a kubelet would; ``clock`` gives wall-clock seconds for timestamps; ``auth`` (``None``:
     no authentication) and ``flow_control`` (``None``: no throttling) install the bearer-token

@@ -327,6 +327,25 @@ def _include_object(request: web.Request) -> str:
     return include
 
 
+PRE_TIMEOUT_BOOKMARK_S = 2.0
+"""How long before a watch's ``timeoutSeconds`` a kube-apiserver sends it a last bookmark."""
+
+
+def _next_bookmark(
+    now: float, interval_s: float, deadline: float, timeout_s: float
+) -> float | None:
+    """When a watch that allows bookmarks gets its next one, as a kube-apiserver's watch cache
+    sends them: ``interval_s`` after the last (60 s on a real server) until the last one,
+    :data:`PRE_TIMEOUT_BOOKMARK_S` before the watch's end; ``None`` once that one is sent. A
+    watch of ``timeout_s`` no longer than that (a real server sends it none) gets one every
+    ``interval_s``: tests scale the interval down, not this constant."""
+    at = now + interval_s
+    if timeout_s <= PRE_TIMEOUT_BOOKMARK_S:
+        return at
+    last = deadline - PRE_TIMEOUT_BOOKMARK_S
+    return min(at, last) if now < last else None
+
+
 async def _watch(request: web.Request, emulator: Emulator, target: _Target) -> web.StreamResponse:
     res = target.res
     bookmarks = request.query.get("allowWatchBookmarks", "") in _TRUE
@@ -361,8 +380,13 @@ async def _watch(request: web.Request, emulator: Emulator, target: _Target) -> w
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         interval = emulator.bookmark_interval_s
-        next_bookmark = loop.time() + interval
+        next_bookmark = (
+            _next_bookmark(loop.time(), interval, deadline, timeout_s) if bookmarks else None
+        )
         while True:
+            now = loop.time()
+            if now >= deadline:
+                break  # as a real server: at timeoutSeconds, whatever is pending
             if watcher.lines:
                 lines = watcher.lines
                 if as_table is not None:
@@ -380,15 +404,12 @@ async def _watch(request: web.Request, emulator: Emulator, target: _Target) -> w
                 break
             if watcher.closed:
                 break
-            now = loop.time()
-            if now >= deadline:
-                break
-            if bookmarks and now >= next_bookmark:
+            if next_bookmark is not None and now >= next_bookmark:
                 await response.write(emulator.bookmark_line(res))
-                next_bookmark = now + interval
+                next_bookmark = _next_bookmark(now, interval, deadline, timeout_s)
                 continue
             wait_s = deadline - now
-            if bookmarks:
+            if next_bookmark is not None:
                 wait_s = min(wait_s, next_bookmark - now)
             watcher.wake.clear()
             with contextlib.suppress(TimeoutError):

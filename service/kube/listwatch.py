@@ -3,10 +3,10 @@
 :class:`ListWatch` makes the requests for the pods of one namespace and selector, as client-go's
 ``ListerWatcher`` does: a page of a list (``limit``/``continue``, from the API server's watch
 cache with ``resourceVersion=0`` or ``NotOlderThan`` a version, or a quorum list), a watch from a
-resourceVersion (bookmarks, a jittered server ``timeoutSeconds``), and a streaming list
-(``sendInitialEvents``: a watch that starts with the state as ADDED events). It holds no state
-between requests and writes into no cache; what an answer means and what to ask next are the
-reflector's (``service/kube/reflector.py``).
+resourceVersion (bookmarks, a jittered server ``timeoutSeconds`` within the cap the reflector
+gives), and a streaming list (``sendInitialEvents``: a watch that starts with the state as ADDED
+events). It holds no state between requests and writes into no cache; what an answer means and
+what to ask next are the reflector's (``service/kube/reflector.py``).
 
 A request answers a decoded :class:`Page` or an open stream, and fails with a kit error:
 ``Unavailable`` when no answer came, :class:`KubeApiError` for any other status (the reflector
@@ -138,27 +138,33 @@ class ListWatch:
 
     # ------------------------------------------------------------------ watch
 
-    async def stream(self, known: str | None) -> aiohttp.ClientResponse:
-        """Open a streaming list not older than ``known`` (``None``: the newest state)."""
+    async def stream(
+        self, known: str | None, *, timeout_cap: int | None = None
+    ) -> aiohttp.ClientResponse:
+        """Open a streaming list not older than ``known`` (``None``: the newest state), asking
+        the server to end it within ``timeout_cap`` seconds at most (see :meth:`watch`)."""
         return await self._open(
             "watchlist",
+            timeout_cap,
             send_initial_events=True,
             resource_version_match="NotOlderThan",
             resource_version=cast(str, known),  # None: not sent
         )
 
-    async def watch(self, rv: str) -> aiohttp.ClientResponse:
-        """Open a watch of the changes after ``rv``."""
-        return await self._open("watch", resource_version=rv)
+    async def watch(self, rv: str, *, timeout_cap: int | None = None) -> aiohttp.ClientResponse:
+        """Open a watch of the changes after ``rv``. Its ``timeoutSeconds`` is the jittered
+        ``WATCH_TIMEOUT_SECONDS``, or ``timeout_cap`` when that is shorter."""
+        return await self._open("watch", timeout_cap, resource_version=rv)
 
-    def _watch_timeout_s(self) -> int:
+    def _watch_timeout_s(self, cap: int | None) -> int:
         timeout_s = self._settings.watch_timeout_s
-        return max(1, int(timeout_s * (1 + self._watch_jitter * self._rng.random())))
+        jittered = max(1, int(timeout_s * (1 + self._watch_jitter * self._rng.random())))
+        return jittered if cap is None else min(jittered, cap)
 
-    async def _open(self, op: str, **params: Any) -> aiohttp.ClientResponse:
+    async def _open(self, op: str, cap: int | None, **params: Any) -> aiohttp.ClientResponse:
         """Open a watch stream (``op``: watch or watchlist): the response on a 200."""
         settings = self._settings
-        timeout_s = self._watch_timeout_s()
+        timeout_s = self._watch_timeout_s(cap)
         requests = self._metrics.api_requests
         try:
             # The answer's status and headers within the API timeout, as any request's (the
@@ -172,16 +178,16 @@ class ListWatch:
                         allow_watch_bookmarks=True,
                         timeout_seconds=timeout_s,
                         _preload_content=False,
-                        # The read timeout is only the backstop for a server that sends no
-                        # bookmarks, where silence is no evidence: its stream is dead once
-                        # nothing arrived for longer than its own timeoutSeconds. From a server
-                        # that sends them, the reflector ends a stream silent for
-                        # WATCH_SILENCE_SECONDS (docs/architecture.md, "A silent watch").
+                        # The read timeout is only a backstop, an API timeout past both the
+                        # stream's own timeoutSeconds and the silence bound by which the
+                        # reflector ends a silent stream first (docs/architecture.md, "A
+                        # silent watch"): the reflector's end is the one counted as silence.
                         _request_timeout=aiohttp.ClientTimeout(
                             total=None,
                             connect=settings.api_timeout_s,
                             sock_connect=settings.api_timeout_s,
-                            sock_read=timeout_s + settings.api_timeout_s,
+                            sock_read=max(timeout_s, settings.watch_silence_s)
+                            + settings.api_timeout_s,
                         ),
                         **params,
                     )

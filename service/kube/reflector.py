@@ -9,8 +9,10 @@ streams, and whether the version last seen is gone; the fallback runs streaming 
 the watch cache → quorum list (docs/architecture.md, "How the cache is filled").
 
 A list whose continue token expired is started over. A watch that ends is resumed from the last
-resourceVersion seen; a 410 means that history is gone, and the store is synced again. A stream
-silent past its bound is watched again at once. A failure of the outside world (an
+resourceVersion seen; a 410 means that history is gone, and the store is synced again. Every
+stream asks for the ``timeoutSeconds`` cap the :class:`~service.kube.watching.Watcher` gives
+(short of the silence bound until the server is known to send bookmarks), and a stream silent
+past its bound is watched again at once. A failure of the outside world (an
 ``ExternalError``) is retried after a jittered exponential backoff (kit ``Attempts``), with a
 429's Retry-After as the least delay; a 4xx other than 429 means the request itself is refused,
 so the next attempt syncs. After a failure without an answer, the backoff ends once the server
@@ -59,9 +61,9 @@ class ListerWatcher(Protocol):
         self, *, resource_version: str, match: str, token: str | None, limit: int | None
     ) -> Page: ...
 
-    async def stream(self, known: str | None) -> Stream: ...
+    async def stream(self, known: str | None, *, timeout_cap: int | None) -> Stream: ...
 
-    async def watch(self, rv: str) -> Stream: ...
+    async def watch(self, rv: str, *, timeout_cap: int | None) -> Stream: ...
 
 
 class ListMode(enum.StrEnum):
@@ -344,17 +346,18 @@ class Reflector:
         Not honoured (:attr:`End.UNSUPPORTED`) when a plain bookmark comes first or the stream
         stays silent for ``stream_sync_timeout_s`` before that bookmark; the events already
         applied are then reconciled by the list that follows."""
-        started = clock.now()
-        opened = await _opened(self._lw.stream(known), streaming=True)
+        cap = self._watcher.timeout_cap()
+        opened = await _opened(self._lw.stream(known, timeout_cap=cap), streaming=True)
         if isinstance(opened, WatchEnd):
             return opened
+        at = clock.now()
         try:
-            synced = await self._watcher.initial_events(opened, started)
+            synced = await self._watcher.initial_events(opened, at, timeout_cap=cap)
             if isinstance(synced, WatchEnd):
                 return synced
             self._synced(synced, SyncMode.STREAM)
             self._worked()
-            return await self._watcher.follow(opened, started, continued=True)
+            return await self._watcher.follow(opened, at, timeout_cap=cap, continued=True)
         finally:
             opened.close()
 
@@ -367,11 +370,11 @@ class Reflector:
 
     async def _watch(self, rv: str) -> WatchEnd:
         """One watch request from ``rv``, followed until the stream ends."""
-        started = clock.now()
-        opened = await _opened(self._lw.watch(rv), streaming=False)
+        cap = self._watcher.timeout_cap()
+        opened = await _opened(self._lw.watch(rv, timeout_cap=cap), streaming=False)
         if isinstance(opened, WatchEnd):
             return opened
         try:
-            return await self._watcher.follow(opened, started, continued=False)
+            return await self._watcher.follow(opened, clock.now(), timeout_cap=cap, continued=False)
         finally:
             opened.close()

@@ -9,15 +9,19 @@ server's :class:`~service.kube.reachability.Reachability` that it answered.
 
 Each stream has a bound on its silence: ``STREAM_SYNC_TIMEOUT`` before the initial events end,
 after which the server is taken not to honour the streaming list; on a watch,
-``WATCH_SILENCE_SECONDS`` once the server is known to send periodic bookmarks, after which the
-connection is taken for dead (docs/architecture.md, "A silent watch"). A stream that ends is
-described by a :class:`WatchEnd`; what to do next is the reflector's choice.
+``WATCH_SILENCE_SECONDS`` after its last line, from its first second, after which the connection
+is taken for dead (docs/architecture.md, "A silent watch"). Once the server is known to send
+periodic bookmarks, silence itself is the evidence; before, the server's own end of the stream
+is: a watch then asks for a ``timeoutSeconds`` short of the bound (:meth:`Watcher.timeout_cap`)
+and is dead once it is silent for the rest of the bound past it. A stream that ends is described
+by a :class:`WatchEnd`; what to do next is the reflector's choice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -57,8 +61,9 @@ class End(enum.StrEnum):
     """A stream that broke the protocol: an initial-events-end bookmark without a version, or
     a streaming list that ended before its initial events did."""
     SILENT = "silent"
-    """No event and no bookmark for the silence bound, from a server that sends bookmarks: the
-    connection is taken for dead (resume at once)."""
+    """No event and no bookmark for the silence bound from a server that sends bookmarks, or no
+    end of the stream for the end margin past its ``timeoutSeconds``: the connection is taken for
+    dead (resume at once)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,30 +85,53 @@ _NOT_HONOURED = WatchEnd(
 )
 
 
+def end_margin_s(settings: KubeSettings) -> float:
+    """How long past its ``timeoutSeconds`` a watch may stay open and silent before it is taken
+    for dead, while the server is not known to send bookmarks: ``API_TIMEOUT_SECONDS`` (how late
+    any answer may be), at most a quarter of ``WATCH_SILENCE_SECONDS``."""
+    return min(settings.api_timeout_s, settings.watch_silence_s / 4)
+
+
+def short_timeout_s(settings: KubeSettings) -> int:
+    """The ``timeoutSeconds`` of a watch while the server is not known to send bookmarks:
+    ``WATCH_SILENCE_SECONDS`` less :func:`end_margin_s`, in whole seconds (at least 1)."""
+    return max(1, math.floor(settings.watch_silence_s - end_margin_s(settings)))
+
+
 class _Silence:
-    """Ends a stream's reading (cancels ``scope``) once ``bound_s`` has passed since its last
-    line. The reader sets :attr:`last` per line, an assignment; the timer checks it when due and
-    sets itself again for the new deadline, so a stream whose lines come less than ``bound_s``
-    apart is never cut."""
+    """Ends a stream's reading (cancels ``scope``) once it has been silent for ``bound_s``,
+    counted from its last line or from ``after``, whichever is later. The reader sets
+    :attr:`last` per line, an assignment; the timer checks it when due and sets itself again for
+    the new deadline, so a stream whose lines come less than ``bound_s`` apart is never cut."""
 
-    __slots__ = ("_bound_s", "_handle", "_loop", "_scope", "last")
+    __slots__ = ("_after", "_bound_s", "_handle", "_loop", "_scope", "last")
 
-    def __init__(self, scope: anyio.CancelScope, bound_s: float) -> None:
+    def __init__(self, scope: anyio.CancelScope, bound_s: float, after: float = -math.inf) -> None:
         self._loop = asyncio.get_running_loop()
         self._scope = scope
         self._bound_s = bound_s
+        self._after = after
         self.last = self._loop.time()
-        self._handle: asyncio.TimerHandle | None = self._loop.call_at(
-            self.last + bound_s, self._check
-        )
+        self._handle: asyncio.TimerHandle | None = self._loop.call_at(self._due(), self._check)
+
+    def _due(self) -> float:
+        return max(self.last, self._after) + self._bound_s
 
     def _check(self) -> None:
-        due = self.last + self._bound_s
+        due = self._due()
         if self._loop.time() >= due:
             self._handle = None
             self._scope.cancel()
         else:
             self._handle = self._loop.call_at(due, self._check)
+
+    def rebound(self, bound_s: float, after: float = -math.inf) -> None:
+        """From now on, the stream ends once silent for ``bound_s`` counted as at creation."""
+        self._bound_s = bound_s
+        self._after = after
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = self._loop.call_at(self._due(), self._check)
 
     def stop(self) -> None:
         if self._handle is not None:
@@ -140,30 +168,64 @@ class Watcher:
         bound without one."""
         self._stream_bookmarks = 0
         """Periodic bookmarks received on the stream being read."""
+        self._end_margin_s = end_margin_s(settings)
+        self._short_timeout_s = short_timeout_s(settings)
 
-    async def initial_events(self, stream: Stream, started: float) -> str | WatchEnd:
+    def timeout_cap(self) -> int | None:
+        """The longest ``timeoutSeconds`` the next stream may ask for: ``None`` once the server
+        is known to send periodic bookmarks (the watch is as long as ``WATCH_TIMEOUT_SECONDS``
+        makes it, and silence bounds it); before, :func:`short_timeout_s`, so that the server's
+        own end of the stream bounds its silence."""
+        return None if self._bookmarks_sent else self._short_timeout_s
+
+    async def initial_events(
+        self, stream: Stream, opened: float, *, timeout_cap: int | None
+    ) -> str | WatchEnd:
         """Read a streaming list's initial events into the store: the resourceVersion of their
-        end bookmark (the stream then goes on as a watch), or why the stream ended first."""
-        return await self._read(stream, started, initial=True, continued=False)
+        end bookmark (the stream then goes on as a watch), or why the stream ended first.
+        ``opened`` is when its answer came, ``timeout_cap`` what :meth:`timeout_cap` said when
+        it was asked for."""
+        return await self._read(
+            stream, opened, timeout_cap=timeout_cap, initial=True, continued=False
+        )
 
-    async def follow(self, stream: Stream, started: float, *, continued: bool) -> WatchEnd:
+    async def follow(
+        self, stream: Stream, opened: float, *, timeout_cap: int | None, continued: bool
+    ) -> WatchEnd:
         """Read a watch until it ends; ``continued`` for the rest of a streaming list, which has
-        delivered already."""
-        end = await self._read(stream, started, initial=False, continued=continued)
+        delivered already (``opened`` and ``timeout_cap`` as for :meth:`initial_events`)."""
+        end = await self._read(
+            stream, opened, timeout_cap=timeout_cap, initial=False, continued=continued
+        )
         assert isinstance(end, WatchEnd)
         return end
 
-    def _silence_bound(self) -> float | None:
-        """How long a watch may stay silent before it is taken for dead:
-        ``WATCH_SILENCE_SECONDS`` once the server is known to send bookmarks; ``None`` before
-        (silence is then no evidence, and only the request's read timeout ends it)."""
-        return self._silence_s if self._bookmarks_sent else None
+    def _silence_bound(self, opened: float, timeout_cap: int | None) -> tuple[float, float] | None:
+        """When a watch opened at ``opened`` is taken for dead: once silent for the first value,
+        counted from its last line or from the second, whichever is later. Once the server is
+        known to send bookmarks, silent for ``WATCH_SILENCE_SECONDS``; before, silent for the end
+        margin past the ``timeoutSeconds`` it asked for (at most ``timeout_cap``), at which the
+        server ends every watch: either way at most ``WATCH_SILENCE_SECONDS`` after its last
+        line. ``None`` for a stream asked for without a cap before bookmarks (the request's read
+        timeout alone ends it)."""
+        if self._bookmarks_sent:
+            return self._silence_s, -math.inf
+        if timeout_cap is not None:
+            return self._end_margin_s, opened + timeout_cap
+        return None
 
     async def _read(
-        self, stream: Stream, started: float, *, initial: bool, continued: bool
+        self,
+        stream: Stream,
+        opened: float,
+        *,
+        timeout_cap: int | None,
+        initial: bool,
+        continued: bool,
     ) -> str | WatchEnd:
         """The one read loop: lines until the stream ends, a line ends it, or it stays silent
-        past its bound. Initial events are bounded from the start by the sync timeout."""
+        past its bound. Initial events are bounded from the start by the sync timeout; a watch
+        by :meth:`_silence_bound`, which a periodic bookmark turns into the silence bound."""
         answered = self._reach.answered
         decode = self._decoder.decode
         readline = stream.content.readline
@@ -171,14 +233,15 @@ class Watcher:
         self._stream_bookmarks = 0
         lines = 1 if continued else 0
         end: str | WatchEnd | None = None
+        proven = self._bookmarks_sent
         with anyio.CancelScope() as scope:
-            silence = _Silence(scope, self._sync_timeout_s) if initial else None
+            silence: _Silence | None = None
+            if initial:
+                silence = _Silence(scope, self._sync_timeout_s)
+            elif (bound := self._silence_bound(opened, timeout_cap)) is not None:
+                silence = _Silence(scope, *bound)
             try:
                 while True:
-                    if silence is None and self._bookmarks_sent:
-                        bound_s = self._silence_bound()
-                        if bound_s is not None:
-                            silence = _Silence(scope, bound_s)
                     try:
                         line = await readline()
                     except TRANSIENT_ERRORS as exc:
@@ -196,6 +259,15 @@ class Watcher:
                         end = self._apply(event, initial=initial)
                         if end is not None:
                             break
+                        if not proven and self._bookmarks_sent:
+                            # The first periodic bookmark: silence is evidence from now on.
+                            proven = True
+                            bound = self._silence_bound(opened, timeout_cap)
+                            if bound is not None:
+                                if silence is None:
+                                    silence = _Silence(scope, *bound)
+                                else:
+                                    silence.rebound(*bound)
                     lines += 1
                     if lines == 1 and not initial:
                         self._worked()
@@ -203,23 +275,26 @@ class Watcher:
                 if silence is not None:
                     silence.stop()
                 unmarked = not initial and not self._stream_bookmarks
-                if unmarked and clock.now() - started >= self._silence_s:
+                if unmarked and clock.now() - opened >= self._silence_s:
                     self._bookmarks_sent = False  # lived the bound without one: none are sent
         if scope.cancelled_caught:
             if initial:
                 message = f"no initial-events-end bookmark within {self._sync_timeout_s:g}s"
                 return WatchEnd(End.UNSUPPORTED, message=f"{message} of silence")
-            return WatchEnd(
-                End.SILENT,
-                message=f"no event and no bookmark for {self._silence_s:g}s: "
-                "the connection is taken for dead",
-            )
+            if proven:
+                message = f"no event and no bookmark for {self._silence_s:g}s"
+            else:
+                message = (
+                    f"no end of the stream and no line {self._end_margin_s:g}s past its "
+                    f"timeoutSeconds (at most {timeout_cap}s), and no bookmark yet"
+                )
+            return WatchEnd(End.SILENT, message=f"{message}: the connection is taken for dead")
         if end is not None:
             return end
         if initial:
             message = "streaming list ended before its initial-events-end bookmark"
             return WatchEnd(End.BROKEN, message=message)
-        if lines == 0 and clock.now() - started < self._min_watch_s:
+        if lines == 0 and clock.now() - opened < self._min_watch_s:
             return WatchEnd(End.EMPTY, message="watch stream closed at once without events")
         return _CLOSED
 

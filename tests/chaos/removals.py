@@ -166,7 +166,9 @@ pod and row the product can see: removing one alone changes no decision of the c
 (then this reason is wrong)."""
 
 
-def _no_silence_bound(_self: Watcher) -> float | None:
+def _no_silence_bound(
+    _self: Watcher, _opened: float, _timeout_cap: int | None
+) -> tuple[float, float] | None:
     return None
 
 
@@ -179,8 +181,9 @@ async def _no_reread_at_401(self: ApiTransport, _generation: int) -> str | None:
 
 
 LIVENESS_REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
-    # The informer's silence bound: a watch whose connection died silently is read until the
-    # request's read timeout gives up, as if the server sent no bookmarks.
+    # The informer's silence bound, before bookmarks are proven (the server's end of a short
+    # watch) and after: a watch whose connection died silently is read until the request's read
+    # timeout gives up.
     "watch_silence_bound": lambda: replaced(Watcher, "_silence_bound", _no_silence_bound),
     # The transport's re-read of the credentials at a 401: a refused request is not sent again
     # with a new token, and the next ones carry the revoked one until the periodic re-read.

@@ -7,6 +7,7 @@ what the server sent); watch streams are read with aiohttp to see the framing it
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -295,6 +296,36 @@ async def test_watch_bookmarks_look_like_the_real_ones(emulator: RunningEmulator
     real = json.loads((WIRE / "watch-stream.jsonl").read_text().splitlines()[-1])
     real["object"]["metadata"]["resourceVersion"] = str(emu.resource_version)
     assert all(e == real for e in events)
+
+
+@pytest.mark.parametrize("emulator_options", [{"bookmark_interval_s": 60.0}])
+async def test_a_watch_gets_a_last_bookmark_before_its_timeout_and_ends_there(
+    emulator: RunningEmulator,
+) -> None:
+    # As a kube-apiserver: a bookmark every 60 s, and one 2 s before timeoutSeconds. A watch of
+    # 3 s gets that one alone (not sooner), and ends at its timeout; one that does not allow
+    # bookmarks gets none.
+    emu = emulator.emulator
+    url = f"{emulator.url}/api/v1/namespaces/{NS}/pods"
+    loop = asyncio.get_running_loop()
+    for allowed in (True, False):
+        query = {"watch": "1", "resourceVersion": str(emu.resource_version), "timeoutSeconds": "3"}
+        if allowed:
+            query["allowWatchBookmarks"] = "true"
+        arrivals: list[tuple[float, bytes]] = []
+        async with aiohttp.ClientSession() as session:
+            started = loop.time()
+            async with session.get(url, params=query) as resp:
+                async for line in resp.content:
+                    arrivals.append((loop.time() - started, line))
+            ended = loop.time() - started
+        assert ended >= 3.0
+        types = [json.loads(line)["type"] for _, line in arrivals]
+        if allowed:
+            assert types == ["BOOKMARK"]
+            assert arrivals[0][0] >= 1.0
+        else:
+            assert types == []
 
 
 async def test_watch_from_a_compacted_version_is_one_410_error_event(

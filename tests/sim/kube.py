@@ -173,11 +173,15 @@ class WatchStream:
         self.dead = False
         self.dead_at = 0.0
         self.last_read_at = self.net.loop.time()
-        """When the client last read a line (or the stream opened)."""
-        self.bookmarks_read = 0
-        """Periodic bookmarks the client read (not the initial-events-end one)."""
+        """When the client last read a line (or received the stream: :meth:`received`)."""
         self.closed_at: float | None = None
         """When the client gave the stream up (``close``)."""
+        self.held = False
+        """Whether the client has the stream (its answer arrived before the client gave up)."""
+        self.watching = True
+        """Whether the stream is a watch as the client reads it: a streaming list once the
+        client has read its initial-events-end bookmark (before, its own bound applies,
+        ``STREAM_SYNC_TIMEOUT_SECONDS``)."""
         self._timers: list[asyncio.TimerHandle] = []
 
     # -- server side -----------------------------------------------------------------------
@@ -241,9 +245,14 @@ class WatchStream:
             raise item
         line: bytes = item
         self.last_read_at = loop.time()
-        if line.startswith(b'{"type":"BOOKMARK"') and b"initial-events-end" not in line:
-            self.bookmarks_read += 1
+        if not self.watching and b"initial-events-end" in line:
+            self.watching = True
         return line
+
+    def received(self) -> None:
+        """The client has the answer (its headers): its silence is counted from here."""
+        self.held = True
+        self.last_read_at = self.net.loop.time()
 
     def _read_timeout(self, waiter: asyncio.Future[None]) -> None:
         if not waiter.done():
@@ -282,6 +291,9 @@ class ApiServer:
         """Times of every list and watch request that reached the server."""
         self._uids = 0
         self.bookmark_every_s = 3.0
+        self.last_bookmark_s = 0.1
+        """How long before its ``timeoutSeconds`` a watch gets its last bookmark (a
+        kube-apiserver's 2 s, scaled as the interval is: 3 s for 60)."""
         self.finish_after_s = 0.2
         self.on_change: Callable[[str, ServerPod | None], None] = lambda name, pod: None
         """The world's ground-truth recorder: told every change, at the instant it happens."""
@@ -417,11 +429,14 @@ class ApiServer:
         self.trace(f"kube drop watches abrupt={abrupt}")
 
     def kill_watches(self) -> list[WatchStream]:
-        """The connections of the open streams from which the client has read a periodic
-        bookmark die silently (a black hole: no reset, no bytes, not even the server's end of
-        the stream). Only those: a client that has read a bookmark knows that the server sends
-        them, so its silence bound applies (docs/architecture.md, "A silent watch")."""
-        killed = [w for w in self.watches if w.bookmarks_read and not w.ended and not w.closed]
+        """The connections of the open streams the client holds die silently (a black hole: no
+        reset, no bytes, not even the server's end of the stream), whether or not the client has
+        read a bookmark from them: the silence bound holds from a stream's first second
+        (docs/architecture.md, "A silent watch"). Not a stream whose answer is still on its way,
+        or came after the client gave the request up (the client never reads it), nor a
+        streaming list still in its initial events (bounded by ``STREAM_SYNC_TIMEOUT_SECONDS``,
+        not by the watch's bound)."""
+        killed = [w for w in self.watches if w.held and w.watching and not w.ended and not w.closed]
         now = self.net.loop.time()
         for watch in killed:
             watch.dead = True
@@ -526,6 +541,7 @@ class ApiServer:
                 self.fail_after_expire = 0
             return Response(410, _status_body(410, "Expired", "too old resource version"))
         stream = WatchStream(self, sock_read_s)
+        stream.watching = not initial
         if initial:
             for name in sorted(self.pods):
                 pod = self.pods[name]
@@ -552,10 +568,17 @@ class ApiServer:
         stream.sent_rv = self.rv
         self.watches[stream] = None
         loop = self.net.loop
-        stream._timers.append(loop.call_at(loop.time() + timeout_s, self._expire, stream))
-        stream._timers.append(
-            loop.call_at(loop.time() + self.bookmark_every_s, self._bookmark, stream)
-        )
+        now = loop.time()
+        stream._timers.append(loop.call_at(now + timeout_s, self._expire, stream))
+        # Bookmarks as a kube-apiserver sends them: every interval until the last one, shortly
+        # before the watch's end.
+        last = now + timeout_s - self.last_bookmark_s
+        if last > now:
+            stream._timers.append(loop.call_at(last, self._bookmark, stream, None))
+        if now + self.bookmark_every_s < last:
+            stream._timers.append(
+                loop.call_at(now + self.bookmark_every_s, self._bookmark, stream, last)
+            )
         return stream
 
     def _expire(self, stream: WatchStream) -> None:
@@ -563,16 +586,18 @@ class ApiServer:
             self.watches.pop(stream, None)
             stream.push(_END)
 
-    def _bookmark(self, stream: WatchStream) -> None:
+    def _bookmark(self, stream: WatchStream, last: float | None) -> None:
+        """A bookmark; the next periodic one, if it comes before ``last`` (``None``: this is
+        the last one)."""
         if stream in self.watches:
             stream.push(
                 b'{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":'
                 b'{"resourceVersion":"%d"}}}\n' % self.rv
             )
             loop = self.net.loop
-            stream._timers.append(
-                loop.call_at(loop.time() + self.bookmark_every_s, self._bookmark, stream)
-            )
+            at = loop.time() + self.bookmark_every_s
+            if last is not None and at < last:
+                stream._timers.append(loop.call_at(at, self._bookmark, stream, last))
 
 
 @dataclass
@@ -681,7 +706,7 @@ class SimCoreV1Api(_Wire):
         initial = bool(kw.get("send_initial_events"))
         connect = timeout.connect if timeout is not None else None
         sock_read = timeout.sock_read if timeout is not None else None
-        return await self._call(
+        answer = await self._call(
             "watch",
             aiohttp.ClientTimeout(total=connect),
             lambda: server.open_watch(
@@ -691,6 +716,9 @@ class SimCoreV1Api(_Wire):
                 sock_read_s=sock_read,
             ),
         )
+        if isinstance(answer, WatchStream):
+            answer.received()
+        return answer
 
 
 _PODS_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods"
@@ -778,6 +806,8 @@ class SimSessions(_Wire):
             return server.refuses(authorization) or serve()
 
         response = await self._call(op, call_timeout, handler)
+        if isinstance(response, WatchStream):
+            response.received()
         if response.status == 401:
             server.refusals_read.setdefault(authorization, self.net.loop.time())
         return response

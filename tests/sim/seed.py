@@ -39,8 +39,9 @@ from tests.sim.world import World, make_schedule
 
 THRESHOLD_S = 1.0
 WATCH_SILENCE_S = 4.0
-"""Above the model's bookmark interval (3 s), below its watch's read timeout (timeoutSeconds
-5 to 5.5 s + API_TIMEOUT_SECONDS 2 s), which alone would end a dead stream without the bound."""
+"""Above the model's bookmark interval (3 s), below its watch's read timeout, which alone would
+end a dead stream without the bound: timeoutSeconds 5 to 5.5 s once bookmarks are known, 3 s
+before (the bound less its margin, a quarter of it), + API_TIMEOUT_SECONDS 2 s."""
 RECOVERY_BOUND_S = 8.0
 """As the campaign's (tests/chaos/schedule.py): a key's requeue backoff, a sync, first checks."""
 

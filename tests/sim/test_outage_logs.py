@@ -53,6 +53,7 @@ ONCE = (
     "pod cache of namespace %s cold: clearing its observation clocks",
     "resourceVersion %s expired; relisting",
     "pod cache synced by %s: %d pods at resourceVersion %s (namespace %s)",
+    "%s (logged once; counted in %s)",
 )
 """Lines that are not a recurring failure's: a transition each, written once an outage."""
 
@@ -174,8 +175,15 @@ def test_a_ten_minute_outage_costs_a_few_lines(what: str, request: pytest.Fixtur
         held = metric(result, "retired_pod_gc_dependency_held_total", dependency="api_server")
     assert held >= CANDIDATES, attempts
 
-    # Nothing was lost: every pod deleted once the outage was over, each with its Event.
-    assert result["deleted"] == result["events"] == PODS
+    # Nothing was lost uncounted: every pod deleted once the outage was over, each with its
+    # Event, but for the Events still waiting to be written when the API server went away: their
+    # writes failed (logged) for longer than EVENT_MAX_AGE_S, and they were dropped and counted
+    # (`expired`; whether any was waiting at that instant depends on the interleaving).
+    assert result["deleted"] == PODS
+    expired = metric(result, "retired_pod_gc_events_total", result="expired")
+    assert result["events"] + expired == PODS
+    if expired:
+        assert expired <= failures(result, "Event writes fail"), shown(result)
     # Each delete is named in a summary line (at most one a minute), not a line of its own.
     assert result["summarised"] >= CANDIDATES
     assert result["summary_lines"] <= result["outage_end"] / 60 + 1

@@ -354,8 +354,8 @@ class World:
     def silent_fault(self, kind: str, rng: random.Random) -> None:
         """Arm the seed's silent-connection fault (``Variant.silent``): at an instant of the
         steps, the open watch's connection dies without a sound (``ApiServer.kill_watches``),
-        once or twice; tried again a moment later while no stream qualifies (none open, or none
-        that has delivered a bookmark yet). Not once the faults are lifted."""
+        once or twice, whether or not it has carried a bookmark yet; tried again a moment later
+        while none is open. Not once the faults are lifted."""
         if kind == "":
             return
         times = {"once": 1, "twice": 2}[kind]

@@ -10,6 +10,7 @@ consecutive failure waits exactly ``2**n`` seconds.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,6 +34,7 @@ from service.kube.listwatch import Page
 from service.kube.reachability import Reachability
 from service.kube.reflector import Reflector, SyncMode
 from service.kube.store import PodStore, SyncState
+from service.kube.watching import end_margin_s, short_timeout_s
 from service.kube.watchstream import LineReader, Stream
 from service.metrics import Metrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, SANDBOX_SELECTOR, RecordingHandler, sandbox_pod
@@ -87,7 +89,9 @@ def error(code: int, message: str = "boom") -> bytes:
 class FakeStream:
     """A watch response whose lines are scripted; ``fail`` is raised once they are read, and a
     ``silent`` stream then sends nothing more, without ending (a dead connection). ``gaps`` are
-    the seconds of virtual time before each line (none: at once)."""
+    the seconds of virtual time before each line (none: at once). A stream that ``honours`` its
+    ``timeoutSeconds`` stays open after its lines until then, and ends there as a server ends
+    it, whatever is left (lines not yet sent, a silence)."""
 
     def __init__(
         self,
@@ -96,18 +100,31 @@ class FakeStream:
         fail: BaseException | None = None,
         silent: bool = False,
         gaps: Sequence[float] = (),
+        honours: bool = False,
     ) -> None:
         self._lines = deque(lines)
         self._gaps = deque(gaps)
         self._fail = fail
         self._silent = silent
+        self._honours = honours
+        self._ends_at = math.inf
         self.closed = False
+
+    def opened(self, timeout_s: int) -> None:
+        """The server has answered, asked for ``timeout_s``."""
+        if self._honours:
+            self._ends_at = clock.now() + timeout_s
 
     @property
     def content(self) -> LineReader:
         return self
 
     async def readline(self) -> bytes:
+        with anyio.CancelScope(deadline=self._ends_at):
+            return await self._readline()
+        return b""  # the server's end, at its timeoutSeconds
+
+    async def _readline(self) -> bytes:
         await anyio.lowlevel.checkpoint()
         if self._gaps:
             await anyio.sleep(self._gaps.popleft())
@@ -115,7 +132,7 @@ class FakeStream:
             return self._lines.popleft()
         if self._fail is not None:
             raise self._fail
-        if self._silent:
+        if self._silent or self._honours:
             await anyio.sleep_forever()
         return b""
 
@@ -153,16 +170,32 @@ class ScriptError(AssertionError):
     pass
 
 
+WATCH_TIMEOUT_S = 300
+"""The ``timeoutSeconds`` of a watch asked for without a cap (``WATCH_TIMEOUT_SECONDS``'s
+default; the fake does not jitter it)."""
+
+
 class FakeListWatch:
-    """Answers each request with the next step of the script, and records when it came. It only
-    answers: every decision about what an answer means is the reflector's."""
+    """Answers each request with the next step of the script, and records when it came and, for
+    a stream, the ``timeoutSeconds`` it asked for. It only answers: every decision about what an
+    answer means is the reflector's."""
 
     def __init__(self, script: Sequence[Call]) -> None:
         self._script = deque(script)
         self.calls: list[tuple[str, str | None, float]] = []
         self.limits: list[int | None] = []
+        self.timeouts: list[int] = []
+        """The ``timeoutSeconds`` of each stream or watch request, in order."""
         self.exhausted = anyio.Event()
         self.streams: list[FakeStream] = []
+
+    async def _stream(self, op: str, arg: str | None, timeout_cap: int | None) -> Stream:
+        timeout_s = WATCH_TIMEOUT_S if timeout_cap is None else min(WATCH_TIMEOUT_S, timeout_cap)
+        self.timeouts.append(timeout_s)
+        answer = await self._next(op, arg)
+        assert isinstance(answer, FakeStream)
+        answer.opened(timeout_s)
+        return answer
 
     async def _next(self, op: str, arg: str | None) -> object:
         self.calls.append((op, arg, clock.now()))
@@ -202,15 +235,11 @@ class FakeListWatch:
         pods = [DECODER.decode(msgspec.json.encode(body)) for body in answer.pods]
         return Page(pods, answer.rv, answer.continue_)
 
-    async def stream(self, known: str | None) -> Stream:
-        answer = await self._next("stream", known)
-        assert isinstance(answer, FakeStream)
-        return answer
+    async def stream(self, known: str | None, *, timeout_cap: int | None) -> Stream:
+        return await self._stream("stream", known, timeout_cap)
 
-    async def watch(self, rv: str) -> Stream:
-        answer = await self._next("watch", rv)
-        assert isinstance(answer, FakeStream)
-        return answer
+    async def watch(self, rv: str, *, timeout_cap: int | None) -> Stream:
+        return await self._stream("watch", rv, timeout_cap)
 
 
 @dataclasses.dataclass
@@ -243,6 +272,7 @@ async def run_script(
     list_mode: str = "auto",
     min_watch_s: float = 0.0,
     silence_s: float = 75.0,
+    api_timeout_s: float = 5.0,
     reachability: Reachability | None = None,
     meanwhile: Callable[[], Awaitable[None]] | None = None,
 ) -> Run:
@@ -256,8 +286,8 @@ async def run_script(
         namespaces=(NS,),
         label_selector=SANDBOX_SELECTOR,
         label_keys=LabelKeys(),
-        api_timeout_s=5.0,
-        watch_timeout_s=30.0,
+        api_timeout_s=api_timeout_s,
+        watch_timeout_s=float(WATCH_TIMEOUT_S),
         list_page_size=500,
         delete_grace_period_s=None,
         list_mode=list_mode,
@@ -745,21 +775,30 @@ async def test_a_watch_whose_lines_come_closer_than_the_bound_is_never_abandoned
     assert run.restarts("closed") == 1
 
 
-async def test_silence_from_a_server_that_sends_no_bookmarks_is_not_taken_for_death() -> None:
+async def test_a_server_without_bookmarks_ends_every_short_watch_and_it_is_resumed_not_cut() -> (
+    None
+):
+    # No bookmark ever: each watch asks for timeoutSeconds 70 (75 s bound, 5 s margin), and a
+    # quiet one is ended by the server there, cleanly, never taken for dead.
     run = await run_script(
         [
             Call("list_cached", None, Listing("100", [pod("a", 90)])),
-            Call("watch", "100", FakeStream([modified("a", 110)], gaps=[600.0])),
+            Call("watch", "100", FakeStream([modified("a", 110)], gaps=[60.0], honours=True)),
+            Call("watch", "110", FakeStream([], honours=True)),
+            Call("watch", "110", FakeStream([], honours=True)),
         ],
         list_mode="list",
     )
     assert run.requests()[-1] == ("watch", "110")
-    assert run.times()[-1] == 600.0
+    assert run.times() == [0.0, 0.0, 70.0, 140.0, 210.0]
+    assert run.lw.timeouts == [70, 70, 70, 70]
+    assert run.restarts("closed") == 3
     assert run.restarts("silent") == 0
 
 
-async def test_an_initial_events_end_bookmark_alone_does_not_arm_the_bound() -> None:
-    # A server may end a streaming list with its bookmark and send no periodic ones.
+async def test_an_initial_events_end_bookmark_alone_does_not_prove_bookmarks() -> None:
+    # A server may end a streaming list with its bookmark and send no periodic ones: the stream
+    # is bounded by its own end, and the next watch is as short.
     run = await run_script(
         [
             Call(
@@ -767,13 +806,15 @@ async def test_an_initial_events_end_bookmark_alone_does_not_arm_the_bound() -> 
                 None,
                 FakeStream(
                     [added("a", 90), bookmark(100, end=True), modified("a", 110)],
-                    gaps=[0.0, 0.0, 500.0],
+                    gaps=[0.0, 0.0, 50.0],
+                    honours=True,
                 ),
             ),
         ]
     )
     assert run.requests() == [("stream", None), ("watch", "110")]
-    assert run.times() == [0.0, 500.0]
+    assert run.times() == [0.0, 70.0]
+    assert run.lw.timeouts == [70, 70]
     assert run.restarts("silent") == 0
 
 
@@ -781,21 +822,150 @@ async def test_a_stream_that_lives_the_bound_without_a_bookmark_disarms_it_until
     run = await run_script(
         [
             Call("list_cached", None, Listing("100")),
-            # Bookmarks: the bound is armed, and this stream dies silently.
+            # A bookmark proves the server sends them: the bound is silence from then on, and
+            # this stream dies silently.
             Call("watch", "100", FakeStream([bookmark(110)], silent=True)),
-            # Armed from its start (the server sends bookmarks), but it sends none either: cut.
+            # A long watch, bounded by silence from its start; it sends no bookmark either: cut.
             Call("watch", "110", FakeStream([], silent=True)),
-            # No bookmark for the bound: the server no longer sends them, so silence is no
-            # evidence, and this stream is read for as long as it lasts ...
-            Call("watch", "110", FakeStream([event("MODIFIED", pod("a", 120))], gaps=[300.0])),
-            # ... until a bookmark arms the bound again.
+            # No bookmark for the bound: the server is no longer known to send them, so the
+            # watch is short again and its server's end bounds it ...
+            Call("watch", "110", FakeStream([modified("a", 120)], gaps=[60.0], honours=True)),
+            # ... until a bookmark proves them again: silence bounds it from that line.
             Call("watch", "120", FakeStream([bookmark(130)], gaps=[1.0], silent=True)),
         ],
         list_mode="list",
     )
     assert run.requests()[-1] == ("watch", "130")
-    assert run.times() == [0.0, 0.0, 75.0, 150.0, 450.0, 526.0]
+    assert run.times() == [0.0, 0.0, 75.0, 150.0, 220.0, 296.0]
+    assert run.lw.timeouts == [70, WATCH_TIMEOUT_S, 70, 70, WATCH_TIMEOUT_S]
     assert run.restarts("silent") == 3
+    assert run.restarts("closed") == 1
+
+
+# ------------------------------------------------------- silence before bookmarks are proven
+
+
+@pytest.mark.parametrize(
+    ("silence_s", "api_timeout_s", "cap"),
+    [
+        (75.0, 5.0, 70),  # the margin is API_TIMEOUT_SECONDS ...
+        (75.0, 10.0, 65),
+        (20.0, 10.0, 15),  # ... at most a quarter of the bound
+        (4.0, 2.0, 3),
+    ],
+)
+async def test_until_bookmarks_are_proven_every_stream_asks_for_a_timeout_within_the_bound(
+    silence_s: float, api_timeout_s: float, cap: int
+) -> None:
+    # The streaming list, the watch after it and a watch resumed after the server ended one all
+    # ask for `cap` seconds; the first periodic bookmark makes the next watch long again.
+    run = await run_script(
+        [
+            Call("stream", None, FakeStream([bookmark(100, end=True)], honours=True)),
+            Call("watch", "100", FakeStream([], honours=True)),
+            Call("watch", "100", FakeStream([bookmark(110)], honours=True)),
+            Call("watch", "110", FakeStream([modified("a", 120)])),
+        ],
+        silence_s=silence_s,
+        api_timeout_s=api_timeout_s,
+    )
+    assert run.lw.timeouts == [cap, cap, cap, WATCH_TIMEOUT_S, WATCH_TIMEOUT_S]
+    assert run.times() == [0.0, cap, 2 * cap, 3 * cap, 3 * cap]
+    assert run.restarts("silent") == 0
+
+
+def test_the_short_timeout_and_its_margin_stay_within_the_silence_bound() -> None:
+    # Over the settings' ranges (WATCH_SILENCE_SECONDS 1-3600, API_TIMEOUT_SECONDS 0.1-120):
+    # a whole second at least, the margin no more than API_TIMEOUT_SECONDS, and the two within
+    # the bound unless a bound under 4/3 s leaves less than a second for the timeout.
+    for silence_s in (1.0, 1.3, 1.4, 2.0, 3.0, 4.0, 7.5, 60.0, 75.0, 600.0, 3600.0):
+        for api_timeout_s in (0.1, 1.0, 2.0, 10.0, 120.0):
+            settings = KubeSettings(
+                namespaces=(NS,),
+                label_selector=SANDBOX_SELECTOR,
+                label_keys=LabelKeys(),
+                api_timeout_s=api_timeout_s,
+                watch_timeout_s=300.0,
+                list_page_size=500,
+                delete_grace_period_s=None,
+                watch_silence_s=silence_s,
+            )
+            cap, margin_s = short_timeout_s(settings), end_margin_s(settings)
+            assert cap >= 1
+            assert 0 < margin_s <= api_timeout_s
+            assert cap + margin_s <= silence_s or (cap == 1 and silence_s < 4 / 3)
+
+
+async def test_a_watch_still_silent_past_its_timeout_and_the_margin_is_taken_for_dead(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", logger="service.kube.reflector")
+    run = await run_script(
+        [
+            Call("list_cached", None, Listing("100", [pod("a", 90)])),
+            # No bookmark yet; lines at 10 s and at 72 s, past its timeoutSeconds (70) but
+            # within the margin (5 s): cut once silent for the margin, at 77 s.
+            Call(
+                "watch",
+                "100",
+                FakeStream(
+                    [modified("a", 110), modified("a", 120)], gaps=[10.0, 62.0], silent=True
+                ),
+            ),
+            # Dead from its start: cut at its timeoutSeconds and the margin, 75 s after it opened.
+            Call("watch", "120", FakeStream([], silent=True)),
+            Call("watch", "120", FakeStream([modified("a", 130)], gaps=[1.0])),
+        ],
+        list_mode="list",
+    )
+    # Restarted as for any silence: at once, from the last version, the cache kept.
+    assert run.requests() == [
+        ("list_cached", None),
+        ("watch", "100"),
+        ("watch", "120"),
+        ("watch", "120"),
+        ("watch", "130"),
+    ]
+    assert run.times() == [0.0, 0.0, 77.0, 152.0, 153.0]
+    assert run.lw.timeouts == [70, 70, 70, 70]
+    assert run.restarts("silent") == 2
+    assert run.count("retired_pod_gc_relists_total") == 0
+    assert "cold" not in run.handler.log
+    assert run.store.get(key("a")).resource_version == "130"  # type: ignore[union-attr]
+    lines = [r.getMessage() for r in caplog.records if "pod watch of namespace" in r.getMessage()]
+    assert lines == [
+        f"pod watch of namespace {NS}: no end of the stream and no line 5s past its "
+        "timeoutSeconds (at most 70s), and no bookmark yet: the connection is taken for dead",
+        f"pod watch of namespace {NS}: works again after 2 failures",
+    ]
+
+
+async def test_once_bookmarks_are_proven_the_watch_is_long_and_bounded_by_its_silence() -> None:
+    run = await run_script(
+        [
+            Call("list_cached", None, Listing("100", [pod("a", 90)])),
+            # Short (no bookmark yet); the server's bookmark at 60 s proves them, and it ends
+            # the watch at 70 s.
+            Call("watch", "100", FakeStream([bookmark(110)], gaps=[60.0], honours=True)),
+            # Long; lines 74 s apart, past where the short one would have ended, are not cut;
+            # then silence for the bound is.
+            Call(
+                "watch",
+                "110",
+                FakeStream([modified("a", 120), bookmark(130)], gaps=[74.0, 74.0], silent=True),
+            ),
+        ],
+        list_mode="list",
+    )
+    assert run.requests() == [
+        ("list_cached", None),
+        ("watch", "100"),
+        ("watch", "110"),
+        ("watch", "130"),
+    ]
+    assert run.lw.timeouts == [70, WATCH_TIMEOUT_S, WATCH_TIMEOUT_S]
+    assert run.times() == [0.0, 0.0, 70.0, 70.0 + 148.0 + 75.0]
+    assert (run.restarts("closed"), run.restarts("silent")) == (1, 1)
 
 
 async def test_a_silent_watch_is_logged_once_per_cause_and_once_when_a_stream_ends_well(
