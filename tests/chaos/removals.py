@@ -9,7 +9,8 @@ original. A name that no longer exists raises (:func:`replaced`). Run
 docs/reliability.md records. Exit status 1 when a removal went unnoticed. ``--engine sim``
 applies the removals to the deterministic simulator (``tests/sim``) instead of the campaign:
 :data:`REMOVALS` on both, and on the simulator the classifier's rules, the informer's silence
-bound and the transport's re-read of the token at a 401 too (:data:`SIM_REMOVALS`).
+bound, the transport's re-read of the token at a 401, and the trigger's notified changes too
+(:data:`SIM_REMOVALS`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from service.kube.transport import ApiTransport
 from service.kube.watching import Watcher
 from tests.chaos.campaign import run_campaign
 from tests.chaos.checker import SeedResult
+from tests.chaos.model import RowTruth
 from tests.chaos.schedule import CampaignConfig
+from tests.sim import pg as sim_pg
 
 
 @contextlib.contextmanager
@@ -194,13 +197,67 @@ rather than a delete safe. Not part of :data:`REMOVALS`: the campaign's emulator
 connection silently nor revokes a token; the simulator's API server model does
 (``tests/sim/kube.py``, ``ApiServer.kill_watches``; ``World.rotate_token``)."""
 
+
+def _inserted_inactive(old: RowTruth | None, new: RowTruth | None) -> bool:
+    return old is None and new is not None and not new.active
+
+
+def _retired(old: RowTruth | None, new: RowTruth | None) -> bool:
+    return old is not None and new is not None and old.active and not new.active
+
+
+def _reactivated(old: RowTruth | None, new: RowTruth | None) -> bool:
+    return old is not None and new is not None and not old.active and new.active
+
+
+def _state_changed_inactive(old: RowTruth | None, new: RowTruth | None) -> bool:
+    return (
+        old is not None
+        and new is not None
+        and not old.active
+        and not new.active
+        and old.state != new.state
+    )
+
+
+def _deleted_inactive(old: RowTruth | None, new: RowTruth | None) -> bool:
+    return old is not None and new is None and not old.active
+
+
+def _trigger_forgets(
+    kind: Callable[[RowTruth | None, RowTruth | None], bool],
+) -> contextlib.AbstractContextManager[None]:
+    notifies = sim_pg.trigger_notifies
+
+    def forgetful(old: RowTruth | None, new: RowTruth | None) -> bool:
+        return notifies(old, new) and not kind(old, new)
+
+    return replaced(sim_pg, "trigger_notifies", forgetful)
+
+
+TRIGGER_REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "trigger_insert_inactive": lambda: _trigger_forgets(_inserted_inactive),
+    "trigger_retirement": lambda: _trigger_forgets(_retired),
+    "trigger_reactivation": lambda: _trigger_forgets(_reactivated),
+    "trigger_state_change_inactive": lambda: _trigger_forgets(_state_changed_inactive),
+    "trigger_delete_inactive": lambda: _trigger_forgets(_deleted_inactive),
+}
+"""The database's promise, not the product's checks: each a trigger that forgets one kind of the
+changes the data contract says it notifies (docs/architecture.md, "Data contract with
+PostgreSQL"): a row inserted inactive, a retirement, a re-activation, a state change while
+inactive, a row deleted while inactive. Each replaces the simulator's model of the trigger
+(``tests/sim/pg.py``, ``trigger_notifies``) with the same rule less that kind. Not part of
+:data:`REMOVALS`: the campaign runs the real trigger on a real server."""
+
 SIM_REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     **REMOVALS,
     **{name: r for name, r in RULE_REMOVALS.items() if name not in HELD_ELSEWHERE},
     **LIVENESS_REMOVALS,
+    **TRIGGER_REMOVALS,
 }
 """What the simulator must catch (``make sim-removals``): every removal, every classifier
-rule but those :data:`HELD_ELSEWHERE`, and the :data:`LIVENESS_REMOVALS`."""
+rule but those :data:`HELD_ELSEWHERE`, the :data:`LIVENESS_REMOVALS` and the
+:data:`TRIGGER_REMOVALS`."""
 
 
 def first_violation(result: SeedResult) -> str:
@@ -212,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, help="24 on the campaign, 2000 on the simulator")
     parser.add_argument("--start", type=int, default=1)
     parser.add_argument(
-        "--only", nargs="*", choices=sorted({*REMOVALS, *RULE_REMOVALS, *LIVENESS_REMOVALS})
+        "--only",
+        nargs="*",
+        choices=sorted({*REMOVALS, *RULE_REMOVALS, *LIVENESS_REMOVALS, *TRIGGER_REMOVALS}),
     )
     parser.add_argument("--rules", action="store_true", help="the classifier's rules instead")
     parser.add_argument("--engine", choices=("campaign", "sim"), default="campaign")

@@ -11,7 +11,8 @@ parsing, ``sync()``) run unchanged. Failures are raised as asyncpg raises them
 
 :class:`Database` is the server: rows and the sandboxes they join, transactions applied at their
 COMMIT, and every NOTIFY queued at its COMMIT, in commit order, to every connection that
-listens on its channel: the trigger's, and the listener's delivery probes (``pg_notify`` on the
+listens on its channel: the trigger's (only for the changes that can start or stop a clock,
+:func:`trigger_notifies`), and the listener's delivery probes (``pg_notify`` on the
 listener's own channel, committed by a pooled connection: :data:`NOTIFY_SQL`, answered at the
 instant it reaches the model, so it is ordered with the writers' commits by that instant). A
 listening connection's answers and notifications come back through one FIFO pipe (the socket),
@@ -73,6 +74,25 @@ TRIGGER_CHANNEL = "sandbox_execution_changed"
 """The channel the trigger notifies on (``NOTIFY_CHANNEL``'s default; :attr:`Database.channel`)."""
 
 
+def trigger_notifies(old: RowTruth | None, new: RowTruth | None) -> bool:
+    """Whether trigger 0003 reports one row's change (``old`` before the commit, ``new`` after;
+    ``None``: no row): only a change that can start or stop an observation clock
+    (docs/architecture.md, "Data contract with PostgreSQL"). An insert or a delete of an
+    inactive row; an update of a row inactive before or after it (a retirement, a re-activation,
+    a state change while inactive) that changes ``active`` or ``execution_state``. Inserts,
+    deletes and changes of active rows send nothing. The model keys rows by pod name, so a
+    change of ``pod_name`` is what the trigger reports it as: the old name's row deleted and the
+    new name's inserted. The one rule of the model; the mutation check replaces it by this name
+    (``tests/chaos/removals.py``, ``TRIGGER_REMOVALS``)."""
+    if old is None:
+        return new is not None and not new.active
+    if new is None:
+        return not old.active
+    return (not old.active or not new.active) and (
+        old.active != new.active or old.state != new.state
+    )
+
+
 class Database:
     def __init__(self, net: Net) -> None:
         self.net = net
@@ -114,12 +134,7 @@ class Database:
                 op = "insert" if old is None else "update"
                 shown = new
             self.on_commit(name, new)
-            fires = op != "update" or (
-                old is not None
-                and new is not None
-                and (old.active != new.active or old.state != new.state)
-            )
-            if fires and shown is not None and not silent:
+            if shown is not None and not silent and trigger_notifies(old, new):
                 reported.append([op, name, shown.active, shown.state])
         payloads = self._payloads(reported)
         self.trace(

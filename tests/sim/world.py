@@ -19,7 +19,7 @@ import itertools
 import os
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from tests.chaos.model import (
@@ -87,6 +87,26 @@ labels missing or not a number, a pod kind nobody knows (the row's is unknown to
 restore pod, a row active with a retired state, a row retired with the state ``active`` or an
 unknown one, no container statuses, a sandbox not Kubernetes-managed."""
 
+_ROW_GAPS: dict[PodShape, tuple[bool, bool]] = {
+    PodShape.PENDING_STUCK: (True, False),
+    PodShape.PENDING_WITH_IP: (True, False),
+    PodShape.PENDING_NO_CONDITION: (True, True),
+    PodShape.PENDING_READY: (True, True),
+    PodShape.RUNNING: (False, True),
+    PodShape.SUCCEEDED: (False, True),
+}
+"""The row blips that leave the retired row otherwise than the campaign's, drawn by the step's
+shape (which a row blip does not use otherwise, so every seed's draws stay as they were): for
+each, whether the row is deleted for the blip instead of re-activated (a blip through another
+retired state, :func:`tests.chaos.steps.row_blip_middle`'s, stays one), and whether it comes
+back behind the trigger's back (a writer that bypasses it, as ``silent_reactivate``: the row is
+frozen after).
+A row deleted and inserted again through the trigger stays away for a while (up to 1.7 s: the
+reconciles its deletion started find no row), and its return, the insert of an inactive row,
+must start the pod's clock again; a return behind the trigger's back comes at once, and is heard
+of only through the notification of the blip's first write, which must stop the pod's clock
+(docs/architecture.md, invariant 3)."""
+
 _KEEPING = ("true", "yes", "", "True ", "1")
 _NOT_KEEPING = ("false", "FALSE", " false ")
 _UNLABELLED: tuple[dict[str, str | None], ...] = (
@@ -146,6 +166,9 @@ class World:
         self.stats: Counter[str] = Counter()
         self.hooks = Hooks()
         self._pending: list[tuple[asyncio.TimerHandle, Callable[[], None]]] = []
+        self.behind_trigger: dict[str, None] = {}
+        """The rows whose last change was written behind the trigger's back (no notification
+        named it)."""
         self.token_file = ""
         """The service account's token file (the service reads it with ``TokenFile``)."""
         self._tokens = 0
@@ -222,9 +245,16 @@ class World:
         if life.name in self.server.pods:
             self.server.remove(life.name)
 
-    def update_rows(self, changes: dict[str, RowTruth], *, silent: bool = False) -> None:
+    def update_rows(self, changes: Mapping[str, RowTruth | None], *, silent: bool = False) -> None:
+        """One transaction writing ``changes`` (``None``: the row deleted); ``silent``: behind
+        the trigger's back."""
         if changes:
             self.db.commit(dict(changes), silent=silent)
+            for name in changes:
+                if silent:
+                    self.behind_trigger[name] = None
+                else:
+                    self.behind_trigger.pop(name, None)
 
     def later(self, delay_s: float, callback: Callable[[], None]) -> None:
         """``callback`` after ``delay_s``, or when the faults are lifted if that is sooner: the
@@ -496,9 +526,17 @@ class World:
                 if row is None or row.active:
                     applied = False
                 else:
-                    self.update_rows({name: row_blip_middle(step, row)})
-                    await asyncio.sleep(0.001 + net.latency() * 5)
-                    self.update_rows({name: row})
+                    middle = row_blip_middle(step, row)
+                    gone, behind = _ROW_GAPS.get(step.shape, (False, False))
+                    gone = gone and middle.active
+                    self.update_rows({name: None if gone else middle})
+                    long_gap = gone and not behind
+                    await asyncio.sleep(
+                        0.2 + 1.5 * step.amount if long_gap else 0.001 + net.latency() * 5
+                    )
+                    self.update_rows({name: row}, silent=behind)
+                    if behind:
+                        sb.row_frozen = True
             case "new_generation":
                 if row is not None and row.active:
                     self.update_rows({name: retire(row, "replaced")})
