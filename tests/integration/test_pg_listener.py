@@ -825,47 +825,6 @@ async def _exactly_the_changes_that_can_start_or_stop_a_clock_are_reported(
             )
 
 
-async def test_a_transaction_that_retires_one_execution_still_reports_only_that_one(
-    planner_url: str,
-) -> None:
-    # On the session's server and on Debian's PostgreSQL 15 with its defaults.
-    pg_url, pg_conn = planner_url, await asyncpg.connect(planner_url)
-    try:
-        await _a_transaction_that_retires_one_execution_still_reports_only_that_one(pg_url, pg_conn)
-    finally:
-        await pg_conn.close()
-
-
-async def _a_transaction_that_retires_one_execution_still_reports_only_that_one(
-    pg_url: str, pg_conn: asyncpg.Connection
-) -> None:
-    # A retirement turns the gate on for the rest of its transaction: the later statements of
-    # that transaction run the statement-level trigger, which still picks only what can start
-    # or stop a clock. A rolled-back savepoint takes its retirement back with it.
-    names = await _seed_many(pg_conn, 6, prefix="g")
-    async with raw_payloads(pg_url) as payloads:
-        await payloads.drain()
-        payloads.clear()
-        async with pg_conn.transaction():
-            await _retire(pg_conn, names[0])
-            await pg_conn.execute(
-                "UPDATE sandbox_k8s_executions SET execution_state = 'activating'"
-                " WHERE pod_name = ANY($1)",
-                names[1:3],
-            )
-            await seed_execution(pg_conn, pod_name="space-sbx-g9-g1", sandbox_id="g1")
-            with contextlib.suppress(RuntimeError):
-                async with pg_conn.transaction():
-                    await _retire(pg_conn, names[3])
-                    raise RuntimeError("rolled back")
-            await _retire(pg_conn, names[4], "replaced")
-        await payloads.drain()
-    assert sorted(_rows(payloads)) == [  # type: ignore[type-var]
-        ["update", names[0], False, "suspended"],
-        ["update", names[4], False, "replaced"],
-    ]
-
-
 async def test_worst_case_rows_never_reach_the_payload_limit(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:

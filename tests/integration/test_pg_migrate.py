@@ -27,9 +27,6 @@ TRIGGERS_0003 = [
     "retired_pod_gc_executions_deleted",
     "retired_pod_gc_executions_inserted",
     "retired_pod_gc_executions_updated",
-    "retired_pod_gc_gate_deleted",
-    "retired_pod_gc_gate_inserted",
-    "retired_pod_gc_gate_updated",
 ]
 _TRIGGERS = (
     "SELECT tgname FROM pg_trigger WHERE tgrelid = 'sandbox_k8s_executions'::regclass"

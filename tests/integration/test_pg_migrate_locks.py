@@ -312,9 +312,6 @@ async def test_migrate_behind_an_open_writer_applies_once_it_ends_and_never_queu
             "retired_pod_gc_executions_deleted",
             "retired_pod_gc_executions_inserted",
             "retired_pod_gc_executions_updated",
-            "retired_pod_gc_gate_deleted",
-            "retired_pod_gc_gate_inserted",
-            "retired_pod_gc_gate_updated",
         ]
         recorded = await conn.fetchval(
             "SELECT sha256 FROM retired_pod_gc_migrations WHERE name = $1", TRIGGER_STEP

@@ -86,8 +86,8 @@ SLICE = 20_000
 RUNS: dict[str, SimRun] = {
     "test_a_slice_of_seeds_passes": SimRun(("--seeds", str(SLICE), "--start", "1", "--jobs", "2")),
     # The removals' mutation check, bounded (see its test).
-    "test_every_removed_check_is_caught_within_1200_seeds": SimRun(
-        ("--removals", "--no-baseline", "--seeds", "1200")
+    "test_every_removed_check_is_caught_within_1000_seeds": SimRun(
+        ("--removals", "--no-baseline", "--seeds", "1000")
     ),
 }
 """The background runs, by the name of the test that judges each."""

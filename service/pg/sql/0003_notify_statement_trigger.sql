@@ -1,18 +1,17 @@
 -- retired-pod-gc: the change-notify trigger production must install (version 0003).
 --
 -- Replaces 0002 in place: 0002's per-row triggers and their function are dropped. Three
--- statement-level triggers send the changes a statement made, as few NOTIFYs as they fit in, on
--- the channel named in the trigger function; three row-level gates decide, in C, whether a
--- statement has anything to send at all. `retired-pod-gc migrate` substitutes the configured
--- channel for the default literal 'sandbox_execution_changed' below (five pg_notify calls);
--- applied by hand (psql -f) it uses the default. A literal rather than a trigger argument: the
--- function's queries then have no parameters, so each is planned once per session (a query with
--- parameters is planned again for each of its first runs, which a one-row statement would pay
--- every time).
+-- statement-level triggers send the changes a statement made that can start or stop a clock,
+-- in as few NOTIFYs as they fit in, on the channel named in the trigger function.
+-- `retired-pod-gc migrate` substitutes the configured channel for the default literal
+-- 'sandbox_execution_changed' below (five pg_notify calls); applied by hand (psql -f) it uses
+-- the default. A literal rather than a trigger argument: the function's queries then have no
+-- parameters, so each is planned once per session (a query with parameters is planned again for
+-- each of its first runs, which a one-row statement would pay every time).
 --
 -- What is sent: exactly the changes that can start or stop an observation clock
--- (docs/architecture.md, "Data contract"). A clock runs only for a pod whose execution is
--- inactive, so a change is sent when the row is inactive on either side of it:
+-- (docs/architecture.md, "The change notifications"). A clock runs only for a pod whose
+-- execution is inactive, so a change is sent when the row is inactive on either side of it:
 --   * INSERT of a row whose `active` is not true (false or null): "insert", the new values;
 --   * DELETE of a row whose `active` is not true: "delete", the deleted values;
 --   * UPDATE of a row inactive before or after it, that changes `active` or `execution_state`:
@@ -25,20 +24,13 @@
 -- database-wide lock at commit and holds it through its commit's WAL flush, so such
 -- transactions commit one at a time (docs/operations.md, "What the trigger costs the writers").
 --
--- The gates. A statement-level trigger runs for every statement, and a PL/pgSQL call with a
--- query over the transition tables costs a one-row write more than the write itself under many
--- concurrent writers (benchmarks/RESULTS.md, B13). So each statement-level trigger has a WHEN
--- that reads one transaction-local setting, `retired_pod_gc.clock_changes`, and each event has
--- a row-level trigger whose WHEN sets it: the row's `active` is tested in C as the row is
--- written, and only a row inactive on either side calls set_config. The row-level gates never
--- fire (their WHEN is false whatever the row: `set_config(...) IS NULL`), so a statement that
--- wrote only active rows runs no PL/pgSQL at all. A statement-level WHEN is evaluated after the
--- statement's last row, when every gate has run. The setting, once on, stays on to the end of
--- the transaction (set_config with is_local true; a rolled-back savepoint takes it back with its
--- rows): every later statement of that transaction runs the statement-level trigger, whose
--- queries pick exactly the rows above. It is never turned off by the trigger, so a statement
--- nested in another (run by some other trigger of the table) cannot hide the outer statement's
--- changes.
+-- The early return. A statement-level trigger runs for every statement, so every write of the
+-- platform pays for its function call and its first query. The function's first query asks
+-- only whether any row of the statement is inactive on either side (the transition tables, read
+-- up to the first such row); a statement that wrote only active rows returns there, having sent
+-- nothing and taken no lock. Cheaper-looking gates cost more: a trigger's WHEN is parsed and
+-- compiled anew for every statement, and a WHEN that calls a function costs more than this
+-- function's call and query together (benchmarks/NOTES.md, B13).
 --
 -- Why statement level: a FOR EACH ROW trigger builds a payload and calls pg_notify once per
 -- changed row, inside the writer's transaction; a mass retirement then costs the writer several
@@ -177,6 +169,20 @@ DECLARE
     payload text := '';
     settings_before text[];
 BEGIN
+    -- The early return (see the top of this file): nothing is inactive, nothing to send.
+    IF TG_OP = 'UPDATE' THEN
+        IF NOT EXISTS (SELECT FROM old_rows AS o WHERE o.active IS NOT TRUE
+                       UNION ALL
+                       SELECT FROM new_rows AS n WHERE n.active IS NOT TRUE) THEN
+            RETURN NULL;
+        END IF;
+    ELSIF TG_OP = 'INSERT' THEN
+        IF NOT EXISTS (SELECT FROM new_rows AS n WHERE n.active IS NOT TRUE) THEN
+            RETURN NULL;
+        END IF;
+    ELSIF NOT EXISTS (SELECT FROM old_rows AS o WHERE o.active IS NOT TRUE) THEN
+        RETURN NULL;
+    END IF;
     -- A statement of one row (a single retirement: the common case here) is at most one
     -- change, one payload below 1,937 bytes: it skips the grouping, whose plan (hash join,
     -- aggregate, slices, a cursor) costs several times the whole query for one row. For an
@@ -360,14 +366,12 @@ DROP TRIGGER IF EXISTS retired_pod_gc_execution_inserted_deleted ON sandbox_k8s_
 DROP TRIGGER IF EXISTS retired_pod_gc_execution_updated ON sandbox_k8s_executions;
 DROP FUNCTION IF EXISTS retired_pod_gc_notify_execution_changed();
 
--- Transition tables allow one event per trigger: three triggers, each run only once a gate below
--- has seen a row inactive on either side in this transaction.
+-- Transition tables allow one event per trigger: three triggers.
 DROP TRIGGER IF EXISTS retired_pod_gc_executions_inserted ON sandbox_k8s_executions;
 CREATE TRIGGER retired_pod_gc_executions_inserted
     AFTER INSERT ON sandbox_k8s_executions
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT
-    WHEN (current_setting('retired_pod_gc.clock_changes', true) = 'on')
     EXECUTE FUNCTION retired_pod_gc_notify_executions_changed();
 
 DROP TRIGGER IF EXISTS retired_pod_gc_executions_updated ON sandbox_k8s_executions;
@@ -375,7 +379,6 @@ CREATE TRIGGER retired_pod_gc_executions_updated
     AFTER UPDATE ON sandbox_k8s_executions
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT
-    WHEN (current_setting('retired_pod_gc.clock_changes', true) = 'on')
     EXECUTE FUNCTION retired_pod_gc_notify_executions_changed();
 
 DROP TRIGGER IF EXISTS retired_pod_gc_executions_deleted ON sandbox_k8s_executions;
@@ -383,40 +386,5 @@ CREATE TRIGGER retired_pod_gc_executions_deleted
     AFTER DELETE ON sandbox_k8s_executions
     REFERENCING OLD TABLE AS old_rows
     FOR EACH STATEMENT
-    WHEN (current_setting('retired_pod_gc.clock_changes', true) = 'on')
     EXECUTE FUNCTION retired_pod_gc_notify_executions_changed();
 
--- The gates: a row inactive on either side of its change turns the transaction's setting on
--- (see the top of this file). Their WHEN is never true, so their function is never called.
-CREATE OR REPLACE FUNCTION retired_pod_gc_gate()
-RETURNS trigger
-LANGUAGE plpgsql
-AS $fn$
-BEGIN
-    RETURN NULL;
-END
-$fn$;
-
-DROP TRIGGER IF EXISTS retired_pod_gc_gate_inserted ON sandbox_k8s_executions;
-CREATE TRIGGER retired_pod_gc_gate_inserted
-    AFTER INSERT ON sandbox_k8s_executions
-    FOR EACH ROW
-    WHEN (NEW.active IS NOT TRUE
-          AND set_config('retired_pod_gc.clock_changes', 'on', true) IS NULL)
-    EXECUTE FUNCTION retired_pod_gc_gate();
-
-DROP TRIGGER IF EXISTS retired_pod_gc_gate_updated ON sandbox_k8s_executions;
-CREATE TRIGGER retired_pod_gc_gate_updated
-    AFTER UPDATE ON sandbox_k8s_executions
-    FOR EACH ROW
-    WHEN ((OLD.active IS NOT TRUE OR NEW.active IS NOT TRUE)
-          AND set_config('retired_pod_gc.clock_changes', 'on', true) IS NULL)
-    EXECUTE FUNCTION retired_pod_gc_gate();
-
-DROP TRIGGER IF EXISTS retired_pod_gc_gate_deleted ON sandbox_k8s_executions;
-CREATE TRIGGER retired_pod_gc_gate_deleted
-    AFTER DELETE ON sandbox_k8s_executions
-    FOR EACH ROW
-    WHEN (OLD.active IS NOT TRUE
-          AND set_config('retired_pod_gc.clock_changes', 'on', true) IS NULL)
-    EXECUTE FUNCTION retired_pod_gc_gate();
