@@ -38,6 +38,8 @@ CANONICAL: dict[str, str] = {
     "B9": "throttled",
     "B10": "blackhole",
     "B11": "blackhole-all",
+    "B13": "writers",
+    "B13i": "trigger-instructions",
 }
 
 # The command of each canonical run whose results file predates ``run.py`` recording it.
@@ -49,6 +51,9 @@ COMMANDS: dict[str, str] = {
 }
 
 LABELS: dict[str, str] = {"B1L": "B1 at 150k", "B2B": "B2b", "B7_share": "B7 share"}
+
+B13_SHIPPED = "shipped"
+"""B13's variant for the trigger ``migrate`` installs; ``none`` is no trigger."""
 
 HEADINGS: dict[str, str] = {
     "B1": "B1 cold start",
@@ -65,6 +70,8 @@ HEADINGS: dict[str, str] = {
     "B9": "B9 a throttled priority level",
     "B10": "B10 a silent connection to the API server",
     "B11": "B11 every connection to the API server black-holed for 3 minutes",
+    "B13": "B13 concurrent writers",
+    "B13i": "B13i the writer's instructions",
 }
 
 
@@ -279,6 +286,31 @@ def _b11_restore(r: dict[str, Any]) -> str:
     )
 
 
+def _b13_slower(mix: str) -> Callable[[dict[str, Any]], str]:
+    def figure(r: dict[str, Any]) -> str:
+        rows = [
+            s
+            for s in r["B13"]["summary"]
+            if s["mix"] == mix and s["variant"] in (B13_SHIPPED, "floor-notify")
+        ]
+        by_writers: dict[int, list[str]] = {}
+        for s in sorted(rows, key=lambda s: (s["writers"], s["variant"] != B13_SHIPPED)):
+            label = "" if s["variant"] == B13_SHIPPED else "floor "
+            by_writers.setdefault(s["writers"], []).append(f"{label}{s['slower']:.2f}x")
+        return "; ".join(f"{w} writers **{', '.join(v)}**" for w, v in sorted(by_writers.items()))
+
+    return figure
+
+
+def _b13i(r: dict[str, Any]) -> str:
+    res = r["B13i"]["results"]
+    base, shipped = res["none"], res[B13_SHIPPED]
+    return (
+        f"common write **{shipped['common_per_tx'] / base['common_per_tx']:.3f}x**; "
+        f"10,000-row retirement **{shipped['mass'] / base['mass']:.3f}x**"
+    )
+
+
 FIGURES: tuple[Figure, ...] = (
     Figure(
         "B1",
@@ -357,6 +389,26 @@ FIGURES: tuple[Figure, ...] = (
         "a cached pod whose row was retired in the outage",
         "<= threshold + 10 s",
         _b11_restore,
+    ),
+    Figure(
+        "B13",
+        "the platform's common writes under concurrent writers (pgbench, Debian's PostgreSQL 15):"
+        " how many times slower with the trigger",
+        "<= 1.10x at 8 and 32 writers",
+        _b13_slower("common"),
+    ),
+    Figure(
+        "B13",
+        "every write a retirement or re-activation (each must NOTIFY), beside the constant-NOTIFY"
+        " floor",
+        "-",
+        _b13_slower("retire"),
+    ),
+    Figure(
+        "B13i",
+        "the writer backend's instructions with the trigger over none (callgrind)",
+        "-",
+        _b13i,
     ),
 )
 
@@ -789,6 +841,41 @@ def _render_b11(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def _render_b13(r: dict[str, Any]) -> list[str]:
+    b = r["B13"]
+    rows = [
+        [
+            s["mix"],
+            str(s["writers"]),
+            f"`{s['variant']}`",
+            f"{s['tps']:,.0f}",
+            f"{s['latency_ms']:.2f}",
+            f"{s['notifications']:,.0f}",
+            f"**{s['slower']:.2f}x**",
+        ]
+        for s in sorted(b["summary"], key=lambda s: (s["mix"], s["writers"], s["variant"]))
+    ]
+    header = ["mix", "writers", "variant", "tps", "latency ms", "NOTIFYs a run", "slower"]
+    return [
+        f"{b['server']}. Medians over the rounds; `slower` is `none`'s median tps over the"
+        " variant's.",
+        "",
+        _table(header, rows),
+    ]
+
+
+def _render_b13i(r: dict[str, Any]) -> list[str]:
+    res = r["B13i"]["results"]
+    base = res["none"]
+    keys = ("common_per_tx", "retire_per_tx", "mass")
+    rows = [
+        [f"`{name}`", *(f"{v[k]:,.0f} ({v[k] / base[k]:.3f}x)" for k in keys)]
+        for name, v in res.items()
+    ]
+    header = ["variant", "a common write", "a one-row retirement", "10,000 rows retired"]
+    return [r["B13i"]["server"] + "; instructions of the backend.", "", _table(header, rows)]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "B1": _render_b1,
     "B1L": _render_b1l,
@@ -804,6 +891,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "B9": _render_b9,
     "B10": _render_b10,
     "B11": _render_b11,
+    "B13": _render_b13,
+    "B13i": _render_b13i,
 }
 
 

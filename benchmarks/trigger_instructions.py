@@ -30,10 +30,13 @@ import random
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import load_average, machine
 from devtools.pg.throwaway import Flavor, find_bin_dir
 from service.pg.migrate import DEFAULT_CHANNEL, read_sql, render_trigger_sql
 
@@ -181,8 +184,19 @@ def main(argv: list[str] | None = None) -> None:
     for spec in args.variants:
         name, _, path = spec.partition("=")
         variants[name] = Path(path).read_text()
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    load_start = load_average()
     results = count(variants)
-    out: dict[str, Any] = {"benchmark": "B13i", "results": results}
+    out: dict[str, Any] = {
+        "machine": machine(),
+        "started": started,
+        "load_average_start": load_start,
+        "load_average_end": load_average(),
+        "config": {"repeats": 1},
+        "command": "python -m benchmarks.trigger_instructions "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "B13i": {"server": "Debian PostgreSQL 15 (postgres --single)", "results": results},
+    }
     path = Path(__file__).parent / "results" / f"{args.name}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(table(results))

@@ -35,6 +35,7 @@ import json
 import re
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -175,6 +176,7 @@ async def b13(
     pgbench = find_bin_dir(Flavor.DEBIAN) / "pgbench"
     server = ThrowawayPostgres(flavor=Flavor.DEBIAN, settings=_SETTINGS).start()
     started = time.time()
+    load_start = load_average()
     try:
         url = server.create_database("b13")
         conn = await asyncpg.connect(url)
@@ -222,15 +224,12 @@ async def b13(
     finally:
         server.stop()
     return {
-        "benchmark": "B13",
-        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
-        "server": version,
         "machine": machine(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+        "load_average_start": load_start,
         "load_average_end": load_average(),
-        "seconds": seconds,
-        "rounds": rounds,
-        "runs": runs,
-        "summary": summarize(runs),
+        "config": {"repeats": rounds, "seconds": seconds},
+        "B13": {"server": version, "runs": runs, "summary": summarize(runs)},
     }
 
 
@@ -299,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--name", default="writers", help="benchmarks/results/<name>.json")
     args = p.parse_args(argv)
+    command = "python -m benchmarks.writers " + " ".join(argv if argv is not None else sys.argv[1:])
     extra = {}
     for spec in args.trigger:
         name, _, path = spec.partition("=")
@@ -312,9 +312,10 @@ def main(argv: list[str] | None = None) -> None:
             extra=extra,
         )
     )
+    result["command"] = command
     out = Path(__file__).parent / "results" / f"{args.name}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
-    print(table(result["summary"]))
+    print(table(result["B13"]["summary"]))
     print(f"written to {out}")
 
 

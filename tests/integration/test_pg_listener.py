@@ -825,6 +825,116 @@ async def _exactly_the_changes_that_can_start_or_stop_a_clock_are_reported(
             )
 
 
+async def test_every_statement_of_a_transaction_sends_its_own_changes(planner_url: str) -> None:
+    # One call of the trigger's function per row its WHEN lets through; the statement's first
+    # call sends the statement, the others count down (the SQL file's "Row level, one call a
+    # statement"). So a statement whose calls are miscounted would swallow the next statement's
+    # changes, or send its own twice. On both servers.
+    conn = await asyncpg.connect(planner_url)
+    try:
+        names = await _seed_many(conn, 12, prefix="t")
+        await conn.execute(
+            "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'suspended'"
+            " WHERE pod_name = ANY($1)",
+            names[8:10],
+        )
+        retire = (
+            "UPDATE sandbox_k8s_executions SET active = false, execution_state = $2"
+            " WHERE pod_name = ANY($1)"
+        )
+        async with raw_payloads(planner_url) as payloads:
+            await payloads.drain()
+            payloads.clear()
+            async with conn.transaction():
+                # Two retired, one re-activated, one active changed: three calls of four rows,
+                # neither side inactive in every row (the count pairs old and new by place).
+                await conn.execute(
+                    "UPDATE sandbox_k8s_executions SET"
+                    " active = CASE WHEN pod_name = $2 THEN active ELSE NOT active END,"
+                    " execution_state = CASE WHEN pod_name = $2 THEN 'activating'"
+                    " WHEN active THEN 'replaced' ELSE 'active' END"
+                    " WHERE pod_name = ANY($1)",
+                    [*names[0:2], names[8], names[10]],
+                    names[10],
+                )
+                await conn.execute(
+                    "UPDATE sandbox_k8s_executions SET execution_state = 'activating'"
+                    " WHERE pod_name = $1",
+                    names[2],
+                )
+                await conn.execute(retire, [names[3]], "suspended")
+                with contextlib.suppress(RuntimeError):
+                    async with conn.transaction():
+                        await conn.execute(retire, names[4:6], "cancelled")
+                        raise RuntimeError("rolled back")
+                await conn.execute(retire, names[6:8], "stopped")
+                await seed_execution(
+                    conn,
+                    pod_name="space-sbx-t99-g1",
+                    sandbox_id="t1",
+                    execution_state="suspended",
+                    active=False,
+                )
+            await payloads.drain()
+        assert sorted(_rows(payloads)) == sorted(  # type: ignore[type-var]
+            [
+                ["update", names[0], False, "replaced"],
+                ["update", names[1], False, "replaced"],
+                ["update", names[8], True, "active"],
+                ["update", names[3], False, "suspended"],
+                ["update", names[6], False, "stopped"],
+                ["update", names[7], False, "stopped"],
+                ["insert", "space-sbx-t99-g1", False, "suspended"],
+            ]
+        )
+    finally:
+        await conn.close()
+
+
+async def test_a_statement_run_by_another_trigger_of_the_table_sends_its_changes_too(
+    planner_url: str,
+) -> None:
+    # A trigger of the table's owner that, for each row retired as 'replaced', retires the next
+    # execution too: its statements run inside the calls of the outer statement's trigger, and
+    # each statement's calls count apart (by the trigger depth).
+    conn = await asyncpg.connect(planner_url)
+    try:
+        names = await _seed_many(conn, 6, prefix="n")
+        await conn.execute(
+            """
+            CREATE FUNCTION owners_cascade() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                UPDATE sandbox_k8s_executions SET active = false, execution_state = 'cancelled'
+                 WHERE pod_name = replace(NEW.pod_name, '-g1', '-g2');
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER owners_cascade AFTER UPDATE ON sandbox_k8s_executions
+                FOR EACH ROW WHEN (NEW.execution_state = 'replaced')
+                EXECUTE FUNCTION owners_cascade();
+            """
+        )
+        cascaded = [name.replace("-g1", "-g2") for name in names[:3]]
+        await conn.executemany(
+            "UPDATE sandbox_k8s_executions SET pod_name = $2 WHERE pod_name = $1",
+            list(zip(names[3:], cascaded, strict=True)),
+        )
+        async with raw_payloads(planner_url) as payloads:
+            await payloads.drain()
+            payloads.clear()
+            await conn.execute(
+                "UPDATE sandbox_k8s_executions SET active = false, execution_state = 'replaced'"
+                " WHERE pod_name = ANY($1)",
+                names[:3],
+            )
+            await payloads.drain()
+        expected = [["update", name, False, "replaced"] for name in names[:3]] + [
+            ["update", name, False, "cancelled"] for name in cascaded
+        ]
+        assert sorted(_rows(payloads)) == sorted(expected)  # type: ignore[type-var]
+    finally:
+        await conn.close()
+
+
 async def test_worst_case_rows_never_reach_the_payload_limit(
     pg_url: str, pg_conn: asyncpg.Connection
 ) -> None:

@@ -1,8 +1,8 @@
 -- retired-pod-gc: the change-notify trigger production must install (version 0003).
 --
--- Replaces 0002 in place: 0002's per-row triggers and their function are dropped. Three
--- statement-level triggers send the changes a statement made that can start or stop a clock,
--- in as few NOTIFYs as they fit in, on the channel named in the trigger function.
+-- Replaces 0002 in place: 0002's triggers and their function are dropped. Three triggers send the
+-- changes a statement made that can start or stop a clock, in as few NOTIFYs as they fit in, on
+-- the channel named in the trigger function.
 -- `retired-pod-gc migrate` substitutes the configured channel for the default literal
 -- 'sandbox_execution_changed' below (five pg_notify calls); applied by hand (psql -f) it uses
 -- the default. A literal rather than a trigger argument: the function's queries then have no
@@ -24,18 +24,23 @@
 -- database-wide lock at commit and holds it through its commit's WAL flush, so such
 -- transactions commit one at a time (docs/operations.md, "What the trigger costs the writers").
 --
--- The early return. A statement-level trigger runs for every statement, so every write of the
--- platform pays for its function call and its first query. The function's first query asks
--- only whether any row of the statement is inactive on either side (the transition tables, read
--- up to the first such row); a statement that wrote only active rows returns there, having sent
--- nothing and taken no lock. Cheaper-looking gates cost more: a trigger's WHEN is parsed and
--- compiled anew for every statement, and a WHEN that calls a function costs more than this
--- function's call and query together (benchmarks/NOTES.md, B13).
+-- Row level, one call a statement. A statement-level trigger runs for every statement: its call
+-- and a first query over the statement's rows cost the platform's one-row writes a fifth of their
+-- throughput with many writers at once (benchmarks/NOTES.md, B13). So each event's trigger is FOR
+-- EACH ROW with a WHEN that reads only the row's `active`: a statement that wrote only active
+-- rows queues no call and runs no PL/pgSQL. Each row the WHEN lets through queues one call, run
+-- after the statement. The function reads the whole statement's rows from the transition tables
+-- (a row-level trigger may have them too), so the statement's first call sends all of its
+-- changes, in batches, and sets a transaction-local counter, `retired_pod_gc.calls_left_<trigger
+-- depth>`, to the number of the statement's other calls; each of those only counts down. The
+-- count is exact, so the counter is back at zero when the statement's last call returns and the
+-- next statement's first call sends again; keyed by the trigger depth, a statement run from inside
+-- another's trigger counts apart; a rolled-back savepoint takes it back with its rows. A mass
+-- retirement pays one call a row for this (benchmarks/NOTES.md, B13i).
 --
--- Why statement level: a FOR EACH ROW trigger builds a payload and calls pg_notify once per
--- changed row, inside the writer's transaction; a mass retirement then costs the writer several
--- times the UPDATE itself and sends one NOTIFY per row. Here the rows a statement changed are
--- read from its transition tables once and sent in batches.
+-- Why batches: a trigger that builds a payload and calls pg_notify once per changed row makes a
+-- mass retirement cost the writer several times the UPDATE itself and sends one NOTIFY per row.
+-- Here the rows a statement changed are read from its transition tables once and sent in batches.
 --
 -- NOTIFY is transactional: listeners see the payloads only after the writer commits.
 -- Each payload is a JSON object holding a batch of changes, grouped by what they share:
@@ -162,6 +167,12 @@ RETURNS trigger
 LANGUAGE plpgsql
 AS $fn$
 DECLARE
+    -- The calls of the statement still to come at this trigger depth (see the top of this file).
+    calls_left_name text := 'retired_pod_gc.calls_left_' || pg_trigger_depth();
+    calls_left integer := coalesce(nullif(current_setting(calls_left_name, true), ''), '0');
+    calls bigint;
+    inactive bigint;
+    unused text;
     parts refcursor;
     part record;
     pieces text[];
@@ -169,19 +180,36 @@ DECLARE
     payload text := '';
     settings_before text[];
 BEGIN
-    -- The early return (see the top of this file): nothing is inactive, nothing to send.
+    -- A later call of a statement whose changes an earlier call sent: count it, nothing else.
+    -- (Assignments, not PERFORM: a simple expression runs without a query.)
+    IF calls_left > 0 THEN
+        unused := set_config(calls_left_name, (calls_left - 1)::text, true);
+        RETURN NULL;
+    END IF;
+    -- The first call: the statement makes one call for each row its trigger's WHEN let through;
+    -- the others only count down. An UPDATE's old and new rows are kept in the same order, one
+    -- pair a row, so when neither side alone is inactive in every row they are paired by their
+    -- place in the transition tables.
     IF TG_OP = 'UPDATE' THEN
-        IF NOT EXISTS (SELECT FROM old_rows AS o WHERE o.active IS NOT TRUE
-                       UNION ALL
-                       SELECT FROM new_rows AS n WHERE n.active IS NOT TRUE) THEN
-            RETURN NULL;
+        SELECT count(*), count(*) FILTER (WHERE n.active IS NOT TRUE) INTO calls, inactive
+        FROM new_rows AS n;
+        IF inactive < calls THEN
+            SELECT count(*) FILTER (WHERE o.active IS NOT TRUE) INTO inactive FROM old_rows AS o;
+        END IF;
+        IF inactive < calls THEN
+            SELECT count(*) INTO calls
+            FROM (SELECT row_number() OVER () AS k, o.active FROM old_rows AS o) AS o
+            JOIN (SELECT row_number() OVER () AS k, n.active FROM new_rows AS n) AS n
+                ON n.k = o.k
+            WHERE o.active IS NOT TRUE OR n.active IS NOT TRUE;
         END IF;
     ELSIF TG_OP = 'INSERT' THEN
-        IF NOT EXISTS (SELECT FROM new_rows AS n WHERE n.active IS NOT TRUE) THEN
-            RETURN NULL;
-        END IF;
-    ELSIF NOT EXISTS (SELECT FROM old_rows AS o WHERE o.active IS NOT TRUE) THEN
-        RETURN NULL;
+        SELECT count(*) INTO calls FROM new_rows AS n WHERE n.active IS NOT TRUE;
+    ELSE
+        SELECT count(*) INTO calls FROM old_rows AS o WHERE o.active IS NOT TRUE;
+    END IF;
+    IF calls > 1 THEN
+        unused := set_config(calls_left_name, (calls - 1)::text, true);
     END IF;
     -- A statement of one row (a single retirement: the common case here) is at most one
     -- change, one payload below 1,937 bytes: it skips the grouping, whose plan (hash join,
@@ -366,25 +394,29 @@ DROP TRIGGER IF EXISTS retired_pod_gc_execution_inserted_deleted ON sandbox_k8s_
 DROP TRIGGER IF EXISTS retired_pod_gc_execution_updated ON sandbox_k8s_executions;
 DROP FUNCTION IF EXISTS retired_pod_gc_notify_execution_changed();
 
--- Transition tables allow one event per trigger: three triggers.
+-- Transition tables allow one event per trigger: three triggers. Each WHEN reads only the row's
+-- columns: PostgreSQL parses and compiles it for every statement, cheaply without a function.
 DROP TRIGGER IF EXISTS retired_pod_gc_executions_inserted ON sandbox_k8s_executions;
 CREATE TRIGGER retired_pod_gc_executions_inserted
     AFTER INSERT ON sandbox_k8s_executions
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT
+    FOR EACH ROW
+    WHEN (NEW.active IS NOT TRUE)
     EXECUTE FUNCTION retired_pod_gc_notify_executions_changed();
 
 DROP TRIGGER IF EXISTS retired_pod_gc_executions_updated ON sandbox_k8s_executions;
 CREATE TRIGGER retired_pod_gc_executions_updated
     AFTER UPDATE ON sandbox_k8s_executions
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT
+    FOR EACH ROW
+    WHEN (OLD.active IS NOT TRUE OR NEW.active IS NOT TRUE)
     EXECUTE FUNCTION retired_pod_gc_notify_executions_changed();
 
 DROP TRIGGER IF EXISTS retired_pod_gc_executions_deleted ON sandbox_k8s_executions;
 CREATE TRIGGER retired_pod_gc_executions_deleted
     AFTER DELETE ON sandbox_k8s_executions
     REFERENCING OLD TABLE AS old_rows
-    FOR EACH STATEMENT
+    FOR EACH ROW
+    WHEN (OLD.active IS NOT TRUE)
     EXECUTE FUNCTION retired_pod_gc_notify_executions_changed();
 
