@@ -12,8 +12,8 @@ waits of concurrent commits (that is B13's).
 For each variant: a fresh copy of one seeded data directory (the dev schema, 10,000 sandboxes
 and active executions), the variant installed (``none``: no trigger; ``shipped``: ``migrate``'s
 rendering of the trigger step; each ``NAME=FILE``: another file applied as it is), then one
-session per workload, each after the same warm-up of 100 common writes; a workload's count is the
-session's count less the warm-up session's:
+session per workload on a copy of that directory, each after the same warm-up of 100 common
+writes; a workload's count is the session's count less the warm-up session's:
 
 * ``common``: 1,000 of the platform's common writes, one transaction each (4 one-row state
   changes of an active execution to 1 insert of an active execution): per transaction;
@@ -143,10 +143,13 @@ def count(variants: dict[str, str]) -> dict[str, dict[str, float]]:
             _run(["cp", "-a", str(template), str(data)], "")
             if sql:
                 _single(bin_dir, data, sql + "\n\n", join_lines=True)
-            counts = {
-                w: _counted(bin_dir, data, lines, root / f"{name}.{w}.out")
-                for w, lines in workloads.items()
-            }
+            counts = {}
+            for w, lines in workloads.items():
+                # Each session on a copy of the variant's data: every one starts from the same
+                # rows (a session's writes are committed).
+                session = root / f"{name}.{w}"
+                _run(["cp", "-a", str(data), str(session)], "")
+                counts[w] = _counted(bin_dir, session, lines, root / f"{name}.{w}.out")
             base = counts["warm_up"]
             results[name] = {
                 "common_per_tx": (counts["common"] - base) / MEASURED,

@@ -168,224 +168,232 @@ LANGUAGE plpgsql
 AS $fn$
 DECLARE
     -- The calls of the statement still to come at this trigger depth (see the top of this file).
-    calls_left_name text := 'retired_pod_gc.calls_left_' || pg_trigger_depth();
-    calls_left integer := coalesce(nullif(current_setting(calls_left_name, true), ''), '0');
-    calls bigint;
-    inactive bigint;
+    calls_left_name text;
+    calls_left integer;
     unused text;
-    parts refcursor;
-    part record;
-    pieces text[];
-    piece text;
-    payload text := '';
-    settings_before text[];
 BEGIN
     -- A later call of a statement whose changes an earlier call sent: count it, nothing else.
-    -- (Assignments, not PERFORM: a simple expression runs without a query.)
+    -- This path runs once a row of a mass retirement, so it is kept to three assignments (simple
+    -- expressions: no query); the first call's variables are declared in the block below it.
+    calls_left_name := 'retired_pod_gc.calls_left_' || pg_trigger_depth();
+    calls_left := nullif(current_setting(calls_left_name, true), '');
     IF calls_left > 0 THEN
         unused := set_config(calls_left_name, (calls_left - 1)::text, true);
         RETURN NULL;
     END IF;
-    -- The first call: the statement makes one call for each row its trigger's WHEN let through;
-    -- the others only count down. An UPDATE's old and new rows are kept in the same order, one
-    -- pair a row, so when neither side alone is inactive in every row they are paired by their
-    -- place in the transition tables.
-    IF TG_OP = 'UPDATE' THEN
-        SELECT count(*), count(*) FILTER (WHERE n.active IS NOT TRUE) INTO calls, inactive
-        FROM new_rows AS n;
-        IF inactive < calls THEN
-            SELECT count(*) FILTER (WHERE o.active IS NOT TRUE) INTO inactive FROM old_rows AS o;
-        END IF;
-        IF inactive < calls THEN
-            SELECT count(*) INTO calls
-            FROM (SELECT row_number() OVER () AS k, o.active FROM old_rows AS o) AS o
-            JOIN (SELECT row_number() OVER () AS k, n.active FROM new_rows AS n) AS n
-                ON n.k = o.k
-            WHERE o.active IS NOT TRUE OR n.active IS NOT TRUE;
-        END IF;
-    ELSIF TG_OP = 'INSERT' THEN
-        SELECT count(*) INTO calls FROM new_rows AS n WHERE n.active IS NOT TRUE;
-    ELSE
-        SELECT count(*) INTO calls FROM old_rows AS o WHERE o.active IS NOT TRUE;
-    END IF;
-    IF calls > 1 THEN
-        unused := set_config(calls_left_name, (calls - 1)::text, true);
-    END IF;
-    -- A statement of one row (a single retirement: the common case here) is at most one
-    -- change, one payload below 1,937 bytes: it skips the grouping, whose plan (hash join,
-    -- aggregate, slices, a cursor) costs several times the whole query for one row. For an
-    -- UPDATE also only when the row kept its id and pod name (else the general query reports
-    -- the old row as deleted and the new one as inserted).
-    IF TG_OP = 'UPDATE' THEN
-        IF NOT EXISTS (SELECT FROM new_rows OFFSET 1)
-           AND NOT EXISTS (SELECT FROM new_rows AS n, old_rows AS o
-                           WHERE o.id <> n.id OR o.pod_name IS DISTINCT FROM n.pod_name) THEN
-            PERFORM pg_notify('sandbox_execution_changed', retired_pod_gc_one_pod(
-                       'update', n.pod_name, n.active, n.execution_state))
-            FROM new_rows AS n
-            JOIN old_rows AS o ON o.id = n.id
-            WHERE (o.active IS NOT TRUE OR n.active IS NOT TRUE)
-              AND (o.active IS DISTINCT FROM n.active
-                   OR o.execution_state IS DISTINCT FROM n.execution_state);
-            RETURN NULL;
-        END IF;
-        settings_before := ARRAY[current_setting('jit'), current_setting('enable_mergejoin'),
-                                 current_setting('enable_sort')];
-        PERFORM set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true),
-                set_config('enable_sort', 'off', true);
-        OPEN parts FOR
-            SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
-            FROM (
-                SELECT g.head, b.names[i : i + g.k - 1] AS names
-                FROM (
-                    SELECT retired_pod_gc_pods_head(c.op, c.active, c.state) AS head,
-                           array_agg(c.pod_name) AS names,
-                           greatest(1, (7700 - coalesce(octet_length(c.state), 0))
-                                       / (max(octet_length(c.pod_name)) + 3)) AS k
-                    FROM (
-                        SELECT u.op, u.active, u.state COLLATE "C" AS state,
-                               CASE WHEN octet_length(u.pod_name) <= 253 THEN u.pod_name
-                                    ELSE left(u.pod_name, 253) END AS pod_name
-                        FROM (
-                            SELECT CASE WHEN o.id IS NULL THEN 'insert'
-                                        WHEN n.id IS NULL THEN 'delete'
-                                        ELSE 'update' END AS op,
-                                   CASE WHEN n.id IS NULL THEN o.active
-                                        ELSE n.active END AS active,
-                                   CASE WHEN n.id IS NULL THEN o.execution_state
-                                        ELSE n.execution_state END AS state,
-                                   CASE WHEN n.id IS NULL THEN o.pod_name
-                                        ELSE n.pod_name END AS pod_name
-                            FROM old_rows AS o
-                            FULL JOIN new_rows AS n ON n.id = o.id AND n.pod_name = o.pod_name
-                            WHERE CASE WHEN o.id IS NULL THEN n.active IS NOT TRUE
-                                       WHEN n.id IS NULL THEN o.active IS NOT TRUE
-                                       ELSE (o.active IS NOT TRUE OR n.active IS NOT TRUE)
-                                            AND (o.active IS DISTINCT FROM n.active
-                                                 OR o.execution_state
-                                                    IS DISTINCT FROM n.execution_state)
-                                  END
-                            OFFSET 0  -- kept apart: each change's columns are worked out once
-                        ) AS u
-                    ) AS c
-                    GROUP BY c.op, c.active, c.state
-                ) AS g,
-                LATERAL (
-                    SELECT g.names[j : j + 16 * g.k - 1] AS names
-                    FROM generate_series(1, cardinality(g.names), 16 * g.k) AS j
-                    OFFSET 0  -- kept apart: each block is cut once
-                ) AS b,
-                generate_series(1, cardinality(b.names), g.k) AS i
-                OFFSET 0  -- kept apart: each slice is cut once
-            ) AS p;
-    ELSIF TG_OP = 'INSERT' THEN
-        IF NOT EXISTS (SELECT FROM new_rows OFFSET 1) THEN
-            PERFORM pg_notify('sandbox_execution_changed', retired_pod_gc_one_pod(
-                       'insert', n.pod_name, n.active, n.execution_state))
-            FROM new_rows AS n
-            WHERE n.active IS NOT TRUE;
-            RETURN NULL;
-        END IF;
-        settings_before := ARRAY[current_setting('jit'), current_setting('enable_mergejoin'),
-                                 current_setting('enable_sort')];
-        PERFORM set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true),
-                set_config('enable_sort', 'off', true);
-        OPEN parts FOR
-            SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
-            FROM (
-                SELECT g.head, b.names[i : i + g.k - 1] AS names
-                FROM (
-                    SELECT retired_pod_gc_pods_head('insert', c.active, c.state) AS head,
-                           array_agg(c.pod_name) AS names,
-                           greatest(1, (7700 - coalesce(octet_length(c.state), 0))
-                                       / (max(octet_length(c.pod_name)) + 3)) AS k
-                    FROM (
-                        SELECT n.active, n.execution_state COLLATE "C" AS state,
-                               CASE WHEN octet_length(n.pod_name) <= 253 THEN n.pod_name
-                                    ELSE left(n.pod_name, 253) END AS pod_name
-                        FROM new_rows AS n
-                        WHERE n.active IS NOT TRUE
-                    ) AS c
-                    GROUP BY c.active, c.state
-                ) AS g,
-                LATERAL (
-                    SELECT g.names[j : j + 16 * g.k - 1] AS names
-                    FROM generate_series(1, cardinality(g.names), 16 * g.k) AS j
-                    OFFSET 0
-                ) AS b,
-                generate_series(1, cardinality(b.names), g.k) AS i
-                OFFSET 0
-            ) AS p;
-    ELSE
-        IF NOT EXISTS (SELECT FROM old_rows OFFSET 1) THEN
-            PERFORM pg_notify('sandbox_execution_changed', retired_pod_gc_one_pod(
-                       'delete', o.pod_name, o.active, o.execution_state))
-            FROM old_rows AS o
-            WHERE o.active IS NOT TRUE;
-            RETURN NULL;
-        END IF;
-        settings_before := ARRAY[current_setting('jit'), current_setting('enable_mergejoin'),
-                                 current_setting('enable_sort')];
-        PERFORM set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true),
-                set_config('enable_sort', 'off', true);
-        OPEN parts FOR
-            SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
-            FROM (
-                SELECT g.head, b.names[i : i + g.k - 1] AS names
-                FROM (
-                    SELECT retired_pod_gc_pods_head('delete', c.active, c.state) AS head,
-                           array_agg(c.pod_name) AS names,
-                           greatest(1, (7700 - coalesce(octet_length(c.state), 0))
-                                       / (max(octet_length(c.pod_name)) + 3)) AS k
-                    FROM (
-                        SELECT o.active, o.execution_state COLLATE "C" AS state,
-                               CASE WHEN octet_length(o.pod_name) <= 253 THEN o.pod_name
-                                    ELSE left(o.pod_name, 253) END AS pod_name
-                        FROM old_rows AS o
-                        WHERE o.active IS NOT TRUE
-                    ) AS c
-                    GROUP BY c.active, c.state
-                ) AS g,
-                LATERAL (
-                    SELECT g.names[j : j + 16 * g.k - 1] AS names
-                    FROM generate_series(1, cardinality(g.names), 16 * g.k) AS j
-                    OFFSET 0
-                ) AS b,
-                generate_series(1, cardinality(b.names), g.k) AS i
-                OFFSET 0
-            ) AS p;
-    END IF;
-    -- Packing (the bound above): each piece at most 7,988 bytes, else its names one by one.
-    LOOP
-        FETCH parts INTO part;
-        EXIT WHEN NOT FOUND;
-        IF octet_length(part.piece) <= 7988 THEN
-            pieces := ARRAY[part.piece];
+    DECLARE
+        calls bigint;
+        inactive bigint;
+        parts refcursor;
+        part record;
+        pieces text[];
+        piece text;
+        payload text := '';
+        settings_before text[];
+    BEGIN
+        -- The first call: the statement makes one call for each row its trigger's WHEN let through;
+        -- the others only count down. An UPDATE's old and new rows are kept in the same order, one
+        -- pair a row, so when neither side alone is inactive in every row they are paired by their
+        -- place in the transition tables.
+        IF TG_OP = 'UPDATE' THEN
+            SELECT count(*), count(*) FILTER (WHERE n.active IS NOT TRUE) INTO calls, inactive
+            FROM new_rows AS n;
+            IF inactive < calls THEN
+                SELECT count(*) FILTER (WHERE o.active IS NOT TRUE) INTO inactive
+                FROM old_rows AS o;
+            END IF;
+            IF inactive < calls THEN
+                SELECT count(*) INTO calls
+                FROM (SELECT row_number() OVER () AS k, o.active FROM old_rows AS o) AS o
+                JOIN (SELECT row_number() OVER () AS k, n.active FROM new_rows AS n) AS n
+                    ON n.k = o.k
+                WHERE o.active IS NOT TRUE OR n.active IS NOT TRUE;
+            END IF;
+        ELSIF TG_OP = 'INSERT' THEN
+            SELECT count(*) INTO calls FROM new_rows AS n WHERE n.active IS NOT TRUE;
         ELSE
-            pieces := ARRAY(
-                SELECT part.head || '[' || coalesce(to_json(name)::text, 'null') || ']]'
-                FROM unnest(part.names) AS name);
+            SELECT count(*) INTO calls FROM old_rows AS o WHERE o.active IS NOT TRUE;
         END IF;
-        FOREACH piece IN ARRAY pieces LOOP
-            IF payload <> '' AND octet_length(payload) + 1 + octet_length(piece) + 2 >= 8000 THEN
-                PERFORM pg_notify('sandbox_execution_changed', payload || ']}');
-                payload := '';
+        IF calls > 1 THEN
+            unused := set_config(calls_left_name, (calls - 1)::text, true);
+        END IF;
+        -- A statement of one row (a single retirement: the common case here) is at most one
+        -- change, one payload below 1,937 bytes: it skips the grouping, whose plan (hash join,
+        -- aggregate, slices, a cursor) costs several times the whole query for one row. For an
+        -- UPDATE also only when the row kept its id and pod name (else the general query reports
+        -- the old row as deleted and the new one as inserted).
+        IF TG_OP = 'UPDATE' THEN
+            IF NOT EXISTS (SELECT FROM new_rows OFFSET 1)
+               AND NOT EXISTS (SELECT FROM new_rows AS n, old_rows AS o
+                               WHERE o.id <> n.id OR o.pod_name IS DISTINCT FROM n.pod_name) THEN
+                PERFORM pg_notify('sandbox_execution_changed', retired_pod_gc_one_pod(
+                           'update', n.pod_name, n.active, n.execution_state))
+                FROM new_rows AS n
+                JOIN old_rows AS o ON o.id = n.id
+                WHERE (o.active IS NOT TRUE OR n.active IS NOT TRUE)
+                  AND (o.active IS DISTINCT FROM n.active
+                       OR o.execution_state IS DISTINCT FROM n.execution_state);
+                RETURN NULL;
             END IF;
-            IF payload = '' THEN
-                payload := '{"pods":[' || piece;
+            settings_before := ARRAY[current_setting('jit'), current_setting('enable_mergejoin'),
+                                     current_setting('enable_sort')];
+            PERFORM set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true),
+                    set_config('enable_sort', 'off', true);
+            OPEN parts FOR
+                SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
+                FROM (
+                    SELECT g.head, b.names[i : i + g.k - 1] AS names
+                    FROM (
+                        SELECT retired_pod_gc_pods_head(c.op, c.active, c.state) AS head,
+                               array_agg(c.pod_name) AS names,
+                               greatest(1, (7700 - coalesce(octet_length(c.state), 0))
+                                           / (max(octet_length(c.pod_name)) + 3)) AS k
+                        FROM (
+                            SELECT u.op, u.active, u.state COLLATE "C" AS state,
+                                   CASE WHEN octet_length(u.pod_name) <= 253 THEN u.pod_name
+                                        ELSE left(u.pod_name, 253) END AS pod_name
+                            FROM (
+                                SELECT CASE WHEN o.id IS NULL THEN 'insert'
+                                            WHEN n.id IS NULL THEN 'delete'
+                                            ELSE 'update' END AS op,
+                                       CASE WHEN n.id IS NULL THEN o.active
+                                            ELSE n.active END AS active,
+                                       CASE WHEN n.id IS NULL THEN o.execution_state
+                                            ELSE n.execution_state END AS state,
+                                       CASE WHEN n.id IS NULL THEN o.pod_name
+                                            ELSE n.pod_name END AS pod_name
+                                FROM old_rows AS o
+                                FULL JOIN new_rows AS n ON n.id = o.id AND n.pod_name = o.pod_name
+                                WHERE CASE WHEN o.id IS NULL THEN n.active IS NOT TRUE
+                                           WHEN n.id IS NULL THEN o.active IS NOT TRUE
+                                           ELSE (o.active IS NOT TRUE OR n.active IS NOT TRUE)
+                                                AND (o.active IS DISTINCT FROM n.active
+                                                     OR o.execution_state
+                                                        IS DISTINCT FROM n.execution_state)
+                                      END
+                                OFFSET 0  -- kept apart: each change's columns are worked out once
+                            ) AS u
+                        ) AS c
+                        GROUP BY c.op, c.active, c.state
+                    ) AS g,
+                    LATERAL (
+                        SELECT g.names[j : j + 16 * g.k - 1] AS names
+                        FROM generate_series(1, cardinality(g.names), 16 * g.k) AS j
+                        OFFSET 0  -- kept apart: each block is cut once
+                    ) AS b,
+                    generate_series(1, cardinality(b.names), g.k) AS i
+                    OFFSET 0  -- kept apart: each slice is cut once
+                ) AS p;
+        ELSIF TG_OP = 'INSERT' THEN
+            IF NOT EXISTS (SELECT FROM new_rows OFFSET 1) THEN
+                PERFORM pg_notify('sandbox_execution_changed', retired_pod_gc_one_pod(
+                           'insert', n.pod_name, n.active, n.execution_state))
+                FROM new_rows AS n
+                WHERE n.active IS NOT TRUE;
+                RETURN NULL;
+            END IF;
+            settings_before := ARRAY[current_setting('jit'), current_setting('enable_mergejoin'),
+                                     current_setting('enable_sort')];
+            PERFORM set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true),
+                    set_config('enable_sort', 'off', true);
+            OPEN parts FOR
+                SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
+                FROM (
+                    SELECT g.head, b.names[i : i + g.k - 1] AS names
+                    FROM (
+                        SELECT retired_pod_gc_pods_head('insert', c.active, c.state) AS head,
+                               array_agg(c.pod_name) AS names,
+                               greatest(1, (7700 - coalesce(octet_length(c.state), 0))
+                                           / (max(octet_length(c.pod_name)) + 3)) AS k
+                        FROM (
+                            SELECT n.active, n.execution_state COLLATE "C" AS state,
+                                   CASE WHEN octet_length(n.pod_name) <= 253 THEN n.pod_name
+                                        ELSE left(n.pod_name, 253) END AS pod_name
+                            FROM new_rows AS n
+                            WHERE n.active IS NOT TRUE
+                        ) AS c
+                        GROUP BY c.active, c.state
+                    ) AS g,
+                    LATERAL (
+                        SELECT g.names[j : j + 16 * g.k - 1] AS names
+                        FROM generate_series(1, cardinality(g.names), 16 * g.k) AS j
+                        OFFSET 0
+                    ) AS b,
+                    generate_series(1, cardinality(b.names), g.k) AS i
+                    OFFSET 0
+                ) AS p;
+        ELSE
+            IF NOT EXISTS (SELECT FROM old_rows OFFSET 1) THEN
+                PERFORM pg_notify('sandbox_execution_changed', retired_pod_gc_one_pod(
+                           'delete', o.pod_name, o.active, o.execution_state))
+                FROM old_rows AS o
+                WHERE o.active IS NOT TRUE;
+                RETURN NULL;
+            END IF;
+            settings_before := ARRAY[current_setting('jit'), current_setting('enable_mergejoin'),
+                                     current_setting('enable_sort')];
+            PERFORM set_config('jit', 'off', true), set_config('enable_mergejoin', 'off', true),
+                    set_config('enable_sort', 'off', true);
+            OPEN parts FOR
+                SELECT p.head, p.names, p.head || array_to_json(p.names)::text || ']' AS piece
+                FROM (
+                    SELECT g.head, b.names[i : i + g.k - 1] AS names
+                    FROM (
+                        SELECT retired_pod_gc_pods_head('delete', c.active, c.state) AS head,
+                               array_agg(c.pod_name) AS names,
+                               greatest(1, (7700 - coalesce(octet_length(c.state), 0))
+                                           / (max(octet_length(c.pod_name)) + 3)) AS k
+                        FROM (
+                            SELECT o.active, o.execution_state COLLATE "C" AS state,
+                                   CASE WHEN octet_length(o.pod_name) <= 253 THEN o.pod_name
+                                        ELSE left(o.pod_name, 253) END AS pod_name
+                            FROM old_rows AS o
+                            WHERE o.active IS NOT TRUE
+                        ) AS c
+                        GROUP BY c.active, c.state
+                    ) AS g,
+                    LATERAL (
+                        SELECT g.names[j : j + 16 * g.k - 1] AS names
+                        FROM generate_series(1, cardinality(g.names), 16 * g.k) AS j
+                        OFFSET 0
+                    ) AS b,
+                    generate_series(1, cardinality(b.names), g.k) AS i
+                    OFFSET 0
+                ) AS p;
+        END IF;
+        -- Packing (the bound above): each piece at most 7,988 bytes, else its names one by one.
+        LOOP
+            FETCH parts INTO part;
+            EXIT WHEN NOT FOUND;
+            IF octet_length(part.piece) <= 7988 THEN
+                pieces := ARRAY[part.piece];
             ELSE
-                payload := payload || ',' || piece;
+                pieces := ARRAY(
+                    SELECT part.head || '[' || coalesce(to_json(name)::text, 'null') || ']]'
+                    FROM unnest(part.names) AS name);
             END IF;
+            FOREACH piece IN ARRAY pieces LOOP
+                IF payload <> ''
+                   AND octet_length(payload) + 1 + octet_length(piece) + 2 >= 8000 THEN
+                    PERFORM pg_notify('sandbox_execution_changed', payload || ']}');
+                    payload := '';
+                END IF;
+                IF payload = '' THEN
+                    payload := '{"pods":[' || piece;
+                ELSE
+                    payload := payload || ',' || piece;
+                END IF;
+            END LOOP;
         END LOOP;
-    END LOOP;
-    CLOSE parts;
-    PERFORM set_config('jit', settings_before[1], true),
-            set_config('enable_mergejoin', settings_before[2], true),
-            set_config('enable_sort', settings_before[3], true);
-    IF payload <> '' THEN
-        PERFORM pg_notify('sandbox_execution_changed', payload || ']}');
-    END IF;
-    RETURN NULL;
+        CLOSE parts;
+        PERFORM set_config('jit', settings_before[1], true),
+                set_config('enable_mergejoin', settings_before[2], true),
+                set_config('enable_sort', settings_before[3], true);
+        IF payload <> '' THEN
+            PERFORM pg_notify('sandbox_execution_changed', payload || ']}');
+        END IF;
+        RETURN NULL;
+    END;
 END
 $fn$;
 
