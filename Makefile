@@ -164,7 +164,7 @@ bench-limit: $(BENCH_STAMP)
 bench-trigger: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run --pods 100000 --only B7,B2B --repeats 5 --b7-rounds 21 --name trigger
 
-# B13 (~17 min): the trigger's cost to concurrent writers, pgbench on Debian's PostgreSQL 15 with
+# B13 (~30 min): the trigger's cost to concurrent writers, pgbench on Debian's PostgreSQL 15 with
 # its defaults (benchmarks/writers.py); B13i (~3 min): the writer's backend's instructions with
 # each trigger variant, counted by callgrind (benchmarks/trigger_instructions.py).
 .PHONY: bench-writers bench-trigger-instructions
@@ -173,8 +173,7 @@ bench-writers: $(BENCH_STAMP) pg-debian
 
 bench-trigger-instructions: $(BENCH_STAMP) pg-debian
 	@command -v valgrind >/dev/null 2>&1 || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
-	$(PY) -m benchmarks.trigger_instructions \
-		gated=benchmarks/b13_candidates/gated.sql row_notify=benchmarks/b13_candidates/row_notify.sql
+	$(PY) -m benchmarks.trigger_instructions row_notify=benchmarks/b13_candidates/row_notify.sql
 
 # B10 (~3 min): the API server's connections black-holed at the default settings, the time to
 # delete a pod created in the black hole and a cached pod retired in it (benchmarks/blackhole.py).

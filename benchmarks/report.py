@@ -33,7 +33,7 @@ CANONICAL: dict[str, str] = {
     "B5": "limit",
     "B6": "default",
     "B7": "trigger",
-    "B7_share": "trigger-pods",
+    "B7_share": "trigger",
     "B8": "kept",
     "B9": "throttled",
     "B10": "blackhole",
@@ -291,7 +291,8 @@ def _b13_slower(mix: str) -> Callable[[dict[str, Any]], str]:
         rows = [
             s
             for s in r["B13"]["summary"]
-            if s["mix"] == mix and s["variant"] in (B13_SHIPPED, "floor-notify")
+            if s["mix"] == mix
+            and (s["variant"] == B13_SHIPPED or s["variant"].startswith("floor-"))
         ]
         by_writers: dict[int, list[str]] = {}
         for s in sorted(rows, key=lambda s: (s["writers"], s["variant"] != B13_SHIPPED)):

@@ -74,11 +74,12 @@ def _variant(path: Path) -> str:
 
 
 async def _explained(conn: asyncpg.Connection, sql: str, trigger: str) -> tuple[float, float]:
-    """(execution ms, ``trigger``'s ms) of one run of ``sql``."""
+    """(execution ms, ``trigger``'s ms) of one run of ``sql``: the time of all of its calls (a
+    row-level trigger's, one a row its WHEN let through; a statement-level one's, one)."""
     (out,) = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}"))
     fired = [t for t in out.get("Triggers", []) if t["Trigger Name"] == trigger]
-    if len(fired) != 1 or fired[0]["Calls"] != 1:
-        raise RuntimeError(f"{trigger} did not fire once: {out.get('Triggers')}")
+    if len(fired) != 1 or fired[0]["Calls"] < 1:
+        raise RuntimeError(f"{trigger} did not fire: {out.get('Triggers')}")
     return float(out["Execution Time"]), float(fired[0]["Time"])
 
 

@@ -16,10 +16,11 @@ Mixes (pgbench scripts, prepared statements, one transaction each):
 * ``retire``: every write retires or re-activates one execution (``active = NOT active``): each
   one must be sent. The NOTIFY ceiling; the ``floor-notify`` variant beside it (a statement
   trigger that sends one constant NOTIFY and reads nothing) is the least any notifying trigger
-  costs.
+  costs. Beside ``common``, ``floor-row-when``: row-level triggers with the shipped WHENs whose
+  function does nothing, the least a trigger that filters rows costs.
 
 Variants: ``none`` (no trigger), ``shipped`` (``migrate``'s rendering of the trigger step),
-``floor-notify`` (``retire`` mix only), and each ``--trigger FILE`` (another whole trigger file,
+each mix's floor (:data:`FLOORS`), and each ``--trigger FILE`` (another whole trigger file,
 e.g. an earlier text of the step, applied as it is). Before each run every trigger of the table is
 dropped, the variant installed, the rows the previous run inserted removed (with triggers off),
 the table vacuumed and a checkpoint taken; variants take turns in each round, in alternating
@@ -89,6 +90,23 @@ $fn$;
 CREATE TRIGGER b13_floor_notify AFTER UPDATE ON sandbox_k8s_executions
     FOR EACH STATEMENT EXECUTE FUNCTION b13_floor_notify();
 """
+
+FLOOR_ROW_WHEN = """
+CREATE OR REPLACE FUNCTION b13_floor_row_when() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    RETURN NULL;
+END
+$fn$;
+CREATE TRIGGER b13_floor_row_when_inserted AFTER INSERT ON sandbox_k8s_executions
+    FOR EACH ROW WHEN (NEW.active IS NOT TRUE) EXECUTE FUNCTION b13_floor_row_when();
+CREATE TRIGGER b13_floor_row_when_updated AFTER UPDATE ON sandbox_k8s_executions
+    FOR EACH ROW WHEN (OLD.active IS NOT TRUE OR NEW.active IS NOT TRUE)
+    EXECUTE FUNCTION b13_floor_row_when();
+"""
+FLOORS = {"common": ("floor-row-when", FLOOR_ROW_WHEN), "retire": ("floor-notify", FLOOR_NOTIFY)}
+"""Each mix's floor: for ``common``, row-level triggers with the shipped trigger's WHENs and no
+transition tables, whose function does nothing (the least a trigger that lets only inactive rows
+through costs a write it lets through none of); for ``retire``, one constant NOTIFY a statement."""
 
 _DROP_TRIGGERS = """
 DO $$
@@ -192,10 +210,11 @@ async def b13(
                 (scripts / name).write_text(text)
             for r in range(rounds):
                 for mix in mixes:
-                    names = list(variants) + (["floor-notify"] if mix == "retire" else [])
+                    floor, floor_sql = FLOORS[mix]
+                    names = [*variants, floor]
                     for w in writers:
                         for variant in names if r % 2 == 0 else names[::-1]:
-                            sql = FLOOR_NOTIFY if variant == "floor-notify" else variants[variant]
+                            sql = floor_sql if variant == floor else variants[variant]
                             await _install(conn, sql)
                             await listener.fetchval("SELECT 1")
                             before = sent[0]

@@ -1,7 +1,9 @@
 -- B13 candidate (benchmark only, never installed): row-level triggers whose WHEN lets only rows
 -- inactive on either side through, each such row one NOTIFY of its own (0002's shape of work,
 -- 0003's payload). A statement that writes only active rows runs no PL/pgSQL; a mass retirement
--- runs the function and sends a NOTIFY for every row. Measured as gated.sql is (benchmarks/NOTES.md, B13).
+-- runs the function and sends a NOTIFY for every row. Measured by
+-- `python -m benchmarks.trigger_instructions row_notify=benchmarks/b13_candidates/row_notify.sql`
+-- and `python -m benchmarks.writers --trigger row_notify=...` (benchmarks/NOTES.md, B13).
 
 CREATE OR REPLACE FUNCTION b13_row_notify() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
