@@ -27,7 +27,7 @@ CANONICAL: dict[str, str] = {
     "B1": "final-35",
     "B1L": "rss-after",
     "B2": "final-35",
-    "B2B": "final-35",
+    "B2B": "trigger",
     "B3": "final-35",
     "B4": "limit",
     "B5": "limit",

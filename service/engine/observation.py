@@ -54,7 +54,7 @@ class ObservationClocks:
         if metrics is not None:
             # Read when scraped.
             metrics.tracked_clocks.set_function(lambda: len(self._by_uid))
-            metrics.oldest_clock.set_function(lambda: self.oldest_s(clock.now()))
+            metrics.oldest_clock.set_function(self._oldest_now)
 
     # ----------------------------------------------------------- reconcile side
 
@@ -94,6 +94,16 @@ class ObservationClocks:
         """Seconds ``uid`` has been continuously reapable, ``None`` when no clock runs."""
         current = self._by_uid.get(uid)
         return None if current is None else now - current.since_s
+
+    def _oldest_now(self) -> float:
+        """:meth:`oldest_s` as the scrape reads it, on the event loop's clock. A read of the
+        registry outside the loop (a test's, after the service stopped) has no clock to read:
+        0 then. /metrics is served on the loop, so a scrape always reads the age."""
+        try:
+            now = clock.now()
+        except RuntimeError:  # no running event loop
+            return 0.0
+        return self.oldest_s(now)
 
     def oldest_s(self, now: float) -> float:
         """Age of the oldest running clock, 0 when none runs (one pass over the clocks: read

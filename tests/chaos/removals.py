@@ -243,8 +243,8 @@ TRIGGER_REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]
     "trigger_delete_inactive": lambda: _trigger_forgets(_deleted_inactive),
 }
 """The database's promise, not the product's checks: each a trigger that forgets one kind of the
-changes the data contract says it notifies (docs/architecture.md, "Data contract with
-PostgreSQL"): a row inserted inactive, a retirement, a re-activation, a state change while
+changes the data contract says it notifies (docs/architecture.md, "The change
+notifications"): a row inserted inactive, a retirement, a re-activation, a state change while
 inactive, a row deleted while inactive. Each replaces the simulator's model of the trigger
 (``tests/sim/pg.py``, ``trigger_notifies``) with the same rule less that kind. Not part of
 :data:`REMOVALS`: the campaign runs the real trigger on a real server."""

@@ -77,7 +77,7 @@ TRIGGER_CHANNEL = "sandbox_execution_changed"
 def trigger_notifies(old: RowTruth | None, new: RowTruth | None) -> bool:
     """Whether trigger 0003 reports one row's change (``old`` before the commit, ``new`` after;
     ``None``: no row): only a change that can start or stop an observation clock
-    (docs/architecture.md, "Data contract with PostgreSQL"). An insert or a delete of an
+    (docs/architecture.md, "The change notifications"). An insert or a delete of an
     inactive row; an update of a row inactive before or after it (a retirement, a re-activation,
     a state change while inactive) that changes ``active`` or ``execution_state``. Inserts,
     deletes and changes of active rows send nothing. The model keys rows by pod name, so a
