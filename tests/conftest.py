@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.background import BackgroundRun, take_out
+
 pytest_plugins: list[str] = ["tests.pgfixtures", "tests.kubefixtures", "tests.kubectl"]
 
 
@@ -21,7 +23,13 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+_BACKGROUND: list[BackgroundRun] = []
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
+    # The background tests' runs start now, beside the rest (tests/background.py).
+    for run in _BACKGROUND:
+        run.start()
     # What exists once every test module is imported (the modules, the test functions, the
     # strategies) lives for the whole session: take it out of the collector's sight, so that the
     # full collection the event-loop guard runs after every async test walks only what the tests
@@ -31,7 +39,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for run in _BACKGROUND:
+        run.stop()
+
+
+def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.Item]) -> None:
+    _BACKGROUND[:] = take_out(session, items)
     # Every async (anyio) test also gets the event-loop guard; sync tests do not need it.
     for item in items:
         names = getattr(item, "fixturenames", None)

@@ -427,6 +427,7 @@ DISTURBED = {
 }
 
 
+@pytest.mark.background
 async def test_each_outage_pages_once_with_its_cause_and_a_healthy_system_never(
     emulator: RunningEmulator, pg_url: str, tmp_path: Path, record_property: Any
 ) -> None:

@@ -82,6 +82,7 @@ def _pod_watches(requests: list[RequestRecord]) -> list[RequestRecord]:
 
 
 @pytest.mark.slow
+@pytest.mark.background
 @pytest.mark.timeout(300)
 async def test_a_watch_black_holed_before_its_first_bookmark_is_given_up_and_the_pod_deleted(
     emulator: RunningEmulator, pg_url: str, tmp_path: Path, record_property: Any
