@@ -32,6 +32,8 @@ class BackgroundRun:
 
     def __init__(self, nodeid: str) -> None:
         self.nodeid = nodeid
+        self.stand_in_nodeid = ""
+        """The node id of the item that judges this run (set when it is made)."""
         self._out: IO[bytes] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -103,9 +105,9 @@ def take_out(session: pytest.Session, items: list[pytest.Item]) -> list[Backgrou
             continue
         run = BackgroundRun(item.nodeid)
         runs.append(run)
-        kept.append(
-            BackgroundItem.from_parent(item.parent, name=f"{item.name}[background]", run=run)
-        )
+        stand_in = BackgroundItem.from_parent(item.parent, name=f"{item.name}[background]", run=run)
+        run.stand_in_nodeid = stand_in.nodeid
+        kept.append(stand_in)
     items[:] = [i for i in kept if not isinstance(i, BackgroundItem)] + [
         i for i in kept if isinstance(i, BackgroundItem)
     ]

@@ -27,7 +27,10 @@ _BACKGROUND: list[BackgroundRun] = []
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    # The background tests' runs start now, beside the rest (tests/background.py).
+    # The background tests' runs start now, beside the rest (tests/background.py): those whose
+    # stand-in is still selected (-k or -m may have deselected it since).
+    selected = {item.nodeid for item in session.items}
+    _BACKGROUND[:] = [run for run in _BACKGROUND if run.stand_in_nodeid in selected]
     for run in _BACKGROUND:
         run.start()
     # What exists once every test module is imported (the modules, the test functions, the
