@@ -891,6 +891,34 @@ async def test_every_statement_of_a_transaction_sends_its_own_changes(planner_ur
         await conn.close()
 
 
+async def test_an_upsert_sends_both_its_inserts_and_its_updates(planner_url: str) -> None:
+    # INSERT ... ON CONFLICT DO UPDATE fires the INSERT and the UPDATE triggers in one statement,
+    # their calls interleaved row by row: each event's calls count apart.
+    conn = await asyncpg.connect(planner_url)
+    try:
+        names = await _seed_many(conn, 4, prefix="u")
+        new = [f"space-sbx-u{i}-g2" for i in range(1, 5)]
+        async with raw_payloads(planner_url) as payloads:
+            await payloads.drain()
+            payloads.clear()
+            await conn.execute(
+                "INSERT INTO sandbox_k8s_executions (sandbox_id, generation, pod_name, pod_kind,"
+                " execution_state, active)"
+                " SELECT 'u1', 2, u.pod, 'create', 'replaced', false"
+                " FROM unnest($1::text[]) AS u(pod)"
+                " ON CONFLICT (pod_name) DO UPDATE"
+                " SET active = false, execution_state = 'replaced'",
+                [p for pair in zip(names, new, strict=True) for p in pair],
+            )
+            await payloads.drain()
+        expected = [["update", name, False, "replaced"] for name in names] + [
+            ["insert", name, False, "replaced"] for name in new
+        ]
+        assert sorted(_rows(payloads)) == sorted(expected)  # type: ignore[type-var]
+    finally:
+        await conn.close()
+
+
 async def test_a_statement_run_by_another_trigger_of_the_table_sends_its_changes_too(
     planner_url: str,
 ) -> None:

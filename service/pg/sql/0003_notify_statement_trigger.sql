@@ -31,11 +31,13 @@
 -- rows queues no call and runs no PL/pgSQL. Each row the WHEN lets through queues one call, run
 -- after the statement. The function reads the whole statement's rows from the transition tables
 -- (a row-level trigger may have them too), so the statement's first call sends all of its
--- changes, in batches, and sets a transaction-local counter, `retired_pod_gc.calls_left_<trigger
--- depth>`, to the number of the statement's other calls; each of those only counts down. The
--- count is exact, so the counter is back at zero when the statement's last call returns and the
--- next statement's first call sends again; keyed by the trigger depth, a statement run from inside
--- another's trigger counts apart; a rolled-back savepoint takes it back with its rows. A mass
+-- changes, in batches, and sets a transaction-local counter, `retired_pod_gc.calls_left_<event>_
+-- <trigger depth>`, to the number of the statement's other calls; each of those only counts down.
+-- The count is exact, so the counter is back at zero when the statement's last call returns and
+-- the next statement's first call sends again. Keyed by the event, the calls of one statement
+-- that fires two of the triggers (INSERT ... ON CONFLICT DO UPDATE, MERGE), which come
+-- interleaved, count apart; keyed by the trigger depth, so do those of a statement run from
+-- inside another's trigger; a rolled-back savepoint takes the counter back with its rows. A mass
 -- retirement pays one call a row for this (benchmarks/NOTES.md, B13i).
 --
 -- Why batches: a trigger that builds a payload and calls pg_notify once per changed row makes a
@@ -175,7 +177,7 @@ BEGIN
     -- A later call of a statement whose changes an earlier call sent: count it, nothing else.
     -- This path runs once a row of a mass retirement, so it is kept to three assignments (simple
     -- expressions: no query); the first call's variables are declared in the block below it.
-    calls_left_name := 'retired_pod_gc.calls_left_' || pg_trigger_depth();
+    calls_left_name := 'retired_pod_gc.calls_left_' || TG_OP || '_' || pg_trigger_depth();
     calls_left := nullif(current_setting(calls_left_name, true), '');
     IF calls_left > 0 THEN
         unused := set_config(calls_left_name, (calls_left - 1)::text, true);
