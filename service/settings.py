@@ -1,7 +1,7 @@
 """The settings the service runs with: frozen, nested, one section per adapter.
 
-``service/config.py`` builds them from the environment (each attribute is filled by the variable
-that names it as its path); tests build them directly. Nothing here reads the environment.
+``service/config.py`` builds them from the environment and holds every default: a test starts
+from ``config.load({})`` and replaces what it sets. Nothing here reads the environment.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ class KubeSettings:
     list_page_size: int
     delete_grace_period_s: int | None
     """``None``: the pod's own grace period."""
-    list_mode: str = "auto"
+    list_mode: str
     """``auto``, ``stream`` or ``list`` (see ``service.kube.informer``)."""
-    stream_sync_timeout_s: float = 30.0
+    stream_sync_timeout_s: float
     """Longest silence of a streaming list before its initial-events-end bookmark."""
-    watch_silence_s: float = 75.0
+    watch_silence_s: float
     """Longest silence (no event, no bookmark, no end) of a watch after its last line before it
     is taken for dead; from its first second (docs/architecture.md, "A silent watch")."""
 
@@ -44,18 +44,18 @@ class DatabaseSettings:
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
     batch_max_size: int
-    url_file: str = ""
+    url_file: str
     """DATABASE_URL_FILE: read again for every new connection (a rotated Secret)."""
-    listener_url: str = field(default="", repr=False)
+    listener_url: str = field(repr=False)
     """The listener's URL when it has its own (empty: the pool's)."""
-    listener_url_file: str = ""
+    listener_url_file: str
     """LISTENER_DATABASE_URL_FILE: read again for every new listener connection."""
-    transaction_pooler: bool = False
+    transaction_pooler: bool
     """The pool's URL goes through a transaction-mode pooler: no server-side prepared
     statement outlives its query."""
-    migrate_lock_timeout_s: float = 0.5
+    migrate_lock_timeout_s: float
     """``migrate``: the lock_timeout of each lock it asks for."""
-    migrate_deadline_s: float = 120.0
+    migrate_deadline_s: float
     """``migrate``: how long it retries a lock it was not granted before it stops."""
 
     @property
@@ -94,12 +94,12 @@ class Settings:
     """Record Kubernetes Events for deletes and dry-run reports."""
     log_level: str
     log_format: str
-    debug_pending: bool = False
+    debug_pending: bool
     """Serve ``GET /debug/pending`` on the debug listener."""
-    debug_host: str = "127.0.0.1"
-    debug_port: int = 8081
+    debug_host: str
+    debug_port: int
     """DEBUG_BIND_ADDRESS: the debug listener, apart from the metrics port."""
-    kept_bound_s: float = 1800.0
+    kept_bound_s: float
     """Retired but kept: how long a retired pod may be kept before its ``RetiredPodKept``
     Event."""
     warnings: tuple[str, ...] = ()

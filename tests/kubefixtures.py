@@ -11,6 +11,7 @@ client and server have been closed (keep-alive connections own server tasks unti
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 from kubernetes_asyncio import client as k8s_client
 
 from devtools.emulator import Emulator, RunningEmulator, start_emulator
+from service import config
 from service.config import KubeSettings
 from service.domain import LabelKeys, PodSnapshot
 from service.kube.api import new_api_client
@@ -86,7 +88,8 @@ async def proxied_emulator(
 
 @pytest.fixture
 def kube_settings() -> KubeSettings:
-    return KubeSettings(
+    return dataclasses.replace(
+        config.load({}).kube,
         namespaces=(SANDBOX_NAMESPACE,),
         label_selector=SANDBOX_SELECTOR,
         label_keys=LabelKeys(),

@@ -22,6 +22,7 @@ Helpers: :func:`db_settings` (test-friendly ``DatabaseSettings``), :func:`seed_s
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -49,6 +50,7 @@ from devtools.pg.throwaway import (
     run_async,
     with_database,
 )
+from service import config
 from service.config import DatabaseSettings
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
 
@@ -229,7 +231,8 @@ async def pg_conn(pg_url: str) -> AsyncIterator[asyncpg.Connection]:
 
 
 def db_settings(url: str, **overrides: Any) -> DatabaseSettings:
-    """``DatabaseSettings`` for tests: short timeouts and heartbeats, a large batch."""
+    """``DatabaseSettings`` for tests: the declared defaults with short timeouts and heartbeats,
+    a large batch."""
     values: dict[str, Any] = {
         "url": url,
         "pool_size": 4,
@@ -241,7 +244,7 @@ def db_settings(url: str, **overrides: Any) -> DatabaseSettings:
         "batch_max_size": 1000,
     }
     values.update(overrides)
-    return DatabaseSettings(**values)
+    return dataclasses.replace(config.load({}).database, **values)
 
 
 def probe_sender(url: str) -> Callable[[str, str], Awaitable[float]]:

@@ -22,7 +22,7 @@ import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
-from service.config import KubeSettings
+from service import config
 from service.domain import LabelKeys
 from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
@@ -42,6 +42,8 @@ from tests.virtualtime import settle
 
 pytestmark = pytest.mark.anyio
 NS = SANDBOX_NAMESPACE
+DEFAULTS = config.load({}).kube
+"""The declared defaults, which each test replaces where it sets its own."""
 DECODER = PodDecoder()
 
 
@@ -282,7 +284,8 @@ async def run_script(
     handler = RecordingHandler()
     metrics = Metrics(CollectorRegistry())
     store = PodStore(metrics, sink=handler, namespace=NS)
-    settings = KubeSettings(
+    settings = dataclasses.replace(
+        DEFAULTS,
         namespaces=(NS,),
         label_selector=SANDBOX_SELECTOR,
         label_keys=LabelKeys(),
@@ -880,7 +883,8 @@ def test_the_short_timeout_and_its_margin_stay_within_the_silence_bound() -> Non
     # the bound unless a bound under 4/3 s leaves less than a second for the timeout.
     for silence_s in (1.0, 1.3, 1.4, 2.0, 3.0, 4.0, 7.5, 60.0, 75.0, 600.0, 3600.0):
         for api_timeout_s in (0.1, 1.0, 2.0, 10.0, 120.0):
-            settings = KubeSettings(
+            settings = dataclasses.replace(
+                DEFAULTS,
                 namespaces=(NS,),
                 label_selector=SANDBOX_SELECTOR,
                 label_keys=LabelKeys(),
