@@ -2,9 +2,10 @@
 
 Each variable is declared once below: name, default, parser, range, documentation and the
 attribute of :class:`Settings` it fills. :func:`load` reads them all, :func:`effective` reads
-them back for ``retired-pod-gc config``, and ``devtools/configdoc.py`` writes the table of
-``docs/configuration.md`` from them. The rules that tie variables together (lease timings kept in
-order, NAMESPACE or NAMESPACES, a URL inline or in a file) are written out in :func:`load`.
+them back for ``retired-pod-gc config``; ``devtools/configdoc.py`` and ``devtools/chartschema.py``
+write docs/configuration.md's table and the chart's schema from them. The rules that tie
+variables together (lease timings in order, NAMESPACE or NAMESPACES, a URL inline or in a file)
+are written out in :func:`load`.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ WATCH_TIMEOUT_SECONDS = _var("WATCH_TIMEOUT_SECONDS", 300.0, env.number,
         "WATCH_SILENCE_SECONDS).")
 LIST_PAGE_SIZE = _var("LIST_PAGE_SIZE", 500, env.integer, "kube.list_page_size", lo=1, hi=10000,
     doc="Pods per page when listing.")
-LIST_MODE = _var("LIST_MODE", "auto", env.choice("auto", "stream", "list"), "kube.list_mode",
+LIST_MODE = _var("LIST_MODE", "auto", env.Choice(("auto", "stream", "list")), "kube.list_mode",
     doc="How the pod cache is filled at start and on every relist: stream (a streaming list, the "
         "state as watch events), list (a list from the API server's watch cache, a quorum list as "
         "the last resort) or auto (stream, falling back to list for good when the server rejects or"
@@ -245,9 +246,9 @@ EVENTS_ENABLED = _var("EVENTS_ENABLED", True, env.boolean, "events_enabled",
         "report; never delays a delete.")
 LEADER_IDENTITY = _var("LEADER_IDENTITY", "", env.text, "leader.identity",
     doc="Holder identity written to the Lease; empty means hostname and process id.")
-LOG_LEVEL = _var("LOG_LEVEL", "info", env.choice("debug", "info", "warning", "error"), "log_level",
-    doc="Log level.")
-LOG_FORMAT = _var("LOG_FORMAT", "json", env.choice("json", "text"), "log_format",
+LOG_LEVEL = _var("LOG_LEVEL", "info", env.Choice(("debug", "info", "warning", "error")),
+    "log_level", doc="Log level.")
+LOG_FORMAT = _var("LOG_FORMAT", "json", env.Choice(("json", "text")), "log_format",
     doc="json: one JSON object a line; text: for humans.")
 KEPT_BOUND_SECONDS = _var("KEPT_BOUND_SECONDS", 1800.0, env.number,
     "kept_bound_s", lo=1, hi=604800,

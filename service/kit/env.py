@@ -81,16 +81,17 @@ def matching(pattern: re.Pattern[str], what: str) -> Callable[[str], str]:
     return parse
 
 
-def choice(*options: str) -> Callable[[str], str]:
-    """A parser of one of ``options`` (any case)."""
+@dataclass(frozen=True)
+class Choice:
+    """A parser of one of ``options`` (any case); the chart's schema lists them."""
 
-    def parse(raw: str) -> str:
+    options: tuple[str, ...]
+
+    def __call__(self, raw: str) -> str:
         value = raw.strip().lower()
-        if value not in options:
-            raise ValueError(f"expected one of {', '.join(options)}")
+        if value not in self.options:
+            raise ValueError(f"expected one of {', '.join(self.options)}")
         return value
-
-    return parse
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ of docs/configuration.md reachable and typed; a bad value refused before anythin
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 import tomllib
@@ -17,6 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from devtools import chartschema
+from devtools.chartschema import CHART_OWNED
 from service import config
 from service.kit.env import Var
 from tests.deploy.rendering import CHART, Obj, helm, render, render_chart
@@ -51,21 +54,6 @@ EVERYTHING_ON: dict[str, Any] = {
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule", "AlertmanagerConfig"}
 """Kinds of the prometheus-operator, absent from the Kubernetes schemas (compared with
 deploy/monitoring's instead)."""
-CHART_OWNED = {
-    "ENABLED": "mode",
-    "DRY_RUN": "mode",
-    "NAMESPACE": "sandboxNamespaces",
-    "NAMESPACES": "sandboxNamespaces",
-    "DATABASE_URL": "never a value: database.secretName, mounted as DATABASE_URL_FILE",
-    "DATABASE_URL_FILE": "database.secretName",
-    "LISTENER_DATABASE_URL": "never a value: database.listenerSecretName",
-    "LISTENER_DATABASE_URL_FILE": "database.listenerSecretName",
-    "METRICS_BIND_ADDRESS": "metrics.port",
-    "LEASE_NAMESPACE": "the pod's namespace (downward API)",
-    "LEADER_IDENTITY": "the pod's name (downward API)",
-}
-"""Variables the chart sets from a value of its own (or the pod); every other one is
-``config.X``."""
 SCHEMA = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
 CONFIG_PROPERTIES: dict[str, dict[str, Any]] = SCHEMA["properties"]["config"]["properties"]
 
@@ -290,23 +278,38 @@ def test_every_rendered_object_validates_against_the_kubernetes_schema(
 # --- values -----------------------------------------------------------------------------------
 
 
-def test_the_schema_declares_every_variable_with_its_type_range_and_doc() -> None:
+def test_the_committed_schema_is_what_the_declarations_generate() -> None:
+    """``config``'s properties of values.schema.json come from service/config.py (type, choices,
+    range, default, description): the committed file is the generator's output, byte for byte,
+    and a declaration changed without ``python -m devtools.chartschema --write`` fails here."""
+    text = (CHART / "values.schema.json").read_text(encoding="utf-8")
+    assert chartschema.render(text) == text
     suffixes = {v.suffix for v in config.VARIABLES}
     assert set(CONFIG_PROPERTIES) | set(CHART_OWNED) == suffixes
     assert not set(CONFIG_PROPERTIES) & set(CHART_OWNED)
+
+
+@pytest.mark.parametrize("field", ["doc", "default", "hi"])
+def test_the_schema_check_fails_when_one_declaration_changes(field: str) -> None:
+    text = (CHART / "values.schema.json").read_text(encoding="utf-8")
+    changed = {"doc": "Another description.", "default": 301.0, "hi": 86401}[field]
+    variables = [
+        dataclasses.replace(v, **{field: changed}) if v is config.THRESHOLD_SECONDS else v
+        for v in config.VARIABLES
+    ]
+    assert chartschema.render(text, variables) != text
+
+
+def test_every_choice_and_default_the_schema_gives_the_service_accepts() -> None:
     for var in config.VARIABLES:
         if var.suffix in CHART_OWNED:
             continue
         prop = CONFIG_PROPERTIES[var.suffix]
-        default = var.default
-        expected_type = {bool: "boolean", int: "integer", float: "number"}.get(
-            type(default), "integer" if default is None else "string"
-        )
-        assert prop["type"] == expected_type, var.suffix
-        assert prop.get("minimum") == var.lo and prop.get("maximum") == var.hi, var.suffix
-        assert prop["description"] == var.doc, var.suffix
         for choice in prop.get("enum", []):
-            var.parse(choice)  # every choice the schema allows, the service accepts
+            assert var.parse(choice) == choice, var.suffix
+        if "default" in prop:
+            shown = str(prop["default"]).lower() if prop["type"] == "boolean" else prop["default"]
+            assert var.parse(str(shown)) == var.default, var.suffix
 
 
 def sample(var: Var[Any]) -> Any:
