@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from service.domain import ReconcileOutcome, SkipReason, Verdict, Waiting
 from service.metrics import EVENT_RESULTS
@@ -10,6 +11,8 @@ from tests.deploy.support import BASE, DEPLOY, MONITORING, OVERLAYS, ROOT
 
 OPERATIONS = ROOT / "docs" / "operations.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
+COMMIT_LIKE = re.compile(r"(?<![0-9A-Za-z])(?:[0-9a-f]{7,12}|[0-9a-f]{40})(?![0-9A-Za-z])")
+"""A commit id as git abbreviates it (7 to 12 hex digits) or writes it whole (40)."""
 
 
 def table_first_cells(text: str, heading: str) -> set[str]:
@@ -67,6 +70,31 @@ def test_every_path_the_docs_name_exists() -> None:
         assert missing == [], f"{doc.name} names missing paths: {missing}"
 
 
+def commit_like(text: str) -> list[str]:
+    """The tokens of ``text`` that read as a commit id: 7 to 12 or 40 hex digits standing alone,
+    with at least one digit and one letter (``1000000`` is a number, ``defaced`` a word). The
+    simulator's trace hashes (16 hex digits) and image digests (64) are other lengths, so they
+    stay reference values; a commit belongs in the commit log or benchmarks/NOTES.md."""
+    return [
+        token
+        for token in COMMIT_LIKE.findall(text)
+        if any(c.isdigit() for c in token) and any(c.isalpha() for c in token)
+    ]
+
+
+def test_the_commit_rule_tells_a_commit_from_a_reference_value() -> None:
+    assert commit_like("at 1e515ce, and c038d47, before the refactor") == ["1e515ce", "c038d47"]
+    assert commit_like("a defaced word, 2026-12-03, 1000000 seeds, 4402.7 s") == []
+    assert commit_like("full 1e515ce" + "0" * 33) == ["1e515ce" + "0" * 33]
+    assert commit_like("hashes `ad0e8c598ccc5150`, sha256:" + "ab" * 32) == []
+
+
+def test_no_doc_names_a_commit() -> None:
+    for doc in [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]:
+        found = commit_like(doc.read_text(encoding="utf-8"))
+        assert found == [], f"{doc.relative_to(ROOT)} names commits {found}"
+
+
 def test_operations_documents_the_secret_the_base_references() -> None:
     text = OPERATIONS.read_text(encoding="utf-8")
     deployment = (DEPLOY / "base" / "deployment.yaml").read_text(encoding="utf-8")
@@ -104,3 +132,41 @@ def test_every_kustomization_the_docs_apply_is_one_the_tests_render() -> None:
         named |= set(re.findall(r"kubectl (?:apply|delete) -k (\S+?)[`\s;]", doc.read_text()))
     assert named, "no kubectl apply -k in the docs"
     assert {ROOT / p for p in named} <= rendered, sorted(named)
+
+
+def heading_anchors(doc: Path) -> set[str]:
+    """The anchors a renderer gives ``doc``'s headings: lower case, punctuation dropped, spaces
+    as hyphens, a repeated one suffixed ``-1``, ``-2``, ...; headings inside code fences are
+    none."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in doc.read_text(encoding="utf-8").splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and (heading := re.match(r"#{1,6} (.*)", line)):
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            count = seen.get(slug, 0)
+            seen[slug] = count + 1
+            anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+def test_every_link_between_the_docs_reaches_its_file_and_heading() -> None:
+    docs = [
+        *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "README.md",
+        *sorted((ROOT / "benchmarks").glob("*.md")),
+        *sorted(DEPLOY.rglob("*.md")),
+    ]
+    broken = []
+    for doc in docs:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (doc.parent / path).resolve() if path else doc
+            if not linked.exists() or (
+                anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked)
+            ):
+                broken.append(f"{doc.relative_to(ROOT)}: {target}")
+    assert broken == []
