@@ -312,6 +312,24 @@ def test_every_choice_and_default_the_schema_gives_the_service_accepts() -> None
             assert var.parse(str(shown)) == var.default, var.suffix
 
 
+def test_every_default_a_template_falls_back_to_is_the_declared_one() -> None:
+    """The templates that need a value the user left unset (the migrate Job's bounds, the Lease
+    name the Role grants) fall back to a literal: each is the default service/config.py declares."""
+    by_suffix = {v.suffix: v for v in config.VARIABLES}
+    fallbacks = [
+        (literal, name)
+        for template in sorted((CHART / "templates").iterdir())
+        for literal, name in re.findall(
+            r"default (\S+) (?:\$config|\.Values\.config)\.([A-Z_]+)",
+            template.read_text(encoding="utf-8"),
+        )
+    ]
+    assert len(fallbacks) >= 8, fallbacks
+    for literal, name in fallbacks:
+        var = by_suffix[name]
+        assert var.parse(str(yaml.safe_load(literal))) == var.default, name
+
+
 def sample(var: Var[Any]) -> Any:
     """A value of ``var`` other than its default where there is one, as a values file holds it."""
     prop = CONFIG_PROPERTIES[var.suffix]
