@@ -1,11 +1,10 @@
 """Configuration: every knob, read once from the environment into frozen settings.
 
 Each variable is declared once below: name, default, parser, range, documentation and the
-attribute of :class:`Settings` it fills. :func:`load` reads them all, :func:`effective` reads
-them back for ``retired-pod-gc config``; ``devtools/configdoc.py`` and ``devtools/chartschema.py``
-write docs/configuration.md's table and the chart's schema from them. The rules that tie
-variables together (lease timings in order, NAMESPACE or NAMESPACES, a URL inline or in a file)
-are written out in :func:`load`.
+attribute of :class:`Settings` it fills. :func:`load` reads them all, :func:`effective` for
+``retired-pod-gc config``, ``devtools/configdoc.py`` and ``chartschema.py`` for the docs' table
+and the chart's schema. The rules that tie variables together (lease timings in order, NAMESPACE
+or NAMESPACES, a URL inline or in a file) are written out in :func:`load`.
 """
 
 from __future__ import annotations
