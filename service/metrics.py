@@ -97,8 +97,6 @@ class WatchRestart(enum.StrEnum):
     SILENT = "silent"
 
 
-DEPENDENCIES = tuple(Dependency)
-EVENT_RESULTS = tuple(EventResult)
 DELETE_RESULTS = (*DeleteResult, ReconcileOutcome.THROTTLED, ReconcileOutcome.ERROR)
 """A DELETE's answer, or what its failure made of its reconcile."""
 KEPT_REASONS: tuple[str, ...] = tuple(
@@ -158,6 +156,7 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 _M = TypeVar("_M", bound=Collector)
 _Family = TypeVar("_Family", Counter, Gauge)
+_Histogram = TypeVar("_Histogram", Histogram, KeyHistogram)
 
 
 class _Declared(Generic[_M]):
@@ -195,14 +194,12 @@ counter = partial(_family, Counter)
 gauge = partial(_family, Gauge)
 
 
-def latency(name: str, documentation: str) -> _Declared[Histogram]:
-    return _Declared(lambda r: Histogram(name, documentation, buckets=_LATENCY_BUCKETS, registry=r))
+def _histogram(kind: type[_Histogram], name: str, documentation: str) -> _Declared[_Histogram]:
+    return _Declared(lambda r: kind(name, documentation, buckets=_LATENCY_BUCKETS, registry=r))
 
 
-def key_latency(name: str, documentation: str) -> _Declared[KeyHistogram]:
-    return _Declared(
-        lambda r: KeyHistogram(name, documentation, buckets=_LATENCY_BUCKETS, registry=r)
-    )
+latency = partial(_histogram, Histogram)
+key_latency = partial(_histogram, KeyHistogram)
 
 
 class Group:
@@ -274,21 +271,21 @@ class EngineMetrics(Group):
         "1 while the reconcile steps back off from the dependency as one (it gave no answer; one "
         "probe a backoff step goes out), 0 once it answers.",
         ["dependency"],
-        zero=product(DEPENDENCIES),
+        zero=product(Dependency),
     )
     dependency_probes = counter(
         "retired_pod_gc_dependency_probes",
         "Attempts sent to a dependency the steps back off from (one a backoff step), by result "
         "(failed: no answer; answered: the backoff ends).",
         ["dependency", "result"],
-        zero=product(DEPENDENCIES, ("failed", "answered")),
+        zero=product(Dependency, ProbeResult),
     )
     dependency_held = counter(
         "retired_pod_gc_dependency_held",
         "Keys whose step was not sent to a dependency the steps back off from: requeued to its "
         "next attempt time, and at once when it answers (clocks cleared).",
         ["dependency"],
-        zero=product(DEPENDENCIES),
+        zero=product(Dependency),
     )
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -377,7 +374,7 @@ class KubeMetrics(Group):
         "retired_pod_gc_events",
         "Kubernetes Events about deletes and dry-run reports, by result.",
         ["result"],
-        zero=product(EVENT_RESULTS),
+        zero=product(EventResult),
     )
     events_unwritten = gauge(
         "retired_pod_gc_events_unwritten",
@@ -437,7 +434,7 @@ class KubeMetrics(Group):
         "RetiredPodKept Events by result, as retired_pod_gc_events_total counts the Events of "
         "deletes (one writer, service/kube/events.py; failed attempts retried).",
         ["result"],
-        zero=product(EVENT_RESULTS),
+        zero=product(EventResult),
     )
     is_leader = gauge(
         "retired_pod_gc_is_leader",
@@ -553,10 +550,6 @@ class Metrics:
     hands each part the group it writes."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        self.kube = KubeMetrics(self.registry)
-        self.pg = PgMetrics(self.registry)
-        self.queue = QueueMetrics(self.registry)
-        self.engine = EngineMetrics(self.registry)
-        self.kept = KeptMetrics(self.registry)
-        self.service = ServiceMetrics(self.registry)
+        r = self.registry = registry if registry is not None else CollectorRegistry()
+        self.kube, self.pg, self.queue = KubeMetrics(r), PgMetrics(r), QueueMetrics(r)
+        self.engine, self.kept, self.service = EngineMetrics(r), KeptMetrics(r), ServiceMetrics(r)

@@ -34,7 +34,7 @@ from service.kube.eventbodies import REASON_DELETED
 from service.kube.events import KubeEventRecorder
 from service.kube.informer import PodInformer
 from service.kube.listwatch import ListWatch
-from service.metrics import EVENT_RESULTS, Metrics
+from service.metrics import EventResult, Metrics
 from tests.fakes import FakeExecutionStore, NoNotifications, make_row, make_settings
 from tests.kubefixtures import SANDBOX_NAMESPACE, eventually
 from tests.pgfixtures import metric
@@ -59,7 +59,7 @@ def emulator_options() -> Iterator[dict[str, object]]:
 def _event_results(metrics: Metrics) -> dict[str, int]:
     counts = {
         r: int(metric(metrics.registry, "retired_pod_gc_events_total", result=r))
-        for r in EVENT_RESULTS
+        for r in EventResult
     }
     return {r: n for r, n in counts.items() if n}
 

@@ -21,7 +21,7 @@ from service.domain import ExecutionState, Verdict
 from service.kit.backoff import Backoff
 from service.kube.eventbodies import REASON_DELETED, REASON_KEPT, REASON_WOULD_DELETE
 from service.kube.events import KubeEventRecorder
-from service.metrics import EVENT_RESULTS, KubeMetrics
+from service.metrics import EventResult, KubeMetrics
 from service.ports import KeptReport, ReapReport
 from tests.fakes import make_pod
 from tests.kubefixtures import SANDBOX_NAMESPACE, eventually
@@ -59,7 +59,7 @@ FAST_RETRIES = Backoff(initial_s=0.01, max_s=0.05)
 
 
 def results(metrics: KubeMetrics, name: str = "retired_pod_gc_events_total") -> dict[str, int]:
-    counts = {r: int(metric(metrics.registry, name, result=r)) for r in EVENT_RESULTS}
+    counts = {r: int(metric(metrics.registry, name, result=r)) for r in EventResult}
     return {r: n for r, n in counts.items() if n}
 
 
