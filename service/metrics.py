@@ -27,7 +27,7 @@ from service.domain import DeleteResult, Mode, ReconcileOutcome, SkipReason, Ver
 
 LOOP = "retired_execution_pod_gc"
 MODES = (Mode.LIVE, Mode.DRY_RUN)
-"""The modes that act (and count outcomes)."""
+"""The outcome counter's ``mode`` values (``Reconciler.mode``)."""
 OUTCOME_LABELS: tuple[str, ...] = tuple(str(v) for v in Verdict) + tuple(
     str(o) for o in ReconcileOutcome
 )
@@ -41,6 +41,8 @@ class Dependency(enum.StrEnum):
 
 
 class ProbeResult(enum.StrEnum):
+    """A probe of a dependency the steps back off from: no answer, or one (the backoff ends)."""
+
     FAILED = "failed"
     ANSWERED = "answered"
 
@@ -79,6 +81,8 @@ class ThrottleAction(enum.StrEnum):
 
 
 class CredentialReload(enum.StrEnum):
+    """The credentials read again after a 401: other than before, the same, or not readable."""
+
     CHANGED = "changed"
     UNCHANGED = "unchanged"
     FAILED = "failed"
@@ -160,8 +164,9 @@ _Histogram = TypeVar("_Histogram", Histogram, KeyHistogram)
 
 
 class _Declared(Generic[_M]):
-    """A metric declared in a group's class body. Each instance of the group builds its own on
-    the group's registry, as an instance attribute that shadows this declaration."""
+    """A metric declared in a group's class body. Each instance of the group builds it on its
+    registry (:class:`Group`) as an instance attribute of the same name, which is what reading
+    it finds: ``__get__`` only gives it its type."""
 
     def __init__(self, build: Callable[[CollectorRegistry], _M]) -> None:
         self.build: Callable[[CollectorRegistry], _M] = build
