@@ -132,22 +132,22 @@ async def run_baseline(
     api = await new_api_client(host=emulator_url)
     decoder = PodDecoder(settings.kube.label_keys)
     store = PgExecutionStore(
-        settings.database, namespaces=settings.kube.namespaces, metrics=metrics
+        settings.database, namespaces=settings.kube.namespaces, metrics=metrics.pg
     )
     informer = PodInformer(
         ListWatch(
             api,
             settings=settings.kube,
-            metrics=metrics,
+            metrics=metrics.kube,
             namespace=settings.kube.namespaces[0],
         ),
         settings=settings.kube,
-        metrics=metrics,
+        metrics=metrics.kube,
     )
     gc = PollingGC(
         settings=settings,
         informer=informer,
-        pods=KubePodClient(api, settings.kube, decoder, metrics),
+        pods=KubePodClient(api, settings.kube, decoder, metrics.kube),
         store=store,
         budget=DeleteBudget(settings.deletes_per_minute),
         tick_s=tick_s,

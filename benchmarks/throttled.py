@@ -57,7 +57,7 @@ from service.kube.decode import PodDecoder
 from service.kube.errors import read_whole
 from service.kube.eventbodies import REASON_DELETED, event_body
 from service.kube.transport import transport_of
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from service.ports import ReapReport
 
 HERE = Path(__file__).resolve().parent
@@ -138,7 +138,7 @@ def _delete_times(emu: Emulator, names: set[str]) -> list[float]:
 async def sequential(url: str, emu: Emulator, rows: range) -> dict[str, Any]:
     """GET, DELETE, Event for each pod, one request at a time."""
     api = await new_api_client(host=url)
-    metrics = Metrics()
+    metrics = KubeMetrics()
     transport = transport_of(api)
     assert transport is not None
     transport.bind(metrics)

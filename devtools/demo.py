@@ -38,7 +38,7 @@ from service.app import service
 from service.app.inspect import explain
 from service.domain import Verdict
 from service.kube.api import new_api_client
-from service.metrics import LOOP, Metrics
+from service.metrics import LOOP, KubeMetrics, Metrics, PgMetrics
 from service.pg.migrate import migrate
 
 NAMESPACE = "sandboxes"
@@ -400,10 +400,10 @@ async def _decisions(settings: config.Settings, running: RunningEmulator) -> dic
     selector does not select is never looked at by the controller: "not selected"."""
     selected = compile_selector(settings.kube.label_selector)
     api = await new_api_client(host=running.url)
-    store = service.new_store(settings, Metrics())
+    store = service.new_store(settings, PgMetrics())
     await store.start()
     try:
-        pods = service.new_pod_client(settings, api, Metrics())
+        pods = service.new_pod_client(settings, api, KubeMetrics())
         out = {}
         for pod in running.emulator.pods(NAMESPACE):
             name = pod["metadata"]["name"]

@@ -90,6 +90,14 @@ class ConditionStatus(enum.StrEnum):
     ABSENT = "absent"
 
 
+class Mode(enum.StrEnum):
+    """What the service does with a reapable pod (``Settings.mode``)."""
+
+    LIVE = "live"
+    DRY_RUN = "dry_run"
+    DISABLED = "disabled"
+
+
 class Verdict(enum.StrEnum):
     """The two reapable shapes."""
 

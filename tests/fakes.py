@@ -415,10 +415,10 @@ def make_rig(
     cache = FakePodCache(namespaces=settings.kube.namespaces)
     pods = pods if pods is not None else FakePodClient()
     store = FakeExecutionStore()
-    clocks = ObservationClocks(metrics=metrics)
+    clocks = ObservationClocks(metrics=metrics.engine)
     budget = DeleteBudget(settings.deletes_per_minute, window_s=budget_window_s)
     activation = Activation(enabled=settings.enabled, leader_check=leader_check)
-    queue = WorkQueue(metrics=metrics)
+    queue = WorkQueue(metrics=metrics.queue)
     reconciler = Reconciler(
         settings=settings,
         cache=cache,
@@ -427,7 +427,7 @@ def make_rig(
         clocks=clocks,
         budget=budget,
         activation=activation,
-        metrics=metrics,
+        metrics=metrics.engine,
         barrier=barrier,
     )
     controller = Controller(
@@ -436,7 +436,7 @@ def make_rig(
         reconciler=reconciler,
         clocks=clocks,
         activation=activation,
-        metrics=metrics,
+        metrics=metrics.engine,
         batch_size=batch_size if batch_size is not None else settings.database.batch_max_size,
     )
     if leader:

@@ -45,7 +45,7 @@ from service.kit.backoff import Backoff
 from service.kit.errors import ExternalError, Unavailable
 from service.kube.api import ApiConfigError
 from service.kube.errors import KubeApiError
-from service.metrics import Metrics
+from service.metrics import KubeMetrics, Metrics, PgMetrics
 from service.pg.errors import describe
 from service.pg.migrate import LockNotGranted, migrate
 
@@ -127,7 +127,7 @@ def _database_failure(what: str, settings: config.Settings, exc: BaseException) 
 async def _connect(settings: config.Settings, what: str = "database") -> asyncpg.Connection:
     """One connection to the database (the composition root's), or one line saying why not."""
     try:
-        return await service.new_connection(settings, Metrics())
+        return await service.new_connection(settings, PgMetrics())
     except TimeoutError as exc:
         # The configured bound gave up (DB_CONNECT_TIMEOUT_SECONDS): say which.
         late = TimeoutError(f"no connection within {settings.database.connect_timeout_s:g}s")
@@ -169,7 +169,7 @@ async def _probe_api(api: ApiClient, settings: config.Settings) -> None:
     server fails a one-shot command at once (the informer would retry quietly until
     ``--timeout``)."""
     for namespace in settings.kube.namespaces:
-        lw = service.new_list_watch(settings, api, Metrics(), namespace=namespace)
+        lw = service.new_list_watch(settings, api, KubeMetrics(), namespace=namespace)
         try:
             await lw.list(limit=1)
         except Unavailable as exc:
@@ -271,7 +271,7 @@ async def _store_and_api(settings: config.Settings) -> AsyncIterator[tuple[Any, 
     """The execution store (its database checked first: a failure is one line naming the cause)
     and an API client, both closed on the way out."""
     await _check_tables(settings)
-    store = service.new_store(settings, Metrics())
+    store = service.new_store(settings, PgMetrics())
     await store.start()
     try:
         api = await _api()
@@ -291,7 +291,7 @@ def scan_pods(settings: config.Settings, *, output: str, timeout_s: float) -> in
         async with _store_and_api(settings) as (store, api):
             await _probe_api(api, settings)
             informer = service.new_informer(
-                settings, api, Metrics(), backoff=Backoff(initial_s=0.5, max_s=1.0, jitter=0.5)
+                settings, api, KubeMetrics(), backoff=Backoff(initial_s=0.5, max_s=1.0, jitter=0.5)
             )
             try:
                 pods = await list_pods(informer, timeout_s=timeout_s)
@@ -321,7 +321,7 @@ def explain_pod(
 
     async def main() -> int:
         async with _store_and_api(settings) as (store, api):
-            client = service.new_pod_client(settings, api, Metrics())
+            client = service.new_pod_client(settings, api, KubeMetrics())
             try:
                 exp = await explain(settings, key=key, pods=client, store=store, rows=store)
             except NamespaceNotConfigured as exc:
@@ -392,7 +392,7 @@ def cancel_create_execution(
         try:
             api = await _api()
             try:
-                client = service.new_pod_client(settings, api, Metrics())
+                client = service.new_pod_client(settings, api, KubeMetrics())
                 report = await cancel_create(
                     conn=conn,
                     pods=client,

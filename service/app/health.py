@@ -23,12 +23,11 @@ from typing import Any
 import anyio
 from aiohttp import web
 from anyio.abc import TaskStatus
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from service.app.pending import DEFAULT_LIMIT as PENDING_LIMIT
 from service.app.pending import PATH as PENDING_PATH
 from service.kit import clock
-from service.metrics import Metrics
 from service.pg.store import PgExecutionStore
 
 logger = logging.getLogger(__name__)
@@ -61,7 +60,7 @@ class Heartbeats:
 
 @dataclass(slots=True, kw_only=True)
 class HealthServer:
-    metrics: Metrics
+    registry: CollectorRegistry
     heartbeats: Heartbeats
     cache_synced: Callable[[], bool]
     database_problem: Callable[[], Awaitable[str | None]]
@@ -97,7 +96,7 @@ class HealthServer:
         return web.json_response(self.pending(int(raw), request.query.get("key")))
 
     async def _serve_metrics(self, _: web.Request) -> web.Response:
-        body = generate_latest(self.metrics.registry)
+        body = generate_latest(self.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, _: web.Request) -> web.Response:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import asyncpg
@@ -38,7 +40,7 @@ from service.kube.leaderelection import LeaderElector, default_identity
 from service.kube.listwatch import WATCH_JITTER, ListWatch
 from service.kube.namespaces import MultiNamespaceInformer
 from service.kube.transport import transport_of
-from service.metrics import Metrics
+from service.metrics import KeptMetrics, KubeMetrics, Metrics, PgMetrics
 from service.pg.connect import connect_once
 from service.pg.listener import RetirementListener
 from service.pg.store import PgExecutionStore
@@ -100,7 +102,7 @@ async def new_api() -> ApiClient:
     return await new_api_client()
 
 
-async def new_connection(settings: Settings, metrics: Metrics) -> asyncpg.Connection:
+async def new_connection(settings: Settings, metrics: PgMetrics) -> asyncpg.Connection:
     """A database connection of its own (a one-shot command's), opened as every connection of
     the service is (``service/pg/connect.py``). The caller closes it."""
     return await connect_once(settings.database, metrics=metrics, application_name=APPLICATION_NAME)
@@ -109,7 +111,7 @@ async def new_connection(settings: Settings, metrics: Metrics) -> asyncpg.Connec
 def new_list_watch(
     settings: Settings,
     api: ApiClient,
-    metrics: Metrics,
+    metrics: KubeMetrics,
     *,
     namespace: str,
     rng: random.Random | None = None,
@@ -125,18 +127,18 @@ def new_list_watch(
     )
 
 
-def new_store(settings: Settings, metrics: Metrics) -> PgExecutionStore:
+def new_store(settings: Settings, metrics: PgMetrics) -> PgExecutionStore:
     return PgExecutionStore(settings.database, namespaces=settings.kube.namespaces, metrics=metrics)
 
 
-def new_pod_client(settings: Settings, api: ApiClient, metrics: Metrics) -> KubePodClient:
+def new_pod_client(settings: Settings, api: ApiClient, metrics: KubeMetrics) -> KubePodClient:
     return KubePodClient(api, settings.kube, PodDecoder(settings.kube.label_keys), metrics)
 
 
 def new_informer(
     settings: Settings,
     api: ApiClient,
-    metrics: Metrics,
+    metrics: KubeMetrics,
     *,
     backoff: Backoff | None = None,
 ) -> MultiNamespaceInformer:
@@ -182,8 +184,8 @@ def wire_engine(
     the controller, which becomes the informer's and the listener's handler. :func:`build`
     wires the service with it, and the deterministic simulator (``tests/sim``) wires the same
     engine on its models, so the two cannot drift apart."""
-    queue = WorkQueue(metrics=metrics, backoff=queue_backoff)
-    clocks = ObservationClocks(metrics=metrics)
+    queue = WorkQueue(metrics=metrics.queue, backoff=queue_backoff)
+    clocks = ObservationClocks(metrics=metrics.engine)
     reconciler = Reconciler(
         settings=settings,
         cache=informer,
@@ -192,7 +194,7 @@ def wire_engine(
         clocks=clocks,
         budget=DeleteBudget(settings.deletes_per_minute),
         activation=activation,
-        metrics=metrics,
+        metrics=metrics.engine,
         barrier=listener,
         recorder=recorder,
         gate_backoff=gate_backoff,
@@ -203,7 +205,7 @@ def wire_engine(
         reconciler=reconciler,
         clocks=clocks,
         activation=activation,
-        metrics=metrics,
+        metrics=metrics.engine,
         batch_size=settings.database.batch_max_size,
     )
     # Handlers are added once everything exists (client-go's AddEventHandler): no part needs
@@ -221,7 +223,7 @@ def wire_kept(
     listener: RetirementListener,
     activation: Activation,
     recorder: KeptRecorder | None,
-    metrics: Metrics,
+    metrics: KeptMetrics,
 ) -> KeptPods:
     """The retired-but-kept view beside the engine (it never touches it): the informer's and the
     listener's handler after the controller, sweeping every resync period. :func:`build` and
@@ -241,21 +243,55 @@ def wire_kept(
     return kept
 
 
-def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
-    store = new_store(settings, metrics)
-    informer = new_informer(settings, api, metrics)
-    pods = new_pod_client(settings, api, metrics)
-    elector = (
-        LeaderElector(
-            api,
-            settings=settings.leader,
-            namespace=lease_namespace(settings),
-            metrics=metrics,
-            request_timeout_s=settings.kube.api_timeout_s,
-        )
-        if settings.leader.enabled
-        else None
+def new_elector(settings: Settings, api: ApiClient, metrics: KubeMetrics) -> LeaderElector | None:
+    """The Lease's elector; ``None`` when ``LEADER_ELECTION`` is false."""
+    if not settings.leader.enabled:
+        return None
+    return LeaderElector(
+        api,
+        settings=settings.leader,
+        namespace=lease_namespace(settings),
+        metrics=metrics,
+        request_timeout_s=settings.kube.api_timeout_s,
     )
+
+
+def new_recorder(
+    settings: Settings, api: ApiClient, metrics: KubeMetrics
+) -> KubeEventRecorder | None:
+    """The writer of Events; ``None`` when ``EVENTS_ENABLED`` is false."""
+    if not settings.events_enabled:
+        return None
+    return KubeEventRecorder(
+        api,
+        # The Lease's holder identity, so an Event names the replica that acted.
+        instance=settings.leader.identity or default_identity(),
+        metrics=metrics,
+        timeout_s=settings.kube.api_timeout_s,
+        deletes_per_minute=settings.deletes_per_minute,
+    )
+
+
+def new_pending(
+    settings: Settings, engine: Engine, kept: KeptPods
+) -> Callable[[int, str | None], dict[str, Any]] | None:
+    """``/debug/pending``; ``None`` when ``DEBUG_PENDING`` is off."""
+    if not settings.debug_pending:
+        return None
+    return pending_view(
+        clocks=engine.clocks,
+        kept=kept,
+        threshold_s=settings.threshold_s,
+        mode=settings.mode,
+        active=lambda: engine.controller.active,
+    )
+
+
+def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
+    store = new_store(settings, metrics.pg)
+    informer = new_informer(settings, api, metrics.kube)
+    pods = new_pod_client(settings, api, metrics.kube)
+    elector = new_elector(settings, api, metrics.kube)
     # Checked right before every DELETE or report: a leader whose renewals lapse stops acting
     # at the renew deadline, before its lease can expire for anybody else.
     activation = Activation(
@@ -265,22 +301,11 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     # The reconciler's notification barrier; the controller becomes its handler once built.
     listener = RetirementListener(
         settings.database,
-        metrics=metrics,
+        metrics=metrics.pg,
         probe=store.notify,
         namespaces=settings.kube.namespaces,
     )
-    recorder = (
-        KubeEventRecorder(
-            api,
-            # The Lease's holder identity, so an Event names the replica that acted.
-            instance=settings.leader.identity or default_identity(),
-            metrics=metrics,
-            timeout_s=settings.kube.api_timeout_s,
-            deletes_per_minute=settings.deletes_per_minute,
-        )
-        if settings.events_enabled
-        else None
-    )
+    recorder = new_recorder(settings, api, metrics.kube)
     engine = wire_engine(
         settings,
         informer=informer,
@@ -292,7 +317,6 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         metrics=metrics,
         queue_backoff=default_queue_backoff(),
     )
-    queue, clocks, controller = engine.queue, engine.clocks, engine.controller
     kept = wire_kept(
         settings,
         informer=informer,
@@ -300,16 +324,16 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         listener=listener,
         activation=activation,
         recorder=recorder,
-        metrics=metrics,
+        metrics=metrics.kept,
     )
     if elector is not None:
-        elector.add_handler(controller.set_leader)
+        elector.add_handler(engine.controller.set_leader)
     transport = transport_of(api)
     if transport is not None:
-        transport.bind(metrics)
+        transport.bind(metrics.kube)
     heartbeats = Heartbeats()
     health = HealthServer(
-        metrics=metrics,
+        registry=metrics.registry,
         heartbeats=heartbeats,
         cache_synced=lambda: informer.synced,
         database_problem=cached_ping(store),
@@ -317,33 +341,23 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         api_problem=(lambda: transport.problem) if transport is not None else (lambda: None),
         host=settings.bind_host,
         port=settings.bind_port,
-        pending=(
-            pending_view(
-                clocks=clocks,
-                kept=kept,
-                threshold_s=settings.threshold_s,
-                mode=settings.mode,
-                active=lambda: controller.active,
-            )
-            if settings.debug_pending
-            else None
-        ),
+        pending=new_pending(settings, engine, kept),
         debug_host=settings.debug_host,
         debug_port=settings.debug_port,
     )
-    metrics.enabled.set(1 if settings.enabled else 0)
-    metrics.dry_run.set(1 if settings.dry_run else 0)
-    metrics.threshold.set(settings.threshold_s)
-    metrics.is_leader.set(0)
+    metrics.service.enabled.set(1 if settings.enabled else 0)
+    metrics.service.dry_run.set(1 if settings.dry_run else 0)
+    metrics.service.threshold.set(settings.threshold_s)
+    metrics.kube.is_leader.set(0)
     return Parts(
         settings=settings,
         metrics=metrics,
         store=store,
         informer=informer,
         pods=pods,
-        queue=queue,
-        clocks=clocks,
-        controller=controller,
+        queue=engine.queue,
+        clocks=engine.clocks,
+        controller=engine.controller,
         listener=listener,
         elector=elector,
         recorder=recorder,
@@ -360,11 +374,10 @@ async def _watchdog(parts: Parts) -> None:
     allowance_s = max(WATCHDOG_ALLOWANCE_S, 2 * parts.settings.reconcile_timeout_s)
     heartbeats.register("event-loop", WATCHDOG_ALLOWANCE_S)
     heartbeats.register("workers", allowance_s)
-    registry = parts.metrics.registry
-    last_done = -1.0
+    last_done = -1
     while True:
         heartbeats.beat("event-loop")
-        done = registry.get_sample_value("retired_pod_gc_reconcile_duration_seconds_count") or 0.0
+        done = parts.controller.reconciles_done
         if done != last_done or len(parts.queue) == 0:
             heartbeats.beat("workers")
             last_done = done
@@ -421,7 +434,7 @@ async def run(
             else:
                 # No lease: the one replica acts from the start, and says so as a leader would.
                 parts.controller.set_leader(True)
-                parts.metrics.is_leader.set(1)
+                parts.metrics.kube.is_leader.set(1)
             task_status.started()
             await stop.wait()
             logger.info("stopping: draining in-flight reconciles")

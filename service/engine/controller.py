@@ -63,7 +63,7 @@ from service.engine.results import INACTIVE_RESULT, Action, ReconcileResult
 from service.engine.workqueue import WorkQueue
 from service.kit import clock
 from service.kit.gate import Gate
-from service.metrics import Metrics
+from service.metrics import EngineMetrics
 from service.ports import PodCache
 
 logger = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class Controller:
     reconciler: Reconciler
     clocks: ObservationClocks
     activation: Activation
-    metrics: Metrics
+    metrics: EngineMetrics
     batch_size: int = 1
     _workers: int = field(init=False, default=1)
     _held: dict[str, dict[str, None]] = field(init=False, default_factory=dict)
@@ -102,6 +102,8 @@ class Controller:
     _gates: dict[str, Gate] = field(init=False)
     reaped: ReapTally = field(init=False)
     """Deletes (or reports) at info, one summary line an interval (``engine/reaped.py``)."""
+    reconciles_done: int = field(init=False, default=0)
+    """Reconciles finished so far (the watchdog's sign of the workers' progress)."""
 
     def __post_init__(self) -> None:
         self._gates = {gate.name: gate for gate in self.reconciler.gates}
@@ -413,3 +415,4 @@ class Controller:
             if result.failed:
                 self.metrics.reconcile_errors.inc(count)
         self.metrics.reconcile_duration.observe(duration_s, counted)
+        self.reconciles_done += counted

@@ -19,7 +19,7 @@ from service.engine.observation import ObservationClocks
 from service.engine.results import ReconcileResult
 from service.engine.stages import Checked
 from service.kit.causelog import CauseLog, cause_of
-from service.metrics import Metrics
+from service.metrics import EngineMetrics
 from service.ports import PodClient, ReapRecorder, ReapReport
 
 # The pipeline's steps log under one name, whichever module holds them.
@@ -36,7 +36,7 @@ class Deleter:
 
     pods: PodClient
     clocks: ObservationClocks
-    metrics: Metrics
+    metrics: EngineMetrics
     gates: Gates
     api_timeout_s: float
     recorder: ReapRecorder | None

@@ -23,7 +23,7 @@ from service.kit.backoff import Backoff
 from service.kit.errors import ApiError, ExternalError, Unavailable
 from service.kit.gate import Gate, Ticket
 from service.kit.timeouts import fail_after
-from service.metrics import Metrics
+from service.metrics import EngineMetrics
 
 T = TypeVar("T")
 
@@ -95,7 +95,7 @@ class Held:
 class Gates:
     """The database's and the API server's gates, and calls through them."""
 
-    def __init__(self, metrics: Metrics, backoff: Backoff) -> None:
+    def __init__(self, metrics: EngineMetrics, backoff: Backoff) -> None:
         self._metrics = metrics
         self.database = Gate("database", backoff)
         self.api = Gate("api_server", backoff)

@@ -33,7 +33,7 @@ from service.engine.activation import Activation
 from service.engine.kept_events import KeptEvents
 from service.engine.kept_rows import Retired, RowQueries, Since, by_namespace
 from service.kit import clock
-from service.metrics import KEPT_REASONS, Metrics
+from service.metrics import KEPT_REASONS, KeptMetrics
 from service.ports import KeptRecorder, PodCache, RetiredRow, RetiredRowSource
 
 PERSON_REASONS: frozenset[SkipReason] = frozenset(
@@ -102,7 +102,7 @@ class KeptPods:
         rows: RetiredRowSource,
         namespaces: Sequence[str],
         activation: Activation,
-        metrics: Metrics,
+        metrics: KeptMetrics,
         period_s: float,
         bound_s: float,
         recorder: KeptRecorder | None = None,

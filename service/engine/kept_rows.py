@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from service.domain import ExecutionRow, split_key
 from service.kit.causelog import CauseLog
 from service.kit.errors import ExternalError
-from service.metrics import Metrics
+from service.metrics import KeptMetrics
 from service.ports import RetiredRow, RetiredRowSource
 
 # The view's lines keep the view's name.
@@ -75,7 +75,7 @@ def by_namespace(keys: Iterable[str]) -> dict[str, list[str]]:
 class RowQueries:
     """The view's row queries, each with the keys notified while it was in flight."""
 
-    def __init__(self, rows: RetiredRowSource, metrics: Metrics) -> None:
+    def __init__(self, rows: RetiredRowSource, metrics: KeptMetrics) -> None:
         self._rows = rows
         self._metrics = metrics
         self._inflight: dict[int, set[str]] = {}

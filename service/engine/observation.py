@@ -28,7 +28,7 @@ import msgspec
 
 from service.domain import Verdict, Waiting
 from service.kit import clock
-from service.metrics import Metrics
+from service.metrics import EngineMetrics
 
 
 class Observation(msgspec.Struct, frozen=True, gc=False):
@@ -43,7 +43,7 @@ class Observation(msgspec.Struct, frozen=True, gc=False):
 
 
 class ObservationClocks:
-    def __init__(self, *, metrics: Metrics | None = None) -> None:
+    def __init__(self, *, metrics: EngineMetrics | None = None) -> None:
         self._by_uid: dict[str, Observation] = {}
         self._uid_by_key: dict[str, str] = {}
         self._inflight: dict[str, bool] = {}

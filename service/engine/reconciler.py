@@ -68,7 +68,7 @@ from service.kit.backoff import Backoff
 from service.kit.causelog import CauseLog, cause_of
 from service.kit.gate import Gate
 from service.kit.timeouts import fail_after
-from service.metrics import Metrics
+from service.metrics import EngineMetrics
 from service.ports import ExecutionStore, NotificationBarrier, PodCache, PodClient, ReapRecorder
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class Reconciler:
         clocks: ObservationClocks,
         budget: DeleteBudget,
         activation: Activation,
-        metrics: Metrics,
+        metrics: EngineMetrics,
         barrier: NotificationBarrier,
         recorder: ReapRecorder | None = None,
         gate_backoff: Backoff | None = None,

@@ -25,7 +25,7 @@ from service.kit import clock
 from service.kit.causelog import CauseLog, cause_of
 from service.kit.errors import Undecodable
 from service.kit.timeouts import fail_after
-from service.metrics import Metrics
+from service.metrics import EngineMetrics
 from service.ports import ExecutionStore, NotificationBarrier, PodClient
 
 # The pipeline's steps log under one name, whichever module holds them.
@@ -52,7 +52,7 @@ class Verifier:
     barrier: NotificationBarrier
     clocks: ObservationClocks
     activation: Activation
-    metrics: Metrics
+    metrics: EngineMetrics
     gates: Gates
     _get_failures: CauseLog = field(
         init=False, default_factory=lambda: CauseLog("fresh pod GETs fail", logger)

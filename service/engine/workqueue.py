@@ -45,7 +45,7 @@ import anyio
 from service.kit import clock
 from service.kit.backoff import Backoff
 from service.kit.memory import trim_heap
-from service.metrics import Metrics
+from service.metrics import QueueMetrics
 
 _COMPACT_BYTES = 1 << 20
 """A dirty set this large (about 30,000 keys' table) is rebuilt once its last ready key is
@@ -59,7 +59,7 @@ class WorkQueue:
     def __init__(
         self,
         *,
-        metrics: Metrics | None = None,
+        metrics: QueueMetrics | None = None,
         backoff: Backoff | None = None,
     ) -> None:
         self._metrics = metrics

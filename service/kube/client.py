@@ -31,7 +31,7 @@ from service.kube.errors import (
     unavailable,
 )
 from service.kube.transport import transport_of
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class KubePodClient:
         api: k8s_client.ApiClient,
         settings: KubeSettings,
         decoder: PodDecoder,
-        metrics: Metrics,
+        metrics: KubeMetrics,
     ) -> None:
         self._core = k8s_client.CoreV1Api(api)
         self._transport = transport_of(api)

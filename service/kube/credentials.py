@@ -30,7 +30,7 @@ from kubernetes_asyncio.config.incluster_config import TOKEN_REFRESH_PERIOD
 
 from service.kit import clock
 from service.kit.causelog import CauseLog
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 
 BEARER_TOKEN = "BearerToken"  # noqa: S105 (a key name, not a secret)
 """The ``api_key`` entry of a ``Configuration`` the ApiClient sends as ``authorization``."""
@@ -127,7 +127,7 @@ class Reauthentication:
         configuration: k8s_client.Configuration,
         credentials: Credentials | None,
         *,
-        metrics: Metrics,
+        metrics: KubeMetrics,
         logger: logging.Logger,
     ) -> None:
         self._configuration = configuration
@@ -142,7 +142,7 @@ class Reauthentication:
         self._auth_log = CauseLog("the Kubernetes API refuses the credentials", logger)
         self._reload_log = CauseLog("could not read the Kubernetes API credentials", logger)
 
-    def bind(self, metrics: Metrics) -> None:
+    def bind(self, metrics: KubeMetrics) -> None:
         """Count into ``metrics`` from now on."""
         self._metrics = metrics
         metrics.api_unauthorized.set(1 if self.refused is not None else 0)

@@ -50,7 +50,7 @@ from service.kube.errors import (
     status_message,
 )
 from service.kube.eventbodies import event_body
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from service.ports import KeptReport, ReapReport
 
 logger = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ class KubeEventRecorder:
         api: k8s_client.ApiClient,
         *,
         instance: str,
-        metrics: Metrics,
+        metrics: KubeMetrics,
         timeout_s: float,
         deletes_per_minute: int = 120,
         buffer_size: int | None = None,

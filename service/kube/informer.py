@@ -23,7 +23,7 @@ from service.kube.decode import PodDecoder
 from service.kube.listwatch import ListWatch
 from service.kube.reflector import Reflector, SyncMode
 from service.kube.store import PodStore
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from service.ports import PodEventHandler
 
 BACKOFF_MAX_S = 30.0
@@ -49,7 +49,7 @@ class PodInformer:
         lw: ListWatch,
         *,
         settings: KubeSettings,
-        metrics: Metrics,
+        metrics: KubeMetrics,
         backoff: Backoff | None = None,
         min_watch_s: float = 1.0,
     ) -> None:

@@ -37,7 +37,7 @@ from service.kit.errors import ExternalError, Undecodable
 from service.kit.timeouts import fail_after
 from service.kube.decode import decode_json
 from service.kube.errors import TRANSIENT_ERRORS, KubeApiError, unavailable
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class LeaderElector:
         *,
         settings: LeaderSettings,
         namespace: str,
-        metrics: Metrics,
+        metrics: KubeMetrics,
         request_timeout_s: float = 5.0,
     ) -> None:
         self._api = api

@@ -40,7 +40,7 @@ from service.kube.errors import (
 )
 from service.kube.reachability import Reachability
 from service.kube.transport import transport_of
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class ListWatch:
         api: k8s_client.ApiClient,
         *,
         settings: KubeSettings,
-        metrics: Metrics,
+        metrics: KubeMetrics,
         namespace: str,
         rng: random.Random | None = None,
         watch_jitter: float = WATCH_JITTER,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import anyio
 
 from service.kit import clock
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 
 
 class Reachability:
@@ -30,17 +30,17 @@ class Reachability:
 
     __slots__ = ("_cause", "_last_answer", "_metrics", "_silent_since", "_wake")
 
-    def __init__(self, metrics: Metrics | None = None) -> None:
+    def __init__(self, metrics: KubeMetrics | None = None) -> None:
         self._last_answer: float | None = None
         """When the server last answered (``None``: never yet)."""
         self._silent_since: float | None = None
         """When the earliest request that ended unanswered, with no answer since, was sent."""
         self._cause = ""
         self._wake: anyio.Event | None = None
-        self._metrics = metrics if metrics is not None else Metrics()
+        self._metrics = metrics if metrics is not None else KubeMetrics()
         self._metrics.api_reachable.set(1)
 
-    def bind(self, metrics: Metrics) -> None:
+    def bind(self, metrics: KubeMetrics) -> None:
         """Report into ``metrics`` from now on."""
         self._metrics = metrics
         metrics.api_reachable.set(0 if self.unreachable else 1)

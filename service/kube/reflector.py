@@ -42,7 +42,7 @@ from service.kube.reachability import Reachability
 from service.kube.store import PodStore, SyncState
 from service.kube.watching import End, WatchEnd, Watcher
 from service.kube.watchstream import Stream, WatchDecoder
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class Reflector:
         lw: ListerWatcher,
         store: PodStore,
         decoder: PodDecoder,
-        metrics: Metrics,
+        metrics: KubeMetrics,
         *,
         settings: KubeSettings,
         backoff: Backoff,

@@ -30,7 +30,7 @@ import anyio
 import msgspec
 
 from service.domain import PodSnapshot, pod_key
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from service.ports import PodEventHandler
 
 
@@ -62,7 +62,7 @@ class PodStore:
         "state",
     )
 
-    def __init__(self, metrics: Metrics, sink: PodEventHandler, *, namespace: str) -> None:
+    def __init__(self, metrics: KubeMetrics, sink: PodEventHandler, *, namespace: str) -> None:
         self.namespace = namespace
         """The one namespace whose pods this store holds (named in its gauges and signals)."""
         self.state = SyncState.COLD

@@ -50,7 +50,7 @@ from service.kube.credentials import BEARER_TOKEN, Credentials, Reauthentication
 from service.kube.errors import parse_retry_after, status_message
 from service.kube.reachability import Reachability
 from service.kube.sessions import HttpSession, Pools, Sessions, TcpSessions, request_options
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class ApiTransport:
         *,
         pool_size: int,
         credentials: Credentials | None = None,
-        metrics: Metrics | None = None,
+        metrics: KubeMetrics | None = None,
         sessions: Sessions | None = None,
     ) -> None:
         self._configuration = configuration
@@ -118,7 +118,7 @@ class ApiTransport:
             "a Kubernetes API request got no answer in time; its connection pool was replaced",
             logger,
         )
-        self._metrics = metrics if metrics is not None else Metrics()
+        self._metrics = metrics if metrics is not None else KubeMetrics()
         self._auth = Reauthentication(
             configuration, credentials, metrics=self._metrics, logger=logger
         )
@@ -128,7 +128,7 @@ class ApiTransport:
 
     # ------------------------------------------------------------------ wiring
 
-    def bind(self, metrics: Metrics) -> None:
+    def bind(self, metrics: KubeMetrics) -> None:
         """Count into ``metrics`` from now on (the client is built before the service's
         metrics)."""
         self._metrics = metrics

@@ -18,7 +18,7 @@ import msgspec
 from service.domain import PodSnapshot
 from service.kube.decode import PodDecodeError, PodDecoder
 from service.kube.errors import WireStatus
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ _TYPES = ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR")
 class WatchDecoder:
     """Decodes watch lines with ``decoder``; counts events by type and the lines skipped."""
 
-    def __init__(self, decoder: PodDecoder, metrics: Metrics) -> None:
+    def __init__(self, decoder: PodDecoder, metrics: KubeMetrics) -> None:
         self._decoder = decoder
         self._counters = {t: metrics.watch_events.labels(type=t) for t in _TYPES}
         self._errors = metrics.decode_errors.labels(source="watch")

@@ -30,7 +30,7 @@ import asyncpg
 
 from service.config import ConfigError, DatabaseSettings, listener_url_now, pool_url
 from service.kit.errors import Unavailable
-from service.metrics import Metrics
+from service.metrics import PgMetrics
 from service.pg.errors import DatabaseError, describe
 
 TARGET_SESSION_ATTRS = "primary"
@@ -58,7 +58,7 @@ def _connect_kwargs(settings: DatabaseSettings, application_name: str) -> dict[s
     }
 
 
-async def open_connection(url: str, *, metrics: Metrics, **kwargs: Any) -> asyncpg.Connection:
+async def open_connection(url: str, *, metrics: PgMetrics, **kwargs: Any) -> asyncpg.Connection:
     """``asyncpg.connect`` with the failures this module names raised as such; every other
     failure as asyncpg raised it (the caller's ``database_errors`` maps it)."""
     try:
@@ -89,7 +89,7 @@ def _url(read: Callable[[DatabaseSettings], str], settings: DatabaseSettings) ->
 
 
 async def connect(
-    settings: DatabaseSettings, *, metrics: Metrics, application_name: str
+    settings: DatabaseSettings, *, metrics: PgMetrics, application_name: str
 ) -> asyncpg.Connection:
     """The listener's own connection (its URL, read now)."""
     return await open_connection(
@@ -100,7 +100,7 @@ async def connect(
 
 
 async def connect_once(
-    settings: DatabaseSettings, *, metrics: Metrics, application_name: str
+    settings: DatabaseSettings, *, metrics: PgMetrics, application_name: str
 ) -> asyncpg.Connection:
     """A connection of its own for a one-shot command: the pool's URL (read now) and the pool's
     connect options."""
@@ -109,7 +109,7 @@ async def connect_once(
     )
 
 
-def pool_connector(settings: DatabaseSettings, *, metrics: Metrics) -> Any:
+def pool_connector(settings: DatabaseSettings, *, metrics: PgMetrics) -> Any:
     """The ``connect`` callback of the query pool: each new pooled connection reads the pool's
     URL now. asyncpg passes its own arguments (``loop``, ``connection_class``, ...) and the
     pool's connect options, which are kept."""

@@ -54,7 +54,7 @@ from service.kit.backoff import Attempts, Backoff
 from service.kit.causelog import CauseLog, cause_of
 from service.kit.errors import ExternalError, Unavailable
 from service.kit.timeouts import fail_after
-from service.metrics import Metrics
+from service.metrics import PgMetrics
 from service.pg.connect import connect
 from service.pg.errors import ListenerUnavailable, database_errors, describe
 from service.pg.payload import parse_payload
@@ -121,7 +121,7 @@ class RetirementListener:
         self,
         settings: DatabaseSettings,
         *,
-        metrics: Metrics,
+        metrics: PgMetrics,
         probe: ProbeSender,
         backoff: Backoff | None = None,
         namespaces: Iterable[str],

@@ -35,7 +35,7 @@ from service.domain import ExecutionRow, parse_execution_state, parse_pod_kind
 from service.kit.causelog import CauseLog, cause_of
 from service.kit.errors import ExternalError
 from service.kit.timeouts import fail_after
-from service.metrics import Metrics
+from service.metrics import PgMetrics
 from service.pg.connect import pool_connector, pool_options
 from service.pg.errors import DatabaseError, StoreClosed, database_errors, describe
 from service.ports import RetiredRow
@@ -115,7 +115,7 @@ class PgExecutionStore:
     """``ports.ExecutionStore`` over an asyncpg pool. Use ``async with`` or start()/aclose()."""
 
     def __init__(
-        self, settings: DatabaseSettings, *, namespaces: Iterable[str], metrics: Metrics
+        self, settings: DatabaseSettings, *, namespaces: Iterable[str], metrics: PgMetrics
     ) -> None:
         self._settings = settings
         self._namespaces = frozenset(namespaces)

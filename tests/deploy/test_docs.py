@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from service.domain import ReconcileOutcome, SkipReason, Verdict, Waiting
-from service.metrics import EVENT_RESULTS
+from service.metrics import EventResult
 from tests.deploy.support import BASE, DEPLOY, MONITORING, OVERLAYS, ROOT
 
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -48,7 +48,7 @@ def test_operations_explains_exactly_every_wait_of_the_live_view() -> None:
 
 def test_operations_explains_exactly_every_event_result() -> None:
     text = OPERATIONS.read_text(encoding="utf-8")
-    assert table_first_cells(text, "## Why was this pod deleted?") == set(EVENT_RESULTS)
+    assert table_first_cells(text, "## Why was this pod deleted?") == set(EventResult)
 
 
 def test_architecture_lists_the_seven_invariants() -> None:

@@ -24,7 +24,7 @@ from service.config import KubeSettings
 from service.kit.backoff import Backoff
 from service.kube.informer import PodInformer
 from service.kube.listwatch import ListWatch
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from tests.kubefixtures import (
     SANDBOX_NAMESPACE,
     RecordingHandler,
@@ -100,7 +100,7 @@ async def test_garbage_lines_never_kill_the_informer_nor_poison_its_cache(
     for i in range(5):
         emu.create_pod(sandbox_pod(f"s{i}"), namespace=NS)
     handler = RecordingHandler()
-    metrics = Metrics(CollectorRegistry())
+    metrics = KubeMetrics(CollectorRegistry())
     informer = PodInformer(
         ListWatch(
             kube_api,  # type: ignore[arg-type]

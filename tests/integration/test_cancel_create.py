@@ -21,7 +21,7 @@ from service.kit.errors import Unavailable
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.errors import KubeApiError
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from service.pg.errors import DatabaseError
 from tests.kubefixtures import eventually
 
@@ -34,7 +34,9 @@ NAME = pod_name(SID, 1)
 
 @pytest.fixture
 def pods(kube_api: k8s_client.ApiClient, kube_settings: KubeSettings) -> KubePodClient:
-    return KubePodClient(kube_api, kube_settings, PodDecoder(kube_settings.label_keys), Metrics())
+    return KubePodClient(
+        kube_api, kube_settings, PodDecoder(kube_settings.label_keys), KubeMetrics()
+    )
 
 
 async def _seed(

@@ -15,7 +15,7 @@ import pytest
 from devtools.emulator import RunningEmulator
 from devtools.emulator.sandboxpods import Shape
 from service.kube.eventbodies import REASON_DELETED
-from service.metrics import EVENT_RESULTS
+from service.metrics import EventResult
 from tests.integration.test_engine_safety import (
     NS,
     TERMINAL,
@@ -36,7 +36,7 @@ EVENTS_PATH = f"/apis/events.k8s.io/v1/namespaces/{NS}/events"
 
 
 def event_results(parts: Any) -> dict[str, int]:
-    counts = {r: int(sample(parts, "retired_pod_gc_events_total", result=r)) for r in EVENT_RESULTS}
+    counts = {r: int(sample(parts, "retired_pod_gc_events_total", result=r)) for r in EventResult}
     return {r: n for r, n in counts.items() if n}
 
 

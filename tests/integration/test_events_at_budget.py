@@ -34,7 +34,7 @@ from service.kube.eventbodies import REASON_DELETED
 from service.kube.events import KubeEventRecorder
 from service.kube.informer import PodInformer
 from service.kube.listwatch import ListWatch
-from service.metrics import EVENT_RESULTS, Metrics
+from service.metrics import EventResult, Metrics
 from tests.fakes import FakeExecutionStore, NoNotifications, make_row, make_settings
 from tests.kubefixtures import SANDBOX_NAMESPACE, eventually
 from tests.pgfixtures import metric
@@ -59,7 +59,7 @@ def emulator_options() -> Iterator[dict[str, object]]:
 def _event_results(metrics: Metrics) -> dict[str, int]:
     counts = {
         r: int(metric(metrics.registry, "retired_pod_gc_events_total", result=r))
-        for r in EVENT_RESULTS
+        for r in EventResult
     }
     return {r: n for r, n in counts.items() if n}
 
@@ -75,31 +75,31 @@ async def test_every_delete_has_its_event_at_600_a_minute_with_a_backlog_of_1200
     metrics = Metrics(CollectorRegistry())
     decoder = PodDecoder(settings.kube.label_keys)
     informer = PodInformer(
-        ListWatch(kube_api, settings=kube_settings, metrics=metrics, namespace=NS),
+        ListWatch(kube_api, settings=kube_settings, metrics=metrics.kube, namespace=NS),
         settings=kube_settings,
-        metrics=metrics,
+        metrics=metrics.kube,
     )
     store = FakeExecutionStore()
-    clocks = ObservationClocks(metrics=metrics)
+    clocks = ObservationClocks(metrics=metrics.engine)
     budget = DeleteBudget(BUDGET, window_s=WINDOW_S)
     recorder = KubeEventRecorder(
         kube_api,
         instance="gc-test",
-        metrics=metrics,
+        metrics=metrics.kube,
         timeout_s=10.0,
         deletes_per_minute=BUDGET,
     )
     activation = Activation(enabled=True)
-    queue = WorkQueue(metrics=metrics)
+    queue = WorkQueue(metrics=metrics.queue)
     reconciler = Reconciler(
         settings=settings,
         cache=informer,
-        pods=KubePodClient(kube_api, kube_settings, decoder, metrics),
+        pods=KubePodClient(kube_api, kube_settings, decoder, metrics.kube),
         store=store,
         clocks=clocks,
         budget=budget,
         activation=activation,
-        metrics=metrics,
+        metrics=metrics.engine,
         # The rows live in the fake store and change only when the test says so: no
         # notification can be in flight.
         barrier=NoNotifications(),
@@ -111,7 +111,7 @@ async def test_every_delete_has_its_event_at_600_a_minute_with_a_backlog_of_1200
         reconciler=reconciler,
         clocks=clocks,
         activation=activation,
-        metrics=metrics,
+        metrics=metrics.engine,
         batch_size=500,
     )
     informer.add_handler(controller)

@@ -27,7 +27,7 @@ from service.kube.api import new_api_client
 from service.kube.informer import PodInformer
 from service.kube.listwatch import ListWatch
 from service.kube.reflector import SyncMode
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from tests.kubefixtures import (
     SANDBOX_NAMESPACE,
     RecordingHandler,
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.anyio
 NS = SANDBOX_NAMESPACE
 
 
-def metric(metrics: Metrics, name: str, **labels: str) -> float:
+def metric(metrics: KubeMetrics, name: str, **labels: str) -> float:
     value = metrics.registry.get_sample_value(name, labels or None)
     return 0.0 if value is None else value
 
@@ -49,9 +49,9 @@ def metric(metrics: Metrics, name: str, **labels: str) -> float:
 @asynccontextmanager
 async def running_informer(
     api: k8s_client.ApiClient, settings: KubeSettings, **kwargs: object
-) -> AsyncIterator[tuple[PodInformer, RecordingHandler, Metrics]]:
+) -> AsyncIterator[tuple[PodInformer, RecordingHandler, KubeMetrics]]:
     handler = RecordingHandler()
-    metrics = Metrics(CollectorRegistry())
+    metrics = KubeMetrics(CollectorRegistry())
     informer = PodInformer(
         ListWatch(
             api,

@@ -20,7 +20,7 @@ from devtools.emulator import RunningEmulator
 from service.app import service
 from service.config import PREFIX, Settings
 from service.kube.namespaces import MultiNamespaceInformer
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from tests.fakes import make_settings
 from tests.kubefixtures import (
     RecordingHandler,
@@ -43,8 +43,8 @@ def two_namespaces() -> Settings:
 @asynccontextmanager
 async def running(
     api: k8s_client.ApiClient, settings: Settings
-) -> AsyncIterator[tuple[MultiNamespaceInformer, RecordingHandler, Metrics]]:
-    metrics = Metrics(CollectorRegistry())
+) -> AsyncIterator[tuple[MultiNamespaceInformer, RecordingHandler, KubeMetrics]]:
+    metrics = KubeMetrics(CollectorRegistry())
     informer = service.new_informer(settings, api, metrics)
     handler = RecordingHandler()
     informer.add_handler(handler)

@@ -26,7 +26,7 @@ from service.kit.backoff import Backoff
 from service.kube.api import new_api_client
 from service.kube.informer import PodInformer
 from service.kube.listwatch import ListWatch
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from tests.kubefixtures import (
     SANDBOX_NAMESPACE,
     RecordingHandler,
@@ -50,7 +50,7 @@ def emulator_options() -> dict[str, object]:
     return {"bookmark_interval_s": 0.5, "history_size": 10_000}
 
 
-def metric(metrics: Metrics, name: str, **labels: str) -> float:
+def metric(metrics: KubeMetrics, name: str, **labels: str) -> float:
     value = metrics.registry.get_sample_value(name, labels or None)
     return 0.0 if value is None else value
 
@@ -58,10 +58,10 @@ def metric(metrics: Metrics, name: str, **labels: str) -> float:
 @asynccontextmanager
 async def informer_through(
     proxy: KubeProxy, settings: KubeSettings
-) -> AsyncIterator[tuple[PodInformer, RecordingHandler, Metrics]]:
+) -> AsyncIterator[tuple[PodInformer, RecordingHandler, KubeMetrics]]:
     api: k8s_client.ApiClient = await new_api_client(host=proxy.url)
     handler = RecordingHandler()
-    metrics = Metrics(CollectorRegistry())
+    metrics = KubeMetrics(CollectorRegistry())
     informer = PodInformer(
         ListWatch(
             api,

@@ -21,7 +21,7 @@ from service.domain import ExecutionState, Verdict
 from service.kit.backoff import Backoff
 from service.kube.eventbodies import REASON_DELETED, REASON_KEPT, REASON_WOULD_DELETE
 from service.kube.events import KubeEventRecorder
-from service.metrics import EVENT_RESULTS, Metrics
+from service.metrics import EventResult, KubeMetrics
 from service.ports import KeptReport, ReapReport
 from tests.fakes import make_pod
 from tests.kubefixtures import SANDBOX_NAMESPACE, eventually
@@ -58,12 +58,12 @@ def kept_report(i: int = 0) -> KeptReport:
 FAST_RETRIES = Backoff(initial_s=0.01, max_s=0.05)
 
 
-def results(metrics: Metrics, name: str = "retired_pod_gc_events_total") -> dict[str, int]:
-    counts = {r: int(metric(metrics.registry, name, result=r)) for r in EVENT_RESULTS}
+def results(metrics: KubeMetrics, name: str = "retired_pod_gc_events_total") -> dict[str, int]:
+    counts = {r: int(metric(metrics.registry, name, result=r)) for r in EventResult}
     return {r: n for r, n in counts.items() if n}
 
 
-def kept_results(metrics: Metrics) -> dict[str, int]:
+def kept_results(metrics: KubeMetrics) -> dict[str, int]:
     return results(metrics, "retired_pod_gc_kept_events_total")
 
 
@@ -79,8 +79,8 @@ async def draining(recorder: KubeEventRecorder) -> AsyncIterator[None]:
 
 def make_recorder(
     api: k8s_client.ApiClient, **options: object
-) -> tuple[KubeEventRecorder, Metrics]:
-    metrics = Metrics(CollectorRegistry())
+) -> tuple[KubeEventRecorder, KubeMetrics]:
+    metrics = KubeMetrics(CollectorRegistry())
     values: dict[str, object] = {
         "instance": "gc-replica-1",
         "metrics": metrics,

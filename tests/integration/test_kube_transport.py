@@ -26,7 +26,7 @@ from service.kube.decode import PodDecoder
 from service.kube.errors import KubeApiError
 from service.kube.requestpolicy import MAX_THROTTLE_RETRIES
 from service.kube.transport import ApiTransport, transport_of
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, sandbox_pod
 from tests.pgfixtures import metric
 
@@ -60,8 +60,10 @@ def transport(api: k8s_client.ApiClient) -> ApiTransport:
     return found
 
 
-def pod_client(api: k8s_client.ApiClient, settings: KubeSettings) -> tuple[KubePodClient, Metrics]:
-    metrics = Metrics(CollectorRegistry())
+def pod_client(
+    api: k8s_client.ApiClient, settings: KubeSettings
+) -> tuple[KubePodClient, KubeMetrics]:
+    metrics = KubeMetrics(CollectorRegistry())
     transport(api).bind(metrics)
     return KubePodClient(api, settings, PodDecoder(settings.label_keys), metrics), metrics
 

@@ -21,7 +21,7 @@ from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
 from service.kube.transport import transport_of
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from service.ports import ReapReport
 from tests.integration.test_engine_safety import (
     eventually,
@@ -62,8 +62,10 @@ async def api(
         await client.close()
 
 
-def pod_client(api: k8s_client.ApiClient, settings: KubeSettings) -> tuple[KubePodClient, Metrics]:
-    metrics = Metrics(CollectorRegistry())
+def pod_client(
+    api: k8s_client.ApiClient, settings: KubeSettings
+) -> tuple[KubePodClient, KubeMetrics]:
+    metrics = KubeMetrics(CollectorRegistry())
     transport = transport_of(api)
     assert transport is not None
     transport.bind(metrics)

@@ -17,7 +17,7 @@ from service import config
 from service.config import LeaderSettings
 from service.kube.api import new_api_client
 from service.kube.leaderelection import LeaderElector
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from tests.kubefixtures import ProxiedEmulator, eventually
 from tests.pgfixtures import metric
 
@@ -47,7 +47,7 @@ class Elector:
 
     def __init__(self, api: k8s_client.ApiClient, settings: LeaderSettings) -> None:
         self.changes: list[bool] = []
-        self.metrics = Metrics()
+        self.metrics = KubeMetrics()
         self.elector = LeaderElector(
             api,
             settings=settings,
@@ -277,7 +277,7 @@ async def test_a_renewal_stuck_on_a_black_holed_connection_does_not_cost_leaders
         api,
         settings=settings,
         namespace=NS,
-        metrics=Metrics(),
+        metrics=KubeMetrics(),
         request_timeout_s=config.API_TIMEOUT_SECONDS.default,
     )
     elector.add_handler(changes.append)

@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from service.metrics import Metrics
+from service.metrics import PgMetrics
 from service.pg.store import PgExecutionStore
 from tests.pgfixtures import NAMESPACE, db_settings, metric
 
@@ -31,7 +31,7 @@ def _as_user(url: str, user: str) -> str:
 
 def _store(url: str, registry: CollectorRegistry, **overrides: object) -> PgExecutionStore:
     return PgExecutionStore(
-        db_settings(url, **overrides), namespaces=(NAMESPACE,), metrics=Metrics(registry)
+        db_settings(url, **overrides), namespaces=(NAMESPACE,), metrics=PgMetrics(registry)
     )
 
 

@@ -38,7 +38,7 @@ from service.domain import ExecutionChange, ExecutionState
 from service.kit import clock
 from service.kit.backoff import Backoff
 from service.kit.errors import Unavailable
-from service.metrics import Metrics
+from service.metrics import PgMetrics
 from service.pg.errors import ListenerUnavailable
 from service.pg.listener import BACKOFF_MAX_S, RetirementListener
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
@@ -101,7 +101,7 @@ async def running(
     the listener's own URL), as the query pool would send them."""
     listener = RetirementListener(
         settings,
-        metrics=Metrics(registry),
+        metrics=PgMetrics(registry),
         probe=probe_sender(probe_url or settings.url),
         backoff=Backoff(initial_s=0.05, max_s=0.5, jitter=0.5),
         namespaces=(NAMESPACE,),
@@ -153,7 +153,7 @@ async def test_notify_arrives_after_commit_and_not_before(
     handler, registry = RecordingHandler(), CollectorRegistry()
     listener = RetirementListener(
         db_settings(pg_url),
-        metrics=Metrics(registry),
+        metrics=PgMetrics(registry),
         probe=probe_sender(pg_url),
         namespaces=(NAMESPACE,),
     )
@@ -398,7 +398,7 @@ async def test_run_retries_until_the_first_connection_succeeds(pg_url: str) -> N
         )
         listener = RetirementListener(
             settings,
-            metrics=Metrics(registry),
+            metrics=PgMetrics(registry),
             probe=probe_sender(pg_url),
             backoff=Backoff(initial_s=0.02, max_s=BACKOFF_MAX_S, jitter=0.5),
             namespaces=(NAMESPACE,),
@@ -462,7 +462,7 @@ async def test_sync_without_a_connection_raises_a_kit_unavailable() -> None:
     url = "postgresql://postgres@127.0.0.1:1/none"
     listener = RetirementListener(
         db_settings(url),
-        metrics=Metrics(CollectorRegistry()),
+        metrics=PgMetrics(CollectorRegistry()),
         probe=probe_sender(url),
         namespaces=(NAMESPACE,),
     )
@@ -524,7 +524,7 @@ async def test_reconnect_delays_follow_the_backoff_policy() -> None:
         url = f"postgresql://postgres@127.0.0.1:{proxy.port}/none"
         listener = RetirementListener(
             db_settings(url, connect_timeout_s=2.0),
-            metrics=Metrics(CollectorRegistry()),
+            metrics=PgMetrics(CollectorRegistry()),
             probe=probe_sender(url),
             backoff=backoff,
             namespaces=(NAMESPACE,),
@@ -564,7 +564,7 @@ async def test_a_successful_listen_resets_the_backoff(
         )
         listener = RetirementListener(
             settings,
-            metrics=Metrics(CollectorRegistry()),
+            metrics=PgMetrics(CollectorRegistry()),
             probe=probe_sender(settings.url),
             backoff=backoff,
             namespaces=(NAMESPACE,),
@@ -1290,7 +1290,7 @@ async def test_a_change_is_handed_on_in_every_watched_namespace(
     handler, registry = RecordingHandler(), CollectorRegistry()
     listener = RetirementListener(
         db_settings(pg_url),
-        metrics=Metrics(registry),
+        metrics=PgMetrics(registry),
         probe=probe_sender(pg_url),
         namespaces=(NAMESPACE, "tenant-b"),
     )

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from devtools.pg.throwaway import ThrowawayPostgres
 from service.domain import ExecutionRow, ExecutionState, PodKind
 from service.kit.errors import ExternalError, Unavailable
-from service.metrics import Metrics
+from service.metrics import PgMetrics
 from service.pg.errors import DRIVER_ERRORS, DatabaseError, StoreClosed
 from service.pg.migrate import DEFAULT_CHANNEL, migrate
 from service.pg.store import LOOKUP_SQL, PgExecutionStore
@@ -48,7 +48,7 @@ def _store(
     **overrides: object,
 ) -> PgExecutionStore:
     return PgExecutionStore(
-        db_settings(url, **overrides), namespaces=namespaces, metrics=Metrics(registry)
+        db_settings(url, **overrides), namespaces=namespaces, metrics=PgMetrics(registry)
     )
 
 

@@ -21,15 +21,17 @@ from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecodeError, PodDecoder
 from service.kube.errors import KubeApiError
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, sandbox_pod
 
 pytestmark = pytest.mark.anyio
 NS = SANDBOX_NAMESPACE
 
 
-def make_client(api: k8s_client.ApiClient, settings: KubeSettings) -> tuple[KubePodClient, Metrics]:
-    metrics = Metrics(CollectorRegistry())
+def make_client(
+    api: k8s_client.ApiClient, settings: KubeSettings
+) -> tuple[KubePodClient, KubeMetrics]:
+    metrics = KubeMetrics(CollectorRegistry())
     return KubePodClient(api, settings, PodDecoder(settings.label_keys), metrics), metrics
 
 

@@ -50,7 +50,7 @@ from service.kube.informer import PodInformer
 from service.kube.listwatch import ListWatch
 from service.kube.namespaces import MultiNamespaceInformer
 from service.kube.transport import ApiTransport
-from service.metrics import Metrics
+from service.metrics import KubeMetrics, Metrics
 from service.pg import listener as listener_module
 from service.pg.listener import RetirementListener
 from service.ports import ReapReport
@@ -104,7 +104,7 @@ class SimApi:
     credentials: TokenFile
 
 
-def new_api(server: ApiServer, *, token_file: str, metrics: Metrics) -> SimApi:
+def new_api(server: ApiServer, *, token_file: str, metrics: KubeMetrics) -> SimApi:
     """As ``service.kube.api.new_api_client`` makes it for a token file, the sessions the
     model's. The token is read (``TokenFile.install``) when the service starts (:func:`run`: it
     reads the loop's clock). The ``ApiClient`` is made by its own ``__init__`` with the
@@ -139,31 +139,31 @@ def build(
     def seeded(policy: Backoff) -> Backoff:
         return dataclasses.replace(policy, rng=random.Random(rng.random()))
 
-    store = new_store(settings, metrics)
+    store = new_store(settings, metrics.pg)
 
     def namespace_informer(namespace: str) -> PodInformer:
         lw = ListWatch(
             api.client,
             settings=settings.kube,
-            metrics=metrics,
+            metrics=metrics.kube,
             namespace=namespace,
             rng=random.Random(rng.random()),
         )
         return PodInformer(
             lw,
             settings=settings.kube,
-            metrics=metrics,
+            metrics=metrics.kube,
             backoff=seeded(informer_module.default_backoff()),
         )
 
     informer = MultiNamespaceInformer(settings.kube.namespaces, namespace_informer)
-    pods = new_pod_client(settings, api.client, metrics)
+    pods = new_pod_client(settings, api.client, metrics.kube)
     # The seed's draws in the order they were always made: the informers', the queue's, the
     # listener's, the dependencies' shared backoff.
     queue_backoff = seeded(default_queue_backoff())
     listener = RetirementListener(
         settings.database,
-        metrics=metrics,
+        metrics=metrics.pg,
         probe=store.notify,
         backoff=seeded(listener_module.default_backoff()),
         namespaces=settings.kube.namespaces,
@@ -192,7 +192,7 @@ def build(
         listener=listener,
         activation=activation,
         recorder=None,
-        metrics=metrics,
+        metrics=metrics.kept,
     )
     return Service(settings, controller, informer, listener, store, queue, recorder, kept, api)
 

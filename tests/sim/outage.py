@@ -300,13 +300,13 @@ def build(
     from service.app.service import new_pod_client, new_store  # noqa: PLC0415
 
     metrics = Metrics()
-    store = new_store(s, metrics)
+    store = new_store(s, metrics.pg)
 
     def namespace_informer(namespace: str) -> PodInformer:
         lw = ListWatch(
             _API,  # type: ignore[arg-type]
             settings=s.kube,
-            metrics=metrics,
+            metrics=metrics.kube,
             namespace=namespace,
             rng=random.Random(rng.random()),
         )
@@ -314,23 +314,23 @@ def build(
         return PodInformer(
             lw,
             settings=s.kube,
-            metrics=metrics,
+            metrics=metrics.kube,
             backoff=_seeded(informer_module.default_backoff(), rng),
         )
 
     informer = MultiNamespaceInformer(s.kube.namespaces, namespace_informer)
-    pods = new_pod_client(s, _API, metrics)  # type: ignore[arg-type]
+    pods = new_pod_client(s, _API, metrics.kube)  # type: ignore[arg-type]
     pods._core = core  # type: ignore[assignment]
     elector = LeaderElector(
         leases,  # type: ignore[arg-type]
         settings=s.leader,
         namespace=NAMESPACE,
-        metrics=metrics,
+        metrics=metrics.kube,
         request_timeout_s=s.kube.api_timeout_s,
     )
     listener = RetirementListener(
         s.database,
-        metrics=metrics,
+        metrics=metrics.pg,
         probe=store.notify,
         backoff=_seeded(listener_module.default_backoff(), rng),
         namespaces=s.kube.namespaces,
@@ -339,7 +339,7 @@ def build(
     recorder = KubeEventRecorder(
         _API,  # type: ignore[arg-type]
         instance=s.leader.identity,
-        metrics=metrics,
+        metrics=metrics.kube,
         timeout_s=s.kube.api_timeout_s,
         deletes_per_minute=s.deletes_per_minute,
     )

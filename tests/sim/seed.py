@@ -253,12 +253,12 @@ def run_seed(
     settings = settings_for(variant)
     world.db.channel = settings.database.notify_channel
     metrics = shared_metrics()
-    bugs_before = metrics.reconcile_bugs._value.get()
-    refusals_before = metrics.api_unauthorized_answers._value.get()
+    bugs_before = metrics.engine.reconcile_bugs._value.get()
+    refusals_before = metrics.kube.api_unauthorized_answers._value.get()
     service = build(
         settings,
         loop=loop,
-        api=new_api(world.server, token_file=world.token_file, metrics=metrics),
+        api=new_api(world.server, token_file=world.token_file, metrics=metrics.kube),
         rng=random.Random(f"{seed}:service"),
         metrics=metrics,
     )
@@ -311,10 +311,10 @@ def run_seed(
     checker.check_tokens(
         settings.kube.api_timeout_s,
         problem=service.api.transport.problem,
-        refusals=int(metrics.api_unauthorized_answers._value.get() - refusals_before),
+        refusals=int(metrics.kube.api_unauthorized_answers._value.get() - refusals_before),
         end=loop.time(),
     )
-    bugs = metrics.reconcile_bugs._value.get() - bugs_before
+    bugs = metrics.engine.reconcile_bugs._value.get() - bugs_before
     if bugs:
         result.violations.append((loop.time(), f"{bugs:.0f} reconcile(s) raised (a bug)"))
     result.violations.extend(checker.violations)

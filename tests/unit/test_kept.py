@@ -28,7 +28,7 @@ from service.engine.kept_rows import Since
 from service.kit import clock
 from service.kit.errors import Unavailable
 from service.kube.eventbodies import event_body
-from service.metrics import KEPT_REASONS, Metrics
+from service.metrics import KEPT_REASONS, KeptMetrics
 from service.ports import KeptReport, RetiredRow
 from tests.fakes import NAMESPACE, FakePodCache, make_pod, make_row
 from tests.virtualtime import advance, settle
@@ -86,7 +86,7 @@ class Rig:
     def __init__(self, *pods: PodSnapshot, bound_s: float = 60.0, period_s: float = 600.0):
         self.cache = FakePodCache(pods)
         self.rows = FakeRetiredRows()
-        self.metrics = Metrics()
+        self.metrics = KeptMetrics()
         self.activation = Activation(enabled=True)
         self.activation.set_leader(True)
         self.recorder = Recorder()

@@ -8,12 +8,12 @@ from prometheus_client import CollectorRegistry
 
 from service.kit import clock
 from service.kube.reachability import Reachability
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 
 pytestmark = pytest.mark.anyio
 
 
-def gauges(metrics: Metrics) -> tuple[float | None, float | None]:
+def gauges(metrics: KubeMetrics) -> tuple[float | None, float | None]:
     registry = metrics.registry
     return (
         registry.get_sample_value("retired_pod_gc_api_reachable"),
@@ -24,7 +24,7 @@ def gauges(metrics: Metrics) -> tuple[float | None, float | None]:
 async def test_unreachable_once_a_request_ends_unanswered_with_no_answer_since_it_was_sent() -> (
     None
 ):
-    metrics = Metrics(CollectorRegistry())
+    metrics = KubeMetrics(CollectorRegistry())
     reach = Reachability()
     reach.bind(metrics)
     assert (reach.problem, gauges(metrics)) == (None, (1, 0))
@@ -41,7 +41,7 @@ async def test_unreachable_once_a_request_ends_unanswered_with_no_answer_since_i
 
 
 async def test_a_request_unanswered_while_others_are_answered_is_its_connections_failure() -> None:
-    metrics = Metrics(CollectorRegistry())
+    metrics = KubeMetrics(CollectorRegistry())
     reach = Reachability(metrics)
     sent = clock.now()  # on a dead pooled connection ...
     await anyio.sleep(3)

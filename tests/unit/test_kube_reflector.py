@@ -36,7 +36,7 @@ from service.kube.reflector import Reflector, SyncMode
 from service.kube.store import PodStore, SyncState
 from service.kube.watching import end_margin_s, short_timeout_s
 from service.kube.watchstream import LineReader, Stream
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, SANDBOX_SELECTOR, RecordingHandler, sandbox_pod
 from tests.virtualtime import settle
 
@@ -249,7 +249,7 @@ class Run:
     reflector: Reflector
     store: PodStore
     handler: RecordingHandler
-    metrics: Metrics
+    metrics: KubeMetrics
     lw: FakeListWatch
 
     def count(self, name: str, **labels: str) -> float:
@@ -282,7 +282,7 @@ async def run_script(
     through every backoff on its own); then stop it."""
     lw = FakeListWatch(script)
     handler = RecordingHandler()
-    metrics = Metrics(CollectorRegistry())
+    metrics = KubeMetrics(CollectorRegistry())
     store = PodStore(metrics, sink=handler, namespace=NS)
     settings = dataclasses.replace(
         DEFAULTS,

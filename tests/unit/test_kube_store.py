@@ -8,19 +8,19 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from service.kube.store import PodStore, SyncState
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from tests.fakes import NAMESPACE, make_pod
 from tests.kubefixtures import RecordingHandler
 from tests.virtualtime import settle
 
 
-def new_store() -> tuple[PodStore, RecordingHandler, Metrics]:
+def new_store() -> tuple[PodStore, RecordingHandler, KubeMetrics]:
     handler = RecordingHandler()
-    metrics = Metrics(CollectorRegistry())
+    metrics = KubeMetrics(CollectorRegistry())
     return PodStore(metrics, sink=handler, namespace=NAMESPACE), handler, metrics
 
 
-def store_in(state: SyncState) -> tuple[PodStore, RecordingHandler, Metrics]:
+def store_in(state: SyncState) -> tuple[PodStore, RecordingHandler, KubeMetrics]:
     """A store brought to ``state`` the way the reflector brings it there."""
     store, handler, metrics = new_store()
     steps = {
@@ -40,7 +40,7 @@ def store_in(state: SyncState) -> tuple[PodStore, RecordingHandler, Metrics]:
     return store, handler, metrics
 
 
-def gauge(metrics: Metrics, name: str) -> float | None:
+def gauge(metrics: KubeMetrics, name: str) -> float | None:
     """The store's gauge: every series of it is labelled with the store's namespace."""
     return metrics.registry.get_sample_value(name, {"sandbox_namespace": NAMESPACE})
 

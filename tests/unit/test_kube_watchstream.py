@@ -17,7 +17,7 @@ from service.kube.watchstream import (
     Unreadable,
     WatchDecoder,
 )
-from service.metrics import Metrics
+from service.metrics import KubeMetrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, sandbox_pod
 
 NS = SANDBOX_NAMESPACE
@@ -33,12 +33,12 @@ def pod(name: str = "a") -> dict[str, Any]:
     return body
 
 
-def decoder() -> tuple[WatchDecoder, Metrics]:
-    metrics = Metrics(CollectorRegistry())
+def decoder() -> tuple[WatchDecoder, KubeMetrics]:
+    metrics = KubeMetrics(CollectorRegistry())
     return WatchDecoder(PodDecoder(), metrics), metrics
 
 
-def count(metrics: Metrics, name: str, **labels: str) -> float:
+def count(metrics: KubeMetrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(name, labels) or 0.0
 
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from service.engine.workqueue import WorkQueue
 from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
-from service.metrics import Metrics
+from service.metrics import QueueMetrics
 from tests.virtualtime import advance, settle
 
 
@@ -282,7 +282,7 @@ async def test_a_cancelled_getter_does_not_strand_a_key(cancel_before_add: bool)
 @pytest.mark.anyio
 async def test_queue_metrics_follow_depth_delay_adds_retries_and_wait() -> None:
     registry = CollectorRegistry()
-    metrics = Metrics(registry)
+    metrics = QueueMetrics(registry)
     queue = WorkQueue(metrics=metrics)
 
     def value(name: str) -> float:
@@ -333,7 +333,7 @@ async def test_adding_keys_together_is_adding_each_in_order() -> None:
         keys = [f"ns/{rng.randrange(8)}" for _ in range(rng.randrange(1, 20))]
         states = []
         for burst in (True, False):
-            queue = _queue(metrics=Metrics(CollectorRegistry()))
+            queue = _queue(metrics=QueueMetrics(CollectorRegistry()))
             queue.add("ns/1")
             queue.add("ns/2")
             held = await _get_now(queue)  # ns/1 in flight
