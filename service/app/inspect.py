@@ -10,12 +10,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 from msgspec import structs
 
+from service.app.pending import utc
 from service.classifier import classify, prefilter
 from service.config import Settings
 from service.domain import (
@@ -26,7 +26,7 @@ from service.domain import (
     SkipReason,
     split_key,
 )
-from service.engine.kept import severity_of
+from service.engine.kept.model import kept_decision, severity_of
 from service.kube.client import KubePodClient
 from service.kube.namespaces import MultiNamespaceInformer
 from service.ports import ExecutionStore, RetiredRow, RetiredRowSource
@@ -43,7 +43,7 @@ class ScanReport:
     skips: dict[str, int] = field(default_factory=dict)
     candidates: list[dict[str, Any]] = field(default_factory=list)
     retired_kept_by_reason: dict[str, int] = field(default_factory=dict)
-    """Retired but kept (``service/engine/kept.py``), counted by the classifier's reason."""
+    """Retired but kept (``service/engine/kept/``), counted by the classifier's reason."""
     retired_kept: list[dict[str, Any]] = field(default_factory=list)
     """Every pod whose execution row is retired but that is kept, the longest retired first."""
 
@@ -64,17 +64,13 @@ async def list_pods(informer: MultiNamespaceInformer, *, timeout_s: float) -> li
     return [p for p in pods if p is not None]
 
 
-def _utc(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def retired_kept_entry(pod: PodSnapshot, retired: RetiredRow, now: float) -> dict[str, Any] | None:
     """The scan's entry of a pod whose row is retired, when the classifier keeps it; else
     ``None``. Since when is the row's ``retired_at`` (``None`` when the column is NULL)."""
-    decision = classify(pod, retired.row)
-    reason = decision.reason
-    if reason is None or reason in (SkipReason.NO_ROW, SkipReason.ROW_ACTIVE):
+    decision = kept_decision(pod, retired.row)
+    if decision is None or decision.reason is None:
         return None
+    reason = decision.reason
     since = retired.retired_at_s
     return {
         "pod": pod.key,
@@ -83,7 +79,7 @@ def retired_kept_entry(pod: PodSnapshot, retired: RetiredRow, now: float) -> dic
         "severity": severity_of(reason),
         "phase": str(pod.phase),
         "row_state": str(retired.row.state),
-        "retired_at": None if since is None else _utc(since),
+        "retired_at": None if since is None else utc(since, fraction=False),
         "kept_for_s": None if since is None else round(max(0.0, now - since)),
         "rule": decision.rule,
     }
@@ -247,7 +243,7 @@ def _shown(name: str, value: Any) -> tuple[str, Any]:
     """A snapshot field as an operator reads it: a Unix time (``created_at_s``) as a UTC time
     (``created_at``)."""
     if name.endswith("_at_s") and isinstance(value, int | float):
-        return name[:-2], datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return name[:-2], utc(value, fraction=False)
     return name, value
 
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 
 from service.domain import Waiting
-from service.engine.kept import KeptPods, kept_entries
+from service.engine.kept import KeptPod, KeptPods
 from service.engine.observation import ObservationClocks
 from service.kit import clock
 
@@ -31,8 +31,11 @@ DEFAULT_LIMIT = 1000
 entry costs microseconds, and 100k of them would hold the event loop for seconds."""
 
 
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def utc(ts: float, *, fraction: bool = True) -> str:
+    """Unix time ``ts`` as the operator tools show it: ISO 8601 in UTC, with microseconds unless
+    ``fraction`` is false."""
+    text = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return text if fraction else text[:-8] + "Z"
 
 
 def pending_document(
@@ -72,8 +75,8 @@ def pending_document(
                 "key": observation.key,
                 "uid": observation.uid,
                 "verdict": str(observation.verdict),
-                "observed_since": iso(observation.since_s + offset),
-                "due_at": iso(due_s + offset),
+                "observed_since": utc(observation.since_s + offset),
+                "due_at": utc(due_s + offset),
                 "observed_for_s": round(now_s - observation.since_s, 3),
                 "due_in_s": round(max(0.0, due_s - now_s), 3),
                 "waits_for": str(waits_for),
@@ -83,7 +86,7 @@ def pending_document(
         "mode": mode,
         "active": active,
         "threshold_s": threshold_s,
-        "now": iso(now_s + offset),
+        "now": utc(now_s + offset),
         "count": len(clocks),
         "shown": len(pods),
         "pods": pods,
@@ -136,7 +139,7 @@ def kept_section(
     key: str | None = None,
 ) -> dict[str, Any]:
     """The document's ``retired_kept`` section: the pods whose execution is retired but that
-    are kept (``service/engine/kept.py``), the longest kept first, at most ``limit``; with
+    are kept (``service/engine/kept/``), the longest kept first, at most ``limit``; with
     ``key``, only that pod's."""
     if key is not None:
         one = kept.get(key)
@@ -155,6 +158,26 @@ def kept_section(
         "shown": len(shown),
         "pods": kept_entries(shown, now_s=now_s, wall_offset_s=wall_offset_s),
     }
+
+
+def kept_entries(
+    kept: Iterable[KeptPod], *, now_s: float, wall_offset_s: float
+) -> list[dict[str, object]]:
+    """The kept pods as the ``retired_kept`` section lists them (``since`` in UTC)."""
+    return [
+        {
+            "key": k.key,
+            "uid": k.uid,
+            "reason": str(k.reason),
+            "severity": k.severity,
+            "row_state": str(k.row_state),
+            "since": utc(k.since_s + wall_offset_s),
+            "since_source": str(k.source),
+            "kept_for_s": round(now_s - k.since_s, 3),
+            "rule": k.rule,
+        }
+        for k in kept
+    ]
 
 
 _KEPT_COLUMNS = (

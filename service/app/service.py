@@ -87,7 +87,7 @@ class Parts:
     heartbeats: Heartbeats
     health: HealthServer
     kept: KeptPods | None = None
-    """Retired but kept (``service/engine/kept.py``)."""
+    """Retired but kept (``service/engine/kept/``)."""
 
 
 APPLICATION_NAME = "retired-pod-gc"

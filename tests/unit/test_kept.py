@@ -23,8 +23,8 @@ from service.domain import (
 )
 from service.engine.activation import Activation
 from service.engine.kept import KeptPods
-from service.engine.kept_events import EVENT_INTERVAL_S
-from service.engine.kept_rows import Since
+from service.engine.kept.events import EVENT_INTERVAL_S
+from service.engine.kept.model import Since
 from service.kit import clock
 from service.kit.errors import Unavailable
 from service.kube.eventbodies import event_body

@@ -1,52 +1,25 @@
-"""Retired but kept: which cached pods have a retired execution row yet are not deleted, why, and
-since when (docs/architecture.md, "Retired but kept").
-
-The controller keeps every pod but two safe shapes; some kept pods are leaks only a person can
-fix (a Running pod of a retired execution, a half-started sandbox, a forgotten keep annotation).
-:class:`KeptPods` knows them beside the engine: it deletes nothing, and the pipeline never
-consults it. A pod is kept when it is cached, its row (found as the reconciler finds it) is
-inactive, and the classifier's verdict on the two is a skip, whose reason it shows.
-
-The view is fed by the listener's notifications (a re-activation removes the pod at once; an
-inactive row makes it a suspect, confirmed by one row query per namespace), by the informer's
-cache (a pod whose retired row is known is classified again when it changes), and by a sweep of
-each namespace every ``period_s``: one row query for all its cached pods, which finds what no
-notification named. Gauges per reason are refreshed every tick; a pod kept longer than
-``bound_s`` gets a ``RetiredPodKept`` Event once its row was read again
-(``engine/kept_events.py``). Only the leader keeps the view; losing the lease empties it.
-"""
+"""The retired-but-kept view (the package docstring says what it knows, and how)."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import anyio
 from anyio.abc import TaskStatus
 
-from service.classifier import classify
-from service.domain import ExecutionChange, ExecutionState, PodSnapshot, SkipReason
+from service.domain import ExecutionChange, PodSnapshot, SkipReason
 from service.engine.activation import Activation
-from service.engine.kept_events import KeptEvents
-from service.engine.kept_rows import Retired, RowQueries, Since, by_namespace
+from service.engine.kept.events import KeptEvents
+from service.engine.kept.model import KeptPod, Retired, by_namespace, kept_decision, of_namespace
+from service.engine.kept.rows import RowQueries
 from service.kit import clock
 from service.metrics import KEPT_REASONS, Metrics
 from service.ports import KeptRecorder, PodCache, RetiredRow, RetiredRowSource
 
-PERSON_REASONS: frozenset[SkipReason] = frozenset(
-    {
-        SkipReason.POD_RUNNING,
-        SkipReason.PENDING_WITH_IP,
-        SkipReason.TERMINAL_CONTAINER_NOT_TERMINATED,
-        SkipReason.UNKNOWN_STATE,
-        SkipReason.ROW_INCONSISTENT,
-    }
-)
-"""The reasons that need a person (the alert ``RetiredPodGcRetiredPodsKept`` at warning); the
-keep annotation is alerted at a lower severity, the other reasons are shown, not alerted."""
+Answer = tuple[dict[str, RetiredRow], set[str]]
+"""A row query's answer: the retired rows found, and the keys notified while it was in flight."""
 
 TICK_S = 5.0
 """Longest period of the gauges' refresh and the Events' check (shorter for a short bound)."""
@@ -59,36 +32,6 @@ SWEEP_RETRY_S = 30.0
 """After a failed sweep, when it is tried again (or a resync period, when that is shorter)."""
 QUERY_RETRY_S = 5.0
 """After a failed confirmation query, when the suspects are asked about again."""
-
-
-@dataclass(frozen=True, slots=True)
-class KeptPod:
-    """One retired-but-kept pod as the view shows it."""
-
-    key: str
-    uid: str
-    reason: SkipReason
-    rule: str
-    row_state: ExecutionState
-    since_s: float
-    """On the event loop's clock (:meth:`KeptPods.wall_offset` maps it onto Unix time)."""
-    source: Since
-
-    @property
-    def severity(self) -> str:
-        """The alert's severity for this reason: ``warning`` (a person must act), ``info`` (the
-        keep annotation) or ``none`` (shown, not alerted)."""
-        return severity_of(self.reason)
-
-
-def severity_of(reason: SkipReason) -> str:
-    """``warning`` for :data:`PERSON_REASONS`, ``info`` for the keep annotation, else ``none``
-    (deploy/monitoring's alert ``RetiredPodGcRetiredPodsKept`` says the same)."""
-    if reason in PERSON_REASONS:
-        return "warning"
-    if reason is SkipReason.KEEP_ANNOTATION:
-        return "info"
-    return "none"
 
 
 class KeptPods:
@@ -175,7 +118,7 @@ class KeptPods:
 
     def cache_synced(self, namespace: str) -> None:
         """A relist may have dropped pods without a delete event: forget keys not cached."""
-        for key in _of_namespace(namespace, self._retired):
+        for key in of_namespace(namespace, self._retired):
             if self._cache.get(key) is None:
                 self._forget(key)
 
@@ -247,20 +190,13 @@ class KeptPods:
         every cached pod of the namespace is known retired or not. True when the query
         answered."""
         started = clock.now()
-        keys = _of_namespace(namespace, self._cache.keys())
+        keys = of_namespace(namespace, self._cache.keys())
         answer = await self._query(namespace, keys, kind="kept_sweep")
         if answer is None:
             return False
-        found, touched = answer
-        # Work in proportion to the retired rows, not to the cache: a key known retired that
-        # the answer lacks is active or gone (or no longer cached); a key notified meanwhile is
-        # left to its notification, fresher than this answer.
-        for key in _of_namespace(namespace, self._retired):
-            if key not in found and key not in touched:
-                self._forget(key)
-        for key, retired in found.items():
-            if key not in touched:
-                self._know(key, retired, None)
+        # Work in proportion to the retired rows, not to the cache: the keys known retired and
+        # the keys found.
+        self._apply([*of_namespace(namespace, self._retired), *answer[0]], answer)
         self._sweeps[namespace] = started
         self._metrics.retired_kept_sweep_duration.observe(clock.now() - started)
         return True
@@ -286,24 +222,37 @@ class KeptPods:
                 for key in keys:
                     self._suspects.setdefault(key, suspects[key])
                 continue
+            # A key notified meanwhile that is a suspect again takes this answer all the same
+            # (its new notification is confirmed by the next query).
             found, touched = answer
-            for key in keys:
-                if key in touched and key not in self._suspects:
-                    continue  # re-activated meanwhile
-                retired = found.get(key)
-                if retired is None:
-                    self._forget(key)
-                else:
-                    self._know(key, retired, suspects[key])
+            self._apply(keys, (found, touched - self._suspects.keys()), suspects)
         return ok
 
-    async def _query(
-        self, namespace: str, keys: Sequence[str], *, kind: str
-    ) -> tuple[dict[str, RetiredRow], set[str]] | None:
+    async def _query(self, namespace: str, keys: Sequence[str], *, kind: str) -> Answer | None:
         """The retired rows of ``keys`` and the keys notified meanwhile, if the query answered
         and this replica still leads."""
         answer = await self._queries.query(namespace, keys, kind=kind)
         return answer if self.active else None
+
+    def _apply(
+        self, keys: Iterable[str], answer: Answer, notified: Mapping[str, float] | None = None
+    ) -> list[str]:
+        """A query's answer for ``keys``, the one place it is applied: a key notified while the
+        query was in flight is left to its notification (fresher than the answer); any other is
+        known retired when the answer has its row, else forgotten (active, gone or no longer
+        cached). Returns the keys known retired."""
+        found, touched = answer
+        known = []
+        for key in dict.fromkeys(keys):
+            if key in touched:
+                continue
+            retired = found.get(key)
+            if retired is None:
+                self._forget(key)
+            else:
+                self._know(key, retired, None if notified is None else notified[key])
+                known.append(key)
+        return known
 
     # -------------------------------------------------------------------- the state
 
@@ -325,9 +274,8 @@ class KeptPods:
     def _evaluate(self, key: str, pod: PodSnapshot) -> None:
         """The classifier's verdict on the pod and its retired row: a skip is a kept pod."""
         retired = self._retired[key]
-        decision = classify(pod, retired.row)
-        reason = decision.reason
-        if reason is None or reason is SkipReason.NO_ROW or reason is SkipReason.ROW_ACTIVE:
+        decision = kept_decision(pod, retired.row)
+        if decision is None or decision.reason is None:
             self._set(key, None)
             return
         self._set(
@@ -335,7 +283,7 @@ class KeptPods:
             KeptPod(
                 key=key,
                 uid=pod.uid,
-                reason=reason,
+                reason=decision.reason,
                 rule=decision.rule,
                 row_state=retired.row.state,
                 since_s=retired.since_s,
@@ -399,45 +347,10 @@ class KeptPods:
             answer = await self._query(namespace, keys, kind="kept_event")
             if answer is None:
                 continue
-            found, touched = answer
             offset = self.wall_offset()
             now = clock.now()
-            for key in keys:
-                retired = found.get(key)
-                if key in touched or retired is None:
-                    if retired is None and key not in touched:
-                        self._forget(key)
-                    continue
-                self._know(key, retired, None)
+            for key in self._apply(keys, answer):
                 kept = self._kept.get(key)
                 pod = self._cache.get(key)
                 if kept is not None and pod is not None and pod.uid == kept.uid:
                     self._events.record(kept, pod, now_s=now, wall_offset_s=offset)
-
-
-def _of_namespace(namespace: str, keys: Iterable[str]) -> list[str]:
-    """The keys of ``namespace`` among ``keys`` (a copy: the caller may change their source)."""
-    prefix = namespace + "/"
-    return [key for key in keys if key.startswith(prefix)]
-
-
-def kept_entries(
-    kept: Iterable[KeptPod], *, now_s: float, wall_offset_s: float
-) -> list[dict[str, object]]:
-    """The kept pods as ``/debug/pending`` lists them (``since`` in UTC)."""
-    return [
-        {
-            "key": k.key,
-            "uid": k.uid,
-            "reason": str(k.reason),
-            "severity": k.severity,
-            "row_state": str(k.row_state),
-            "since": datetime.fromtimestamp(k.since_s + wall_offset_s, UTC).strftime(
-                "%Y-%m-%dT%H:%M:%S.%fZ"
-            ),
-            "since_source": str(k.source),
-            "kept_for_s": round(now_s - k.since_s, 3),
-            "rule": k.rule,
-        }
-        for k in kept
-    ]

@@ -1,4 +1,4 @@
-"""The ``RetiredPodKept`` Events of the retired-but-kept view (``engine/kept.py``).
+"""The ``RetiredPodKept`` Events of the retired-but-kept view.
 
 A pod kept longer than the bound gets one Event, and at most one per pod UID in
 :data:`EVENT_INTERVAL_S`. The view reads the row of each due pod again before its Event is
@@ -8,13 +8,10 @@ recorded.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from service.domain import PodSnapshot
+from service.engine.kept.model import KeptPod
 from service.ports import KeptRecorder, KeptReport
-
-if TYPE_CHECKING:
-    from service.engine.kept import KeptPod
 
 EVENT_INTERVAL_S = 86400.0
 """At most one ``RetiredPodKept`` Event a pod UID in this long."""
