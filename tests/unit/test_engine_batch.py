@@ -10,8 +10,9 @@ import anyio
 import pytest
 
 from service.domain import ExecutionChange, ExecutionState, PodPhase, ReconcileOutcome, Verdict
-from service.engine.controller import HELD_RECHECK_S, MIN_BATCH
+from service.engine.controller import MIN_BATCH
 from service.engine.gates import DEPENDENCY_BACKOFF_MAX_S
+from service.engine.held import HELD_RECHECK_S
 from service.kit import clock
 from service.kit.errors import Unavailable
 from tests.fakes import EngineRig, clock_of, make_pod, make_rig, make_row, make_settings

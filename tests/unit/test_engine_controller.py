@@ -543,7 +543,7 @@ async def test_a_malformed_key_never_crashes_a_worker(caplog: pytest.LogCaptureF
     exploding = _ExplodingCache()
     rig.cache = exploding
     rig.reconciler._cache = exploding
-    rig.controller.cache = exploding
+    rig.controller._cache = exploding
     pod = make_pod()
     async with rig.workers(1):
         for bad in ("no-slash", "a/b/c", "", f"{NAMESPACE}/boom"):
