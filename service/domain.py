@@ -274,8 +274,14 @@ class DeleteOutcome:
     message: str = ""
 
 
-class ReconcileOutcome(enum.StrEnum):
-    """The ``verdict`` label of the outcome metric for anything that is not a reap."""
+class Outcome(enum.StrEnum):
+    """What one reconcile ended in: the ``verdict`` label of the outcome metric (a reap, or why
+    not), or :attr:`INACTIVE`, which is not counted."""
+
+    TERMINAL_RETIRED = Verdict.TERMINAL_RETIRED.value
+    """Reaped (deleted, or reported in a dry run) as :attr:`Verdict.TERMINAL_RETIRED`."""
+    REPLACED_NEVER_STARTED = Verdict.REPLACED_NEVER_STARTED.value
+    """Reaped as :attr:`Verdict.REPLACED_NEVER_STARTED`."""
 
     TOO_YOUNG = "too_young"
     """Reapable, but not yet continuously for the threshold: requeued for the remainder."""
@@ -301,6 +307,8 @@ class ReconcileOutcome(enum.StrEnum):
     candidate is looked at again when the cache is synced."""
     STALE = "stale"
     """The final check kept aging past its bound (a starved loop, slow database); requeued."""
+    INACTIVE = "inactive"
+    """The replica is disabled or not the leader: nothing is done, nothing counted."""
 
 
 class ExecutionChange(msgspec.Struct, frozen=True, gc=False):

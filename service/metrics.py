@@ -18,13 +18,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from service.domain import ReconcileOutcome, SkipReason, Verdict
+from service.domain import Outcome, SkipReason
 
 LOOP = "retired_execution_pod_gc"
 MODES = ("live", "dry_run")
-OUTCOME_LABELS: tuple[str, ...] = tuple(str(v) for v in Verdict) + tuple(
-    str(o) for o in ReconcileOutcome
-)
+OUTCOME_LABELS: tuple[str, ...] = tuple(str(o) for o in Outcome if o is not Outcome.INACTIVE)
 DEPENDENCIES = ("database", "api_server")
 """The dependencies the reconcile steps back off from as one (``service/kit/gate.py``)."""
 EVENT_RESULTS = (

@@ -47,7 +47,7 @@ from anyio.abc import TaskStatus
 
 from service import checks, logs
 from service.classifier import prefilter
-from service.domain import ExecutionChange, PodSnapshot, ReconcileOutcome, Verdict
+from service.domain import ExecutionChange, Outcome, PodSnapshot, Verdict
 from service.engine.activation import Activation
 from service.engine.held import HeldKeys
 from service.engine.observation import ObservationClocks
@@ -67,7 +67,7 @@ MIN_BATCH = 250
 this its fixed cost outweighs spreading the ready keys over more workers. The
 lookup pool has a few connections (``DB_POOL_SIZE``, 4), so parts much smaller than this would
 mostly wait for a connection while each still pays its own round trip."""
-_REAPED = frozenset(Verdict)
+_REAPED = frozenset(Outcome(verdict) for verdict in Verdict)
 """Outcomes of a delete (live) or a dry-run report: a reapable verdict."""
 
 
@@ -310,7 +310,7 @@ class Controller:
         logger.exception("reconcile of %r raised (a bug); clock cleared, backing off", key)
         self._metrics.reconcile_bugs.inc()
         self._clocks.clear_key(key)
-        self._finish({key: ReconcileResult.backoff(ReconcileOutcome.ERROR)}, started, results)
+        self._finish({key: ReconcileResult.backoff(Outcome.ERROR)}, started, results)
 
     def _finish(
         self,

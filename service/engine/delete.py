@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from service.domain import DeleteResult, ExecutionState, ReconcileOutcome
+from service.domain import DeleteResult, ExecutionState, Outcome
 from service.engine.gates import FAILURES, Failure, Gates, Held, describe, throttled_s, unauthorized
 from service.engine.observation import ObservationClocks
 from service.engine.results import ReconcileResult
@@ -48,7 +48,7 @@ class Deleter:
         """Dry run: "would reap", once per UID."""
         verified = checked.verified
         if not self.clocks.mark_reported(verified.due.pod.uid):
-            return ReconcileResult.done(ReconcileOutcome.ALREADY_REPORTED)
+            return ReconcileResult.done(Outcome.ALREADY_REPORTED)
         logger.debug(  # at info, one summary line an interval (engine/reaped.py)
             "dry run: would reap %s as %s after %.0fs: %s",
             checked.key,
@@ -58,7 +58,7 @@ class Deleter:
             extra={"key": checked.key, "uid": verified.pod.uid, "verdict": str(checked.verdict)},
         )
         self._record(checked, dry_run=True)
-        return ReconcileResult.done(checked.verdict)
+        return ReconcileResult.done(Outcome(checked.verdict))
 
     async def delete(self, checked: Checked) -> ReconcileResult:
         """Live: the DELETE with preconditions from the fresh GET."""
@@ -81,7 +81,7 @@ class Deleter:
             return self._failed(checked, exc)
         if isinstance(outcome, Held):
             # The API server stopped answering since the fresh GET: nothing sent.
-            return outcome.result(ReconcileOutcome.ERROR)
+            return outcome.result(Outcome.ERROR)
         self._delete_failures.ok()
         self._count(checked, str(outcome.result))
         match outcome.result:
@@ -96,14 +96,14 @@ class Deleter:
                     extra={"key": key, "uid": fresh.uid, "verdict": str(checked.verdict)},
                 )
                 self._record(checked, dry_run=False)
-                return ReconcileResult.done(checked.verdict)
+                return ReconcileResult.done(Outcome(checked.verdict))
             case DeleteResult.GONE:
                 self.clocks.clear(verified.due.pod.uid)
                 logger.debug("DELETE found the pod already gone (404)", extra=extra)
-                return ReconcileResult.done(ReconcileOutcome.GONE)
+                return ReconcileResult.done(Outcome.GONE)
             case DeleteResult.CONFLICT:
                 logger.debug("DELETE preconditions failed (409): %s", outcome.message, extra=extra)
-                return ReconcileResult.requeue_after(ReconcileOutcome.CONFLICT, CONFLICT_REQUEUE_S)
+                return ReconcileResult.requeue_after(Outcome.CONFLICT, CONFLICT_REQUEUE_S)
 
     def _failed(self, checked: Checked, exc: Failure) -> ReconcileResult:
         """No answer or an unexpected one: the clock runs on, and the key is verified again
@@ -116,13 +116,13 @@ class Deleter:
             # check): the key comes back after the server's Retry-After.
             self._count(checked, "throttled")
             logger.debug("DELETE throttled: %s", text, extra=extra)
-            return ReconcileResult.requeue_after(ReconcileOutcome.THROTTLED, throttled)
+            return ReconcileResult.requeue_after(Outcome.THROTTLED, throttled)
         self._count(checked, "error")
         if unauthorized(exc):
             # The API client has read the credentials again: the next attempt verifies the pod
             # afresh and its DELETE carries them (at most one refused DELETE).
             logger.debug("DELETE refused: %s; verifying again", text, extra=extra)
-            return ReconcileResult.requeue_after(ReconcileOutcome.ERROR, 0.0)
+            return ReconcileResult.requeue_after(Outcome.ERROR, 0.0)
         self._delete_failures.failed(cause_of(exc), text)
         logger.debug("DELETE failed: %s", text, extra=extra)
         return self.gates.api_failed(exc)

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from service.domain import ReconcileOutcome
+from service.domain import Outcome
 from service.engine.results import ReconcileResult
 from service.kit.backoff import Backoff
 from service.kit.errors import ApiError, ExternalError, Unavailable
@@ -88,7 +88,7 @@ class Held:
     dependency: str
     wait_s: float
 
-    def result(self, outcome: str) -> ReconcileResult:
+    def result(self, outcome: Outcome) -> ReconcileResult:
         return ReconcileResult.held(outcome, self.dependency, self.wait_s)
 
 
@@ -130,7 +130,7 @@ class Gates:
 
     @staticmethod
     def failed(
-        gate: Gate, exc: Failure, outcome: str, otherwise: ReconcileResult
+        gate: Gate, exc: Failure, outcome: Outcome, otherwise: ReconcileResult
     ) -> ReconcileResult:
         """The result of a key whose call failed: held to the next attempt time when it got no
         answer and ``gate`` is closed, else ``otherwise``."""
@@ -142,7 +142,7 @@ class Gates:
         """A GET or DELETE that failed, neither throttled nor refused: held while the API server
         gives no answer, else retried (after its Retry-After, if it gave one)."""
         retry = ReconcileResult.retry(retry_after_s(exc))
-        return self.failed(self.api, exc, ReconcileOutcome.ERROR, retry)
+        return self.failed(self.api, exc, Outcome.ERROR, retry)
 
     def _report(self, gate: Gate, ticket: Ticket, *, answered: bool) -> None:
         if ticket.probe:

@@ -54,7 +54,7 @@ import anyio
 from service import checks, logs
 from service.classifier import classify, prefilter
 from service.config import Settings
-from service.domain import ExecutionRow, PodSnapshot, ReconcileOutcome, Waiting, split_key
+from service.domain import ExecutionRow, Outcome, PodSnapshot, Waiting, split_key
 from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget, Turn
 from service.engine.delete import Deleter
@@ -179,7 +179,7 @@ class Reconciler:
                 # states it skipped: a clock started now, from a snapshot the relist may be
                 # about to replace with the same state at a newer version, would cover a
                 # non-reapable state it never saw. Synced, every candidate is enqueued.
-                observed.results[key] = ReconcileResult.done(ReconcileOutcome.CACHE_COLD)
+                observed.results[key] = ReconcileResult.done(Outcome.CACHE_COLD)
         if not ready:
             return observed
         keys = ready
@@ -198,7 +198,7 @@ class Reconciler:
                 self._settings.reconcile_timeout_s,
             )
             for key in keys:
-                observed.results.setdefault(key, ReconcileResult.backoff(ReconcileOutcome.ERROR))
+                observed.results.setdefault(key, ReconcileResult.backoff(Outcome.ERROR))
             observed.due = []
         finally:
             self._clocks.end(keys)
@@ -248,13 +248,13 @@ class Reconciler:
                     logger.debug(
                         "state changed during the reconcile; clock not started", extra={"key": key}
                     )
-                results[key] = ReconcileResult.done(ReconcileOutcome.CHANGED)
+                results[key] = ReconcileResult.done(Outcome.CHANGED)
             elif not checks.observed_long_enough(elapsed, threshold_s):
                 results[key] = ReconcileResult.requeue_after(
-                    ReconcileOutcome.TOO_YOUNG, threshold_s - elapsed
+                    Outcome.TOO_YOUNG, threshold_s - elapsed
                 )
             elif self._settings.dry_run and self._clocks.was_reported(pod.uid):
-                results[key] = ReconcileResult.done(ReconcileOutcome.ALREADY_REPORTED)
+                results[key] = ReconcileResult.done(Outcome.ALREADY_REPORTED)
             else:
                 with logs.reconciling(key):
                     logger.debug(
@@ -274,10 +274,10 @@ class Reconciler:
             text = describe("row lookup", exc)
             self._lookup_failures.failed(cause_of(exc), text)
             logger.debug("row lookup of %d keys failed, clocks cleared: %s", len(keys), text)
-            failed = ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
-            return self._gates.failed(gate, exc, ReconcileOutcome.LOOKUP_FAILED, failed)
+            failed = ReconcileResult.backoff(Outcome.LOOKUP_FAILED)
+            return self._gates.failed(gate, exc, Outcome.LOOKUP_FAILED, failed)
         if isinstance(rows, Held):
-            return rows.result(ReconcileOutcome.LOOKUP_FAILED)
+            return rows.result(Outcome.LOOKUP_FAILED)
         self._lookup_failures.ok()
         return rows
 
@@ -296,11 +296,11 @@ class Reconciler:
             else:
                 logger.error("dropping a key of namespace %s, which is not configured", namespace)
         self._clocks.clear_key(key)
-        return ReconcileResult.done(ReconcileOutcome.ERROR)
+        return ReconcileResult.done(Outcome.ERROR)
 
     def _gone(self, key: str) -> ReconcileResult:
         self._clocks.clear_key(key)
-        return ReconcileResult.done(ReconcileOutcome.GONE)
+        return ReconcileResult.done(Outcome.GONE)
 
     async def act(self, due: Due) -> ReconcileResult:
         """Steps 7-10 for one due key; bounded by ``RECONCILE_TIMEOUT_SECONDS``."""
@@ -316,7 +316,7 @@ class Reconciler:
                 self._settings.reconcile_timeout_s,
                 extra={"key": due.key},
             )
-            return ReconcileResult.backoff(ReconcileOutcome.ERROR)
+            return ReconcileResult.backoff(Outcome.ERROR)
         self._act_timeouts.ok()
         return result
 
@@ -343,7 +343,7 @@ class Reconciler:
                 delay_s,
                 extra={"key": due.key},
             )
-            return ReconcileResult.requeue_after(ReconcileOutcome.THROTTLED, delay_s)
+            return ReconcileResult.requeue_after(Outcome.THROTTLED, delay_s)
         self._clocks.set_waiting(uid, None)
         try:
             # The API client's request slot is taken before the final check, so the DELETE

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from service import checks
 from service.classifier import classify
 from service.config import Settings
-from service.domain import ExecutionRow, PodSnapshot, ReconcileOutcome
+from service.domain import ExecutionRow, Outcome, PodSnapshot
 from service.engine.activation import Activation
 from service.engine.gates import FAILURES, Failure, Gates, Held, describe, throttled_s, unauthorized
 from service.engine.observation import ObservationClocks
@@ -92,7 +92,7 @@ class Verifier:
                 pod.resource_version,
                 extra={"key": key},
             )
-            return ReconcileResult.done(ReconcileOutcome.CHANGED)
+            return ReconcileResult.done(Outcome.CHANGED)
         if not same_uid or not same_verdict:
             self.clocks.clear(pod.uid)
             logger.debug(
@@ -103,7 +103,7 @@ class Verifier:
                 again.rule,
                 extra={"key": key},
             )
-            return ReconcileResult.done(ReconcileOutcome.CHANGED)
+            return ReconcileResult.done(Outcome.CHANGED)
 
         synced = await self._sync(key)
         if synced is not None:
@@ -127,11 +127,11 @@ class Verifier:
         except FAILURES as exc:
             return self._get_failed(due.key, exc)
         if isinstance(fresh, Held):
-            return fresh.result(ReconcileOutcome.ERROR)
+            return fresh.result(Outcome.ERROR)
         self._get_failures.ok()
         if fresh is None:
             self.clocks.clear_key(due.key)
-            return ReconcileResult.done(ReconcileOutcome.GONE)
+            return ReconcileResult.done(Outcome.GONE)
         return fresh
 
     def _get_failed(self, key: str, exc: Failure) -> ReconcileResult:
@@ -142,10 +142,10 @@ class Verifier:
             # The API client retried it within its timeout already; the key comes back after
             # the server's Retry-After, its clock running on.
             logger.debug("fresh pod GET throttled: %s", text, extra=extra)
-            return ReconcileResult.requeue_after(ReconcileOutcome.THROTTLED, throttled)
+            return ReconcileResult.requeue_after(Outcome.THROTTLED, throttled)
         if unauthorized(exc):
             logger.debug("fresh pod GET refused: %s", text, extra=extra)
-            return ReconcileResult.backoff(ReconcileOutcome.ERROR)
+            return ReconcileResult.backoff(Outcome.ERROR)
         if isinstance(exc, Undecodable):
             # The pod as the server has it now cannot be read: a gap in its observation.
             self.clocks.clear_key(key)
@@ -170,11 +170,11 @@ class Verifier:
             text = describe("row re-read", exc)
             self._reread_failures.failed(cause_of(exc), text)
             logger.debug("row re-read failed, clock cleared: %s", text, extra={"key": due.key})
-            failed = ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
-            return self.gates.failed(database, exc, ReconcileOutcome.LOOKUP_FAILED, failed)
+            failed = ReconcileResult.backoff(Outcome.LOOKUP_FAILED)
+            return self.gates.failed(database, exc, Outcome.LOOKUP_FAILED, failed)
         if isinstance(row, Held):
             self.clocks.clear_key(due.key)
-            return row.result(ReconcileOutcome.LOOKUP_FAILED)
+            return row.result(Outcome.LOOKUP_FAILED)
         self._reread_failures.ok()
         return row
 
@@ -194,7 +194,7 @@ class Verifier:
             logger.debug(
                 "could not sync change notifications, clock cleared: %s", text, extra={"key": key}
             )
-            return ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
+            return ReconcileResult.backoff(Outcome.LOOKUP_FAILED)
         self._sync_failures.ok()
         return None
 
@@ -216,7 +216,7 @@ class Verifier:
                     reverified,
                     extra={"key": due.key},
                 )
-                return ReconcileResult.requeue_after(ReconcileOutcome.STALE, STALE_REQUEUE_S)
+                return ReconcileResult.requeue_after(Outcome.STALE, STALE_REQUEUE_S)
             reverified += 1
             self.metrics.final_check_reverifications.inc()
             logger.debug(
@@ -243,7 +243,7 @@ class Verifier:
         elapsed = self.clocks.elapsed(due.pod.uid, now)
         if elapsed is None or not checks.observed_long_enough(elapsed, self.settings.threshold_s):
             logger.debug("clock cleared while verifying; not acting", extra={"key": due.key})
-            return ReconcileResult.done(ReconcileOutcome.CHANGED)
+            return ReconcileResult.done(Outcome.CHANGED)
         if not self.activation.active:
             logger.debug("no longer active; not acting", extra={"key": due.key})
             return INACTIVE_RESULT
