@@ -11,7 +11,6 @@ is handed to the recorder.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 from service.domain import DeleteResult, ExecutionState, Outcome
 from service.engine.gates import FAILURES, Failure, Gates, Held, describe, throttled_s, unauthorized
@@ -22,32 +21,38 @@ from service.kit.causelog import CauseLog, cause_of
 from service.metrics import Metrics
 from service.ports import PodClient, ReapRecorder, ReapReport
 
-# The pipeline's steps log under one name, whichever module holds them.
-logger = logging.getLogger("service.engine.reconciler")
+logger = logging.getLogger(__name__)
 
 CONFLICT_REQUEUE_S = 1.0
 """A DELETE refused by its preconditions (409): the pod changed since the fresh GET; the key is
 looked at again this much later, when the change's event has arrived."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Deleter:
     """Step 10: the DELETE, or the dry-run report."""
 
-    pods: PodClient
-    clocks: ObservationClocks
-    metrics: Metrics
-    gates: Gates
-    api_timeout_s: float
-    recorder: ReapRecorder | None
-    _delete_failures: CauseLog = field(
-        init=False, default_factory=lambda: CauseLog("DELETEs fail", logger)
-    )
+    def __init__(
+        self,
+        *,
+        pods: PodClient,
+        clocks: ObservationClocks,
+        metrics: Metrics,
+        gates: Gates,
+        api_timeout_s: float,
+        recorder: ReapRecorder | None,
+    ) -> None:
+        self._pods = pods
+        self._clocks = clocks
+        self._metrics = metrics
+        self._gates = gates
+        self._api_timeout_s = api_timeout_s
+        self._recorder = recorder
+        self._delete_failures = CauseLog("DELETEs fail", logger)
 
     def report_dry_run(self, checked: Checked) -> ReconcileResult:
         """Dry run: "would reap", once per UID."""
         verified = checked.verified
-        if not self.clocks.mark_reported(verified.due.pod.uid):
+        if not self._clocks.mark_reported(verified.due.pod.uid):
             return ReconcileResult.done(Outcome.ALREADY_REPORTED)
         logger.debug(  # at info, one summary line an interval (engine/reaped.py)
             "dry run: would reap %s as %s after %.0fs: %s",
@@ -67,10 +72,10 @@ class Deleter:
         key = checked.key
         extra = {"key": key}
         try:
-            outcome = await self.gates.call(
-                self.gates.api,
-                self.api_timeout_s,
-                lambda: self.pods.delete_pod(
+            outcome = await self._gates.call(
+                self._gates.api,
+                self._api_timeout_s,
+                lambda: self._pods.delete_pod(
                     fresh.namespace,
                     fresh.name,
                     uid=fresh.uid,
@@ -86,7 +91,7 @@ class Deleter:
         self._count(checked, str(outcome.result))
         match outcome.result:
             case DeleteResult.DELETED:
-                self.clocks.clear(verified.due.pod.uid)
+                self._clocks.clear(verified.due.pod.uid)
                 logger.debug(  # at info, one summary line an interval (engine/reaped.py)
                     "deleted %s as %s after %.0fs: %s",
                     key,
@@ -98,7 +103,7 @@ class Deleter:
                 self._record(checked, dry_run=False)
                 return ReconcileResult.done(Outcome(checked.verdict))
             case DeleteResult.GONE:
-                self.clocks.clear(verified.due.pod.uid)
+                self._clocks.clear(verified.due.pod.uid)
                 logger.debug("DELETE found the pod already gone (404)", extra=extra)
                 return ReconcileResult.done(Outcome.GONE)
             case DeleteResult.CONFLICT:
@@ -125,19 +130,19 @@ class Deleter:
             return ReconcileResult.requeue_after(Outcome.ERROR, 0.0)
         self._delete_failures.failed(cause_of(exc), text)
         logger.debug("DELETE failed: %s", text, extra=extra)
-        return self.gates.api_failed(exc)
+        return self._gates.api_failed(exc)
 
     def _count(self, checked: Checked, result: str) -> None:
         namespace = checked.verified.pod.namespace
-        self.metrics.deletes.labels(sandbox_namespace=namespace, result=result).inc()
+        self._metrics.deletes.labels(sandbox_namespace=namespace, result=result).inc()
 
     def _record(self, checked: Checked, *, dry_run: bool) -> None:
         """Hand the delete or dry-run report to the recorder (enqueues only; never awaits)."""
-        if self.recorder is None:
+        if self._recorder is None:
             return
         verified = checked.verified
         row = verified.row
-        self.recorder.record(
+        self._recorder.record(
             ReapReport(
                 pod=verified.pod,
                 verdict=checked.verdict,

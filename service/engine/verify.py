@@ -10,7 +10,6 @@ with nothing awaited after it.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 from service import checks
 from service.classifier import classify
@@ -28,8 +27,7 @@ from service.kit.timeouts import fail_after
 from service.metrics import Metrics
 from service.ports import ExecutionStore, NotificationBarrier, PodClient
 
-# The pipeline's steps log under one name, whichever module holds them.
-logger = logging.getLogger("service.engine.reconciler")
+logger = logging.getLogger(__name__)
 
 FINAL_CHECK_MAX_AGE_S = 0.25
 """Invariant 1's bound: the DELETE (or dry-run report) is made at most this long after the final
@@ -42,30 +40,34 @@ STALE_REQUEUE_S = 1.0
 """A key that gave up as ``stale`` is looked at again this much later (its clock runs on)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Verifier:
     """Steps 7 and 9 for one due key at a time."""
 
-    settings: Settings
-    pods: PodClient
-    store: ExecutionStore
-    barrier: NotificationBarrier
-    clocks: ObservationClocks
-    activation: Activation
-    metrics: Metrics
-    gates: Gates
-    _get_failures: CauseLog = field(
-        init=False, default_factory=lambda: CauseLog("fresh pod GETs fail", logger)
-    )
-    _reread_failures: CauseLog = field(
-        init=False, default_factory=lambda: CauseLog("row re-reads fail, clocks cleared", logger)
-    )
-    _sync_failures: CauseLog = field(
-        init=False,
-        default_factory=lambda: CauseLog(
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        pods: PodClient,
+        store: ExecutionStore,
+        barrier: NotificationBarrier,
+        clocks: ObservationClocks,
+        activation: Activation,
+        metrics: Metrics,
+        gates: Gates,
+    ) -> None:
+        self._settings = settings
+        self._pods = pods
+        self._store = store
+        self._barrier = barrier
+        self._clocks = clocks
+        self._activation = activation
+        self._metrics = metrics
+        self._gates = gates
+        self._get_failures = CauseLog("fresh pod GETs fail", logger)
+        self._reread_failures = CauseLog("row re-reads fail, clocks cleared", logger)
+        self._sync_failures = CauseLog(
             "could not sync change notifications, clocks of due pods cleared", logger
-        ),
-    )
+        )
 
     async def verify(self, due: Due) -> Verified | ReconcileResult:
         """Step 7: fresh GET, direct row re-read, classify again, notification sync, clock."""
@@ -94,7 +96,7 @@ class Verifier:
             )
             return ReconcileResult.done(Outcome.CHANGED)
         if not same_uid or not same_verdict:
-            self.clocks.clear(pod.uid)
+            self._clocks.clear(pod.uid)
             logger.debug(
                 "changed before acting: uid %s -> %s, now %s (%s)",
                 pod.uid,
@@ -119,10 +121,10 @@ class Verifier:
         """The fresh GET of the pod."""
         pod = due.pod
         try:
-            fresh = await self.gates.call(
-                self.gates.api,
-                self.settings.kube.api_timeout_s,
-                lambda: self.pods.get_pod(pod.namespace, pod.name),
+            fresh = await self._gates.call(
+                self._gates.api,
+                self._settings.kube.api_timeout_s,
+                lambda: self._pods.get_pod(pod.namespace, pod.name),
             )
         except FAILURES as exc:
             return self._get_failed(due.key, exc)
@@ -130,7 +132,7 @@ class Verifier:
             return fresh.result(Outcome.ERROR)
         self._get_failures.ok()
         if fresh is None:
-            self.clocks.clear_key(due.key)
+            self._clocks.clear_key(due.key)
             return ReconcileResult.done(Outcome.GONE)
         return fresh
 
@@ -148,32 +150,32 @@ class Verifier:
             return ReconcileResult.backoff(Outcome.ERROR)
         if isinstance(exc, Undecodable):
             # The pod as the server has it now cannot be read: a gap in its observation.
-            self.clocks.clear_key(key)
+            self._clocks.clear_key(key)
             self._get_failures.failed(cause_of(exc), f"{key} undecodable, clock cleared: {text}")
             logger.debug("fresh pod GET undecodable, clock cleared: %s", text, extra=extra)
         else:
             self._get_failures.failed(cause_of(exc), text)
             logger.debug("fresh pod GET failed: %s", text, extra=extra)
-        return self.gates.api_failed(exc)
+        return self._gates.api_failed(exc)
 
     async def _reread(self, due: Due) -> ExecutionRow | ReconcileResult | None:
         """The direct re-read of the row; a failed or held one clears the clock (invariant 3)."""
-        database = self.gates.database
+        database = self._gates.database
         try:
-            row = await self.gates.call(
+            row = await self._gates.call(
                 database,
-                self.settings.database.statement_timeout_s,
-                lambda: self.store.read_fresh(due.pod.key),
+                self._settings.database.statement_timeout_s,
+                lambda: self._store.read_fresh(due.pod.key),
             )
         except FAILURES as exc:
-            self.clocks.clear_key(due.key)
+            self._clocks.clear_key(due.key)
             text = describe("row re-read", exc)
             self._reread_failures.failed(cause_of(exc), text)
             logger.debug("row re-read failed, clock cleared: %s", text, extra={"key": due.key})
             failed = ReconcileResult.backoff(Outcome.LOOKUP_FAILED)
-            return self.gates.failed(database, exc, Outcome.LOOKUP_FAILED, failed)
+            return self._gates.failed(database, exc, Outcome.LOOKUP_FAILED, failed)
         if isinstance(row, Held):
-            self.clocks.clear_key(due.key)
+            self._clocks.clear_key(due.key)
             return row.result(Outcome.LOOKUP_FAILED)
         self._reread_failures.ok()
         return row
@@ -184,10 +186,10 @@ class Verifier:
         # its notifications: make sure none is still in flight before trusting the clock (a
         # stalled listener fails this, and the clock restarts).
         try:
-            with fail_after(self.settings.database.statement_timeout_s):
-                await checks.sync_notifications(self.barrier)
+            with fail_after(self._settings.database.statement_timeout_s):
+                await checks.sync_notifications(self._barrier)
         except FAILURES as exc:
-            self.clocks.clear_key(key)
+            self._clocks.clear_key(key)
             text = describe("notification sync", exc)
             # Once per cause: a listener that cannot prove delivery fails every due key.
             self._sync_failures.failed(cause_of(exc), text)
@@ -218,7 +220,7 @@ class Verifier:
                 )
                 return ReconcileResult.requeue_after(Outcome.STALE, STALE_REQUEUE_S)
             reverified += 1
-            self.metrics.final_check_reverifications.inc()
+            self._metrics.final_check_reverifications.inc()
             logger.debug(
                 "final check %.3fs old (bound %.2fs); verifying again",
                 age_s,
@@ -233,18 +235,18 @@ class Verifier:
         elapsed = self._still_due(due, now)
         if isinstance(elapsed, ReconcileResult):
             return elapsed
-        self.metrics.final_check_age.observe(age_s)
+        self._metrics.final_check_age.observe(age_s)
         return Checked(verified, elapsed)
 
     def _still_due(self, due: Due, now: float) -> float | ReconcileResult:
         """The seconds ``due``'s UID has been continuously reapable at ``now``, if past the
         threshold and this replica still active; else the result that ends the reconcile.
         Synchronous."""
-        elapsed = self.clocks.elapsed(due.pod.uid, now)
-        if elapsed is None or not checks.observed_long_enough(elapsed, self.settings.threshold_s):
+        elapsed = self._clocks.elapsed(due.pod.uid, now)
+        if elapsed is None or not checks.observed_long_enough(elapsed, self._settings.threshold_s):
             logger.debug("clock cleared while verifying; not acting", extra={"key": due.key})
             return ReconcileResult.done(Outcome.CHANGED)
-        if not self.activation.active:
+        if not self._activation.active:
             logger.debug("no longer active; not acting", extra={"key": due.key})
             return INACTIVE_RESULT
         return elapsed
