@@ -1,27 +1,26 @@
 """The live view of the observation clocks: ``GET /debug/pending`` and its readers.
 
-The running service answers with the document (:func:`pending_view`) built from its clocks
-(:func:`pending_document`) and its retired-but-kept view (:func:`kept_section`): every pod
-whose clock runs, with its UID, verdict, since when it has been observed, when it is due and what
-it waits for. ``retired-pod-gc pending`` fetches it (:func:`fetch_pending`) and prints it as a
-table (:func:`pending_lines`); ``explain --url`` prints the entry of one pod
-(:func:`live_clock_lines`). Times in the document are UTC: the service's clock (the event loop's)
-mapped onto the wall clock once, at the first request, so that one clock shows the same times in
-every answer (a wall-clock step after that is not followed).
+The service answers with a document (:func:`pending_view`) of its running clocks
+(:func:`pending_document`) and its retired-but-kept view (:func:`kept_section`).
+``retired-pod-gc pending`` fetches it (:func:`fetch_pending`) and prints it as tables
+(:func:`pending_lines`); ``explain --url`` prints one pod's entry (:func:`live_clock_lines`). Times
+are UTC (:func:`utc`): the event loop's clock mapped onto the wall clock once, at the first
+request, so that every answer shows the same times (a wall-clock step after that is not followed).
 """
 
 from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 
 from service.domain import Waiting
-from service.engine.kept import KeptPod, KeptPods
+from service.engine.kept import KeptPods
 from service.engine.observation import ObservationClocks
 from service.kit import clock
 
@@ -55,7 +54,7 @@ def pending_document(
     offset = wall_offset_s
     if key is not None:
         uid = clocks.uid_for(key)
-        running = [(o, w) for o, w in clocks.running_uid(uid)] if uid is not None else []
+        running = clocks.running_uid(uid) if uid is not None else []
     else:
         # Every clock has the same threshold: the soonest started is the soonest due.
         running = heapq.nsmallest(
@@ -141,53 +140,45 @@ def kept_section(
     """The document's ``retired_kept`` section: the pods whose execution is retired but that
     are kept (``service/engine/kept/``), the longest kept first, at most ``limit``; with
     ``key``, only that pod's."""
-    if key is not None:
-        one = kept.get(key)
-        shown = [one] if one is not None else []
-    else:
-        shown = kept.kept()[:limit]
-    by_reason: dict[str, int] = {}
-    for entry in kept.kept():
-        by_reason[str(entry.reason)] = by_reason.get(str(entry.reason), 0) + 1
+    every = kept.kept()
+    shown = every[:limit] if key is None else [k for k in [kept.get(key)] if k is not None]
     return {
         "active": kept.active,
         "bound_s": kept.bound_s,
         "sweep_period_s": kept.period_s,
         "count": len(kept),
-        "by_reason": dict(sorted(by_reason.items())),
+        "by_reason": dict(sorted(Counter(str(k.reason) for k in every).items())),
         "shown": len(shown),
-        "pods": kept_entries(shown, now_s=now_s, wall_offset_s=wall_offset_s),
+        "pods": [
+            {
+                "key": k.key,
+                "uid": k.uid,
+                "reason": str(k.reason),
+                "severity": k.severity,
+                "row_state": str(k.row_state),
+                "since": utc(k.since_s + wall_offset_s),
+                "since_source": str(k.source),
+                "kept_for_s": round(now_s - k.since_s, 3),
+                "rule": k.rule,
+            }
+            for k in shown
+        ],
     }
 
 
-def kept_entries(
-    kept: Iterable[KeptPod], *, now_s: float, wall_offset_s: float
-) -> list[dict[str, object]]:
-    """The kept pods as the ``retired_kept`` section lists them (``since`` in UTC)."""
-    return [
-        {
-            "key": k.key,
-            "uid": k.uid,
-            "reason": str(k.reason),
-            "severity": k.severity,
-            "row_state": str(k.row_state),
-            "since": utc(k.since_s + wall_offset_s),
-            "since_source": str(k.source),
-            "kept_for_s": round(now_s - k.since_s, 3),
-            "rule": k.rule,
-        }
-        for k in kept
-    ]
-
-
-_KEPT_COLUMNS = (
-    ("KEY", "key"),
-    ("REASON", "reason"),
-    ("SEVERITY", "severity"),
-    ("ROW STATE", "row_state"),
-    ("SINCE", "since"),
-    ("FROM", "since_source"),
-    ("KEPT FOR", "kept_for_s"),
+_KEPT_COLUMNS = tuple(
+    zip(
+        ("KEY", "REASON", "SEVERITY", "ROW STATE", "SINCE", "FROM", "KEPT FOR"),
+        ("key", "reason", "severity", "row_state", "since", "since_source", "kept_for_s"),
+        strict=True,
+    )
+)
+_COLUMNS = tuple(
+    zip(
+        ("KEY", "UID", "VERDICT", "OBSERVED SINCE", "DUE AT", "DUE IN", "WAITS FOR"),
+        ("key", "uid", "verdict", "observed_since", "due_at", "due_in_s", "waits_for"),
+        strict=True,
+    )
 )
 _SECONDS_FORMAT = {"kept_for_s": ".0f", "due_in_s": ".1f"}
 """The fields printed as seconds, and their precision; every other field is printed as is."""
@@ -213,21 +204,26 @@ def _cell(entry: Mapping[str, Any], field: str) -> str:
     return str(value) if spec is None else f"{float(value or 0):{spec}}s"
 
 
+def _partly(section: Mapping[str, Any], which: str) -> str:
+    """The heading's note when not every entry is shown."""
+    shown = section.get("shown")
+    return "" if shown == section.get("count") else f", the {shown} {which} shown"
+
+
+def _entry(section: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
+    """The entry of ``key`` among the section's pods."""
+    return next((p for p in section.get("pods") or [] if p.get("key") == key), None)
+
+
 def kept_lines(section: Mapping[str, Any] | None) -> list[str]:
     """The ``retired_kept`` section as a table of its own (nothing when the service has none)."""
     if not isinstance(section, Mapping):
         return []
-    lines = [
+    heading = (
         f"retired but kept: {section.get('count')} pods whose execution is retired but that "
-        f"are kept (bound {section.get('bound_s')}s"
-        + (
-            f", the {section.get('shown')} longest kept shown"
-            if section.get("shown") != section.get("count")
-            else ""
-        )
-        + ")"
-    ]
-    return [*lines, *_table(_KEPT_COLUMNS, section.get("pods") or [])]
+        f"are kept (bound {section.get('bound_s')}s{_partly(section, 'longest kept')})"
+    )
+    return [heading, *_table(_KEPT_COLUMNS, section.get("pods") or [])]
 
 
 def live_kept_lines(
@@ -239,7 +235,7 @@ def live_kept_lines(
     section = document.get("retired_kept")
     if not isinstance(section, Mapping):
         return []
-    entry = next((p for p in section.get("pods") or [] if p.get("key") == key), None)
+    entry = _entry(section, key)
     if entry is None:
         return [f"retired but kept ({url}): not reported for this pod"]
     return [
@@ -258,11 +254,8 @@ async def fetch_pending(
 ) -> dict[str, Any]:
     """``GET {url}/debug/pending``; raises :class:`PendingUnavailable` with a printable reason."""
     target = url.rstrip("/") + PATH
-    params = {}
-    if limit is not None:
-        params["limit"] = str(limit)
-    if key is not None:
-        params["key"] = key
+    asked = {"limit": None if limit is None else str(limit), "key": key}
+    params = {name: value for name, value in asked.items() if value is not None}
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
@@ -287,31 +280,15 @@ async def fetch_pending(
     return document
 
 
-_COLUMNS = (
-    ("KEY", "key"),
-    ("UID", "uid"),
-    ("VERDICT", "verdict"),
-    ("OBSERVED SINCE", "observed_since"),
-    ("DUE AT", "due_at"),
-    ("DUE IN", "due_in_s"),
-    ("WAITS FOR", "waits_for"),
-)
-
-
 def pending_lines(document: Mapping[str, Any]) -> list[str]:
     """The document as a table, with a header line naming the mode and threshold; then, after a
     blank line, the retired-but-kept section's (:func:`kept_lines`) when the document has one."""
-    lines = [
+    heading = (
         f"mode {document.get('mode')}, active {str(document.get('active')).lower()}, "
         f"threshold {document.get('threshold_s')}s, at {document.get('now')}: "
-        f"{document.get('count')} pods with a running clock"
-        + (
-            f", the {document.get('shown')} soonest due shown"
-            if document.get("shown") != document.get("count")
-            else ""
-        )
-    ]
-    lines.extend(_table(_COLUMNS, document.get("pods") or []))
+        f"{document.get('count')} pods with a running clock{_partly(document, 'soonest due')}"
+    )
+    lines = [heading, *_table(_COLUMNS, document.get("pods") or [])]
     kept = kept_lines(document.get("retired_kept"))
     return [*lines, "", *kept] if kept else lines
 
@@ -328,7 +305,7 @@ def live_clock_lines(
         ]
     if isinstance(document, str) or document is None:
         return [f"live clock: unknown, {document or 'no answer'}"]
-    entry = next((p for p in document.get("pods") or [] if p.get("key") == key), None)
+    entry = _entry(document, key)
     if entry is None:
         return [
             f"live clock ({url}): none runs for this pod (mode {document.get('mode')}, "
