@@ -1,35 +1,26 @@
 """The event side of the engine and the worker loop.
 
-:class:`Controller` implements ``ports.PodEventHandler`` (for the informer) and
-``ports.ExecutionEventHandler`` (for the PostgreSQL listener). Each callback does two things,
-synchronously on the event loop:
+:class:`Controller` is the informer's ``PodEventHandler`` and the listener's
+``ExecutionEventHandler``. Each callback, synchronously on the event loop:
 
-- **clears observation clocks at event time** (invariant 3 of docs/architecture.md): any change of
-  what classification reads stops the clock the moment it arrives — a pod snapshot that differs from
-  the cached one in anything but its resourceVersion, a new UID under a known name, a deleted
-  pod, and every row notification (the trigger fires only when ``active`` or
-  ``execution_state`` changed). The queue deduplicates keys and a reconcile classifies only the
-  latest state, so a state that is not reapable with the row (a Pending pod whose row is
-  retired as ``suspended``, say) between two reconciles would otherwise go unseen. A clock
-  therefore runs only while nothing the classifier reads changes; the reconcile that follows
-  the event starts it again if the new state is reapable. A namespace's cache going cold clears
-  the clocks of that namespace; a listener reconnect and a leadership change clear every clock;
-- **enqueues** the key, so it is reconciled as soon as something changes. Pod events for pods
-  that fail the prefilter are not enqueued: their reconcile could only say "skipped". Row
-  notifications always enqueue. A notification is a batch (every row one statement changed,
-  chunked by the trigger): its clocks are cleared together, then its keys go on the queue.
+- **clears observation clocks at event time** (invariant 3 of docs/architecture.md): a pod that
+  differs from the cached one in anything but its resourceVersion, a new UID under a known name,
+  a deleted pod and every row notification stop the clock the moment they arrive. The queue
+  deduplicates keys and a reconcile classifies only the latest state, so a non-reapable state
+  between two reconciles would otherwise go unseen. A namespace's cache going cold clears that
+  namespace's clocks; a listener reconnect and a leadership change clear every clock;
+- **enqueues** the key (a pod that fails the prefilter is not: its reconcile could only say
+  "skipped"). A notification is a batch: its clocks are cleared together, then its keys enqueued.
 
-Workers take keys in batches (a share of what is ready, at most ``LOOKUP_BATCH_SIZE``; one key
-is a batch of one): ``Reconciler.observe`` takes the batch to its clocks with one row query,
-and each key that is due goes on to ``Reconciler.act``, every verification step included.
+Workers take keys in batches (a share of what is ready, at most ``LOOKUP_BATCH_SIZE``): the
+reconciler observes the batch with one row query and acts on each key that is due.
 
-The worker loop (:meth:`process`) is the one place that counts outcomes and the one place that
-catches broad exceptions: a step that raises is a bug, logged with its traceback at error
-level, counted (``reconcile_bugs``) and backed off; the worker lives on; cancellation always
-propagates. It maps each :class:`ReconcileResult` onto the queue like controller-runtime: done
-→ ``forget``; requeue-after → ``forget`` + ``add_after``; backoff → ``add_rate_limited``; held by
-a dependency's shared backoff → parked (``engine/held.py``). It tallies each delete (or dry-run
-report) for the info-level summary of ``engine/reaped.py``.
+The worker loop (:meth:`process`) is the one place that counts outcomes and that catches broad
+exceptions: a step that raises is a bug, logged with its traceback, counted (``reconcile_bugs``)
+and backed off; cancellation always propagates. It maps each ``ReconcileResult`` onto the queue
+like controller-runtime: done → ``forget``; requeue-after → ``forget`` + ``add_after``; backoff →
+``add_rate_limited``; held by a dependency → parked (``engine/held.py``). It tallies each delete
+(or dry-run report) for the summary of ``engine/reaped.py``.
 
 Nothing is processed while inactive (disabled, or not the leader): keys handed out meanwhile are
 dropped, and becoming active starts from empty clocks and enqueues every cached candidate.
@@ -125,12 +116,15 @@ class Controller:
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
         candidate = new is not None and prefilter(new) is None
         self._clear_for_pod_event(old, new, candidate=candidate)
-        if new is None or not candidate:
-            return
-        if self._cache.namespace_synced(new.namespace):
-            # While a (re)list fills the namespace's cache nothing of it is enqueued: its end
-            # (cache_synced) enqueues every candidate, and reconciles would only slow it down.
-            self._enqueue(new.key)
+        # While a (re)list fills the namespace's cache nothing of it is enqueued: its end
+        # (cache_synced) enqueues every candidate, and reconciles would only slow it down.
+        if (
+            new is not None
+            and candidate
+            and self._cache.namespace_synced(new.namespace)
+            and self._activation.active
+        ):
+            self._queue.add(new.key)
 
     def _clear_for_pod_event(
         self, old: PodSnapshot | None, new: PodSnapshot | None, *, candidate: bool
@@ -169,12 +163,9 @@ class Controller:
     # ------------------------------------------------ ExecutionEventHandler
 
     def executions_changed(self, changes: Sequence[ExecutionChange]) -> None:
-        # Each row's active flag or state changed (or it was inserted or deleted): re-activated
-        # is not reapable as of now, and one retired state for another can change the verdict
-        # (a Pending pod is reapable only when the row is retired as `replaced`). Every clock of
-        # the batch restarts the moment it arrives, before anything is enqueued; the reconciles
-        # this enqueues (taken by the workers in observation batches) start them again where the
-        # pod is reapable.
+        # Each row's active flag or state changed (or it was inserted or deleted), which can
+        # change the verdict: every clock of the batch restarts the moment it arrives, before
+        # anything is enqueued; the reconciles start them again where the pod is reapable.
         for key in checks.keys_cleared_by(changes):
             self._clocks.clear_key(key)
         if self._activation.active:
@@ -201,20 +192,12 @@ class Controller:
         returns how many."""
         if not self._activation.active:
             return 0
-        count = 0
-        keys = list(self._cache.keys())
-        if namespace is not None:
-            keys = [key for key in keys if key.startswith(namespace + "/")]
-        for key in keys:
-            pod = self._cache.get(key)
-            if pod is not None and prefilter(pod) is None:
-                self._queue.add(key)
-                count += 1
-        return count
-
-    def _enqueue(self, key: str) -> None:
-        if self._activation.active:
-            self._queue.add(key)
+        prefix = "" if namespace is None else namespace + "/"
+        get = self._cache.get
+        keys = [k for k in list(self._cache.keys()) if k.startswith(prefix)]
+        candidates = [k for k in keys if (pod := get(k)) is not None and prefilter(pod) is None]
+        self._queue.add(*candidates)
+        return len(candidates)
 
     # -------------------------------------------------------------- workers
 

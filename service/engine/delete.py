@@ -54,16 +54,7 @@ class Deleter:
         verified = checked.verified
         if not self._clocks.mark_reported(verified.due.pod.uid):
             return ReconcileResult.done(Outcome.ALREADY_REPORTED)
-        logger.debug(  # at info, one summary line an interval (engine/reaped.py)
-            "dry run: would reap %s as %s after %.0fs: %s",
-            checked.key,
-            checked.verdict,
-            checked.reapable_for_s,
-            verified.rule,
-            extra={"key": checked.key, "uid": verified.pod.uid, "verdict": str(checked.verdict)},
-        )
-        self._record(checked, dry_run=True)
-        return ReconcileResult.done(Outcome(checked.verdict))
+        return self._reaped(checked, dry_run=True)
 
     async def delete(self, checked: Checked) -> ReconcileResult:
         """Live: the DELETE with preconditions from the fresh GET."""
@@ -92,16 +83,7 @@ class Deleter:
         match outcome.result:
             case DeleteResult.DELETED:
                 self._clocks.clear(verified.due.pod.uid)
-                logger.debug(  # at info, one summary line an interval (engine/reaped.py)
-                    "deleted %s as %s after %.0fs: %s",
-                    key,
-                    checked.verdict,
-                    checked.reapable_for_s,
-                    verified.rule,
-                    extra={"key": key, "uid": fresh.uid, "verdict": str(checked.verdict)},
-                )
-                self._record(checked, dry_run=False)
-                return ReconcileResult.done(Outcome(checked.verdict))
+                return self._reaped(checked, dry_run=False)
             case DeleteResult.GONE:
                 self._clocks.clear(verified.due.pod.uid)
                 logger.debug("DELETE found the pod already gone (404)", extra=extra)
@@ -136,19 +118,30 @@ class Deleter:
         namespace = checked.verified.pod.namespace
         self._metrics.deletes.labels(sandbox_namespace=namespace, result=result).inc()
 
-    def _record(self, checked: Checked, *, dry_run: bool) -> None:
-        """Hand the delete or dry-run report to the recorder (enqueues only; never awaits)."""
-        if self._recorder is None:
-            return
+    def _reaped(self, checked: Checked, *, dry_run: bool) -> ReconcileResult:
+        """A delete or dry-run report: its debug line (at info, one summary line an interval,
+        ``engine/reaped.py``), the recorder's report (enqueued only; never awaits), the result."""
         verified = checked.verified
-        row = verified.row
-        self._recorder.record(
-            ReapReport(
-                pod=verified.pod,
-                verdict=checked.verdict,
-                rule=verified.rule,
-                reapable_for_s=checked.reapable_for_s,
-                row_state=row.state if row is not None else ExecutionState.UNKNOWN,
-                dry_run=dry_run,
-            )
+        logger.debug(
+            "dry run: would reap %s as %s after %.0fs: %s"
+            if dry_run
+            else "deleted %s as %s after %.0fs: %s",
+            checked.key,
+            checked.verdict,
+            checked.reapable_for_s,
+            verified.rule,
+            extra={"key": checked.key, "uid": verified.pod.uid, "verdict": str(checked.verdict)},
         )
+        if self._recorder is not None:
+            row = verified.row
+            self._recorder.record(
+                ReapReport(
+                    pod=verified.pod,
+                    verdict=checked.verdict,
+                    rule=verified.rule,
+                    reapable_for_s=checked.reapable_for_s,
+                    row_state=row.state if row is not None else ExecutionState.UNKNOWN,
+                    dry_run=dry_run,
+                )
+            )
+        return ReconcileResult.done(Outcome(checked.verdict))

@@ -1,14 +1,11 @@
 """The reconciler's calls to its dependencies, and what their failures mean.
 
 A dependency that gives no answer is backed off from as one, not key by key: the row lookup and
-re-read go through the database's :class:`~service.kit.gate.Gate`, the pod GET and DELETE
-through the API server's. Once a call finds its dependency unavailable (no answer, or the step's
-timeout), that call of every key is held (:class:`Held`: not sent, the key requeued to the
-dependency's next attempt time) but for one probe a backoff step (:func:`dependency_backoff`);
-the first answer releases every held key at once (``engine/controller.py``).
-
-A call's expected failures are the kit's errors and its own timeout (:data:`FAILURES`); the
-predicates below read them. Anything else is a bug and propagates to the worker loop.
+re-read go through the database's ``Gate`` (``service/kit/gate.py``), the pod GET and DELETE
+through the API server's. Once a call finds its dependency unavailable, that call of every key
+is :class:`Held` (not sent; the key parked, ``engine/held.py``) but for one probe a backoff step
+(:func:`dependency_backoff`). A call's expected failures are the kit's errors and its own timeout
+(:data:`FAILURES`); anything else is a bug and propagates to the worker loop.
 """
 
 from __future__ import annotations

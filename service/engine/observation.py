@@ -1,23 +1,15 @@
 """Observation clocks: since when has each pod UID been seen, continuously, in a reapable shape.
 
-One clock per pod UID (a recreated pod under the same name is a new UID and starts from zero),
-with an index from the work-queue key to the UID it currently tracks, so that events that carry
-only a key (row notifications) can clear it. Times are monotonic seconds from the engine clock.
+One clock per pod UID (a recreated pod is a new UID and starts from zero), indexed by work-queue
+key so that events that carry only a key (row notifications) can clear it; monotonic seconds on
+the engine clock. "Continuously" is judged at event time (invariant 3 of docs/architecture.md):
+a reconcile brackets its batch with :meth:`begin`/:meth:`end`, and a clearing of a key in between
+makes its :meth:`observe` return ``None`` (what it read may predate the event). A change of
+verdict restarts the clock too.
 
-"Continuously" is judged at event time (invariant 3 of docs/architecture.md): the controller clears
-a clock the moment a watch event or notification shows a non-reapable state. A reconcile that was
-already reading state when such an event arrived must not start or extend a clock from what it read
-before the event, so a reconcile brackets its batch with :meth:`begin`/:meth:`end`, and any clearing
-of a key in between makes its :meth:`observe` return ``None`` ("state changed under you").
-
-A clock also restarts when the reapable shape (verdict) changes: a Pending pod that became a
-Failed one has not been in *one* reapable shape for the threshold.
-
-Beside each clock, what its pod waits for past the threshold when the reconciler says so (the
-delete budget); read by ``GET /debug/pending``, cleared with the clock.
-
-The dry-run "reported" set is kept here too (one would-reap report per UID). It survives clock
-clears — a UID is reported at most once per process — and is pruned when the pod goes away.
+Beside each clock: what its pod waits for past the threshold (read by ``GET /debug/pending``),
+and the dry-run "reported" set (one report per UID: it survives clock clears, and is pruned
+when the pod goes away).
 """
 
 from __future__ import annotations

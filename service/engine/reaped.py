@@ -1,16 +1,10 @@
 """The info-level record of deletes and dry-run reports: one summary line an interval.
 
-Each delete (or dry-run report) is already recorded once where it matters: as an Event on the
-pod (``RetiredPodDeleted`` / ``RetiredPodWouldDelete``, ``service/kube/events.py``) and in the
-outcome metrics. Its own log line is debug (``service/engine/reconciler.py``): 300 retirements
-at once would otherwise be 300 info lines. At info, :class:`ReapTally` logs at most one line
-every :data:`SUMMARY_INTERVAL_S`, and one more on shutdown if anything is not summarised yet:
-
-``deleted 300 pods in the last 60s (terminal_retired 250, replaced_never_started 50; namespace
-sandboxes 300)`` (dry run: ``dry run: would have deleted N pods …``).
-
-Per pod it is a counter (:meth:`ReapTally.add`, from the worker loop's outcome counting in
-``engine/controller.py``); the line is written by :meth:`ReapTally.run`, a task of its own.
+Each delete (or dry-run report) is an Event on the pod (``service/kube/events.py``) and an
+outcome in the metrics; its own log line is debug (``engine/delete.py``), or 300 retirements at
+once would be 300 info lines. At info, :class:`ReapTally` logs at most one line every
+:data:`SUMMARY_INTERVAL_S` (and one on shutdown), e.g. ``deleted 300 pods in the last 60s
+(terminal_retired 250, replaced_never_started 50; namespace sandboxes 300)``.
 """
 
 from __future__ import annotations

@@ -1,46 +1,30 @@
 """The reconcile pipeline: observe → verify → act, each step written once.
 
 A batch of keys is the general case (one key is a batch of one). :meth:`Reconciler.observe`
-takes a batch to its clocks; every key it does not end with a result is *due* and goes on to
-:meth:`Reconciler.act`, one at a time. Each step either lets a key go on or ends it with one
-:class:`~service.engine.results.ReconcileResult`; going on, a key's stage is its type
-(``engine/stages.py``). The worker loop counts results and applies them to the queue
-(``engine/controller.py``). docs/architecture.md, "The seven safety invariants and where each is
-enforced", says which invariant each step keeps.
+takes a batch to its clocks with one row query; every key it does not end with a result is
+*due* and goes on to :meth:`Reconciler.act`, one at a time. Each step lets a key go on, its stage
+its type (``engine/stages.py``), or ends it with one ``ReconcileResult``, which the worker loop
+counts and applies (``engine/controller.py``). docs/architecture.md, "The seven safety invariants
+and where each is enforced", says which invariant each step keeps.
 
-Observe (one row query for the whole batch):
+Observe: 1. the replica active (else ``inactive``, nothing counted), the key's namespace
+configured (else ``error``), that namespace's cache synced (else ``cache_cold``, nothing
+observed), the pod cached (else ``gone``); 2. the pod-only prefilter (``skipped``); 3. the batched
+row lookup (``lookup_failed``); 4. classify (``skipped``); 5. the observation clock on the pod
+UID, bracketed by ``begin``/``end`` (cleared meanwhile: ``changed``; not yet reapable for the
+threshold: ``too_young``, requeued for the remaining time); 6. dry run, reported before:
+``already_reported``. An ``error``, ``gone``, ``skipped`` or ``lookup_failed`` clears the clock.
 
-1. the replica active (else ``inactive``, nothing counted), the key's namespace configured
-   (else ``error``, never acted on), the cache of *that* namespace synced (relisting:
-   ``cache_cold``, nothing observed), the pod cached (missing: clear the key's clock, ``gone``);
-2. pod-only prefilter (skip: clear, ``skipped``, no database query);
-3. batched row lookup (failure: clear, ``lookup_failed``);
-4. classify (not reapable: clear, ``skipped``);
-5. the observation clock on the pod UID, bracketed by ``begin``/``end`` (an event that cleared
-   the key meanwhile: ``changed``; not yet continuously reapable for the threshold:
-   ``too_young``, requeued for exactly the remaining time);
-6. dry run, already reported for this UID: ``already_reported`` (no API call).
+Act: 7. verification (``engine/verify.py``: fresh GET, direct row re-read, classified again, the
+same UID, verdict and resourceVersion, a round trip on the listener, the clock and the
+activation); 8. live, the budget's turn, nothing spent yet (``throttled``); 9. the final check
+(``engine/verify.py``), then, with no await that suspends in between, the token and 10. the
+DELETE with preconditions, or the dry-run report (``engine/delete.py``). The API client's request
+slot is held from before step 9 until the DELETE is sent.
 
-Verify and act (one due key):
-
-7. verification (``engine/verify.py``): fresh GET of the pod and a direct re-read of the row,
-   classified again; the UID must be the observed one, the verdict unchanged and the
-   resourceVersion the cached one; then a round trip on the notification listener; the clock
-   must still run past the threshold and the replica be active;
-8. live: the budget's turn, first come, first served, nothing spent yet (none within the budget
-   wait: ``throttled``);
-9. the final check (``engine/verify.py``): the verification again while it is older than
-   ``FINAL_CHECK_MAX_AGE_S``, then the clock and the activation once more; then, with no await
-   that suspends in between, the token (live) and the action;
-10. the DELETE with preconditions from the fresh GET, or in dry run the report
-    (``engine/delete.py``). The API client's request slot (``PodClient.delete_slot``) is held
-    from before step 9 until the DELETE is sent.
-
-A dependency that gives no answer holds that step of every key (``held``, ``engine/gates.py``);
-a held lookup or re-read clears the clock as a failed one does (invariant 3). Expected failures
-of the outside world become typed results in the step that meets them; anything else is a bug:
-it propagates to the worker loop, and a bug never leads to a delete (every step before the
-DELETE has to return first).
+A dependency that gives no answer holds that step of every key (``engine/gates.py``); a held
+lookup or re-read clears the clock as a failed one does (invariant 3). Anything but an expected
+failure is a bug: it propagates to the worker loop, and never leads to a delete.
 """
 
 from __future__ import annotations

@@ -1,34 +1,21 @@
 """The controller work queue: deduplicating, delayed, rate-limited, with client-go's semantics.
 
-A key lives in at most one of three places that matter for correctness:
+A key is in at most one of the places that matter for correctness: ``dirty`` (it needs
+processing; not added twice), ``processing`` (a worker holds it; added meanwhile, it stays dirty
+and is ready again at :meth:`done`), the delay heap (:meth:`add_after` keeps each key's earliest
+due time in ``waiting``; stale heap entries are skipped lazily; a due key is :meth:`add`-ed). As in
+client-go, an immediate add does not cancel a pending delayed one: the key is then processed
+twice, harmless for an idempotent reconcile. Delays run on the event loop's clock
+(``service/kit/clock.py``): one loop timer is armed for the earliest due time.
 
-- ``dirty``: it needs processing. A key already dirty is not added again (deduplication).
-- ``processing``: a worker holds it. It is never handed to a second worker; if it is added while
-  in flight it stays dirty and goes back on the ready list when the worker calls :meth:`done`.
-- the delay heap: :meth:`add_after` keeps, per key, the *earliest* due time (``waiting`` maps key
-  to that time; heap entries that no longer match are skipped lazily). When the time comes the
-  key is :meth:`add`-ed, so it is deduplicated like any other add. As in client-go, an immediate
-  add does not cancel a pending delayed one: the key is then processed twice, which is harmless
-  for an idempotent reconcile and keeps "reconcile again when the clock expires" true.
+Failures back off per key (``add_rate_limited``, with the kit's ``Backoff``); :meth:`forget` resets
+the count. Workers take keys in batches (:meth:`get_batch`): up to a limit, a share of what is
+ready. Sets and dicts never shrink, so when the last ready key is taken, tables grown past
+``_COMPACT_BYTES`` are rebuilt and the freed memory handed back to the OS (kit ``trim_heap``).
 
-Delays run on the event loop's clock (``service/kit/clock.py``): one loop timer is armed for the
-earliest due time; when it fires, due keys move to the ready list and getters wake.
-
-Failures back off per key (``add_rate_limited``, client-go's item exponential failure limiter):
-the queue counts each key's failures and asks the kit's :class:`~service.kit.backoff.Backoff`
-for the delay; :meth:`forget` resets the count.
-
-Workers take keys in batches (:meth:`get_batch`): up to a limit, a share of what is ready.
-
-Python's sets and dicts never shrink as keys leave, so a catch-up that enqueued every cached
-candidate would leave the dirty set at that size: when the last ready key is taken, tables grown
-past ``_COMPACT_BYTES`` are rebuilt at the size of what is left in them, and the freed memory is
-handed back to the OS (kit ``trim_heap``).
-
-Shutdown differs from client-go on purpose: after :meth:`shut_down`, :meth:`get_batch` returns
-``None`` at once (queued keys are dropped: a restart relists everything), adds are ignored, and
-in-flight keys may still be marked :meth:`done`; :meth:`shut_down_with_drain` additionally
-waits, at most ``timeout_s``, for the in-flight keys to finish.
+Unlike client-go, after :meth:`shut_down` :meth:`get_batch` returns ``None`` at once (queued keys
+are dropped: a restart relists), adds are ignored, and in-flight keys may still be marked
+:meth:`done`; :meth:`shut_down_with_drain` waits, at most ``timeout_s``, for them.
 """
 
 from __future__ import annotations
