@@ -70,13 +70,12 @@ def retired_kept_entry(pod: PodSnapshot, retired: RetiredRow, now: float) -> dic
     decision = kept_decision(pod, retired.row)
     if decision is None or decision.reason is None:
         return None
-    reason = decision.reason
     since = retired.retired_at_s
     return {
         "pod": pod.key,
         "uid": pod.uid,
-        "reason": str(reason),
-        "severity": severity_of(reason),
+        "reason": str(decision.reason),
+        "severity": severity_of(decision.reason),
         "phase": str(pod.phase),
         "row_state": str(retired.row.state),
         "retired_at": None if since is None else utc(since, fraction=False),
@@ -95,11 +94,9 @@ async def scan_retired_kept(
     for namespace in settings.kube.namespaces:
         mine = {pod.key: pod for pod in pods if pod.namespace == namespace}
         found = await rows.retired_rows(namespace, [pod.name for pod in mine.values()], kind="scan")
-        for key, retired in found.items():
-            pod = mine.get(key)
-            entry = None if pod is None else retired_kept_entry(pod, retired, now)
-            if entry is not None:
-                entries.append(entry)
+        entries += filter(
+            None, (retired_kept_entry(mine[k], r, now) for k, r in found.items() if k in mine)
+        )
     entries.sort(key=lambda e: (-(e["kept_for_s"] or 0), str(e["pod"])))
     report.retired_kept = entries
     report.retired_kept_by_reason = dict(sorted(Counter(str(e["reason"]) for e in entries).items()))
@@ -119,14 +116,9 @@ async def scan(
         pods=len(pods),
         pods_by_namespace={ns: by_namespace.get(ns, 0) for ns in namespaces},
     )
-    decisions: dict[str, Decision] = {}
-    need_rows: list[PodSnapshot] = []
-    for pod in pods:
-        early = prefilter(pod)
-        if early is None:
-            need_rows.append(pod)
-        else:
-            decisions[pod.key] = early
+    early = {pod.key: prefilter(pod) for pod in pods}
+    decisions = {key: decision for key, decision in early.items() if decision is not None}
+    need_rows = [pod for pod in pods if early[pod.key] is None]
     rows = await store.lookup_many([p.key for p in need_rows])
     now = time.time()  # noqa: TID251 (wall clock: pod ages from their wall timestamps)
     for pod in need_rows:
@@ -217,7 +209,6 @@ async def explain(
         )
     with anyio.fail_after(settings.kube.api_timeout_s):
         pod = await pods.get_pod(namespace, name)
-    row = None
     with anyio.fail_after(settings.database.statement_timeout_s):
         row = await store.read_fresh(key)
     decision = None if pod is None else classify(pod, row)
@@ -226,8 +217,7 @@ async def explain(
         with anyio.fail_after(settings.database.statement_timeout_s):
             retired = (await rows.retired_rows(namespace, [name], kind="scan")).get(key)
         if retired is not None:
-            now = time.time()  # noqa: TID251 (wall clock: retired_at is wall time)
-            kept = retired_kept_entry(pod, retired, now)
+            kept = retired_kept_entry(pod, retired, time.time())  # noqa: TID251 (wall time)
     return Explanation(
         key=key,
         pod=pod,
@@ -239,21 +229,16 @@ async def explain(
     )
 
 
-def _shown(name: str, value: Any) -> tuple[str, Any]:
-    """A snapshot field as an operator reads it: a Unix time (``created_at_s``) as a UTC time
-    (``created_at``)."""
-    if name.endswith("_at_s") and isinstance(value, int | float):
-        return name[:-2], utc(value, fraction=False)
-    return name, value
-
-
 def explanation_lines(exp: Explanation) -> list[str]:
     lines = [f"pod {exp.key}"]
     if exp.pod is None:
         lines.append("  not found in the API server: nothing to do")
     else:
         for name, value in structs.asdict(exp.pod).items():
-            lines.append("  pod.{:<26} {}".format(*_shown(name, value)))
+            # A Unix time (``created_at_s``) as a UTC time (``created_at``).
+            wall = name.endswith("_at_s") and isinstance(value, int | float)
+            shown = (name[:-2], utc(value, fraction=False)) if wall else (name, value)
+            lines.append("  pod.{:<26} {}".format(*shown))
     if exp.row is None:
         lines.append("  execution row: none in this namespace among Kubernetes-managed sandboxes")
     else:
