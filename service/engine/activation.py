@@ -20,10 +20,6 @@ class Activation:
         self._leader_check = leader_check
 
     @property
-    def enabled(self) -> bool:
-        return self._enabled
-
-    @property
     def leader(self) -> bool:
         return self._leader
 

@@ -27,8 +27,8 @@ from service.kit import clock
 from service.kit.ratelimit import AsyncLimiter, capped_limiter, capped_shape
 
 PACER_POLL_MAX_S = 0.05
-"""How often the head of the line looks at the pacer while it waits (aiolimiter can wait only by
-consuming): at most this, and at most a tenth of a token's drain time."""
+"""How often, at most, the head of the line looks at the pacer while it waits (aiolimiter can
+wait only by consuming); at most a tenth of a token's drain time too."""
 
 
 class Turn:
@@ -42,12 +42,9 @@ class Turn:
         self._held = True
 
     async def take(self) -> float:
-        """Spend the token now and give up the turn; returns the grant time.
-
-        Never suspends: the pacer had capacity when the turn began, only the turn's holder
-        consumes it, and a leaky bucket only drains while it is held, so aiolimiter's
-        ``acquire`` returns without waiting (``test_taking_a_turn_never_yields_to_the_loop``).
-        """
+        """Spend the token now and give up the turn; returns the grant time. Never suspends: the
+        pacer had capacity when the turn began and only its holder consumes it
+        (``test_taking_a_turn_never_yields_to_the_loop``)."""
         if not self._held:
             raise RuntimeError("this turn has ended")
         budget = self._budget
@@ -68,12 +65,7 @@ class Turn:
 class DeleteBudget:
     """``turn = await budget.turn()``, final checks, ``await turn.take()``, then the DELETE."""
 
-    def __init__(
-        self,
-        deletes_per_minute: int,
-        *,
-        window_s: float = 60.0,
-    ) -> None:
+    def __init__(self, deletes_per_minute: int, *, window_s: float = 60.0) -> None:
         if deletes_per_minute < 1:
             raise ValueError("deletes_per_minute must be at least 1")
         self._cap = deletes_per_minute
@@ -88,11 +80,8 @@ class DeleteBudget:
             self._pacer_poll_s = min(PACER_POLL_MAX_S, 0.1 / shape[1])
 
     async def turn(self) -> Turn:
-        """Wait for the head of the line with a grant available now; consumes nothing.
-
-        Cancellation while waiting holds nothing. The caller must end the turn (``take`` or
-        ``release``); while it holds it, every other caller waits.
-        """
+        """Wait for the head of the line with a grant available now; consumes nothing (nor does a
+        cancelled wait). The caller must end the turn; while it holds it, every other waits."""
         await self._lock.acquire()
         try:
             while True:

@@ -25,18 +25,15 @@ from service.metrics import Metrics
 T = TypeVar("T")
 
 DEPENDENCY_BACKOFF_INITIAL_S = 0.25
-"""A dependency's first probe after the call that found it unavailable comes this long after."""
+"""A dependency's first probe comes this long after the call that found it unavailable."""
 DEPENDENCY_BACKOFF_MAX_S = 5.0
-"""Cap of the time between two probes of an unavailable dependency: a restored dependency is
-found, and every held key released, within this (docs/operations.md,
-"What the service does to a dependency that is down")."""
+"""Cap of the time between two probes: a restored dependency is found, and every held key
+released, within this (docs/operations.md, "What the service does to a dependency that is down")."""
 THROTTLED_REQUEUE_S = 1.0
-"""When a throttled GET or DELETE (429) comes back without a Retry-After: the key is looked at
-again this much later (its clock runs on)."""
+"""A key whose GET or DELETE was throttled (429) without a Retry-After comes back this later."""
 
 FAILURES = (ExternalError, TimeoutError)
-"""A step's expected failures: the outside world's (typed at the adapter edge) and the step's
-own timeout."""
+"""A step's expected failures: the outside world's (typed at the adapter edge), its timeout."""
 Failure = ExternalError | TimeoutError
 
 

@@ -1,10 +1,8 @@
 """Keys held by a dependency's shared backoff (the reconciler's gates, ``service/kit/gate.py``).
 
-A key held by a dependency that gives no answer is parked: one held key, the *driver*, is
-requeued to the dependency's next attempt time, where it sends the probe, and the others only
-every :data:`HELD_RECHECK_S`; every key the dependency holds is enqueued at once when it answers
-again. So a recovery is seen by all of them together, and an outage costs the workers one key a
-backoff step rather than every key.
+One held key, the *driver*, is requeued to the dependency's next attempt time, where it sends the
+probe; the others only every :data:`HELD_RECHECK_S`; all are enqueued at once when it answers. So
+an outage costs the workers one key a backoff step rather than every key.
 """
 
 from __future__ import annotations

@@ -24,8 +24,7 @@ from service.metrics import Metrics
 
 
 class Observation(msgspec.Struct, frozen=True, gc=False):
-    """One running clock (frozen; a msgspec Struct, which the garbage collector does not track:
-    there is one per tracked pod)."""
+    """One running clock (a msgspec Struct, untracked by the garbage collector: one a pod)."""
 
     uid: str
     key: str
@@ -61,11 +60,8 @@ class ObservationClocks:
             self._inflight.pop(key, None)
 
     def observe(self, uid: str, key: str, verdict: Verdict, now: float) -> float | None:
-        """Record that ``uid`` is reapable as ``verdict`` now; return seconds continuously so.
-
-        ``None`` when a clearing event for ``key`` arrived since :meth:`begin`: what the caller
-        read may predate it, so no clock is started or extended.
-        """
+        """Record that ``uid`` is reapable as ``verdict`` now; return seconds continuously so, or
+        ``None`` when a clearing event for ``key`` arrived since :meth:`begin`."""
         if self._inflight.get(key, False):
             return None
         current = self._by_uid.get(uid)
@@ -88,9 +84,8 @@ class ObservationClocks:
         return None if current is None else now - current.since_s
 
     def _oldest_now(self) -> float:
-        """:meth:`oldest_s` as the scrape reads it, on the event loop's clock. A read of the
-        registry outside the loop (a test's, after the service stopped) has no clock to read:
-        0 then. /metrics is served on the loop, so a scrape always reads the age."""
+        """:meth:`oldest_s` as the scrape reads it, on the event loop's clock (0 read outside the
+        loop: a test's, after the service stopped)."""
         try:
             now = clock.now()
         except RuntimeError:  # no running event loop
@@ -98,8 +93,7 @@ class ObservationClocks:
         return self.oldest_s(now)
 
     def oldest_s(self, now: float) -> float:
-        """Age of the oldest running clock, 0 when none runs (one pass over the clocks: read
-        when scraped)."""
+        """Age of the oldest running clock, 0 when none runs."""
         return max((now - o.since_s for o in self._by_uid.values()), default=0.0)
 
     def uid_for(self, key: str) -> str | None:

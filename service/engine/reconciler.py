@@ -120,8 +120,7 @@ class Reconciler:
             api_timeout_s=settings.kube.api_timeout_s,
             recorder=recorder,
         )
-        # Each recurring failure is logged once per change of its cause, with a count; the
-        # per-batch and per-key lines are debug (their outcomes are counted in the metrics).
+        # A recurring failure is logged once a cause; the per-key lines are debug.
         self._lookup_failures = CauseLog("row lookups fail, clocks cleared", logger)
         self._observe_timeouts = CauseLog("observing batches times out", logger)
         self._act_timeouts = CauseLog("reconciles of due pods time out", logger)
@@ -132,8 +131,7 @@ class Reconciler:
 
     @property
     def gates(self) -> tuple[Gate, ...]:
-        """The dependencies' shared backoffs (the controller releases held keys when one
-        opens)."""
+        """The dependencies' shared backoffs (held keys are released when one opens)."""
         return self._gates.all
 
     async def observe(self, keys: Sequence[str]) -> Observed:
@@ -143,8 +141,7 @@ class Reconciler:
             observed.results = dict.fromkeys(keys, INACTIVE_RESULT)
             return observed
         ready: list[str] = []
-        # Whether each namespace of the batch is watched and its cache synced, asked once a
-        # namespace.
+        # Whether each namespace of the batch is watched and synced, asked once a namespace.
         synced: dict[str, bool] = {}
         for key in keys:
             namespace = key.partition("/")[0]
@@ -159,9 +156,7 @@ class Reconciler:
                 # No cache and no row lookup covers it: never acted on (a malformed key too).
                 observed.results[key] = self._not_watched(key)
             else:
-                # Judged by the cache of the key's own namespace only. A relist collapses the
-                # states it skipped: a clock started now, from a snapshot the relist may be
-                # about to replace with the same state at a newer version, would cover a
+                # A relist collapses the states it skipped: a clock started now could cover a
                 # non-reapable state it never saw. Synced, every candidate is enqueued.
                 observed.results[key] = ReconcileResult.done(Outcome.CACHE_COLD)
         if not ready:
@@ -173,16 +168,9 @@ class Reconciler:
                 await self._observe(keys, observed)
             self._observe_timeouts.ok()
         except TimeoutError as exc:
-            self._observe_timeouts.failed(
-                cause_of(exc), f"the bound is {self._settings.reconcile_timeout_s:.1f}s"
-            )
-            logger.debug(
-                "observing %d keys timed out after %.1fs",
-                len(keys),
-                self._settings.reconcile_timeout_s,
-            )
+            failed = self._timed_out(self._observe_timeouts, exc, f"observing {len(keys)} keys")
             for key in keys:
-                observed.results.setdefault(key, ReconcileResult.backoff(Outcome.ERROR))
+                observed.results.setdefault(key, failed)
             observed.due = []
         finally:
             self._clocks.end(keys)
@@ -190,8 +178,7 @@ class Reconciler:
 
     async def _observe(self, keys: Sequence[str], observed: Observed) -> None:
         results = observed.results
-        # The cached pods that passed the prefilter, under their keys (a cached pod's key is
-        # the one it is cached under).
+        # The cached pods that passed the prefilter, under their keys.
         candidates: list[tuple[str, PodSnapshot]] = []
         get = self._cache.get
         for key in keys:
@@ -226,8 +213,7 @@ class Reconciler:
                 continue
             elapsed = clocks.observe(pod.uid, key, verdict, now)
             if elapsed is None:
-                # A clearing event arrived while we read; what we read may predate it. The event
-                # enqueued the key again, so the next reconcile starts the clock afresh.
+                # A clearing event arrived while we read (and enqueued the key again).
                 with logs.reconciling(key):
                     logger.debug(
                         "state changed during the reconcile; clock not started", extra={"key": key}
@@ -292,17 +278,18 @@ class Reconciler:
             with fail_after(self._settings.reconcile_timeout_s):
                 result = await self._act(due)
         except TimeoutError as exc:
-            self._act_timeouts.failed(
-                cause_of(exc), f"the bound is {self._settings.reconcile_timeout_s:.1f}s"
-            )
-            logger.debug(
-                "reconcile timed out after %.1fs",
-                self._settings.reconcile_timeout_s,
-                extra={"key": due.key},
-            )
-            return ReconcileResult.backoff(Outcome.ERROR)
+            return self._timed_out(self._act_timeouts, exc, "reconcile", {"key": due.key})
         self._act_timeouts.ok()
         return result
+
+    def _timed_out(
+        self, log: CauseLog, exc: TimeoutError, what: str, extra: dict[str, str] | None = None
+    ) -> ReconcileResult:
+        """A step past ``RECONCILE_TIMEOUT_SECONDS``: logged once a cause, the key backs off."""
+        bound_s = self._settings.reconcile_timeout_s
+        log.failed(cause_of(exc), f"the bound is {bound_s:.1f}s")
+        logger.debug("%s timed out after %.1fs", what, bound_s, extra=extra)
+        return ReconcileResult.backoff(Outcome.ERROR)
 
     async def _act(self, due: Due) -> ReconcileResult:
         # Verified before waiting for a delete token, so only verified candidates wait in line.

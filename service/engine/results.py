@@ -1,9 +1,5 @@
-"""What one key's reconcile ends in: one :class:`ReconcileResult` (controller-runtime's Result).
-
-Every step of the pipeline (``engine/reconciler.py``) either lets the key go on or ends it with a
-result; the worker loop (``engine/controller.py``) counts the result and applies it to the work
-queue, the one place that does either.
-"""
+"""What one key's reconcile ends in: one :class:`ReconcileResult` (controller-runtime's Result),
+which the worker loop (``engine/controller.py``) counts and applies to the work queue."""
 
 from __future__ import annotations
 
@@ -75,11 +71,8 @@ class ReconcileResult(msgspec.Struct, frozen=True, gc=False):
     @property
     def failed(self) -> bool:
         """Whether it counts as a reconcile error (backoff, or an error with a Retry-After)."""
-        return (
-            self.action is Action.BACKOFF
-            or self.outcome is Outcome.ERROR
-            or self.held_by is not None
-        )
+        held = self.held_by is not None
+        return self.action is Action.BACKOFF or self.outcome is Outcome.ERROR or held
 
 
 INACTIVE_RESULT = ReconcileResult.done(Outcome.INACTIVE)

@@ -1,11 +1,7 @@
-"""Steps 7 and 9 of the pipeline (``engine/reconciler.py``): verification and the final check.
-
-Verification makes a :class:`Due` key :class:`Verified` from what the dependencies say now: a
-fresh GET of the pod, a direct re-read of its row classified again, and a round trip on the
-notification listener. The final check makes it :class:`Checked`: verified again while the
-re-read is older than :data:`FINAL_CHECK_MAX_AGE_S`, then the clock and the activation once more,
-with nothing awaited after it.
-"""
+"""Steps 7 and 9 of the pipeline (``engine/reconciler.py``): verification makes a ``Due`` key
+``Verified`` (a fresh GET, a direct row re-read classified again, a round trip on the listener);
+the final check makes it ``Checked`` (verified again while the re-read is older than
+:data:`FINAL_CHECK_MAX_AGE_S`, then the clock and the activation, nothing awaited after it)."""
 
 from __future__ import annotations
 
@@ -31,11 +27,10 @@ logger = logging.getLogger(__name__)
 
 FINAL_CHECK_MAX_AGE_S = 0.25
 """Invariant 1's bound: the DELETE (or dry-run report) is made at most this long after the final
-row re-read began, on the event loop's clock. Older, and the verification is redone. The re-read
-and notification sync take milliseconds; this leaves room for a loaded machine."""
+row re-read began (older, and the verification is redone); room for a loaded machine."""
 MAX_AGE_REVERIFICATIONS = 3
-"""Re-verifications caused by age in one reconcile before it gives up (``stale``): a loop
-starved for longer than the bound at every try must not spin on the API and database."""
+"""Re-verifications caused by age in one reconcile before it gives up (``stale``), so that a
+starved loop does not spin on the API and database."""
 STALE_REQUEUE_S = 1.0
 """A key that gave up as ``stale`` is looked at again this much later (its clock runs on)."""
 
@@ -84,10 +79,8 @@ class Verifier:
         same_uid = checks.uid_unchanged(pod, fresh)
         same_verdict = checks.verdict_unchanged(verdict, again)
         if same_verdict and not checks.resource_version_unchanged(pod, fresh):
-            # The pod changed in ways the watch has not delivered yet: what happened in
-            # between (perhaps a non-reapable state) is unknown. Its event is on the way and
-            # enqueues the key again (clearing the clock first if it shows a non-reapable
-            # state); act only on a pod the cache has seen up to this version.
+            # The pod changed in ways the watch has not delivered yet (perhaps a non-reapable
+            # state): its event is on the way and enqueues the key again.
             logger.debug(
                 "pod resourceVersion %s is ahead of the cache (%s); waiting for its events",
                 fresh.resource_version,
@@ -110,8 +103,7 @@ class Verifier:
         synced = await self._sync(key)
         if synced is not None:
             return synced
-        # The re-reads take time: an event may have cleared the clock, or leadership may have
-        # been lost, meanwhile (checked here so that no such candidate waits for the budget).
+        # An event may have cleared the clock, or the lease been lost, during the re-reads.
         elapsed = self._still_due(due, clock.now())
         if isinstance(elapsed, ReconcileResult):
             return elapsed
@@ -141,8 +133,7 @@ class Verifier:
         extra = {"key": key}
         throttled = throttled_s(exc)
         if throttled is not None:
-            # The API client retried it within its timeout already; the key comes back after
-            # the server's Retry-After, its clock running on.
+            # Retried by the API client already: back after the Retry-After, the clock on.
             logger.debug("fresh pod GET throttled: %s", text, extra=extra)
             return ReconcileResult.requeue_after(Outcome.THROTTLED, throttled)
         if unauthorized(exc):
@@ -183,15 +174,13 @@ class Verifier:
     async def _sync(self, key: str) -> ReconcileResult | None:
         """A round trip on the notification listener; ``None`` once it is back."""
         # A row that flipped active and back between the lookup and the re-read shows only in
-        # its notifications: make sure none is still in flight before trusting the clock (a
-        # stalled listener fails this, and the clock restarts).
+        # its notifications: none may still be in flight (a stalled listener fails this).
         try:
             with fail_after(self._settings.database.statement_timeout_s):
                 await checks.sync_notifications(self._barrier)
         except FAILURES as exc:
             self._clocks.clear_key(key)
             text = describe("notification sync", exc)
-            # Once per cause: a listener that cannot prove delivery fails every due key.
             self._sync_failures.failed(cause_of(exc), text)
             logger.debug(
                 "could not sync change notifications, clock cleared: %s", text, extra={"key": key}
@@ -239,9 +228,8 @@ class Verifier:
         return Checked(verified, elapsed)
 
     def _still_due(self, due: Due, now: float) -> float | ReconcileResult:
-        """The seconds ``due``'s UID has been continuously reapable at ``now``, if past the
-        threshold and this replica still active; else the result that ends the reconcile.
-        Synchronous."""
+        """Seconds ``due``'s UID has been continuously reapable at ``now``, if past the threshold
+        and this replica still active; else the result that ends the reconcile."""
         elapsed = self._clocks.elapsed(due.pod.uid, now)
         if elapsed is None or not checks.observed_long_enough(elapsed, self._settings.threshold_s):
             logger.debug("clock cleared while verifying; not acting", extra={"key": due.key})

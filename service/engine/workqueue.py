@@ -35,20 +35,14 @@ from service.kit.memory import trim_heap
 from service.metrics import Metrics
 
 _COMPACT_BYTES = 1 << 20
-"""A dirty set this large (about 30,000 keys' table) is rebuilt once its last ready key is
-taken."""
+"""A dirty set this large (about 30,000 keys' table) is rebuilt once its last key is taken."""
 
 
 class WorkQueue:
     """See the module docstring. All methods but :meth:`get_batch` and the drain are
     synchronous."""
 
-    def __init__(
-        self,
-        *,
-        metrics: Metrics | None = None,
-        backoff: Backoff | None = None,
-    ) -> None:
+    def __init__(self, *, metrics: Metrics | None = None, backoff: Backoff | None = None) -> None:
         self._metrics = metrics
         self._backoff = backoff if backoff is not None else Backoff(initial_s=0.005, max_s=60.0)
         self._failures: dict[str, int] = {}
@@ -124,12 +118,8 @@ class WorkQueue:
 
     async def get_batch(self, limit: int, *, shares: int = 1, least: int = 1) -> list[str] | None:
         """Up to ``limit`` ready keys (at least one; waits for it), each marked as processing;
-        ``None`` once shut down.
-
-        A ``1/shares`` part of the ready keys (rounded up), but no fewer than ``least``, is
-        taken: many ready keys are spread over ``shares`` concurrent getters rather than taken
-        whole by the first, in parts of at least ``least`` keys.
-        """
+        ``None`` once shut down. A ``1/shares`` part of the ready keys (rounded up), but no fewer
+        than ``least``, is taken: spread over ``shares`` concurrent getters, in parts."""
         while True:
             if self._shutting_down:
                 return None
@@ -164,8 +154,7 @@ class WorkQueue:
                 raise
 
     def _compact(self) -> None:
-        """Rebuild the grown tables at the size of what is left (keys re-added while in
-        flight), and give the freed memory back."""
+        """Rebuild the grown tables at the size of what is left, and give the memory back."""
         self._dirty = set(self._dirty)
         self._dirty_since = dict(self._dirty_since)
         trim_heap()
