@@ -90,8 +90,6 @@ class Controller:
         self.reconciles_done = 0
         """Reconciles finished and counted (the watchdog's measure of progress)."""
 
-    # ------------------------------------------------------------- activation
-
     @property
     def active(self) -> bool:
         return self._activation.active
@@ -110,8 +108,6 @@ class Controller:
             self.resync()
         elif was_active and not self._activation.active:
             logger.info("inactive: clocks cleared; nothing is deleted or reported")
-
-    # ----------------------------------------------------- PodEventHandler
 
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
         candidate = new is not None and prefilter(new) is None
@@ -160,8 +156,6 @@ class Controller:
         )
         self.resync(namespace)
 
-    # ------------------------------------------------ ExecutionEventHandler
-
     def executions_changed(self, changes: Sequence[ExecutionChange]) -> None:
         # Each row's active flag or state changed (or it was inserted or deleted), which can
         # change the verdict: every clock of the batch restarts the moment it arrives, before
@@ -185,8 +179,6 @@ class Controller:
         self._clocks.clear_all()
         self.resync()
 
-    # ----------------------------------------------------------- enqueueing
-
     def resync(self, namespace: str | None = None) -> int:
         """Enqueue every cached pod (of ``namespace``, or of all) that passes the prefilter;
         returns how many."""
@@ -198,8 +190,6 @@ class Controller:
         candidates = [k for k in keys if (pod := get(k)) is not None and prefilter(pod) is None]
         self._queue.add(*candidates)
         return len(candidates)
-
-    # -------------------------------------------------------------- workers
 
     async def run_workers(
         self, n: int, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -230,25 +220,16 @@ class Controller:
         return drained
 
     async def _worker(self, index: int) -> None:
-        while (
-            keys := await self._queue.get_batch(
-                self._batch_size, shares=self._workers, least=MIN_BATCH
-            )
-        ) is not None:
+        get_batch, size = self._queue.get_batch, self._batch_size
+        while (keys := await get_batch(size, shares=self._workers, least=MIN_BATCH)) is not None:
             await self.process(keys)
 
     async def process(self, keys: Sequence[str]) -> dict[str, ReconcileResult]:
         """The worker loop's body (controller-runtime's ``reconcileHandler``): observe the batch,
-        act on each due key, and :meth:`_finish` each key as soon as its result is known.
-        Returns the results; a key left unfinished (shutdown, cancellation) is released.
-
-        The one place that catches broad exceptions: a step that raises is a bug (expected
-        failures arrive as results). It is logged with its traceback and counted; a batch whose
-        observation raised is taken again one key at a time, so that one key's bug backs off
-        that key alone; a key that raised has its clock cleared and backs off. A bug never
-        deletes: every check before the DELETE must return first. Cancellation always
-        propagates.
-        """
+        act on each due key, and :meth:`_finish` each key as soon as its result is known; a key
+        left unfinished (shutdown, cancellation) is released. A step that raises is a bug: a
+        batch whose observation raised is taken again one key at a time, so that one key's bug
+        backs off that key alone, its clock cleared. A bug never deletes."""
         results: dict[str, ReconcileResult] = {}
         try:
             await self._process(keys, results)

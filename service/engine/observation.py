@@ -47,8 +47,6 @@ class ObservationClocks:
             metrics.tracked_clocks.set_function(lambda: len(self._by_uid))
             metrics.oldest_clock.set_function(self._oldest_now)
 
-    # ----------------------------------------------------------- reconcile side
-
     def begin(self, keys: Iterable[str]) -> None:
         """A reconcile of ``keys`` starts reading state (the queue runs one per key at a time)."""
         for key in keys:
@@ -116,8 +114,6 @@ class ObservationClocks:
         current = self._by_uid.get(uid)
         return [] if current is None else [(current, self._waiting.get(uid))]
 
-    # -------------------------------------------------------------- clearing
-
     def clear(self, uid: str) -> None:
         """Stop ``uid``'s clock (it stopped classifying as reapable, or its pod changed)."""
         current = self._by_uid.pop(uid, None)
@@ -167,8 +163,6 @@ class ObservationClocks:
             self._inflight[key] = True
         self._reported.discard(uid)
 
-    # ------------------------------------------------------------- dry run
-
     def mark_reported(self, uid: str) -> bool:
         """True the first time ``uid`` is marked (so it is reported); False afterwards."""
         if uid in self._reported:
@@ -182,8 +176,6 @@ class ObservationClocks:
     def retain_reported(self, uids: Iterable[str]) -> None:
         """Keep report marks only for ``uids`` (the cached pods after a relist)."""
         self._reported.intersection_update(uids)
-
-    # -------------------------------------------------------------- gauges
 
     def __len__(self) -> int:
         return len(self._by_uid)

@@ -63,8 +63,6 @@ class WorkQueue:
             metrics.queue_depth.set_function(lambda: len(self._ready))
             metrics.queue_delayed.set_function(lambda: len(self._waiting))
 
-    # ------------------------------------------------------------------ adding
-
     def add(self, *keys: str) -> None:
         """Mark each of ``keys`` for processing, in order (a key already waiting is not added
         again; nothing is added after shutdown)."""
@@ -113,8 +111,6 @@ class WorkQueue:
     def forget(self, key: str) -> None:
         """``key`` succeeded: reset its backoff (does not remove it from the queue)."""
         self._failures.pop(key, None)
-
-    # --------------------------------------------------------------- consuming
 
     async def get_batch(self, limit: int, *, shares: int = 1, least: int = 1) -> list[str] | None:
         """Up to ``limit`` ready keys (at least one; waits for it), each marked as processing;
@@ -173,8 +169,6 @@ class WorkQueue:
         if not self._processing and self._drained is not None:
             self._drained.set()
 
-    # ---------------------------------------------------------------- shutdown
-
     def shut_down(self) -> None:
         """Stop accepting keys and handing them out; getters return ``None``."""
         if self._shutting_down:
@@ -204,8 +198,6 @@ class WorkQueue:
     def shutting_down(self) -> bool:
         return self._shutting_down
 
-    # ------------------------------------------------------------ introspection
-
     def __len__(self) -> int:
         """Keys ready to be handed out (not counting delayed or in-flight ones)."""
         return len(self._ready)
@@ -217,8 +209,6 @@ class WorkQueue:
     @property
     def processing(self) -> frozenset[str]:
         return frozenset(self._processing)
-
-    # ---------------------------------------------------------------- internal
 
     def _promote_due(self) -> None:
         now = clock.now()

@@ -1,7 +1,11 @@
-"""The retired-but-kept view (the package docstring says what it knows, and how)."""
+"""The retired-but-kept view (the package docstring says what it knows, and how), and its row
+queries: one namespace's keys at once; a notification about a key that arrives while a query is
+in flight is fresher than the query's answer for that key, so every query notes the keys
+notified meanwhile and the view leaves their answers unapplied."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -9,14 +13,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import anyio
 from anyio.abc import TaskStatus
 
-from service.domain import ExecutionChange, PodSnapshot, SkipReason
+from service.domain import ExecutionChange, PodSnapshot, SkipReason, split_key
 from service.engine.activation import Activation
 from service.engine.kept.events import KeptEvents
 from service.engine.kept.model import KeptPod, Retired, by_namespace, kept_decision, of_namespace
-from service.engine.kept.rows import RowQueries
 from service.kit import clock
+from service.kit.causelog import CauseLog
+from service.kit.errors import ExternalError
 from service.metrics import KEPT_REASONS, Metrics
 from service.ports import KeptRecorder, PodCache, RetiredRow, RetiredRowSource
+
+logger = logging.getLogger(__name__)
 
 Answer = tuple[dict[str, RetiredRow], set[str]]
 """A row query's answer: the retired rows found, and the keys notified while it was in flight."""
@@ -32,6 +39,43 @@ SWEEP_RETRY_S = 30.0
 """After a failed sweep, when it is tried again (or a resync period, when that is shorter)."""
 QUERY_RETRY_S = 5.0
 """After a failed confirmation query, when the suspects are asked about again."""
+
+
+class RowQueries:
+    """The view's row queries, each with the keys notified while it was in flight."""
+
+    def __init__(self, rows: RetiredRowSource, metrics: Metrics) -> None:
+        self._rows = rows
+        self._metrics = metrics
+        self._inflight: dict[int, set[str]] = {}
+        """The keys notified meanwhile, for each query in flight (by a number of its own: two
+        empty sets are equal)."""
+        self._queries = 0
+        self._log = CauseLog("retired-but-kept row queries fail", logger)
+
+    def notified(self, key: str) -> None:
+        """A notification named ``key``: no query in flight now answers for it."""
+        for touched in self._inflight.values():
+            touched.add(key)
+
+    async def query(self, namespace: str, keys: Sequence[str], *, kind: str) -> Answer | None:
+        """The retired rows of ``keys`` (one query) and the keys notified meanwhile; ``None``
+        when the query failed (logged once a cause, counted)."""
+        touched: set[str] = set()
+        self._queries += 1
+        token = self._queries
+        self._inflight[token] = touched
+        try:
+            names = [split_key(key)[1] for key in keys]
+            found = await self._rows.retired_rows(namespace, names, kind=kind)
+        except ExternalError as exc:
+            self._metrics.retired_kept_sweep_errors.inc()
+            self._log.failed(f"{type(exc).__name__}: {exc}")
+            return None
+        finally:
+            del self._inflight[token]
+        self._log.ok()
+        return found, touched
 
 
 class KeptPods:
@@ -72,8 +116,6 @@ class KeptPods:
         """When each namespace's last sweep that answered began (loop clock)."""
         metrics.retired_kept_bound.set(bound_s)
 
-    # -------------------------------------------------------------------------------- view
-
     @property
     def active(self) -> bool:
         """Only the leader keeps the view."""
@@ -98,8 +140,6 @@ class KeptPods:
         then and unchanged since is known. ``None`` before the first (and after a clear)."""
         return self._sweeps.get(namespace)
 
-    # ------------------------------------------------------------------ PodEventHandler
-
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
         if new is None:
             if old is not None:
@@ -121,8 +161,6 @@ class KeptPods:
         for key in of_namespace(namespace, self._retired):
             if self._cache.get(key) is None:
                 self._forget(key)
-
-    # ------------------------------------------------------------ ExecutionEventHandler
 
     def executions_changed(self, changes: Sequence[ExecutionChange]) -> None:
         if not self.active:
@@ -147,8 +185,6 @@ class KeptPods:
         """Nothing at once: the next sweep (at most a resync period away) finds what was
         missed, and a query per reconnect would break the sweep's bound."""
 
-    # ---------------------------------------------------------------------- tasks
-
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """The sweeps (one task a namespace), the confirmation of suspects and the tick."""
         async with anyio.create_task_group() as tg:
@@ -158,13 +194,10 @@ class KeptPods:
             task_status.started()
             await self._tick_loop()
 
-    def tick_s(self) -> float:
-        return max(0.05, min(TICK_S, self.bound_s / 4))
-
     async def _tick_loop(self) -> None:
         while True:
             await self.tick()
-            await anyio.sleep(self.tick_s())
+            await anyio.sleep(max(0.05, min(TICK_S, self.bound_s / 4)))
 
     async def tick(self) -> None:
         """Follow the leadership, refresh the age gauges and write the Events that are due."""
@@ -254,20 +287,16 @@ class KeptPods:
                 known.append(key)
         return known
 
-    # -------------------------------------------------------------------- the state
-
     def _know(self, key: str, retired: RetiredRow, notified_s: float | None) -> None:
         """``key``'s row is retired: remember it (since when, by the best source) and classify."""
         pod = self._cache.get(key)
         if pod is None:
             self._forget(key)
             return
+        old = self._retired.get(key)
+        now_s = clock.now()
         self._retired[key] = Retired.known(
-            retired,
-            self._retired.get(key),
-            notified_s,
-            now_s=clock.now(),
-            wall_clock=self._wall_clock,
+            retired, old, notified_s, now_s=now_s, wall_clock=self._wall_clock
         )
         self._evaluate(key, pod)
 
@@ -278,18 +307,9 @@ class KeptPods:
         if decision is None or decision.reason is None:
             self._set(key, None)
             return
-        self._set(
-            key,
-            KeptPod(
-                key=key,
-                uid=pod.uid,
-                reason=decision.reason,
-                rule=decision.rule,
-                row_state=retired.row.state,
-                since_s=retired.since_s,
-                source=retired.source,
-            ),
-        )
+        state, since_s, source = retired.row.state, retired.since_s, retired.source
+        kept = KeptPod(key, pod.uid, decision.reason, decision.rule, state, since_s, source)
+        self._set(key, kept)
 
     def _forget(self, key: str) -> None:
         self._retired.pop(key, None)
@@ -328,16 +348,11 @@ class KeptPods:
         now = clock.now()
         oldest: dict[str, float] = {}
         for kept in self._kept.values():
-            reason = str(kept.reason)
-            age = now - kept.since_s
-            if age > oldest.get(reason, -1.0):
-                oldest[reason] = age
+            oldest[kept.reason] = max(oldest.get(kept.reason, 0.0), now - kept.since_s)
         for reason in KEPT_REASONS:
             self._metrics.retired_kept_oldest.labels(reason=reason).set(
                 round(max(0.0, oldest.get(reason, 0.0)), 3)
             )
-
-    # --------------------------------------------------------------------- Events
 
     async def _record_due(self) -> None:
         """An Event for each pod kept longer than the bound and not evented for a day, once its
