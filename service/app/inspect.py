@@ -211,22 +211,14 @@ async def explain(
         pod = await pods.get_pod(namespace, name)
     with anyio.fail_after(settings.database.statement_timeout_s):
         row = await store.read_fresh(key)
-    decision = None if pod is None else classify(pod, row)
     kept = None
     if rows is not None and pod is not None and row is not None and not row.active:
         with anyio.fail_after(settings.database.statement_timeout_s):
             retired = (await rows.retired_rows(namespace, [name], kind="scan")).get(key)
         if retired is not None:
             kept = retired_kept_entry(pod, retired, time.time())  # noqa: TID251 (wall time)
-    return Explanation(
-        key=key,
-        pod=pod,
-        row=row,
-        decision=decision,
-        threshold_s=settings.threshold_s,
-        mode=settings.mode,
-        retired_kept=kept,
-    )
+    decision = None if pod is None else classify(pod, row)
+    return Explanation(key, pod, row, decision, settings.threshold_s, settings.mode, kept)
 
 
 def explanation_lines(exp: Explanation) -> list[str]:

@@ -10,6 +10,7 @@ request, so that every answer shows the same times (a wall-clock step after that
 
 from __future__ import annotations
 
+import functools
 import heapq
 import time
 from collections import Counter
@@ -103,13 +104,10 @@ def pending_view(
     """The service's ``GET /debug/pending`` answer for a limit and a key: the document, with the
     retired-but-kept section when ``kept`` is given. The loop's clock is mapped onto UTC once, at
     the first request (the one place the service relates its clock to the wall clock)."""
-    wall_offset_s: float | None = None
+    wall_offset = functools.cache(lambda: time.time() - clock.now())  # noqa: TID251 (UTC)
 
     def view(limit: int, key: str | None) -> dict[str, Any]:
-        nonlocal wall_offset_s
-        if wall_offset_s is None:
-            wall_offset_s = time.time() - clock.now()  # noqa: TID251 (UTC in the view)
-        now_s = clock.now()
+        wall_offset_s, now_s = wall_offset(), clock.now()
         document = pending_document(
             clocks=clocks,
             threshold_s=threshold_s,

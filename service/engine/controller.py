@@ -52,12 +52,10 @@ from service.ports import PodCache
 
 logger = logging.getLogger(__name__)
 
-
 MIN_BATCH = 250
-"""Fewest keys a worker takes (when that many are ready): a batch costs one row query, and below
-this its fixed cost outweighs spreading the ready keys over more workers. The
-lookup pool has a few connections (``DB_POOL_SIZE``, 4), so parts much smaller than this would
-mostly wait for a connection while each still pays its own round trip."""
+"""Fewest keys a worker takes (when that many are ready): a batch costs one row query, and the
+lookup pool has a few connections (``DB_POOL_SIZE``), so much smaller parts would mostly wait
+for a connection while each still pays its own round trip."""
 _REAPED = frozenset(Outcome(verdict) for verdict in Verdict)
 """Outcomes of a delete (live) or a dry-run report: a reapable verdict."""
 
@@ -308,7 +306,6 @@ class Controller:
     def _count(self, results: Iterable[ReconcileResult], duration_s: float) -> None:
         """Count results that share one duration (a batch's observation ends many keys at
         once): the outcome, the skip reason, the error and the duration, each result once.
-
         Alike results are counted together, one update per distinct label rather than one per
         key: B2b (benchmarks/NOTES.md, "B2b mass retirement in one statement") ends 10,000 keys
         in a handful of distinct results, and one update a key measurably added to its CPU per

@@ -59,11 +59,10 @@ class ReapTally:
             return None
         since_s = self._since_s if self._since_s is not None else now
         verdicts = ", ".join(f"{v} {n}" for v, n in sorted(self._verdicts.items()))
-        if len(self._namespaces) <= NAMESPACES_NAMED:
-            names = ", ".join(f"{ns} {n}" for ns, n in sorted(self._namespaces.items()))
-            where = f"namespace {names}" if len(self._namespaces) == 1 else f"namespaces {names}"
-        else:
-            where = f"{len(self._namespaces)} namespaces"
+        names = ", ".join(f"{ns} {n}" for ns, n in sorted(self._namespaces.items()))
+        count = len(self._namespaces)
+        where = f"namespace{'' if count == 1 else 's'} {names}"
+        where = where if count <= NAMESPACES_NAMED else f"{count} namespaces"
         what = "dry run: would have deleted" if self._dry_run else "deleted"
         line = (
             f"{what} {total} pod{'' if total == 1 else 's'} in the last "
