@@ -1,10 +1,13 @@
-"""The retired-but-kept view (the package docstring says what it knows, and how), and its row
-queries: one namespace's keys at once; a notification about a key that arrives while a query is
-in flight is fresher than the query's answer for that key, so every query notes the keys
-notified meanwhile and the view leaves their answers unapplied."""
+"""The retired-but-kept view (the package docstring says what it knows, and how).
+
+A row query asks for one namespace's keys at once; a notification about a key that arrives while
+a query is in flight is fresher than the query's answer for that key, so every query notes the
+keys notified meanwhile, and the view leaves their answers unapplied (:meth:`KeptPods._apply`).
+"""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import Counter
@@ -41,43 +44,6 @@ QUERY_RETRY_S = 5.0
 """After a failed confirmation query, when the suspects are asked about again."""
 
 
-class RowQueries:
-    """The view's row queries, each with the keys notified while it was in flight."""
-
-    def __init__(self, rows: RetiredRowSource, metrics: Metrics) -> None:
-        self._rows = rows
-        self._metrics = metrics
-        self._inflight: dict[int, set[str]] = {}
-        """The keys notified meanwhile, for each query in flight (by a number of its own: two
-        empty sets are equal)."""
-        self._queries = 0
-        self._log = CauseLog("retired-but-kept row queries fail", logger)
-
-    def notified(self, key: str) -> None:
-        """A notification named ``key``: no query in flight now answers for it."""
-        for touched in self._inflight.values():
-            touched.add(key)
-
-    async def query(self, namespace: str, keys: Sequence[str], *, kind: str) -> Answer | None:
-        """The retired rows of ``keys`` (one query) and the keys notified meanwhile; ``None``
-        when the query failed (logged once a cause, counted)."""
-        touched: set[str] = set()
-        self._queries += 1
-        token = self._queries
-        self._inflight[token] = touched
-        try:
-            names = [split_key(key)[1] for key in keys]
-            found = await self._rows.retired_rows(namespace, names, kind=kind)
-        except ExternalError as exc:
-            self._metrics.retired_kept_sweep_errors.inc()
-            self._log.failed(f"{type(exc).__name__}: {exc}")
-            return None
-        finally:
-            del self._inflight[token]
-        self._log.ok()
-        return found, touched
-
-
 class KeptPods:
     """The retired-but-kept view: a ``PodEventHandler`` and an ``ExecutionEventHandler`` (it is
     added to the informer and the listener beside the controller), and :meth:`run`."""
@@ -108,7 +74,12 @@ class KeptPods:
         self._counts: Counter[SkipReason] = Counter()
         self._suspects: dict[str, float] = {}
         """Keys a notification said are inactive, with its arrival, until a query confirms."""
-        self._queries = RowQueries(rows, metrics)
+        self._rows = rows
+        self._inflight: dict[int, set[str]] = {}
+        """The keys notified meanwhile, for each query in flight (by a number of its own: two
+        empty sets are equal)."""
+        self._tokens = itertools.count()
+        self._query_log = CauseLog("retired-but-kept row queries fail", logger)
         self._events = KeptEvents(recorder, bound_s)
         self._wake = anyio.Event()
         self._was_leader = False
@@ -169,7 +140,8 @@ class KeptPods:
         get = self._cache.get
         for change in changes:
             key = change.key
-            self._queries.notified(key)
+            for touched in self._inflight.values():
+                touched.add(key)  # no query in flight now answers for it
             if change.deleted or change.active is True:
                 # Re-activated (or gone): never reported from this moment.
                 self._suspects.pop(key, None)
@@ -262,10 +234,22 @@ class KeptPods:
         return ok
 
     async def _query(self, namespace: str, keys: Sequence[str], *, kind: str) -> Answer | None:
-        """The retired rows of ``keys`` and the keys notified meanwhile, if the query answered
-        and this replica still leads."""
-        answer = await self._queries.query(namespace, keys, kind=kind)
-        return answer if self.active else None
+        """The retired rows of ``keys`` (one query) and the keys notified meanwhile, if the query
+        answered (a failure is logged once a cause, and counted) and this replica still leads."""
+        touched: set[str] = set()
+        token = next(self._tokens)
+        self._inflight[token] = touched
+        try:
+            names = [split_key(key)[1] for key in keys]
+            found = await self._rows.retired_rows(namespace, names, kind=kind)
+        except ExternalError as exc:
+            self._metrics.retired_kept_sweep_errors.inc()
+            self._query_log.failed(f"{type(exc).__name__}: {exc}")
+            return None
+        finally:
+            del self._inflight[token]
+        self._query_log.ok()
+        return (found, touched) if self.active else None
 
     def _apply(
         self, keys: Iterable[str], answer: Answer, notified: Mapping[str, float] | None = None
