@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 
 from service.domain import Waiting
-from service.engine.kept import KeptPods
+from service.engine.kept.view import KeptPods
 from service.engine.observation import ObservationClocks
 from service.kit import clock
 

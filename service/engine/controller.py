@@ -110,14 +110,11 @@ class Controller:
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
         candidate = new is not None and prefilter(new) is None
         self._clear_for_pod_event(old, new, candidate=candidate)
+        if new is None or not candidate or not self._activation.active:
+            return
         # While a (re)list fills the namespace's cache nothing of it is enqueued: its end
         # (cache_synced) enqueues every candidate, and reconciles would only slow it down.
-        if (
-            new is not None
-            and candidate
-            and self._cache.namespace_synced(new.namespace)
-            and self._activation.active
-        ):
+        if self._cache.namespace_synced(new.namespace):
             self._queue.add(new.key)
 
     def _clear_for_pod_event(

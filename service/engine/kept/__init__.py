@@ -10,8 +10,3 @@ row query a namespace), from the informer's cache, and from a sweep of each
 namespace every ``period_s``; a pod kept longer than ``bound_s`` gets a ``RetiredPodKept`` Event
 once its row was read again (``events.py``). Only the leader keeps the view.
 """
-
-from service.engine.kept.model import KeptPod, severity_of
-from service.engine.kept.view import KeptPods
-
-__all__ = ["KeptPod", "KeptPods", "severity_of"]
