@@ -50,8 +50,7 @@ def pending_document(
     key: str | None = None,
 ) -> dict[str, Any]:
     """The running clocks, soonest due first, at most ``limit`` of them (``count`` says how many
-    run); with ``key``, only that pod's. ``now_s`` is the service's monotonic clock, and
-    ``wall_offset_s`` what to add to it for Unix time."""
+    run); with ``key``, only that pod's. ``wall_offset_s`` maps ``now_s`` onto Unix time."""
     offset = wall_offset_s
     if key is not None:
         uid = clocks.uid_for(key)
@@ -101,9 +100,8 @@ def pending_view(
     mode: str,
     active: Callable[[], bool],
 ) -> Callable[[int, str | None], dict[str, Any]]:
-    """The service's ``GET /debug/pending`` answer for a limit and a key: the document, with the
-    retired-but-kept section when ``kept`` is given. The loop's clock is mapped onto UTC once, at
-    the first request (the one place the service relates its clock to the wall clock)."""
+    """The service's ``GET /debug/pending`` answer for a limit and a key, with the retired-but-kept
+    section when ``kept`` is given; the loop's clock mapped onto UTC once, at the first request."""
     wall_offset = functools.cache(lambda: time.time() - clock.now())  # noqa: TID251 (UTC)
 
     def view(limit: int, key: str | None) -> dict[str, Any]:
@@ -135,9 +133,8 @@ def kept_section(
     limit: int = DEFAULT_LIMIT,
     key: str | None = None,
 ) -> dict[str, Any]:
-    """The document's ``retired_kept`` section: the pods whose execution is retired but that
-    are kept (``service/engine/kept/``), the longest kept first, at most ``limit``; with
-    ``key``, only that pod's."""
+    """The document's ``retired_kept`` section (``service/engine/kept/``): the longest kept
+    first, at most ``limit``; with ``key``, only that pod's."""
     every = kept.kept()
     shown = every[:limit] if key is None else [k for k in [kept.get(key)] if k is not None]
     return {
@@ -228,10 +225,8 @@ def live_kept_lines(
     key: str, url: str | None, document: Mapping[str, Any] | str | None
 ) -> list[str]:
     """``explain``'s line on the running replica's retired-but-kept view of one pod."""
-    if url is None or isinstance(document, str) or document is None:
-        return []
-    section = document.get("retired_kept")
-    if not isinstance(section, Mapping):
+    section = document.get("retired_kept") if isinstance(document, Mapping) else None
+    if url is None or not isinstance(section, Mapping):
         return []
     entry = _entry(section, key)
     if entry is None:

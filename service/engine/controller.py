@@ -121,8 +121,7 @@ class Controller:
         self, old: PodSnapshot | None, new: PodSnapshot | None, *, candidate: bool
     ) -> None:
         """The clocks a pod event stops (invariant 3): a deleted pod's, a replaced UID's, one
-        whose state changed, and the key's when the pod no longer passes the prefilter (not a
-        ``candidate``)."""
+        whose state changed, and the key's when the pod is no ``candidate`` (prefilter)."""
         if new is None:
             if old is not None:
                 self._clocks.forget_pod(old.uid, old.key)
@@ -131,9 +130,7 @@ class Controller:
         if old is not None and old.uid != new.uid:
             self._clocks.forget_pod(old.uid, key)
         elif old is not None and checks.pod_state_changed(old, new):
-            # Whether the pod stayed reapable depends on the row as well, and a reconcile may
-            # never see this state (it reads the latest one), so the continuous observation
-            # restarts here.
+            # A reconcile may never see this state (it reads the latest one): restart here.
             self._clocks.clear(new.uid)
         tracked = self._clocks.uid_for(key)
         if tracked is not None and tracked != new.uid:

@@ -99,15 +99,13 @@ class Deleter:
         extra = {"key": checked.key}
         throttled = throttled_s(exc)
         if throttled is not None:
-            # Not sent again by the API client (nothing may delay a DELETE after its final
-            # check): the key comes back after the server's Retry-After.
+            # Not sent again by the API client: the key comes back after the Retry-After.
             self._count(checked, "throttled")
             logger.debug("DELETE throttled: %s", text, extra=extra)
             return ReconcileResult.requeue_after(Outcome.THROTTLED, throttled)
         self._count(checked, "error")
         if unauthorized(exc):
-            # The API client has read the credentials again: the next attempt verifies the pod
-            # afresh and its DELETE carries them (at most one refused DELETE).
+            # The credentials were read again: the next attempt verifies afresh and uses them.
             logger.debug("DELETE refused: %s; verifying again", text, extra=extra)
             return ReconcileResult.requeue_after(Outcome.ERROR, 0.0)
         self._delete_failures.failed(cause_of(exc), text)

@@ -103,9 +103,8 @@ class Gates:
     async def call(
         self, gate: Gate, timeout_s: float, call: Callable[[], Awaitable[T]], *, keys: int = 1
     ) -> T | Held:
-        """``call()`` within ``timeout_s`` through ``gate`` (``keys`` keys wait on it): held
-        while the dependency is backed off from. A failure (:data:`FAILURES`) propagates, and
-        no answer closes the gate."""
+        """``call()`` within ``timeout_s`` through ``gate`` (for ``keys`` keys), or held while
+        the dependency is backed off from; a failure propagates (no answer closes the gate)."""
         ticket = gate.admit()
         if not isinstance(ticket, Ticket):
             self._metrics.dependency_held.labels(dependency=gate.name).inc(keys)

@@ -38,8 +38,7 @@ class HeldKeys:
             gate.on_open(functools.partial(self._release, gate.name))
 
     def clear(self) -> None:
-        """Drop every held key, like queued keys (becoming active enqueues every candidate again,
-        and the first held one drives the next probe)."""
+        """Drop every held key, like queued keys (becoming active enqueues every candidate)."""
         for dependency in self._held:
             self._held[dependency] = {}
             self._drivers[dependency] = None

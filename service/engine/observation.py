@@ -139,8 +139,7 @@ class ObservationClocks:
         self._by_uid.clear()
         self._uid_by_key.clear()
         self._waiting.clear()
-        for key in self._inflight:
-            self._inflight[key] = True
+        self._invalidate("")
 
     def clear_namespace(self, namespace: str) -> None:
         """Forget every clock of ``namespace``'s pods (that namespace's cache went cold)."""
@@ -150,6 +149,10 @@ class ObservationClocks:
             self._waiting.pop(uid, None)
         for key in [k for k in self._uid_by_key if k.startswith(prefix)]:
             del self._uid_by_key[key]
+        self._invalidate(prefix)
+
+    def _invalidate(self, prefix: str) -> None:
+        """Invalidate the in-flight observes of the keys starting with ``prefix``."""
         for key in self._inflight:
             if key.startswith(prefix):
                 self._inflight[key] = True

@@ -1,5 +1,4 @@
-"""What the retired-but-kept view knows: a retired row and since when, a kept pod, and the
-severity of its reason."""
+"""What the retired-but-kept view knows: a retired row and since when, a kept pod, its severity."""
 
 from __future__ import annotations
 
@@ -94,7 +93,6 @@ class KeptPod:
 
     @property
     def severity(self) -> str:
-        """The alert's severity for this reason (:func:`severity_of`)."""
         return severity_of(self.reason)
 
 

@@ -191,16 +191,14 @@ class KeptPods:
                 await anyio.sleep(min(self.period_s, SWEEP_RETRY_S))
 
     async def sweep(self, namespace: str) -> bool:
-        """ONE row query for the inactive rows among every cached pod of ``namespace``; then
-        every cached pod of the namespace is known retired or not. True when the query
-        answered."""
+        """ONE row query for the inactive rows among every cached pod of ``namespace``, which are
+        then known retired or not. True when the query answered."""
         started = clock.now()
         keys = of_namespace(namespace, self._cache.keys())
         answer = await self._query(namespace, keys, kind="kept_sweep")
         if answer is None:
             return False
-        # Work in proportion to the retired rows, not to the cache: the keys known retired and
-        # the keys found.
+        # Work in proportion to the retired rows, not to the cache.
         self._apply([*of_namespace(namespace, self._retired), *answer[0]], answer)
         self._sweeps[namespace] = started
         self._metrics.retired_kept_sweep_duration.observe(clock.now() - started)
