@@ -53,15 +53,13 @@ class ScanReport:
 
 async def list_pods(informer: MultiNamespaceInformer, *, timeout_s: float) -> list[PodSnapshot]:
     """One list of every sandbox namespace through the informers' own code path, then stop."""
-    # The deadline wraps the task group: raised inside it, the TimeoutError would reach the
-    # caller wrapped in an ExceptionGroup (and the CLI would print a traceback).
+    # The deadline wraps the task group, or its TimeoutError would reach an ExceptionGroup.
     with anyio.fail_after(timeout_s):
         async with anyio.create_task_group() as tg:
             await tg.start(informer.run)
             await informer.wait_synced()
             tg.cancel_scope.cancel()
-    pods = [informer.get(key) for key in list(informer.keys())]
-    return [p for p in pods if p is not None]
+    return [pod for key in list(informer.keys()) if (pod := informer.get(key)) is not None]
 
 
 def retired_kept_entry(pod: PodSnapshot, retired: RetiredRow, now: float) -> dict[str, Any] | None:
@@ -149,10 +147,7 @@ async def scan(
 def scan_lines(report: ScanReport) -> list[str]:
     """The scan report as ``scan`` prints it: counts by namespace, verdict and skip reason, the
     candidates, then the retired-but-kept pods."""
-    lines = [
-        f"namespace {namespace}: {count} pods"
-        for namespace, count in report.pods_by_namespace.items()
-    ]
+    lines = [f"namespace {ns}: {count} pods" for ns, count in report.pods_by_namespace.items()]
     for heading, counts in (
         ("reapable shapes (a clock would run; deletion after the threshold):", report.verdicts),
         ("skipped, by reason:", report.skips),
@@ -234,12 +229,10 @@ def explanation_lines(exp: Explanation) -> list[str]:
     if exp.row is None:
         lines.append("  execution row: none in this namespace among Kubernetes-managed sandboxes")
     else:
-        for name, value in structs.asdict(exp.row).items():
-            lines.append(f"  row.{name:<26} {value}")
+        lines += [f"  row.{name:<26} {value}" for name, value in structs.asdict(exp.row).items()]
     if exp.decision is not None:
         outcome = "REAPABLE" if exp.decision.reapable else "skip"
-        lines.append(f"decision: {outcome} {exp.decision.label}")
-        lines.append(f"  rule: {exp.decision.rule}")
+        lines += [f"decision: {outcome} {exp.decision.label}", f"  rule: {exp.decision.rule}"]
         if exp.decision.reason is SkipReason.KEEP_ANNOTATION:
             namespace, name = split_key(exp.key)
             lines.append(

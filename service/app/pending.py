@@ -27,8 +27,7 @@ from service.kit import clock
 
 PATH = "/debug/pending"
 DEFAULT_LIMIT = 1000
-"""Entries in one answer unless ``?limit=`` says otherwise (the soonest due first): building an
-entry costs microseconds, and 100k of them would hold the event loop for seconds."""
+"""Entries in one answer unless ``?limit=`` says otherwise: 100k would hold the loop for seconds."""
 
 
 def utc(ts: float, *, fraction: bool = True) -> str:

@@ -70,8 +70,7 @@ def throttled_s(exc: Failure) -> float | None:
 
 
 def unauthorized(exc: Failure) -> bool:
-    """The API server refused the credentials (the API client has read them again already and
-    logged the refusal once)."""
+    """The API server refused the credentials (the API client has read them again already)."""
     return isinstance(exc, ApiError) and exc.status == 401
 
 

@@ -55,9 +55,8 @@ class HeldKeys:
             self._queue.add_after(key, max(wait_s, HELD_RECHECK_S))
 
     def finished(self, key: str, held_by: str | None) -> None:
-        """``key``'s reconcile ended (``held_by`` the dependency holding it now, if any): when it
-        was to drive another dependency's probe, the next key held by that dependency, if it is
-        still down, drives its next probe."""
+        """``key``'s reconcile ended (``held_by`` holding it now, if any): if it drove another
+        dependency's probe, the next key that one holds, if it is still down, drives it."""
         for dependency, driver in self._drivers.items():
             if driver != key or dependency == held_by:
                 continue

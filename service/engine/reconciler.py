@@ -58,8 +58,8 @@ from service.ports import ExecutionStore, NotificationBarrier, PodCache, PodClie
 logger = logging.getLogger(__name__)
 
 BUDGET_RETRY_MIN_S = 1.0
-"""A key that got no turn at the delete budget in time is looked at again when the budget
-expects a token, but not sooner than this."""
+"""A key that got no turn at the budget in time comes back when it expects a token, not sooner
+than this."""
 
 
 @dataclass(slots=True)

@@ -1,9 +1,5 @@
-"""The ``RetiredPodKept`` Events of the retired-but-kept view.
-
-A pod kept longer than the bound gets one Event, and at most one per pod UID in
-:data:`EVENT_INTERVAL_S`. The view reads the row of each due pod again before its Event is
-recorded.
-"""
+"""The ``RetiredPodKept`` Events of the retired-but-kept view: a pod kept longer than the bound
+gets one, at most one a pod UID in :data:`EVENT_INTERVAL_S` (its row read again before)."""
 
 from __future__ import annotations
 

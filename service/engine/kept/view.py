@@ -34,8 +34,7 @@ Answer = tuple[dict[str, RetiredRow], set[str]]
 TICK_S = 5.0
 """Longest period of the gauges' refresh and the Events' check (shorter for a short bound)."""
 CONFIRM_COALESCE_S = 0.2
-"""How long the first suspect of a burst waits for more: notifications of one writer's burst
-are confirmed by one query a namespace, not one each."""
+"""How long the first suspect of a burst waits for more (one query a namespace, not one each)."""
 WAIT_S = 0.5
 """How often a sweep that waits for the leadership or a synced cache looks again."""
 SWEEP_RETRY_S = 30.0
@@ -45,8 +44,7 @@ QUERY_RETRY_S = 5.0
 
 
 class KeptPods:
-    """The retired-but-kept view: a ``PodEventHandler`` and an ``ExecutionEventHandler`` (it is
-    added to the informer and the listener beside the controller), and :meth:`run`."""
+    """The retired-but-kept view: a pod and an execution event handler, and :meth:`run`."""
 
     def __init__(
         self,
@@ -253,9 +251,8 @@ class KeptPods:
         self, keys: Iterable[str], answer: Answer, notified: Mapping[str, float] | None = None
     ) -> list[str]:
         """A query's answer for ``keys``, the one place it is applied: a key notified while the
-        query was in flight is left to its notification (fresher than the answer); any other is
-        known retired when the answer has its row, else forgotten (active, gone or no longer
-        cached). Returns the keys known retired."""
+        query was in flight is left to its notification; any other is known retired when the
+        answer has its row, else forgotten. Returns the keys known retired."""
         found, touched = answer
         known = []
         for key in dict.fromkeys(keys):
