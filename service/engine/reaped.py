@@ -1,8 +1,7 @@
 """The info-level record of deletes and dry-run reports: one summary line an interval.
 
-Each delete (or dry-run report) is an Event on the pod (``service/kube/events.py``) and an
-outcome in the metrics; its own log line is debug (``engine/delete.py``), or 300 retirements at
-once would be 300 info lines. At info, :class:`ReapTally` logs at most one line every
+Each one is an Event on the pod and an outcome in the metrics; its own log line is debug
+(``engine/delete.py``). At info, :class:`ReapTally` logs at most one line every
 :data:`SUMMARY_INTERVAL_S` (and one on shutdown), e.g. ``deleted 300 pods in the last 60s
 (terminal_retired 250, replaced_never_started 50; namespace sandboxes 300)``.
 """

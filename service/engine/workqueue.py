@@ -8,10 +8,9 @@ client-go, an immediate add does not cancel a pending delayed one: the key is th
 twice, harmless for an idempotent reconcile. Delays run on the event loop's clock
 (``service/kit/clock.py``): one loop timer is armed for the earliest due time.
 
-Failures back off per key (``add_rate_limited``, with the kit's ``Backoff``); :meth:`forget` resets
-the count. Workers take keys in batches (:meth:`get_batch`): up to a limit, a share of what is
-ready. Sets and dicts never shrink, so when the last ready key is taken, tables grown past
-``_COMPACT_BYTES`` are rebuilt and the freed memory handed back to the OS (kit ``trim_heap``).
+Failures back off per key (``add_rate_limited``); :meth:`forget` resets the count. Workers take
+keys in batches (:meth:`get_batch`). Sets and dicts never shrink: when the last ready key is
+taken, tables grown past ``_COMPACT_BYTES`` are rebuilt and the memory handed back to the OS.
 
 Unlike client-go, after :meth:`shut_down` :meth:`get_batch` returns ``None`` at once (queued keys
 are dropped: a restart relists), adds are ignored, and in-flight keys may still be marked

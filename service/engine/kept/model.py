@@ -32,8 +32,7 @@ keep annotation is alerted at a lower severity, the other reasons are shown, not
 
 
 def severity_of(reason: SkipReason) -> str:
-    """``warning`` for :data:`PERSON_REASONS`, ``info`` for the keep annotation, else ``none``
-    (deploy/monitoring's alert ``RetiredPodGcRetiredPodsKept`` says the same)."""
+    """``warning`` for :data:`PERSON_REASONS`, ``info`` for the keep annotation, else ``none``."""
     if reason in PERSON_REASONS:
         return "warning"
     if reason is SkipReason.KEEP_ANNOTATION:
@@ -88,7 +87,7 @@ class KeptPod:
     rule: str
     row_state: ExecutionState
     since_s: float
-    """On the event loop's clock (:meth:`KeptPods.wall_offset` maps it onto Unix time)."""
+    """On the event loop's clock."""
     source: Since
 
     @property
@@ -97,8 +96,7 @@ class KeptPod:
 
 
 def kept_decision(pod: PodSnapshot, row: ExecutionRow) -> Decision | None:
-    """The classifier's decision on ``pod`` and its retired ``row`` when it keeps the pod (a skip
-    for another reason than the row), else ``None``."""
+    """The classifier's decision on ``pod`` and its retired ``row`` when it keeps the pod."""
     decision = classify(pod, row)
     reason = decision.reason
     if reason is None or reason is SkipReason.NO_ROW or reason is SkipReason.ROW_ACTIVE:

@@ -100,10 +100,6 @@ class KeptPods:
     def __len__(self) -> int:
         return len(self._kept)
 
-    def wall_offset(self) -> float:
-        """What to add to the loop's clock for Unix time, now."""
-        return self._wall_clock() - clock.now()
-
     def last_sweep(self, namespace: str) -> float | None:
         """When ``namespace``'s last sweep that answered began (loop clock): every pod cached
         then and unchanged since is known. ``None`` before the first (and after a clear)."""
@@ -341,7 +337,7 @@ class KeptPods:
             answer = await self._query(namespace, keys, kind="kept_event")
             if answer is None:
                 continue
-            offset = self.wall_offset()
+            offset = self._wall_clock() - clock.now()  # loop clock to Unix time
             now = clock.now()
             for key in self._apply(keys, answer):
                 kept = self._kept.get(key)
