@@ -1,4 +1,4 @@
-"""Retired but kept (service/engine/kept.py): which retired pods are kept, why and since when, fed
+"""Retired but kept (service/engine/kept/): which retired pods are kept, why and since when, fed
 by notifications, the cache and the sweep; on fakes and virtual time."""
 
 from __future__ import annotations
