@@ -389,6 +389,23 @@ async def test_an_inactive_controller_clears_a_batch_but_enqueues_nothing() -> N
     assert len(rig.queue) == 0
 
 
+@pytest.mark.anyio
+async def test_reconciles_done_counts_what_the_duration_histogram_counts() -> None:
+    """The watchdog's progress count: one a counted reconcile, none while inactive."""
+    rig = make_rig()
+    pods = [make_pod(f"p{i}") for i in range(3)]
+    for pod in pods:
+        rig.add(pod, make_row(pod))
+    await rig.reconcile_batch([pod.key for pod in pods])
+    await rig.reconcile(pods[0].key)
+    assert rig.controller.reconciles_done == 4
+    assert rig.sample("retired_pod_gc_reconcile_duration_seconds_count") == 4
+    idle = make_rig(leader=False)
+    idle.add(pods[0], make_row(pods[0]))
+    await idle.reconcile(pods[0].key)
+    assert idle.controller.reconciles_done == 0
+
+
 # ------------------------------------------------------------ invariant 4
 
 
