@@ -487,7 +487,7 @@ def run_demo(*, threshold_s: float, phase_s: float) -> int:
     logs.setup("warning", "text")
     logging.getLogger("service.engine").setLevel(logging.INFO)
     logging.getLogger("service.engine").propagate = False
-    logging.getLogger("service.engine.reconciler").setLevel(logging.DEBUG)  # one line a pod
+    logging.getLogger("service.engine.delete").setLevel(logging.DEBUG)  # one line a pod
     try:
         return anyio.run(_demo, threshold_s, phase_s)
     except KeyboardInterrupt:

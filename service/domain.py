@@ -138,7 +138,7 @@ class SkipReason(enum.StrEnum):
 
 KEEP_ANNOTATION = "retired-pod-gc.space.sandbox/keep"
 """A pod annotated with this key is never deleted nor reported as a would-be reap (a retired one
-is listed as retired but kept, ``service/engine/kept.py``): ``"true"`` keeps it, and so does
+is listed as retired but kept, ``service/engine/kept/``): ``"true"`` keeps it, and so does
 any value other than ``"false"`` (a typo must never delete a pod someone meant to keep); absent
 or ``"false"`` (any case), the pod is classified as usual. Removing the annotation is a change of
 the pod, so its observation clock starts from that moment."""
@@ -282,8 +282,14 @@ class DeleteOutcome:
     message: str = ""
 
 
-class ReconcileOutcome(enum.StrEnum):
-    """The ``verdict`` label of the outcome metric for anything that is not a reap."""
+class Outcome(enum.StrEnum):
+    """What one reconcile ended in: the ``verdict`` label of the outcome metric (a reap, or why
+    not), or :attr:`INACTIVE`, which is not counted."""
+
+    TERMINAL_RETIRED = Verdict.TERMINAL_RETIRED.value
+    """Reaped (deleted, or reported in a dry run) as :attr:`Verdict.TERMINAL_RETIRED`."""
+    REPLACED_NEVER_STARTED = Verdict.REPLACED_NEVER_STARTED.value
+    """Reaped as :attr:`Verdict.REPLACED_NEVER_STARTED`."""
 
     TOO_YOUNG = "too_young"
     """Reapable, but not yet continuously for the threshold: requeued for the remainder."""
@@ -309,6 +315,8 @@ class ReconcileOutcome(enum.StrEnum):
     candidate is looked at again when the cache is synced."""
     STALE = "stale"
     """The final check kept aging past its bound (a starved loop, slow database); requeued."""
+    INACTIVE = "inactive"
+    """The replica is disabled or not the leader: nothing is done, nothing counted."""
 
 
 class ExecutionChange(msgspec.Struct, frozen=True, gc=False):

@@ -23,14 +23,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from service.domain import DeleteResult, Mode, ReconcileOutcome, SkipReason, Verdict
+from service.domain import DeleteResult, Mode, Outcome, SkipReason
 
 LOOP = "retired_execution_pod_gc"
 MODES = (Mode.LIVE, Mode.DRY_RUN)
 """The outcome counter's ``mode`` values (``Reconciler.mode``)."""
-OUTCOME_LABELS: tuple[str, ...] = tuple(str(v) for v in Verdict) + tuple(
-    str(o) for o in ReconcileOutcome
-)
+OUTCOME_LABELS: tuple[str, ...] = tuple(str(o) for o in Outcome if o is not Outcome.INACTIVE)
 
 
 class Dependency(enum.StrEnum):
@@ -101,7 +99,7 @@ class WatchRestart(enum.StrEnum):
     SILENT = "silent"
 
 
-DELETE_RESULTS = (*DeleteResult, ReconcileOutcome.THROTTLED, ReconcileOutcome.ERROR)
+DELETE_RESULTS = (*DeleteResult, Outcome.THROTTLED, Outcome.ERROR)
 """A DELETE's answer, or what its failure made of its reconcile."""
 KEPT_REASONS: tuple[str, ...] = tuple(
     str(r) for r in SkipReason if r not in (SkipReason.NO_ROW, SkipReason.ROW_ACTIVE)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 from msgspec import structs
 
+from service.app.pending import utc
 from service.classifier import classify, prefilter
 from service.config import Settings
 from service.domain import (
@@ -26,7 +26,7 @@ from service.domain import (
     SkipReason,
     split_key,
 )
-from service.engine.kept import severity_of
+from service.engine.kept.model import kept_decision, severity_of
 from service.kube.client import KubePodClient
 from service.kube.namespaces import MultiNamespaceInformer
 from service.ports import ExecutionStore, RetiredRow, RetiredRowSource
@@ -43,7 +43,7 @@ class ScanReport:
     skips: dict[str, int] = field(default_factory=dict)
     candidates: list[dict[str, Any]] = field(default_factory=list)
     retired_kept_by_reason: dict[str, int] = field(default_factory=dict)
-    """Retired but kept (``service/engine/kept.py``), counted by the classifier's reason."""
+    """Retired but kept (``service/engine/kept/``), counted by the classifier's reason."""
     retired_kept: list[dict[str, Any]] = field(default_factory=list)
     """Every pod whose execution row is retired but that is kept, the longest retired first."""
 
@@ -53,37 +53,30 @@ class ScanReport:
 
 async def list_pods(informer: MultiNamespaceInformer, *, timeout_s: float) -> list[PodSnapshot]:
     """One list of every sandbox namespace through the informers' own code path, then stop."""
-    # The deadline wraps the task group: raised inside it, the TimeoutError would reach the
-    # caller wrapped in an ExceptionGroup (and the CLI would print a traceback).
+    # The deadline wraps the task group, or its TimeoutError would reach an ExceptionGroup.
     with anyio.fail_after(timeout_s):
         async with anyio.create_task_group() as tg:
             await tg.start(informer.run)
             await informer.wait_synced()
             tg.cancel_scope.cancel()
-    pods = [informer.get(key) for key in list(informer.keys())]
-    return [p for p in pods if p is not None]
-
-
-def _utc(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return [pod for key in list(informer.keys()) if (pod := informer.get(key)) is not None]
 
 
 def retired_kept_entry(pod: PodSnapshot, retired: RetiredRow, now: float) -> dict[str, Any] | None:
     """The scan's entry of a pod whose row is retired, when the classifier keeps it; else
     ``None``. Since when is the row's ``retired_at`` (``None`` when the column is NULL)."""
-    decision = classify(pod, retired.row)
-    reason = decision.reason
-    if reason is None or reason in (SkipReason.NO_ROW, SkipReason.ROW_ACTIVE):
+    decision = kept_decision(pod, retired.row)
+    if decision is None or decision.reason is None:
         return None
     since = retired.retired_at_s
     return {
         "pod": pod.key,
         "uid": pod.uid,
-        "reason": str(reason),
-        "severity": severity_of(reason),
+        "reason": str(decision.reason),
+        "severity": severity_of(decision.reason),
         "phase": str(pod.phase),
         "row_state": str(retired.row.state),
-        "retired_at": None if since is None else _utc(since),
+        "retired_at": None if since is None else utc(since, fraction=False),
         "kept_for_s": None if since is None else round(max(0.0, now - since)),
         "rule": decision.rule,
     }
@@ -99,11 +92,9 @@ async def scan_retired_kept(
     for namespace in settings.kube.namespaces:
         mine = {pod.key: pod for pod in pods if pod.namespace == namespace}
         found = await rows.retired_rows(namespace, [pod.name for pod in mine.values()], kind="scan")
-        for key, retired in found.items():
-            pod = mine.get(key)
-            entry = None if pod is None else retired_kept_entry(pod, retired, now)
-            if entry is not None:
-                entries.append(entry)
+        entries += filter(
+            None, (retired_kept_entry(mine[k], r, now) for k, r in found.items() if k in mine)
+        )
     entries.sort(key=lambda e: (-(e["kept_for_s"] or 0), str(e["pod"])))
     report.retired_kept = entries
     report.retired_kept_by_reason = dict(sorted(Counter(str(e["reason"]) for e in entries).items()))
@@ -123,14 +114,9 @@ async def scan(
         pods=len(pods),
         pods_by_namespace={ns: by_namespace.get(ns, 0) for ns in namespaces},
     )
-    decisions: dict[str, Decision] = {}
-    need_rows: list[PodSnapshot] = []
-    for pod in pods:
-        early = prefilter(pod)
-        if early is None:
-            need_rows.append(pod)
-        else:
-            decisions[pod.key] = early
+    early = {pod.key: prefilter(pod) for pod in pods}
+    decisions = {key: decision for key, decision in early.items() if decision is not None}
+    need_rows = [pod for pod in pods if early[pod.key] is None]
     rows = await store.lookup_many([p.key for p in need_rows])
     now = time.time()  # noqa: TID251 (wall clock: pod ages from their wall timestamps)
     for pod in need_rows:
@@ -161,10 +147,7 @@ async def scan(
 def scan_lines(report: ScanReport) -> list[str]:
     """The scan report as ``scan`` prints it: counts by namespace, verdict and skip reason, the
     candidates, then the retired-but-kept pods."""
-    lines = [
-        f"namespace {namespace}: {count} pods"
-        for namespace, count in report.pods_by_namespace.items()
-    ]
+    lines = [f"namespace {ns}: {count} pods" for ns, count in report.pods_by_namespace.items()]
     for heading, counts in (
         ("reapable shapes (a clock would run; deletion after the threshold):", report.verdicts),
         ("skipped, by reason:", report.skips),
@@ -221,34 +204,16 @@ async def explain(
         )
     with anyio.fail_after(settings.kube.api_timeout_s):
         pod = await pods.get_pod(namespace, name)
-    row = None
     with anyio.fail_after(settings.database.statement_timeout_s):
         row = await store.read_fresh(key)
-    decision = None if pod is None else classify(pod, row)
     kept = None
     if rows is not None and pod is not None and row is not None and not row.active:
         with anyio.fail_after(settings.database.statement_timeout_s):
             retired = (await rows.retired_rows(namespace, [name], kind="scan")).get(key)
         if retired is not None:
-            now = time.time()  # noqa: TID251 (wall clock: retired_at is wall time)
-            kept = retired_kept_entry(pod, retired, now)
-    return Explanation(
-        key=key,
-        pod=pod,
-        row=row,
-        decision=decision,
-        threshold_s=settings.threshold_s,
-        mode=settings.mode,
-        retired_kept=kept,
-    )
-
-
-def _shown(name: str, value: Any) -> tuple[str, Any]:
-    """A snapshot field as an operator reads it: a Unix time (``created_at_s``) as a UTC time
-    (``created_at``)."""
-    if name.endswith("_at_s") and isinstance(value, int | float):
-        return name[:-2], datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return name, value
+            kept = retired_kept_entry(pod, retired, time.time())  # noqa: TID251 (wall time)
+    decision = None if pod is None else classify(pod, row)
+    return Explanation(key, pod, row, decision, settings.threshold_s, settings.mode, kept)
 
 
 def explanation_lines(exp: Explanation) -> list[str]:
@@ -257,16 +222,17 @@ def explanation_lines(exp: Explanation) -> list[str]:
         lines.append("  not found in the API server: nothing to do")
     else:
         for name, value in structs.asdict(exp.pod).items():
-            lines.append("  pod.{:<26} {}".format(*_shown(name, value)))
+            # A Unix time (``created_at_s``) as a UTC time (``created_at``).
+            wall = name.endswith("_at_s") and isinstance(value, int | float)
+            shown = (name[:-2], utc(value, fraction=False)) if wall else (name, value)
+            lines.append("  pod.{:<26} {}".format(*shown))
     if exp.row is None:
         lines.append("  execution row: none in this namespace among Kubernetes-managed sandboxes")
     else:
-        for name, value in structs.asdict(exp.row).items():
-            lines.append(f"  row.{name:<26} {value}")
+        lines += [f"  row.{name:<26} {value}" for name, value in structs.asdict(exp.row).items()]
     if exp.decision is not None:
         outcome = "REAPABLE" if exp.decision.reapable else "skip"
-        lines.append(f"decision: {outcome} {exp.decision.label}")
-        lines.append(f"  rule: {exp.decision.rule}")
+        lines += [f"decision: {outcome} {exp.decision.label}", f"  rule: {exp.decision.rule}"]
         if exp.decision.reason is SkipReason.KEEP_ANNOTATION:
             namespace, name = split_key(exp.key)
             lines.append(

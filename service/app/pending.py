@@ -1,19 +1,19 @@
 """The live view of the observation clocks: ``GET /debug/pending`` and its readers.
 
-The running service answers with the document (:func:`pending_view`) built from its clocks
-(:func:`pending_document`) and its retired-but-kept view (:func:`kept_section`): every pod
-whose clock runs, with its UID, verdict, since when it has been observed, when it is due and what
-it waits for. ``retired-pod-gc pending`` fetches it (:func:`fetch_pending`) and prints it as a
-table (:func:`pending_lines`); ``explain --url`` prints the entry of one pod
-(:func:`live_clock_lines`). Times in the document are UTC: the service's clock (the event loop's)
-mapped onto the wall clock once, at the first request, so that one clock shows the same times in
-every answer (a wall-clock step after that is not followed).
+The service answers with a document (:func:`pending_view`) of its running clocks
+(:func:`pending_document`) and its retired-but-kept view (:func:`kept_section`).
+``retired-pod-gc pending`` fetches it (:func:`fetch_pending`) and prints it as tables
+(:func:`pending_lines`); ``explain --url`` prints one pod's entry (:func:`live_clock_lines`). Times
+are UTC (:func:`utc`): the event loop's clock mapped onto the wall clock once, at the first
+request, so that every answer shows the same times (a wall-clock step after that is not followed).
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -21,18 +21,20 @@ from typing import Any
 import aiohttp
 
 from service.domain import Waiting
-from service.engine.kept import KeptPods, kept_entries
+from service.engine.kept.view import KeptPods
 from service.engine.observation import ObservationClocks
 from service.kit import clock
 
 PATH = "/debug/pending"
 DEFAULT_LIMIT = 1000
-"""Entries in one answer unless ``?limit=`` says otherwise (the soonest due first): building an
-entry costs microseconds, and 100k of them would hold the event loop for seconds."""
+"""Entries in one answer unless ``?limit=`` says otherwise: 100k would hold the loop for seconds."""
 
 
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def utc(ts: float, *, fraction: bool = True) -> str:
+    """Unix time ``ts`` as the operator tools show it: ISO 8601 in UTC, with microseconds unless
+    ``fraction`` is false."""
+    text = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return text if fraction else text[:-8] + "Z"
 
 
 def pending_document(
@@ -47,12 +49,11 @@ def pending_document(
     key: str | None = None,
 ) -> dict[str, Any]:
     """The running clocks, soonest due first, at most ``limit`` of them (``count`` says how many
-    run); with ``key``, only that pod's. ``now_s`` is the service's monotonic clock, and
-    ``wall_offset_s`` what to add to it for Unix time."""
+    run); with ``key``, only that pod's. ``wall_offset_s`` maps ``now_s`` onto Unix time."""
     offset = wall_offset_s
     if key is not None:
         uid = clocks.uid_for(key)
-        running = [(o, w) for o, w in clocks.running_uid(uid)] if uid is not None else []
+        running = clocks.running_uid(uid) if uid is not None else []
     else:
         # Every clock has the same threshold: the soonest started is the soonest due.
         running = heapq.nsmallest(
@@ -72,8 +73,8 @@ def pending_document(
                 "key": observation.key,
                 "uid": observation.uid,
                 "verdict": str(observation.verdict),
-                "observed_since": iso(observation.since_s + offset),
-                "due_at": iso(due_s + offset),
+                "observed_since": utc(observation.since_s + offset),
+                "due_at": utc(due_s + offset),
                 "observed_for_s": round(now_s - observation.since_s, 3),
                 "due_in_s": round(max(0.0, due_s - now_s), 3),
                 "waits_for": str(waits_for),
@@ -83,7 +84,7 @@ def pending_document(
         "mode": mode,
         "active": active,
         "threshold_s": threshold_s,
-        "now": iso(now_s + offset),
+        "now": utc(now_s + offset),
         "count": len(clocks),
         "shown": len(pods),
         "pods": pods,
@@ -98,16 +99,12 @@ def pending_view(
     mode: str,
     active: Callable[[], bool],
 ) -> Callable[[int, str | None], dict[str, Any]]:
-    """The service's ``GET /debug/pending`` answer for a limit and a key: the document, with the
-    retired-but-kept section when ``kept`` is given. The loop's clock is mapped onto UTC once, at
-    the first request (the one place the service relates its clock to the wall clock)."""
-    wall_offset_s: float | None = None
+    """The service's ``GET /debug/pending`` answer for a limit and a key, with the retired-but-kept
+    section when ``kept`` is given; the loop's clock mapped onto UTC once, at the first request."""
+    wall_offset = functools.cache(lambda: time.time() - clock.now())  # noqa: TID251 (UTC)
 
     def view(limit: int, key: str | None) -> dict[str, Any]:
-        nonlocal wall_offset_s
-        if wall_offset_s is None:
-            wall_offset_s = time.time() - clock.now()  # noqa: TID251 (UTC in the view)
-        now_s = clock.now()
+        wall_offset_s, now_s = wall_offset(), clock.now()
         document = pending_document(
             clocks=clocks,
             threshold_s=threshold_s,
@@ -135,36 +132,47 @@ def kept_section(
     limit: int = DEFAULT_LIMIT,
     key: str | None = None,
 ) -> dict[str, Any]:
-    """The document's ``retired_kept`` section: the pods whose execution is retired but that
-    are kept (``service/engine/kept.py``), the longest kept first, at most ``limit``; with
-    ``key``, only that pod's."""
-    if key is not None:
-        one = kept.get(key)
-        shown = [one] if one is not None else []
-    else:
-        shown = kept.kept()[:limit]
-    by_reason: dict[str, int] = {}
-    for entry in kept.kept():
-        by_reason[str(entry.reason)] = by_reason.get(str(entry.reason), 0) + 1
+    """The document's ``retired_kept`` section (``service/engine/kept/``): the longest kept
+    first, at most ``limit``; with ``key``, only that pod's."""
+    every = kept.kept()
+    shown = every[:limit] if key is None else [k for k in [kept.get(key)] if k is not None]
     return {
         "active": kept.active,
         "bound_s": kept.bound_s,
         "sweep_period_s": kept.period_s,
         "count": len(kept),
-        "by_reason": dict(sorted(by_reason.items())),
+        "by_reason": dict(sorted(Counter(str(k.reason) for k in every).items())),
         "shown": len(shown),
-        "pods": kept_entries(shown, now_s=now_s, wall_offset_s=wall_offset_s),
+        "pods": [
+            {
+                "key": k.key,
+                "uid": k.uid,
+                "reason": str(k.reason),
+                "severity": k.severity,
+                "row_state": str(k.row_state),
+                "since": utc(k.since_s + wall_offset_s),
+                "since_source": str(k.source),
+                "kept_for_s": round(now_s - k.since_s, 3),
+                "rule": k.rule,
+            }
+            for k in shown
+        ],
     }
 
 
-_KEPT_COLUMNS = (
-    ("KEY", "key"),
-    ("REASON", "reason"),
-    ("SEVERITY", "severity"),
-    ("ROW STATE", "row_state"),
-    ("SINCE", "since"),
-    ("FROM", "since_source"),
-    ("KEPT FOR", "kept_for_s"),
+_KEPT_COLUMNS = tuple(
+    zip(
+        ("KEY", "REASON", "SEVERITY", "ROW STATE", "SINCE", "FROM", "KEPT FOR"),
+        ("key", "reason", "severity", "row_state", "since", "since_source", "kept_for_s"),
+        strict=True,
+    )
+)
+_COLUMNS = tuple(
+    zip(
+        ("KEY", "UID", "VERDICT", "OBSERVED SINCE", "DUE AT", "DUE IN", "WAITS FOR"),
+        ("key", "uid", "verdict", "observed_since", "due_at", "due_in_s", "waits_for"),
+        strict=True,
+    )
 )
 _SECONDS_FORMAT = {"kept_for_s": ".0f", "due_in_s": ".1f"}
 """The fields printed as seconds, and their precision; every other field is printed as is."""
@@ -190,33 +198,36 @@ def _cell(entry: Mapping[str, Any], field: str) -> str:
     return str(value) if spec is None else f"{float(value or 0):{spec}}s"
 
 
+def _partly(section: Mapping[str, Any], which: str) -> str:
+    """The heading's note when not every entry is shown."""
+    shown = section.get("shown")
+    return "" if shown == section.get("count") else f", the {shown} {which} shown"
+
+
+def _entry(section: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
+    """The entry of ``key`` among the section's pods."""
+    return next((p for p in section.get("pods") or [] if p.get("key") == key), None)
+
+
 def kept_lines(section: Mapping[str, Any] | None) -> list[str]:
     """The ``retired_kept`` section as a table of its own (nothing when the service has none)."""
     if not isinstance(section, Mapping):
         return []
-    lines = [
+    heading = (
         f"retired but kept: {section.get('count')} pods whose execution is retired but that "
-        f"are kept (bound {section.get('bound_s')}s"
-        + (
-            f", the {section.get('shown')} longest kept shown"
-            if section.get("shown") != section.get("count")
-            else ""
-        )
-        + ")"
-    ]
-    return [*lines, *_table(_KEPT_COLUMNS, section.get("pods") or [])]
+        f"are kept (bound {section.get('bound_s')}s{_partly(section, 'longest kept')})"
+    )
+    return [heading, *_table(_KEPT_COLUMNS, section.get("pods") or [])]
 
 
 def live_kept_lines(
     key: str, url: str | None, document: Mapping[str, Any] | str | None
 ) -> list[str]:
     """``explain``'s line on the running replica's retired-but-kept view of one pod."""
-    if url is None or isinstance(document, str) or document is None:
+    section = document.get("retired_kept") if isinstance(document, Mapping) else None
+    if url is None or not isinstance(section, Mapping):
         return []
-    section = document.get("retired_kept")
-    if not isinstance(section, Mapping):
-        return []
-    entry = next((p for p in section.get("pods") or [] if p.get("key") == key), None)
+    entry = _entry(section, key)
     if entry is None:
         return [f"retired but kept ({url}): not reported for this pod"]
     return [
@@ -235,11 +246,8 @@ async def fetch_pending(
 ) -> dict[str, Any]:
     """``GET {url}/debug/pending``; raises :class:`PendingUnavailable` with a printable reason."""
     target = url.rstrip("/") + PATH
-    params = {}
-    if limit is not None:
-        params["limit"] = str(limit)
-    if key is not None:
-        params["key"] = key
+    asked = {"limit": None if limit is None else str(limit), "key": key}
+    params = {name: value for name, value in asked.items() if value is not None}
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
@@ -264,31 +272,15 @@ async def fetch_pending(
     return document
 
 
-_COLUMNS = (
-    ("KEY", "key"),
-    ("UID", "uid"),
-    ("VERDICT", "verdict"),
-    ("OBSERVED SINCE", "observed_since"),
-    ("DUE AT", "due_at"),
-    ("DUE IN", "due_in_s"),
-    ("WAITS FOR", "waits_for"),
-)
-
-
 def pending_lines(document: Mapping[str, Any]) -> list[str]:
     """The document as a table, with a header line naming the mode and threshold; then, after a
     blank line, the retired-but-kept section's (:func:`kept_lines`) when the document has one."""
-    lines = [
+    heading = (
         f"mode {document.get('mode')}, active {str(document.get('active')).lower()}, "
         f"threshold {document.get('threshold_s')}s, at {document.get('now')}: "
-        f"{document.get('count')} pods with a running clock"
-        + (
-            f", the {document.get('shown')} soonest due shown"
-            if document.get("shown") != document.get("count")
-            else ""
-        )
-    ]
-    lines.extend(_table(_COLUMNS, document.get("pods") or []))
+        f"{document.get('count')} pods with a running clock{_partly(document, 'soonest due')}"
+    )
+    lines = [heading, *_table(_COLUMNS, document.get("pods") or [])]
     kept = kept_lines(document.get("retired_kept"))
     return [*lines, "", *kept] if kept else lines
 
@@ -305,7 +297,7 @@ def live_clock_lines(
         ]
     if isinstance(document, str) or document is None:
         return [f"live clock: unknown, {document or 'no answer'}"]
-    entry = next((p for p in document.get("pods") or [] if p.get("key") == key), None)
+    entry = _entry(document, key)
     if entry is None:
         return [
             f"live clock ({url}): none runs for this pod (mode {document.get('mode')}, "

@@ -25,7 +25,7 @@ from service.config import Settings
 from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget
 from service.engine.controller import Controller
-from service.engine.kept import KeptPods
+from service.engine.kept.view import KeptPods
 from service.engine.observation import ObservationClocks
 from service.engine.reconciler import Reconciler
 from service.engine.workqueue import WorkQueue
@@ -89,7 +89,7 @@ class Parts:
     heartbeats: Heartbeats
     health: HealthServer
     kept: KeptPods | None = None
-    """Retired but kept (``service/engine/kept.py``)."""
+    """Retired but kept (``service/engine/kept/``)."""
 
 
 APPLICATION_NAME = "retired-pod-gc"

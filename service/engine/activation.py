@@ -1,10 +1,6 @@
 """Whether this replica may act: ENABLED, and holding the lease (invariant 6 of
-docs/architecture.md).
-
-Shared by the controller (which stops handing keys to the reconciler when inactive) and the
-reconciler (which checks it once more right before a DELETE or a dry-run report, because a
-reconcile can be in flight when leadership is lost).
-"""
+docs/architecture.md). The controller hands out no key while inactive; the reconciler checks it
+once more right before a DELETE or a dry-run report (leadership may be lost meanwhile)."""
 
 from __future__ import annotations
 
@@ -18,10 +14,6 @@ class Activation:
         self._enabled = enabled
         self._leader = False
         self._leader_check = leader_check
-
-    @property
-    def enabled(self) -> bool:
-        return self._enabled
 
     @property
     def leader(self) -> bool:

@@ -1,29 +1,20 @@
 """The delete budget: at most ``deletes_per_minute`` DELETEs in any rolling 60 s window.
 
-Two stages, each with its own job:
+Two stages, on the event loop's clock:
 
-1. **Pacing** (aiolimiter). ``AsyncLimiter(N, 60)`` is a leaky bucket that
-   starts empty: it admits a burst of N and then drains at N/60 per second, so up to ~2N in the
-   first minute. A leaky bucket of capacity C and rate r admits at most ``C + r*60`` in any
-   window, so we size it ``C = max(1, N // 10)``, ``r = (N - C) / 60``: a small burst, then an
-   even spread, at most N per window, and a backlog runs at ``N - C`` per window (90 % of the
-   cap). A cap of 1 has no such bucket: the exact guard alone paces it.
-2. **The exact guard** (always on). A record of the last N grant times: a grant
-   is allowed only when fewer than N grants lie in ``(now - 60, now]``; otherwise the caller
-   waits until the oldest one leaves the window. This alone enforces the invariant exactly
-   (``grant[i + N] - grant[i] >= 60`` for every i) and lets a backlog reach the cap, and it is
+1. **Pacing** (aiolimiter): a leaky bucket of capacity ``C = max(1, N // 10)`` draining at
+   ``(N - C) / 60`` per second admits at most ``C + r*60 = N`` in any window: a small burst, then
+   an even spread; a backlog runs at 90 % of the cap. A cap of 1 has no bucket.
+2. **The exact guard**: the last N grant times; a grant is allowed only when fewer than N lie in
+   ``(now - 60, now]``. This alone enforces ``grant[i + N] - grant[i] >= 60`` for every i, and is
    what the virtual-time tests check window by window.
 
-Both stages read the event loop's clock (``service/kit/clock.py``), as every wait here does.
-
-**The token is taken last.** A caller first waits for its :class:`Turn`: first come, first
-served (an ``anyio.Lock`` is fair), until both stages would grant *now*; nothing is consumed yet.
-Holding the turn, it makes its final checks (the reconciler re-verifies a check that aged while
-it waited), and only then takes the token with :meth:`Turn.take`, which never suspends, and hands
-the DELETE to the API client at once. So the grant times the two stages bound are the times the
-DELETEs are sent — however long the wait, the re-verification or a starved event loop took — and
-a candidate that fails its final checks gives its turn to the next caller without spending a
-token. Only one caller holds the turn; capacity only grows while it does.
+**The token is taken last.** A caller first waits for its :class:`Turn` (first come, first
+served: an ``anyio.Lock`` is fair) until both stages would grant *now*, consuming nothing; holding
+it, it makes its final checks, then takes the token with :meth:`Turn.take`, which never suspends,
+and hands the DELETE to the API client at once. So the grant times bounded are the times the
+DELETEs are sent, and a candidate that fails its final checks passes its turn on without
+spending a token.
 """
 
 from __future__ import annotations
@@ -36,8 +27,8 @@ from service.kit import clock
 from service.kit.ratelimit import AsyncLimiter, capped_limiter, capped_shape
 
 PACER_POLL_MAX_S = 0.05
-"""How often the head of the line looks at the pacer while it waits (aiolimiter can wait only by
-consuming): at most this, and at most a tenth of a token's drain time."""
+"""How often, at most, the head of the line looks at the pacer while it waits (aiolimiter can
+wait only by consuming); at most a tenth of a token's drain time too."""
 
 
 class Turn:
@@ -51,12 +42,9 @@ class Turn:
         self._held = True
 
     async def take(self) -> float:
-        """Spend the token now and give up the turn; returns the grant time.
-
-        Never suspends: the pacer had capacity when the turn began, only the turn's holder
-        consumes it, and a leaky bucket only drains while it is held, so aiolimiter's
-        ``acquire`` returns without waiting (``test_taking_a_turn_never_yields_to_the_loop``).
-        """
+        """Spend the token now and give up the turn; returns the grant time. Never suspends: the
+        pacer had capacity when the turn began and only its holder consumes it
+        (``test_taking_a_turn_never_yields_to_the_loop``)."""
         if not self._held:
             raise RuntimeError("this turn has ended")
         budget = self._budget
@@ -77,12 +65,7 @@ class Turn:
 class DeleteBudget:
     """``turn = await budget.turn()``, final checks, ``await turn.take()``, then the DELETE."""
 
-    def __init__(
-        self,
-        deletes_per_minute: int,
-        *,
-        window_s: float = 60.0,
-    ) -> None:
+    def __init__(self, deletes_per_minute: int, *, window_s: float = 60.0) -> None:
         if deletes_per_minute < 1:
             raise ValueError("deletes_per_minute must be at least 1")
         self._cap = deletes_per_minute
@@ -97,11 +80,8 @@ class DeleteBudget:
             self._pacer_poll_s = min(PACER_POLL_MAX_S, 0.1 / shape[1])
 
     async def turn(self) -> Turn:
-        """Wait for the head of the line with a grant available now; consumes nothing.
-
-        Cancellation while waiting holds nothing. The caller must end the turn (``take`` or
-        ``release``); while it holds it, every other caller waits.
-        """
+        """Wait for the head of the line with a grant available now; consumes nothing (nor does a
+        cancelled wait). The caller must end the turn; while it holds it, every other waits."""
         await self._lock.acquire()
         try:
             while True:

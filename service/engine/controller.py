@@ -1,40 +1,26 @@
 """The event side of the engine and the worker loop.
 
-:class:`Controller` implements ``ports.PodEventHandler`` (for the informer) and
-``ports.ExecutionEventHandler`` (for the PostgreSQL listener). Each callback does two things,
-synchronously on the event loop:
+:class:`Controller` is the informer's ``PodEventHandler`` and the listener's
+``ExecutionEventHandler``. Each callback, synchronously on the event loop:
 
-- **clears observation clocks at event time** (invariant 3 of docs/architecture.md): any change of
-  what classification reads stops the clock the moment it arrives — a pod snapshot that differs from
-  the cached one in anything but its resourceVersion, a new UID under a known name, a deleted
-  pod, and every row notification (the trigger fires only when ``active`` or
-  ``execution_state`` changed). The queue deduplicates keys and a reconcile classifies only the
-  latest state, so a state that is not reapable with the row (a Pending pod whose row is
-  retired as ``suspended``, say) between two reconciles would otherwise go unseen. A clock
-  therefore runs only while nothing the classifier reads changes; the reconcile that follows
-  the event starts it again if the new state is reapable. A namespace's cache going cold clears
-  the clocks of that namespace; a listener reconnect and a leadership change clear every clock;
-- **enqueues** the key, so it is reconciled as soon as something changes. Pod events for pods
-  that fail the prefilter are not enqueued: their reconcile could only say "skipped". Row
-  notifications always enqueue. A notification is a batch (every row one statement changed,
-  chunked by the trigger): its clocks are cleared together, then its keys go on the queue.
+- **clears observation clocks at event time** (invariant 3 of docs/architecture.md): a pod that
+  differs from the cached one in anything but its resourceVersion, a new UID under a known name,
+  a deleted pod and every row notification stop the clock the moment they arrive. The queue
+  deduplicates keys and a reconcile classifies only the latest state, so a non-reapable state
+  between two reconciles would otherwise go unseen. A namespace's cache going cold clears that
+  namespace's clocks; a listener reconnect and a leadership change clear every clock;
+- **enqueues** the key (a pod that fails the prefilter is not: its reconcile could only say
+  "skipped"). A notification is a batch: its clocks are cleared together, then its keys enqueued.
 
-Workers take keys in batches (a share of what is ready, at most ``LOOKUP_BATCH_SIZE``; one key
-is a batch of one): ``Reconciler.observe`` takes the batch to its clocks with one row query,
-and each key that is due goes on to ``Reconciler.act``, every verification step included.
+Workers take keys in batches (a share of what is ready, at most ``LOOKUP_BATCH_SIZE``): the
+reconciler observes the batch with one row query and acts on each key that is due.
 
-The worker loop (:meth:`process`) is the one place that counts outcomes and the one place that
-catches broad exceptions: a step that raises is a bug, logged with its traceback at error
-level, counted (``reconcile_bugs``) and backed off; the worker lives on; cancellation always
-propagates. It maps each :class:`ReconcileResult` onto the queue like controller-runtime: done
-→ ``forget``; requeue-after → ``forget`` + ``add_after``; backoff → ``add_rate_limited``. A key
-held by a dependency's shared backoff (``held``, the reconciler's gates, ``service/kit/gate.py``)
-is parked: one held key — the *driver* — is requeued to the dependency's next attempt time, where
-it sends the probe, and the others only every :data:`HELD_RECHECK_S`; every key the dependency
-holds is enqueued at once when it answers again. So a recovery is seen by all of them together,
-and an outage costs the workers one key a backoff step rather than every key.
-Counting, it tallies each delete (or dry-run report) for the info-level summary of
-``engine/reaped.py`` (each one's own line is debug).
+The worker loop (:meth:`process`) is the one place that counts outcomes and that catches broad
+exceptions: a step that raises is a bug, logged with its traceback, counted (``reconcile_bugs``)
+and backed off; cancellation always propagates. It maps each ``ReconcileResult`` onto the queue
+like controller-runtime: done → ``forget``; requeue-after → ``forget`` + ``add_after``; backoff →
+``add_rate_limited``; held by a dependency → parked (``engine/held.py``). It tallies each delete
+(or dry-run report) for the summary of ``engine/reaped.py``.
 
 Nothing is processed while inactive (disabled, or not the leader): keys handed out meanwhile are
 dropped, and becoming active starts from empty clocks and enqueues every cached candidate.
@@ -42,11 +28,9 @@ dropped, and becoming active starts from empty clocks and enqueues every cached 
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import assert_never
 
 import anyio
@@ -54,223 +38,150 @@ from anyio.abc import TaskStatus
 
 from service import checks, logs
 from service.classifier import prefilter
-from service.domain import ExecutionChange, PodSnapshot, ReconcileOutcome, Verdict
+from service.domain import ExecutionChange, Mode, Outcome, PodSnapshot, Verdict
 from service.engine.activation import Activation
+from service.engine.held import HeldKeys
 from service.engine.observation import ObservationClocks
 from service.engine.reaped import ReapTally
 from service.engine.reconciler import Reconciler
 from service.engine.results import INACTIVE_RESULT, Action, ReconcileResult
 from service.engine.workqueue import WorkQueue
 from service.kit import clock
-from service.kit.gate import Gate
 from service.metrics import EngineMetrics
 from service.ports import PodCache
 
 logger = logging.getLogger(__name__)
 
-
-HELD_RECHECK_S = 60.0
-"""A key held by a dependency that is down, but not its probe's driver, comes back this often
-(a backstop: the dependency's first answer releases it at once)."""
-
 MIN_BATCH = 250
-"""Fewest keys a worker takes (when that many are ready): a batch costs one row query, and below
-this its fixed cost outweighs spreading the ready keys over more workers. The
-lookup pool has a few connections (``DB_POOL_SIZE``, 4), so parts much smaller than this would
-mostly wait for a connection while each still pays its own round trip."""
-_REAPED = frozenset(Verdict)
+"""Fewest keys a worker takes (when that many are ready): a batch costs one row query, and the
+lookup pool has a few connections (``DB_POOL_SIZE``), so much smaller parts would mostly wait
+for a connection while each still pays its own round trip."""
+_REAPED = frozenset(Outcome(verdict) for verdict in Verdict)
 """Outcomes of a delete (live) or a dry-run report: a reapable verdict."""
 
 
-@dataclass(eq=False, kw_only=True)
 class Controller:
     """The event handlers and the worker loop (see the module docstring)."""
 
-    cache: PodCache
-    queue: WorkQueue
-    reconciler: Reconciler
-    clocks: ObservationClocks
-    activation: Activation
-    metrics: EngineMetrics
-    batch_size: int = 1
-    _workers: int = field(init=False, default=1)
-    _held: dict[str, dict[str, None]] = field(init=False, default_factory=dict)
-    """Keys held by each dependency's shared backoff, released when it answers (a dict, for its
-    order: a run does not depend on the string hash seed)."""
-    _drivers: dict[str, str | None] = field(init=False, default_factory=dict)
-    """The held key requeued to each dependency's next attempt time (its probe's driver)."""
-    _gates: dict[str, Gate] = field(init=False)
-    reaped: ReapTally = field(init=False)
-    """Deletes (or reports) at info, one summary line an interval (``engine/reaped.py``)."""
-    reconciles_done: int = field(init=False, default=0)
-    """Reconciles finished so far (the watchdog's sign of the workers' progress)."""
-
-    def __post_init__(self) -> None:
-        self._gates = {gate.name: gate for gate in self.reconciler.gates}
-        for gate in self.reconciler.gates:
-            self._held[gate.name] = {}
-            self._drivers[gate.name] = None
-            gate.on_open(functools.partial(self._release, gate.name))
-        self.reaped = ReapTally(dry_run=self.reconciler.mode == "dry_run")
-
-    # ------------------------------------------------------------- activation
+    def __init__(
+        self,
+        *,
+        cache: PodCache,
+        queue: WorkQueue,
+        reconciler: Reconciler,
+        clocks: ObservationClocks,
+        activation: Activation,
+        metrics: EngineMetrics,
+        batch_size: int = 1,
+    ) -> None:
+        self._cache = cache
+        self._queue = queue
+        self._reconciler = reconciler
+        self._clocks = clocks
+        self._activation = activation
+        self._metrics = metrics
+        self._batch_size = batch_size
+        self._workers = 1
+        self._held = HeldKeys(gates=reconciler.gates, queue=queue, activation=activation)
+        self.reaped = ReapTally(dry_run=reconciler.mode is Mode.DRY_RUN)
+        """Deletes (or reports) at info, one summary line an interval (``engine/reaped.py``)."""
+        self.reconciles_done = 0
+        """Reconciles finished and counted (the watchdog's measure of progress)."""
 
     @property
     def active(self) -> bool:
-        return self.activation.active
+        return self._activation.active
 
     def set_leader(self, leader: bool) -> None:
         """The leader elector's ``on_change``: start empty and catch up, or stop acting."""
-        if leader == self.activation.leader:
+        if leader == self._activation.leader:
             return
-        was_active = self.activation.active
-        self.activation.set_leader(leader)
+        was_active = self._activation.active
+        self._activation.set_leader(leader)
         # Either way the clocks restart: a new leader has not been watching (invariant 3).
-        self.clocks.clear_all()
-        # Keys held by a dependency are dropped like queued keys (becoming active enqueues every
-        # candidate again, and the first held one drives the next probe).
-        for dependency in self._held:
-            self._held[dependency] = {}
-            self._drivers[dependency] = None
-        if self.activation.active and not was_active:
+        self._clocks.clear_all()
+        self._held.clear()
+        if self._activation.active and not was_active:
             logger.info("active: enqueueing every cached candidate")
             self.resync()
-        elif was_active and not self.activation.active:
+        elif was_active and not self._activation.active:
             logger.info("inactive: clocks cleared; nothing is deleted or reported")
-
-    # ----------------------------------------------------- PodEventHandler
 
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
         candidate = new is not None and prefilter(new) is None
         self._clear_for_pod_event(old, new, candidate=candidate)
-        if new is None or not candidate:
+        if new is None or not candidate or not self._activation.active:
             return
-        if self.cache.namespace_synced(new.namespace):
-            # While a (re)list fills the namespace's cache nothing of it is enqueued: its end
-            # (cache_synced) enqueues every candidate, and reconciles would only slow it down.
-            self._enqueue(new.key)
+        # While a (re)list fills the namespace's cache nothing of it is enqueued: its end
+        # (cache_synced) enqueues every candidate, and reconciles would only slow it down.
+        if self._cache.namespace_synced(new.namespace):
+            self._queue.add(new.key)
 
     def _clear_for_pod_event(
         self, old: PodSnapshot | None, new: PodSnapshot | None, *, candidate: bool
     ) -> None:
         """The clocks a pod event stops (invariant 3): a deleted pod's, a replaced UID's, one
-        whose state changed, and the key's when the pod no longer passes the prefilter (not a
-        ``candidate``)."""
+        whose state changed, and the key's when the pod is no ``candidate`` (prefilter)."""
         if new is None:
             if old is not None:
-                self.clocks.forget_pod(old.uid, old.key)
+                self._clocks.forget_pod(old.uid, old.key)
             return
         key = new.key
         if old is not None and old.uid != new.uid:
-            self.clocks.forget_pod(old.uid, key)
+            self._clocks.forget_pod(old.uid, key)
         elif old is not None and checks.pod_state_changed(old, new):
-            # Whether the pod stayed reapable depends on the row as well, and a reconcile may
-            # never see this state (it reads the latest one), so the continuous observation
-            # restarts here.
-            self.clocks.clear(new.uid)
-        tracked = self.clocks.uid_for(key)
+            # A reconcile may never see this state (it reads the latest one): restart here.
+            self._clocks.clear(new.uid)
+        tracked = self._clocks.uid_for(key)
         if tracked is not None and tracked != new.uid:
-            self.clocks.clear_key(key)
+            self._clocks.clear_key(key)
         if not candidate:
-            self.clocks.clear_key(key)
+            self._clocks.clear_key(key)
 
     def cache_cold(self, namespace: str) -> None:
         logger.info("pod cache of namespace %s cold: clearing its observation clocks", namespace)
-        self.clocks.clear_namespace(namespace)
+        self._clocks.clear_namespace(namespace)
 
     def cache_synced(self, namespace: str) -> None:
-        self.clocks.retain_reported(
-            pod.uid for pod in (self.cache.get(k) for k in list(self.cache.keys())) if pod
+        self._clocks.retain_reported(
+            pod.uid for pod in (self._cache.get(k) for k in list(self._cache.keys())) if pod
         )
         self.resync(namespace)
 
-    # ------------------------------------------------ ExecutionEventHandler
-
     def executions_changed(self, changes: Sequence[ExecutionChange]) -> None:
-        # Each row's active flag or state changed (or it was inserted or deleted): re-activated
-        # is not reapable as of now, and one retired state for another can change the verdict
-        # (a Pending pod is reapable only when the row is retired as `replaced`). Every clock of
-        # the batch restarts the moment it arrives, before anything is enqueued; the reconciles
-        # this enqueues (taken by the workers in observation batches) start them again where the
-        # pod is reapable.
+        # Each row's active flag or state changed (or it was inserted or deleted), which can
+        # change the verdict: every clock of the batch restarts the moment it arrives, before
+        # anything is enqueued; the reconciles start them again where the pod is reapable.
         for key in checks.keys_cleared_by(changes):
-            self.clocks.clear_key(key)
-        if self.activation.active:
+            self._clocks.clear_key(key)
+        if self._activation.active:
             # Only keys with a cached pod: a change names a pod name in every watched namespace
             # (service/pg/listener.py), and a pod not cached yet is enqueued by its own event.
-            get = self.cache.get
-            self.queue.add(*(change.key for change in changes if get(change.key) is not None))
+            get = self._cache.get
+            self._queue.add(*(change.key for change in changes if get(change.key) is not None))
         received_at_s = min(
             (c.received_at_s for c in changes if c.retired and c.received_at_s > 0), default=None
         )
         if received_at_s is not None:
             # One sample per notification that carries a retirement.
-            self.metrics.retirement_to_enqueue.observe(max(0.0, clock.now() - received_at_s))
+            self._metrics.retirement_to_enqueue.observe(max(0.0, clock.now() - received_at_s))
 
     def notifications_missed(self) -> None:
         logger.info("notifications may have been missed: clearing clocks and resyncing")
-        self.clocks.clear_all()
+        self._clocks.clear_all()
         self.resync()
-
-    # ----------------------------------------------------------- enqueueing
 
     def resync(self, namespace: str | None = None) -> int:
         """Enqueue every cached pod (of ``namespace``, or of all) that passes the prefilter;
         returns how many."""
-        if not self.activation.active:
+        if not self._activation.active:
             return 0
-        count = 0
-        keys = list(self.cache.keys())
-        if namespace is not None:
-            keys = [key for key in keys if key.startswith(namespace + "/")]
-        for key in keys:
-            pod = self.cache.get(key)
-            if pod is not None and prefilter(pod) is None:
-                self.queue.add(key)
-                count += 1
-        return count
-
-    def _release(self, dependency: str) -> None:
-        """``dependency`` answers again: every key it held goes on the queue now."""
-        held = self._held[dependency]
-        self._held[dependency] = {}
-        self._drivers[dependency] = None
-        if held and self.activation.active:
-            logger.debug("%s answers again: releasing %d held keys", dependency, len(held))
-            self.queue.add(*held)
-
-    def _hold(self, key: str, dependency: str, wait_s: float) -> None:
-        """Park ``key`` until ``dependency`` answers; the driver (the first key held, or the
-        driver itself held again) comes back at the next attempt time."""
-        self._held[dependency][key] = None
-        driver = self._drivers[dependency]
-        if driver is None or driver == key:
-            self._drivers[dependency] = key
-            self.queue.add_after(key, wait_s)
-        else:
-            self.queue.add_after(key, max(wait_s, HELD_RECHECK_S))
-
-    def _drive_another(self, key: str, held_by: str | None) -> None:
-        """``key`` was to drive a probe but ended otherwise (gone, skipped, its step answered, or
-        held by another dependency): the next key held by that dependency, if it is still down,
-        drives its next probe."""
-        for dependency, driver in self._drivers.items():
-            if driver != key or dependency == held_by:
-                continue
-            self._drivers[dependency] = None
-            held = self._held[dependency]
-            held.pop(key, None)
-            gate = self._gates[dependency]
-            if held and gate.closed and self.activation.active:
-                successor = next(iter(held))
-                self._drivers[dependency] = successor
-                self.queue.add_after(successor, gate.retry_in_s())
-
-    def _enqueue(self, key: str) -> None:
-        if self.activation.active:
-            self.queue.add(key)
-
-    # -------------------------------------------------------------- workers
+        prefix = "" if namespace is None else namespace + "/"
+        get = self._cache.get
+        keys = [k for k in list(self._cache.keys()) if k.startswith(prefix)]
+        candidates = [k for k in keys if (pod := get(k)) is not None and prefilter(pod) is None]
+        self._queue.add(*candidates)
+        return len(candidates)
 
     async def run_workers(
         self, n: int, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -287,60 +198,51 @@ class Controller:
     ) -> None:
         """The backstop: enqueue every cached candidate every ``period_s`` (until cancelled)."""
         task_status.started()
-        while not self.queue.shutting_down:
+        while not self._queue.shutting_down:
             await anyio.sleep(period_s)
             count = self.resync()
             logger.debug("resync enqueued %d keys", count)
 
     async def stop(self, timeout_s: float) -> bool:
         """Stop taking work; wait up to ``timeout_s`` for in-flight reconciles. True if drained."""
-        drained = await self.queue.shut_down_with_drain(timeout_s)
+        drained = await self._queue.shut_down_with_drain(timeout_s)
         if not drained:
             logger.warning("in-flight reconciles did not finish within %.1fs", timeout_s)
         self.reaped.summarise()
         return drained
 
     async def _worker(self, index: int) -> None:
-        while (
-            keys := await self.queue.get_batch(
-                self.batch_size, shares=self._workers, least=MIN_BATCH
-            )
-        ) is not None:
+        get_batch, size = self._queue.get_batch, self._batch_size
+        while (keys := await get_batch(size, shares=self._workers, least=MIN_BATCH)) is not None:
             await self.process(keys)
 
     async def process(self, keys: Sequence[str]) -> dict[str, ReconcileResult]:
         """The worker loop's body (controller-runtime's ``reconcileHandler``): observe the batch,
-        act on each due key, and :meth:`_finish` each key as soon as its result is known.
-        Returns the results; a key left unfinished (shutdown, cancellation) is released.
-
-        The one place that catches broad exceptions: a step that raises is a bug (expected
-        failures arrive as results). It is logged with its traceback and counted; a batch whose
-        observation raised is taken again one key at a time, so that one key's bug backs off
-        that key alone; a key that raised has its clock cleared and backs off. A bug never
-        deletes: every check before the DELETE must return first. Cancellation always
-        propagates.
-        """
+        act on each due key, and :meth:`_finish` each key as soon as its result is known; a key
+        left unfinished (shutdown, cancellation) is released. A step that raises is a bug: a
+        batch whose observation raised is taken again one key at a time, so that one key's bug
+        backs off that key alone, its clock cleared. A bug never deletes."""
         results: dict[str, ReconcileResult] = {}
         try:
             await self._process(keys, results)
         finally:
-            self.queue.done(*(key for key in keys if key not in results))
+            self._queue.done(*(key for key in keys if key not in results))
         return results
 
     async def _process(self, keys: Sequence[str], results: dict[str, ReconcileResult]) -> None:
         started = clock.now()
-        if not self.activation.active:
+        if not self._activation.active:
             self._finish(dict.fromkeys(keys, INACTIVE_RESULT), started, results)
             return
         with logs.batch(keys):
             try:
-                observed = await self.reconciler.observe(keys)
+                observed = await self._reconciler.observe(keys)
             except Exception:
                 if len(keys) == 1:
                     self._bug(keys[0], started, results)
                     return
                 logger.exception("observing %d keys raised (a bug); one by one now", len(keys))
-                self.metrics.reconcile_bugs.inc()
+                self._metrics.reconcile_bugs.inc()
                 for key in keys:
                     await self._process([key], results)
                 return
@@ -349,12 +251,12 @@ class Controller:
             # actions of the due keys before it.
             observing_s = clock.now() - started
             for due in observed.due:
-                if self.queue.shutting_down:
+                if self._queue.shutting_down:
                     return  # the rest are dropped like queued keys (a restart relists)
                 key_started = clock.now() - observing_s
                 with logs.reconciling(due.key):
                     try:
-                        result = await self.reconciler.act(due)
+                        result = await self._reconciler.act(due)
                     except Exception:
                         self._bug(due.key, key_started, results)
                     else:
@@ -362,9 +264,9 @@ class Controller:
 
     def _bug(self, key: str, started: float, results: dict[str, ReconcileResult]) -> None:
         logger.exception("reconcile of %r raised (a bug); clock cleared, backing off", key)
-        self.metrics.reconcile_bugs.inc()
-        self.clocks.clear_key(key)
-        self._finish({key: ReconcileResult.backoff(ReconcileOutcome.ERROR)}, started, results)
+        self._metrics.reconcile_bugs.inc()
+        self._clocks.clear_key(key)
+        self._finish({key: ReconcileResult.backoff(Outcome.ERROR)}, started, results)
 
     def _finish(
         self,
@@ -379,27 +281,25 @@ class Controller:
                 self.reaped.add(result.outcome, key.partition("/")[0])
             match result.action:
                 case Action.DONE:
-                    self.queue.forget(key)
+                    self._queue.forget(key)
                 case Action.REQUEUE_AFTER if result.held_by is not None:
-                    self.queue.forget(key)
-                    self._hold(key, result.held_by, result.requeue_after_s)
+                    self._queue.forget(key)
+                    self._held.hold(key, result.held_by, result.requeue_after_s)
                 case Action.REQUEUE_AFTER:
-                    self.queue.forget(key)
-                    self.queue.add_after(key, result.requeue_after_s)
+                    self._queue.forget(key)
+                    self._queue.add_after(key, result.requeue_after_s)
                 case Action.BACKOFF:
-                    self.queue.add_rate_limited(key)
+                    self._queue.add_rate_limited(key)
                 case _:
                     assert_never(result.action)
-            if key in self._drivers.values():
-                self._drive_another(key, result.held_by)
-        self.queue.done(*finished)
+            self._held.finished(key, result.held_by)
+        self._queue.done(*finished)
         results.update(finished)
         self._count(finished.values(), clock.now() - started)
 
     def _count(self, results: Iterable[ReconcileResult], duration_s: float) -> None:
         """Count results that share one duration (a batch's observation ends many keys at
         once): the outcome, the skip reason, the error and the duration, each result once.
-
         Alike results are counted together, one update per distinct label rather than one per
         key: B2b (benchmarks/NOTES.md, "B2b mass retirement in one statement") ends 10,000 keys
         in a handful of distinct results, and one update a key measurably added to its CPU per
@@ -409,10 +309,10 @@ class Controller:
             if not result.counted:
                 continue
             counted += count
-            self.metrics.outcome(self.reconciler.mode, result.outcome, count)
+            self._metrics.outcome(self._reconciler.mode, result.outcome, count)
             if result.skip_reason is not None:
-                self.metrics.skip(str(result.skip_reason), count)
+                self._metrics.skip(str(result.skip_reason), count)
             if result.failed:
-                self.metrics.reconcile_errors.inc(count)
-        self.metrics.reconcile_duration.observe(duration_s, counted)
+                self._metrics.reconcile_errors.inc(count)
+        self._metrics.reconcile_duration.observe(duration_s, counted)
         self.reconciles_done += counted

@@ -1,14 +1,11 @@
 """The reconciler's calls to its dependencies, and what their failures mean.
 
 A dependency that gives no answer is backed off from as one, not key by key: the row lookup and
-re-read go through the database's :class:`~service.kit.gate.Gate`, the pod GET and DELETE
-through the API server's. Once a call finds its dependency unavailable (no answer, or the step's
-timeout), that call of every key is held (:class:`Held`: not sent, the key requeued to the
-dependency's next attempt time) but for one probe a backoff step (:func:`dependency_backoff`);
-the first answer releases every held key at once (``engine/controller.py``).
-
-A call's expected failures are the kit's errors and its own timeout (:data:`FAILURES`); the
-predicates below read them. Anything else is a bug and propagates to the worker loop.
+re-read go through the database's ``Gate`` (``service/kit/gate.py``), the pod GET and DELETE
+through the API server's. Once a call finds its dependency unavailable, that call of every key
+is :class:`Held` (not sent; the key parked, ``engine/held.py``) but for one probe a backoff step
+(:func:`dependency_backoff`). A call's expected failures are the kit's errors and its own timeout
+(:data:`FAILURES`); anything else is a bug and propagates to the worker loop.
 """
 
 from __future__ import annotations
@@ -17,29 +14,26 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from service.domain import ReconcileOutcome
+from service.domain import Outcome
 from service.engine.results import ReconcileResult
 from service.kit.backoff import Backoff
 from service.kit.errors import ApiError, ExternalError, Unavailable
 from service.kit.gate import Gate, Ticket
 from service.kit.timeouts import fail_after
-from service.metrics import EngineMetrics
+from service.metrics import Dependency, EngineMetrics, ProbeResult
 
 T = TypeVar("T")
 
 DEPENDENCY_BACKOFF_INITIAL_S = 0.25
-"""A dependency's first probe after the call that found it unavailable comes this long after."""
+"""A dependency's first probe comes this long after the call that found it unavailable."""
 DEPENDENCY_BACKOFF_MAX_S = 5.0
-"""Cap of the time between two probes of an unavailable dependency: a restored dependency is
-found, and every held key released, within this (docs/operations.md,
-"What the service does to a dependency that is down")."""
+"""Cap of the time between two probes: a restored dependency is found, and every held key
+released, within this (docs/operations.md, "What the service does to a dependency that is down")."""
 THROTTLED_REQUEUE_S = 1.0
-"""When a throttled GET or DELETE (429) comes back without a Retry-After: the key is looked at
-again this much later (its clock runs on)."""
+"""A key whose GET or DELETE was throttled (429) without a Retry-After comes back this later."""
 
 FAILURES = (ExternalError, TimeoutError)
-"""A step's expected failures: the outside world's (typed at the adapter edge) and the step's
-own timeout."""
+"""A step's expected failures: the outside world's (typed at the adapter edge), its timeout."""
 Failure = ExternalError | TimeoutError
 
 
@@ -76,8 +70,7 @@ def throttled_s(exc: Failure) -> float | None:
 
 
 def unauthorized(exc: Failure) -> bool:
-    """The API server refused the credentials (the API client has read them again already and
-    logged the refusal once)."""
+    """The API server refused the credentials (the API client has read them again already)."""
     return isinstance(exc, ApiError) and exc.status == 401
 
 
@@ -88,7 +81,7 @@ class Held:
     dependency: str
     wait_s: float
 
-    def result(self, outcome: str) -> ReconcileResult:
+    def result(self, outcome: Outcome) -> ReconcileResult:
         return ReconcileResult.held(outcome, self.dependency, self.wait_s)
 
 
@@ -97,8 +90,8 @@ class Gates:
 
     def __init__(self, metrics: EngineMetrics, backoff: Backoff) -> None:
         self._metrics = metrics
-        self.database = Gate("database", backoff)
-        self.api = Gate("api_server", backoff)
+        self.database = Gate(Dependency.DATABASE, backoff)
+        self.api = Gate(Dependency.API_SERVER, backoff)
         for gate in self.all:
             gate.on_change(metrics.dependency_backoff.labels(dependency=gate.name).set)
 
@@ -109,9 +102,8 @@ class Gates:
     async def call(
         self, gate: Gate, timeout_s: float, call: Callable[[], Awaitable[T]], *, keys: int = 1
     ) -> T | Held:
-        """``call()`` within ``timeout_s`` through ``gate`` (``keys`` keys wait on it): held
-        while the dependency is backed off from. A failure (:data:`FAILURES`) propagates, and
-        no answer closes the gate."""
+        """``call()`` within ``timeout_s`` through ``gate`` (for ``keys`` keys), or held while
+        the dependency is backed off from; a failure propagates (no answer closes the gate)."""
         ticket = gate.admit()
         if not isinstance(ticket, Ticket):
             self._metrics.dependency_held.labels(dependency=gate.name).inc(keys)
@@ -130,7 +122,7 @@ class Gates:
 
     @staticmethod
     def failed(
-        gate: Gate, exc: Failure, outcome: str, otherwise: ReconcileResult
+        gate: Gate, exc: Failure, outcome: Outcome, otherwise: ReconcileResult
     ) -> ReconcileResult:
         """The result of a key whose call failed: held to the next attempt time when it got no
         answer and ``gate`` is closed, else ``otherwise``."""
@@ -142,12 +134,13 @@ class Gates:
         """A GET or DELETE that failed, neither throttled nor refused: held while the API server
         gives no answer, else retried (after its Retry-After, if it gave one)."""
         retry = ReconcileResult.retry(retry_after_s(exc))
-        return self.failed(self.api, exc, ReconcileOutcome.ERROR, retry)
+        return self.failed(self.api, exc, Outcome.ERROR, retry)
 
     def _report(self, gate: Gate, ticket: Ticket, *, answered: bool) -> None:
         if ticket.probe:
             self._metrics.dependency_probes.labels(
-                dependency=gate.name, result="answered" if answered else "failed"
+                dependency=gate.name,
+                result=ProbeResult.ANSWERED if answered else ProbeResult.FAILED,
             ).inc()
         if answered:
             gate.succeeded(ticket)

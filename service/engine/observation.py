@@ -1,23 +1,15 @@
 """Observation clocks: since when has each pod UID been seen, continuously, in a reapable shape.
 
-One clock per pod UID (a recreated pod under the same name is a new UID and starts from zero),
-with an index from the work-queue key to the UID it currently tracks, so that events that carry
-only a key (row notifications) can clear it. Times are monotonic seconds from the engine clock.
+One clock per pod UID (a recreated pod is a new UID and starts from zero), indexed by work-queue
+key so that events that carry only a key (row notifications) can clear it; monotonic seconds on
+the engine clock. "Continuously" is judged at event time (invariant 3 of docs/architecture.md):
+a reconcile brackets its batch with :meth:`begin`/:meth:`end`, and a clearing of a key in between
+makes its :meth:`observe` return ``None`` (what it read may predate the event). A change of
+verdict restarts the clock too.
 
-"Continuously" is judged at event time (invariant 3 of docs/architecture.md): the controller clears
-a clock the moment a watch event or notification shows a non-reapable state. A reconcile that was
-already reading state when such an event arrived must not start or extend a clock from what it read
-before the event, so a reconcile brackets its batch with :meth:`begin`/:meth:`end`, and any clearing
-of a key in between makes its :meth:`observe` return ``None`` ("state changed under you").
-
-A clock also restarts when the reapable shape (verdict) changes: a Pending pod that became a
-Failed one has not been in *one* reapable shape for the threshold.
-
-Beside each clock, what its pod waits for past the threshold when the reconciler says so (the
-delete budget); read by ``GET /debug/pending``, cleared with the clock.
-
-The dry-run "reported" set is kept here too (one would-reap report per UID). It survives clock
-clears — a UID is reported at most once per process — and is pruned when the pod goes away.
+Beside each clock: what its pod waits for past the threshold (read by ``GET /debug/pending``),
+and the dry-run "reported" set (one report per UID: it survives clock clears, and is pruned
+when the pod goes away).
 """
 
 from __future__ import annotations
@@ -32,8 +24,7 @@ from service.metrics import EngineMetrics
 
 
 class Observation(msgspec.Struct, frozen=True, gc=False):
-    """One running clock (frozen; a msgspec Struct, which the garbage collector does not track:
-    there is one per tracked pod)."""
+    """One running clock (a msgspec Struct, untracked by the garbage collector: one a pod)."""
 
     uid: str
     key: str
@@ -56,8 +47,6 @@ class ObservationClocks:
             metrics.tracked_clocks.set_function(lambda: len(self._by_uid))
             metrics.oldest_clock.set_function(self._oldest_now)
 
-    # ----------------------------------------------------------- reconcile side
-
     def begin(self, keys: Iterable[str]) -> None:
         """A reconcile of ``keys`` starts reading state (the queue runs one per key at a time)."""
         for key in keys:
@@ -69,11 +58,8 @@ class ObservationClocks:
             self._inflight.pop(key, None)
 
     def observe(self, uid: str, key: str, verdict: Verdict, now: float) -> float | None:
-        """Record that ``uid`` is reapable as ``verdict`` now; return seconds continuously so.
-
-        ``None`` when a clearing event for ``key`` arrived since :meth:`begin`: what the caller
-        read may predate it, so no clock is started or extended.
-        """
+        """Record that ``uid`` is reapable as ``verdict`` now; return seconds continuously so, or
+        ``None`` when a clearing event for ``key`` arrived since :meth:`begin`."""
         if self._inflight.get(key, False):
             return None
         current = self._by_uid.get(uid)
@@ -96,9 +82,8 @@ class ObservationClocks:
         return None if current is None else now - current.since_s
 
     def _oldest_now(self) -> float:
-        """:meth:`oldest_s` as the scrape reads it, on the event loop's clock. A read of the
-        registry outside the loop (a test's, after the service stopped) has no clock to read:
-        0 then. /metrics is served on the loop, so a scrape always reads the age."""
+        """:meth:`oldest_s` as the scrape reads it, on the event loop's clock (0 read outside the
+        loop: a test's, after the service stopped)."""
         try:
             now = clock.now()
         except RuntimeError:  # no running event loop
@@ -106,8 +91,7 @@ class ObservationClocks:
         return self.oldest_s(now)
 
     def oldest_s(self, now: float) -> float:
-        """Age of the oldest running clock, 0 when none runs (one pass over the clocks: read
-        when scraped)."""
+        """Age of the oldest running clock, 0 when none runs."""
         return max((now - o.since_s for o in self._by_uid.values()), default=0.0)
 
     def uid_for(self, key: str) -> str | None:
@@ -129,8 +113,6 @@ class ObservationClocks:
         """``uid``'s clock as :meth:`running` lists it (empty when none runs)."""
         current = self._by_uid.get(uid)
         return [] if current is None else [(current, self._waiting.get(uid))]
-
-    # -------------------------------------------------------------- clearing
 
     def clear(self, uid: str) -> None:
         """Stop ``uid``'s clock (it stopped classifying as reapable, or its pod changed)."""
@@ -157,8 +139,7 @@ class ObservationClocks:
         self._by_uid.clear()
         self._uid_by_key.clear()
         self._waiting.clear()
-        for key in self._inflight:
-            self._inflight[key] = True
+        self._invalidate("")
 
     def clear_namespace(self, namespace: str) -> None:
         """Forget every clock of ``namespace``'s pods (that namespace's cache went cold)."""
@@ -168,6 +149,10 @@ class ObservationClocks:
             self._waiting.pop(uid, None)
         for key in [k for k in self._uid_by_key if k.startswith(prefix)]:
             del self._uid_by_key[key]
+        self._invalidate(prefix)
+
+    def _invalidate(self, prefix: str) -> None:
+        """Invalidate the in-flight observes of the keys starting with ``prefix``."""
         for key in self._inflight:
             if key.startswith(prefix):
                 self._inflight[key] = True
@@ -180,8 +165,6 @@ class ObservationClocks:
         elif key in self._inflight:
             self._inflight[key] = True
         self._reported.discard(uid)
-
-    # ------------------------------------------------------------- dry run
 
     def mark_reported(self, uid: str) -> bool:
         """True the first time ``uid`` is marked (so it is reported); False afterwards."""
@@ -196,8 +179,6 @@ class ObservationClocks:
     def retain_reported(self, uids: Iterable[str]) -> None:
         """Keep report marks only for ``uids`` (the cached pods after a relist)."""
         self._reported.intersection_update(uids)
-
-    # -------------------------------------------------------------- gauges
 
     def __len__(self) -> int:
         return len(self._by_uid)

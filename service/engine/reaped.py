@@ -1,16 +1,9 @@
 """The info-level record of deletes and dry-run reports: one summary line an interval.
 
-Each delete (or dry-run report) is already recorded once where it matters: as an Event on the
-pod (``RetiredPodDeleted`` / ``RetiredPodWouldDelete``, ``service/kube/events.py``) and in the
-outcome metrics. Its own log line is debug (``service/engine/reconciler.py``): 300 retirements
-at once would otherwise be 300 info lines. At info, :class:`ReapTally` logs at most one line
-every :data:`SUMMARY_INTERVAL_S`, and one more on shutdown if anything is not summarised yet:
-
-``deleted 300 pods in the last 60s (terminal_retired 250, replaced_never_started 50; namespace
-sandboxes 300)`` (dry run: ``dry run: would have deleted N pods …``).
-
-Per pod it is a counter (:meth:`ReapTally.add`, from the worker loop's outcome counting in
-``engine/controller.py``); the line is written by :meth:`ReapTally.run`, a task of its own.
+Each one is an Event on the pod and an outcome in the metrics; its own log line is debug
+(``engine/delete.py``). At info, :class:`ReapTally` logs at most one line every
+:data:`SUMMARY_INTERVAL_S` (and one on shutdown), e.g. ``deleted 300 pods in the last 60s
+(terminal_retired 250, replaced_never_started 50; namespace sandboxes 300)``.
 """
 
 from __future__ import annotations
@@ -65,11 +58,10 @@ class ReapTally:
             return None
         since_s = self._since_s if self._since_s is not None else now
         verdicts = ", ".join(f"{v} {n}" for v, n in sorted(self._verdicts.items()))
-        if len(self._namespaces) <= NAMESPACES_NAMED:
-            names = ", ".join(f"{ns} {n}" for ns, n in sorted(self._namespaces.items()))
-            where = f"namespace {names}" if len(self._namespaces) == 1 else f"namespaces {names}"
-        else:
-            where = f"{len(self._namespaces)} namespaces"
+        names = ", ".join(f"{ns} {n}" for ns, n in sorted(self._namespaces.items()))
+        count = len(self._namespaces)
+        where = f"namespace{'' if count == 1 else 's'} {names}"
+        where = where if count <= NAMESPACES_NAMED else f"{count} namespaces"
         what = "dry run: would have deleted" if self._dry_run else "deleted"
         line = (
             f"{what} {total} pod{'' if total == 1 else 's'} in the last "

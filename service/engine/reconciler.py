@@ -1,46 +1,30 @@
 """The reconcile pipeline: observe → verify → act, each step written once.
 
 A batch of keys is the general case (one key is a batch of one). :meth:`Reconciler.observe`
-takes a batch to its clocks; every key it does not end with a result is *due* and goes on to
-:meth:`Reconciler.act`, one at a time. Each step either lets a key go on or ends it with one
-:class:`~service.engine.results.ReconcileResult`; going on, a key's stage is its type
-(``engine/stages.py``). The worker loop counts results and applies them to the queue
-(``engine/controller.py``). docs/architecture.md, "The seven safety invariants and where each is
-enforced", says which invariant each step keeps.
+takes a batch to its clocks with one row query; every key it does not end with a result is
+*due* and goes on to :meth:`Reconciler.act`, one at a time. Each step lets a key go on, its stage
+its type (``engine/stages.py``), or ends it with one ``ReconcileResult``, which the worker loop
+counts and applies (``engine/controller.py``). docs/architecture.md, "The seven safety invariants
+and where each is enforced", says which invariant each step keeps.
 
-Observe (one row query for the whole batch):
+Observe: 1. the replica active (else ``inactive``, nothing counted), the key's namespace
+configured (else ``error``), that namespace's cache synced (else ``cache_cold``, nothing
+observed), the pod cached (else ``gone``); 2. the pod-only prefilter (``skipped``); 3. the batched
+row lookup (``lookup_failed``); 4. classify (``skipped``); 5. the observation clock on the pod
+UID, bracketed by ``begin``/``end`` (cleared meanwhile: ``changed``; not yet reapable for the
+threshold: ``too_young``, requeued for the remaining time); 6. dry run, reported before:
+``already_reported``. An ``error``, ``gone``, ``skipped`` or ``lookup_failed`` clears the clock.
 
-1. the replica active (else ``inactive``, nothing counted), the key's namespace configured
-   (else ``error``, never acted on), the cache of *that* namespace synced (relisting:
-   ``cache_cold``, nothing observed), the pod cached (missing: clear the key's clock, ``gone``);
-2. pod-only prefilter (skip: clear, ``skipped``, no database query);
-3. batched row lookup (failure: clear, ``lookup_failed``);
-4. classify (not reapable: clear, ``skipped``);
-5. the observation clock on the pod UID, bracketed by ``begin``/``end`` (an event that cleared
-   the key meanwhile: ``changed``; not yet continuously reapable for the threshold:
-   ``too_young``, requeued for exactly the remaining time);
-6. dry run, already reported for this UID: ``already_reported`` (no API call).
+Act: 7. verification (``engine/verify.py``: fresh GET, direct row re-read, classified again, the
+same UID, verdict and resourceVersion, a round trip on the listener, the clock and the
+activation); 8. live, the budget's turn, nothing spent yet (``throttled``); 9. the final check
+(``engine/verify.py``), then, with no await that suspends in between, the token and 10. the
+DELETE with preconditions, or the dry-run report (``engine/delete.py``). The API client's request
+slot is held from before step 9 until the DELETE is sent.
 
-Verify and act (one due key):
-
-7. verification (``engine/verify.py``): fresh GET of the pod and a direct re-read of the row,
-   classified again; the UID must be the observed one, the verdict unchanged and the
-   resourceVersion the cached one; then a round trip on the notification listener; the clock
-   must still run past the threshold and the replica be active;
-8. live: the budget's turn, first come, first served, nothing spent yet (none within the budget
-   wait: ``throttled``);
-9. the final check (``engine/verify.py``): the verification again while it is older than
-   ``FINAL_CHECK_MAX_AGE_S``, then the clock and the activation once more; then, with no await
-   that suspends in between, the token (live) and the action;
-10. the DELETE with preconditions from the fresh GET, or in dry run the report
-    (``engine/delete.py``). The API client's request slot (``PodClient.delete_slot``) is held
-    from before step 9 until the DELETE is sent.
-
-A dependency that gives no answer holds that step of every key (``held``, ``engine/gates.py``);
-a held lookup or re-read clears the clock as a failed one does (invariant 3). Expected failures
-of the outside world become typed results in the step that meets them; anything else is a bug:
-it propagates to the worker loop, and a bug never leads to a delete (every step before the
-DELETE has to return first).
+A dependency that gives no answer holds that step of every key (``engine/gates.py``); a held
+lookup or re-read clears the clock as a failed one does (invariant 3). Anything but an expected
+failure is a bug: it propagates to the worker loop, and never leads to a delete.
 """
 
 from __future__ import annotations
@@ -54,7 +38,7 @@ import anyio
 from service import checks, logs
 from service.classifier import classify, prefilter
 from service.config import Settings
-from service.domain import ExecutionRow, PodSnapshot, ReconcileOutcome, Waiting, split_key
+from service.domain import ExecutionRow, Mode, Outcome, PodSnapshot, Waiting, split_key
 from service.engine.activation import Activation
 from service.engine.budget import DeleteBudget, Turn
 from service.engine.delete import Deleter
@@ -74,8 +58,8 @@ from service.ports import ExecutionStore, NotificationBarrier, PodCache, PodClie
 logger = logging.getLogger(__name__)
 
 BUDGET_RETRY_MIN_S = 1.0
-"""A key that got no turn at the delete budget in time is looked at again when the budget
-expects a token, but not sooner than this."""
+"""A key that got no turn at the budget in time comes back when it expects a token, not sooner
+than this."""
 
 
 @dataclass(slots=True)
@@ -136,20 +120,18 @@ class Reconciler:
             api_timeout_s=settings.kube.api_timeout_s,
             recorder=recorder,
         )
-        # Each recurring failure is logged once per change of its cause, with a count; the
-        # per-batch and per-key lines are debug (their outcomes are counted in the metrics).
+        # A recurring failure is logged once a cause; the per-key lines are debug.
         self._lookup_failures = CauseLog("row lookups fail, clocks cleared", logger)
         self._observe_timeouts = CauseLog("observing batches times out", logger)
         self._act_timeouts = CauseLog("reconciles of due pods time out", logger)
-        self.mode = "dry_run" if settings.dry_run else "live"
+        self.mode = Mode.DRY_RUN if settings.dry_run else Mode.LIVE
         """The ``mode`` label of the outcome metric."""
         self._namespaces = frozenset(settings.kube.namespaces)
         metrics.bind_namespaces(settings.kube.namespaces)
 
     @property
     def gates(self) -> tuple[Gate, ...]:
-        """The dependencies' shared backoffs (the controller releases held keys when one
-        opens)."""
+        """The dependencies' shared backoffs (held keys are released when one opens)."""
         return self._gates.all
 
     async def observe(self, keys: Sequence[str]) -> Observed:
@@ -159,8 +141,7 @@ class Reconciler:
             observed.results = dict.fromkeys(keys, INACTIVE_RESULT)
             return observed
         ready: list[str] = []
-        # Whether each namespace of the batch is watched and its cache synced, asked once a
-        # namespace.
+        # Whether each namespace of the batch is watched and synced, asked once a namespace.
         synced: dict[str, bool] = {}
         for key in keys:
             namespace = key.partition("/")[0]
@@ -175,11 +156,9 @@ class Reconciler:
                 # No cache and no row lookup covers it: never acted on (a malformed key too).
                 observed.results[key] = self._not_watched(key)
             else:
-                # Judged by the cache of the key's own namespace only. A relist collapses the
-                # states it skipped: a clock started now, from a snapshot the relist may be
-                # about to replace with the same state at a newer version, would cover a
+                # A relist collapses the states it skipped: a clock started now could cover a
                 # non-reapable state it never saw. Synced, every candidate is enqueued.
-                observed.results[key] = ReconcileResult.done(ReconcileOutcome.CACHE_COLD)
+                observed.results[key] = ReconcileResult.done(Outcome.CACHE_COLD)
         if not ready:
             return observed
         keys = ready
@@ -189,16 +168,9 @@ class Reconciler:
                 await self._observe(keys, observed)
             self._observe_timeouts.ok()
         except TimeoutError as exc:
-            self._observe_timeouts.failed(
-                cause_of(exc), f"the bound is {self._settings.reconcile_timeout_s:.1f}s"
-            )
-            logger.debug(
-                "observing %d keys timed out after %.1fs",
-                len(keys),
-                self._settings.reconcile_timeout_s,
-            )
+            failed = self._timed_out(self._observe_timeouts, exc, f"observing {len(keys)} keys")
             for key in keys:
-                observed.results.setdefault(key, ReconcileResult.backoff(ReconcileOutcome.ERROR))
+                observed.results.setdefault(key, failed)
             observed.due = []
         finally:
             self._clocks.end(keys)
@@ -206,8 +178,7 @@ class Reconciler:
 
     async def _observe(self, keys: Sequence[str], observed: Observed) -> None:
         results = observed.results
-        # The cached pods that passed the prefilter, under their keys (a cached pod's key is
-        # the one it is cached under).
+        # The cached pods that passed the prefilter, under their keys.
         candidates: list[tuple[str, PodSnapshot]] = []
         get = self._cache.get
         for key in keys:
@@ -242,19 +213,18 @@ class Reconciler:
                 continue
             elapsed = clocks.observe(pod.uid, key, verdict, now)
             if elapsed is None:
-                # A clearing event arrived while we read; what we read may predate it. The event
-                # enqueued the key again, so the next reconcile starts the clock afresh.
+                # A clearing event arrived while we read (and enqueued the key again).
                 with logs.reconciling(key):
                     logger.debug(
                         "state changed during the reconcile; clock not started", extra={"key": key}
                     )
-                results[key] = ReconcileResult.done(ReconcileOutcome.CHANGED)
+                results[key] = ReconcileResult.done(Outcome.CHANGED)
             elif not checks.observed_long_enough(elapsed, threshold_s):
                 results[key] = ReconcileResult.requeue_after(
-                    ReconcileOutcome.TOO_YOUNG, threshold_s - elapsed
+                    Outcome.TOO_YOUNG, threshold_s - elapsed
                 )
             elif self._settings.dry_run and self._clocks.was_reported(pod.uid):
-                results[key] = ReconcileResult.done(ReconcileOutcome.ALREADY_REPORTED)
+                results[key] = ReconcileResult.done(Outcome.ALREADY_REPORTED)
             else:
                 with logs.reconciling(key):
                     logger.debug(
@@ -274,10 +244,10 @@ class Reconciler:
             text = describe("row lookup", exc)
             self._lookup_failures.failed(cause_of(exc), text)
             logger.debug("row lookup of %d keys failed, clocks cleared: %s", len(keys), text)
-            failed = ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
-            return self._gates.failed(gate, exc, ReconcileOutcome.LOOKUP_FAILED, failed)
+            failed = ReconcileResult.backoff(Outcome.LOOKUP_FAILED)
+            return self._gates.failed(gate, exc, Outcome.LOOKUP_FAILED, failed)
         if isinstance(rows, Held):
-            return rows.result(ReconcileOutcome.LOOKUP_FAILED)
+            return rows.result(Outcome.LOOKUP_FAILED)
         self._lookup_failures.ok()
         return rows
 
@@ -296,11 +266,11 @@ class Reconciler:
             else:
                 logger.error("dropping a key of namespace %s, which is not configured", namespace)
         self._clocks.clear_key(key)
-        return ReconcileResult.done(ReconcileOutcome.ERROR)
+        return ReconcileResult.done(Outcome.ERROR)
 
     def _gone(self, key: str) -> ReconcileResult:
         self._clocks.clear_key(key)
-        return ReconcileResult.done(ReconcileOutcome.GONE)
+        return ReconcileResult.done(Outcome.GONE)
 
     async def act(self, due: Due) -> ReconcileResult:
         """Steps 7-10 for one due key; bounded by ``RECONCILE_TIMEOUT_SECONDS``."""
@@ -308,17 +278,18 @@ class Reconciler:
             with fail_after(self._settings.reconcile_timeout_s):
                 result = await self._act(due)
         except TimeoutError as exc:
-            self._act_timeouts.failed(
-                cause_of(exc), f"the bound is {self._settings.reconcile_timeout_s:.1f}s"
-            )
-            logger.debug(
-                "reconcile timed out after %.1fs",
-                self._settings.reconcile_timeout_s,
-                extra={"key": due.key},
-            )
-            return ReconcileResult.backoff(ReconcileOutcome.ERROR)
+            return self._timed_out(self._act_timeouts, exc, "reconcile", {"key": due.key})
         self._act_timeouts.ok()
         return result
+
+    def _timed_out(
+        self, log: CauseLog, exc: TimeoutError, what: str, extra: dict[str, str] | None = None
+    ) -> ReconcileResult:
+        """A step past ``RECONCILE_TIMEOUT_SECONDS``: logged once a cause, the key backs off."""
+        bound_s = self._settings.reconcile_timeout_s
+        log.failed(cause_of(exc), f"the bound is {bound_s:.1f}s")
+        logger.debug("%s timed out after %.1fs", what, bound_s, extra=extra)
+        return ReconcileResult.backoff(Outcome.ERROR)
 
     async def _act(self, due: Due) -> ReconcileResult:
         # Verified before waiting for a delete token, so only verified candidates wait in line.
@@ -343,7 +314,7 @@ class Reconciler:
                 delay_s,
                 extra={"key": due.key},
             )
-            return ReconcileResult.requeue_after(ReconcileOutcome.THROTTLED, delay_s)
+            return ReconcileResult.requeue_after(Outcome.THROTTLED, delay_s)
         self._clocks.set_waiting(uid, None)
         try:
             # The API client's request slot is taken before the final check, so the DELETE

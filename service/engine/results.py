@@ -1,9 +1,5 @@
-"""What one key's reconcile ends in: one :class:`ReconcileResult` (controller-runtime's Result).
-
-Every step of the pipeline (``engine/reconciler.py``) either lets the key go on or ends it with a
-result; the worker loop (``engine/controller.py``) counts the result and applies it to the work
-queue, the one place that does either.
-"""
+"""What one key's reconcile ends in: one :class:`ReconcileResult` (controller-runtime's Result),
+which the worker loop (``engine/controller.py``) counts and applies to the work queue."""
 
 from __future__ import annotations
 
@@ -11,10 +7,7 @@ import enum
 
 import msgspec
 
-from service.domain import ReconcileOutcome, SkipReason
-
-INACTIVE = "inactive"
-"""Outcome of a reconcile that found the replica disabled or not leader (nothing counted)."""
+from service.domain import Outcome, SkipReason
 
 
 class Action(enum.StrEnum):
@@ -32,8 +25,7 @@ class ReconcileResult(msgspec.Struct, frozen=True, gc=False):
     """One key's result (frozen)."""
 
     action: Action
-    outcome: str
-    """The outcome label (a verdict or a :class:`ReconcileOutcome`), or :data:`INACTIVE`."""
+    outcome: Outcome
     requeue_after_s: float = 0.0
     skip_reason: SkipReason | None = None
     """Why the pod is not reapable, for ``skipped`` (counted by reason)."""
@@ -42,50 +34,45 @@ class ReconcileResult(msgspec.Struct, frozen=True, gc=False):
     key: it is requeued to the dependency's next attempt time, and at once when it answers."""
 
     @staticmethod
-    def done(outcome: str) -> ReconcileResult:
-        return ReconcileResult(Action.DONE, str(outcome))
+    def done(outcome: Outcome) -> ReconcileResult:
+        return ReconcileResult(Action.DONE, outcome)
 
     @staticmethod
-    def requeue_after(outcome: str, delay_s: float) -> ReconcileResult:
-        return ReconcileResult(Action.REQUEUE_AFTER, str(outcome), max(0.0, delay_s))
+    def requeue_after(outcome: Outcome, delay_s: float) -> ReconcileResult:
+        return ReconcileResult(Action.REQUEUE_AFTER, outcome, max(0.0, delay_s))
 
     @staticmethod
-    def backoff(outcome: str) -> ReconcileResult:
-        return ReconcileResult(Action.BACKOFF, str(outcome))
+    def backoff(outcome: Outcome) -> ReconcileResult:
+        return ReconcileResult(Action.BACKOFF, outcome)
 
     @staticmethod
-    def held(outcome: str, dependency: str, wait_s: float) -> ReconcileResult:
+    def held(outcome: Outcome, dependency: str, wait_s: float) -> ReconcileResult:
         """The step's dependency gives no answer: wait ``wait_s`` for its next attempt time, or
         less if it answers sooner."""
-        return ReconcileResult(
-            Action.REQUEUE_AFTER, str(outcome), max(0.0, wait_s), held_by=dependency
-        )
+        return ReconcileResult(Action.REQUEUE_AFTER, outcome, max(0.0, wait_s), held_by=dependency)
 
     @staticmethod
     def skipped(reason: SkipReason | None) -> ReconcileResult:
         """Not reapable (``reason`` is counted beside the outcome)."""
-        return ReconcileResult(Action.DONE, str(ReconcileOutcome.SKIPPED), skip_reason=reason)
+        return ReconcileResult(Action.DONE, Outcome.SKIPPED, skip_reason=reason)
 
     @staticmethod
     def retry(retry_after_s: float | None) -> ReconcileResult:
         """An API error: wait as long as the server asked (Retry-After), else back off."""
         if retry_after_s is None:
-            return ReconcileResult.backoff(ReconcileOutcome.ERROR)
-        return ReconcileResult.requeue_after(ReconcileOutcome.ERROR, retry_after_s)
+            return ReconcileResult.backoff(Outcome.ERROR)
+        return ReconcileResult.requeue_after(Outcome.ERROR, retry_after_s)
 
     @property
     def counted(self) -> bool:
         """Whether the outcome metric counts it (an inactive replica counts nothing)."""
-        return self.outcome != INACTIVE
+        return self.outcome is not Outcome.INACTIVE
 
     @property
     def failed(self) -> bool:
         """Whether it counts as a reconcile error (backoff, or an error with a Retry-After)."""
-        return (
-            self.action is Action.BACKOFF
-            or self.outcome == ReconcileOutcome.ERROR
-            or self.held_by is not None
-        )
+        held = self.held_by is not None
+        return self.action is Action.BACKOFF or self.outcome is Outcome.ERROR or held
 
 
-INACTIVE_RESULT = ReconcileResult.done(INACTIVE)
+INACTIVE_RESULT = ReconcileResult.done(Outcome.INACTIVE)

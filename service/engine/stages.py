@@ -1,9 +1,6 @@
-"""The stages of a due key, as types: the order of the pipeline is held by them.
-
-A :class:`Due` key is verified into a :class:`Verified` one (``engine/verify.py``), the final
-check makes it :class:`Checked`, and only a checked candidate is deleted or reported
-(``engine/delete.py``); mypy rejects any other order (``tests/unit/test_stage_types.py``).
-"""
+"""The stages of a due key, as types: :class:`Due` → :class:`Verified` (``engine/verify.py``) →
+:class:`Checked` (the final check), and only a checked candidate is deleted or reported
+(``engine/delete.py``); mypy rejects any other order (``tests/unit/test_stage_types.py``)."""
 
 from __future__ import annotations
 

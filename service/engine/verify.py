@@ -1,21 +1,16 @@
-"""Steps 7 and 9 of the pipeline (``engine/reconciler.py``): verification and the final check.
-
-Verification makes a :class:`Due` key :class:`Verified` from what the dependencies say now: a
-fresh GET of the pod, a direct re-read of its row classified again, and a round trip on the
-notification listener. The final check makes it :class:`Checked`: verified again while the
-re-read is older than :data:`FINAL_CHECK_MAX_AGE_S`, then the clock and the activation once more,
-with nothing awaited after it.
-"""
+"""Steps 7 and 9 of the pipeline (``engine/reconciler.py``): verification makes a ``Due`` key
+``Verified`` (a fresh GET, a direct row re-read classified again, a round trip on the listener);
+the final check makes it ``Checked`` (verified again while the re-read is older than
+:data:`FINAL_CHECK_MAX_AGE_S`, then the clock and the activation, nothing awaited after it)."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 from service import checks
 from service.classifier import classify
 from service.config import Settings
-from service.domain import ExecutionRow, PodSnapshot, ReconcileOutcome
+from service.domain import ExecutionRow, Outcome, PodSnapshot
 from service.engine.activation import Activation
 from service.engine.gates import FAILURES, Failure, Gates, Held, describe, throttled_s, unauthorized
 from service.engine.observation import ObservationClocks
@@ -28,44 +23,46 @@ from service.kit.timeouts import fail_after
 from service.metrics import EngineMetrics
 from service.ports import ExecutionStore, NotificationBarrier, PodClient
 
-# The pipeline's steps log under one name, whichever module holds them.
-logger = logging.getLogger("service.engine.reconciler")
+logger = logging.getLogger(__name__)
 
 FINAL_CHECK_MAX_AGE_S = 0.25
 """Invariant 1's bound: the DELETE (or dry-run report) is made at most this long after the final
-row re-read began, on the event loop's clock. Older, and the verification is redone. The re-read
-and notification sync take milliseconds; this leaves room for a loaded machine."""
+row re-read began (older, and the verification is redone); room for a loaded machine."""
 MAX_AGE_REVERIFICATIONS = 3
-"""Re-verifications caused by age in one reconcile before it gives up (``stale``): a loop
-starved for longer than the bound at every try must not spin on the API and database."""
+"""Re-verifications caused by age in one reconcile before it gives up (``stale``), so that a
+starved loop does not spin on the API and database."""
 STALE_REQUEUE_S = 1.0
 """A key that gave up as ``stale`` is looked at again this much later (its clock runs on)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Verifier:
     """Steps 7 and 9 for one due key at a time."""
 
-    settings: Settings
-    pods: PodClient
-    store: ExecutionStore
-    barrier: NotificationBarrier
-    clocks: ObservationClocks
-    activation: Activation
-    metrics: EngineMetrics
-    gates: Gates
-    _get_failures: CauseLog = field(
-        init=False, default_factory=lambda: CauseLog("fresh pod GETs fail", logger)
-    )
-    _reread_failures: CauseLog = field(
-        init=False, default_factory=lambda: CauseLog("row re-reads fail, clocks cleared", logger)
-    )
-    _sync_failures: CauseLog = field(
-        init=False,
-        default_factory=lambda: CauseLog(
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        pods: PodClient,
+        store: ExecutionStore,
+        barrier: NotificationBarrier,
+        clocks: ObservationClocks,
+        activation: Activation,
+        metrics: EngineMetrics,
+        gates: Gates,
+    ) -> None:
+        self._settings = settings
+        self._pods = pods
+        self._store = store
+        self._barrier = barrier
+        self._clocks = clocks
+        self._activation = activation
+        self._metrics = metrics
+        self._gates = gates
+        self._get_failures = CauseLog("fresh pod GETs fail", logger)
+        self._reread_failures = CauseLog("row re-reads fail, clocks cleared", logger)
+        self._sync_failures = CauseLog(
             "could not sync change notifications, clocks of due pods cleared", logger
-        ),
-    )
+        )
 
     async def verify(self, due: Due) -> Verified | ReconcileResult:
         """Step 7: fresh GET, direct row re-read, classify again, notification sync, clock."""
@@ -82,19 +79,17 @@ class Verifier:
         same_uid = checks.uid_unchanged(pod, fresh)
         same_verdict = checks.verdict_unchanged(verdict, again)
         if same_verdict and not checks.resource_version_unchanged(pod, fresh):
-            # The pod changed in ways the watch has not delivered yet: what happened in
-            # between (perhaps a non-reapable state) is unknown. Its event is on the way and
-            # enqueues the key again (clearing the clock first if it shows a non-reapable
-            # state); act only on a pod the cache has seen up to this version.
+            # The pod changed in ways the watch has not delivered yet (perhaps a non-reapable
+            # state): its event is on the way and enqueues the key again.
             logger.debug(
                 "pod resourceVersion %s is ahead of the cache (%s); waiting for its events",
                 fresh.resource_version,
                 pod.resource_version,
                 extra={"key": key},
             )
-            return ReconcileResult.done(ReconcileOutcome.CHANGED)
+            return ReconcileResult.done(Outcome.CHANGED)
         if not same_uid or not same_verdict:
-            self.clocks.clear(pod.uid)
+            self._clocks.clear(pod.uid)
             logger.debug(
                 "changed before acting: uid %s -> %s, now %s (%s)",
                 pod.uid,
@@ -103,13 +98,12 @@ class Verifier:
                 again.rule,
                 extra={"key": key},
             )
-            return ReconcileResult.done(ReconcileOutcome.CHANGED)
+            return ReconcileResult.done(Outcome.CHANGED)
 
         synced = await self._sync(key)
         if synced is not None:
             return synced
-        # The re-reads take time: an event may have cleared the clock, or leadership may have
-        # been lost, meanwhile (checked here so that no such candidate waits for the budget).
+        # An event may have cleared the clock, or the lease been lost, during the re-reads.
         elapsed = self._still_due(due, clock.now())
         if isinstance(elapsed, ReconcileResult):
             return elapsed
@@ -119,19 +113,19 @@ class Verifier:
         """The fresh GET of the pod."""
         pod = due.pod
         try:
-            fresh = await self.gates.call(
-                self.gates.api,
-                self.settings.kube.api_timeout_s,
-                lambda: self.pods.get_pod(pod.namespace, pod.name),
+            fresh = await self._gates.call(
+                self._gates.api,
+                self._settings.kube.api_timeout_s,
+                lambda: self._pods.get_pod(pod.namespace, pod.name),
             )
         except FAILURES as exc:
             return self._get_failed(due.key, exc)
         if isinstance(fresh, Held):
-            return fresh.result(ReconcileOutcome.ERROR)
+            return fresh.result(Outcome.ERROR)
         self._get_failures.ok()
         if fresh is None:
-            self.clocks.clear_key(due.key)
-            return ReconcileResult.done(ReconcileOutcome.GONE)
+            self._clocks.clear_key(due.key)
+            return ReconcileResult.done(Outcome.GONE)
         return fresh
 
     def _get_failed(self, key: str, exc: Failure) -> ReconcileResult:
@@ -139,62 +133,59 @@ class Verifier:
         extra = {"key": key}
         throttled = throttled_s(exc)
         if throttled is not None:
-            # The API client retried it within its timeout already; the key comes back after
-            # the server's Retry-After, its clock running on.
+            # Retried by the API client already: back after the Retry-After, the clock on.
             logger.debug("fresh pod GET throttled: %s", text, extra=extra)
-            return ReconcileResult.requeue_after(ReconcileOutcome.THROTTLED, throttled)
+            return ReconcileResult.requeue_after(Outcome.THROTTLED, throttled)
         if unauthorized(exc):
             logger.debug("fresh pod GET refused: %s", text, extra=extra)
-            return ReconcileResult.backoff(ReconcileOutcome.ERROR)
+            return ReconcileResult.backoff(Outcome.ERROR)
         if isinstance(exc, Undecodable):
             # The pod as the server has it now cannot be read: a gap in its observation.
-            self.clocks.clear_key(key)
+            self._clocks.clear_key(key)
             self._get_failures.failed(cause_of(exc), f"{key} undecodable, clock cleared: {text}")
             logger.debug("fresh pod GET undecodable, clock cleared: %s", text, extra=extra)
         else:
             self._get_failures.failed(cause_of(exc), text)
             logger.debug("fresh pod GET failed: %s", text, extra=extra)
-        return self.gates.api_failed(exc)
+        return self._gates.api_failed(exc)
 
     async def _reread(self, due: Due) -> ExecutionRow | ReconcileResult | None:
         """The direct re-read of the row; a failed or held one clears the clock (invariant 3)."""
-        database = self.gates.database
+        database = self._gates.database
         try:
-            row = await self.gates.call(
+            row = await self._gates.call(
                 database,
-                self.settings.database.statement_timeout_s,
-                lambda: self.store.read_fresh(due.pod.key),
+                self._settings.database.statement_timeout_s,
+                lambda: self._store.read_fresh(due.pod.key),
             )
         except FAILURES as exc:
-            self.clocks.clear_key(due.key)
+            self._clocks.clear_key(due.key)
             text = describe("row re-read", exc)
             self._reread_failures.failed(cause_of(exc), text)
             logger.debug("row re-read failed, clock cleared: %s", text, extra={"key": due.key})
-            failed = ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
-            return self.gates.failed(database, exc, ReconcileOutcome.LOOKUP_FAILED, failed)
+            failed = ReconcileResult.backoff(Outcome.LOOKUP_FAILED)
+            return self._gates.failed(database, exc, Outcome.LOOKUP_FAILED, failed)
         if isinstance(row, Held):
-            self.clocks.clear_key(due.key)
-            return row.result(ReconcileOutcome.LOOKUP_FAILED)
+            self._clocks.clear_key(due.key)
+            return row.result(Outcome.LOOKUP_FAILED)
         self._reread_failures.ok()
         return row
 
     async def _sync(self, key: str) -> ReconcileResult | None:
         """A round trip on the notification listener; ``None`` once it is back."""
         # A row that flipped active and back between the lookup and the re-read shows only in
-        # its notifications: make sure none is still in flight before trusting the clock (a
-        # stalled listener fails this, and the clock restarts).
+        # its notifications: none may still be in flight (a stalled listener fails this).
         try:
-            with fail_after(self.settings.database.statement_timeout_s):
-                await checks.sync_notifications(self.barrier)
+            with fail_after(self._settings.database.statement_timeout_s):
+                await checks.sync_notifications(self._barrier)
         except FAILURES as exc:
-            self.clocks.clear_key(key)
+            self._clocks.clear_key(key)
             text = describe("notification sync", exc)
-            # Once per cause: a listener that cannot prove delivery fails every due key.
             self._sync_failures.failed(cause_of(exc), text)
             logger.debug(
                 "could not sync change notifications, clock cleared: %s", text, extra={"key": key}
             )
-            return ReconcileResult.backoff(ReconcileOutcome.LOOKUP_FAILED)
+            return ReconcileResult.backoff(Outcome.LOOKUP_FAILED)
         self._sync_failures.ok()
         return None
 
@@ -216,9 +207,9 @@ class Verifier:
                     reverified,
                     extra={"key": due.key},
                 )
-                return ReconcileResult.requeue_after(ReconcileOutcome.STALE, STALE_REQUEUE_S)
+                return ReconcileResult.requeue_after(Outcome.STALE, STALE_REQUEUE_S)
             reverified += 1
-            self.metrics.final_check_reverifications.inc()
+            self._metrics.final_check_reverifications.inc()
             logger.debug(
                 "final check %.3fs old (bound %.2fs); verifying again",
                 age_s,
@@ -233,18 +224,17 @@ class Verifier:
         elapsed = self._still_due(due, now)
         if isinstance(elapsed, ReconcileResult):
             return elapsed
-        self.metrics.final_check_age.observe(age_s)
+        self._metrics.final_check_age.observe(age_s)
         return Checked(verified, elapsed)
 
     def _still_due(self, due: Due, now: float) -> float | ReconcileResult:
-        """The seconds ``due``'s UID has been continuously reapable at ``now``, if past the
-        threshold and this replica still active; else the result that ends the reconcile.
-        Synchronous."""
-        elapsed = self.clocks.elapsed(due.pod.uid, now)
-        if elapsed is None or not checks.observed_long_enough(elapsed, self.settings.threshold_s):
+        """Seconds ``due``'s UID has been continuously reapable at ``now``, if past the threshold
+        and this replica still active; else the result that ends the reconcile."""
+        elapsed = self._clocks.elapsed(due.pod.uid, now)
+        if elapsed is None or not checks.observed_long_enough(elapsed, self._settings.threshold_s):
             logger.debug("clock cleared while verifying; not acting", extra={"key": due.key})
-            return ReconcileResult.done(ReconcileOutcome.CHANGED)
-        if not self.activation.active:
+            return ReconcileResult.done(Outcome.CHANGED)
+        if not self._activation.active:
             logger.debug("no longer active; not acting", extra={"key": due.key})
             return INACTIVE_RESULT
         return elapsed

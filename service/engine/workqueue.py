@@ -1,34 +1,20 @@
 """The controller work queue: deduplicating, delayed, rate-limited, with client-go's semantics.
 
-A key lives in at most one of three places that matter for correctness:
+A key is in at most one of the places that matter for correctness: ``dirty`` (it needs
+processing; not added twice), ``processing`` (a worker holds it; added meanwhile, it stays dirty
+and is ready again at :meth:`done`), the delay heap (:meth:`add_after` keeps each key's earliest
+due time in ``waiting``; stale heap entries are skipped lazily; a due key is :meth:`add`-ed). As in
+client-go, an immediate add does not cancel a pending delayed one: the key is then processed
+twice, harmless for an idempotent reconcile. Delays run on the event loop's clock
+(``service/kit/clock.py``): one loop timer is armed for the earliest due time.
 
-- ``dirty``: it needs processing. A key already dirty is not added again (deduplication).
-- ``processing``: a worker holds it. It is never handed to a second worker; if it is added while
-  in flight it stays dirty and goes back on the ready list when the worker calls :meth:`done`.
-- the delay heap: :meth:`add_after` keeps, per key, the *earliest* due time (``waiting`` maps key
-  to that time; heap entries that no longer match are skipped lazily). When the time comes the
-  key is :meth:`add`-ed, so it is deduplicated like any other add. As in client-go, an immediate
-  add does not cancel a pending delayed one: the key is then processed twice, which is harmless
-  for an idempotent reconcile and keeps "reconcile again when the clock expires" true.
+Failures back off per key (``add_rate_limited``); :meth:`forget` resets the count. Workers take
+keys in batches (:meth:`get_batch`). Sets and dicts never shrink: when the last ready key is
+taken, tables grown past ``_COMPACT_BYTES`` are rebuilt and the memory handed back to the OS.
 
-Delays run on the event loop's clock (``service/kit/clock.py``): one loop timer is armed for the
-earliest due time; when it fires, due keys move to the ready list and getters wake.
-
-Failures back off per key (``add_rate_limited``, client-go's item exponential failure limiter):
-the queue counts each key's failures and asks the kit's :class:`~service.kit.backoff.Backoff`
-for the delay; :meth:`forget` resets the count.
-
-Workers take keys in batches (:meth:`get_batch`): up to a limit, a share of what is ready.
-
-Python's sets and dicts never shrink as keys leave, so a catch-up that enqueued every cached
-candidate would leave the dirty set at that size: when the last ready key is taken, tables grown
-past ``_COMPACT_BYTES`` are rebuilt at the size of what is left in them, and the freed memory is
-handed back to the OS (kit ``trim_heap``).
-
-Shutdown differs from client-go on purpose: after :meth:`shut_down`, :meth:`get_batch` returns
-``None`` at once (queued keys are dropped: a restart relists everything), adds are ignored, and
-in-flight keys may still be marked :meth:`done`; :meth:`shut_down_with_drain` additionally
-waits, at most ``timeout_s``, for the in-flight keys to finish.
+Unlike client-go, after :meth:`shut_down` :meth:`get_batch` returns ``None`` at once (queued keys
+are dropped: a restart relists), adds are ignored, and in-flight keys may still be marked
+:meth:`done`; :meth:`shut_down_with_drain` waits, at most ``timeout_s``, for them.
 """
 
 from __future__ import annotations
@@ -48,8 +34,7 @@ from service.kit.memory import trim_heap
 from service.metrics import QueueMetrics
 
 _COMPACT_BYTES = 1 << 20
-"""A dirty set this large (about 30,000 keys' table) is rebuilt once its last ready key is
-taken."""
+"""A dirty set this large (about 30,000 keys' table) is rebuilt once its last key is taken."""
 
 
 class WorkQueue:
@@ -57,10 +42,7 @@ class WorkQueue:
     synchronous."""
 
     def __init__(
-        self,
-        *,
-        metrics: QueueMetrics | None = None,
-        backoff: Backoff | None = None,
+        self, *, metrics: QueueMetrics | None = None, backoff: Backoff | None = None
     ) -> None:
         self._metrics = metrics
         self._backoff = backoff if backoff is not None else Backoff(initial_s=0.005, max_s=60.0)
@@ -81,8 +63,6 @@ class WorkQueue:
             # Read when scraped.
             metrics.queue_depth.set_function(lambda: len(self._ready))
             metrics.queue_delayed.set_function(lambda: len(self._waiting))
-
-    # ------------------------------------------------------------------ adding
 
     def add(self, *keys: str) -> None:
         """Mark each of ``keys`` for processing, in order (a key already waiting is not added
@@ -133,16 +113,10 @@ class WorkQueue:
         """``key`` succeeded: reset its backoff (does not remove it from the queue)."""
         self._failures.pop(key, None)
 
-    # --------------------------------------------------------------- consuming
-
     async def get_batch(self, limit: int, *, shares: int = 1, least: int = 1) -> list[str] | None:
         """Up to ``limit`` ready keys (at least one; waits for it), each marked as processing;
-        ``None`` once shut down.
-
-        A ``1/shares`` part of the ready keys (rounded up), but no fewer than ``least``, is
-        taken: many ready keys are spread over ``shares`` concurrent getters rather than taken
-        whole by the first, in parts of at least ``least`` keys.
-        """
+        ``None`` once shut down. A ``1/shares`` part of the ready keys (rounded up), but no fewer
+        than ``least``, is taken: spread over ``shares`` concurrent getters, in parts."""
         while True:
             if self._shutting_down:
                 return None
@@ -177,8 +151,7 @@ class WorkQueue:
                 raise
 
     def _compact(self) -> None:
-        """Rebuild the grown tables at the size of what is left (keys re-added while in
-        flight), and give the freed memory back."""
+        """Rebuild the grown tables at the size of what is left, and give the memory back."""
         self._dirty = set(self._dirty)
         self._dirty_since = dict(self._dirty_since)
         trim_heap()
@@ -196,8 +169,6 @@ class WorkQueue:
         self._wake(requeued)
         if not self._processing and self._drained is not None:
             self._drained.set()
-
-    # ---------------------------------------------------------------- shutdown
 
     def shut_down(self) -> None:
         """Stop accepting keys and handing them out; getters return ``None``."""
@@ -228,8 +199,6 @@ class WorkQueue:
     def shutting_down(self) -> bool:
         return self._shutting_down
 
-    # ------------------------------------------------------------ introspection
-
     def __len__(self) -> int:
         """Keys ready to be handed out (not counting delayed or in-flight ones)."""
         return len(self._ready)
@@ -241,8 +210,6 @@ class WorkQueue:
     @property
     def processing(self) -> frozenset[str]:
         return frozenset(self._processing)
-
-    # ---------------------------------------------------------------- internal
 
     def _promote_due(self) -> None:
         now = clock.now()

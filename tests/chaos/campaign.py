@@ -34,7 +34,7 @@ from typing import Any
 import anyio
 
 from tests.chaos.checker import SeedResult
-from tests.chaos.driver import RECONCILER_LOGGER, ReportCollector, run_seed
+from tests.chaos.driver import REPORT_LOGGER, ReportCollector, run_seed
 from tests.chaos.pgserver import SharedPostgres
 from tests.chaos.schedule import CampaignConfig
 
@@ -53,10 +53,10 @@ async def run_campaign(
     if own:
         await shared.start()
     collector = ReportCollector()
-    reconciler_logger = logging.getLogger(RECONCILER_LOGGER)
-    old_level = reconciler_logger.level
-    reconciler_logger.setLevel(logging.DEBUG)  # the per-report lines (ReportCollector)
-    reconciler_logger.addHandler(collector)
+    report_logger = logging.getLogger(REPORT_LOGGER)
+    old_level = report_logger.level
+    report_logger.setLevel(logging.DEBUG)  # the per-report lines (ReportCollector)
+    report_logger.addHandler(collector)
     results: dict[int, SeedResult] = {}
     limiter = anyio.Semaphore(concurrency)
 
@@ -69,8 +69,8 @@ async def run_campaign(
             for seed in seeds:
                 tg.start_soon(one, seed)
     finally:
-        reconciler_logger.removeHandler(collector)
-        reconciler_logger.setLevel(old_level)
+        report_logger.removeHandler(collector)
+        report_logger.setLevel(old_level)
         if own:
             await anyio.to_thread.run_sync(shared.stop)
     return [results[s] for s in seeds]

@@ -39,11 +39,11 @@ from tests.chaos.steps import apply_step
 from tests.chaos.world import World
 
 logger = logging.getLogger(__name__)
-RECONCILER_LOGGER = "service.engine.reconciler"
+REPORT_LOGGER = "service.engine.delete"
 
 
 class ReportCollector(logging.Handler):
-    """Collects the reconciler's dry-run "would reap" records (debug: one a report; at info
+    """Collects the dry-run "would reap" records (engine/delete.py) (debug: one a report; at info
     only a summary an interval), by seed (from the pod name)."""
 
     _SEED = re.compile(r"space-sbx-s(\d+)n")

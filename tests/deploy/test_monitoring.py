@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from service.domain import ReconcileOutcome, Verdict
+from service.domain import Outcome, Verdict
 from tests.deploy.rendering import Obj, render
 from tests.deploy.support import (
     MONITORING,
@@ -123,7 +123,9 @@ def test_exported_names_include_unchilded_labelled_families_and_histogram_series
     assert "retired_pod_gc_reconcile_duration_seconds_bucket" in exported_metric_names
     assert "retired_pod_gc_reconcile_duration_seconds" not in exported_metric_names
     verdicts = exported_metric_names.labels["cluster_reconciler_outcome_total"]["verdict"]
-    assert verdicts == {str(v) for v in Verdict} | {str(o) for o in ReconcileOutcome}
+    assert verdicts == {str(v) for v in Verdict} | {
+        str(o) for o in Outcome if o is not Outcome.INACTIVE
+    }
 
 
 # --- PrometheusRule -----------------------------------------------------------------------------

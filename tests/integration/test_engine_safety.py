@@ -545,7 +545,7 @@ async def test_a_store_log_line_inside_a_reconcile_carries_its_batch_id(
     (and, in a batch of one, the key's reconcile id), as the reconciler's own lines do."""
     emu = emulator.emulator
     caplog.set_level(logging.INFO, logger="service")
-    caplog.set_level(logging.DEBUG, logger="service.engine.reconciler")  # the delete's own line
+    caplog.set_level(logging.DEBUG, logger="service.engine.delete")  # the delete's own line
     await pg_conn.execute("ALTER TABLE sandbox_k8s_executions ALTER COLUMN active DROP NOT NULL")
     malformed = await seed_row(pg_conn, "l1", active=False, state="suspended")
     await pg_conn.execute(
@@ -566,7 +566,7 @@ async def test_a_store_log_line_inside_a_reconcile_carries_its_batch_id(
     [deleted] = [
         r
         for r in caplog.records
-        if r.name == "service.engine.reconciler" and r.getMessage().startswith("deleted ")
+        if r.name == "service.engine.delete" and r.getMessage().startswith("deleted ")
     ]
     assert getattr(deleted, "reconcile_id", None)
     outside = [r for r in caplog.records if "starting in" in r.getMessage()]

@@ -40,7 +40,7 @@ from service.engine import workqueue as workqueue_module
 from service.engine.activation import Activation
 from service.engine.controller import Controller
 from service.engine.gates import dependency_backoff
-from service.engine.kept import KeptPods
+from service.engine.kept.view import KeptPods
 from service.engine.workqueue import WorkQueue
 from service.kit.backoff import Backoff
 from service.kube import informer as informer_module

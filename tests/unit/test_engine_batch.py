@@ -9,9 +9,10 @@ import math
 import anyio
 import pytest
 
-from service.domain import ExecutionChange, ExecutionState, PodPhase, ReconcileOutcome, Verdict
-from service.engine.controller import HELD_RECHECK_S, MIN_BATCH
+from service.domain import ExecutionChange, ExecutionState, Outcome, PodPhase, Verdict
+from service.engine.controller import MIN_BATCH
 from service.engine.gates import DEPENDENCY_BACKOFF_MAX_S
+from service.engine.held import HELD_RECHECK_S
 from service.kit import clock
 from service.kit.errors import Unavailable
 from tests.fakes import EngineRig, clock_of, make_pod, make_rig, make_row, make_settings
@@ -43,7 +44,7 @@ async def test_a_burst_starts_every_clock_with_one_row_query_per_batch() -> None
         assert rig.queue.delayed == BURST and rig.queue.processing == frozenset()
         assert rig.store.fresh_reads == 0
         assert 1 < rig.store.lookups <= math.ceil(BURST / MIN_BATCH)
-        assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == BURST
+        assert rig.outcome(Outcome.TOO_YOUNG) == BURST
         assert rig.sample("retired_pod_gc_reconcile_duration_seconds_count") == BURST
         assert rig.sample("retired_pod_gc_tracked_clocks") == BURST
         assert rig.pods.gets == [] and rig.pods.deletes == []
@@ -76,7 +77,7 @@ async def test_due_keys_of_a_batch_are_verified_one_by_one_before_any_delete() -
     assert rig.sample("retired_pod_gc_reconcile_duration_seconds_count") == 600
     assert all(d.uid and d.resource_version for d in rig.pods.deletes)
     assert rig.outcome(Verdict.TERMINAL_RETIRED) == 298
-    assert rig.outcome(ReconcileOutcome.CHANGED) == 2
+    assert rig.outcome(Outcome.CHANGED) == 2
 
 
 @pytest.mark.anyio
@@ -100,8 +101,8 @@ async def test_a_notification_during_the_batch_lookup_keeps_that_clock_stopped()
         rig.store.lookup_gate = again
         gate.set()
         await settle()
-        assert rig.outcome(ReconcileOutcome.CHANGED) == 1
-        assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 99
+        assert rig.outcome(Outcome.CHANGED) == 1
+        assert rig.outcome(Outcome.TOO_YOUNG) == 99
         assert clock_of(rig.clocks, flipped.uid) is None and len(rig.clocks) == 99
         await rig.advance(4)  # the re-read held, within its statement timeout (5 s)
         rig.store.lookup_gate = None
@@ -128,7 +129,7 @@ async def test_a_failed_batch_lookup_clears_every_clock_and_holds_every_key_toge
             rig.queue.add(key)
         await settle()
         assert len(rig.clocks) == 0
-        assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) >= 200
+        assert rig.outcome(Outcome.LOOKUP_FAILED) >= 200
         # One lookup found the database down; every other key was held, none sent its own.
         assert rig.store.lookups == lookups + 1
         assert rig.sample("retired_pod_gc_dependency_backoff", {"dependency": "database"}) == 1
@@ -146,9 +147,7 @@ async def test_a_failed_batch_lookup_clears_every_clock_and_holds_every_key_toge
         )
         # And the workers are not kept busy either: one held key (the driver) comes back each
         # step; the others once in HELD_RECHECK_S at most.
-        assert (
-            rig.outcome(ReconcileOutcome.LOOKUP_FAILED) <= 200 * (1 + 60 / HELD_RECHECK_S) + probes
-        )
+        assert rig.outcome(Outcome.LOOKUP_FAILED) <= 200 * (1 + 60 / HELD_RECHECK_S) + probes
         rig.store.lookup_error = None
         # Back: the next probe answers within the cap, and releases every held key at once.
         await rig.advance(DEPENDENCY_BACKOFF_MAX_S)
@@ -185,7 +184,7 @@ async def test_a_batch_skips_what_is_not_reapable_and_queries_only_candidates() 
             rig.queue.add(pod.key)
         await settle()
     assert sorted(queried) == sorted(p.key for p in [*active, *no_row])
-    assert rig.outcome(ReconcileOutcome.SKIPPED) == 150
+    assert rig.outcome(Outcome.SKIPPED) == 150
     assert len(rig.clocks) == 0 and rig.queue.delayed == 0
 
 
@@ -234,13 +233,13 @@ async def test_a_batch_from_a_relisting_cache_starts_no_clock() -> None:
     observed = await rig.reconciler.observe([pod.key for pod in pods])
     assert observed.due == []
     assert len(observed.results) == len(pods)
-    assert {r.outcome for r in observed.results.values()} == {ReconcileOutcome.CACHE_COLD}
-    assert rig.outcome(ReconcileOutcome.CACHE_COLD) == 0  # observe counts nothing itself
+    assert {r.outcome for r in observed.results.values()} == {Outcome.CACHE_COLD}
+    assert rig.outcome(Outcome.CACHE_COLD) == 0  # observe counts nothing itself
     results = await rig.reconcile_batch([pod.key for pod in pods])
-    assert {r.outcome for r in results.values()} == {ReconcileOutcome.CACHE_COLD}
+    assert {r.outcome for r in results.values()} == {Outcome.CACHE_COLD}
     assert len(rig.clocks) == 0
     assert rig.store.lookups == 0
-    assert rig.outcome(ReconcileOutcome.CACHE_COLD) == len(pods)
+    assert rig.outcome(Outcome.CACHE_COLD) == len(pods)
 
 
 @pytest.mark.anyio
@@ -250,7 +249,7 @@ async def test_when_the_key_that_drives_the_probe_is_gone_another_held_key_drive
         rig.store.lookup_error = Unavailable("db down")
         keys = _retire_all(rig, 3)  # one batch: the first key held drives the probes
         await settle()
-        assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) == 3
+        assert rig.outcome(Outcome.LOOKUP_FAILED) == 3
         # The driver and the next one go away while the database is down (no event: the cache
         # alone forgets them, as after a missed delete).
         for key in keys[:2]:

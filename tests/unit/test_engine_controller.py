@@ -15,9 +15,9 @@ from service.domain import (
     ExecutionChange,
     ExecutionRow,
     ExecutionState,
+    Outcome,
     PodPhase,
     PodSnapshot,
-    ReconcileOutcome,
     Verdict,
     Waiting,
 )
@@ -53,7 +53,7 @@ def _change(pod: PodSnapshot, *, active: bool, state: ExecutionState) -> Executi
 async def _observed_for_100s(rig: EngineRig, pod: PodSnapshot, row: ExecutionRow) -> None:
     """``pod`` and its ``row`` reconciled once (the clock starts), then 100 s pass."""
     rig.add(pod, row, event=False)
-    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert (await rig.reconcile(pod.key)).outcome == Outcome.TOO_YOUNG
     await rig.advance(100)
 
 
@@ -61,7 +61,7 @@ async def _assert_clock_restarted(rig: EngineRig, pod: PodSnapshot) -> None:
     """300 s after the first observation the reconcile still waits a whole threshold."""
     await rig.advance(200)
     result = await rig.reconcile(pod.key)
-    assert (result.outcome, result.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
+    assert (result.outcome, result.requeue_after_s) == (Outcome.TOO_YOUNG, 300.0)
     assert rig.pods.deletes == []
 
 
@@ -75,7 +75,7 @@ async def test_deletes_only_after_the_threshold_with_uid_and_rv_preconditions() 
     async with rig.workers():
         rig.add(pod, make_row(pod))  # the watch event enqueues it at once
         await settle()
-        assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 1
+        assert rig.outcome(Outcome.TOO_YOUNG) == 1
         assert rig.queue.delayed == 1  # requeued: the delete below comes at exactly the expiry
         rig.add(structs.replace(pod, resource_version="131"))  # a reapable-shape status write
         await rig.advance(299.5)
@@ -89,7 +89,7 @@ async def test_deletes_only_after_the_threshold_with_uid_and_rv_preconditions() 
         await rig.advance(10_000)  # idle: no polling, no row queries
         assert rig.store.queries == queries
     assert rig.outcome(Verdict.TERMINAL_RETIRED) == 1
-    assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 2  # the add, and the status write
+    assert rig.outcome(Outcome.TOO_YOUNG) == 2  # the add, and the status write
 
 
 @pytest.mark.anyio
@@ -243,7 +243,7 @@ async def test_no_clock_starts_from_the_stale_snapshot_of_a_relisting_cache() ->
     rig.cache.synced = False
     rig.pods.pods[pod.key] = structs.replace(pod, resource_version="46")
     stale = await rig.reconcile(pod.key)
-    assert stale.outcome == ReconcileOutcome.CACHE_COLD
+    assert stale.outcome == Outcome.CACHE_COLD
     assert len(rig.clocks) == 0
     await rig.advance(100)
     # The relist delivers the final state (only its version differs), then the cache is synced.
@@ -251,9 +251,9 @@ async def test_no_clock_starts_from_the_stale_snapshot_of_a_relisting_cache() ->
     rig.cache.synced = True
     rig.controller.cache_synced(NAMESPACE)
     first = await rig.reconcile(pod.key)
-    assert (first.outcome, first.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
+    assert (first.outcome, first.requeue_after_s) == (Outcome.TOO_YOUNG, 300.0)
     await rig.advance(299)
-    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert (await rig.reconcile(pod.key)).outcome == Outcome.TOO_YOUNG
     assert rig.pods.deletes == []
 
 
@@ -336,7 +336,7 @@ async def test_a_batch_clears_exactly_its_keys_clocks_at_once_and_enqueues_them_
     pods = [make_pod(f"b{i}") for i in range(6)]
     for pod in pods:
         rig.add(pod, make_row(pod), event=False)
-        assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+        assert (await rig.reconcile(pod.key)).outcome == Outcome.TOO_YOUNG
     assert len(rig.clocks) == 6
     await take_ready(rig.queue)
     in_batch, outside = pods[:4], pods[4:]
@@ -389,6 +389,23 @@ async def test_an_inactive_controller_clears_a_batch_but_enqueues_nothing() -> N
     assert len(rig.queue) == 0
 
 
+@pytest.mark.anyio
+async def test_reconciles_done_counts_what_the_duration_histogram_counts() -> None:
+    """The watchdog's progress count: one a counted reconcile, none while inactive."""
+    rig = make_rig()
+    pods = [make_pod(f"p{i}") for i in range(3)]
+    for pod in pods:
+        rig.add(pod, make_row(pod))
+    await rig.reconcile_batch([pod.key for pod in pods])
+    await rig.reconcile(pods[0].key)
+    assert rig.controller.reconciles_done == 4
+    assert rig.sample("retired_pod_gc_reconcile_duration_seconds_count") == 4
+    idle = make_rig(leader=False)
+    idle.add(pods[0], make_row(pods[0]))
+    await idle.reconcile(pods[0].key)
+    assert idle.controller.reconciles_done == 0
+
+
 # ------------------------------------------------------------ invariant 4
 
 
@@ -433,7 +450,7 @@ async def test_dry_run_with_workers_reports_each_uid_once_across_many_events(
             await rig.advance(10)
     assert rig.pods.deletes == []
     assert rig.outcome(Verdict.TERMINAL_RETIRED, "dry_run") == 1
-    assert rig.outcome(ReconcileOutcome.ALREADY_REPORTED, "dry_run") == 5
+    assert rig.outcome(Outcome.ALREADY_REPORTED, "dry_run") == 5
     assert sum("would reap" in r.getMessage() for r in caplog.records) == 1
     assert rig.controller.reaped.unsummarised == 1  # and one in the info summary
 
@@ -543,7 +560,7 @@ async def test_a_malformed_key_never_crashes_a_worker(caplog: pytest.LogCaptureF
     exploding = _ExplodingCache()
     rig.cache = exploding
     rig.reconciler._cache = exploding
-    rig.controller.cache = exploding
+    rig.controller._cache = exploding
     pod = make_pod()
     async with rig.workers(1):
         for bad in ("no-slash", "a/b/c", "", f"{NAMESPACE}/boom"):
@@ -583,7 +600,7 @@ async def test_worker_results_map_onto_the_queue_like_controller_runtime() -> No
     assert await rig.queue.get_batch(10) == [pod.key]
     for delay_s in (0.005, 0.010, 0.020):  # backoff: rate-limited requeue, one more failure each
         result = await rig.reconcile(pod.key)
-        assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.LOOKUP_FAILED)
+        assert (result.action, result.outcome) == (Action.BACKOFF, Outcome.LOOKUP_FAILED)
         await ready_after(delay_s)
     rig.store.lookup_error = None
     result = await rig.reconcile(pod.key)  # requeue after: forget, and add after the delay
@@ -616,7 +633,7 @@ async def test_stop_lets_an_in_flight_reconcile_finish() -> None:
         assert drained == []
         gate.set()
     assert drained == [True]
-    assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 1  # the in-flight one completed
+    assert rig.outcome(Outcome.TOO_YOUNG) == 1  # the in-flight one completed
     assert rig.store.lookups == 1
 
 
@@ -731,15 +748,15 @@ async def test_a_bug_in_an_adapter_is_logged_counted_and_never_deletes(
         rig.store.fresh_error = bug
     for _ in range(3):
         if where != "lookup":  # a bug of the verification: observed, due, then it raises
-            assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+            assert (await rig.reconcile(pod.key)).outcome == Outcome.TOO_YOUNG
             await rig.advance(300)
         result = await rig.reconcile(pod.key)
-        assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
+        assert (result.action, result.outcome) == (Action.BACKOFF, Outcome.ERROR)
         assert clock_of(rig.clocks, pod.uid) is None  # a gap in the observation
         await rig.advance(300)
     assert rig.pods.deletes == []
     assert rig.sample("retired_pod_gc_reconcile_bugs_total") == 3
-    assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) == 0  # not disguised as an outage
+    assert rig.outcome(Outcome.LOOKUP_FAILED) == 0  # not disguised as an outage
     bugs = [r for r in caplog.records if r.levelno == logging.ERROR and "a bug" in r.getMessage()]
     assert len(bugs) == 3
     assert all(r.exc_info and r.exc_info[1] is bug for r in bugs)  # with its traceback
@@ -768,12 +785,12 @@ async def test_a_namespace_going_cold_clears_only_its_own_clocks_and_its_own_key
     assert clock_of(rig.clocks, ours.uid) is not None and clock_of(rig.clocks, theirs.uid) is None
     # A key is judged by the cache of its own namespace: OTHER's waits, ours goes on.
     results = await rig.reconcile_batch([ours.key, theirs.key])
-    assert results[theirs.key].outcome == ReconcileOutcome.CACHE_COLD
-    assert results[ours.key].outcome == ReconcileOutcome.TOO_YOUNG
+    assert results[theirs.key].outcome == Outcome.CACHE_COLD
+    assert results[ours.key].outcome == Outcome.TOO_YOUNG
     assert results[ours.key].requeue_after_s == pytest.approx(100.0)
     await rig.advance(100)
     assert (await rig.reconcile(ours.key)).outcome == Verdict.TERMINAL_RETIRED
-    assert (await rig.reconcile(theirs.key)).outcome == ReconcileOutcome.CACHE_COLD
+    assert (await rig.reconcile(theirs.key)).outcome == Outcome.CACHE_COLD
     assert rig.pods.deleted_keys == [ours.key]
     # Synced again: only then does OTHER's pod start a clock, from zero.
     rig.cache.cold_namespaces.clear()
@@ -790,7 +807,7 @@ async def test_a_key_of_a_namespace_not_configured_is_never_acted_on() -> None:
     rig.add(stray, make_row(stray), event=False)
     for _ in range(3):
         result = await rig.reconcile(stray.key)
-        assert result.outcome == ReconcileOutcome.ERROR
+        assert result.outcome == Outcome.ERROR
         await rig.advance(400)
     assert len(rig.clocks) == 0
     assert rig.pods.deletes == [] and rig.pods.gets == [] and rig.store.queries == 0

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from service.domain import ExecutionChange, ExecutionState, PodSnapshot, ReconcileOutcome, Verdict
+from service.domain import ExecutionChange, ExecutionState, Outcome, PodSnapshot, Verdict
 from service.engine.results import ReconcileResult
 from service.engine.verify import FINAL_CHECK_MAX_AGE_S, MAX_AGE_REVERIFICATIONS
 from tests.fakes import EngineRig, make_pod, make_rig, make_row, make_settings
@@ -52,7 +52,7 @@ async def _reconcile_after_threshold(rig: EngineRig, *pods: PodSnapshot) -> None
     for pod in pods:
         rig.add(pod, make_row(pod), event=False)
         first = await rig.reconcile(pod.key)
-        assert first.outcome == ReconcileOutcome.TOO_YOUNG
+        assert first.outcome == Outcome.TOO_YOUNG
     await rig.advance(rig.settings.threshold_s)
 
 
@@ -133,12 +133,12 @@ async def test_a_loop_starved_past_the_bound_at_every_try_gives_up_without_actin
 
     result = await rig.reconcile(pod.key)
 
-    assert result.outcome == ReconcileOutcome.STALE
+    assert result.outcome == Outcome.STALE
     assert result.requeue_after_s > 0
     assert rig.pods.deletes == []
     assert not rig.clocks.was_reported(pod.uid)
     assert rig.store.fresh_reads == 1 + MAX_AGE_REVERIFICATIONS
-    assert rig.outcome(ReconcileOutcome.STALE) == 1
+    assert rig.outcome(Outcome.STALE) == 1
 
 
 @pytest.mark.anyio
@@ -167,9 +167,7 @@ async def test_a_clearing_event_during_a_short_token_wait_stops_the_delete() -> 
         await rig.advance(0.1)
 
     assert rig.sample("retired_pod_gc_final_check_reverifications_total") == 0
-    assert sorted(r.outcome for r in results) == sorted(
-        [Verdict.TERMINAL_RETIRED, ReconcileOutcome.CHANGED]
-    )
+    assert sorted(r.outcome for r in results) == sorted([Verdict.TERMINAL_RETIRED, Outcome.CHANGED])
     assert rig.pods.deleted_keys == [first.key]
 
 
@@ -194,7 +192,7 @@ async def test_a_candidate_that_fails_its_final_check_passes_the_turn_on_unspent
         await settle()  # the second holds the line, waiting for a token
         rig.store.put(make_row(second, active=True, state=ExecutionState.ACTIVE))
         await rig.advance(10.0)
-    assert [r.outcome for r in results] == [Verdict.TERMINAL_RETIRED, ReconcileOutcome.CHANGED]
+    assert [r.outcome for r in results] == [Verdict.TERMINAL_RETIRED, Outcome.CHANGED]
     assert rig.budget.retry_after_s() == 0.0  # the first grant left the window; none since
 
     third_result = await rig.reconcile(third.key)  # no virtual time passes

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from msgspec import structs
 
-from service.domain import PodSnapshot, ReconcileOutcome, SkipReason, Verdict
+from service.domain import Outcome, PodSnapshot, SkipReason, Verdict
 from service.kit import clock
 from tests.fakes import EngineRig, clock_of, make_pod, make_rig, make_row, make_settings
 
@@ -29,7 +29,7 @@ async def test_a_kept_pod_is_skipped_with_its_reason_and_never_acted_on(dry_run:
     rig = make_rig(make_settings(threshold_s=THRESHOLD_S, dry_run=dry_run))
     pod = make_pod(resource_version="5")
     rig.add(pod, make_row(pod))
-    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert (await rig.reconcile(pod.key)).outcome == Outcome.TOO_YOUNG
     assert len(rig.clocks) == 1
     kept = _kept(pod, "6")
     rig.add(kept)  # the watch event of the annotation
@@ -38,7 +38,7 @@ async def test_a_kept_pod_is_skipped_with_its_reason_and_never_acted_on(dry_run:
         await rig.advance(THRESHOLD_S * 2)
         result = await rig.reconcile(pod.key)
         assert (result.outcome, result.skip_reason) == (
-            ReconcileOutcome.SKIPPED,
+            Outcome.SKIPPED,
             SkipReason.KEEP_ANNOTATION,
         )
         assert len(rig.clocks) == 0
@@ -54,21 +54,21 @@ async def test_a_pod_annotated_after_its_observation_is_not_deleted_by_the_final
     rig = make_rig(make_settings(threshold_s=THRESHOLD_S))
     pod = make_pod(resource_version="5")
     rig.add(pod, make_row(pod), event=False)
-    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert (await rig.reconcile(pod.key)).outcome == Outcome.TOO_YOUNG
     await rig.advance(THRESHOLD_S)
     # Annotated on the server; the watch has not delivered it yet (the cache is stale).
     rig.pods.pods[pod.key] = _kept(pod, "6")
     result = await rig.reconcile(pod.key)
-    assert result.outcome == ReconcileOutcome.CHANGED
+    assert result.outcome == Outcome.CHANGED
     assert rig.pods.deletes == []
     assert len(rig.clocks) == 0
     # Even with the same resourceVersion (a cache and a server that agree on everything but the
     # annotation), the fresh GET's classification stops it.
     rig.add(pod, event=False)
-    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert (await rig.reconcile(pod.key)).outcome == Outcome.TOO_YOUNG
     await rig.advance(THRESHOLD_S)
     rig.pods.pods[pod.key] = structs.replace(pod, keep=True)
-    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.CHANGED
+    assert (await rig.reconcile(pod.key)).outcome == Outcome.CHANGED
     assert rig.pods.deletes == []
 
 
@@ -84,11 +84,11 @@ async def test_removing_the_annotation_starts_a_full_threshold_from_that_moment(
     rig.add(released)  # the watch event of the removal enqueues the key
     assert len(rig.queue) == 1
     first = await rig.reconcile(pod.key)
-    assert (first.outcome, first.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, THRESHOLD_S)
+    assert (first.outcome, first.requeue_after_s) == (Outcome.TOO_YOUNG, THRESHOLD_S)
     observation = clock_of(rig.clocks, pod.uid)
     assert observation is not None and observation.since_s == removed_at
     await rig.advance(THRESHOLD_S - 1)
-    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert (await rig.reconcile(pod.key)).outcome == Outcome.TOO_YOUNG
     assert rig.pods.deletes == []
     await rig.advance(1)
     assert (await rig.reconcile(pod.key)).outcome == Verdict.TERMINAL_RETIRED

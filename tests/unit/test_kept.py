@@ -1,4 +1,4 @@
-"""Retired but kept (service/engine/kept.py): which retired pods are kept, why and since when, fed
+"""Retired but kept (service/engine/kept/): which retired pods are kept, why and since when, fed
 by notifications, the cache and the sweep; on fakes and virtual time."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from service.domain import (
     split_key,
 )
 from service.engine.activation import Activation
-from service.engine.kept import KeptPods
-from service.engine.kept_events import EVENT_INTERVAL_S
-from service.engine.kept_rows import Since
+from service.engine.kept.events import EVENT_INTERVAL_S
+from service.engine.kept.model import Since
+from service.engine.kept.view import KeptPods
 from service.kit import clock
 from service.kit.errors import Unavailable
 from service.kube.eventbodies import event_body

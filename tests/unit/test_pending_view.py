@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from service.app.pending import live_clock_lines, pending_document, pending_lines
-from service.domain import ExecutionChange, ExecutionState, ReconcileOutcome, Verdict
+from service.domain import ExecutionChange, ExecutionState, Outcome, Verdict
 from service.kit import clock
 from tests.fakes import EngineRig, make_pending_pod, make_pod, make_rig, make_row, make_settings
 from tests.virtualtime import settle
@@ -47,10 +47,10 @@ async def test_lists_exactly_the_running_clocks_each_due_one_threshold_after_it_
     active_row = make_pod("c")
     rig.add(active_row, make_row(active_row, active=True))
     started = clock.now()
-    assert (await rig.reconcile(terminal.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert (await rig.reconcile(terminal.key)).outcome == Outcome.TOO_YOUNG
     await rig.advance(10)
-    assert (await rig.reconcile(stuck.key)).outcome == ReconcileOutcome.TOO_YOUNG
-    assert (await rig.reconcile(active_row.key)).outcome == ReconcileOutcome.SKIPPED
+    assert (await rig.reconcile(stuck.key)).outcome == Outcome.TOO_YOUNG
+    assert (await rig.reconcile(active_row.key)).outcome == Outcome.SKIPPED
     await rig.advance(5)
     doc = _doc(rig)
     assert (doc["mode"], doc["active"], doc["threshold_s"], doc["count"]) == (
@@ -104,7 +104,7 @@ async def test_a_due_pod_waits_for_verification_then_the_budget_then_leaves_when
     a, b = make_pod("a"), make_pod("b")
     for pod in (a, b):
         rig.add(pod, make_row(pod), event=False)
-        assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+        assert (await rig.reconcile(pod.key)).outcome == Outcome.TOO_YOUNG
     await rig.advance(THRESHOLD_S)
     assert {p["waits_for"] for p in _doc(rig)["pods"]} == {"verification"}
     assert (await rig.reconcile(a.key)).outcome == Verdict.TERMINAL_RETIRED

@@ -19,13 +19,13 @@ from service.domain import (
     DeleteResult,
     ExecutionChange,
     ExecutionState,
+    Outcome,
     PodPhase,
     PodSnapshot,
-    ReconcileOutcome,
     Verdict,
 )
 from service.engine.gates import DEPENDENCY_BACKOFF_INITIAL_S
-from service.engine.results import INACTIVE, Action
+from service.engine.results import Action
 from service.kit import clock
 from service.kit.errors import Unavailable
 from service.kube.decode import PodDecodeError
@@ -56,7 +56,7 @@ def _rig(pods: FakePodClient | None = None, **settings: object) -> tuple[EngineR
 async def _expire(rig: EngineRig, pod: PodSnapshot) -> None:
     """Observe ``pod`` once and let exactly the threshold pass."""
     first = await rig.reconcile(pod.key)
-    assert first.outcome == ReconcileOutcome.TOO_YOUNG
+    assert first.outcome == Outcome.TOO_YOUNG
     await rig.advance(rig.settings.threshold_s)
 
 
@@ -67,20 +67,20 @@ async def _expire(rig: EngineRig, pod: PodSnapshot) -> None:
 async def test_too_young_requeues_for_exactly_the_remaining_time_then_deletes() -> None:
     rig, pod = _rig()
     result = await rig.reconcile(pod.key)
-    assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.TOO_YOUNG)
+    assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, Outcome.TOO_YOUNG)
     assert result.requeue_after_s == 300.0
     await rig.advance(120)
     again = await rig.reconcile(pod.key)
     assert again.requeue_after_s == 180.0  # the clock kept running: same UID, same shape
     await rig.advance(179.5)
-    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert (await rig.reconcile(pod.key)).outcome == Outcome.TOO_YOUNG
     assert rig.pods.deletes == []
     await rig.advance(0.5)
     done = await rig.reconcile(pod.key)
     assert (done.action, done.outcome) == (Action.DONE, Verdict.TERMINAL_RETIRED)
     assert [(d.uid, d.at_s) for d in rig.pods.deletes] == [(pod.uid, T0 + 300)]
     assert rig.outcome(Verdict.TERMINAL_RETIRED) == 1
-    assert rig.outcome(ReconcileOutcome.TOO_YOUNG) == 3
+    assert rig.outcome(Outcome.TOO_YOUNG) == 3
     assert len(rig.clocks) == 0  # a deleted pod's clock is dropped
 
 
@@ -110,7 +110,7 @@ async def test_a_server_version_ahead_of_the_cache_waits_for_the_watch() -> None
     rig.pods.pods[pod.key] = ahead
     await _expire(rig, pod)
     result = await rig.reconcile(pod.key)
-    assert result.outcome == ReconcileOutcome.CHANGED
+    assert result.outcome == Outcome.CHANGED
     assert rig.pods.deletes == []
     rig.add(ahead)  # the MODIFIED event arrives, still reapable: the clock keeps running
     result = await rig.reconcile(pod.key)
@@ -149,7 +149,7 @@ async def test_invariant1_no_delete_when_the_final_re_read_is_not_retired(fresh:
         rig.store.put(make_row(pod, state=ExecutionState.ACTIVE))
     await _expire(rig, pod)
     result = await rig.reconcile(pod.key)
-    assert result.outcome == ReconcileOutcome.CHANGED
+    assert result.outcome == Outcome.CHANGED
     assert rig.pods.deletes == []
     assert clock_of(rig.clocks, pod.uid) is None
     assert rig.store.fresh_reads == 1
@@ -172,7 +172,7 @@ async def test_invariant2_no_delete_when_the_fresh_get_shows_a_live_or_other_pod
     }[change]
     rig.pods.pods[pod.key] = server
     result = await rig.reconcile(pod.key)
-    assert result.outcome == ReconcileOutcome.CHANGED
+    assert result.outcome == Outcome.CHANGED
     assert rig.pods.deletes == []
     assert rig.pods.pods[pod.key] == server  # the pod on the server survives
 
@@ -193,12 +193,12 @@ async def test_invariant2_uid_precondition_protects_a_pod_recreated_after_the_fr
     rig, pod = _rig(recreating)
     await _expire(rig, pod)
     result = await rig.reconcile(pod.key)
-    assert result.outcome == ReconcileOutcome.CONFLICT
+    assert result.outcome == Outcome.CONFLICT
     assert result.action is Action.REQUEUE_AFTER
     [call] = recreating.deletes
     assert call.uid == pod.uid  # the observed UID, not the new pod's
     assert recreating.pods[pod.key].uid == "uid-new"  # the new pod survives
-    assert rig.outcome(ReconcileOutcome.CONFLICT) == 1
+    assert rig.outcome(Outcome.CONFLICT) == 1
     assert (
         rig.sample(
             "retired_pod_gc_deletes_total", {"sandbox_namespace": NAMESPACE, "result": "conflict"}
@@ -216,7 +216,7 @@ async def test_a_pod_recreated_under_the_same_name_starts_its_own_clock() -> Non
     rig.add(new, event=False)  # the cache already shows the new pod (no event needed)
     await rig.advance(100)  # 350 s after the old UID was first seen
     result = await rig.reconcile(pod.key)
-    assert result.outcome == ReconcileOutcome.TOO_YOUNG
+    assert result.outcome == Outcome.TOO_YOUNG
     assert result.requeue_after_s == 300.0
     assert clock_of(rig.clocks, pod.uid) is None
     assert rig.pods.deletes == []
@@ -228,16 +228,16 @@ async def test_a_pod_recreated_under_the_same_name_starts_its_own_clock() -> Non
 @pytest.mark.anyio
 async def test_a_pod_that_stops_classifying_restarts_its_clock() -> None:
     rig, pod = _rig()
-    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert (await rig.reconcile(pod.key)).outcome == Outcome.TOO_YOUNG
     await rig.advance(100)
     rig.store.put(make_row(pod, active=True, state=ExecutionState.ACTIVE))  # no notification
-    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.SKIPPED
+    assert (await rig.reconcile(pod.key)).outcome == Outcome.SKIPPED
     rig.store.put(make_row(pod))  # retired again
     await rig.advance(100)
-    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.TOO_YOUNG
+    assert (await rig.reconcile(pod.key)).outcome == Outcome.TOO_YOUNG
     await rig.advance(150)  # 350 s after first seen: beyond the original threshold
     result = await rig.reconcile(pod.key)
-    assert result.outcome == ReconcileOutcome.TOO_YOUNG
+    assert result.outcome == Outcome.TOO_YOUNG
     assert result.requeue_after_s == 150.0  # restarted at 200 s, not 0 s
     assert rig.pods.deletes == []
     assert rig.sample("retired_pod_gc_skips_total", {"reason": "row_active"}) == 1
@@ -250,7 +250,7 @@ async def test_a_pod_that_fails_the_prefilter_restarts_its_clock_without_a_db_qu
     queries = rig.store.queries
     await rig.advance(200)
     rig.cache.put(structs.replace(pod, phase=PodPhase.RUNNING))
-    assert (await rig.reconcile(pod.key)).outcome == ReconcileOutcome.SKIPPED
+    assert (await rig.reconcile(pod.key)).outcome == Outcome.SKIPPED
     assert rig.store.queries == queries  # the prefilter decides without the database
     assert rig.sample("retired_pod_gc_skips_total", {"reason": "pod_running"}) == 1
     rig.cache.put(pod)
@@ -282,7 +282,7 @@ async def test_a_failed_lookup_restarts_the_clock_and_holds_the_key_for_the_data
     failed = await rig.reconcile(pod.key)
     assert (failed.action, failed.outcome) == (
         Action.REQUEUE_AFTER,
-        ReconcileOutcome.LOOKUP_FAILED,
+        Outcome.LOOKUP_FAILED,
     )
     assert failed.held_by == "database"
     assert 0 < failed.requeue_after_s <= DEPENDENCY_BACKOFF_INITIAL_S
@@ -290,13 +290,13 @@ async def test_a_failed_lookup_restarts_the_clock_and_holds_the_key_for_the_data
     # Held: until its next attempt time no lookup goes out, and the clock stays cleared.
     lookups = rig.store.lookups
     again = await rig.reconcile(pod.key)
-    assert (again.outcome, again.held_by) == (ReconcileOutcome.LOOKUP_FAILED, "database")
+    assert (again.outcome, again.held_by) == (Outcome.LOOKUP_FAILED, "database")
     assert rig.store.lookups == lookups
     assert clock_of(rig.clocks, pod.uid) is None
     rig.store.lookup_error = None
     await rig.advance(150)
     assert (await rig.reconcile(pod.key)).requeue_after_s == 300.0
-    assert rig.outcome(ReconcileOutcome.LOOKUP_FAILED) == 2
+    assert rig.outcome(Outcome.LOOKUP_FAILED) == 2
 
 
 @pytest.mark.anyio
@@ -305,7 +305,7 @@ async def test_a_failed_fresh_re_read_restarts_the_clock_and_sends_nothing() -> 
     await _expire(rig, pod)
     rig.store.fresh_error = Unavailable("statement timeout")
     result = await rig.reconcile(pod.key)
-    assert (result.outcome, result.held_by) == (ReconcileOutcome.LOOKUP_FAILED, "database")
+    assert (result.outcome, result.held_by) == (Outcome.LOOKUP_FAILED, "database")
     assert clock_of(rig.clocks, pod.uid) is None
     assert rig.pods.deletes == []
 
@@ -329,7 +329,7 @@ async def test_a_clearing_event_during_the_lookup_keeps_the_clock_from_starting(
             [ExecutionChange(pod.namespace, pod.name, active=True, state=ExecutionState.ACTIVE)]
         )
         gate.set()
-    assert results[0].outcome == ReconcileOutcome.CHANGED
+    assert results[0].outcome == Outcome.CHANGED
     assert len(rig.clocks) == 0
 
 
@@ -362,7 +362,7 @@ async def test_a_clock_cleared_while_waiting_for_a_delete_token_prevents_the_del
             ]
         )
         await rig.advance(10)
-    assert results[0].outcome == ReconcileOutcome.CHANGED
+    assert results[0].outcome == Outcome.CHANGED
     assert rig.pods.deleted_keys == [first.key]
 
 
@@ -375,8 +375,8 @@ async def test_404_on_delete_is_benign_and_counted() -> None:
     await _expire(rig, pod)
     rig.pods.delete_script.append(DeleteOutcome(DeleteResult.GONE, 404, "not found"))
     result = await rig.reconcile(pod.key)
-    assert (result.action, result.outcome) == (Action.DONE, ReconcileOutcome.GONE)
-    assert rig.outcome(ReconcileOutcome.GONE) == 1
+    assert (result.action, result.outcome) == (Action.DONE, Outcome.GONE)
+    assert rig.outcome(Outcome.GONE) == 1
     assert rig.outcome(Verdict.TERMINAL_RETIRED) == 0
     assert (
         rig.sample(
@@ -394,9 +394,9 @@ async def test_409_on_delete_is_benign_counted_and_looked_at_again() -> None:
     # A status update lands between our GET and our DELETE: the resourceVersion precondition fails.
     rig.pods.delete_script.append(DeleteOutcome(DeleteResult.CONFLICT, 409, "precondition"))
     result = await rig.reconcile(pod.key)
-    assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.CONFLICT)
+    assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, Outcome.CONFLICT)
     assert result.requeue_after_s == 1.0
-    assert rig.outcome(ReconcileOutcome.CONFLICT) == 1
+    assert rig.outcome(Outcome.CONFLICT) == 1
     assert clock_of(rig.clocks, pod.uid) is not None  # still the same pod, still reapable
     retry = await rig.reconcile(pod.key)
     assert retry.outcome == Verdict.TERMINAL_RETIRED
@@ -424,19 +424,19 @@ async def test_a_failed_delete_is_retried_with_its_clock_kept_and_verified_again
     result = await rig.reconcile(pod.key)
     if failure == "status_429":
         # Throttled: after the Retry-After, not a failure of the reconcile.
-        expected = (Action.REQUEUE_AFTER, ReconcileOutcome.THROTTLED, 7.0)
+        expected = (Action.REQUEUE_AFTER, Outcome.THROTTLED, 7.0)
     elif failure == "status_503_retry_after":
-        expected = (Action.REQUEUE_AFTER, ReconcileOutcome.THROTTLED, 2.0)
+        expected = (Action.REQUEUE_AFTER, Outcome.THROTTLED, 2.0)
     elif failure == "status_401":
         # The credentials were read again by the API client: verified again at once.
-        expected = (Action.REQUEUE_AFTER, ReconcileOutcome.ERROR, 0.0)
+        expected = (Action.REQUEUE_AFTER, Outcome.ERROR, 0.0)
     elif failure == "unavailable":
         # No answer: held for the API server with every other key, to its next attempt time.
         assert result.held_by == "api_server"
         assert 0 < result.requeue_after_s <= DEPENDENCY_BACKOFF_INITIAL_S
-        expected = (Action.REQUEUE_AFTER, ReconcileOutcome.ERROR, result.requeue_after_s)
+        expected = (Action.REQUEUE_AFTER, Outcome.ERROR, result.requeue_after_s)
     else:
-        expected = (Action.BACKOFF, ReconcileOutcome.ERROR, 0.0)
+        expected = (Action.BACKOFF, Outcome.ERROR, 0.0)
     assert (result.action, result.outcome, result.requeue_after_s) == expected
     throttled = failure in {"status_429", "status_503_retry_after"}
     assert result.failed is not throttled
@@ -460,7 +460,7 @@ async def test_a_failed_fresh_get_backs_off_and_sends_nothing() -> None:
     await _expire(rig, pod)
     rig.pods.get_error = Unavailable("connection reset")
     result = await rig.reconcile(pod.key)
-    assert (result.outcome, result.held_by) == (ReconcileOutcome.ERROR, "api_server")
+    assert (result.outcome, result.held_by) == (Outcome.ERROR, "api_server")
     assert rig.pods.deletes == []
     assert clock_of(rig.clocks, pod.uid) is not None  # no answer says nothing about the pod
     rig.pods.get_error = None
@@ -474,14 +474,14 @@ async def test_an_undecodable_fresh_get_clears_the_clock_is_retried_and_never_de
     await _expire(rig, pod)
     rig.pods.get_error = PodDecodeError("undecodable pod object: labels")
     result = await rig.reconcile(pod.key)
-    assert (result.action, result.outcome) == (Action.BACKOFF, ReconcileOutcome.ERROR)
+    assert (result.action, result.outcome) == (Action.BACKOFF, Outcome.ERROR)
     assert rig.pods.deletes == []
     assert rig.sample("retired_pod_gc_reconcile_bugs_total") == 0  # expected, not a bug
     # A gap in what is known of the pod: its continuous observation starts over.
     assert clock_of(rig.clocks, pod.uid) is None
     rig.pods.get_error = None
     again = await rig.reconcile(pod.key)
-    assert (again.outcome, again.requeue_after_s) == (ReconcileOutcome.TOO_YOUNG, 300.0)
+    assert (again.outcome, again.requeue_after_s) == (Outcome.TOO_YOUNG, 300.0)
     assert rig.pods.deletes == []
 
 
@@ -491,7 +491,7 @@ async def test_a_pod_gone_from_the_server_is_gone() -> None:
     await _expire(rig, pod)
     del rig.pods.pods[pod.key]
     result = await rig.reconcile(pod.key)
-    assert result.outcome == ReconcileOutcome.GONE
+    assert result.outcome == Outcome.GONE
     assert rig.pods.deletes == []
 
 
@@ -509,13 +509,13 @@ async def test_dry_run_verifies_but_never_deletes_and_reports_once(
     assert first.outcome == Verdict.TERMINAL_RETIRED
     assert rig.pods.gets == [pod.key] and rig.store.fresh_reads == 1  # it verified
     second = await rig.reconcile(pod.key)
-    assert second.outcome == ReconcileOutcome.ALREADY_REPORTED
+    assert second.outcome == Outcome.ALREADY_REPORTED
     await rig.advance(3600)
     third = await rig.reconcile(pod.key)
-    assert third.outcome == ReconcileOutcome.ALREADY_REPORTED
+    assert third.outcome == Outcome.ALREADY_REPORTED
     assert rig.pods.deletes == []
     assert rig.outcome(Verdict.TERMINAL_RETIRED, "dry_run") == 1
-    assert rig.outcome(ReconcileOutcome.ALREADY_REPORTED, "dry_run") == 2
+    assert rig.outcome(Outcome.ALREADY_REPORTED, "dry_run") == 2
     assert rig.outcome(Verdict.TERMINAL_RETIRED, "live") == 0
     reports = [r for r in caplog.records if "would reap" in r.getMessage()]
     assert len(reports) == 1
@@ -541,7 +541,7 @@ async def test_disabled_sends_nothing_and_reports_nothing(dry_run: bool) -> None
     rig, pod = _rig(enabled=False, dry_run=dry_run)
     for _ in range(3):
         result = await rig.reconcile(pod.key)
-        assert result.outcome == INACTIVE
+        assert result.outcome is Outcome.INACTIVE
         await rig.advance(400)
     assert rig.pods.deletes == [] and rig.pods.gets == []
     assert rig.store.queries == 0
@@ -572,7 +572,7 @@ async def test_leadership_lost_during_the_token_wait_sends_nothing() -> None:
         await settle()
         rig.controller.set_leader(False)
         await rig.advance(10)
-    assert results[0].outcome in (INACTIVE, ReconcileOutcome.CHANGED)
+    assert results[0].outcome in (Outcome.INACTIVE, Outcome.CHANGED)
     assert rig.pods.deleted_keys == [first.key]
 
 
@@ -600,7 +600,7 @@ async def test_a_lapsed_lease_stops_the_delete_even_before_the_leadership_callba
         await settle()
         leading[0] = False  # the renew deadline passed; on_change(False) has not run yet
         await rig.advance(10)
-    assert results[0].outcome == INACTIVE
+    assert results[0].outcome is Outcome.INACTIVE
     assert rig.pods.deleted_keys == [first.key]
     assert len(rig.clocks) == 2 - 1  # clocks untouched: only the live check stopped it
 
@@ -618,7 +618,7 @@ async def test_an_exhausted_budget_throttles_and_requeues_for_when_a_token_frees
     # The token frees 60 s after the first grant; the reconciler waits for a turn a third of
     # its 45 s timeout (15 s), gives up, and asks to come back when the token frees.
     result = await rig.reconcile(second.key)
-    assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, ReconcileOutcome.THROTTLED)
+    assert (result.action, result.outcome) == (Action.REQUEUE_AFTER, Outcome.THROTTLED)
     assert clock.now() == rig.pods.deletes[0].at_s + 20 + 15
     assert result.requeue_after_s == 60.0 - 20 - 15
     assert rig.pods.deleted_keys == [first.key]
@@ -632,7 +632,7 @@ async def test_an_exhausted_budget_throttles_and_requeues_for_when_a_token_frees
 async def test_a_malformed_key_is_dropped_without_raising(key: str) -> None:
     rig, _ = _rig()
     result = await rig.reconcile(key)
-    assert (result.action, result.outcome) == (Action.DONE, ReconcileOutcome.ERROR)
+    assert (result.action, result.outcome) == (Action.DONE, Outcome.ERROR)
 
 
 @pytest.mark.anyio
@@ -641,7 +641,7 @@ async def test_a_pod_missing_from_the_cache_is_gone_and_its_clock_cleared() -> N
     await rig.reconcile(pod.key)
     rig.cache.remove(pod.key)
     result = await rig.reconcile(pod.key)
-    assert result.outcome == ReconcileOutcome.GONE
+    assert result.outcome == Outcome.GONE
     assert len(rig.clocks) == 0
 
 
@@ -679,7 +679,7 @@ async def test_each_key_of_a_batch_has_one_reconcile_id_from_observation_to_dele
     rig.store.fresh_read_log = "store: re-read of %s"  # a line logged by another module
     keys = [pod.key for pod in pods]
     first = await rig.reconcile_batch(keys)
-    assert {r.outcome for r in first.values()} == {ReconcileOutcome.TOO_YOUNG}
+    assert {r.outcome for r in first.values()} == {Outcome.TOO_YOUNG}
     await rig.advance(rig.settings.threshold_s)
     caplog.clear()
     results = await rig.reconcile_batch(keys)
@@ -732,7 +732,7 @@ async def test_no_delete_or_report_when_notifications_cannot_be_synced(dry_run: 
     rig.add(pod, make_row(pod), event=False)
     await _expire(rig, pod)
     result = await rig.reconcile(pod.key)
-    assert result.outcome == ReconcileOutcome.LOOKUP_FAILED
+    assert result.outcome == Outcome.LOOKUP_FAILED
     assert barrier.calls == 1
     assert rig.pods.deletes == []
     assert rig.outcome(Verdict.TERMINAL_RETIRED) == 0
@@ -756,7 +756,7 @@ async def test_a_flip_still_in_flight_at_the_final_check_stops_the_delete() -> N
         ]
     )
     result = await rig.reconcile(pod.key)
-    assert result.outcome == ReconcileOutcome.CHANGED
+    assert result.outcome == Outcome.CHANGED
     assert rig.pods.deletes == []
 
 
@@ -767,7 +767,7 @@ async def test_delete_tokens_are_spent_on_verified_candidates_only() -> None:
     # The server already has the pod Running again (the watch has not delivered it yet).
     rig.pods.pods[pod.key] = structs.replace(pod, phase=PodPhase.RUNNING, resource_version="7")
     result = await rig.reconcile(pod.key)
-    assert result.outcome == ReconcileOutcome.CHANGED
+    assert result.outcome == Outcome.CHANGED
     assert rig.pods.deletes == []
     assert rig.budget.retry_after_s() == 0.0  # the one token of the window is unspent
 

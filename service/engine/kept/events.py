@@ -1,20 +1,13 @@
-"""The ``RetiredPodKept`` Events of the retired-but-kept view (``engine/kept.py``).
-
-A pod kept longer than the bound gets one Event, and at most one per pod UID in
-:data:`EVENT_INTERVAL_S`. The view reads the row of each due pod again before its Event is
-recorded.
-"""
+"""The ``RetiredPodKept`` Events of the retired-but-kept view: a pod kept longer than the bound
+gets one, at most one a pod UID in :data:`EVENT_INTERVAL_S` (its row read again before)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from service.domain import PodSnapshot
+from service.engine.kept.model import KeptPod
 from service.ports import KeptRecorder, KeptReport
-
-if TYPE_CHECKING:
-    from service.engine.kept import KeptPod
 
 EVENT_INTERVAL_S = 86400.0
 """At most one ``RetiredPodKept`` Event a pod UID in this long."""

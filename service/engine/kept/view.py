@@ -1,58 +1,40 @@
-"""Retired but kept: which cached pods have a retired execution row yet are not deleted, why, and
-since when (docs/architecture.md, "Retired but kept").
+"""The retired-but-kept view (the package docstring says what it knows, and how).
 
-The controller keeps every pod but two safe shapes; some kept pods are leaks only a person can
-fix (a Running pod of a retired execution, a half-started sandbox, a forgotten keep annotation).
-:class:`KeptPods` knows them beside the engine: it deletes nothing, and the pipeline never
-consults it. A pod is kept when it is cached, its row (found as the reconciler finds it) is
-inactive, and the classifier's verdict on the two is a skip, whose reason it shows.
-
-The view is fed by the listener's notifications (a re-activation removes the pod at once; an
-inactive row makes it a suspect, confirmed by one row query per namespace), by the informer's
-cache (a pod whose retired row is known is classified again when it changes), and by a sweep of
-each namespace every ``period_s``: one row query for all its cached pods, which finds what no
-notification named. Gauges per reason are refreshed every tick; a pod kept longer than
-``bound_s`` gets a ``RetiredPodKept`` Event once its row was read again
-(``engine/kept_events.py``). Only the leader keeps the view; losing the lease empties it.
+A row query asks for one namespace's keys at once; a notification about a key that arrives while
+a query is in flight is fresher than the query's answer for that key, so every query notes the
+keys notified meanwhile, and the view leaves their answers unapplied (:meth:`KeptPods._apply`).
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import anyio
 from anyio.abc import TaskStatus
 
-from service.classifier import classify
-from service.domain import ExecutionChange, ExecutionState, PodSnapshot, SkipReason
+from service.domain import ExecutionChange, PodSnapshot, SkipReason, split_key
 from service.engine.activation import Activation
-from service.engine.kept_events import KeptEvents
-from service.engine.kept_rows import Retired, RowQueries, Since, by_namespace
+from service.engine.kept.events import KeptEvents
+from service.engine.kept.model import KeptPod, Retired, by_namespace, kept_decision, of_namespace
 from service.kit import clock
+from service.kit.causelog import CauseLog
+from service.kit.errors import ExternalError
 from service.metrics import KEPT_REASONS, KeptMetrics
 from service.ports import KeptRecorder, PodCache, RetiredRow, RetiredRowSource
 
-PERSON_REASONS: frozenset[SkipReason] = frozenset(
-    {
-        SkipReason.POD_RUNNING,
-        SkipReason.PENDING_WITH_IP,
-        SkipReason.TERMINAL_CONTAINER_NOT_TERMINATED,
-        SkipReason.UNKNOWN_STATE,
-        SkipReason.ROW_INCONSISTENT,
-    }
-)
-"""The reasons that need a person (the alert ``RetiredPodGcRetiredPodsKept`` at warning); the
-keep annotation is alerted at a lower severity, the other reasons are shown, not alerted."""
+logger = logging.getLogger(__name__)
+
+Answer = tuple[dict[str, RetiredRow], set[str]]
+"""A row query's answer: the retired rows found, and the keys notified while it was in flight."""
 
 TICK_S = 5.0
 """Longest period of the gauges' refresh and the Events' check (shorter for a short bound)."""
 CONFIRM_COALESCE_S = 0.2
-"""How long the first suspect of a burst waits for more: notifications of one writer's burst
-are confirmed by one query a namespace, not one each."""
+"""How long the first suspect of a burst waits for more (one query a namespace, not one each)."""
 WAIT_S = 0.5
 """How often a sweep that waits for the leadership or a synced cache looks again."""
 SWEEP_RETRY_S = 30.0
@@ -61,39 +43,8 @@ QUERY_RETRY_S = 5.0
 """After a failed confirmation query, when the suspects are asked about again."""
 
 
-@dataclass(frozen=True, slots=True)
-class KeptPod:
-    """One retired-but-kept pod as the view shows it."""
-
-    key: str
-    uid: str
-    reason: SkipReason
-    rule: str
-    row_state: ExecutionState
-    since_s: float
-    """On the event loop's clock (:meth:`KeptPods.wall_offset` maps it onto Unix time)."""
-    source: Since
-
-    @property
-    def severity(self) -> str:
-        """The alert's severity for this reason: ``warning`` (a person must act), ``info`` (the
-        keep annotation) or ``none`` (shown, not alerted)."""
-        return severity_of(self.reason)
-
-
-def severity_of(reason: SkipReason) -> str:
-    """``warning`` for :data:`PERSON_REASONS`, ``info`` for the keep annotation, else ``none``
-    (deploy/monitoring's alert ``RetiredPodGcRetiredPodsKept`` says the same)."""
-    if reason in PERSON_REASONS:
-        return "warning"
-    if reason is SkipReason.KEEP_ANNOTATION:
-        return "info"
-    return "none"
-
-
 class KeptPods:
-    """The retired-but-kept view: a ``PodEventHandler`` and an ``ExecutionEventHandler`` (it is
-    added to the informer and the listener beside the controller), and :meth:`run`."""
+    """The retired-but-kept view: a pod and an execution event handler, and :meth:`run`."""
 
     def __init__(
         self,
@@ -121,15 +72,18 @@ class KeptPods:
         self._counts: Counter[SkipReason] = Counter()
         self._suspects: dict[str, float] = {}
         """Keys a notification said are inactive, with its arrival, until a query confirms."""
-        self._queries = RowQueries(rows, metrics)
+        self._rows = rows
+        self._inflight: dict[int, set[str]] = {}
+        """The keys notified meanwhile, for each query in flight (by a number of its own: two
+        empty sets are equal)."""
+        self._tokens = itertools.count()
+        self._query_log = CauseLog("retired-but-kept row queries fail", logger)
         self._events = KeptEvents(recorder, bound_s)
         self._wake = anyio.Event()
         self._was_leader = False
         self._sweeps: dict[str, float] = {}
         """When each namespace's last sweep that answered began (loop clock)."""
         metrics.retired_kept_bound.set(bound_s)
-
-    # -------------------------------------------------------------------------------- view
 
     @property
     def active(self) -> bool:
@@ -146,16 +100,10 @@ class KeptPods:
     def __len__(self) -> int:
         return len(self._kept)
 
-    def wall_offset(self) -> float:
-        """What to add to the loop's clock for Unix time, now."""
-        return self._wall_clock() - clock.now()
-
     def last_sweep(self, namespace: str) -> float | None:
         """When ``namespace``'s last sweep that answered began (loop clock): every pod cached
         then and unchanged since is known. ``None`` before the first (and after a clear)."""
         return self._sweeps.get(namespace)
-
-    # ------------------------------------------------------------------ PodEventHandler
 
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
         if new is None:
@@ -175,11 +123,9 @@ class KeptPods:
 
     def cache_synced(self, namespace: str) -> None:
         """A relist may have dropped pods without a delete event: forget keys not cached."""
-        for key in _of_namespace(namespace, self._retired):
+        for key in of_namespace(namespace, self._retired):
             if self._cache.get(key) is None:
                 self._forget(key)
-
-    # ------------------------------------------------------------ ExecutionEventHandler
 
     def executions_changed(self, changes: Sequence[ExecutionChange]) -> None:
         if not self.active:
@@ -188,7 +134,8 @@ class KeptPods:
         get = self._cache.get
         for change in changes:
             key = change.key
-            self._queries.notified(key)
+            for touched in self._inflight.values():
+                touched.add(key)  # no query in flight now answers for it
             if change.deleted or change.active is True:
                 # Re-activated (or gone): never reported from this moment.
                 self._suspects.pop(key, None)
@@ -204,8 +151,6 @@ class KeptPods:
         """Nothing at once: the next sweep (at most a resync period away) finds what was
         missed, and a query per reconnect would break the sweep's bound."""
 
-    # ---------------------------------------------------------------------- tasks
-
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """The sweeps (one task a namespace), the confirmation of suspects and the tick."""
         async with anyio.create_task_group() as tg:
@@ -215,13 +160,10 @@ class KeptPods:
             task_status.started()
             await self._tick_loop()
 
-    def tick_s(self) -> float:
-        return max(0.05, min(TICK_S, self.bound_s / 4))
-
     async def _tick_loop(self) -> None:
         while True:
             await self.tick()
-            await anyio.sleep(self.tick_s())
+            await anyio.sleep(max(0.05, min(TICK_S, self.bound_s / 4)))
 
     async def tick(self) -> None:
         """Follow the leadership, refresh the age gauges and write the Events that are due."""
@@ -243,24 +185,15 @@ class KeptPods:
                 await anyio.sleep(min(self.period_s, SWEEP_RETRY_S))
 
     async def sweep(self, namespace: str) -> bool:
-        """ONE row query for the inactive rows among every cached pod of ``namespace``; then
-        every cached pod of the namespace is known retired or not. True when the query
-        answered."""
+        """ONE row query for the inactive rows among every cached pod of ``namespace``, which are
+        then known retired or not. True when the query answered."""
         started = clock.now()
-        keys = _of_namespace(namespace, self._cache.keys())
+        keys = of_namespace(namespace, self._cache.keys())
         answer = await self._query(namespace, keys, kind="kept_sweep")
         if answer is None:
             return False
-        found, touched = answer
-        # Work in proportion to the retired rows, not to the cache: a key known retired that
-        # the answer lacks is active or gone (or no longer cached); a key notified meanwhile is
-        # left to its notification, fresher than this answer.
-        for key in _of_namespace(namespace, self._retired):
-            if key not in found and key not in touched:
-                self._forget(key)
-        for key, retired in found.items():
-            if key not in touched:
-                self._know(key, retired, None)
+        # Work in proportion to the retired rows, not to the cache.
+        self._apply([*of_namespace(namespace, self._retired), *answer[0]], answer)
         self._sweeps[namespace] = started
         self._metrics.retired_kept_sweep_duration.observe(clock.now() - started)
         return True
@@ -286,26 +219,48 @@ class KeptPods:
                 for key in keys:
                     self._suspects.setdefault(key, suspects[key])
                 continue
+            # A key notified meanwhile that is a suspect again takes this answer all the same
+            # (its new notification is confirmed by the next query).
             found, touched = answer
-            for key in keys:
-                if key in touched and key not in self._suspects:
-                    continue  # re-activated meanwhile
-                retired = found.get(key)
-                if retired is None:
-                    self._forget(key)
-                else:
-                    self._know(key, retired, suspects[key])
+            self._apply(keys, (found, touched - self._suspects.keys()), suspects)
         return ok
 
-    async def _query(
-        self, namespace: str, keys: Sequence[str], *, kind: str
-    ) -> tuple[dict[str, RetiredRow], set[str]] | None:
-        """The retired rows of ``keys`` and the keys notified meanwhile, if the query answered
-        and this replica still leads."""
-        answer = await self._queries.query(namespace, keys, kind=kind)
-        return answer if self.active else None
+    async def _query(self, namespace: str, keys: Sequence[str], *, kind: str) -> Answer | None:
+        """The retired rows of ``keys`` (one query) and the keys notified meanwhile, if the query
+        answered (a failure is logged once a cause, and counted) and this replica still leads."""
+        touched: set[str] = set()
+        token = next(self._tokens)
+        self._inflight[token] = touched
+        try:
+            names = [split_key(key)[1] for key in keys]
+            found = await self._rows.retired_rows(namespace, names, kind=kind)
+        except ExternalError as exc:
+            self._metrics.retired_kept_sweep_errors.inc()
+            self._query_log.failed(f"{type(exc).__name__}: {exc}")
+            return None
+        finally:
+            del self._inflight[token]
+        self._query_log.ok()
+        return (found, touched) if self.active else None
 
-    # -------------------------------------------------------------------- the state
+    def _apply(
+        self, keys: Iterable[str], answer: Answer, notified: Mapping[str, float] | None = None
+    ) -> list[str]:
+        """A query's answer for ``keys``, the one place it is applied: a key notified while the
+        query was in flight is left to its notification; any other is known retired when the
+        answer has its row, else forgotten. Returns the keys known retired."""
+        found, touched = answer
+        known = []
+        for key in dict.fromkeys(keys):
+            if key in touched:
+                continue
+            retired = found.get(key)
+            if retired is None:
+                self._forget(key)
+            else:
+                self._know(key, retired, None if notified is None else notified[key])
+                known.append(key)
+        return known
 
     def _know(self, key: str, retired: RetiredRow, notified_s: float | None) -> None:
         """``key``'s row is retired: remember it (since when, by the best source) and classify."""
@@ -313,35 +268,23 @@ class KeptPods:
         if pod is None:
             self._forget(key)
             return
+        old = self._retired.get(key)
+        now_s = clock.now()
         self._retired[key] = Retired.known(
-            retired,
-            self._retired.get(key),
-            notified_s,
-            now_s=clock.now(),
-            wall_clock=self._wall_clock,
+            retired, old, notified_s, now_s=now_s, wall_clock=self._wall_clock
         )
         self._evaluate(key, pod)
 
     def _evaluate(self, key: str, pod: PodSnapshot) -> None:
         """The classifier's verdict on the pod and its retired row: a skip is a kept pod."""
         retired = self._retired[key]
-        decision = classify(pod, retired.row)
-        reason = decision.reason
-        if reason is None or reason is SkipReason.NO_ROW or reason is SkipReason.ROW_ACTIVE:
+        decision = kept_decision(pod, retired.row)
+        if decision is None or decision.reason is None:
             self._set(key, None)
             return
-        self._set(
-            key,
-            KeptPod(
-                key=key,
-                uid=pod.uid,
-                reason=reason,
-                rule=decision.rule,
-                row_state=retired.row.state,
-                since_s=retired.since_s,
-                source=retired.source,
-            ),
-        )
+        state, since_s, source = retired.row.state, retired.since_s, retired.source
+        kept = KeptPod(key, pod.uid, decision.reason, decision.rule, state, since_s, source)
+        self._set(key, kept)
 
     def _forget(self, key: str) -> None:
         self._retired.pop(key, None)
@@ -380,16 +323,11 @@ class KeptPods:
         now = clock.now()
         oldest: dict[str, float] = {}
         for kept in self._kept.values():
-            reason = str(kept.reason)
-            age = now - kept.since_s
-            if age > oldest.get(reason, -1.0):
-                oldest[reason] = age
+            oldest[kept.reason] = max(oldest.get(kept.reason, 0.0), now - kept.since_s)
         for reason in KEPT_REASONS:
             self._metrics.retired_kept_oldest.labels(reason=reason).set(
                 round(max(0.0, oldest.get(reason, 0.0)), 3)
             )
-
-    # --------------------------------------------------------------------- Events
 
     async def _record_due(self) -> None:
         """An Event for each pod kept longer than the bound and not evented for a day, once its
@@ -399,45 +337,10 @@ class KeptPods:
             answer = await self._query(namespace, keys, kind="kept_event")
             if answer is None:
                 continue
-            found, touched = answer
-            offset = self.wall_offset()
+            offset = self._wall_clock() - clock.now()  # loop clock to Unix time
             now = clock.now()
-            for key in keys:
-                retired = found.get(key)
-                if key in touched or retired is None:
-                    if retired is None and key not in touched:
-                        self._forget(key)
-                    continue
-                self._know(key, retired, None)
+            for key in self._apply(keys, answer):
                 kept = self._kept.get(key)
                 pod = self._cache.get(key)
                 if kept is not None and pod is not None and pod.uid == kept.uid:
                     self._events.record(kept, pod, now_s=now, wall_offset_s=offset)
-
-
-def _of_namespace(namespace: str, keys: Iterable[str]) -> list[str]:
-    """The keys of ``namespace`` among ``keys`` (a copy: the caller may change their source)."""
-    prefix = namespace + "/"
-    return [key for key in keys if key.startswith(prefix)]
-
-
-def kept_entries(
-    kept: Iterable[KeptPod], *, now_s: float, wall_offset_s: float
-) -> list[dict[str, object]]:
-    """The kept pods as ``/debug/pending`` lists them (``since`` in UTC)."""
-    return [
-        {
-            "key": k.key,
-            "uid": k.uid,
-            "reason": str(k.reason),
-            "severity": k.severity,
-            "row_state": str(k.row_state),
-            "since": datetime.fromtimestamp(k.since_s + wall_offset_s, UTC).strftime(
-                "%Y-%m-%dT%H:%M:%S.%fZ"
-            ),
-            "since_source": str(k.source),
-            "kept_for_s": round(now_s - k.since_s, 3),
-            "rule": k.rule,
-        }
-        for k in kept
-    ]
