@@ -50,17 +50,9 @@ class UrlUnusable(Unavailable):
     """The URL's file can no longer be read or no longer holds a usable URL."""
 
 
-def _connect_kwargs(settings: DatabaseSettings, application_name: str) -> dict[str, Any]:
-    return {
-        "timeout": settings.connect_timeout_s,
-        "target_session_attrs": TARGET_SESSION_ATTRS,
-        "server_settings": {"application_name": application_name},
-    }
-
-
 async def open_connection(url: str, *, metrics: Metrics, **kwargs: Any) -> asyncpg.Connection:
-    """``asyncpg.connect`` with the failures this module names raised as such; every other
-    failure as asyncpg raised it (the caller's ``database_errors`` maps it)."""
+    """``asyncpg.connect``, raising this module's errors; any other failure as asyncpg raised it
+    (the caller's ``database_errors`` maps it)."""
     try:
         conn: asyncpg.Connection = await asyncpg.connect(url, **kwargs)
     except asyncpg.TargetServerAttributeNotMatched as exc:
@@ -92,18 +84,15 @@ async def connect(
     settings: DatabaseSettings, *, metrics: Metrics, application_name: str
 ) -> asyncpg.Connection:
     """The listener's own connection (its URL, read now)."""
-    return await open_connection(
-        _url(listener_url_now, settings),
-        metrics=metrics,
-        **_connect_kwargs(settings, application_name),
-    )
+    options = pool_options(settings, application_name)
+    options.pop("statement_cache_size", None)  # never through a transaction pooler: LISTEN
+    return await open_connection(_url(listener_url_now, settings), metrics=metrics, **options)
 
 
 async def connect_once(
     settings: DatabaseSettings, *, metrics: Metrics, application_name: str
 ) -> asyncpg.Connection:
-    """A connection of its own for a one-shot command: the pool's URL (read now) and the pool's
-    connect options."""
+    """A connection of its own for a one-shot command: the pool's URL and connect options."""
     return await open_connection(
         _url(pool_url, settings), metrics=metrics, **pool_options(settings, application_name)
     )
@@ -111,8 +100,7 @@ async def connect_once(
 
 def pool_connector(settings: DatabaseSettings, *, metrics: Metrics) -> Any:
     """The ``connect`` callback of the query pool: each new pooled connection reads the pool's
-    URL now. asyncpg passes its own arguments (``loop``, ``connection_class``, ...) and the
-    pool's connect options, which are kept."""
+    URL now (asyncpg's own arguments and the pool's connect options are kept)."""
 
     async def connect_pooled(_dsn: object = None, **kwargs: Any) -> asyncpg.Connection:
         return await open_connection(_url(pool_url, settings), metrics=metrics, **kwargs)
@@ -122,7 +110,11 @@ def pool_connector(settings: DatabaseSettings, *, metrics: Metrics) -> Any:
 
 def pool_options(settings: DatabaseSettings, application_name: str) -> dict[str, Any]:
     """The connect options of every pooled connection (see the module docstring)."""
-    options = _connect_kwargs(settings, application_name)
+    options: dict[str, Any] = {
+        "timeout": settings.connect_timeout_s,
+        "target_session_attrs": TARGET_SESSION_ATTRS,
+        "server_settings": {"application_name": application_name},
+    }
     if settings.transaction_pooler:
         options["statement_cache_size"] = 0
     return options
