@@ -1,12 +1,10 @@
 """The commands of ``retired-pod-gc``: each takes the effective settings and returns an exit code.
 
-``run`` (the controller), ``scan``, ``explain``, ``pending``, ``migrate``, ``cancel-create`` and
-``config`` take every adapter from the composition root (``service/app/service.py``), so the
-controller and the one-shot commands build their parts one way. Exit codes: 0 success, 1 a
-failure of the outside world or a failed operation, told in one line on stderr naming the cause
-and, where known, the fix (:class:`CommandError`, or an uncaught :class:`ExternalError`); 3 a
-``migrate`` that stopped at its deadline without the lock it needs (nothing changed); only a
-bug shows a traceback. Parsing the command line is ``service/cli.py``'s job.
+Every command takes its adapters from the composition root (``service/app/service.py``), so the
+controller and the one-shot commands build their parts one way. A failure of the outside world
+or a failed operation is one line on stderr naming the cause and, where known, the fix
+(:class:`CommandError`, or an uncaught :class:`ExternalError`), exit 1; only a bug shows a
+traceback. Parsing the command line is ``service/cli.py``'s job.
 """
 
 from __future__ import annotations
@@ -49,7 +47,7 @@ from service.metrics import Metrics
 from service.pg.errors import describe
 from service.pg.migrate import LockNotGranted, migrate
 
-logger = logging.getLogger("service.cli")
+logger = logging.getLogger(__name__)
 
 
 MIGRATE_LOCK_NOT_GRANTED = 3
@@ -416,15 +414,7 @@ def cancel_create_execution(
             f"(retired by this call: {'yes' if report.retired_now else 'no'})"
             + (f" {report.detail}" if report.detail else "")
         )
-        ok = {
-            CancelOutcome.DELETED,
-            CancelOutcome.POD_ABSENT,
-            CancelOutcome.LEFT_ALONE_ACTIVE,
-            CancelOutcome.LEFT_ALONE_OTHER_POD,
-            CancelOutcome.LEFT_ALONE_KEPT,
-            CancelOutcome.NO_EXECUTION,
-        }
-        return 0 if report.outcome in ok else 1
+        return 1 if report.outcome is CancelOutcome.CONFLICT else 0
 
     return _run_async(main)
 
