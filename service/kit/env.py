@@ -93,7 +93,7 @@ def choice(*options: str) -> Callable[[str], str]:
     return parse
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Var(Generic[T]):
     """One environment variable, ``prefix + suffix``, and the attribute ``path`` it fills
     (dotted; a tuple value may fill several, comma-separated). ``show`` gives the value the
