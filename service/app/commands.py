@@ -44,7 +44,7 @@ from service.kit.errors import ExternalError, Unavailable
 from service.kube.api import ApiConfigError
 from service.kube.errors import KubeApiError
 from service.metrics import Metrics
-from service.pg.errors import describe
+from service.pg.errors import DRIVER_ERRORS, describe
 from service.pg.migrate import LockNotGranted, migrate
 
 logger = logging.getLogger(__name__)
@@ -61,11 +61,6 @@ class CommandError(Exception):
 def _run_async(fn: Callable[[], Awaitable[int]]) -> int:
     """A one-shot command's event loop: cancelled by SIGTERM or SIGINT (``signals``)."""
     return _one_line_on_error(lambda: signals.run_async(lambda stop: fn()))
-
-
-def _run_draining(fn: Callable[[anyio.Event], Awaitable[int]]) -> int:
-    """``run``'s event loop: the first SIGTERM or SIGINT sets ``stop`` (``signals``)."""
-    return _one_line_on_error(lambda: signals.run_async(fn, drains=True))
 
 
 def _one_line_on_error(call: Callable[[], int]) -> int:
@@ -122,6 +117,10 @@ def _database_failure(what: str, settings: config.Settings, exc: BaseException) 
     )
 
 
+_CONNECT_FAILURES: tuple[type[Exception], ...] = (*DRIVER_ERRORS, ExternalError)
+"""What opening a connection raises for a failure of the database (asyncpg's own, or a kit's)."""
+
+
 async def _connect(settings: config.Settings, what: str = "database") -> asyncpg.Connection:
     """One connection to the database (the composition root's), or one line saying why not."""
     try:
@@ -131,7 +130,7 @@ async def _connect(settings: config.Settings, what: str = "database") -> asyncpg
         late = TimeoutError(f"no connection within {settings.database.connect_timeout_s:g}s")
         late.__cause__ = exc
         raise _database_failure(what, settings, late) from None
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ExternalError) as exc:
+    except _CONNECT_FAILURES as exc:
         raise _database_failure(what, settings, exc) from None
 
 
@@ -143,7 +142,7 @@ async def _check_tables(settings: config.Settings) -> None:
             "SELECT array_agg(t) FROM unnest(ARRAY['sandboxes', 'sandbox_k8s_executions']) t "
             "WHERE to_regclass(t) IS NULL"
         )
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except DRIVER_ERRORS as exc:
         raise _database_failure("database", settings, exc) from None
     finally:
         await conn.close()
@@ -210,7 +209,7 @@ def run(settings: config.Settings) -> int:
                 await api.close()
         return 0
 
-    return _run_draining(main)
+    return _one_line_on_error(lambda: signals.run_async(main, drains=True))
 
 
 # ---------------------------------------------------------------------------------- migrate

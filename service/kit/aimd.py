@@ -46,7 +46,6 @@ class AimdLimit:
         self._answers = 0
         """Answers since the limit last changed."""
         self.in_flight = 0
-        """Slots held."""
         self._waiters: deque[_Waiter] = deque()
         self._decreased_at = float("-inf")
 

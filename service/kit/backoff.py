@@ -1,11 +1,8 @@
 """Exponential backoff with jitter: one policy, for per-key retries and for reconnect loops.
 
-:class:`Backoff` is the policy: the delay after ``failures`` consecutive failures is
-``min(max_s, initial_s * 2**failures)``, scaled down by up to ``jitter`` of itself at random
-("equal jitter" at 0.5), so that replicas or keys cut off by the same outage do not retry in
-lockstep. :class:`Attempts` is a sequence of tries of one loop (the informer's relist, the
-listener's reconnect): ``next_delay()`` after a failure, ``reset()`` after a success. The work
-queue keeps one failure count per key and asks the policy directly.
+:class:`Backoff` is the policy: after ``failures`` failures in a row, ``min(max_s, initial_s *
+2**failures)``, less up to ``jitter`` of it at random, so that replicas or keys cut off by one
+outage do not retry in lockstep. :class:`Attempts` counts the failures of one loop.
 """
 
 from __future__ import annotations

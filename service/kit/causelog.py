@@ -43,13 +43,11 @@ def cause_of(exc: BaseException) -> str:
 
 
 class CauseLog:
-    """Logs a recurring failure once per change of its cause (and once when it clears), so a
-    connection retried for an hour with a wrong password logs one line, not thousands.
+    """Logs a recurring failure once per change of its cause, and once when it clears.
 
-    Every failure is counted: a line for a new cause says how many failures the previous one
-    had, and the line that says it works again how many there were since it last worked. Each
-    line carries ``failing`` (what), ``cause`` (``None`` once it works) and ``failures`` as
-    extra fields (the JSON log shows them)."""
+    Every failure is counted: a line for a new cause says how many the previous one had, the
+    line that says it works again how many there were. Each line carries ``failing`` (what),
+    ``cause`` (``None`` once it works) and ``failures`` as extra fields."""
 
     def __init__(
         self, what: str, log: logging.Logger, *, now: Callable[[], float] = clock.now

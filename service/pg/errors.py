@@ -106,8 +106,8 @@ def database_errors() -> Iterator[None]:
 
 
 def describe(exc: BaseException) -> str:
-    """``Class: message`` on one line, for logs and messages: the message's first line, just the
-    class when there is none; an exception group, each of its exceptions joined by ``; ``."""
+    """``Class: first line of the message`` (just the class when there is none); an exception
+    group, each of its exceptions joined by ``; ``."""
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(describe(e) for e in exc.exceptions)
     lines = str(exc).strip().splitlines()

@@ -60,9 +60,7 @@ class _ConnectionLost(Unavailable):
 
 
 ProbeSender = Callable[[str, str], Awaitable[float]]
-"""Sends ``pg_notify(channel, payload)`` on a connection other than the listener's and returns
-once it is committed, answering ``pg_notification_queue_usage()``
-(:meth:`service.pg.store.PgExecutionStore.notify`)."""
+"""A committed ``pg_notify(channel, payload)`` through the pool (``PgExecutionStore.notify``)."""
 
 UNDELIVERED = (
     "notifications are not delivered: a NOTIFY sent through the query pool did not reach the "

@@ -44,11 +44,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_CHANNEL = "sandbox_execution_changed"
 SCHEMA_STEP = "0001_dev_schema"
 TRIGGER_STEP = "0003_notify_statement_trigger"
-"""The trigger step. It supersedes ``0002_notify_trigger`` (whose per-row triggers it drops), so a
-run never applies 0002: a database that has 0002 recorded gets 0003 applied over it."""
+"""The trigger step; it drops 0002's per-row triggers, so a run never applies 0002."""
 _TRIGGER_ARGUMENTS = 5
-"""The channel literals in the trigger file: one pg_notify call per trigger event for a one-row
-statement, and two in the loop that sends every other statement's payloads."""
+"""The channel literals of the trigger file's ``pg_notify`` calls."""
 _CHANNEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _DEFAULT_CHANNEL_LITERAL = f"pg_notify('{DEFAULT_CHANNEL}', "
 # Arbitrary but fixed: pg_advisory_xact_lock key shared by every migrating replica.
@@ -56,8 +54,7 @@ _LOCK_KEY = 0x72706763_6D696772  # "rpgcmigr"
 MIGRATION_LOCK = "the migration lock (pg_advisory_xact_lock)"
 """How the advisory lock is named in messages."""
 PLATFORM_TABLES = ("sandbox_k8s_executions", "sandboxes")
-"""The platform's tables, which its writers use: every lock on them is asked with a short
-``lock_timeout``. Locked in this order (one order for every run, so two runs cannot deadlock)."""
+"""The platform's tables, locked in this order (one order for every run: no deadlock)."""
 _TABLE_LOCK_MODE = "ACCESS EXCLUSIVE"
 """The strongest mode (``DROP TRIGGER`` takes it), so a step asks for nothing more once the table
 is locked; every session holding any lock on the table conflicts with it.
@@ -65,9 +62,8 @@ tests/integration/test_pg_migrate_locks.py checks that no statement of ``sql/`` 
 _RETRYABLE = frozenset({"55P03", "40P01"})
 """lock_not_available (lock_timeout) and deadlock_detected: the attempt is tried again."""
 _RETRY = Backoff(initial_s=0.25, max_s=5.0, jitter=0.5)
-"""Between attempts: short at first (a writer transaction in flight ends in milliseconds), at
-most 5 s later, so that a holder that ends is followed within seconds, and the writers queued
-behind each failed request drain between two of them."""
+"""Between attempts: short at first (a writer transaction ends in milliseconds), at most 5 s, so
+that the writers queued behind each failed request drain between two of them."""
 # Outside a statement's own text: comments, string literals, quoted identifiers kept apart, and
 # dollar-quoted bodies (a function body's queries take no lock when the function is created).
 _NOT_STATEMENT_TEXT = re.compile(

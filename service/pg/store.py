@@ -48,17 +48,15 @@ WHERE e.pod_name = ANY($1::text[])
   AND s.namespace = ANY($2::text[])
   AND s.managed_by = $3
 """
-"""The rows of the pod names asked for (the pod name's unique index finds them), of the
-configured namespaces and Kubernetes-managed sandboxes. Which key a row answers (its namespace
-and pod name) is decided by :meth:`PgExecutionStore._query`."""
+"""The rows of the pod names asked for, of the configured namespaces and Kubernetes-managed
+sandboxes (which key a row answers is :meth:`PgExecutionStore._query`'s to decide)."""
 
 INVALID_STATEMENT_NAME = "26000"
 """SQLSTATE of "prepared statement ... does not exist": what a statement cached on one server
 meets when a transaction-mode pooler lends the next query another."""
 
 FRESH_SQL = "/* retired-pod-gc: final re-read */" + LOOKUP_SQL
-"""The final re-read before a delete: the lookup's query, marked so that a DBA (or a test reading
-the server's statement log) can tell it apart from batched lookups."""
+"""The final re-read before a delete: the lookup's query, marked for the server's log."""
 
 COLUMNS = (
     "pod_name",
@@ -246,12 +244,9 @@ class PgExecutionStore:
         return self._pool
 
     async def _fetch(self, pool: asyncpg.Pool, sql: str, *args: Any) -> list[Any]:
-        """One statement on a pooled connection: waiting for the connection and the statement
-        are bounded, by one scope whose deadline moves from the connection's bound to the
-        statement's once the connection is acquired; giving the connection back is never
-        abandoned. (asyncpg shields a release from cancellation; one cut off here would go on
-        alone, and its failure — a reset that times out on a dying connection — would be an
-        exception nobody retrieves.)"""
+        """One statement on a pooled connection, the wait for the connection and the statement
+        bounded by one scope; giving the connection back is never abandoned (a release cut off
+        here would go on alone, its failure an exception nobody retrieves)."""
         s = self._settings
         conn: asyncpg.pool.PoolConnectionProxy[Any] | None = None
         try:
