@@ -131,10 +131,8 @@ class SkipReason(enum.StrEnum):
 
 KEEP_ANNOTATION = "retired-pod-gc.space.sandbox/keep"
 """A pod annotated with this key is never deleted nor reported as a would-be reap (a retired one
-is listed as retired but kept, ``service/engine/kept.py``): ``"true"`` keeps it, and so does
-any value other than ``"false"`` (a typo must never delete a pod someone meant to keep); absent
-or ``"false"`` (any case), the pod is classified as usual. Removing the annotation is a change of
-the pod, so its observation clock starts from that moment."""
+is listed as retired but kept): any value but ``"false"`` (any case) keeps it, so a typo never
+deletes a pod someone meant to keep. Removing the annotation restarts the pod's clock."""
 
 
 def keep_value_keeps(value: str | None) -> bool:

@@ -339,13 +339,10 @@ def explain_pod(
             except PendingUnavailable as exc:
                 live = str(exc)
         print(
-            "\n".join(
-                [
-                    *explanation_lines(exp),
-                    *live_clock_lines(key, url, live),
-                    *live_kept_lines(key, url, live),
-                ]
-            )
+            *explanation_lines(exp),
+            *live_clock_lines(key, url, live),
+            *live_kept_lines(key, url, live),
+            sep="\n",
         )
         return 0
 

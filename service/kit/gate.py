@@ -15,20 +15,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from service.kit import clock
 from service.kit.backoff import Backoff
 
 
+@dataclass(frozen=True, slots=True)
 class Ticket:
     """One admitted attempt; report its end to the gate exactly once (:meth:`Gate.failed`,
     :meth:`Gate.succeeded` or :meth:`Gate.abandoned`)."""
 
-    __slots__ = ("probe",)
-
-    def __init__(self, *, probe: bool) -> None:
-        self.probe = probe
-        """Whether this attempt is the closed gate's probe."""
+    probe: bool
+    """Whether this attempt is the closed gate's probe."""
 
 
 _OPEN = Ticket(probe=False)

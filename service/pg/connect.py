@@ -1,21 +1,17 @@
 """Opening a connection: the one place that knows what the service asks of a server.
 
-Every connection of the service — the query pool's (:func:`pool_connector`), the notify
-listener's (:func:`connect`) and a one-shot command's (:func:`connect_once`) — is opened here,
-so that each:
+Every connection of the service (the query pool's, the notify listener's, a one-shot command's)
+is opened here, so that each:
 
-* reads its URL when it is opened (``config.pool_url`` / ``config.listener_url_now``): a
-  URL file rewritten in place (a rotated Secret) takes effect at the next connection;
-* goes to the primary: ``target_session_attrs=primary`` whatever the URL asks (a multi-host URL
-  tries its hosts in order; ``read-write`` would match no server for a login whose sessions are
-  read-only by default, ``deploy/db-role/role.sql``). A server in recovery (a hot standby) is
-  refused with :class:`NotPrimary`, whose message says so;
-* sends no startup parameter a pooler refuses: only ``application_name`` (PgBouncer forwards
-  it). The server-side statement timeout is the role's (``role.sql``), the client's is
-  ``DB_STATEMENT_TIMEOUT_SECONDS``;
-* keeps no server-side prepared statement when the URL goes through a transaction-mode pooler
-  (``DB_TRANSACTION_POOLER``): asyncpg then prepares unnamed statements, which live for one
-  query on whatever server the pooler lends it.
+* reads its URL when it is opened: a URL file rewritten in place (a rotated Secret) takes
+  effect at the next connection;
+* goes to the primary: ``target_session_attrs=primary`` whatever the URL asks (``read-write``
+  would match no server for a login whose sessions are read-only by default,
+  ``deploy/db-role/role.sql``); a hot standby is refused with :class:`NotPrimary`;
+* sends no startup parameter a pooler refuses, only ``application_name`` (the statement timeout
+  is the role's on the server, ``DB_STATEMENT_TIMEOUT_SECONDS`` on the client);
+* keeps no server-side prepared statement behind a transaction-mode pooler
+  (``DB_TRANSACTION_POOLER``): asyncpg then prepares unnamed statements, which live for one query.
 
 A login the server refuses (SQLSTATE class 28) is counted (``database_login_failures``) and
 raised as :class:`LoginFailed`.
