@@ -263,7 +263,9 @@ class PgExecutionStore:
                     except ExternalError as exc:  # asyncpg has terminated the connection
                         logger.debug("pooled connection dropped on release: %s", exc)
 
-    async def _rows(self, kind: str, sql: str, names: list[str], namespaces: object) -> list[Any]:
+    async def _rows(
+        self, kind: str, sql: str, names: list[str], namespaces: list[str] | str
+    ) -> list[Any]:
         """One row query of ``kind`` (``row_queries{kind}``) for the pod ``names`` in
         ``namespaces``; a failure is counted, logged once per cause and raised."""
         pool = self._open_pool()
