@@ -117,7 +117,6 @@ class _Batch:
         self.parts = 0
         """Every part seen: each name of a group, each element that is not a group."""
         self.valid = 0
-        """The valid names (each is one change in every watched namespace)."""
 
     def add(self, head: _Head, names: Sequence[str]) -> None:
         """A change for each non-empty name in each namespace; a delete says nothing of active
