@@ -1,12 +1,10 @@
 """The pipeline's safety checks that are not rules of the classifier, one named function each.
 
-The engine, the pod client and the listener call each of these through this module by name
-(``checks.uid_unchanged(...)``; none is imported on its own), so that a reader finds every check
-between a pod and its DELETE in one place, with the invariant it keeps (docs/architecture.md, "The
-seven safety invariants and where each is enforced"), and the mutation check
-(``tests/chaos/removals.py``) disables one by its name for the length of a run. Each is pure and
-cheap (a comparison or two); the awaits a check guards stay with its caller, except the notification
-sync, which is the await itself.
+The engine, the pod client and the listener call each through this module by name
+(``checks.uid_unchanged(...)``), so that every check between a pod and its DELETE is in one place
+with the invariant it keeps (docs/architecture.md, "The seven safety invariants and where each is
+enforced"), and the mutation check (``tests/chaos/removals.py``) disables one by its name. Each is
+pure and cheap; the awaits stay with the caller, except the notification sync.
 """
 
 from __future__ import annotations

@@ -152,11 +152,6 @@ def classify(pod: PodSnapshot, row: ExecutionRow | None) -> Decision:
     early = prefilter(pod)
     if early is not None:
         return early
-    return _classify_prefiltered(pod, row)
-
-
-def _classify_prefiltered(pod: PodSnapshot, row: ExecutionRow | None) -> Decision:
-    """The rest of :func:`classify`, for a pod that :func:`prefilter` let through."""
     if row is None:
         return _NO_ROW
     skip = _identity_mismatch(pod, row) or _row_active(row)

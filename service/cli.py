@@ -1,15 +1,12 @@
 """The ``retired-pod-gc`` command line: parses the arguments and the configuration, dispatches.
 
-Commands: ``run`` (the controller), ``scan``, ``explain``, ``pending``, ``migrate``,
-``cancel-create`` and ``config`` (``service/app/commands.py`` does each), and ``--version``.
-Exit codes (docs/operations.md, "Commands and exit codes"): 0 success; 1 a failure of the
-outside world (the API server, the database, a replica asked with ``--url``) or of the command's
-own check, one line on stderr naming the cause and, where there is one, the fix; 2 bad
-configuration or usage (one line naming the variable or argparse's own error); 3 a ``migrate``
-that stopped at its deadline without a lock it needs (nothing changed); 143 and 130 when
-SIGTERM or SIGINT interrupted the command (``service/app/signals.py``: every command, from the
-first line of :func:`main`, so that the process is a good PID 1 even while it imports). Never a
-traceback, except for a bug.
+Commands: ``run``, ``scan``, ``explain``, ``pending``, ``migrate``, ``cancel-create`` and
+``config`` (``service/app/commands.py`` does each), and ``--version``. Exit codes
+(docs/operations.md, "Commands and exit codes"): 0 success; 1 a failure of the outside world or
+of the command's own check, one line on stderr naming the cause and, where there is one, the
+fix; 2 bad configuration or usage; 3 a ``migrate`` that stopped at its deadline without a lock
+(nothing changed); 143 and 130 after SIGTERM or SIGINT (``service/app/signals.py``, from the
+first line of :func:`main`). Never a traceback, except for a bug.
 """
 
 from __future__ import annotations

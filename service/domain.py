@@ -2,7 +2,9 @@
 
 Everything here is immutable and free of I/O. Adapters parse wire values into these types at
 the boundary; a value they do not recognise becomes an explicit unknown member, which the
-classifier never reaps.
+classifier never reaps. A value made in bulk at the edge (per watch event, row, notification or
+classification) is a frozen msgspec Struct with ``gc=False``, built in C and never tracked by the
+garbage collector; every other value is a frozen, slotted dataclass.
 """
 
 from __future__ import annotations
@@ -42,9 +44,8 @@ class ExecutionState(enum.StrEnum):
 
 def _wire_parser(unknown: _E) -> Callable[[object], _E]:
     """A parser of the wire strings of ``unknown``'s enum: a string that is no member's value,
-    or no string at all, is ``unknown``. A plain function with its look-ups bound, not a class
-    method of the enum: every row of a burst, and every change of its notifications, is parsed
-    here."""
+    or no string at all, is ``unknown`` (a closure with its look-up bound: every row and change
+    is parsed here)."""
     get = {member.value: member for member in type(unknown)}.get
 
     def parse(raw: object) -> _E:
@@ -138,10 +139,9 @@ class SkipReason(enum.StrEnum):
 
 KEEP_ANNOTATION = "retired-pod-gc.space.sandbox/keep"
 """A pod annotated with this key is never deleted nor reported as a would-be reap (a retired one
-is listed as retired but kept, ``service/engine/kept/``): ``"true"`` keeps it, and so does
-any value other than ``"false"`` (a typo must never delete a pod someone meant to keep); absent
-or ``"false"`` (any case), the pod is classified as usual. Removing the annotation is a change of
-the pod, so its observation clock starts from that moment."""
+is listed as retired but kept, ``service/engine/kept/``): any value but ``"false"`` (any case)
+keeps it, so a typo never deletes a pod someone meant to keep. Removing the annotation restarts
+the pod's clock."""
 
 
 def keep_value_keeps(value: str | None) -> bool:
@@ -174,12 +174,9 @@ def split_key(key: str) -> tuple[str, str]:
 class PodSnapshot(msgspec.Struct, frozen=True, gc=False):
     """What classification needs of a pod, and nothing more (kept small: 100k are cached).
 
-    A frozen msgspec Struct rather than a dataclass: built in C (the decoder makes one per watch
-    event) and, holding only scalars, never tracked by the garbage collector.
     ``all_containers_terminated`` is true only when ``container_count > 0`` and every container
     status is ``terminated``; ``created_at_s`` is ``creationTimestamp`` as Unix seconds, ``None``
-    when absent or unparsable; ``keep`` is whether the :data:`KEEP_ANNOTATION` keeps the pod (a
-    bool: the annotation map itself is never kept).
+    when absent or unparsable; ``keep`` is whether the :data:`KEEP_ANNOTATION` keeps the pod.
     """
 
     namespace: str
@@ -320,9 +317,7 @@ class Outcome(enum.StrEnum):
 
 
 class ExecutionChange(msgspec.Struct, frozen=True, gc=False):
-    """One parsed change of a notification: which pod's execution changed, and how.
-
-    Frozen, a msgspec Struct as :class:`PodSnapshot` (decoded at the same edge)."""
+    """One parsed change of a notification: which pod's execution changed, and how."""
 
     namespace: str
     pod_name: str

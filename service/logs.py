@@ -1,15 +1,11 @@
 """Structured logging: one JSON object a line, with the reconcile id of the current reconcile.
 
-A worker takes keys in batches; each key's reconcile (its observation, verification and action)
-has its own reconcile id, and the batch it came in has a batch id. Both live in context
-variables, :data:`reconcile_id` and :data:`batch_id`: the worker loop opens a :func:`batch` for
-the keys it took and enters :func:`reconciling` a key around whatever it does for that key alone
-(``engine/controller.py``, ``engine/reconciler.py``); a batch of one is that key's reconcile
-throughout. A log record factory installed when this module is imported copies both onto every
-record as it is created — whichever module logs (the store, the pod client, the engine), and
-whichever handler formats it later — as the ``reconcile_id`` and ``batch_id`` attributes. A line
-about the whole batch (its row lookup) carries the batch id only. Secrets never reach a log
-line: callers log masked values only (``service.kit.dsn.mask_dsn``).
+A worker takes keys in batches: the worker loop opens a :func:`batch` (a batch id, in
+:data:`batch_id`) and enters :func:`reconciling` a key around what it does for that key alone
+(its reconcile id, in :data:`reconcile_id`; a batch of one is that key's reconcile throughout).
+A log record factory installed on import copies both onto every record, whichever module logs,
+as the ``reconcile_id`` and ``batch_id`` attributes. Secrets never reach a log line: callers
+log masked values only (``service.kit.dsn.mask_dsn``).
 """
 
 from __future__ import annotations

@@ -43,9 +43,8 @@ class PodClient(Protocol):
     """Fresh reads and preconditioned deletes against the API server."""
 
     async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
-        """The pod as the server has it now; ``None`` on 404. A failure raises a kit error:
-        ``Unavailable`` (no answer), ``ApiError`` (another status), ``Undecodable`` (a pod that
-        does not decode)."""
+        """The pod as the server has it now; ``None`` on 404. A failure raises a kit error
+        (``Unavailable``, ``ApiError``, ``Undecodable``)."""
         ...
 
     async def delete_pod(
@@ -56,9 +55,8 @@ class PodClient(Protocol):
         ...
 
     def delete_slot(self) -> AbstractAsyncContextManager[None]:
-        """``async with pods.delete_slot():`` final check, DELETE. Waits for the API client's
-        request slot (its adaptive concurrency limit) on entry and holds it for this task
-        inside, so that the DELETE after the final check never waits for one."""
+        """``async with pods.delete_slot():`` final check, DELETE: holds the API client's request
+        slot inside, so that the DELETE after the final check never waits for one."""
         ...
 
 
@@ -154,9 +152,8 @@ class RetiredRowSource(Protocol):
         self, namespace: str, names: Sequence[str], *, kind: str
     ) -> dict[str, RetiredRow]:
         """The inactive rows of Kubernetes-managed sandboxes of ``namespace`` whose pod name is
-        one of ``names``, by pod key, in ONE query whatever the number of names; ``kind`` names
-        the query in ``row_queries{kind}`` (``kept_sweep``, ``kept_confirm``, ``kept_event``,
-        ``scan``)."""
+        one of ``names``, by pod key, in ONE query whatever their number; ``kind`` names the
+        query in ``row_queries{kind}``."""
         ...
 
 

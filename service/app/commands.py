@@ -1,12 +1,10 @@
 """The commands of ``retired-pod-gc``: each takes the effective settings and returns an exit code.
 
-``run`` (the controller), ``scan``, ``explain``, ``pending``, ``migrate``, ``cancel-create`` and
-``config`` take every adapter from the composition root (``service/app/service.py``), so the
-controller and the one-shot commands build their parts one way. Exit codes: 0 success, 1 a
-failure of the outside world or a failed operation, told in one line on stderr naming the cause
-and, where known, the fix (:class:`CommandError`, or an uncaught :class:`ExternalError`); 3 a
-``migrate`` that stopped at its deadline without the lock it needs (nothing changed); only a
-bug shows a traceback. Parsing the command line is ``service/cli.py``'s job.
+Every command takes its adapters from the composition root (``service/app/service.py``), so the
+controller and the one-shot commands build their parts one way. A failure of the outside world
+or a failed operation is one line on stderr naming the cause and, where known, the fix
+(:class:`CommandError`, or an uncaught :class:`ExternalError`), exit 1; only a bug shows a
+traceback. Parsing the command line is ``service/cli.py``'s job.
 """
 
 from __future__ import annotations
@@ -46,10 +44,10 @@ from service.kit.errors import ExternalError, Unavailable
 from service.kube.api import ApiConfigError
 from service.kube.errors import KubeApiError
 from service.metrics import KubeMetrics, Metrics, PgMetrics
-from service.pg.errors import describe
+from service.pg.errors import DRIVER_ERRORS, describe
 from service.pg.migrate import LockNotGranted, migrate
 
-logger = logging.getLogger("service.cli")
+logger = logging.getLogger(__name__)
 
 
 MIGRATE_LOCK_NOT_GRANTED = 3
@@ -63,11 +61,6 @@ class CommandError(Exception):
 def _run_async(fn: Callable[[], Awaitable[int]]) -> int:
     """A one-shot command's event loop: cancelled by SIGTERM or SIGINT (``signals``)."""
     return _one_line_on_error(lambda: signals.run_async(lambda stop: fn()))
-
-
-def _run_draining(fn: Callable[[anyio.Event], Awaitable[int]]) -> int:
-    """``run``'s event loop: the first SIGTERM or SIGINT sets ``stop`` (``signals``)."""
-    return _one_line_on_error(lambda: signals.run_async(fn, drains=True))
 
 
 def _one_line_on_error(call: Callable[[], int]) -> int:
@@ -124,6 +117,10 @@ def _database_failure(what: str, settings: config.Settings, exc: BaseException) 
     )
 
 
+_CONNECT_FAILURES: tuple[type[Exception], ...] = (*DRIVER_ERRORS, ExternalError)
+"""What opening a connection raises for a failure of the database (asyncpg's own, or a kit's)."""
+
+
 async def _connect(settings: config.Settings, what: str = "database") -> asyncpg.Connection:
     """One connection to the database (the composition root's), or one line saying why not."""
     try:
@@ -133,7 +130,7 @@ async def _connect(settings: config.Settings, what: str = "database") -> asyncpg
         late = TimeoutError(f"no connection within {settings.database.connect_timeout_s:g}s")
         late.__cause__ = exc
         raise _database_failure(what, settings, late) from None
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ExternalError) as exc:
+    except _CONNECT_FAILURES as exc:
         raise _database_failure(what, settings, exc) from None
 
 
@@ -145,7 +142,7 @@ async def _check_tables(settings: config.Settings) -> None:
             "SELECT array_agg(t) FROM unnest(ARRAY['sandboxes', 'sandbox_k8s_executions']) t "
             "WHERE to_regclass(t) IS NULL"
         )
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except DRIVER_ERRORS as exc:
         raise _database_failure("database", settings, exc) from None
     finally:
         await conn.close()
@@ -212,7 +209,7 @@ def run(settings: config.Settings) -> int:
                 await api.close()
         return 0
 
-    return _run_draining(main)
+    return _one_line_on_error(lambda: signals.run_async(main, drains=True))
 
 
 # ---------------------------------------------------------------------------------- migrate
@@ -342,13 +339,10 @@ def explain_pod(
             except PendingUnavailable as exc:
                 live = str(exc)
         print(
-            "\n".join(
-                [
-                    *explanation_lines(exp),
-                    *live_clock_lines(key, url, live),
-                    *live_kept_lines(key, url, live),
-                ]
-            )
+            *explanation_lines(exp),
+            *live_clock_lines(key, url, live),
+            *live_kept_lines(key, url, live),
+            sep="\n",
         )
         return 0
 
@@ -416,15 +410,7 @@ def cancel_create_execution(
             f"(retired by this call: {'yes' if report.retired_now else 'no'})"
             + (f" {report.detail}" if report.detail else "")
         )
-        ok = {
-            CancelOutcome.DELETED,
-            CancelOutcome.POD_ABSENT,
-            CancelOutcome.LEFT_ALONE_ACTIVE,
-            CancelOutcome.LEFT_ALONE_OTHER_POD,
-            CancelOutcome.LEFT_ALONE_KEPT,
-            CancelOutcome.NO_EXECUTION,
-        }
-        return 0 if report.outcome in ok else 1
+        return 1 if report.outcome is CancelOutcome.CONFLICT else 0
 
     return _run_async(main)
 

@@ -1,18 +1,15 @@
 """How every command ends on SIGTERM and SIGINT: one policy, PID 1 included.
 
-As PID 1 of a container the kernel drops a signal whose disposition is the default, so a process
-that installs no handler ignores SIGTERM (Kubernetes then kills it only after the grace period).
-Every command therefore runs under these handlers, from the start of ``cli.main`` to its end:
+As PID 1 of a container the kernel drops a signal whose disposition is the default, so every
+command runs under these handlers, from the start of ``cli.main`` to its end:
 
-* :func:`exit_code_of` wraps the whole command (``cli.main``): while plain Python code runs
-  (imports, configuration, ``config``), SIGTERM or SIGINT raises :class:`Interrupted` there.
-  An interrupted command prints ``retired-pod-gc: interrupted by SIGTERM`` and exits
-  ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), as a shell reports a command killed by it.
-* :func:`run_async` runs a command's event loop with the signals delivered to the loop (the
-  loop's own wakeup, so a signal wakes it whatever it waits for). A one-shot command is
-  cancelled on the first signal and exits ``128 + signal``. A draining command (``run``) gets
-  the first signal as its ``stop`` event, finishes its drain and exits with its own code (0);
-  a second signal cancels the drain and exits ``128 + signal``.
+* :func:`exit_code_of` wraps the whole command: while plain Python code runs (imports,
+  configuration), a signal raises :class:`Interrupted`; the command prints
+  ``retired-pod-gc: interrupted by SIGTERM`` and exits ``128 + signal`` (143, or 130 for SIGINT).
+* :func:`run_async` runs a command's event loop with the signals delivered to the loop. A
+  one-shot command is cancelled on the first signal and exits ``128 + signal``. A draining
+  command (``run``) gets the first signal as its ``stop`` event, drains and exits with its own
+  code; a second signal cancels the drain and exits ``128 + signal``.
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ from types import FrameType
 import anyio
 from anyio.abc import TaskStatus
 
-logger = logging.getLogger("service.cli")
+logger = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -40,10 +37,6 @@ class Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
 
 
 def _raise(signum: int, frame: FrameType | None) -> None:
@@ -70,8 +63,8 @@ def exit_code_of(command: Callable[[], int]) -> int:
         with _raising():
             return command()
     except Interrupted as exc:
-        print(f"retired-pod-gc: interrupted by {signal.Signals(exc.signum).name}", file=sys.stderr)
-        return exc.exit_code
+        print(f"retired-pod-gc: interrupted by {exc}", file=sys.stderr)
+        return 128 + exc.signum
 
 
 def run_async(main: Callable[[anyio.Event], Awaitable[int]], *, drains: bool = False) -> int:

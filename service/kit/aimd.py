@@ -1,14 +1,11 @@
 """An adaptive concurrency limit: additive increase, multiplicative decrease (AIMD).
 
 :class:`AimdLimit` is a fair (first come, first served) semaphore whose size follows the answers
-it gets, as TCP's congestion window does. ``limit`` answers in a row add one slot, at most one
-per ``increase_interval_s`` (each probe above what the server admits costs a 429); a throttle
-signal (an HTTP 429) halves it, never below ``floor`` nor above ``ceiling``. A round's worth of
-throttle signals halves it once: a signal from a request granted before the last decrease was
-sent under the old limit. Requests already running when the limit drops finish, and no new one
-starts until fewer run than the new limit.
-
-Time is the event loop's (``service/kit/clock.py``); nothing here sleeps.
+it gets, as TCP's congestion window does: ``limit`` answers in a row add one slot, at most one
+per ``increase_interval_s``; a throttle signal (an HTTP 429) halves it, within ``floor`` and
+``ceiling``, once per round (a signal from a request granted before the last decrease was sent
+under the old limit). Requests running when the limit drops finish; no new one starts until
+fewer run than the new limit. Time is the kit's clock; nothing here sleeps.
 """
 
 from __future__ import annotations
@@ -49,7 +46,6 @@ class AimdLimit:
         self._answers = 0
         """Answers since the limit last changed."""
         self.in_flight = 0
-        """Slots held."""
         self._waiters: deque[_Waiter] = deque()
         self._decreased_at = float("-inf")
 

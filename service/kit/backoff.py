@@ -1,37 +1,42 @@
 """Exponential backoff with jitter: one policy, for per-key retries and for reconnect loops.
 
-:class:`Backoff` is the policy: the delay after ``failures`` consecutive failures is
-``min(max_s, initial_s * 2**failures)``, scaled down by up to ``jitter`` of itself at random
-("equal jitter" at 0.5), so that replicas or keys cut off by the same outage do not retry in
-lockstep. :class:`Attempts` is a sequence of tries of one loop (the informer's relist, the
-listener's reconnect): ``next_delay()`` after a failure, ``reset()`` after a success. The work
-queue keeps one failure count per key and asks the policy directly.
+:class:`Backoff` is the policy: after ``failures`` failures in a row, ``min(max_s, initial_s *
+2**failures)``, less up to ``jitter`` of it at random, so that replicas or keys cut off by one
+outage do not retry in lockstep. :class:`Attempts` counts the failures of one loop.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
 
 _MAX_EXPONENT = 64
 """2**64 * initial overflows nothing in Python but is absurd: the exponent is capped first."""
 
 
-@dataclass(frozen=True, slots=True)
 class Backoff:
-    initial_s: float
-    """The delay after the first failure (before jitter)."""
-    max_s: float
-    """The cap of every delay."""
-    jitter: float = 0.0
-    """Fraction of a delay taken off at random: the delay is uniform in ``[(1 - jitter) d, d]``."""
-    rng: random.Random = field(default_factory=random.Random, compare=False)
+    """The policy; it draws its jitter from ``rng`` (by default a random source of its own)."""
 
-    def __post_init__(self) -> None:
-        if self.initial_s <= 0 or self.max_s < self.initial_s:
+    __slots__ = ("initial_s", "jitter", "max_s", "rng")
+
+    def __init__(
+        self,
+        *,
+        initial_s: float,
+        max_s: float,
+        jitter: float = 0.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if initial_s <= 0 or max_s < initial_s:
             raise ValueError("need 0 < initial_s <= max_s")
-        if not 0.0 <= self.jitter <= 1.0:
+        if not 0.0 <= jitter <= 1.0:
             raise ValueError("jitter must be within [0, 1]")
+        self.initial_s = initial_s
+        """The delay after the first failure (before jitter)."""
+        self.max_s = max_s
+        """The cap of every delay."""
+        self.jitter = jitter
+        """Fraction taken off at random: a delay is uniform in ``[(1 - jitter) d, d]``."""
+        self.rng = rng if rng is not None else random.Random()
 
     def delay_s(self, failures: int) -> float:
         """The delay before the next try after ``failures`` (>= 0) failures in a row."""

@@ -1,18 +1,15 @@
 """A recurring failure logged once per change of its cause, not once per retry.
 
-What counts as the same cause (:func:`cause_of`): the failure's kind, not its instance. An
-exception is judged by the root of its ``__cause__`` chain (what the socket, the driver or the
-server said, not the wrapper that named the pod or the statement), as its type and message with
-every number and every quoted string replaced, and an answer of a server by its type and HTTP
-status. So a key, a count, an address or a port never makes a new cause, while a refused
-connection, a timeout and a 503 are three. The line itself shows the first failure of the cause
-in full.
+The same cause (:func:`cause_of`) is the failure's kind, not its instance: the root of the
+exception's ``__cause__`` chain, as its type and message with every number and quoted string
+replaced (an answer of a server: its type and HTTP status). A key, a count or an address never
+makes a new cause, while a refused connection, a timeout and a 503 are three. The line shows the
+first failure of the cause in full.
 
-Right after a recovery, requests that were sent before it still fail (they wait out their
-timeouts) while new ones work: a failure with the cause that cleared less than :data:`HOLD_S`
-ago is counted but not logged while something worked within the last :data:`SETTLE_S`. A
-failure that persists that long is logged again, so a second outage is never silent; a
-flickering one costs at most two lines every :data:`HOLD_S`.
+Right after a recovery, requests sent before it still fail while new ones work: a failure with
+the cause that cleared less than :data:`HOLD_S` ago is counted but not logged while something
+worked within the last :data:`SETTLE_S`. A failure that persists that long is logged again, so a
+second outage is never silent; a flickering one costs at most two lines every :data:`HOLD_S`.
 """
 
 from __future__ import annotations
@@ -46,13 +43,11 @@ def cause_of(exc: BaseException) -> str:
 
 
 class CauseLog:
-    """Logs a recurring failure once per change of its cause (and once when it clears), so a
-    connection retried for an hour with a wrong password logs one line, not thousands.
+    """Logs a recurring failure once per change of its cause, and once when it clears.
 
-    Every failure is counted: a line for a new cause says how many failures the previous one
-    had, and the line that says it works again how many there were since it last worked. Each
-    line carries ``failing`` (what), ``cause`` (``None`` once it works) and ``failures`` as
-    extra fields (the JSON log shows them)."""
+    Every failure is counted: a line for a new cause says how many the previous one had, the
+    line that says it works again how many there were. Each line carries ``failing`` (what),
+    ``cause`` (``None`` once it works) and ``failures`` as extra fields."""
 
     def __init__(
         self, what: str, log: logging.Logger, *, now: Callable[[], float] = clock.now

@@ -30,8 +30,7 @@ def mask_dsn(url: str) -> str:
             userinfo = f"{parts.username or ''}:***"
             host = parts.netloc.rpartition("@")[2]
             return urlunsplit(parts._replace(netloc=f"{userinfo}@{host}"))
-        masked = re.sub(r"(password=)[^&]*", r"\1***", url)
-        return masked
+        return re.sub(r"(password=)[^&]*", r"\1***", url)
     return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", url)
 
 

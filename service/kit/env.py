@@ -1,10 +1,9 @@
 """Typed environment variables: each declared once, read with its parser, kept in its range.
 
 A :class:`Var` holds everything about one variable: name, parser, default, range, documentation
-and the attribute path its value fills in a settings object. :func:`assemble` builds nested
-settings objects from values keyed by path, :func:`attribute` reads a value back by its path. A
-value that cannot be parsed raises :class:`ConfigError` naming the variable; a number outside its
-range is clamped, with a warning naming the variable, the raw value and the value used.
+and the attribute path its value fills (:func:`assemble` builds the settings objects,
+:func:`attribute` reads a value back). A value that cannot be parsed raises :class:`ConfigError`
+naming the variable; a number outside its range is clamped, with a warning.
 """
 
 from __future__ import annotations
@@ -94,7 +93,7 @@ class Choice:
         return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Var(Generic[T]):
     """One environment variable, ``prefix + suffix``, and the attribute ``path`` it fills
     (dotted; a tuple value may fill several, comma-separated). ``show`` gives the value the

@@ -1,38 +1,33 @@
 """A dependency's shared backoff: when it gives no answer, every caller backs off as one.
 
 A :class:`Gate` stands in front of one dependency (the database, the API server). While it is
-open, every attempt goes through. An attempt that finds the dependency unavailable (no answer:
-refused, reset, timed out) closes it, and from then on one attempt at a time — the *probe* — goes
-out, no sooner than the gate's next attempt time, which moves on by the kit's
-:class:`~service.kit.backoff.Backoff` after each failed probe (exponential, jittered, capped).
-Every other caller is held (:meth:`Gate.admit` answers how long until the next attempt time) and
-sends nothing. The first attempt that gets an answer opens the gate, resets the backoff and calls
-every listener added with :meth:`Gate.on_open`, so callers held back come back at once rather
-than at their own times. An outage thus costs about one attempt per backoff step, whatever the
-number of callers.
-
-Attempts already in flight when the gate closes end as they end: their failures do not move the
-backoff on (only the probe's does), and their successes open the gate.
+open, every attempt goes through. An attempt that finds the dependency unavailable closes it;
+from then on one attempt at a time, the *probe*, goes out, no sooner than the next attempt time,
+which the kit's :class:`~service.kit.backoff.Backoff` moves on after each failed probe, and
+every other caller is held (:meth:`Gate.admit` says for how long). The first attempt that gets
+an answer opens the gate, resets the backoff and calls the :meth:`Gate.on_open` listeners, so
+held callers come back at once. An outage costs about one attempt per backoff step, whatever the
+number of callers. Attempts in flight when the gate closes end as they end: only the probe's
+failure moves the backoff on, and any success opens the gate.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from service.kit import clock
 from service.kit.backoff import Backoff
 
 
+@dataclass(frozen=True, slots=True)
 class Ticket:
     """One admitted attempt; report its end to the gate exactly once (:meth:`Gate.failed`,
     :meth:`Gate.succeeded` or :meth:`Gate.abandoned`)."""
 
-    __slots__ = ("probe",)
-
-    def __init__(self, *, probe: bool) -> None:
-        self.probe = probe
-        """Whether this attempt is the closed gate's probe."""
+    probe: bool
+    """Whether this attempt is the closed gate's probe."""
 
 
 _OPEN = Ticket(probe=False)

@@ -1,11 +1,8 @@
 """Rate limiting with aiolimiter, shaped so that a cap per window holds.
 
-``AsyncLimiter(C, C / r)`` is a leaky bucket of capacity ``C`` draining at ``r`` per second.
-It starts empty, so it admits ``C`` at once and then ``r`` per second: up to ``C + r * W`` in a
-window of ``W`` seconds. :func:`capped_limiter` sizes it so that ``C + r * W`` is the cap (a
-small burst, then an even spread); :func:`limiter` is a plain burst-and-rate bucket. aiolimiter
-reads the event loop's clock, the service's one clock (``service/kit/clock.py``), so the tests
-drive it on virtual time like everything else.
+``AsyncLimiter(C, C / r)`` admits ``C`` at once and then ``r`` per second: up to ``C + r * W`` in
+a window of ``W`` seconds. :func:`capped_limiter` sizes it so that this is the cap;
+:func:`limiter` is a plain burst-and-rate bucket. aiolimiter reads the event loop's clock.
 """
 
 from __future__ import annotations

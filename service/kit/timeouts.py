@@ -1,17 +1,10 @@
 """A bounded await: :class:`fail_after`, anyio's ``fail_after`` as a class.
 
-``with fail_after(delay_s) as scope:`` is ``with anyio.fail_after(delay_s) as scope:``: an anyio
-:class:`~anyio.CancelScope` with a deadline ``delay_s`` from now on the event loop's clock,
-entered and exited as anyio's own; when the scope swallowed its own cancellation and its
-deadline has passed, ``TimeoutError`` is raised (with the cancellation as its ``__context__``).
-Cancelled from outside, or by ``scope.cancel()``, it behaves as anyio's (the cancellation
-propagates, or is swallowed without an error). The scope is the caller's to move:
-``scope.deadline = ...`` reschedules the bound.
-
-Why a class: anyio's ``fail_after`` is two generator context managers deep and looks its backend
-up three times, and every reconcile step, row query and listener round trip takes one bound.
-This one is an object and one cancel scope (asyncio only, as the service is: the deadline is on
-the running loop's clock, which is anyio's ``current_time()`` there).
+``with fail_after(delay_s) as scope:`` behaves as ``anyio.fail_after(delay_s)``: a cancel scope
+with a deadline on the event loop's clock, ``TimeoutError`` when it expired, a cancellation from
+outside propagating as ever; ``scope.deadline = ...`` moves the bound. A class because anyio's is
+two generator context managers deep, and every reconcile step, row query and listener round trip
+takes one bound (asyncio only, as the service is).
 """
 
 from __future__ import annotations

@@ -76,20 +76,12 @@ async def retire_for_cancel(
             row = await conn.fetchrow(
                 _CURRENT, list(namespaces), sandbox_id, generation, timeout=timeout_s
             )
-    if row is None:
-        return CancelRow(
-            retired_now=bool(updated),
-            pod_name=None,
-            namespace=None,
-            active=None,
-            state=None,
-            activation_attempt=None,
-        )
+    found = dict(row) if row is not None else {}
     return CancelRow(
         retired_now=bool(updated),
-        pod_name=row["pod_name"],
-        namespace=row["namespace"],
-        active=row["active"],
-        state=row["execution_state"],
-        activation_attempt=row["activation_attempt"],
+        pod_name=found.get("pod_name"),
+        namespace=found.get("namespace"),
+        active=found.get("active"),
+        state=found.get("execution_state"),
+        activation_attempt=found.get("activation_attempt"),
     )

@@ -1,21 +1,17 @@
 """Opening a connection: the one place that knows what the service asks of a server.
 
-Every connection of the service — the query pool's (:func:`pool_connector`), the notify
-listener's (:func:`connect`) and a one-shot command's (:func:`connect_once`) — is opened here,
-so that each:
+Every connection of the service (the query pool's, the notify listener's, a one-shot command's)
+is opened here, so that each:
 
-* reads its URL when it is opened (``config.pool_url`` / ``config.listener_url_now``): a
-  URL file rewritten in place (a rotated Secret) takes effect at the next connection;
-* goes to the primary: ``target_session_attrs=primary`` whatever the URL asks (a multi-host URL
-  tries its hosts in order; ``read-write`` would match no server for a login whose sessions are
-  read-only by default, ``deploy/db-role/role.sql``). A server in recovery (a hot standby) is
-  refused with :class:`NotPrimary`, whose message says so;
-* sends no startup parameter a pooler refuses: only ``application_name`` (PgBouncer forwards
-  it). The server-side statement timeout is the role's (``role.sql``), the client's is
-  ``DB_STATEMENT_TIMEOUT_SECONDS``;
-* keeps no server-side prepared statement when the URL goes through a transaction-mode pooler
-  (``DB_TRANSACTION_POOLER``): asyncpg then prepares unnamed statements, which live for one
-  query on whatever server the pooler lends it.
+* reads its URL when it is opened: a URL file rewritten in place (a rotated Secret) takes
+  effect at the next connection;
+* goes to the primary: ``target_session_attrs=primary`` whatever the URL asks (``read-write``
+  would match no server for a login whose sessions are read-only by default,
+  ``deploy/db-role/role.sql``); a hot standby is refused with :class:`NotPrimary`;
+* sends no startup parameter a pooler refuses, only ``application_name`` (the statement timeout
+  is the role's on the server, ``DB_STATEMENT_TIMEOUT_SECONDS`` on the client);
+* keeps no server-side prepared statement behind a transaction-mode pooler
+  (``DB_TRANSACTION_POOLER``): asyncpg then prepares unnamed statements, which live for one query.
 
 A login the server refuses (SQLSTATE class 28) is counted (``database_login_failures``) and
 raised as :class:`LoginFailed`.
@@ -50,17 +46,9 @@ class UrlUnusable(Unavailable):
     """The URL's file can no longer be read or no longer holds a usable URL."""
 
 
-def _connect_kwargs(settings: DatabaseSettings, application_name: str) -> dict[str, Any]:
-    return {
-        "timeout": settings.connect_timeout_s,
-        "target_session_attrs": TARGET_SESSION_ATTRS,
-        "server_settings": {"application_name": application_name},
-    }
-
-
 async def open_connection(url: str, *, metrics: PgMetrics, **kwargs: Any) -> asyncpg.Connection:
-    """``asyncpg.connect`` with the failures this module names raised as such; every other
-    failure as asyncpg raised it (the caller's ``database_errors`` maps it)."""
+    """``asyncpg.connect``, raising this module's errors; any other failure as asyncpg raised it
+    (the caller's ``database_errors`` maps it)."""
     try:
         conn: asyncpg.Connection = await asyncpg.connect(url, **kwargs)
     except asyncpg.TargetServerAttributeNotMatched as exc:
@@ -92,18 +80,15 @@ async def connect(
     settings: DatabaseSettings, *, metrics: PgMetrics, application_name: str
 ) -> asyncpg.Connection:
     """The listener's own connection (its URL, read now)."""
-    return await open_connection(
-        _url(listener_url_now, settings),
-        metrics=metrics,
-        **_connect_kwargs(settings, application_name),
-    )
+    options = pool_options(settings, application_name)
+    options.pop("statement_cache_size", None)  # never through a transaction pooler: LISTEN
+    return await open_connection(_url(listener_url_now, settings), metrics=metrics, **options)
 
 
 async def connect_once(
     settings: DatabaseSettings, *, metrics: PgMetrics, application_name: str
 ) -> asyncpg.Connection:
-    """A connection of its own for a one-shot command: the pool's URL (read now) and the pool's
-    connect options."""
+    """A connection of its own for a one-shot command: the pool's URL and connect options."""
     return await open_connection(
         _url(pool_url, settings), metrics=metrics, **pool_options(settings, application_name)
     )
@@ -111,8 +96,7 @@ async def connect_once(
 
 def pool_connector(settings: DatabaseSettings, *, metrics: PgMetrics) -> Any:
     """The ``connect`` callback of the query pool: each new pooled connection reads the pool's
-    URL now. asyncpg passes its own arguments (``loop``, ``connection_class``, ...) and the
-    pool's connect options, which are kept."""
+    URL now (asyncpg's own arguments and the pool's connect options are kept)."""
 
     async def connect_pooled(_dsn: object = None, **kwargs: Any) -> asyncpg.Connection:
         return await open_connection(_url(pool_url, settings), metrics=metrics, **kwargs)
@@ -122,7 +106,11 @@ def pool_connector(settings: DatabaseSettings, *, metrics: PgMetrics) -> Any:
 
 def pool_options(settings: DatabaseSettings, application_name: str) -> dict[str, Any]:
     """The connect options of every pooled connection (see the module docstring)."""
-    options = _connect_kwargs(settings, application_name)
+    options: dict[str, Any] = {
+        "timeout": settings.connect_timeout_s,
+        "target_session_attrs": TARGET_SESSION_ATTRS,
+        "server_settings": {"application_name": application_name},
+    }
     if settings.transaction_pooler:
         options["statement_cache_size"] = 0
     return options

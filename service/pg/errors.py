@@ -10,27 +10,21 @@
     └── DatabaseError          the server answered with an error (``sqlstate``): permission
                                denied, undefined table, statement timeout, ...
 
-:data:`DRIVER_ERRORS` is what asyncpg and the socket under it raise when a call fails;
-:func:`to_external` says which kit error each one stands for, and :func:`database_errors`
-raises it, the original chained as ``__cause__``:
+:func:`database_errors` raises the kit error each of :data:`DRIVER_ERRORS` stands for
+(:func:`to_external`), the original chained as ``__cause__``:
 
-* **Unavailable**: ``OSError`` (refused, reset, unreachable; ``TimeoutError`` is one: our own
-  timeouts and asyncpg's client-side ``timeout=``), asyncpg's ``InterfaceError`` (the
-  connection or pool is closed), its ``InternalClientError`` (the driver lost track of the
-  connection's state, as after a server restart), and the server errors
-  that end the connection: SQLSTATE class 08 (connection exception, ``ConnectionDoesNotExist``
-  among them), 57P01, 57P02 and 57P03 (the backend was terminated, the server crashed or is
-  starting).
+* **Unavailable**: ``OSError`` (refused, reset, unreachable, ``TimeoutError``), asyncpg's
+  ``InterfaceError`` (connection or pool closed) and ``InternalClientError`` (the driver lost
+  track of the connection, as after a server restart), and the server errors that end the
+  connection: SQLSTATE class 08, 57P01, 57P02 and 57P03.
 * **DatabaseError**: every other ``asyncpg.PostgresError`` the server sent, and a schema that
-  changed under a cached statement (``OutdatedSchemaCacheError``): the server answered.
-* **Not a failure of the database**: what asyncpg raises itself for a misuse of the driver. A
-  ``PostgresError`` the server did not send (it has no ``severity``, which every error the
-  server sends carries): asyncpg's ``DataError`` for a query argument it cannot encode (a
-  ``str`` column given an ``int``), ``NoActiveSQLTransactionError`` for a cursor outside a
-  transaction; and an ``InterfaceError`` that is also a ``ValueError`` (a bad connection
-  option). That is a bug of the caller: :func:`database_errors` lets it through unchanged, as it
-  does every exception outside :data:`DRIVER_ERRORS`, so the engine's worker loop reports it as
-  a bug (docs/architecture.md).
+  changed under a cached statement (``OutdatedSchemaCacheError``).
+* **Not a failure of the database**: asyncpg's own errors for a misuse of the driver — a
+  ``PostgresError`` without a ``severity`` (the server sends one with every error: ``DataError``
+  for an argument it cannot encode, ``NoActiveSQLTransactionError``) and an ``InterfaceError``
+  that is also a ``ValueError`` (a bad connection option). That is a bug of the caller: it passes
+  through unchanged, as does every exception outside :data:`DRIVER_ERRORS`, so the engine's
+  worker loop reports it as a bug (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -112,8 +106,8 @@ def database_errors() -> Iterator[None]:
 
 
 def describe(exc: BaseException) -> str:
-    """``Class: message`` on one line, for logs and messages: the message's first line, just the
-    class when there is none; an exception group, each of its exceptions joined by ``; ``."""
+    """``Class: first line of the message`` (just the class when there is none); an exception
+    group, each of its exceptions joined by ``; ``."""
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(describe(e) for e in exc.exceptions)
     lines = str(exc).strip().splitlines()

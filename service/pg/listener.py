@@ -1,39 +1,23 @@
 """The LISTEN side of the change trigger: one dedicated connection, kept alive, reconnected.
 
-:class:`RetirementListener` holds its own asyncpg connection (never a pooled one: a pool would
-reset it and drop the LISTEN). It decodes each payload with
-:func:`service.pg.payload.parse_payload` and hands the changes, as one unit, to every
-:class:`service.ports.ExecutionEventHandler` registered with
-:meth:`~RetirementListener.add_handler`. Malformed or oversized payloads, and bad parts inside
-one, are logged, counted (``notifications_malformed``) and skipped; the other changes of the
-payload are handed over. It is also the reconciler's :class:`service.ports.NotificationBarrier`
-(:meth:`~RetirementListener.sync`), so it is built before its consumer and told about it
-afterwards.
+:class:`RetirementListener` holds its own connection (never a pooled one: a pool would reset it
+and drop the LISTEN), decodes each payload (``service/pg/payload.py``; bad parts are logged,
+counted and skipped) and hands the changes, as one unit, to every registered
+``ports.ExecutionEventHandler``. It is also the reconciler's ``ports.NotificationBarrier``
+(:meth:`~RetirementListener.sync`).
 
-The connection is opened by :func:`service.pg.connect.connect` (the listener's URL, read anew
-for every connection; the primary only). It counts as connected only once it has proven
-delivery: a NOTIFY on a channel of the listener's own, sent through the query pool (``probe``),
-came back on the listening connection within ``heartbeat_timeout_s``. A LISTEN that succeeds
-is no such proof: a transaction-mode pooler accepts it and then drops every notification. The
-same probe runs every ``heartbeat_interval_s`` and is the barrier before a DELETE
-(:meth:`~RetirementListener.sync`). It notices the three ways a connection dies:
+A connection counts as connected only once it has proven delivery: a NOTIFY on a channel of the
+listener's own, sent through the query pool, came back on the listening connection within
+``heartbeat_timeout_s`` (a LISTEN through a transaction-mode pooler succeeds, then drops every
+notification). The same probe runs every ``heartbeat_interval_s``, so a closed connection, a
+failover and a silently dead or deaf one (a black-holed path, a frozen proxy) are each noticed.
+After every connection that proved delivery, ``notifications_missed()`` tells the handlers to
+resync. Between attempts the listener backs off (the kit's ``Backoff``, equal jitter) and logs a
+failure once per change of its cause.
 
-* closed (server terminated the backend, network reset): asyncpg's termination listener;
-* server restart or failover: the same, then connect attempts fail until a primary answers;
-* silently dead or deaf (a black-holed network path, a frozen proxy, a pooler that drops
-  notifications): the probe does not come back in time.
-
-After every connection that proved delivery, the first included,
-``handler.notifications_missed()`` is called: notifications sent while no connection listened
-are lost, so the consumer must resync. Between attempts the listener backs off (the kit's
-:class:`~service.kit.backoff.Backoff`, equal jitter) and logs a failure once per change of its
-cause. Its waits (the backoff, the heartbeat period) and the bound of each network call run on
-the event loop's clock (``service/kit/clock.py``).
-
-Errors: :meth:`~RetirementListener.sync` raises
-:class:`~service.pg.errors.ListenerUnavailable` (a kit ``Unavailable``) when it cannot vouch
-for the notifications; :meth:`~RetirementListener.run` never raises for a failure of the
-database (it reconnects), only for a bug.
+Errors: :meth:`~RetirementListener.sync` raises :class:`~service.pg.errors.ListenerUnavailable`
+when it cannot vouch for the notifications; :meth:`~RetirementListener.run` never raises for a
+failure of the database (it reconnects), only for a bug.
 """
 
 from __future__ import annotations
@@ -41,7 +25,6 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 
 import anyio
 import asyncpg
@@ -62,18 +45,14 @@ from service.ports import ExecutionEventHandler
 
 logger = logging.getLogger(__name__)
 
-BACKOFF_INITIAL_S = 0.1
-"""The delay after the first failed attempt (before jitter)."""
 BACKOFF_MAX_S = 30.0
 """Cap of the delay between connection attempts after failures."""
-BACKOFF_JITTER = 0.5
-"""Equal jitter: each delay is uniform in [d/2, d], so that replicas cut off by the same server
-restart do not reconnect in lockstep."""
 
 
 def default_backoff() -> Backoff:
-    """The reconnect policy: BACKOFF_INITIAL_S doubling up to BACKOFF_MAX_S, equal jitter."""
-    return Backoff(initial_s=BACKOFF_INITIAL_S, max_s=BACKOFF_MAX_S, jitter=BACKOFF_JITTER)
+    """The reconnect policy: 0.1 s doubling up to :data:`BACKOFF_MAX_S`, equal jitter (each
+    delay uniform in [d/2, d], so replicas cut off by one restart do not reconnect in lockstep)."""
+    return Backoff(initial_s=0.1, max_s=BACKOFF_MAX_S, jitter=0.5)
 
 
 class _ConnectionLost(Unavailable):
@@ -81,9 +60,7 @@ class _ConnectionLost(Unavailable):
 
 
 ProbeSender = Callable[[str, str], Awaitable[float]]
-"""Sends ``pg_notify(channel, payload)`` on a connection other than the listener's and returns
-once it is committed, answering ``pg_notification_queue_usage()``
-(:meth:`service.pg.store.PgExecutionStore.notify`)."""
+"""A committed ``pg_notify(channel, payload)`` through the pool (``PgExecutionStore.notify``)."""
 
 UNDELIVERED = (
     "notifications are not delivered: a NOTIFY sent through the query pool did not reach the "
@@ -95,26 +72,22 @@ UNDELIVERED = (
 )
 
 
-@dataclass(slots=True)
 class _Round:
     """One delivery probe that every caller waiting on it shares."""
 
-    done: bool = False
-    error: str | None = None
+    __slots__ = ("done", "error")
 
-
-def new_probe_channel() -> str:
-    """A channel of this process's own for the delivery probes (no other replica listens)."""
-    return f"retired_pod_gc_probe_{secrets.token_hex(8)}"
+    def __init__(self) -> None:
+        self.done = False
+        self.error: str | None = None
 
 
 class RetirementListener:
     """LISTEN on the notify channel until cancelled; see the module docstring.
 
-    ``probe`` sends the delivery probes (through the query pool); ``backoff`` is the reconnect
-    policy (default :func:`default_backoff`); ``namespaces`` the watched sandbox namespaces
-    (each name of a payload is one change in each); ``probe_channel`` the channel of its probes
-    (default: :func:`new_probe_channel`).
+    ``probe`` sends the delivery probes (through the query pool); ``namespaces`` are the watched
+    sandbox namespaces (each name of a payload is one change in each); ``probe_channel`` is the
+    channel of its probes (by default one of this process's own: no other replica listens).
     """
 
     def __init__(
@@ -140,7 +113,7 @@ class RetirementListener:
         """Set when the current connection is gone or failed to deliver a probe."""
         self._lost_reason = ""
         self._send_probe = probe
-        self._probe_channel = probe_channel or new_probe_channel()
+        self._probe_channel = probe_channel or f"retired_pod_gc_probe_{secrets.token_hex(8)}"
         self._probes_sent = 0
         self._probes_arrived = 0
         self._probe_arrival = anyio.Event()
@@ -153,10 +126,6 @@ class RetirementListener:
     def connected(self) -> bool:
         """True while a connection is up, LISTENing, and has proven that notifications arrive."""
         return self._connected
-
-    @property
-    def channel(self) -> str:
-        return self._channel
 
     @property
     def problem(self) -> str | None:
@@ -187,7 +156,7 @@ class RetirementListener:
                     lost = self._lost = anyio.Event()
                     self._lost_reason = ""
                     self._conn = conn
-                    conn.add_termination_listener(_setter(lost))
+                    conn.add_termination_listener(lambda _conn, ended=lost: ended.set())
                     with fail_after(self._settings.statement_timeout_s):
                         await conn.add_listener(self._channel, self._on_notification)
                         await conn.add_listener(self._probe_channel, self._on_probe)
@@ -343,10 +312,3 @@ class RetirementListener:
         if parsed.changes:
             for handler in self._handlers:
                 handler.executions_changed(parsed.changes)
-
-
-def _setter(event: anyio.Event) -> Callable[[object], None]:
-    def on_terminated(_conn: object) -> None:
-        event.set()
-
-    return on_terminated

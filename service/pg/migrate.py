@@ -1,26 +1,21 @@
 """Applying the versioned SQL under ``service/pg/sql`` (shipped as ``deploy/sql``).
 
-Each file is one named step. A step is recorded in ``retired_pod_gc_migrations`` with the
-SHA-256 of the SQL as rendered (the channel name is part of it); a step whose record matches is
-skipped, so running ``migrate`` twice changes nothing, not even catalog rows. A step whose
-rendered SQL differs (a new version of the file, another channel) is applied again: every file
-is itself idempotent.
+Each file is one named step, recorded in ``retired_pod_gc_migrations`` with the SHA-256 of the
+SQL as rendered (the channel name is part of it): a step whose record matches is skipped, so a
+second run changes nothing, not even catalog rows; one whose rendered SQL differs is applied
+again (every file is itself idempotent).
 
-Never in the platform's writers' way (docs/operations.md, "migrate and the platform's writers").
-A run is a series of attempts; each attempt is one transaction that asks every lock with a short
-``lock_timeout``: first the migration's advisory lock (two replicas migrating at once
-serialise), then it compares the records, and only when a step is to be applied does it lock the
-platform tables the steps change, all at once and in the strongest mode (``ACCESS EXCLUSIVE``:
-``DROP TRIGGER`` takes it, so no later statement of a step can ask more and wait again). A lock
-not granted in time aborts the attempt, which is rolled back whole and tried again with the
-kit's backoff until the run's deadline; then :class:`LockNotGranted` names the lock and the
-sessions holding it, nothing changed. A writer of a platform table therefore queues behind
-``migrate`` for at most the ``lock_timeout`` of one request (plus the few milliseconds the
-steps take once granted), and a run that changes nothing takes no lock on a platform table.
+Never in the platform's writers' way (docs/operations.md, "migrate and the platform's writers"):
+a run is a series of attempts, each one transaction that asks every lock with a short
+``lock_timeout``: the migration's advisory lock, then, only when a step is to be applied, the
+platform tables the steps change, all at once and in the strongest mode. A lock not granted in
+time rolls the attempt back; it is tried again with the kit's backoff until the run's deadline,
+then :class:`LockNotGranted` names the lock and the sessions holding it, nothing changed. A
+writer therefore queues behind ``migrate`` for at most one ``lock_timeout``, and a run that
+changes nothing takes no lock on a platform table.
 
-A step the server refuses raises :class:`MigrationError` (nothing of the run committed); a
-database that gives no answer raises the kit's ``Unavailable`` (``service/pg/errors.py``):
-whether the run committed is then unknown, and running again is safe.
+A step the server refuses raises :class:`MigrationError` (nothing committed); no answer raises
+the kit's ``Unavailable``: whether the run committed is then unknown, and running again is safe.
 """
 
 from __future__ import annotations
@@ -49,11 +44,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_CHANNEL = "sandbox_execution_changed"
 SCHEMA_STEP = "0001_dev_schema"
 TRIGGER_STEP = "0003_notify_statement_trigger"
-"""The trigger step. It supersedes ``0002_notify_trigger`` (whose per-row triggers it drops), so a
-run never applies 0002: a database that has 0002 recorded gets 0003 applied over it."""
+"""The trigger step; it drops 0002's per-row triggers, so a run never applies 0002."""
 _TRIGGER_ARGUMENTS = 5
-"""The channel literals in the trigger file: one pg_notify call per trigger event for a one-row
-statement, and two in the loop that sends every other statement's payloads."""
+"""The channel literals of the trigger file's ``pg_notify`` calls."""
 _CHANNEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _DEFAULT_CHANNEL_LITERAL = f"pg_notify('{DEFAULT_CHANNEL}', "
 # Arbitrary but fixed: pg_advisory_xact_lock key shared by every migrating replica.
@@ -61,21 +54,16 @@ _LOCK_KEY = 0x72706763_6D696772  # "rpgcmigr"
 MIGRATION_LOCK = "the migration lock (pg_advisory_xact_lock)"
 """How the advisory lock is named in messages."""
 PLATFORM_TABLES = ("sandbox_k8s_executions", "sandboxes")
-"""The platform's tables, which its writers use: every lock on them is asked with a short
-``lock_timeout``. Locked in this order (one order for every run, so two runs cannot deadlock)."""
+"""The platform's tables, locked in this order (one order for every run: no deadlock)."""
 _TABLE_LOCK_MODE = "ACCESS EXCLUSIVE"
-"""The strongest mode: ``DROP TRIGGER`` of an existing trigger takes it (``CREATE TRIGGER``
-takes ``SHARE ROW EXCLUSIVE``, ``CREATE INDEX`` ``SHARE``), so a step asks for nothing more once
-the table is locked. It conflicts with every mode, so every session holding any lock on the
-table is one the request waits for. tests/integration/test_pg_migrate_locks.py checks, for every
-file under ``sql/``, that no statement of it takes a lock on a platform table that this mode does
-not already cover."""
+"""The strongest mode (``DROP TRIGGER`` takes it), so a step asks for nothing more once the table
+is locked; every session holding any lock on the table conflicts with it.
+tests/integration/test_pg_migrate_locks.py checks that no statement of ``sql/`` asks for more."""
 _RETRYABLE = frozenset({"55P03", "40P01"})
 """lock_not_available (lock_timeout) and deadlock_detected: the attempt is tried again."""
 _RETRY = Backoff(initial_s=0.25, max_s=5.0, jitter=0.5)
-"""Between attempts: short at first (a writer transaction in flight ends in milliseconds), at
-most 5 s later, so that a holder that ends is followed within seconds, and the writers queued
-behind each failed request drain between two of them."""
+"""Between attempts: short at first (a writer transaction ends in milliseconds), at most 5 s, so
+that the writers queued behind each failed request drain between two of them."""
 # Outside a statement's own text: comments, string literals, quoted identifiers kept apart, and
 # dollar-quoted bodies (a function body's queries take no lock when the function is created).
 _NOT_STATEMENT_TEXT = re.compile(
@@ -367,8 +355,8 @@ async def _existing(conn: asyncpg.Connection, tables: Iterable[str]) -> tuple[st
 
 _HOLDERS = """
 SELECT l.pid, coalesce(a.application_name, '') AS application_name,
-       coalesce(a.usename::text, '') AS usename, coalesce(a.state, '') AS state,
-       extract(epoch FROM clock_timestamp() - a.xact_start)::float8 AS xact_age_s,
+       coalesce(a.usename::text, '') AS "user", coalesce(a.state, '') AS state,
+       extract(epoch FROM clock_timestamp() - a.xact_start)::float8 AS transaction_age_s,
        string_agg(DISTINCT l.mode, ',') AS modes
 FROM pg_locks AS l
 LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
@@ -381,7 +369,7 @@ WHERE l.granted
            ELSE l.locktype = 'advisory' AND l.classid = $2 AND l.objid = $3 AND l.objsubid = 1
       END
 GROUP BY 1, 2, 3, 4, 5
-ORDER BY xact_age_s DESC NULLS LAST, l.pid
+ORDER BY transaction_age_s DESC NULLS LAST, l.pid
 """
 """The sessions holding a lock that conflicts with the one asked: any lock on the tables (the
 mode asked conflicts with every mode), or the migration lock."""
@@ -395,14 +383,4 @@ async def _holders(conn: asyncpg.Connection, asked: _Asked) -> tuple[Holder, ...
     high, low = divmod(_LOCK_KEY, 1 << 32)
     with database_errors():
         rows = await conn.fetch(_HOLDERS, list(asked.tables), high, low)
-    return tuple(
-        Holder(
-            pid=r["pid"],
-            application_name=r["application_name"],
-            user=r["usename"],
-            state=r["state"],
-            transaction_age_s=r["xact_age_s"],
-            modes=r["modes"],
-        )
-        for r in rows
-    )
+    return tuple(Holder(**r) for r in rows)

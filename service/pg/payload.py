@@ -1,16 +1,14 @@
 """The change trigger's NOTIFY payload, decoded into :class:`service.domain.ExecutionChange` values.
 
-Trigger 0003 (``service/pg/sql/0003_notify_statement_trigger.sql``) sends one shape:
-``{"pods": [[op, active, execution_state, [pod_name, ...]], ...]}``. Each name of a group is one
-change with the group's op, active and state. A name carries no namespace: it is one change in
-each watched namespace, and the service checks the pod's namespace against the row's when it
-reads the row. The shape is the data contract of ``docs/architecture.md`` ("The change
-notifications"), which also says how the shape may change.
+Trigger 0003 sends one shape: ``{"pods": [[op, active, execution_state, [pod_name, ...]], ...]}``
+(the data contract of docs/architecture.md, "The change notifications"). Each name of a group is
+one change with the group's facts, in each watched namespace (a name carries no namespace: the
+pod's is checked against the row's when the row is read).
 
-:func:`parse_payload` never raises. A payload that is not this shape, or 8000 bytes or longer, is
-skipped whole and counts as one bad part. Inside a payload each bad part is skipped alone and
-counted once, and the others are kept: a name that is not a non-empty string, each name of a
-group whose op, active or state is bad, an element that is not a group.
+:func:`parse_payload` never raises. A payload that is not this shape, or 8000 bytes or longer,
+is skipped whole and counts as one bad part; inside a payload each bad part (a name that is not a
+non-empty string, each name of a group whose facts are bad, an element that is not a group) is
+skipped and counted once, and the others are kept.
 """
 
 from __future__ import annotations
@@ -119,7 +117,6 @@ class _Batch:
         self.parts = 0
         """Every part seen: each name of a group, each element that is not a group."""
         self.valid = 0
-        """The valid names (each is one change in every watched namespace)."""
 
     def add(self, head: _Head, names: Sequence[str]) -> None:
         """A change for each non-empty name in each namespace; a delete says nothing of active

@@ -1,22 +1,17 @@
 """Execution rows from PostgreSQL: the ``ExecutionStore`` adapter.
 
-Rows are looked up by pod key (``namespace/name``) in batches: one query asks for the pod names
-of the keys as an array (``pod_name = ANY($1)``), joined to ``sandboxes`` on its primary key and
-scoped to the configured sandbox namespaces and to Kubernetes-managed sandboxes. A row answers a
-key only when its namespace and pod name make up exactly that key, so a row of another namespace
-that carries the same pod name is absent for the key, never its row (it can never authorize a
-delete). :meth:`PgExecutionStore.read_fresh` is the same query for one key, marked as the final
-re-read before a delete.
+Rows are looked up by pod key (``namespace/name``) in batches: one query asks for the keys' pod
+names as an array, joined to ``sandboxes`` and scoped to the configured sandbox namespaces and to
+Kubernetes-managed sandboxes. A row answers a key only when its namespace and pod name make up
+exactly that key, so a row of another namespace with the same pod name can never authorize a
+delete. :meth:`PgExecutionStore.read_fresh` is the same query for one key, marked as the final
+re-read. Rows are decoded into :class:`service.domain.ExecutionRow` here: unknown strings become
+the explicit unknown members; a row with a NULL where a value is required is counted, logged and
+treated as absent (never reaped).
 
-Rows are decoded into :class:`service.domain.ExecutionRow` at this boundary: unknown state or
-pod-kind strings become the explicit unknown members; a row with a NULL where a value is required
-is counted, logged and treated as absent (never reaped), never raised.
-
-Errors (the taxonomy is drawn in ``service/pg/errors.py``): a failed query raises a kit
-``ExternalError`` — ``Unavailable`` when the database gave no answer (refused, reset, timed out,
-connection lost; ``StoreClosed`` once :meth:`PgExecutionStore.aclose` has begun),
-``DatabaseError`` when the server answered with an error. Nothing else is converted: any other
-exception (a bug) reaches the caller as raised.
+Errors (``service/pg/errors.py``): a failed query raises ``Unavailable`` (no answer;
+``StoreClosed`` once :meth:`PgExecutionStore.aclose` has begun) or ``DatabaseError`` (the server
+answered with an error); any other exception (a bug) reaches the caller as raised.
 """
 
 from __future__ import annotations
@@ -53,17 +48,15 @@ WHERE e.pod_name = ANY($1::text[])
   AND s.namespace = ANY($2::text[])
   AND s.managed_by = $3
 """
-"""The rows of the pod names asked for (the pod name's unique index finds them), of the
-configured namespaces and Kubernetes-managed sandboxes. Which key a row answers (its namespace
-and pod name) is decided by :meth:`PgExecutionStore._query`."""
+"""The rows of the pod names asked for, of the configured namespaces and Kubernetes-managed
+sandboxes (which key a row answers is :meth:`PgExecutionStore._query`'s to decide)."""
 
 INVALID_STATEMENT_NAME = "26000"
 """SQLSTATE of "prepared statement ... does not exist": what a statement cached on one server
 meets when a transaction-mode pooler lends the next query another."""
 
 FRESH_SQL = "/* retired-pod-gc: final re-read */" + LOOKUP_SQL
-"""The final re-read before a delete: the lookup's query, marked so that a DBA (or a test reading
-the server's statement log) can tell it apart from batched lookups."""
+"""The final re-read before a delete: the lookup's query, marked for the server's log."""
 
 COLUMNS = (
     "pod_name",
@@ -173,7 +166,7 @@ class PgExecutionStore:
 
     async def lookup_many(self, keys: Sequence[str]) -> dict[str, ExecutionRow]:
         """Rows by pod key, ``batch_max_size`` keys a query; absent keys are left out."""
-        self._check_open()
+        self._open_pool()
         unique = list(dict.fromkeys(keys))
         size = max(1, self._settings.batch_max_size)
         out: dict[str, ExecutionRow] = {}
@@ -183,7 +176,6 @@ class PgExecutionStore:
 
     async def read_fresh(self, key: str) -> ExecutionRow | None:
         """The row of one key, read now (the final re-check before a delete)."""
-        self._check_open()
         rows = await self._query([key], kind="fresh", sql=FRESH_SQL)
         return rows.get(key)
 
@@ -210,8 +202,7 @@ class PgExecutionStore:
 
     async def notify(self, channel: str, payload: str) -> float:
         """``pg_notify(channel, payload)`` on a pooled connection, committed when it returns;
-        answers ``pg_notification_queue_usage()`` (the notify listener's delivery probe, which
-        also reports the queue's fill)."""
+        answers ``pg_notification_queue_usage()`` (the notify listener's delivery probe)."""
         pool = self._pool
         if pool is None:
             raise StoreClosed("store closed")
@@ -227,51 +218,35 @@ class PgExecutionStore:
         """``ports.RetiredRowSource``: the inactive rows among ``names`` of ``namespace``, by
         pod key, in one query (:data:`RETIRED_SQL`); a namespace not configured, or no names,
         costs none. Raises as :meth:`lookup_many`."""
-        self._check_open()
-        pool = self._pool
-        if pool is None:
-            raise StoreClosed("store closed")
+        self._open_pool()
         if namespace not in self._namespaces or not names:
             return {}
-        self._metrics.row_queries.labels(kind=kind).inc()
-        try:
-            with database_errors():
-                records = await self._fetch(
-                    pool, RETIRED_SQL, list(names), namespace, MANAGED_BY_KUBERNETES
-                )
-        except ExternalError as exc:
-            self._metrics.row_query_errors.inc()
-            self._query_log.failed(describe(exc))
-            raise
-        self._query_log.ok()
+        records = await self._rows(kind, RETIRED_SQL, list(names), namespace)
         out: dict[str, RetiredRow] = {}
         for record in records:
             row = decode_row(record)
-            if row is None or row.namespace != namespace or row.active:
-                if row is None:
-                    self._metrics.rows_malformed.inc()
-                continue
-            retired_at = record[len(COLUMNS)]
-            out[row.key] = RetiredRow(
-                row, float(retired_at) if isinstance(retired_at, float | int) else None
-            )
+            if row is None:
+                self._metrics.rows_malformed.inc()
+            elif row.namespace == namespace and not row.active:
+                retired_at = record[len(COLUMNS)]
+                out[row.key] = RetiredRow(
+                    row, float(retired_at) if isinstance(retired_at, float | int) else None
+                )
         return out
 
     # -- internals -------------------------------------------------------------------------
 
-    def _check_open(self) -> None:
+    def _open_pool(self) -> asyncpg.Pool:
         if self._closed:
             raise StoreClosed("store closed")
         if self._pool is None:
             raise RuntimeError("PgExecutionStore used before start()")
+        return self._pool
 
     async def _fetch(self, pool: asyncpg.Pool, sql: str, *args: Any) -> list[Any]:
-        """One statement on a pooled connection: waiting for the connection and the statement
-        are bounded, by one scope whose deadline moves from the connection's bound to the
-        statement's once the connection is acquired; giving the connection back is never
-        abandoned. (asyncpg shields a release from cancellation; one cut off here would go on
-        alone, and its failure — a reset that times out on a dying connection — would be an
-        exception nobody retrieves.)"""
+        """One statement on a pooled connection, the wait for the connection and the statement
+        bounded by one scope; giving the connection back is never abandoned (a release cut off
+        here would go on alone, its failure an exception nobody retrieves)."""
         s = self._settings
         conn: asyncpg.pool.PoolConnectionProxy[Any] | None = None
         try:
@@ -288,29 +263,16 @@ class PgExecutionStore:
                     except ExternalError as exc:  # asyncpg has terminated the connection
                         logger.debug("pooled connection dropped on release: %s", exc)
 
-    async def _query(
-        self, keys: list[str], *, kind: str, sql: str = LOOKUP_SQL
-    ) -> dict[str, ExecutionRow]:
-        """Rows by pod key. A key of a namespace not configured has no row and costs no query; a
-        row is kept under the key its namespace and pod name make up, when that key was asked
-        for."""
-        pool = self._pool
-        if pool is None:
-            raise StoreClosed("store closed")
-        configured = self._namespaces
-        asked = {key for key in keys if key.partition("/")[0] in configured}
-        if not asked:
-            return {}
+    async def _rows(
+        self, kind: str, sql: str, names: list[str], namespaces: list[str] | str
+    ) -> list[Any]:
+        """One row query of ``kind`` (``row_queries{kind}``) for the pod ``names`` in
+        ``namespaces``; a failure is counted, logged once per cause and raised."""
+        pool = self._open_pool()
         self._metrics.row_queries.labels(kind=kind).inc()
         try:
             with database_errors():
-                records = await self._fetch(
-                    pool,
-                    sql,
-                    [key.partition("/")[2] for key in asked],
-                    self._namespace_list,
-                    MANAGED_BY_KUBERNETES,
-                )
+                records = await self._fetch(pool, sql, names, namespaces, MANAGED_BY_KUBERNETES)
         except ExternalError as exc:
             self._metrics.row_query_errors.inc()
             cause = describe(exc)
@@ -326,8 +288,21 @@ class PgExecutionStore:
             self._query_log.failed(cause_of(exc), cause)
             raise
         self._query_log.ok()
+        return records
+
+    async def _query(
+        self, keys: list[str], *, kind: str, sql: str = LOOKUP_SQL
+    ) -> dict[str, ExecutionRow]:
+        """Rows by pod key. A key of a namespace not configured has no row and costs no query; a
+        row is kept under the key its namespace and pod name make up, when that key was asked
+        for."""
+        self._open_pool()
+        asked = {key for key in keys if key.partition("/")[0] in self._namespaces}
+        if not asked:
+            return {}
+        names = [key.partition("/")[2] for key in asked]
         out: dict[str, ExecutionRow] = {}
-        for record in records:
+        for record in await self._rows(kind, sql, names, self._namespace_list):
             row = decode_row(record)
             if row is None:
                 self._metrics.rows_malformed.inc()
@@ -335,8 +310,7 @@ class PgExecutionStore:
                     "malformed execution row skipped (treated as absent): pod_name=%r",
                     record[0],
                 )
-                continue
-            if row.key in asked:
+            elif row.key in asked:
                 out[row.key] = row
         return out
 
@@ -352,14 +326,11 @@ WHERE e.pod_name = ANY($1::text[])
   AND s.namespace = $2
   AND s.managed_by = $3
 """
-"""The retired-but-kept sweep (``service/engine/kept.py``): the inactive rows among the pod
-names of one namespace's cache, in one statement whatever their number (the pod name's unique
-index finds each; only retired rows come back, so the answer is as small as the leak)."""
+"""The retired-but-kept sweep: the inactive rows among the pod names of one namespace's cache, in
+one statement whatever their number (only retired rows come back: as small as the leak)."""
 
 
 async def _keep_session(_conn: asyncpg.Connection) -> None:
-    """The pool's reset on release, after asyncpg's own (which rolls back a transaction left
-    open and drops listener callbacks): nothing more. The pool's connections only run the
-    lookup's SELECT and ``SELECT 1``, which leave no session state behind (no SET, LISTEN,
-    cursor or advisory lock), so the default reset query (``RESET ALL``, ``CLOSE ALL``, ...)
-    would be a round trip per query for nothing."""
+    """The pool's reset on release, after asyncpg's own: nothing more. The pool's queries leave
+    no session state behind, so the default reset query (``RESET ALL``, ...) would be a round
+    trip per query for nothing."""

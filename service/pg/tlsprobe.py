@@ -1,17 +1,13 @@
 """Keep asyncpg's TLS probe from leaving an exception nobody retrieves on the event loop.
 
-With ``sslmode=prefer`` (asyncpg's default when the URL names none) every connection — and every
-out-of-band cancel request asyncpg opens when a query is cancelled — starts with an
-``SSLRequest`` answered through ``asyncpg.connect_utils.TLSUpgradeProto``. When the connection is
-lost before the answer, ``connection_lost`` sets ``ConnectionError("unexpected connection_lost()
-call")`` on the probe's ``on_data`` future. If the task that would await that future was
-cancelled first (a timeout while the server restarts or a middlebox drops the link: the
-connect or the cancel request is then abandoned), nobody ever retrieves it, and the event loop's
-exception handler reports "Future exception was never retrieved" from a future no caller owns.
-
-:func:`install` wraps ``connection_lost`` so that the exception is also marked retrieved when it
-is set. A coroutine that still awaits the future gets it raised exactly as before; an abandoned
-probe is dropped quietly. Applied once, when the adapter is imported.
+With ``sslmode=prefer`` (asyncpg's default) every connection, and every out-of-band cancel
+request, starts with an ``SSLRequest`` answered through ``asyncpg.connect_utils.TLSUpgradeProto``.
+A connection lost before the answer sets ``ConnectionError`` on the probe's ``on_data`` future;
+when the task that would await it was cancelled first (a timeout while the server restarts),
+nobody retrieves it and the loop reports "Future exception was never retrieved".
+:func:`install` wraps ``connection_lost`` to mark that exception retrieved as it is set: a
+coroutine still awaiting the future gets it as before. Applied once, when the adapter is
+imported.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import json
 import random
@@ -488,11 +487,14 @@ async def test_each_handler_gets_every_change_and_one_added_while_listening_is_t
         assert late.changes == first.changes
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
 class RecordingBackoff(Backoff):
     """The listener's backoff policy, recording every delay it hands out, in order."""
 
-    drawn: list[float] = dataclasses.field(default_factory=list, compare=False)
+    __slots__ = ("drawn",)
+
+    def __init__(self, *, initial_s: float, max_s: float, jitter: float, rng: random.Random):
+        super().__init__(initial_s=initial_s, max_s=max_s, jitter=jitter, rng=rng)
+        self.drawn: list[float] = []
 
     def delay_s(self, failures: int) -> float:
         delay = Backoff.delay_s(self, failures)

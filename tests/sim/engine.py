@@ -17,7 +17,6 @@ election (a step flips the leadership through ``Controller.set_leader`` instead)
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -137,7 +136,8 @@ def build(
     metrics: Metrics,
 ) -> Service:
     def seeded(policy: Backoff) -> Backoff:
-        return dataclasses.replace(policy, rng=random.Random(rng.random()))
+        policy.rng = random.Random(rng.random())
+        return policy
 
     store = new_store(settings, metrics.pg)
 

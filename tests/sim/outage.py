@@ -36,6 +36,7 @@ from service.app.service import wire_engine
 from service.config import PREFIX, Settings, load
 from service.engine.activation import Activation
 from service.engine.gates import dependency_backoff
+from service.kit.backoff import Backoff
 from service.kube import informer as informer_module
 from service.kube.events import KubeEventRecorder
 from service.kube.informer import PodInformer
@@ -362,10 +363,9 @@ def build(
     return Service(s, metrics, store, informer, listener, elector, recorder, engine.controller)
 
 
-def _seeded(policy: Any, rng: random.Random) -> Any:
-    import dataclasses  # noqa: PLC0415
-
-    return dataclasses.replace(policy, rng=random.Random(rng.random()))
+def _seeded(policy: Backoff, rng: random.Random) -> Backoff:
+    policy.rng = random.Random(rng.random())
+    return policy
 
 
 async def run(service: Service, *, stop: anyio.Event) -> None:

@@ -586,7 +586,9 @@ async def test_anything_but_an_external_error_is_a_bug_that_ends_the_loop() -> N
 
 
 def test_the_informer_default_backoff_doubles_to_its_cap_each_delay_in_its_upper_half() -> None:
-    attempts = Attempts(dataclasses.replace(default_backoff(), rng=random.Random(1)))
+    policy = default_backoff()
+    policy.rng = random.Random(1)
+    attempts = Attempts(policy)
     for failures in range(12):
         base = min(BACKOFF_MAX_S, 0.5 * 2.0**failures)
         assert base / 2 <= attempts.next_delay() <= base
