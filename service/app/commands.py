@@ -20,7 +20,6 @@ from typing import Any
 
 import anyio
 import asyncpg
-from kubernetes_asyncio.client import ApiClient
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 
 from service import config, logs
@@ -45,6 +44,7 @@ from service.kit.backoff import Backoff
 from service.kit.errors import ExternalError, Unavailable
 from service.kube.api import ApiConfigError
 from service.kube.errors import KubeApiError
+from service.kube.transport import ApiTransport
 from service.metrics import Metrics
 from service.pg.errors import describe
 from service.pg.migrate import LockNotGranted, migrate
@@ -156,7 +156,7 @@ async def _check_tables(settings: config.Settings) -> None:
         )
 
 
-async def _api() -> ApiClient:
+async def _api() -> ApiTransport:
     """The composition root's API client, or one line saying why there is none."""
     try:
         return await service.new_api()
@@ -164,7 +164,7 @@ async def _api() -> ApiClient:
         raise CommandError(f"Kubernetes API: {exc}") from None
 
 
-async def _probe_api(api: ApiClient, settings: config.Settings) -> None:
+async def _probe_api(api: ApiTransport, settings: config.Settings) -> None:
     """One cheap list call in each sandbox namespace, so that an unreachable or refusing API
     server fails a one-shot command at once (the informer would retry quietly until
     ``--timeout``)."""

@@ -17,7 +17,6 @@ from pathlib import Path
 import anyio
 import asyncpg
 from anyio.abc import TaskStatus
-from kubernetes_asyncio.client import ApiClient
 
 from service.config import Settings
 from service.engine.activation import Activation
@@ -37,7 +36,7 @@ from service.kube.informer import PodInformer
 from service.kube.leaderelection import LeaderElector, default_identity
 from service.kube.listwatch import WATCH_JITTER, ListWatch
 from service.kube.namespaces import MultiNamespaceInformer
-from service.kube.transport import transport_of
+from service.kube.transport import ApiTransport
 from service.metrics import Metrics
 from service.pg.connect import connect_once
 from service.pg.listener import RetirementListener
@@ -94,7 +93,7 @@ APPLICATION_NAME = "retired-pod-gc"
 """The ``application_name`` of the service's database sessions (the listener's has its own)."""
 
 
-async def new_api() -> ApiClient:
+async def new_api() -> ApiTransport:
     """The Kubernetes API client, in-cluster or from the kubeconfig (``service/kube/api.py``);
     ``ApiConfigError`` when neither is found. The caller closes it."""
     return await new_api_client()
@@ -108,10 +107,11 @@ async def new_connection(settings: Settings, metrics: Metrics) -> asyncpg.Connec
 
 def new_list_watch(
     settings: Settings,
-    api: ApiClient,
+    api: ApiTransport,
     metrics: Metrics,
     *,
     namespace: str,
+    decoder: PodDecoder | None = None,
     rng: random.Random | None = None,
 ) -> ListWatch:
     """The pod requests of one sandbox namespace (its informer's, or a command's probe)."""
@@ -120,6 +120,7 @@ def new_list_watch(
         settings=settings.kube,
         metrics=metrics,
         namespace=namespace,
+        decoder=decoder or new_decoder(settings),
         rng=rng or random.Random(),
         watch_jitter=WATCH_JITTER,
     )
@@ -129,22 +130,31 @@ def new_store(settings: Settings, metrics: Metrics) -> PgExecutionStore:
     return PgExecutionStore(settings.database, namespaces=settings.kube.namespaces, metrics=metrics)
 
 
-def new_pod_client(settings: Settings, api: ApiClient, metrics: Metrics) -> KubePodClient:
-    return KubePodClient(api, settings.kube, PodDecoder(settings.kube.label_keys), metrics)
+def new_decoder(settings: Settings) -> PodDecoder:
+    """The one pod decoder of the process (GETs, list pages and watch events)."""
+    return PodDecoder(settings.kube.label_keys)
+
+
+def new_pod_client(
+    settings: Settings, api: ApiTransport, metrics: Metrics, decoder: PodDecoder | None = None
+) -> KubePodClient:
+    return KubePodClient(api, settings.kube, decoder or new_decoder(settings), metrics)
 
 
 def new_informer(
     settings: Settings,
-    api: ApiClient,
+    api: ApiTransport,
     metrics: Metrics,
     *,
+    decoder: PodDecoder | None = None,
     backoff: Backoff | None = None,
 ) -> MultiNamespaceInformer:
     """One namespaced informer per sandbox namespace (never a cluster-wide watch)."""
+    decoder = decoder or new_decoder(settings)
 
     def informer(namespace: str) -> PodInformer:
         return PodInformer(
-            new_list_watch(settings, api, metrics, namespace=namespace),
+            new_list_watch(settings, api, metrics, namespace=namespace, decoder=decoder),
             settings=settings.kube,
             metrics=metrics,
             backoff=backoff,
@@ -241,10 +251,11 @@ def wire_kept(
     return kept
 
 
-def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
+def build(settings: Settings, *, api: ApiTransport, metrics: Metrics) -> Parts:
     store = new_store(settings, metrics)
-    informer = new_informer(settings, api, metrics)
-    pods = new_pod_client(settings, api, metrics)
+    decoder = new_decoder(settings)
+    informer = new_informer(settings, api, metrics, decoder=decoder)
+    pods = new_pod_client(settings, api, metrics, decoder)
     elector = (
         LeaderElector(
             api,
@@ -304,9 +315,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     )
     if elector is not None:
         elector.add_handler(controller.set_leader)
-    transport = transport_of(api)
-    if transport is not None:
-        transport.bind(metrics)
+    api.bind(metrics)
     heartbeats = Heartbeats()
     health = HealthServer(
         metrics=metrics,
@@ -314,7 +323,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         cache_synced=lambda: informer.synced,
         database_problem=cached_ping(store),
         listener_problem=lambda: listener.problem,
-        api_problem=(lambda: transport.problem) if transport is not None else (lambda: None),
+        api_problem=lambda: api.problem,
         host=settings.bind_host,
         port=settings.bind_port,
         pending=(

@@ -32,24 +32,19 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, cast
 
 import aiohttp
 import anyio
 from anyio.abc import TaskStatus
-from kubernetes_asyncio import client as k8s_client
 
 from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
 from service.kit.causelog import CauseLog
+from service.kit.errors import Unavailable
 from service.kit.ratelimit import limiter
-from service.kube.errors import (
-    TRANSIENT_ERRORS,
-    parse_retry_after,
-    read_whole,
-    status_message,
-)
+from service.kube.errors import KubeApiError, RequestTimeout
 from service.kube.eventbodies import event_body
+from service.kube.transport import ApiTransport
 from service.metrics import Metrics
 from service.ports import KeptReport, ReapReport
 
@@ -112,7 +107,7 @@ class KubeEventRecorder:
 
     def __init__(
         self,
-        api: k8s_client.ApiClient,
+        api: ApiTransport,
         *,
         instance: str,
         metrics: Metrics,
@@ -127,7 +122,7 @@ class KubeEventRecorder:
         max_age_s: float = EVENT_MAX_AGE_S,
         retry_backoff: Backoff = EVENT_RETRY_BACKOFF,
     ) -> None:
-        self._events = k8s_client.EventsV1Api(api)
+        self._api = api
         self._instance = instance
         self._metrics = metrics
         self._timeout_s = timeout_s
@@ -339,52 +334,43 @@ class KubeEventRecorder:
         try:
             body = event_body(report, instance=self._instance, at_s=at_s)
             with anyio.fail_after(self._timeout_s):
-                response, raw = await read_whole(
-                    self._events.create_namespaced_event(
-                        namespace,
-                        cast(Any, body),
-                        _preload_content=False,
-                        _request_timeout=aiohttp.ClientTimeout(total=self._timeout_s),
-                    )
+                await self._api.request(
+                    "POST",
+                    f"/apis/events.k8s.io/v1/namespaces/{namespace}/events",
+                    op=None,  # counted in the Event metrics
+                    body=body,
+                    timeouts=aiohttp.ClientTimeout(total=self._timeout_s),
+                    # 409 AlreadyExists: an earlier attempt of this very Event (its name) was
+                    # written.
+                    expect=(200, 201, 409),
                 )
-        except TimeoutError:
+        except (TimeoutError, RequestTimeout):
             self._count(
                 report, "timeout", f"Event write timed out after {self._timeout_s:.1f}s; retrying"
             )
             return 0.0
-        except TRANSIENT_ERRORS as exc:  # refused connection, reset: never fatal here
-            self._count(
-                report,
-                "transport_error",
-                f"Event write failed: {type(exc).__name__}: {exc}; retrying",
-            )
+        except Unavailable as exc:  # refused connection, reset: never fatal here
+            self._count(report, "transport_error", f"Event write failed: {exc}; retrying")
             return 0.0
+        except KubeApiError as exc:
+            result = _result_of(exc.status)
+            retried = result in _TRANSIENT_RESULTS
+            then = "retrying" if retried else "dropped"
+            self._count(report, result, f"Event write answered {exc.status}: {exc.message}; {then}")
+            return (exc.retry_after_s or 0.0) if retried else None
         except Exception:
             logger.exception("writing an Event raised (a bug); the Event is dropped")
             self._count(report, "bug", "")
             return None
-        status = response.status
-        if status in (200, 201, 409):
-            # 409 AlreadyExists: an earlier attempt of this very Event (its name) was written.
-            self._count(report, "created", "")
-            self._write_failures.ok()
-            if isinstance(report, KeptReport):
-                logger.debug(
-                    "retired but kept: %s (%s) Event written",
-                    report.pod.key,
-                    report.reason,
-                    extra={"pod": report.pod.key, "reason": report.reason},
-                )
-            return None
-        result = _result_of(status)
-        if result in _TRANSIENT_RESULTS:
-            self._count(
-                report, result, f"Event write answered {status}: {status_message(raw)}; retrying"
+        self._count(report, "created", "")
+        self._write_failures.ok()
+        if isinstance(report, KeptReport):
+            logger.debug(
+                "retired but kept: %s (%s) Event written",
+                report.pod.key,
+                report.reason,
+                extra={"pod": report.pod.key, "reason": report.reason},
             )
-            return parse_retry_after(response.headers.get("Retry-After")) or 0.0
-        self._count(
-            report, result, f"Event write answered {status}: {status_message(raw)}; dropped"
-        )
         return None
 
     def _count(self, report: _Report, result: str, message: str) -> None:

@@ -1,8 +1,11 @@
-"""How requests reach the API server: connections, credentials at a 401, and throttling.
+"""The one way a request reaches the API server: send, count, and turn failures into kit errors.
 
-:class:`ApiTransport` is the ``rest_client`` of the service's ``kubernetes_asyncio`` ApiClient
-(installed by :func:`service.kube.api.new_api_client`): it sends the requests the generated API
-methods build and returns what the library's ``RESTClientObject`` returns. It decides:
+:meth:`ApiTransport.request` is the service's only request path (as client-go's ``Request.Do``
+and kopf's ``api.request``): callers give a method, a path they built and a query, and get an
+:class:`Answer` (or an open stream for a watch). It counts each request in
+``retired_pod_gc_api_requests_total`` by ``op`` and result, turns no answer into ``Unavailable``
+(``RequestTimeout`` when it timed out) and an unexpected status into :class:`KubeApiError` with
+its ``Retry-After`` (``service/kube/errors.py``). Below it, it decides:
 
 **Connections** (``service/kube/sessions.py``): a keep-alive pool replaced after a request that
 got no answer within its timeout, and watches (``watch=true``) on connections never reused.
@@ -29,25 +32,24 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Container, Mapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlencode
 
 import aiohttp
 import anyio
 from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio.client.exceptions import ApiException, ApiValueError
-from kubernetes_asyncio.client.rest import RESTResponse
 
 from service.kit import clock
 from service.kit.aimd import AimdLimit
 from service.kit.causelog import CauseLog
+from service.kit.errors import Unavailable
 from service.kube import requestpolicy as policy
 from service.kube.credentials import BEARER_TOKEN, Credentials, Reauthentication
-from service.kube.errors import parse_retry_after, status_message
+from service.kube.errors import KubeApiError, answering, parse_retry_after, status_message
 from service.kube.reachability import Reachability
 from service.kube.sessions import HttpSession, Pools, Sessions, TcpSessions, request_options
 from service.metrics import Metrics
@@ -56,25 +58,12 @@ logger = logging.getLogger(__name__)
 
 _UNLIMITED_PATHS = ("/apis/coordination.k8s.io/",)
 _AUTHORIZATION = "authorization"
-_JSON = re.compile("json", re.IGNORECASE)
+
+Query = Mapping[str, str | int | bool]
+"""A request's query parameters, sent in the order of their names (as the library sent them)."""
 
 _slot_held: ContextVar[bool] = ContextVar("retired_pod_gc_api_slot_held", default=False)
 """True inside :meth:`ApiTransport.slot`: this task's requests use the slot it holds."""
-
-
-def _encode(method: str, headers: dict[str, str], body: Any, post_params: Any) -> Any:
-    """The request body as the library's ``RESTClientObject`` encodes it (JSON only: the
-    service sends nothing else)."""
-    if post_params and body:
-        raise ApiValueError("body parameter cannot be used with post_params parameter.")
-    if method not in ("POST", "PUT", "PATCH", "OPTIONS", "DELETE"):
-        return None
-    content_type = headers["Content-Type"]
-    if _JSON.search(content_type) or content_type == "application/apply-patch+yaml":
-        return json.dumps(body) if body is not None else None
-    if isinstance(body, bytes):
-        return body
-    raise ApiException(status=0, reason=f"cannot send a {content_type} body")
 
 
 async def _drain(response: aiohttp.ClientResponse) -> bytes:
@@ -85,18 +74,16 @@ async def _drain(response: aiohttp.ClientResponse) -> bytes:
         response.release()
 
 
-def _verb(method: str) -> Callable[..., Awaitable[Any]]:
-    """The library's ``rest_client.GET`` and its siblings: :meth:`ApiTransport.request`."""
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An answer read whole: its status (one the caller expects) and body."""
 
-    async def send(self: ApiTransport, url: str, **kwargs: Any) -> Any:
-        return await self.request(method, url, **kwargs)
-
-    send.__name__ = method
-    return send
+    status: int
+    body: bytes
 
 
 class ApiTransport:
-    """The ``rest_client`` of an ApiClient: see the module docstring."""
+    """The service's connection to the API server: see the module docstring."""
 
     def __init__(
         self,
@@ -107,7 +94,8 @@ class ApiTransport:
         metrics: Metrics | None = None,
         sessions: Sessions | None = None,
     ) -> None:
-        self._configuration = configuration
+        self.configuration = configuration
+        """The connection's configuration (host, CA, credentials) as the library loaded it."""
         self._pools = Pools(
             sessions if sessions is not None else TcpSessions(configuration, pool_size=pool_size)
         )
@@ -167,44 +155,93 @@ class ApiTransport:
     async def close(self) -> None:
         await self._pools.close()
 
-    # ---------------------------------------------------------- the library's API
+    # ------------------------------------------------------------------ the request path
 
-    async def request(  # noqa: PLR0917 (the library's signature)
+    async def request(
         self,
         method: str,
-        url: str,
-        query_params: Any = None,
-        headers: Mapping[str, str] | None = None,
-        body: Any = None,
-        post_params: Any = None,
-        _preload_content: bool = True,
-        _request_timeout: Any = None,
-    ) -> Any:
-        """One request, as the library's ``RESTClientObject.request`` makes it."""
-        method = method.upper()
-        sent_headers = dict(headers or {})
-        sent_headers.setdefault("Content-Type", "application/json")
-        data = _encode(method, sent_headers, body, post_params)
-        watch = policy.is_watch(query_params)
-        if query_params:
-            url += "?" + urlencode(query_params)
-        response = await self._exchange(
-            method, url, sent_headers, data, policy.client_timeout(_request_timeout), watch=watch
-        )
-        if not _preload_content:
-            return response
-        result = RESTResponse(response, await _drain(response))
-        if not 200 <= result.status <= 299:
-            raise ApiException(http_resp=cast(Any, result))  # as the library raises it
-        return result
+        path: str,
+        *,
+        op: str | None,
+        query: Query | None = None,
+        body: object = None,
+        timeouts: aiohttp.ClientTimeout,
+        expect: Container[int] = (200,),
+    ) -> Answer:
+        """Send one request and read its answer whole. ``op`` labels it in ``api_requests``
+        (``None``: not counted there); a status in ``expect`` is answered, any other raises
+        :class:`KubeApiError`; no answer raises ``Unavailable``."""
+        answer = await self._call(method, path, op, query, body, timeouts, expect)
+        assert isinstance(answer, Answer)
+        return answer
 
-    GET = _verb("GET")
-    HEAD = _verb("HEAD")
-    OPTIONS = _verb("OPTIONS")
-    DELETE = _verb("DELETE")
-    POST = _verb("POST")
-    PUT = _verb("PUT")
-    PATCH = _verb("PATCH")
+    async def watch(
+        self,
+        path: str,
+        *,
+        op: str,
+        query: Query,
+        timeouts: aiohttp.ClientTimeout,
+        open_within_s: float,
+    ) -> aiohttp.ClientResponse:
+        """Open a watch (``watch=true`` in ``query``): the stream of a 200 answer, which the
+        caller closes; failures as :meth:`request`'s. The answer's status and headers come
+        within ``open_within_s`` (the server sends them at once); the stream has no total
+        timeout."""
+        stream = await self._call("GET", path, op, query, None, timeouts, (), open_within_s)
+        assert not isinstance(stream, Answer)
+        return stream
+
+    async def _call(  # noqa: PLR0917 (the request's parts; private)
+        self,
+        method: str,
+        path: str,
+        op: str | None,
+        query: Query | None,
+        body: object,
+        timeouts: aiohttp.ClientTimeout,
+        expect: Container[int],
+        open_within_s: float | None = None,
+    ) -> Answer | aiohttp.ClientResponse:
+        """The one place a request is sent, counted and judged (see the module docstring)."""
+        url = f"{self.configuration.host}{path}"
+        if query:
+            url += "?" + urlencode(sorted(query.items()))
+        watch = policy.is_watch(query)
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        try:
+            with answering(f"{method} {path}"):
+                authorization = await self._authorization()
+                if authorization is not None:
+                    headers[_AUTHORIZATION] = authorization
+                data = None if body is None else json.dumps(body)
+                with anyio.fail_after(open_within_s):
+                    response = await self._exchange(
+                        method, url, headers, data, timeouts, watch=watch
+                    )
+                status = response.status
+                if watch and status == 200:
+                    self._count(op, "ok")
+                    return response
+                try:
+                    raw = await response.read()
+                finally:
+                    if watch:
+                        response.close()
+                    else:
+                        response.release()
+        except Unavailable:
+            self._count(op, "transport")
+            raise
+        self._count(op, "ok" if status < 300 else str(status))
+        if status in expect:
+            return Answer(status, raw)
+        retry_after_s = parse_retry_after(response.headers.get("Retry-After"))
+        raise KubeApiError(status, status_message(raw), retry_after_s=retry_after_s)
+
+    def _count(self, op: str | None, result: str) -> None:
+        if op is not None:
+            self._metrics.api_requests.labels(op=op, result=result).inc()
 
     # ------------------------------------------------------------------ requests
 
@@ -226,7 +263,7 @@ class ApiTransport:
             not watch
             and not _slot_held.get()
             and not url.startswith(
-                tuple(f"{self._configuration.host}{path}" for path in _UNLIMITED_PATHS)
+                tuple(f"{self.configuration.host}{path}" for path in _UNLIMITED_PATHS)
             )
         )
         throttles = 0
@@ -343,7 +380,11 @@ class ApiTransport:
         """Read the credentials again (unless that happened since ``generation``); the
         ``Authorization`` to send now."""
         await self._auth.reload(generation)
-        auth = await self._configuration.auth_settings()
+        return await self._authorization()
+
+    async def _authorization(self) -> str | None:
+        """The ``Authorization`` the credentials give now (``None``: none)."""
+        auth = await self.configuration.auth_settings()
         entry = cast(dict[str, dict[str, str]], auth).get(BEARER_TOKEN)
         return entry["value"] if entry else None
 
@@ -353,9 +394,3 @@ def _path(url: str) -> str:
     without_scheme = url.split("://", 1)[-1]
     slash = without_scheme.find("/")
     return without_scheme[slash:].split("?", 1)[0] if slash >= 0 else "/"
-
-
-def transport_of(api: Any) -> ApiTransport | None:
-    """The :class:`ApiTransport` of an ApiClient, when it has one."""
-    rest_client = getattr(api, "rest_client", None)
-    return rest_client if isinstance(rest_client, ApiTransport) else None
