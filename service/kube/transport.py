@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Container, Mapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
@@ -216,7 +216,7 @@ class ApiTransport:
                     headers[_AUTHORIZATION] = authorization
                 data = None if body is None else json.dumps(body)
                 with anyio.fail_after(open_within_s):
-                    response = await self._exchange(
+                    response, retry_after_s = await self._exchange(
                         method, url, headers, data, timeouts, watch=watch
                     )
                 status = response.status
@@ -236,7 +236,6 @@ class ApiTransport:
         self._count(op, "ok" if status < 300 else str(status))
         if status in expect:
             return Answer(status, raw)
-        retry_after_s = parse_retry_after(response.headers.get("Retry-After"))
         raise KubeApiError(status, status_message(raw), retry_after_s=retry_after_s)
 
     def _count(self, op: str | None, result: str) -> None:
@@ -254,8 +253,9 @@ class ApiTransport:
         timeouts: aiohttp.ClientTimeout,
         *,
         watch: bool,
-    ) -> aiohttp.ClientResponse:
-        """Send until an answer that is not retried here (see the module docstring)."""
+    ) -> tuple[aiohttp.ClientResponse, float | None]:
+        """Send until an answer that is not retried here (see the module docstring); the answer
+        and its ``Retry-After``."""
         delete = method == "DELETE"
         budget_s = policy.budget_s(timeouts)
         deadline = None if budget_s is None else clock.now() + budget_s
@@ -282,30 +282,18 @@ class ApiTransport:
                     method, url, headers, policy.within(timeouts, deadline), watch=watch, data=data
                 )
                 status = response.status
-                if status == 401:
-                    # Read whole (it stays readable for the caller), released only when sent
-                    # again.
-                    message = status_message(await response.read())
-                    authorization = await self._reauthenticate(generation)
-                    renewed = authorization is not None and authorization != headers.get(
-                        _AUTHORIZATION
-                    )
-                    if renewed and not delete and not reauthenticated:
-                        response.release()
-                        reauthenticated = True
-                        headers[_AUTHORIZATION] = cast(str, authorization)
-                        continue
-                    if not renewed:
-                        self._auth.refuse(f"401 {message}")
-                    # A DELETE refused with a token since replaced goes back to its reconciler,
-                    # whose next attempt carries the new one: not a refusal that stands.
-                    return response
-                self._auth.accept()
                 retry_after_s = parse_retry_after(response.headers.get("Retry-After"))
+                if status == 401:
+                    retry = not delete and not reauthenticated
+                    if await self._renewed(response, headers, generation, retry=retry):
+                        reauthenticated = True
+                        continue
+                    return response, retry_after_s
+                self._auth.accept()
                 if not policy.is_throttled(status, retry_after_s):
                     self.limit.succeeded()
                     self._metrics.api_concurrency_limit.set(self.limit.slots)
-                    return response
+                    return response, retry_after_s
                 if status == 429 and self.limit.throttled(sent_at):
                     self._metrics.api_concurrency_limit.set(self.limit.slots)
                 wait_s = policy.throttle_wait(
@@ -317,7 +305,7 @@ class ApiTransport:
                 )
                 if wait_s is None:
                     self._metrics.api_throttled.labels(action="returned").inc()
-                    return response
+                    return response, retry_after_s
                 await _drain(response)
                 self._metrics.api_throttled.labels(action="retried").inc()
                 throttles += 1
@@ -376,6 +364,30 @@ class ApiTransport:
 
     # -------------------------------------------------------------- credentials
 
+    async def _renewed(
+        self,
+        response: aiohttp.ClientResponse,
+        headers: dict[str, str],
+        generation: int,
+        *,
+        retry: bool,
+    ) -> bool:
+        """At a 401, read the credentials again; whether the request is to be sent again
+        (``retry``: it may be) with the new ``Authorization``, now in ``headers``."""
+        # Read whole (it stays readable for the caller), released only when sent again.
+        message = status_message(await response.read())
+        authorization = await self._reauthenticate(generation)
+        if authorization is None or authorization == headers.get(_AUTHORIZATION):
+            self._auth.refuse(f"401 {message}")
+            return False
+        if not retry:
+            # A DELETE refused with a token since replaced goes back to its reconciler, whose
+            # next attempt carries the new one: not a refusal that stands.
+            return False
+        response.release()
+        headers[_AUTHORIZATION] = authorization
+        return True
+
     async def _reauthenticate(self, generation: int) -> str | None:
         """Read the credentials again (unless that happened since ``generation``); the
         ``Authorization`` to send now."""
@@ -384,8 +396,8 @@ class ApiTransport:
 
     async def _authorization(self) -> str | None:
         """The ``Authorization`` the credentials give now (``None``: none)."""
-        auth = await self.configuration.auth_settings()
-        entry = cast(dict[str, dict[str, str]], auth).get(BEARER_TOKEN)
+        auth: dict[str, dict[str, str]] = await self.configuration.auth_settings()
+        entry = auth.get(BEARER_TOKEN)
         return entry["value"] if entry else None
 
 

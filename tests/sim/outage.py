@@ -41,6 +41,7 @@ from service.config import PREFIX, Settings, load
 from service.engine.activation import Activation
 from service.engine.gates import dependency_backoff
 from service.kube import informer as informer_module
+from service.kube.errors import parse_retry_after
 from service.kube.events import KubeEventRecorder
 from service.kube.informer import PodInformer
 from service.kube.leaderelection import LeaderElector
@@ -299,23 +300,19 @@ class OutageTransport(ApiTransport):
     def slot(self) -> AbstractAsyncContextManager[None]:
         return contextlib.nullcontext()
 
-    async def _exchange(
-        self,
-        method: str,
-        url: str,
-        headers: dict[str, str],
-        data: Any,
-        timeouts: aiohttp.ClientTimeout,
-        *,
-        watch: bool,
-    ) -> Any:
+    async def _exchange(self, method: str, url: str, *parts: Any, watch: bool) -> Any:
+        headers, data, timeouts = parts
         path = urlsplit(url).path
         if "/leases" in path:
             body = json.loads(data) if data else None
-            return await self._leases.request(method, path, body, timeouts.total)
-        if path.endswith("/events"):
-            return await self._events.create(timeouts.total)
-        return await self._pods.request(method, url, headers=headers, data=data, timeout=timeouts)
+            response = await self._leases.request(method, path, body, timeouts.total)
+        elif path.endswith("/events"):
+            response = await self._events.create(timeouts.total)
+        else:
+            response = await self._pods.request(
+                method, url, headers=headers, data=data, timeout=timeouts
+            )
+        return response, parse_retry_after(response.headers.get("Retry-After"))
 
 
 @dataclass
