@@ -359,10 +359,11 @@ class Reflector:
         stream = await self._lw.stream(known, timeout_cap=cap)
         at = clock.now()
         try:
-            rv = await self._watcher.initial_events(stream, at, timeout_cap=cap)
+            rv = await self._watcher.read(stream, at, timeout_cap=cap, initial=True)
+            assert rv is not None, "the initial events end at their bookmark"
             self._synced(rv, SyncMode.STREAM)
             self._worked()
-            await self._watcher.follow(stream, at, timeout_cap=cap, continued=True)
+            await self._watcher.read(stream, at, timeout_cap=cap, continued=True)
         finally:
             stream.close()
 
@@ -379,6 +380,6 @@ class Reflector:
         cap = self._watcher.timeout_cap()
         stream = await self._lw.watch(rv, timeout_cap=cap)
         try:
-            await self._watcher.follow(stream, clock.now(), timeout_cap=cap, continued=False)
+            await self._watcher.read(stream, clock.now(), timeout_cap=cap)
         finally:
             stream.close()

@@ -1,11 +1,11 @@
 """The one way a request reaches the API server: send, count, and turn failures into kit errors.
 
-:meth:`ApiTransport.request` is the service's only request path (as client-go's ``Request.Do``
-and kopf's ``api.request``): callers give a method, a path they built and a query, and get an
-:class:`Answer` (or an open stream for a watch). It counts each request in
-``retired_pod_gc_api_requests_total`` by ``op`` and result, turns no answer into ``Unavailable``
-(``RequestTimeout`` when it timed out) and an unexpected status into :class:`KubeApiError` with
-its ``Retry-After`` (``service/kube/errors.py``). Below it, it decides:
+:meth:`ApiTransport.request` (and :meth:`ApiTransport.watch`, for a stream) is the service's only
+request path, as client-go's ``Request.Do`` and kopf's ``api.request``: callers give a method, a
+path they built and a query, and get an :class:`Answer` (or the open stream). One place counts
+each request in ``retired_pod_gc_api_requests_total`` by ``op`` and result, turns no answer into
+``Unavailable`` (``RequestTimeout`` when it timed out) and an unexpected status into
+:class:`KubeApiError` with its ``Retry-After`` (``service/kube/errors.py``). Below it, it decides:
 
 **Connections** (``service/kube/sessions.py``): a keep-alive pool replaced after a request that
 got no answer within its timeout, and watches (``watch=true``) on connections never reused.

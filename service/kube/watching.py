@@ -173,29 +173,6 @@ class Watcher:
         own end of the stream bounds its silence."""
         return None if self._bookmarks_sent else self._short_timeout_s
 
-    async def initial_events(
-        self, stream: EventStream, opened: float, *, timeout_cap: int | None
-    ) -> str:
-        """Read a streaming list's initial events into the store: the resourceVersion of their
-        end bookmark (the stream then goes on as a watch); raises :class:`WatchEnd` when the
-        stream ends first. ``opened`` is when its answer came, ``timeout_cap`` what
-        :meth:`timeout_cap` said when it was asked for."""
-        rv = await self._read(
-            stream, opened, timeout_cap=timeout_cap, initial=True, continued=False
-        )
-        assert rv is not None
-        return rv
-
-    async def follow(
-        self, stream: EventStream, opened: float, *, timeout_cap: int | None, continued: bool
-    ) -> None:
-        """Read a watch until the server ends it (any other end raises :class:`WatchEnd`);
-        ``continued`` for the rest of a streaming list, which has delivered already
-        (``opened`` and ``timeout_cap`` as for :meth:`initial_events`)."""
-        await self._read(
-            stream, opened, timeout_cap=timeout_cap, initial=False, continued=continued
-        )
-
     def _silence_bound(self, opened: float, timeout_cap: int | None) -> tuple[float, float] | None:
         """When a watch opened at ``opened`` is taken for dead: once silent for the first value,
         counted from its last line or from the second, whichever is later. Once the server is
@@ -210,20 +187,23 @@ class Watcher:
             return self._end_margin_s, opened + timeout_cap
         return None
 
-    async def _read(
+    async def read(
         self,
         stream: EventStream,
         opened: float,
         *,
         timeout_cap: int | None,
-        initial: bool,
-        continued: bool,
+        initial: bool = False,
+        continued: bool = False,
     ) -> str | None:
-        """The one read loop: events until the stream ends, an event ends it, or it stays
-        silent past its bound. Initial events are bounded from the start by the sync timeout; a
-        watch by :meth:`_silence_bound`, which a periodic bookmark turns into the silence bound.
-        The version of the initial-events-end bookmark (``initial``), else ``None`` for a
-        stream the server ended; raises :class:`WatchEnd` for any other end."""
+        """The one read loop, into the store: events until the stream ends, an event ends it,
+        or it stays silent past its bound. ``initial``: a streaming list's initial events, read
+        up to their end bookmark and bounded from the start by the sync timeout; else a watch,
+        bounded by :meth:`_silence_bound` (which a periodic bookmark turns into the silence
+        bound), ``continued`` for the rest of a streaming list, which has delivered already.
+        ``opened`` is when its answer came, ``timeout_cap`` what :meth:`timeout_cap` said when
+        it was asked for. The version of the initial-events-end bookmark (``initial``), else
+        ``None`` for a stream the server ended; raises :class:`WatchEnd` for any other end."""
         answered = self._reach.answered
         loop_time = asyncio.get_running_loop().time
         self._stream_bookmarks = 0
