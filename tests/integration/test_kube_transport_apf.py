@@ -122,4 +122,4 @@ async def test_on_a_level_of_one_seat_every_request_is_answered_and_every_event_
     assert metric(registry, "retired_pod_gc_api_throttled_total", action="retried") == rejected
     assert metric(registry, "retired_pod_gc_api_throttled_total", action="returned") == 0
     # The limit came down from the pool size.
-    assert api.limit.slots < 32  # type: ignore[union-attr]
+    assert api.limit.slots < 32
