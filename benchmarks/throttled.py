@@ -31,11 +31,11 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
+import aiohttp
 import anyio
 import asyncpg
-from kubernetes_asyncio import client as k8s_client
 
 from benchmarks.harness import (
     NAMESPACE,
@@ -54,9 +54,7 @@ from service.domain import ExecutionState, Verdict
 from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
-from service.kube.errors import read_whole
 from service.kube.eventbodies import REASON_DELETED, event_body
-from service.kube.transport import transport_of
 from service.metrics import KubeMetrics
 from service.ports import ReapReport
 
@@ -139,12 +137,9 @@ async def sequential(url: str, emu: Emulator, rows: range) -> dict[str, Any]:
     """GET, DELETE, Event for each pod, one request at a time."""
     api = await new_api_client(host=url)
     metrics = KubeMetrics()
-    transport = transport_of(api)
-    assert transport is not None
-    transport.bind(metrics)
+    api.bind(metrics)
     cfg = settings("postgresql://unused@127.0.0.1/x")
     pods = KubePodClient(api, cfg.kube, PodDecoder(cfg.kube.label_keys), metrics)
-    events = k8s_client.EventsV1Api(api)
     first = len(emu.requests)
     started = time.perf_counter()
     written = 0
@@ -163,14 +158,15 @@ async def sequential(url: str, emu: Emulator, rows: range) -> dict[str, Any]:
                 row_state=ExecutionState.REPLACED,
                 dry_run=False,
             )
-            response, _ = await read_whole(
-                events.create_namespaced_event(
-                    NAMESPACE,
-                    cast(Any, event_body(report, instance="bench", at_s=time.time())),
-                    _preload_content=False,
-                )
+            answer = await api.request(
+                "POST",
+                f"/apis/events.k8s.io/v1/namespaces/{NAMESPACE}/events",
+                op=None,
+                body=event_body(report, instance="bench", at_s=time.time()),
+                timeouts=aiohttp.ClientTimeout(total=cfg.kube.api_timeout_s),
+                expect=(201,),
             )
-            written += response.status == 201
+            written += answer.status == 201
     finally:
         await api.close()
     elapsed = time.perf_counter() - started

@@ -1,10 +1,11 @@
-"""Kubernetes test harness: an API server emulator on a free port and an ApiClient aimed at it.
+"""Kubernetes test harness: an API server emulator on a free port and clients aimed at it.
 
 Fixtures: ``emulator`` (a :class:`RunningEmulator`; ``emulator.emulator`` is the state with the
-Python helpers and fault controls), ``kube_api`` (a real ``kubernetes_asyncio`` ApiClient over
-HTTP), ``kube_settings`` (``KubeSettings`` for the ``sandboxes`` namespace with small timeouts),
-``proxied_emulator`` (a :class:`ProxiedEmulator`: the same emulator behind a TCP proxy that resets
-or black-holes connections, ``tests/kubeproxy.py``).
+Python helpers and fault controls), ``kube_api`` (the service's ``ApiTransport`` over HTTP, as
+``new_api_client`` makes it), ``library_api`` (a plain ``kubernetes_asyncio`` ApiClient, the
+emulator's other client), ``kube_settings`` (``KubeSettings`` for the ``sandboxes`` namespace
+with small timeouts), ``proxied_emulator`` (a :class:`ProxiedEmulator`: the same emulator behind
+a TCP proxy that resets or black-holes connections, ``tests/kubeproxy.py``).
 Both async fixtures depend on ``event_loop_guard`` so that the event-loop guard runs after the
 client and server have been closed (keep-alive connections own server tasks until then).
 """
@@ -25,6 +26,7 @@ from service import config
 from service.config import KubeSettings
 from service.domain import LabelKeys, PodSnapshot
 from service.kube.api import new_api_client
+from service.kube.transport import ApiTransport
 from service.ports import PodCache
 from tests.kubeproxy import KubeProxy, proxied
 
@@ -54,8 +56,26 @@ async def emulator(
 @pytest.fixture
 async def kube_api(
     event_loop_guard: None, emulator: RunningEmulator
-) -> AsyncIterator[k8s_client.ApiClient]:
+) -> AsyncIterator[ApiTransport]:
     api = await new_api_client(host=emulator.url)
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+def library_client(url: str) -> k8s_client.ApiClient:
+    """A plain ``kubernetes_asyncio`` ApiClient (the library's own rest client) for ``url``."""
+    configuration = k8s_client.Configuration()
+    configuration.host = url
+    return k8s_client.ApiClient(configuration)
+
+
+@pytest.fixture
+async def library_api(
+    event_loop_guard: None, emulator: RunningEmulator
+) -> AsyncIterator[k8s_client.ApiClient]:
+    api = library_client(emulator.url)
     try:
         yield api
     finally:

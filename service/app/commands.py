@@ -18,7 +18,6 @@ from typing import Any
 
 import anyio
 import asyncpg
-from kubernetes_asyncio.client import ApiClient
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 
 from service import config, logs
@@ -43,6 +42,7 @@ from service.kit.backoff import Backoff
 from service.kit.errors import ExternalError, Unavailable
 from service.kube.api import ApiConfigError
 from service.kube.errors import KubeApiError
+from service.kube.transport import ApiTransport
 from service.metrics import KubeMetrics, Metrics, PgMetrics
 from service.pg.errors import DRIVER_ERRORS, describe
 from service.pg.migrate import LockNotGranted, migrate
@@ -153,7 +153,7 @@ async def _check_tables(settings: config.Settings) -> None:
         )
 
 
-async def _api() -> ApiClient:
+async def _api() -> ApiTransport:
     """The composition root's API client, or one line saying why there is none."""
     try:
         return await service.new_api()
@@ -161,7 +161,7 @@ async def _api() -> ApiClient:
         raise CommandError(f"Kubernetes API: {exc}") from None
 
 
-async def _probe_api(api: ApiClient, settings: config.Settings) -> None:
+async def _probe_api(api: ApiTransport, settings: config.Settings) -> None:
     """One cheap list call in each sandbox namespace, so that an unreachable or refusing API
     server fails a one-shot command at once (the informer would retry quietly until
     ``--timeout``)."""

@@ -19,7 +19,6 @@ from typing import Any
 import anyio
 import asyncpg
 from anyio.abc import TaskStatus
-from kubernetes_asyncio.client import ApiClient
 
 from service.config import Settings
 from service.engine.activation import Activation
@@ -39,7 +38,7 @@ from service.kube.informer import PodInformer
 from service.kube.leaderelection import LeaderElector, default_identity
 from service.kube.listwatch import WATCH_JITTER, ListWatch
 from service.kube.namespaces import MultiNamespaceInformer
-from service.kube.transport import transport_of
+from service.kube.transport import ApiTransport
 from service.metrics import KeptMetrics, KubeMetrics, Metrics, PgMetrics
 from service.pg.connect import connect_once
 from service.pg.listener import RetirementListener
@@ -96,7 +95,7 @@ APPLICATION_NAME = "retired-pod-gc"
 """The ``application_name`` of the service's database sessions (the listener's has its own)."""
 
 
-async def new_api() -> ApiClient:
+async def new_api() -> ApiTransport:
     """The Kubernetes API client, in-cluster or from the kubeconfig (``service/kube/api.py``);
     ``ApiConfigError`` when neither is found. The caller closes it."""
     return await new_api_client()
@@ -110,10 +109,11 @@ async def new_connection(settings: Settings, metrics: PgMetrics) -> asyncpg.Conn
 
 def new_list_watch(
     settings: Settings,
-    api: ApiClient,
+    api: ApiTransport,
     metrics: KubeMetrics,
     *,
     namespace: str,
+    decoder: PodDecoder | None = None,
     rng: random.Random | None = None,
 ) -> ListWatch:
     """The pod requests of one sandbox namespace (its informer's, or a command's probe)."""
@@ -122,6 +122,7 @@ def new_list_watch(
         settings=settings.kube,
         metrics=metrics,
         namespace=namespace,
+        decoder=decoder or new_decoder(settings),
         rng=rng or random.Random(),
         watch_jitter=WATCH_JITTER,
     )
@@ -131,22 +132,31 @@ def new_store(settings: Settings, metrics: PgMetrics) -> PgExecutionStore:
     return PgExecutionStore(settings.database, namespaces=settings.kube.namespaces, metrics=metrics)
 
 
-def new_pod_client(settings: Settings, api: ApiClient, metrics: KubeMetrics) -> KubePodClient:
-    return KubePodClient(api, settings.kube, PodDecoder(settings.kube.label_keys), metrics)
+def new_decoder(settings: Settings) -> PodDecoder:
+    """The one pod decoder of the process (GETs, list pages and watch events)."""
+    return PodDecoder(settings.kube.label_keys)
+
+
+def new_pod_client(
+    settings: Settings, api: ApiTransport, metrics: KubeMetrics, decoder: PodDecoder | None = None
+) -> KubePodClient:
+    return KubePodClient(api, settings.kube, decoder or new_decoder(settings), metrics)
 
 
 def new_informer(
     settings: Settings,
-    api: ApiClient,
+    api: ApiTransport,
     metrics: KubeMetrics,
     *,
+    decoder: PodDecoder | None = None,
     backoff: Backoff | None = None,
 ) -> MultiNamespaceInformer:
     """One namespaced informer per sandbox namespace (never a cluster-wide watch)."""
+    decoder = decoder or new_decoder(settings)
 
     def informer(namespace: str) -> PodInformer:
         return PodInformer(
-            new_list_watch(settings, api, metrics, namespace=namespace),
+            new_list_watch(settings, api, metrics, namespace=namespace, decoder=decoder),
             settings=settings.kube,
             metrics=metrics,
             backoff=backoff,
@@ -243,7 +253,9 @@ def wire_kept(
     return kept
 
 
-def new_elector(settings: Settings, api: ApiClient, metrics: KubeMetrics) -> LeaderElector | None:
+def new_elector(
+    settings: Settings, api: ApiTransport, metrics: KubeMetrics
+) -> LeaderElector | None:
     """The Lease's elector; ``None`` when ``LEADER_ELECTION`` is false."""
     if not settings.leader.enabled:
         return None
@@ -257,7 +269,7 @@ def new_elector(settings: Settings, api: ApiClient, metrics: KubeMetrics) -> Lea
 
 
 def new_recorder(
-    settings: Settings, api: ApiClient, metrics: KubeMetrics
+    settings: Settings, api: ApiTransport, metrics: KubeMetrics
 ) -> KubeEventRecorder | None:
     """The writer of Events; ``None`` when ``EVENTS_ENABLED`` is false."""
     if not settings.events_enabled:
@@ -287,10 +299,11 @@ def new_pending(
     )
 
 
-def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
+def build(settings: Settings, *, api: ApiTransport, metrics: Metrics) -> Parts:
     store = new_store(settings, metrics.pg)
-    informer = new_informer(settings, api, metrics.kube)
-    pods = new_pod_client(settings, api, metrics.kube)
+    decoder = new_decoder(settings)
+    informer = new_informer(settings, api, metrics.kube, decoder=decoder)
+    pods = new_pod_client(settings, api, metrics.kube, decoder)
     elector = new_elector(settings, api, metrics.kube)
     # Checked right before every DELETE or report: a leader whose renewals lapse stops acting
     # at the renew deadline, before its lease can expire for anybody else.
@@ -328,9 +341,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
     )
     if elector is not None:
         elector.add_handler(engine.controller.set_leader)
-    transport = transport_of(api)
-    if transport is not None:
-        transport.bind(metrics.kube)
+    api.bind(metrics.kube)
     heartbeats = Heartbeats()
     health = HealthServer(
         registry=metrics.registry,
@@ -338,7 +349,7 @@ def build(settings: Settings, *, api: ApiClient, metrics: Metrics) -> Parts:
         cache_synced=lambda: informer.synced,
         database_problem=cached_ping(store),
         listener_problem=lambda: listener.problem,
-        api_problem=(lambda: transport.problem) if transport is not None else (lambda: None),
+        api_problem=lambda: api.problem,
         host=settings.bind_host,
         port=settings.bind_port,
         pending=new_pending(settings, engine, kept),

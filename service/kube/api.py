@@ -1,12 +1,12 @@
-"""Building the ``kubernetes_asyncio`` ApiClient: in-cluster, from a kubeconfig, or a plain URL.
+"""Connecting to the API server: in-cluster, from a kubeconfig, or a plain URL.
 
 The explicit URL is how the emulator (tests, demo, benchmarks) is reached; production uses the
 in-cluster service account, and a developer's ``KUBECONFIG`` works too. Must be called on the
 event loop (the client owns aiohttp sessions).
 
-Every request of the client goes through :class:`~service.kube.transport.ApiTransport`, installed
-as the ApiClient's ``rest_client``, with the credentials it reads again at a 401
-(``service/kube/credentials.py``): the service-account token file in-cluster, the kubeconfig's
+The library only loads the configuration; every request goes through the
+:class:`~service.kube.transport.ApiTransport` made of it, with the credentials it reads again at
+a 401 (``service/kube/credentials.py``): the service-account token file in-cluster, the kubeconfig's
 user otherwise, a token file given with an explicit host (tests).
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any, cast
 
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
@@ -42,8 +41,8 @@ async def new_api_client(
     env: Mapping[str, str] | None = None,
     pool_size: int = 32,
     token_file: str | None = None,
-) -> k8s_client.ApiClient:
-    """An ApiClient for ``host`` when given, else in-cluster when running in a pod, else the
+) -> ApiTransport:
+    """The transport to ``host`` when given, else in-cluster when running in a pod, else the
     kubeconfig (``kubeconfig`` argument, ``KUBECONFIG``, then ``~/.kube/config``).
 
     ``token_file``: the bearer token's file with an explicit host (none: no token), and in-cluster
@@ -96,13 +95,7 @@ async def new_api_client(
         source = f"kubeconfig {path or KUBECONFIG_DEFAULT}"
     configuration.connection_pool_maxsize = pool_size
     logger.info("kubernetes api %s (%s)", configuration.host, source)
-    api = k8s_client.ApiClient(configuration)
-    # The library's own rest client (an aiohttp session) is replaced by the transport, which
-    # offers what the ApiClient calls of it: GET to PATCH and close.
-    await api.rest_client.close()
-    transport = ApiTransport(configuration, pool_size=pool_size, credentials=credentials)
-    api.rest_client = cast(Any, transport)
-    return api
+    return ApiTransport(configuration, pool_size=pool_size, credentials=credentials)
 
 
 def _token_file(path: str, configuration: k8s_client.Configuration) -> TokenFile:

@@ -1,39 +1,35 @@
 """Fresh pod reads and preconditioned deletes (implements ``ports.PodClient``).
 
-Responses are read raw (``_preload_content=False``) and decoded straight into a
-:class:`PodSnapshot`; no client models are built. Every call has its own timeout
-(``KubeSettings.api_timeout_s``). GET and DELETE report a failure the same way, as a kit error
-(``service/kit/errors.py``): ``Unavailable`` when no answer came, :class:`KubeApiError` for an
-unexpected status (with the server's ``Retry-After``), :class:`PodDecodeError` (an
-``Undecodable``) for a pod that does not decode. Expected answers are values: the pod or ``None``
-(404) for a GET, a :class:`DeleteOutcome` (deleted, 404 gone, 409 conflict) for a DELETE.
+Both go through :meth:`ApiTransport.request` with their own timeout
+(``KubeSettings.api_timeout_s``) and fail as it does (``Unavailable``, :class:`KubeApiError`
+with the server's ``Retry-After``); a pod that does not decode raises :class:`PodDecodeError`
+(an ``Undecodable``). Expected answers are values: the pod or ``None`` (404) for a GET, a
+:class:`DeleteOutcome` (deleted, 404 gone, 409 conflict) for a DELETE.
 """
 
 from __future__ import annotations
 
 import logging
-from contextlib import AbstractAsyncContextManager, nullcontext
-from typing import Any, cast
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client as k8s_client
 
 from service import checks
 from service.config import KubeSettings
 from service.domain import DeleteOutcome, DeleteResult, PodSnapshot
 from service.kube.decode import PodDecodeError, PodDecoder
-from service.kube.errors import (
-    TRANSIENT_ERRORS,
-    KubeApiError,
-    parse_retry_after,
-    read_whole,
-    status_message,
-    unavailable,
-)
-from service.kube.transport import transport_of
+from service.kube.errors import status_message
+from service.kube.transport import ApiTransport
 from service.metrics import KubeMetrics
 
 logger = logging.getLogger(__name__)
+
+
+def pod_path(namespace: str, name: str = "") -> str:
+    """The path of the pods of ``namespace``, or of the pod ``name`` in it."""
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    return f"{pods}/{name}" if name else pods
 
 
 class KubePodClient:
@@ -41,13 +37,12 @@ class KubePodClient:
 
     def __init__(
         self,
-        api: k8s_client.ApiClient,
+        api: ApiTransport,
         settings: KubeSettings,
         decoder: PodDecoder,
         metrics: KubeMetrics,
     ) -> None:
-        self._core = k8s_client.CoreV1Api(api)
-        self._transport = transport_of(api)
+        self._api = api
         self._settings = settings
         self._decoder = decoder
         self._metrics = metrics
@@ -55,43 +50,22 @@ class KubePodClient:
     def _timeout(self) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=self._settings.api_timeout_s)
 
-    def _count(self, op: str, result: str) -> None:
-        self._metrics.api_requests.labels(op=op, result=result).inc()
-
     def delete_slot(self) -> AbstractAsyncContextManager[None]:
         """The transport's request slot, held by this task while inside
-        (``ApiTransport.slot``); nothing to hold on a client without the transport."""
-        if self._transport is None:
-            return nullcontext()
-        return self._transport.slot()
+        (``ApiTransport.slot``)."""
+        return self._api.slot()
 
     async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
         """The pod as the server has it now; ``None`` on 404. Raises ``Unavailable`` when no
         answer came, :class:`KubeApiError` for any other status, :class:`PodDecodeError` for a
         pod that does not decode (counted and logged here)."""
-        try:
-            response, body = await read_whole(
-                self._core.read_namespaced_pod(
-                    name, namespace, _preload_content=False, _request_timeout=self._timeout()
-                )
-            )
-        except TRANSIENT_ERRORS as exc:
-            self._count("get", "transport")
-            raise unavailable(f"GET pod {namespace}/{name}", exc) from exc
-        status = response.status
-        if status == 404:
-            self._count("get", "404")
+        answer = await self._api.request(
+            "GET", pod_path(namespace, name), op="get", timeouts=self._timeout(), expect=(200, 404)
+        )
+        if answer.status == 404:
             return None
-        if status != 200:
-            self._count("get", str(status))
-            raise KubeApiError(
-                status,
-                status_message(body),
-                retry_after_s=parse_retry_after(response.headers.get("Retry-After")),
-            )
-        self._count("get", "ok")
         try:
-            return self._decoder.decode(body)
+            return self._decoder.decode(answer.body)
         except PodDecodeError as exc:
             self._metrics.decode_errors.labels(source="get").inc()
             # Counted; the reconciler logs it once per change of cause.
@@ -112,31 +86,18 @@ class KubePodClient:
         }
         if self._settings.delete_grace_period_s is not None:
             options["gracePeriodSeconds"] = self._settings.delete_grace_period_s
-        try:
-            response, body = await read_whole(
-                self._core.delete_namespaced_pod(
-                    name,
-                    namespace,
-                    # A plain dict is serialized as is; no V1DeleteOptions model is needed.
-                    body=cast(Any, options),
-                    _preload_content=False,
-                    _request_timeout=self._timeout(),
-                )
-            )
-        except TRANSIENT_ERRORS as exc:
-            self._count("delete", "transport")
-            raise unavailable(f"DELETE pod {namespace}/{name}", exc) from exc
-        status = response.status
-        self._count("delete", "ok" if status in (200, 202) else str(status))
-        if status in (200, 202):
-            return DeleteOutcome(DeleteResult.DELETED, status)
-        message = status_message(body)
-        if status == 404:
-            return DeleteOutcome(DeleteResult.GONE, status, message)
-        if status == 409:
-            return DeleteOutcome(DeleteResult.CONFLICT, status, message)
-        raise KubeApiError(
-            status,
-            message,
-            retry_after_s=parse_retry_after(response.headers.get("Retry-After")),
+        answer = await self._api.request(
+            "DELETE",
+            pod_path(namespace, name),
+            op="delete",
+            body=options,
+            timeouts=self._timeout(),
+            expect=(200, 202, 404, 409),
         )
+        match answer.status:
+            case 404:
+                return DeleteOutcome(DeleteResult.GONE, 404, status_message(answer.body))
+            case 409:
+                return DeleteOutcome(DeleteResult.CONFLICT, 409, status_message(answer.body))
+            case status:
+                return DeleteOutcome(DeleteResult.DELETED, status)

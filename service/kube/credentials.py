@@ -30,7 +30,7 @@ from kubernetes_asyncio.config.incluster_config import TOKEN_REFRESH_PERIOD
 
 from service.kit import clock
 from service.kit.causelog import CauseLog
-from service.metrics import KubeMetrics
+from service.metrics import CredentialReload, KubeMetrics
 
 BEARER_TOKEN = "BearerToken"  # noqa: S105 (a key name, not a secret)
 """The ``api_key`` entry of a ``Configuration`` the ApiClient sends as ``authorization``."""
@@ -158,12 +158,12 @@ class Reauthentication:
             try:
                 await self.credentials.reload(self._configuration)
             except (OSError, ValueError) as exc:
-                self._metrics.api_credential_reloads.labels(result="failed").inc()
+                self._metrics.api_credential_reloads.labels(result=CredentialReload.FAILED).inc()
                 self._reload_log.failed(f"{self.credentials.source}: {exc}")
             else:
                 self._reload_log.ok()
                 changed = self._configuration.api_key.get(BEARER_TOKEN) != before
-                result = "changed" if changed else "unchanged"
+                result = CredentialReload.CHANGED if changed else CredentialReload.UNCHANGED
                 self._metrics.api_credential_reloads.labels(result=result).inc()
             self.generation += 1
 

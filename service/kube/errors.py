@@ -3,8 +3,9 @@
 Every request of the adapter fails in one of two typed ways (``service.kit.errors``):
 
 - :data:`TRANSIENT_ERRORS` — what aiohttp and the socket layer raise when no answer arrives
-  (refused, reset, dropped, timed out) — becomes :class:`~service.kit.errors.Unavailable` through
-  :func:`unavailable`, the original chained as ``__cause__``;
+  (refused, reset, dropped, timed out) — becomes :class:`~service.kit.errors.Unavailable`
+  (:class:`RequestTimeout` for a timeout) in :func:`answering`, the original chained as
+  ``__cause__``;
 - an answer with an unexpected status becomes :class:`KubeApiError` (an ``ApiError``: status,
   the ``Status`` body's message, ``Retry-After``), which :func:`gone`, :func:`too_large` and
   :func:`rejected` (of its status) classify, as client-go's ``apierrors.IsGone`` and its kin.
@@ -14,8 +15,8 @@ Answers a caller always expects (a 404 on GET, a 409 on DELETE) are values of th
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import Any, cast
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import aiohttp
 import msgspec
@@ -31,28 +32,20 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 or a timeout (``aiohttp.ClientTimeout`` raises ``asyncio.TimeoutError``)."""
 
 
-def unavailable(what: str, exc: BaseException) -> Unavailable:
-    """The kit's :class:`~service.kit.errors.Unavailable` for one of :data:`TRANSIENT_ERRORS`,
-    with ``exc`` as its ``__cause__`` (raise it: ``raise unavailable("GET pod", exc) from exc``)."""
-    error = Unavailable(f"{what}: {type(exc).__name__}: {exc}")
-    error.__cause__ = exc
-    return error
+class RequestTimeout(Unavailable):
+    """No answer within the request's timeout (or no request slot within it)."""
 
 
-async def raw_response(call: Awaitable[Any]) -> aiohttp.ClientResponse:
-    """The aiohttp response of a generated API call made with ``_preload_content=False``
-    (the generated methods are typed as returning models, which they do not then)."""
-    return cast(aiohttp.ClientResponse, await call)
-
-
-async def read_whole(call: Awaitable[Any]) -> tuple[aiohttp.ClientResponse, bytes]:
-    """Make a ``_preload_content=False`` call and read its whole body; the connection goes back
-    to the pool either way (status and headers stay readable on the response)."""
-    response = await raw_response(call)
+@contextmanager
+def answering(what: str) -> Iterator[None]:
+    """Turn :data:`TRANSIENT_ERRORS` raised inside into ``Unavailable`` (:class:`RequestTimeout`
+    for a timeout), the original chained as ``__cause__``: the one place that happens, for the
+    request path (``service/kube/transport.py``) and the lines of a watch stream."""
     try:
-        return response, await response.read()
-    finally:
-        response.release()
+        yield
+    except TRANSIENT_ERRORS as exc:
+        kind = RequestTimeout if isinstance(exc, TimeoutError) else Unavailable
+        raise kind(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
 class KubeApiError(ApiError):

@@ -32,25 +32,20 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, cast
 
 import aiohttp
 import anyio
 from anyio.abc import TaskStatus
-from kubernetes_asyncio import client as k8s_client
 
 from service.kit import clock
 from service.kit.backoff import Attempts, Backoff
 from service.kit.causelog import CauseLog
+from service.kit.errors import Unavailable
 from service.kit.ratelimit import limiter
-from service.kube.errors import (
-    TRANSIENT_ERRORS,
-    parse_retry_after,
-    read_whole,
-    status_message,
-)
+from service.kube.errors import KubeApiError, RequestTimeout
 from service.kube.eventbodies import event_body
-from service.metrics import KubeMetrics
+from service.kube.transport import ApiTransport
+from service.metrics import EventResult, KubeMetrics
 from service.ports import KeptReport, ReapReport
 
 logger = logging.getLogger(__name__)
@@ -79,21 +74,29 @@ Retry-After)."""
 FLUSH_TIMEOUT_S = 2.0
 """On shutdown, how long pending Events may still be written."""
 
-_WRITE_FAILURES = frozenset(("timeout", "transport_error", "forbidden", "server_error", "rejected"))
+_WRITE_FAILURES = frozenset(
+    (
+        EventResult.TIMEOUT,
+        EventResult.TRANSPORT_ERROR,
+        EventResult.FORBIDDEN,
+        EventResult.SERVER_ERROR,
+        EventResult.REJECTED,
+    )
+)
 """The results of a write that failed (the others are the buffer's)."""
 
 
-def _result_of(status: int) -> str:
+def _result_of(status: int) -> EventResult:
     if status == 403:
-        return "forbidden"
+        return EventResult.FORBIDDEN
     if status == 429:
-        return "throttled"
+        return EventResult.THROTTLED
     if status >= 500:
-        return "server_error"
-    return "rejected"
+        return EventResult.SERVER_ERROR
+    return EventResult.REJECTED
 
 
-_TRANSIENT_RESULTS = frozenset({"throttled", "server_error"})
+_TRANSIENT_RESULTS = frozenset({EventResult.THROTTLED, EventResult.SERVER_ERROR})
 """Results of an answer whose Event is written again."""
 
 
@@ -112,7 +115,7 @@ class KubeEventRecorder:
 
     def __init__(
         self,
-        api: k8s_client.ApiClient,
+        api: ApiTransport,
         *,
         instance: str,
         metrics: KubeMetrics,
@@ -127,7 +130,7 @@ class KubeEventRecorder:
         max_age_s: float = EVENT_MAX_AGE_S,
         retry_backoff: Backoff = EVENT_RETRY_BACKOFF,
     ) -> None:
-        self._events = k8s_client.EventsV1Api(api)
+        self._api = api
         self._instance = instance
         self._metrics = metrics
         self._timeout_s = timeout_s
@@ -188,15 +191,17 @@ class KubeEventRecorder:
 
     def record(self, report: ReapReport) -> None:
         if self._closed:
-            self._count(report, "dropped_shutdown", "")
+            self._count(report, EventResult.DROPPED_SHUTDOWN, "")
             return
         if report.dry_run and self._pending_reports >= self.report_bound:
             self._summarized += 1
-            self._metrics.events.labels(result="summarized").inc()
+            self._metrics.events.labels(result=EventResult.SUMMARIZED).inc()
             self._wake.set()
             return
         if len(self._pending) >= self.buffer_size:
-            self._count(report, "dropped_buffer_full", "event buffer full; dropping Events")
+            self._count(
+                report, EventResult.DROPPED_BUFFER_FULL, "event buffer full; dropping Events"
+            )
             return
         self._pending.append((report, self._wall_clock(), clock.now()))
         self._pending_reports += report.dry_run
@@ -204,10 +209,12 @@ class KubeEventRecorder:
 
     def record_kept(self, report: KeptReport) -> None:
         if self._closed:
-            self._count(report, "dropped_shutdown", "")
+            self._count(report, EventResult.DROPPED_SHUTDOWN, "")
             return
         if len(self._kept) >= self.kept_buffer_size:
-            self._count(report, "dropped_buffer_full", "kept-pod Event buffer full; dropping")
+            self._count(
+                report, EventResult.DROPPED_BUFFER_FULL, "kept-pod Event buffer full; dropping"
+            )
             return
         self._kept.append((report, self._wall_clock(), clock.now()))
         self._wake.set()
@@ -263,7 +270,7 @@ class KubeEventRecorder:
             self._attempts.reset()
             self._count(
                 report,
-                "expired",
+                EventResult.EXPIRED,
                 f"an Event could not be written within {self.max_age_s:g}s of its report; dropped",
             )
             return
@@ -292,7 +299,7 @@ class KubeEventRecorder:
         self._kept.clear()
         self._pending_reports = 0
         for report in left:
-            self._count(report, "dropped_shutdown", "")
+            self._count(report, EventResult.DROPPED_SHUTDOWN, "")
         if left:
             logger.warning(
                 "shutting down: %d of %d unwritten Events not written within %gs (counted as "
@@ -339,55 +346,48 @@ class KubeEventRecorder:
         try:
             body = event_body(report, instance=self._instance, at_s=at_s)
             with anyio.fail_after(self._timeout_s):
-                response, raw = await read_whole(
-                    self._events.create_namespaced_event(
-                        namespace,
-                        cast(Any, body),
-                        _preload_content=False,
-                        _request_timeout=aiohttp.ClientTimeout(total=self._timeout_s),
-                    )
+                await self._api.request(
+                    "POST",
+                    f"/apis/events.k8s.io/v1/namespaces/{namespace}/events",
+                    op=None,  # counted in the Event metrics
+                    body=body,
+                    timeouts=aiohttp.ClientTimeout(total=self._timeout_s),
+                    # 409 AlreadyExists: an earlier attempt of this very Event (its name) was
+                    # written.
+                    expect=(200, 201, 409),
                 )
-        except TimeoutError:
-            self._count(
-                report, "timeout", f"Event write timed out after {self._timeout_s:.1f}s; retrying"
-            )
-            return 0.0
-        except TRANSIENT_ERRORS as exc:  # refused connection, reset: never fatal here
+        except (TimeoutError, RequestTimeout):
             self._count(
                 report,
-                "transport_error",
-                f"Event write failed: {type(exc).__name__}: {exc}; retrying",
+                EventResult.TIMEOUT,
+                f"Event write timed out after {self._timeout_s:.1f}s; retrying",
             )
             return 0.0
+        except Unavailable as exc:  # refused connection, reset: never fatal here
+            self._count(report, EventResult.TRANSPORT_ERROR, f"Event write failed: {exc}; retrying")
+            return 0.0
+        except KubeApiError as exc:
+            result = _result_of(exc.status)
+            retried = result in _TRANSIENT_RESULTS
+            then = "retrying" if retried else "dropped"
+            self._count(report, result, f"Event write answered {exc.status}: {exc.message}; {then}")
+            return (exc.retry_after_s or 0.0) if retried else None
         except Exception:
             logger.exception("writing an Event raised (a bug); the Event is dropped")
-            self._count(report, "bug", "")
+            self._count(report, EventResult.BUG, "")
             return None
-        status = response.status
-        if status in (200, 201, 409):
-            # 409 AlreadyExists: an earlier attempt of this very Event (its name) was written.
-            self._count(report, "created", "")
-            self._write_failures.ok()
-            if isinstance(report, KeptReport):
-                logger.debug(
-                    "retired but kept: %s (%s) Event written",
-                    report.pod.key,
-                    report.reason,
-                    extra={"pod": report.pod.key, "reason": report.reason},
-                )
-            return None
-        result = _result_of(status)
-        if result in _TRANSIENT_RESULTS:
-            self._count(
-                report, result, f"Event write answered {status}: {status_message(raw)}; retrying"
+        self._count(report, EventResult.CREATED, "")
+        self._write_failures.ok()
+        if isinstance(report, KeptReport):
+            logger.debug(
+                "retired but kept: %s (%s) Event written",
+                report.pod.key,
+                report.reason,
+                extra={"pod": report.pod.key, "reason": report.reason},
             )
-            return parse_retry_after(response.headers.get("Retry-After")) or 0.0
-        self._count(
-            report, result, f"Event write answered {status}: {status_message(raw)}; dropped"
-        )
         return None
 
-    def _count(self, report: _Report, result: str, message: str) -> None:
+    def _count(self, report: _Report, result: EventResult, message: str) -> None:
         """Count ``result`` for ``report``'s kind of Event; log ``message`` (when there is one)
         as its kind of result is logged."""
         kept = isinstance(report, KeptReport)

@@ -19,7 +19,6 @@ from anyio.abc import TaskStatus
 from service.config import KubeSettings
 from service.domain import PodSnapshot
 from service.kit.backoff import Backoff
-from service.kube.decode import PodDecoder
 from service.kube.listwatch import ListWatch
 from service.kube.reflector import Reflector, SyncMode
 from service.kube.store import PodStore
@@ -61,7 +60,6 @@ class PodInformer:
         self._reflector = Reflector(
             lw,
             self._store,
-            PodDecoder(settings.label_keys),
             metrics,
             settings=settings,
             backoff=backoff or default_backoff(),

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
 import anyio
 import msgspec
 from anyio.abc import TaskStatus
-from kubernetes_asyncio.client import ApiClient
 
 from service.config import LeaderSettings
 from service.kit import clock
@@ -36,7 +36,7 @@ from service.kit.causelog import CauseLog, cause_of
 from service.kit.errors import ExternalError, Undecodable
 from service.kit.timeouts import fail_after
 from service.kube.decode import decode_json
-from service.kube.errors import TRANSIENT_ERRORS, KubeApiError, unavailable
+from service.kube.transport import ApiTransport
 from service.metrics import KubeMetrics
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class LeaderElector:
 
     def __init__(
         self,
-        api: ApiClient,
+        api: ApiTransport,
         *,
         settings: LeaderSettings,
         namespace: str,
@@ -166,36 +166,25 @@ class LeaderElector:
         """Register ``on_change(leading)`` for every later transition (before :meth:`run`)."""
         self._handlers.append(on_change)
 
-    async def _request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        """(status, the decoded Lease of a success or ``None``); ``Unavailable`` when no answer
-        came, :class:`KubeApiError` for a success whose body is not JSON."""
+    async def _request(
+        self, method: str, path: str, expect: tuple[int, ...], body: Any = None
+    ) -> tuple[int, Any]:
+        """(status, the decoded Lease of a success or ``None``), for a status in ``expect``;
+        failures as ``ApiTransport.request``'s, ``Undecodable`` for a Lease that is not JSON."""
+        answer = await self._api.request(
+            method,
+            path,
+            op="lease",
+            body=body,
+            timeouts=aiohttp.ClientTimeout(total=self._timeout_s),
+            expect=expect,
+        )
+        if answer.status >= 400 or not answer.body:
+            return answer.status, None
         try:
-            response = await self._api.call_api(
-                path,
-                method,
-                header_params={"Content-Type": "application/json", "Accept": "application/json"},
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _return_http_data_only=True,
-                _request_timeout=self._timeout_s,
-            )
-            try:
-                raw = await response.read()
-                status = int(response.status)
-            finally:
-                response.release()
-        except TRANSIENT_ERRORS as exc:
-            self._metrics.api_requests.labels(op="lease", result="transport").inc()
-            raise unavailable(f"lease {method}", exc) from exc
-        result = "ok" if status < 400 else str(status)
-        self._metrics.api_requests.labels(op="lease", result=result).inc()
-        if status >= 400 or not raw:
-            return status, None
-        try:
-            return status, decode_json(raw)
+            return answer.status, decode_json(answer.body)
         except msgspec.DecodeError as exc:
-            raise Undecodable(f"undecodable lease (HTTP {status}): {exc}") from exc
+            raise Undecodable(f"undecodable lease (HTTP {answer.status}): {exc}") from exc
 
     def _lease_body(self, *, holder: str, duration_s: float, acquire: bool) -> dict[str, Any]:
         now = _now_micro()
@@ -244,15 +233,13 @@ class LeaderElector:
     async def _try_acquire_or_renew(self) -> bool:
         collection = _LEASES.format(namespace=self._namespace)
         path = f"{collection}/{self._settings.lease_name}"
-        status, lease = await self._request("GET", path)
+        status, lease = await self._request("GET", path, (200, 404))
         if status == 404:
             self._observed = None
             body = self._lease_body(
                 holder=self._identity, duration_s=self._settings.lease_duration_s, acquire=True
             )
-            return await self._write("POST", collection, body, "create")
-        if status >= 400:
-            raise KubeApiError(status, f"lease get answered {status}")
+            return await self._write("POST", collection, body)
         self._observe(lease)
         observed = self._observed
         assert observed is not None
@@ -269,16 +256,14 @@ class LeaderElector:
             body["spec"]["acquireTime"] = (lease.get("spec") or {}).get("acquireTime")
         transitions = int((lease.get("spec") or {}).get("leaseTransitions") or 0)
         body["spec"]["leaseTransitions"] = transitions + (observed.holder != self._identity)
-        return await self._write("PUT", path, body, "update")
+        return await self._write("PUT", path, body)
 
-    async def _write(self, method: str, path: str, body: dict[str, Any], what: str) -> bool:
-        """Write the Lease ``body`` (``what``: create or update) and observe what was written;
+    async def _write(self, method: str, path: str, body: dict[str, Any]) -> bool:
+        """Write the Lease ``body`` (POST: create, PUT: update) and observe what was written;
         :class:`LeaseConflict` when somebody else wrote it first."""
-        status, lease = await self._request(method, path, body)
+        status, lease = await self._request(method, path, (200, 201, 409), body)
         if status == 409:
             raise LeaseConflict
-        if status >= 400:
-            raise KubeApiError(status, f"lease {what} answered {status}")
         self._observe(lease)
         return True
 
@@ -296,17 +281,13 @@ class LeaderElector:
             body = self._lease_body(holder="", duration_s=1, acquire=False)
             body["spec"]["leaseTransitions"] = observed.transitions
             try:
-                status, lease = await self._request("PUT", path, body)
+                status, lease = await self._request("PUT", path, (200, 409), body)
                 if status == 409:
-                    status, lease = await self._request("GET", path)
-                    if status == 200:
-                        self._observe(lease)
-                        continue
+                    status, lease = await self._request("GET", path, (200,))
+                    self._observe(lease)
+                    continue
             except ExternalError as exc:
                 logger.warning("could not release the lease: %s", exc)
-                return
-            if status >= 400:
-                logger.warning("could not release the lease: answered %s", status)
                 return
             logger.info("released the lease")
             return

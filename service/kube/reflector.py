@@ -12,7 +12,9 @@ A list whose continue token expired is started over. A watch that ends is resume
 resourceVersion seen; a 410 means that history is gone, and the store is synced again. Every
 stream asks for the ``timeoutSeconds`` cap the :class:`~service.kube.watching.Watcher` gives
 (short of the silence bound until the server is known to send bookmarks), and a stream silent
-past its bound is watched again at once. A failure of the outside world (an
+past its bound is watched again at once. Every failure reaches the loop one way, raised (an
+``ExternalError`` of a request, a :class:`~service.kube.watching.WatchEnd` of a stream), and is
+classified in one place (:meth:`Reflector._failed`). A failure of the outside world (an
 ``ExternalError``) is retried after a jittered exponential backoff (kit ``Attempts``), with a
 429's Retry-After as the least delay; a 4xx other than 429 means the request itself is refused,
 so the next attempt syncs. After a failure without an answer, the backoff ends once the server
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Awaitable
 from typing import Protocol, assert_never
 
 import anyio
@@ -35,14 +36,13 @@ from service.kit.backoff import Attempts, Backoff
 from service.kit.causelog import CauseLog, cause_of
 from service.kit.errors import ApiError, ExternalError
 from service.kit.memory import trim_heap
-from service.kube.decode import PodDecoder
-from service.kube.errors import KubeApiError, gone, rejected, too_large
+from service.kube.errors import KubeApiError, RequestTimeout, gone, rejected, too_large
 from service.kube.listwatch import Page
 from service.kube.reachability import Reachability
 from service.kube.store import PodStore, SyncState
 from service.kube.watching import End, WatchEnd, Watcher
-from service.kube.watchstream import Stream, WatchDecoder
-from service.metrics import KubeMetrics
+from service.kube.watchstream import EventStream
+from service.metrics import KubeMetrics, WatchRestart
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +61,9 @@ class ListerWatcher(Protocol):
         self, *, resource_version: str, match: str, token: str | None, limit: int | None
     ) -> Page: ...
 
-    async def stream(self, known: str | None, *, timeout_cap: int | None) -> Stream: ...
+    async def stream(self, known: str | None, *, timeout_cap: int | None) -> EventStream: ...
 
-    async def watch(self, rv: str, *, timeout_cap: int | None) -> Stream: ...
+    async def watch(self, rv: str, *, timeout_cap: int | None) -> EventStream: ...
 
 
 class ListMode(enum.StrEnum):
@@ -86,23 +86,9 @@ class SyncMode(enum.StrEnum):
     """A quorum list from etcd, in pages: the last resort."""
 
 
-def _reason(exc: ExternalError) -> str:
+def _reason(exc: ExternalError) -> WatchRestart:
     """The ``watch_restarts`` reason of a failure."""
-    return "timeout" if isinstance(exc.__cause__, TimeoutError) else "error"
-
-
-async def _opened(request: Awaitable[Stream], *, streaming: bool) -> Stream | WatchEnd:
-    """The stream a watch request opened, or why it ended before it began: a 410 (or a version
-    too large) is :attr:`End.EXPIRED`, a rejected streaming list :attr:`End.UNSUPPORTED`; any
-    other failure is raised."""
-    try:
-        return await request
-    except KubeApiError as exc:
-        if gone(exc) or too_large(exc):
-            return WatchEnd(End.EXPIRED, exc.status, exc.message)
-        if streaming and rejected(exc.status):
-            return WatchEnd(End.UNSUPPORTED, exc.status, exc.message)
-        raise
+    return WatchRestart.TIMEOUT if isinstance(exc, RequestTimeout) else WatchRestart.ERROR
 
 
 class Reflector:
@@ -116,7 +102,6 @@ class Reflector:
         self,
         lw: ListerWatcher,
         store: PodStore,
-        decoder: PodDecoder,
         metrics: KubeMetrics,
         *,
         settings: KubeSettings,
@@ -132,7 +117,6 @@ class Reflector:
         self._silence_s = settings.watch_silence_s
         self._watcher = Watcher(
             store,
-            WatchDecoder(decoder, metrics),
             self._reach,
             settings=settings,
             min_watch_s=min_watch_s,
@@ -151,6 +135,12 @@ class Reflector:
         self._failures = CauseLog(f"list/watch of namespace {self._namespace} fails", logger)
         self.sync_mode: SyncMode | None = None
         """How the store was last filled; ``None`` before the first sync."""
+        self._step: SyncMode | None = None
+        """The sync step whose request is in flight (``None``: a watch), which says what a
+        refusal means (:meth:`_refusal`)."""
+        self._fallback = False
+        """Whether the next sync goes on with the one a refusal ended (streaming list → list
+        from the watch cache → quorum list): at once, and not counted as another relist."""
 
     @property
     def resource_version(self) -> str | None:
@@ -160,45 +150,70 @@ class Reflector:
     async def run(self) -> None:
         """Sync, watch, resume, relist and back off until cancelled."""
         relist = True
+        started = clock.now()
         while True:
-            started = clock.now()
+            if not self._fallback:
+                started = clock.now()
             try:
-                end = await self._sync() if relist else await self._resume()
-            except ExternalError as exc:
-                api_error = exc if isinstance(exc, ApiError) else None
-                # Refused (e.g. a resourceVersion it cannot parse, from a bad bookmark):
-                # resuming would fail forever, so sync.
-                relist = (
-                    api_error is not None and rejected(api_error.status)
-                ) or not self._store.synced
-                await self._back_off(
-                    _reason(exc),
-                    f"{type(exc).__name__}: {exc}",
-                    api_error.retry_after_s if api_error is not None else None,
-                    cause_of(exc),
-                    # No answer (an ApiError is one): the server's first answer ends the wait.
-                    unanswered_since=None if api_error is not None else started,
-                )
-                continue
-            relist = await self._after(end)
+                await (self._sync() if relist else self._resume())
+            except (ExternalError, WatchEnd) as exc:
+                relist = await self._failed(exc, started)
+            else:
+                # The server ended the stream: resume (the backoff is left as it was).
+                self._metrics.watch_restarts.labels(reason=WatchRestart.CLOSED).inc()
+                self._failures.ok()
+                self._silence_log.ok()  # a stream followed to its end: the connection works
+                relist = not self._store.synced
+
+    async def _failed(self, exc: ExternalError | WatchEnd, started: float) -> bool:
+        """The one place a failure is classified, as client-go's reflector does: what it means
+        and whether the next attempt syncs. ``started``: when the failed attempt began."""
+        if isinstance(exc, KubeApiError):
+            exc = self._refusal(exc) or exc
+        if isinstance(exc, WatchEnd):
+            return await self._after(exc)
+        api_error = exc if isinstance(exc, ApiError) else None
+        await self._back_off(
+            _reason(exc),
+            f"{type(exc).__name__}: {exc}",
+            api_error.retry_after_s if api_error is not None else None,
+            cause_of(exc),
+            # No answer (an ApiError is one): the server's first answer ends the wait.
+            unanswered_since=None if api_error is not None else started,
+        )
+        # Refused (e.g. a resourceVersion it cannot parse, from a bad bookmark): resuming
+        # would fail forever, so sync.
+        return (api_error is not None and rejected(api_error.status)) or not self._store.synced
+
+    def _refusal(self, exc: KubeApiError) -> WatchEnd | None:
+        """What an answer with another status means for the request in flight, when it ends
+        a stream or a sync step: a 410 (or a version too large) to a watch is
+        :attr:`End.EXPIRED`, a rejected streaming list :attr:`End.UNSUPPORTED`, a list the watch
+        cache cannot serve :attr:`End.REFUSED`."""
+        step = self._step
+        if step is SyncMode.LIST_CACHE:
+            refused = rejected(exc.status) or too_large(exc)
+            return WatchEnd(End.REFUSED, exc.status, exc.message) if refused else None
+        if step is SyncMode.LIST_QUORUM:
+            return None
+        if gone(exc) or too_large(exc):
+            return WatchEnd(End.EXPIRED, exc.status, exc.message)
+        if step is SyncMode.STREAM and rejected(exc.status):
+            return WatchEnd(End.UNSUPPORTED, exc.status, exc.message)
+        return None
 
     async def _after(self, end: WatchEnd) -> bool:
-        """Act on how a stream ended; whether the next attempt syncs."""
+        """Act on how a stream or a sync step ended; whether the next attempt syncs."""
         synced = self._store.synced
         match end.why:
-            case End.CLOSED:
-                self._metrics.watch_restarts.labels(reason="closed").inc()
-                self._failures.ok()  # a watch that lived (the backoff is left as it was)
-                self._silence_log.ok()  # a stream followed to its end: the connection works
-                return not synced
             case End.SILENT:
                 # A dead connection, not a refusal: watch again at once, from the same version.
-                self._metrics.watch_restarts.labels(reason="silent").inc()
+                self._metrics.watch_restarts.labels(reason=WatchRestart.SILENT).inc()
                 self._silence_log.failed(end.message)
                 self._reach.unanswered(clock.now() - self._silence_s, "watch stream silent")
                 return not synced
             case End.EXPIRED:
-                self._metrics.watch_restarts.labels(reason="expired").inc()
+                self._metrics.watch_restarts.labels(reason=WatchRestart.EXPIRED).inc()
                 if not synced:
                     # The version a sync asked for is gone too: read the newest state.
                     self._version_gone = True
@@ -206,11 +221,30 @@ class Reflector:
                     "resourceVersion %s expired; relisting", self.resource_version or "(none)"
                 )
                 return True
+            case End.UNSUPPORTED if self._mode is ListMode.AUTO:
+                logger.warning("streaming list unavailable (%s); listing from now on", end)
+                self._streams = False
+                self._fallback = True
+                return True
+            case End.REFUSED:
+                logger.info(
+                    "list from the watch cache refused (%d: %s); quorum list",
+                    end.status,
+                    end.message,
+                )
+                self._version_gone = True
+                self._fallback = True
+                return True
             case End.ERROR:
-                await self._back_off("error", str(end), cause=f"watch {end.why} {end.status}")
+                await self._back_off(
+                    WatchRestart.ERROR, str(end), cause=f"watch {end.why} {end.status}"
+                )
                 return rejected(end.status) or not synced
             case End.EMPTY | End.UNSUPPORTED | End.BROKEN:
-                await self._back_off("error", str(end), cause=f"watch {end.why} {end.status}")
+                # In STREAM mode, an unsupported stream backs off and streams again.
+                await self._back_off(
+                    WatchRestart.ERROR, str(end), cause=f"watch {end.why} {end.status}"
+                )
                 return not synced
             case _:
                 assert_never(end.why)
@@ -246,48 +280,29 @@ class Reflector:
 
     # ------------------------------------------------------------------ sync
 
-    async def _sync(self) -> WatchEnd:
+    async def _sync(self) -> None:
         """Bring the store to the server's state, then follow the watch that goes on from
-        there; returns when that stream ends. The store is updated in place; every pod the sync
-        did not see is reported deleted once it is complete."""
-        store = self._store
-        if store.begin_sync() is SyncState.RELISTING:
+        there; returns when the server ends that stream. The store is updated in place; every
+        pod the sync did not see is reported deleted once it is complete."""
+        if self._store.begin_sync() is SyncState.RELISTING and not self._fallback:
             self._metrics.relists.inc()
+        self._fallback = False
         if self._streams:
-            end = await self._stream(None if self._version_gone else self.resource_version)
-            if end.why is not End.UNSUPPORTED or self._mode is ListMode.STREAM:
-                return end  # in STREAM mode, an unsupported stream backs off and streams again
-            logger.warning("streaming list unavailable (%s); listing from now on", end)
-            self._streams = False
-            store.begin_sync()
-        if not self._version_gone:
-            listed = await self._list_cached()
-            if not isinstance(listed, KubeApiError):
-                return await self._listed(listed, SyncMode.LIST_CACHE)
-            logger.info(
-                "list from the watch cache refused (%d: %s); quorum list",
-                listed.status,
-                listed.message,
-            )
-            self._version_gone = True
-            store.begin_sync()
-        rv = await self._list("", "", refusable=False)
-        assert isinstance(rv, str)
-        return await self._listed(rv, SyncMode.LIST_QUORUM)
+            self._step = SyncMode.STREAM
+            await self._stream(None if self._version_gone else self.resource_version)
+        elif not self._version_gone:
+            # From the watch cache: NotOlderThan the version last seen, or any before one.
+            self._step = SyncMode.LIST_CACHE
+            known = self.resource_version
+            rv = await (self._list(known, "NotOlderThan") if known else self._list("0", ""))
+            await self._listed(rv, SyncMode.LIST_CACHE)
+        else:
+            self._step = SyncMode.LIST_QUORUM
+            await self._listed(await self._list("", ""), SyncMode.LIST_QUORUM)
 
-    async def _list_cached(self) -> str | KubeApiError:
-        """One list from the watch cache into the store (``NotOlderThan`` the version last
-        seen, or ``resourceVersion=0`` before any); its resourceVersion, or the refusal when the
-        cache cannot serve that version (a 4xx other than 429, or a version too large)."""
-        known = self.resource_version
-        if known:
-            return await self._list(known, "NotOlderThan", refusable=True)
-        return await self._list("0", "", refusable=True)
-
-    async def _list(self, version: str, match: str, *, refusable: bool) -> str | KubeApiError:
-        """A list into the store, page by page; started over when its continue token expires
-        (compaction), at most :data:`_CONTINUE_RESTARTS` times. A refusal of a ``refusable``
-        list is returned; any other failure is raised."""
+    async def _list(self, version: str, match: str) -> str:
+        """A list into the store, page by page; its resourceVersion. Started over when its
+        continue token expires (compaction), at most :data:`_CONTINUE_RESTARTS` times."""
         # As client-go: a list not older than a known version is not paginated, or a server
         # would take it to etcd; resourceVersion=0 ignores the limit where a watch cache serves.
         limit = None if match else self._page_size
@@ -306,8 +321,6 @@ class Reflector:
                     store.begin_sync()
                     token = None
                     continue
-                if refusable and (rejected(exc.status) or too_large(exc)):
-                    return exc
                 raise
             for snap in page.pods:
                 store.put(snap)
@@ -317,10 +330,10 @@ class Reflector:
             if not token:
                 return rv
 
-    async def _listed(self, rv: str, mode: SyncMode) -> WatchEnd:
+    async def _listed(self, rv: str, mode: SyncMode) -> None:
         self._synced(rv, mode)
         self._worked()
-        return await self._watch(rv)
+        await self._watch(rv)
 
     def _synced(self, rv: str, mode: SyncMode) -> None:
         self._watcher.resource_version = rv
@@ -340,41 +353,37 @@ class Reflector:
             self._namespace,
         )
 
-    async def _stream(self, known: str | None) -> WatchEnd:
+    async def _stream(self, known: str | None) -> None:
         """A streaming list: the state as ADDED events up to the BOOKMARK annotated
         ``k8s.io/initial-events-end``, then the same stream goes on as an ordinary watch.
         Not honoured (:attr:`End.UNSUPPORTED`) when a plain bookmark comes first or the stream
         stays silent for ``stream_sync_timeout_s`` before that bookmark; the events already
         applied are then reconciled by the list that follows."""
         cap = self._watcher.timeout_cap()
-        opened = await _opened(self._lw.stream(known, timeout_cap=cap), streaming=True)
-        if isinstance(opened, WatchEnd):
-            return opened
+        stream = await self._lw.stream(known, timeout_cap=cap)
         at = clock.now()
         try:
-            synced = await self._watcher.initial_events(opened, at, timeout_cap=cap)
-            if isinstance(synced, WatchEnd):
-                return synced
-            self._synced(synced, SyncMode.STREAM)
+            rv = await self._watcher.read(stream, at, timeout_cap=cap, initial=True)
+            assert rv is not None, "the initial events end at their bookmark"
+            self._synced(rv, SyncMode.STREAM)
             self._worked()
-            return await self._watcher.follow(opened, at, timeout_cap=cap, continued=True)
+            await self._watcher.read(stream, at, timeout_cap=cap, continued=True)
         finally:
-            opened.close()
+            stream.close()
 
     # ------------------------------------------------------------------ watch
 
-    async def _resume(self) -> WatchEnd:
+    async def _resume(self) -> None:
         rv = self.resource_version
         assert rv is not None, "resumed before any sync"
-        return await self._watch(rv)
+        await self._watch(rv)
 
-    async def _watch(self, rv: str) -> WatchEnd:
-        """One watch request from ``rv``, followed until the stream ends."""
+    async def _watch(self, rv: str) -> None:
+        """One watch request from ``rv``, followed until the server ends the stream."""
+        self._step = None
         cap = self._watcher.timeout_cap()
-        opened = await _opened(self._lw.watch(rv, timeout_cap=cap), streaming=False)
-        if isinstance(opened, WatchEnd):
-            return opened
+        stream = await self._lw.watch(rv, timeout_cap=cap)
         try:
-            return await self._watcher.follow(opened, clock.now(), timeout_cap=cap, continued=False)
+            await self._watcher.read(stream, clock.now(), timeout_cap=cap)
         finally:
-            opened.close()
+            stream.close()

@@ -37,22 +37,6 @@ def is_watch(query_params: Sequence[tuple[str, Any]] | Mapping[str, Any] | None)
     return any(key == "watch" and str(value).lower() == "true" for key, value in items)
 
 
-def client_timeout(request_timeout: Any) -> aiohttp.ClientTimeout:
-    """``_request_timeout`` as the library takes it: a number (total), a (connect, read) pair,
-    or an ``aiohttp.ClientTimeout``; none at all when not given."""
-    if isinstance(request_timeout, aiohttp.ClientTimeout):
-        return request_timeout
-    if isinstance(request_timeout, int | float) and request_timeout:
-        return aiohttp.ClientTimeout(total=request_timeout)
-    if isinstance(request_timeout, tuple) and len(request_timeout) == 2:
-        return aiohttp.ClientTimeout(
-            connect=request_timeout[0],
-            sock_connect=request_timeout[0],
-            sock_read=request_timeout[1],
-        )
-    return aiohttp.ClientTimeout()
-
-
 def budget_s(timeout: aiohttp.ClientTimeout) -> float | None:
     """How long one request may take in all, retries included: its total timeout, or for a
     stream (no total) the time to connect."""

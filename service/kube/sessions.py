@@ -23,7 +23,7 @@ from __future__ import annotations
 import socket
 import ssl
 from collections.abc import Awaitable
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp.connector import AddrInfoType
@@ -87,7 +87,16 @@ class HttpSession(Protocol):
     ``close``)."""
 
     def request(
-        self, method: str, url: str, **kwargs: Any
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: dict[str, str],
+        data: Any,
+        timeout: aiohttp.ClientTimeout,
+        proxy: str | None = None,
+        proxy_headers: dict[str, str] | None = None,
+        server_hostname: str | None = None,
     ) -> Awaitable[aiohttp.ClientResponse]: ...
 
     async def close(self) -> None: ...
@@ -131,10 +140,7 @@ class TcpSessions:
 
     @staticmethod
     def _session_of(connector: aiohttp.TCPConnector) -> HttpSession:
-        return cast(
-            HttpSession,
-            aiohttp.ClientSession(connector=connector, trust_env=True, read_bufsize=READ_BUFSIZE),
-        )
+        return aiohttp.ClientSession(connector=connector, trust_env=True, read_bufsize=READ_BUFSIZE)
 
 
 class Pools:

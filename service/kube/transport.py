@@ -1,8 +1,11 @@
-"""How requests reach the API server: connections, credentials at a 401, and throttling.
+"""The one way a request reaches the API server: send, count, and turn failures into kit errors.
 
-:class:`ApiTransport` is the ``rest_client`` of the service's ``kubernetes_asyncio`` ApiClient
-(installed by :func:`service.kube.api.new_api_client`): it sends the requests the generated API
-methods build and returns what the library's ``RESTClientObject`` returns. It decides:
+:meth:`ApiTransport.request` (and :meth:`ApiTransport.watch`, for a stream) is the service's only
+request path, as client-go's ``Request.Do`` and kopf's ``api.request``: callers give a method, a
+path they built and a query, and get an :class:`Answer` (or the open stream). One place counts
+each request in ``retired_pod_gc_api_requests_total`` by ``op`` and result, turns no answer into
+``Unavailable`` (``RequestTimeout`` when it timed out) and an unexpected status into
+:class:`KubeApiError` with its ``Retry-After`` (``service/kube/errors.py``). Below it, it decides:
 
 **Connections** (``service/kube/sessions.py``): a keep-alive pool replaced after a request that
 got no answer within its timeout, and watches (``watch=true``) on connections never reused.
@@ -29,52 +32,38 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Container, Mapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
 import anyio
 from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio.client.exceptions import ApiException, ApiValueError
-from kubernetes_asyncio.client.rest import RESTResponse
 
 from service.kit import clock
 from service.kit.aimd import AimdLimit
 from service.kit.causelog import CauseLog
+from service.kit.errors import Unavailable
 from service.kube import requestpolicy as policy
 from service.kube.credentials import BEARER_TOKEN, Credentials, Reauthentication
-from service.kube.errors import parse_retry_after, status_message
+from service.kube.errors import KubeApiError, answering, parse_retry_after, status_message
 from service.kube.reachability import Reachability
 from service.kube.sessions import HttpSession, Pools, Sessions, TcpSessions, request_options
-from service.metrics import KubeMetrics
+from service.metrics import KubeMetrics, ThrottleAction
 
 logger = logging.getLogger(__name__)
 
 _UNLIMITED_PATHS = ("/apis/coordination.k8s.io/",)
 _AUTHORIZATION = "authorization"
-_JSON = re.compile("json", re.IGNORECASE)
+
+Query = Mapping[str, str | int | bool]
+"""A request's query parameters, sent in the order of their names (as the library sent them)."""
 
 _slot_held: ContextVar[bool] = ContextVar("retired_pod_gc_api_slot_held", default=False)
 """True inside :meth:`ApiTransport.slot`: this task's requests use the slot it holds."""
-
-
-def _encode(method: str, headers: dict[str, str], body: Any, post_params: Any) -> Any:
-    """The request body as the library's ``RESTClientObject`` encodes it (JSON only: the
-    service sends nothing else)."""
-    if post_params and body:
-        raise ApiValueError("body parameter cannot be used with post_params parameter.")
-    if method not in ("POST", "PUT", "PATCH", "OPTIONS", "DELETE"):
-        return None
-    content_type = headers["Content-Type"]
-    if _JSON.search(content_type) or content_type == "application/apply-patch+yaml":
-        return json.dumps(body) if body is not None else None
-    if isinstance(body, bytes):
-        return body
-    raise ApiException(status=0, reason=f"cannot send a {content_type} body")
 
 
 async def _drain(response: aiohttp.ClientResponse) -> bytes:
@@ -85,18 +74,16 @@ async def _drain(response: aiohttp.ClientResponse) -> bytes:
         response.release()
 
 
-def _verb(method: str) -> Callable[..., Awaitable[Any]]:
-    """The library's ``rest_client.GET`` and its siblings: :meth:`ApiTransport.request`."""
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An answer read whole: its status (one the caller expects) and body."""
 
-    async def send(self: ApiTransport, url: str, **kwargs: Any) -> Any:
-        return await self.request(method, url, **kwargs)
-
-    send.__name__ = method
-    return send
+    status: int
+    body: bytes
 
 
 class ApiTransport:
-    """The ``rest_client`` of an ApiClient: see the module docstring."""
+    """The service's connection to the API server: see the module docstring."""
 
     def __init__(
         self,
@@ -107,7 +94,8 @@ class ApiTransport:
         metrics: KubeMetrics | None = None,
         sessions: Sessions | None = None,
     ) -> None:
-        self._configuration = configuration
+        self.configuration = configuration
+        """The connection's configuration (host, CA, credentials) as the library loaded it."""
         self._pools = Pools(
             sessions if sessions is not None else TcpSessions(configuration, pool_size=pool_size)
         )
@@ -167,44 +155,92 @@ class ApiTransport:
     async def close(self) -> None:
         await self._pools.close()
 
-    # ---------------------------------------------------------- the library's API
+    # ------------------------------------------------------------------ the request path
 
-    async def request(  # noqa: PLR0917 (the library's signature)
+    async def request(
         self,
         method: str,
-        url: str,
-        query_params: Any = None,
-        headers: Mapping[str, str] | None = None,
-        body: Any = None,
-        post_params: Any = None,
-        _preload_content: bool = True,
-        _request_timeout: Any = None,
-    ) -> Any:
-        """One request, as the library's ``RESTClientObject.request`` makes it."""
-        method = method.upper()
-        sent_headers = dict(headers or {})
-        sent_headers.setdefault("Content-Type", "application/json")
-        data = _encode(method, sent_headers, body, post_params)
-        watch = policy.is_watch(query_params)
-        if query_params:
-            url += "?" + urlencode(query_params)
-        response = await self._exchange(
-            method, url, sent_headers, data, policy.client_timeout(_request_timeout), watch=watch
-        )
-        if not _preload_content:
-            return response
-        result = RESTResponse(response, await _drain(response))
-        if not 200 <= result.status <= 299:
-            raise ApiException(http_resp=cast(Any, result))  # as the library raises it
-        return result
+        path: str,
+        *,
+        op: str | None,
+        query: Query | None = None,
+        body: object = None,
+        timeouts: aiohttp.ClientTimeout,
+        expect: Container[int] = (200,),
+    ) -> Answer:
+        """Send one request and read its answer whole. ``op`` labels it in ``api_requests``
+        (``None``: not counted there); a status in ``expect`` is answered, any other raises
+        :class:`KubeApiError`; no answer raises ``Unavailable``."""
+        answer = await self._call(method, path, op, query, body, timeouts, expect)
+        assert isinstance(answer, Answer)
+        return answer
 
-    GET = _verb("GET")
-    HEAD = _verb("HEAD")
-    OPTIONS = _verb("OPTIONS")
-    DELETE = _verb("DELETE")
-    POST = _verb("POST")
-    PUT = _verb("PUT")
-    PATCH = _verb("PATCH")
+    async def watch(
+        self,
+        path: str,
+        *,
+        op: str,
+        query: Query,
+        timeouts: aiohttp.ClientTimeout,
+        open_within_s: float,
+    ) -> aiohttp.ClientResponse:
+        """Open a watch (``watch=true`` in ``query``): the stream of a 200 answer, which the
+        caller closes; failures as :meth:`request`'s. The answer's status and headers come
+        within ``open_within_s`` (the server sends them at once); the stream has no total
+        timeout."""
+        stream = await self._call("GET", path, op, query, None, timeouts, (), open_within_s)
+        assert not isinstance(stream, Answer)
+        return stream
+
+    async def _call(  # noqa: PLR0917 (the request's parts; private)
+        self,
+        method: str,
+        path: str,
+        op: str | None,
+        query: Query | None,
+        body: object,
+        timeouts: aiohttp.ClientTimeout,
+        expect: Container[int],
+        open_within_s: float | None = None,
+    ) -> Answer | aiohttp.ClientResponse:
+        """The one place a request is sent, counted and judged (see the module docstring)."""
+        url = f"{self.configuration.host}{path}"
+        if query:
+            url += "?" + urlencode(sorted(query.items()))
+        watch = policy.is_watch(query)
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        try:
+            with answering(f"{method} {path}"):
+                authorization = await self._authorization()
+                if authorization is not None:
+                    headers[_AUTHORIZATION] = authorization
+                data = None if body is None else json.dumps(body)
+                with anyio.fail_after(open_within_s):
+                    response, retry_after_s = await self._exchange(
+                        method, url, headers, data, timeouts, watch=watch
+                    )
+                status = response.status
+                if watch and status == 200:
+                    self._count(op, "ok")
+                    return response
+                try:
+                    raw = await response.read()
+                finally:
+                    if watch:
+                        response.close()
+                    else:
+                        response.release()
+        except Unavailable:
+            self._count(op, "transport")
+            raise
+        self._count(op, "ok" if status < 300 else str(status))
+        if status in expect:
+            return Answer(status, raw)
+        raise KubeApiError(status, status_message(raw), retry_after_s=retry_after_s)
+
+    def _count(self, op: str | None, result: str) -> None:
+        if op is not None:
+            self._metrics.api_requests.labels(op=op, result=result).inc()
 
     # ------------------------------------------------------------------ requests
 
@@ -217,8 +253,9 @@ class ApiTransport:
         timeouts: aiohttp.ClientTimeout,
         *,
         watch: bool,
-    ) -> aiohttp.ClientResponse:
-        """Send until an answer that is not retried here (see the module docstring)."""
+    ) -> tuple[aiohttp.ClientResponse, float | None]:
+        """Send until an answer that is not retried here (see the module docstring); the answer
+        and its ``Retry-After``."""
         delete = method == "DELETE"
         budget_s = policy.budget_s(timeouts)
         deadline = None if budget_s is None else clock.now() + budget_s
@@ -226,7 +263,7 @@ class ApiTransport:
             not watch
             and not _slot_held.get()
             and not url.startswith(
-                tuple(f"{self._configuration.host}{path}" for path in _UNLIMITED_PATHS)
+                tuple(f"{self.configuration.host}{path}" for path in _UNLIMITED_PATHS)
             )
         )
         throttles = 0
@@ -245,30 +282,18 @@ class ApiTransport:
                     method, url, headers, policy.within(timeouts, deadline), watch=watch, data=data
                 )
                 status = response.status
-                if status == 401:
-                    # Read whole (it stays readable for the caller), released only when sent
-                    # again.
-                    message = status_message(await response.read())
-                    authorization = await self._reauthenticate(generation)
-                    renewed = authorization is not None and authorization != headers.get(
-                        _AUTHORIZATION
-                    )
-                    if renewed and not delete and not reauthenticated:
-                        response.release()
-                        reauthenticated = True
-                        headers[_AUTHORIZATION] = cast(str, authorization)
-                        continue
-                    if not renewed:
-                        self._auth.refuse(f"401 {message}")
-                    # A DELETE refused with a token since replaced goes back to its reconciler,
-                    # whose next attempt carries the new one: not a refusal that stands.
-                    return response
-                self._auth.accept()
                 retry_after_s = parse_retry_after(response.headers.get("Retry-After"))
+                if status == 401:
+                    retry = not delete and not reauthenticated
+                    if await self._renewed(response, headers, generation, retry=retry):
+                        reauthenticated = True
+                        continue
+                    return response, retry_after_s
+                self._auth.accept()
                 if not policy.is_throttled(status, retry_after_s):
                     self.limit.succeeded()
                     self._metrics.api_concurrency_limit.set(self.limit.slots)
-                    return response
+                    return response, retry_after_s
                 if status == 429 and self.limit.throttled(sent_at):
                     self._metrics.api_concurrency_limit.set(self.limit.slots)
                 wait_s = policy.throttle_wait(
@@ -279,10 +304,10 @@ class ApiTransport:
                     deadline=deadline,
                 )
                 if wait_s is None:
-                    self._metrics.api_throttled.labels(action="returned").inc()
-                    return response
+                    self._metrics.api_throttled.labels(action=ThrottleAction.RETURNED).inc()
+                    return response, retry_after_s
                 await _drain(response)
-                self._metrics.api_throttled.labels(action="retried").inc()
+                self._metrics.api_throttled.labels(action=ThrottleAction.RETRIED).inc()
                 throttles += 1
             finally:
                 if limited:
@@ -339,12 +364,40 @@ class ApiTransport:
 
     # -------------------------------------------------------------- credentials
 
+    async def _renewed(
+        self,
+        response: aiohttp.ClientResponse,
+        headers: dict[str, str],
+        generation: int,
+        *,
+        retry: bool,
+    ) -> bool:
+        """At a 401, read the credentials again; whether the request is to be sent again
+        (``retry``: it may be) with the new ``Authorization``, now in ``headers``."""
+        # Read whole (it stays readable for the caller), released only when sent again.
+        message = status_message(await response.read())
+        authorization = await self._reauthenticate(generation)
+        if authorization is None or authorization == headers.get(_AUTHORIZATION):
+            self._auth.refuse(f"401 {message}")
+            return False
+        if not retry:
+            # A DELETE refused with a token since replaced goes back to its reconciler, whose
+            # next attempt carries the new one: not a refusal that stands.
+            return False
+        response.release()
+        headers[_AUTHORIZATION] = authorization
+        return True
+
     async def _reauthenticate(self, generation: int) -> str | None:
         """Read the credentials again (unless that happened since ``generation``); the
         ``Authorization`` to send now."""
         await self._auth.reload(generation)
-        auth = await self._configuration.auth_settings()
-        entry = cast(dict[str, dict[str, str]], auth).get(BEARER_TOKEN)
+        return await self._authorization()
+
+    async def _authorization(self) -> str | None:
+        """The ``Authorization`` the credentials give now (``None``: none)."""
+        auth: dict[str, dict[str, str]] = await self.configuration.auth_settings()
+        entry = auth.get(BEARER_TOKEN)
         return entry["value"] if entry else None
 
 
@@ -353,9 +406,3 @@ def _path(url: str) -> str:
     without_scheme = url.split("://", 1)[-1]
     slash = without_scheme.find("/")
     return without_scheme[slash:].split("?", 1)[0] if slash >= 0 else "/"
-
-
-def transport_of(api: Any) -> ApiTransport | None:
-    """The :class:`ApiTransport` of an ApiClient, when it has one."""
-    rest_client = getattr(api, "rest_client", None)
-    return rest_client if isinstance(rest_client, ApiTransport) else None

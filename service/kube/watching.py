@@ -13,8 +13,8 @@ after which the server is taken not to honour the streaming list; on a watch,
 is taken for dead (docs/architecture.md, "A silent watch"). Once the server is known to send
 periodic bookmarks, silence itself is the evidence; before, the server's own end of the stream
 is: a watch then asks for a ``timeoutSeconds`` short of the bound (:meth:`Watcher.timeout_cap`)
-and is dead once it is silent for the rest of the bound past it. A stream that ends is described
-by a :class:`WatchEnd`; what to do next is the reflector's choice.
+and is dead once it is silent for the rest of the bound past it. A stream that ends otherwise than
+by the server's clean end raises a :class:`WatchEnd`; what to do next is the reflector's choice.
 """
 
 from __future__ import annotations
@@ -23,22 +23,19 @@ import asyncio
 import enum
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import anyio
 
 from service.config import KubeSettings
 from service.kit import clock
-from service.kube.errors import TRANSIENT_ERRORS, unavailable
 from service.kube.reachability import Reachability
 from service.kube.store import PodStore
 from service.kube.watchstream import (
     Bookmark,
     ErrorStatus,
+    EventStream,
     PodChange,
-    Stream,
     Unreadable,
-    WatchDecoder,
     WatchEvent,
 )
 
@@ -46,8 +43,6 @@ from service.kube.watchstream import (
 class End(enum.StrEnum):
     """Why a watch stream ended (or was not opened), when the protocol says so."""
 
-    CLOSED = "closed"
-    """The server ended the stream (its ``timeoutSeconds``) or closed it cleanly: resume."""
     EMPTY = "empty"
     """Closed at once without a single line: a misbehaving server (back off)."""
     EXPIRED = "expired"
@@ -60,29 +55,31 @@ class End(enum.StrEnum):
     BROKEN = "broken"
     """A stream that broke the protocol: an initial-events-end bookmark without a version, or
     a streaming list that ended before its initial events did."""
+    REFUSED = "refused"
+    """A list from the watch cache the server refused (a 4xx other than 429, or a version too
+    large): the sync lists from etcd instead."""
     SILENT = "silent"
     """No event and no bookmark for the silence bound from a server that sends bookmarks, or no
     end of the stream for the end margin past its ``timeoutSeconds``: the connection is taken for
     dead (resume at once)."""
 
 
-@dataclass(frozen=True, slots=True)
-class WatchEnd:
-    """How a watch stream ended: the reason, and the server's status and message if any."""
+class WatchEnd(Exception):
+    """How a watch stream ended, raised by the :class:`Watcher` (and by the reflector for a
+    request whose answer ends it): the reason, and the server's status and message if any."""
 
-    why: End
-    status: int = 0
-    message: str = ""
+    def __init__(self, why: End, status: int = 0, message: str = "") -> None:
+        super().__init__(why, status, message)
+        self.why = why
+        self.status = status
+        self.message = message
 
     def __str__(self) -> str:
         status = f" {self.status}" if self.status else ""
         return f"watch {self.why}{status}: {self.message}" if self.message else f"watch {self.why}"
 
 
-_CLOSED = WatchEnd(End.CLOSED)
-_NOT_HONOURED = WatchEnd(
-    End.UNSUPPORTED, message="a bookmark came before the initial-events-end bookmark"
-)
+_NOT_HONOURED = "a bookmark came before the initial-events-end bookmark"
 
 
 def end_margin_s(settings: KubeSettings) -> float:
@@ -146,7 +143,6 @@ class Watcher:
     def __init__(
         self,
         store: PodStore,
-        decoder: WatchDecoder,
         reachability: Reachability,
         *,
         settings: KubeSettings,
@@ -154,7 +150,6 @@ class Watcher:
         worked: Callable[[], None],
     ) -> None:
         self._store = store
-        self._decoder = decoder
         self._reach = reachability
         self._sync_timeout_s = settings.stream_sync_timeout_s
         self._silence_s = settings.watch_silence_s
@@ -178,28 +173,6 @@ class Watcher:
         own end of the stream bounds its silence."""
         return None if self._bookmarks_sent else self._short_timeout_s
 
-    async def initial_events(
-        self, stream: Stream, opened: float, *, timeout_cap: int | None
-    ) -> str | WatchEnd:
-        """Read a streaming list's initial events into the store: the resourceVersion of their
-        end bookmark (the stream then goes on as a watch), or why the stream ended first.
-        ``opened`` is when its answer came, ``timeout_cap`` what :meth:`timeout_cap` said when
-        it was asked for."""
-        return await self._read(
-            stream, opened, timeout_cap=timeout_cap, initial=True, continued=False
-        )
-
-    async def follow(
-        self, stream: Stream, opened: float, *, timeout_cap: int | None, continued: bool
-    ) -> WatchEnd:
-        """Read a watch until it ends; ``continued`` for the rest of a streaming list, which has
-        delivered already (``opened`` and ``timeout_cap`` as for :meth:`initial_events`)."""
-        end = await self._read(
-            stream, opened, timeout_cap=timeout_cap, initial=False, continued=continued
-        )
-        assert isinstance(end, WatchEnd)
-        return end
-
     def _silence_bound(self, opened: float, timeout_cap: int | None) -> tuple[float, float] | None:
         """When a watch opened at ``opened`` is taken for dead: once silent for the first value,
         counted from its last line or from the second, whichever is later. Once the server is
@@ -214,25 +187,27 @@ class Watcher:
             return self._end_margin_s, opened + timeout_cap
         return None
 
-    async def _read(
+    async def read(
         self,
-        stream: Stream,
+        stream: EventStream,
         opened: float,
         *,
         timeout_cap: int | None,
-        initial: bool,
-        continued: bool,
-    ) -> str | WatchEnd:
-        """The one read loop: lines until the stream ends, a line ends it, or it stays silent
-        past its bound. Initial events are bounded from the start by the sync timeout; a watch
-        by :meth:`_silence_bound`, which a periodic bookmark turns into the silence bound."""
+        initial: bool = False,
+        continued: bool = False,
+    ) -> str | None:
+        """The one read loop, into the store: events until the stream ends, an event ends it,
+        or it stays silent past its bound. ``initial``: a streaming list's initial events, read
+        up to their end bookmark and bounded from the start by the sync timeout; else a watch,
+        bounded by :meth:`_silence_bound` (which a periodic bookmark turns into the silence
+        bound), ``continued`` for the rest of a streaming list, which has delivered already.
+        ``opened`` is when its answer came, ``timeout_cap`` what :meth:`timeout_cap` said when
+        it was asked for. The version of the initial-events-end bookmark (``initial``), else
+        ``None`` for a stream the server ended; raises :class:`WatchEnd` for any other end."""
         answered = self._reach.answered
-        decode = self._decoder.decode
-        readline = stream.content.readline
         loop_time = asyncio.get_running_loop().time
         self._stream_bookmarks = 0
         lines = 1 if continued else 0
-        end: str | WatchEnd | None = None
         proven = self._bookmarks_sent
         with anyio.CancelScope() as scope:
             silence: _Silence | None = None
@@ -241,33 +216,22 @@ class Watcher:
             elif (bound := self._silence_bound(opened, timeout_cap)) is not None:
                 silence = _Silence(scope, *bound)
             try:
-                while True:
-                    try:
-                        line = await readline()
-                    except TRANSIENT_ERRORS as exc:
-                        what = "streaming list" if initial else "watch stream"
-                        raise unavailable(what, exc) from exc
-                    if not line:
-                        break
-                    if not line.strip():
-                        continue
+                async for event in stream:
                     answered()
                     if silence is not None:
                         silence.last = loop_time()
-                    event = decode(line)
-                    if event is not None:
-                        end = self._apply(event, initial=initial)
-                        if end is not None:
-                            break
-                        if not proven and self._bookmarks_sent:
-                            # The first periodic bookmark: silence is evidence from now on.
-                            proven = True
-                            bound = self._silence_bound(opened, timeout_cap)
-                            if bound is not None:
-                                if silence is None:
-                                    silence = _Silence(scope, *bound)
-                                else:
-                                    silence.rebound(*bound)
+                    rv = self._apply(event, initial=initial)
+                    if rv is not None:
+                        return rv
+                    if not proven and self._bookmarks_sent:
+                        # The first periodic bookmark: silence is evidence from now on.
+                        proven = True
+                        bound = self._silence_bound(opened, timeout_cap)
+                        if bound is not None:
+                            if silence is None:
+                                silence = _Silence(scope, *bound)
+                            else:
+                                silence.rebound(*bound)
                     lines += 1
                     if lines == 1 and not initial:
                         self._worked()
@@ -278,29 +242,31 @@ class Watcher:
                 if unmarked and clock.now() - opened >= self._silence_s:
                     self._bookmarks_sent = False  # lived the bound without one: none are sent
         if scope.cancelled_caught:
-            if initial:
-                message = f"no initial-events-end bookmark within {self._sync_timeout_s:g}s"
-                return WatchEnd(End.UNSUPPORTED, message=f"{message} of silence")
-            if proven:
-                message = f"no event and no bookmark for {self._silence_s:g}s"
-            else:
-                message = (
-                    f"no end of the stream and no line {self._end_margin_s:g}s past its "
-                    f"timeoutSeconds (at most {timeout_cap}s), and no bookmark yet"
-                )
-            return WatchEnd(End.SILENT, message=f"{message}: the connection is taken for dead")
-        if end is not None:
-            return end
+            raise self._silent(initial=initial, proven=proven, timeout_cap=timeout_cap)
         if initial:
             message = "streaming list ended before its initial-events-end bookmark"
-            return WatchEnd(End.BROKEN, message=message)
+            raise WatchEnd(End.BROKEN, message=message)
         if lines == 0 and clock.now() - opened < self._min_watch_s:
-            return WatchEnd(End.EMPTY, message="watch stream closed at once without events")
-        return _CLOSED
+            raise WatchEnd(End.EMPTY, message="watch stream closed at once without events")
+        return None
 
-    def _apply(self, event: WatchEvent, *, initial: bool) -> str | WatchEnd | None:
-        """Apply one event to the store. Why the stream ends, if it does; the version of the
-        initial-events-end bookmark, when the initial events end."""
+    def _silent(self, *, initial: bool, proven: bool, timeout_cap: int | None) -> WatchEnd:
+        """The end of a stream silent past its bound."""
+        if initial:
+            message = f"no initial-events-end bookmark within {self._sync_timeout_s:g}s"
+            return WatchEnd(End.UNSUPPORTED, message=f"{message} of silence")
+        if proven:
+            message = f"no event and no bookmark for {self._silence_s:g}s"
+        else:
+            message = (
+                f"no end of the stream and no line {self._end_margin_s:g}s past its "
+                f"timeoutSeconds (at most {timeout_cap}s), and no bookmark yet"
+            )
+        return WatchEnd(End.SILENT, message=f"{message}: the connection is taken for dead")
+
+    def _apply(self, event: WatchEvent, *, initial: bool) -> str | None:
+        """Apply one event to the store: the version of the initial-events-end bookmark, when
+        the initial events end; raises :class:`WatchEnd` when the event ends the stream."""
         store = self._store
         match event:
             case PodChange(pod=pod, deleted=deleted):
@@ -326,11 +292,11 @@ class Watcher:
                         self.resource_version = rv
                     return None
                 if not initial_end:
-                    return _NOT_HONOURED
+                    raise WatchEnd(End.UNSUPPORTED, message=_NOT_HONOURED)
                 if not rv:
                     message = "initial-events-end bookmark without resourceVersion"
-                    return WatchEnd(End.BROKEN, message=message)
+                    raise WatchEnd(End.BROKEN, message=message)
                 return rv
             case ErrorStatus(code=code, message=message):
-                return WatchEnd(End.EXPIRED if code == 410 else End.ERROR, code, message)
+                raise WatchEnd(End.EXPIRED if code == 410 else End.ERROR, code, message)
         return None

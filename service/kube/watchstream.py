@@ -1,10 +1,11 @@
 """A watch stream's lines as typed events: the wire edge of the reflector.
 
-:class:`WatchDecoder` turns one JSON line of a watch response into a :class:`PodChange`, an
-:class:`Unreadable` change, a :class:`Bookmark` or an :class:`ErrorStatus`, as apimachinery's
-``StreamWatcher`` does for client-go, so that the reflector decides on events and never reads
-bytes. Pods are decoded straight into :class:`PodSnapshot` (no client models). A line that
-cannot be used (malformed JSON, an unknown event type, a bookmark that does not decode) is
+:class:`EventStream` reads an open watch response line by line and :class:`WatchDecoder` turns
+each JSON line into a :class:`PodChange`, an :class:`Unreadable` change, a :class:`Bookmark` or an
+:class:`ErrorStatus`, as apimachinery's ``StreamWatcher`` does for client-go, so that the reflector
+decides on events and never reads bytes; a connection lost mid-stream raises ``Unavailable``.
+Pods are decoded straight into :class:`PodSnapshot` (no client models). A line that cannot be
+used (malformed JSON, an unknown event type, a bookmark that does not decode) is
 counted, logged and skipped.
 """
 
@@ -17,7 +18,7 @@ import msgspec
 
 from service.domain import PodSnapshot
 from service.kube.decode import PodDecodeError, PodDecoder
-from service.kube.errors import WireStatus
+from service.kube.errors import WireStatus, answering
 from service.metrics import KubeMetrics
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,12 @@ class ErrorStatus(msgspec.Struct, frozen=True):
     message: str
 
 
-WatchEvent = PodChange | Unreadable | Bookmark | ErrorStatus
+class Skipped(msgspec.Struct, frozen=True):
+    """A line that came but cannot be used (counted and logged by the decoder)."""
+
+
+SKIPPED = Skipped()
+WatchEvent = PodChange | Unreadable | Bookmark | ErrorStatus | Skipped
 
 
 class _WireEvent(msgspec.Struct):
@@ -110,13 +116,13 @@ class WatchDecoder:
         self._counters = {t: metrics.watch_events.labels(type=t) for t in _TYPES}
         self._errors = metrics.decode_errors.labels(source="watch")
 
-    def decode(self, line: bytes) -> WatchEvent | None:
-        """The event of one line; ``None`` for a line skipped (counted and logged here)."""
+    def decode(self, line: bytes) -> WatchEvent:
+        """The event of one line; :data:`SKIPPED` for a line skipped (counted and logged)."""
         try:
             event = _event_decoder.decode(line)
         except _DECODE_ERRORS as exc:
             self._skip("malformed watch event: %s", exc)
-            return None
+            return SKIPPED
         kind = event.type
         counter = self._counters.get(kind)
         if counter is not None:
@@ -133,7 +139,7 @@ class WatchDecoder:
                     meta = _bookmark_decoder.decode(event.object).metadata
                 except _DECODE_ERRORS as exc:
                     self._skip("malformed bookmark: %s", exc)
-                    return None
+                    return SKIPPED
                 end = (meta.annotations or {}).get(_INITIAL_EVENTS_END) == "true"
                 return Bookmark(meta.resourceVersion, end)
             case "ERROR":
@@ -146,11 +152,39 @@ class WatchDecoder:
                 return ErrorStatus(status.code or 500, status.message or status.reason)
             case _:
                 self._skip("unknown watch event type %r", kind)
-                return None
+                return SKIPPED
 
     def _skip(self, message: str, *args: object) -> None:
         self._errors.inc()
         logger.warning(message, *args)
+
+
+class EventStream:
+    """The events of an open watch ``response``, read by ``async for`` until the server ends
+    it; :meth:`close` gives up the connection. ``what`` names the stream in an ``Unavailable``."""
+
+    __slots__ = ("_decode", "_readline", "_response", "_what")
+
+    def __init__(self, response: Stream, decoder: WatchDecoder, what: str) -> None:
+        self._response = response
+        self._readline = response.content.readline
+        self._decode = decoder.decode
+        self._what = what
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        while True:
+            with answering(self._what):
+                line = await self._readline()
+            if not line:
+                raise StopAsyncIteration
+            if line.strip():
+                return self._decode(line)
+
+    def close(self) -> None:
+        self._response.close()
 
 
 def _key_of(raw: msgspec.Raw) -> str | None:

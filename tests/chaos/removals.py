@@ -21,7 +21,7 @@ import functools
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any
 
 import anyio
 
@@ -30,7 +30,6 @@ from service.domain import ExecutionChange, ExecutionRow
 from service.engine.budget import DeleteBudget
 from service.engine.controller import Controller
 from service.engine.reconciler import Reconciler
-from service.kube.credentials import BEARER_TOKEN
 from service.kube.transport import ApiTransport
 from service.kube.watching import Watcher
 from tests.chaos.campaign import run_campaign
@@ -178,9 +177,7 @@ def _no_silence_bound(
 async def _no_reread_at_401(self: ApiTransport, _generation: int) -> str | None:
     # The Authorization the request was sent with stays: only the periodic re-read (once a
     # minute, the configuration's refresh hook) ever reads the token file again.
-    auth = await self._configuration.auth_settings()
-    entry = cast(dict[str, dict[str, str]], auth).get(BEARER_TOKEN)
-    return entry["value"] if entry else None
+    return await self._authorization()
 
 
 LIVENESS_REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {

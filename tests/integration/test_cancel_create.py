@@ -9,7 +9,6 @@ from typing import Any
 import anyio
 import asyncpg
 import pytest
-from kubernetes_asyncio import client as k8s_client
 
 from devtools.emulator import RunningEmulator
 from devtools.emulator.sandboxpods import Shape, pod_name, sandbox_pod
@@ -21,6 +20,7 @@ from service.kit.errors import Unavailable
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.errors import KubeApiError
+from service.kube.transport import ApiTransport
 from service.metrics import KubeMetrics
 from service.pg.errors import DatabaseError
 from tests.kubefixtures import eventually
@@ -33,7 +33,7 @@ NAME = pod_name(SID, 1)
 
 
 @pytest.fixture
-def pods(kube_api: k8s_client.ApiClient, kube_settings: KubeSettings) -> KubePodClient:
+def pods(kube_api: ApiTransport, kube_settings: KubeSettings) -> KubePodClient:
     return KubePodClient(
         kube_api, kube_settings, PodDecoder(kube_settings.label_keys), KubeMetrics()
     )

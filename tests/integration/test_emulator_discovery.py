@@ -132,10 +132,10 @@ def _without_verbs(group_item: dict[str, Any]) -> dict[str, Any]:
 
 
 async def test_a_discovering_dynamic_client_lists_pods_and_writes_leases(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     emulator.emulator.create_pod(sandbox_pod("dyn"), namespace=NS)
-    client = await DynamicClient(kube_api)
+    client = await DynamicClient(library_api)
     pods = await client.resources.get(api_version="v1", kind="Pod")
     listed = await client.get(pods, namespace=NS)
     assert [p.metadata.name for p in listed.items] == ["space-sbx-dyn-g1"]

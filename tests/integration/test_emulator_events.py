@@ -55,16 +55,16 @@ async def create(api: k8s_client.ApiClient, body: dict[str, Any]) -> tuple[int, 
 
 
 async def test_create_answers_the_real_201_bodies_with_and_without_series(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     for name in ("event-create.201.json", "event-create-series.json"):
         expected = sample(name)
-        status, body = await create(kube_api, request_from(expected["body"]))
+        status, body = await create(library_api, request_from(expected["body"]))
         assert status == expected["http_status"] == 201
         assert without_server_fields(body) == without_server_fields(expected["body"])
         assert body["metadata"]["uid"] and int(body["metadata"]["resourceVersion"]) > 0
         status, got = await call(
-            k8s_client.EventsV1Api(kube_api).read_namespaced_event(
+            k8s_client.EventsV1Api(library_api).read_namespaced_event(
                 body["metadata"]["name"], NS, _preload_content=False
             )
         )
@@ -72,14 +72,14 @@ async def test_create_answers_the_real_201_bodies_with_and_without_series(
 
 
 async def test_core_v1_list_shows_the_same_events_in_the_legacy_shape(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     for name in ("event-create.201.json", "event-create-series.json"):
-        status, _ = await create(kube_api, request_from(sample(name)["body"]))
+        status, _ = await create(library_api, request_from(sample(name)["body"]))
         assert status == 201
     expected = sample("events-core-v1-list.json")["body"]
     status, body = await call(
-        k8s_client.CoreV1Api(kube_api).list_namespaced_event(NS, _preload_content=False)
+        k8s_client.CoreV1Api(library_api).list_namespaced_event(NS, _preload_content=False)
     )
     assert status == 200
     assert (body["kind"], body["apiVersion"]) == (expected["kind"], expected["apiVersion"])
@@ -89,7 +89,7 @@ async def test_core_v1_list_shows_the_same_events_in_the_legacy_shape(
 
 
 async def test_lists_filter_by_field_selector_as_kubectl_sends_it(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     base = request_from(sample("event-create.201.json")["body"])
     other = json.loads(json.dumps(base))
@@ -97,9 +97,9 @@ async def test_lists_filter_by_field_selector_as_kubectl_sends_it(
     other["regarding"].update(name="space-sbx-0000000000b0-g1", uid="another-uid")
     other["reason"] = "RetiredPodWouldDelete"
     for body in (base, other):
-        assert (await create(kube_api, body))[0] == 201
-    core = k8s_client.CoreV1Api(kube_api)
-    events = k8s_client.EventsV1Api(kube_api)
+        assert (await create(library_api, body))[0] == 201
+    core = k8s_client.CoreV1Api(library_api)
+    events = k8s_client.EventsV1Api(library_api)
     cases: list[tuple[Any, str, list[str]]] = [
         (core.list_namespaced_event, "reason=RetiredPodDeleted", [base["metadata"]["name"]]),
         (core.list_namespaced_event, "involvedObject.uid=another-uid", [other["metadata"]["name"]]),
@@ -113,18 +113,18 @@ async def test_lists_filter_by_field_selector_as_kubectl_sends_it(
 
 
 async def test_an_event_without_event_time_gets_the_real_422(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     expected = sample("event-create-invalid.422.json")
     body = request_from(sample("event-create.201.json")["body"])
     body["metadata"]["name"] = expected["body"]["details"]["name"]
     del body["eventTime"]
-    assert await create(kube_api, body) == (expected["http_status"], expected["body"])
+    assert await create(library_api, body) == (expected["http_status"], expected["body"])
     assert emulator.emulator.events.events() == []
 
 
 async def test_a_generate_name_ending_in_a_dot_and_other_invalid_fields_are_rejected(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     good = request_from(sample("event-create.201.json")["body"])
     generate = json.loads(json.dumps(good))
@@ -138,7 +138,7 @@ async def test_a_generate_name_ending_in_a_dot_and_other_invalid_fields_are_reje
         (long_note, "note"),
         (no_reason, "reason"),
     ):
-        status, answer = await create(kube_api, body)
+        status, answer = await create(library_api, body)
         assert status == 422, field
         assert answer["reason"] == "Invalid"
         assert [c["field"] for c in answer["details"]["causes"]] == [field]
@@ -146,20 +146,20 @@ async def test_a_generate_name_ending_in_a_dot_and_other_invalid_fields_are_reje
 
 
 async def test_injected_faults_and_latency_apply_and_the_audit_log_records_the_posts(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     emu = emulator.emulator
     body = request_from(sample("event-create.201.json")["body"])
     emu.fail_next(1, code=403, method="POST", path_contains="/events")
     emu.fail_next(1, code=500, method="POST", path_contains="/events")
-    status, answer = await create(kube_api, body)
+    status, answer = await create(library_api, body)
     assert (status, answer["reason"]) == (403, "Forbidden")
-    status, answer = await create(kube_api, body)
+    status, answer = await create(library_api, body)
     assert (status, answer["reason"]) == (500, "InternalError")
     emu.add_latency(30.0, method="POST", path_contains="/events", count=1)
     with pytest.raises(TimeoutError):
-        await create_with_timeout(kube_api, body, timeout_s=0.3)
-    status, _ = await create(kube_api, body)
+        await create_with_timeout(library_api, body, timeout_s=0.3)
+    status, _ = await create(library_api, body)
     assert status == 201
     posts = emu.audit_log(method="POST", path_contains="/events")
     assert [a.status for a in posts][:2] == [403, 500]

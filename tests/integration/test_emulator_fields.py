@@ -39,21 +39,21 @@ async def names(api: k8s_client.ApiClient, field_selector: str, **kw: object) ->
 
 @pytest.mark.anyio
 async def test_pod_lists_select_by_field(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     seed(emulator.emulator)
-    assert await names(kube_api, "status.phase=Succeeded") == [
+    assert await names(library_api, "status.phase=Succeeded") == [
         "space-sbx-elsewhere-g1",
         "space-sbx-idle-g1",
     ]
-    assert await names(kube_api, "status.phase==Succeeded,spec.nodeName!=node-b") == [
+    assert await names(library_api, "status.phase==Succeeded,spec.nodeName!=node-b") == [
         "space-sbx-idle-g1"
     ]
-    assert await names(kube_api, "status.podIP=") == ["space-sbx-stuck-g1"]
-    assert await names(kube_api, "metadata.name=space-sbx-live-g1") == ["space-sbx-live-g1"]
+    assert await names(library_api, "status.podIP=") == ["space-sbx-stuck-g1"]
+    assert await names(library_api, "metadata.name=space-sbx-live-g1") == ["space-sbx-live-g1"]
     # A page of a filtered list: fewer items than the limit may come back, never a wrong one,
     # and the pages together are the whole answer.
-    api = k8s_client.CoreV1Api(kube_api)
+    api = k8s_client.CoreV1Api(library_api)
     seen: list[str] = []
     token = None
     while True:
@@ -70,9 +70,9 @@ async def test_pod_lists_select_by_field(
 
 @pytest.mark.anyio
 async def test_unsupported_field_and_field_watches_are_400(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
-    api = k8s_client.CoreV1Api(kube_api)
+    api = k8s_client.CoreV1Api(library_api)
     with pytest.raises(ApiException) as bad_field:
         await api.list_namespaced_pod(NS, field_selector="spec.containers=x")
     assert bad_field.value.status == 400

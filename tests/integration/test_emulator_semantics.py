@@ -49,14 +49,14 @@ def events_of(emu: Emulator, since: int) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("emulator_options", [{"clock": lambda: T0}])
 async def test_graceful_delete_of_a_node_bound_pending_pod_matches_the_real_server(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("01a1be5ebfdd", 2), namespace=NS)
     name = "space-sbx-01a1be5ebfdd-g2"
     before = emu.resource_version
     status, body = await raw(
-        await core(kube_api).delete_namespaced_pod(name, NS, _preload_content=False)
+        await core(library_api).delete_namespaced_pod(name, NS, _preload_content=False)
     )
     real = json.loads((WIRE / "delete-pending-node-bound.200.json").read_text())["body"]
     assert status == 200
@@ -70,11 +70,11 @@ async def test_graceful_delete_of_a_node_bound_pending_pod_matches_the_real_serv
     assert emu.get_pod(NS, name) is not None
     # Deleting it again gracefully changes nothing; grace 0 (the kubelet's delete) removes it.
     status, again = await raw(
-        await core(kube_api).delete_namespaced_pod(name, NS, _preload_content=False)
+        await core(library_api).delete_namespaced_pod(name, NS, _preload_content=False)
     )
     assert (status, again["metadata"]["resourceVersion"]) == (200, meta["resourceVersion"])
     status, final = await raw(
-        await core(kube_api).delete_namespaced_pod(
+        await core(library_api).delete_namespaced_pod(
             name, NS, body={"gracePeriodSeconds": 0}, _preload_content=False
         )
     )
@@ -96,7 +96,7 @@ async def test_graceful_delete_of_a_node_bound_pending_pod_matches_the_real_serv
 )
 async def test_pods_that_go_away_at_once(
     emulator: RunningEmulator,
-    kube_api: k8s_client.ApiClient,
+    library_api: k8s_client.ApiClient,
     pod: dict[str, Any],
     query: dict[str, int],
 ) -> None:
@@ -105,7 +105,7 @@ async def test_pods_that_go_away_at_once(
     name = pod["metadata"]["name"]
     before = emu.resource_version
     status, body = await raw(
-        await core(kube_api).delete_namespaced_pod(name, NS, _preload_content=False, **query)
+        await core(library_api).delete_namespaced_pod(name, NS, _preload_content=False, **query)
     )
     assert status == 200
     assert body["metadata"]["deletionGracePeriodSeconds"] == 0
@@ -115,7 +115,7 @@ async def test_pods_that_go_away_at_once(
 
 
 async def test_finalizers_hold_a_deleted_pod_until_removed(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(
@@ -123,12 +123,12 @@ async def test_finalizers_hold_a_deleted_pod_until_removed(
     )
     name = "space-sbx-fin-g1"
     status, body = await raw(
-        await core(kube_api).delete_namespaced_pod(name, NS, _preload_content=False)
+        await core(library_api).delete_namespaced_pod(name, NS, _preload_content=False)
     )
     assert status == 200 and body["metadata"]["deletionTimestamp"]
     assert emu.get_pod(NS, name) is not None
     status, body = await raw(
-        await core(kube_api).patch_namespaced_pod(
+        await core(library_api).patch_namespaced_pod(
             name,
             NS,
             {"metadata": {"$deleteFromPrimitiveList/finalizers": ["example.com/hold"]}},
@@ -140,12 +140,12 @@ async def test_finalizers_hold_a_deleted_pod_until_removed(
 
 
 async def test_status_subresource_and_main_object_writes_are_separate(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("st"), namespace=NS)
     name = "space-sbx-st-g1"
-    api = core(kube_api)
+    api = core(library_api)
     status, body = await raw(
         await api.patch_namespaced_pod_status(
             name,
@@ -204,11 +204,11 @@ async def test_status_subresource_and_main_object_writes_are_separate(
 
 
 async def test_http_create_fills_server_metadata(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     pod = sandbox_pod("new", phase="Succeeded")
     status, body = await raw(
-        await core(kube_api).create_namespaced_pod(NS, pod, _preload_content=False)
+        await core(library_api).create_namespaced_pod(NS, pod, _preload_content=False)
     )
     real = json.loads((WIRE / "create-pod.response.json").read_text())
     assert status == real["http_status"] == 201
@@ -217,11 +217,11 @@ async def test_http_create_fills_server_metadata(
         assert key in body["metadata"] and key in real["body"]["metadata"]
     assert body["status"] == {"phase": "Pending"}  # status is not settable on create
     status, again = await raw(
-        await core(kube_api).create_namespaced_pod(NS, pod, _preload_content=False)
+        await core(library_api).create_namespaced_pod(NS, pod, _preload_content=False)
     )
     assert (status, again["reason"]) == (409, "AlreadyExists")
     status, missing_ns = await raw(
-        await core(kube_api).create_namespaced_pod("nowhere", pod, _preload_content=False)
+        await core(library_api).create_namespaced_pod("nowhere", pod, _preload_content=False)
     )
     assert (status, missing_ns["message"]) == (404, 'namespaces "nowhere" not found')
 
@@ -267,12 +267,12 @@ async def test_admin_endpoints_drive_faults_audit_bulk_and_kubelet(
 
 
 async def test_a_fault_limited_to_watch_requests_spares_lists_and_gets(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("w"), namespace=NS)
     emu.fail_next(1, code=500, method="GET", path_contains="/pods", query={"watch": "true"})
-    api = core(kube_api)
+    api = core(library_api)
     listed = await raw(await api.list_namespaced_pod(NS, _preload_content=False))
     got = await raw(await api.read_namespaced_pod("space-sbx-w-g1", NS, _preload_content=False))
     assert (listed[0], got[0]) == (200, 200)

@@ -43,23 +43,23 @@ def core(api: k8s_client.ApiClient) -> k8s_client.CoreV1Api:
 
 
 async def test_missing_pod_get_and_delete_answer_the_real_404_bodies(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     name = "space-sbx-01a1be5de309-g1"
     status, body = await raw(
-        await core(kube_api).read_namespaced_pod(name, NS, _preload_content=False)
+        await core(library_api).read_namespaced_pod(name, NS, _preload_content=False)
     )
     expected = sample("get-missing.404.json")
     assert (status, body) == (expected["http_status"], expected["body"])
     status, body = await raw(
-        await core(kube_api).delete_namespaced_pod(name, NS, _preload_content=False)
+        await core(library_api).delete_namespaced_pod(name, NS, _preload_content=False)
     )
     expected = sample("delete-missing.404.json")
     assert (status, body) == (expected["http_status"], expected["body"])
 
 
 async def test_delete_precondition_conflicts_match_the_real_bodies(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     emu = emulator.emulator
     name = "space-sbx-01a1be5de309-g1"
@@ -67,7 +67,7 @@ async def test_delete_precondition_conflicts_match_the_real_bodies(
     uid, rv = pod["metadata"]["uid"], pod["metadata"]["resourceVersion"]
     wrong = "826efe1f-0fcb-4036-93b5-129b24536935"
     status, body = await raw(
-        await core(kube_api).delete_namespaced_pod(
+        await core(library_api).delete_namespaced_pod(
             name, NS, body={"preconditions": {"uid": wrong}}, _preload_content=False
         )
     )
@@ -77,7 +77,7 @@ async def test_delete_precondition_conflicts_match_the_real_bodies(
 
     emu.set_status(NS, name, {"phase": "Succeeded", "podIP": "192.0.2.12"})
     status, body = await raw(
-        await core(kube_api).delete_namespaced_pod(
+        await core(library_api).delete_namespaced_pod(
             name,
             NS,
             body={"preconditions": {"uid": uid, "resourceVersion": rv}},
@@ -97,9 +97,9 @@ async def test_delete_precondition_conflicts_match_the_real_bodies(
 
 
 async def test_lease_put_with_a_stale_version_is_the_real_409(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
-    coordination = k8s_client.CoordinationV1Api(kube_api)
+    coordination = k8s_client.CoordinationV1Api(library_api)
     lease = sample("lease-create.json")["body"]
     create_body = {"metadata": {"name": lease["metadata"]["name"]}, "spec": lease["spec"]}
     status, created = await raw(
@@ -136,12 +136,12 @@ async def test_lease_put_with_a_stale_version_is_the_real_409(
 
 
 async def test_list_pages_carry_continue_and_remaining_and_stay_consistent(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     emu = emulator.emulator
     for i in range(6):
         emu.create_pod(sandbox_pod(f"{i:012x}"), namespace=NS)
-    api = core(kube_api)
+    api = core(library_api)
     status, page1 = await raw(await api.list_namespaced_pod(NS, limit=2, _preload_content=False))
     real1 = sample("list-page1.json")["body"]
     assert status == 200
@@ -174,12 +174,12 @@ async def test_list_pages_carry_continue_and_remaining_and_stay_consistent(
 
 
 async def test_an_expired_continue_token_is_the_real_410(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     emu = emulator.emulator
     for i in range(3):
         emu.create_pod(sandbox_pod(f"c{i}"), namespace=NS)
-    api = core(kube_api)
+    api = core(library_api)
     _, page1 = await raw(await api.list_namespaced_pod(NS, limit=2, _preload_content=False))
     emu.compact()
     status, body = await raw(
@@ -209,7 +209,7 @@ async def test_an_expired_continue_token_is_the_real_410(
     ],
 )
 async def test_label_selectors_filter_lists(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, selector: str, expected: set[str]
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient, selector: str, expected: set[str]
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("a"), namespace=NS)
@@ -217,7 +217,7 @@ async def test_label_selectors_filter_lists(
     emu.create_pod(sandbox_pod("c", kind="restore"), namespace=NS)
     emu.create_pod(sandbox_pod("d", managed=False), namespace=NS)
     _, body = await raw(
-        await core(kube_api).list_namespaced_pod(
+        await core(library_api).list_namespaced_pod(
             NS, label_selector=selector, _preload_content=False
         )
     )
@@ -225,10 +225,10 @@ async def test_label_selectors_filter_lists(
 
 
 async def test_a_bad_selector_is_a_400(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, library_api: k8s_client.ApiClient
 ) -> None:
     status, body = await raw(
-        await core(kube_api).list_namespaced_pod(
+        await core(library_api).list_namespaced_pod(
             NS, label_selector="a in b", _preload_content=False
         )
     )

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 
 import anyio
 import pytest
-from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
@@ -34,6 +33,7 @@ from service.kube.eventbodies import REASON_DELETED
 from service.kube.events import KubeEventRecorder
 from service.kube.informer import PodInformer
 from service.kube.listwatch import ListWatch
+from service.kube.transport import ApiTransport
 from service.metrics import EventResult, Metrics
 from tests.fakes import FakeExecutionStore, NoNotifications, make_row, make_settings
 from tests.kubefixtures import SANDBOX_NAMESPACE, eventually
@@ -65,7 +65,7 @@ def _event_results(metrics: Metrics) -> dict[str, int]:
 
 
 async def test_every_delete_has_its_event_at_600_a_minute_with_a_backlog_of_1200(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     template = sandbox_pod(sandbox_id="0", generation=1, shape=Shape.SUCCEEDED)

@@ -27,6 +27,7 @@ from service.kube.api import new_api_client
 from service.kube.informer import PodInformer
 from service.kube.listwatch import ListWatch
 from service.kube.reflector import SyncMode
+from service.kube.transport import ApiTransport
 from service.metrics import KubeMetrics
 from tests.kubefixtures import (
     SANDBOX_NAMESPACE,
@@ -48,10 +49,11 @@ def metric(metrics: KubeMetrics, name: str, **labels: str) -> float:
 
 @asynccontextmanager
 async def running_informer(
-    api: k8s_client.ApiClient, settings: KubeSettings, **kwargs: object
+    api: ApiTransport, settings: KubeSettings, **kwargs: object
 ) -> AsyncIterator[tuple[PodInformer, RecordingHandler, KubeMetrics]]:
     handler = RecordingHandler()
     metrics = KubeMetrics(CollectorRegistry())
+    api.bind(metrics)
     informer = PodInformer(
         ListWatch(
             api,
@@ -97,7 +99,7 @@ def _assert_selected_once(informer: PodInformer, handler: RecordingHandler, emu:
 
 
 async def test_initial_sync_streams_by_default_and_honours_the_selector(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     _seed_selector_cases(emu)
@@ -142,7 +144,7 @@ async def test_initial_sync_streams_by_default_and_honours_the_selector(
 
 
 async def test_quorum_list_pages_through_the_list_and_honours_the_selector(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     _seed_selector_cases(emu)
@@ -180,7 +182,7 @@ async def test_quorum_list_pages_through_the_list_and_honours_the_selector(
 
 
 async def test_watch_events_update_the_cache_and_call_the_handler_once_per_change(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("keep"), namespace=NS)
@@ -203,7 +205,7 @@ async def test_watch_events_update_the_cache_and_call_the_handler_once_per_chang
 
 
 async def test_bookmarks_advance_the_resource_version_the_next_watch_resumes_from(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("x"), namespace=NS)
@@ -226,7 +228,7 @@ async def test_bookmarks_advance_the_resource_version_the_next_watch_resumes_fro
 
 
 async def test_forced_410_relists_and_reports_what_changed_while_disconnected(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     for i in range(5):
@@ -262,7 +264,7 @@ async def test_forced_410_relists_and_reports_what_changed_while_disconnected(
 
 @pytest.mark.parametrize("emulator_options", [{"bookmark_interval_s": 0.2, "history_size": 4}])
 async def test_a_version_that_fell_out_of_the_history_window_gets_410_and_a_relist(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator  # history_size=4 (parametrized above)
     for i in range(3):
@@ -279,7 +281,7 @@ async def test_a_version_that_fell_out_of_the_history_window_gets_410_and_a_reli
 
 
 async def test_dropped_streams_resume_from_the_last_version_without_relisting(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("d0"), namespace=NS)
@@ -306,7 +308,7 @@ async def test_dropped_streams_resume_from_the_last_version_without_relisting(
 
 
 async def test_500s_during_the_list_back_off_and_recover(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("s0"), namespace=NS)
@@ -330,7 +332,7 @@ async def test_500s_during_the_list_back_off_and_recover(
 
 
 async def test_429_retry_after_is_honoured(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("t0"), namespace=NS)
@@ -393,7 +395,7 @@ async def test_connection_refused_backs_off_until_the_server_appears(
 
 
 async def test_malformed_objects_are_skipped_and_counted(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     bad = sandbox_pod("bad")
@@ -419,7 +421,7 @@ async def test_malformed_objects_are_skipped_and_counted(
 
 
 async def test_a_cached_pod_that_turns_unreadable_is_dropped_until_readable_again(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("flaky"), namespace=NS)
@@ -442,7 +444,7 @@ async def test_a_cached_pod_that_turns_unreadable_is_dropped_until_readable_agai
 
 async def test_the_informer_never_builds_client_models(
     emulator: RunningEmulator,
-    kube_api: k8s_client.ApiClient,
+    kube_api: ApiTransport,
     kube_settings: KubeSettings,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

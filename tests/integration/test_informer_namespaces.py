@@ -13,13 +13,13 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
-from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
 from service.app import service
 from service.config import PREFIX, Settings
 from service.kube.namespaces import MultiNamespaceInformer
+from service.kube.transport import ApiTransport
 from service.metrics import KubeMetrics
 from tests.fakes import make_settings
 from tests.kubefixtures import (
@@ -42,7 +42,7 @@ def two_namespaces() -> Settings:
 
 @asynccontextmanager
 async def running(
-    api: k8s_client.ApiClient, settings: Settings
+    api: ApiTransport, settings: Settings
 ) -> AsyncIterator[tuple[MultiNamespaceInformer, RecordingHandler, KubeMetrics]]:
     metrics = KubeMetrics(CollectorRegistry())
     informer = service.new_informer(settings, api, metrics)
@@ -57,7 +57,7 @@ async def running(
 
 
 async def test_each_namespace_has_its_own_cache_and_nothing_else_is_listed(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, kube_api: ApiTransport
 ) -> None:
     emu = emulator.emulator
     for ns in (A, B, C):
@@ -100,7 +100,7 @@ async def test_each_namespace_has_its_own_cache_and_nothing_else_is_listed(
 
 
 async def test_one_namespace_relisting_leaves_the_other_synced(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, kube_api: ApiTransport
 ) -> None:
     emu = emulator.emulator
     for ns in (A, B):

@@ -17,7 +17,6 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
-from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
@@ -26,6 +25,7 @@ from service.kit.backoff import Backoff
 from service.kube.api import new_api_client
 from service.kube.informer import PodInformer
 from service.kube.listwatch import ListWatch
+from service.kube.transport import ApiTransport
 from service.metrics import KubeMetrics
 from tests.kubefixtures import (
     SANDBOX_NAMESPACE,
@@ -59,7 +59,7 @@ def metric(metrics: KubeMetrics, name: str, **labels: str) -> float:
 async def informer_through(
     proxy: KubeProxy, settings: KubeSettings
 ) -> AsyncIterator[tuple[PodInformer, RecordingHandler, KubeMetrics]]:
-    api: k8s_client.ApiClient = await new_api_client(host=proxy.url)
+    api: ApiTransport = await new_api_client(host=proxy.url)
     handler = RecordingHandler()
     metrics = KubeMetrics(CollectorRegistry())
     informer = PodInformer(

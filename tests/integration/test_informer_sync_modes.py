@@ -12,12 +12,12 @@ import dataclasses
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client as k8s_client
 
 from devtools.emulator import RunningEmulator
 from devtools.emulator.watch import WatchListSupport
 from service.config import KubeSettings
 from service.kube.reflector import SyncMode
+from service.kube.transport import ApiTransport
 from tests.integration.test_informer import converged, metric, running_informer
 from tests.kubefixtures import SANDBOX_NAMESPACE, cache_state, eventually, sandbox_pod, server_pods
 
@@ -59,7 +59,7 @@ def _list_requests(running: RunningEmulator) -> list[dict[str, str]]:
 )
 async def test_sync_and_relist_converge_to_the_server_pod_set(
     emulator: RunningEmulator,
-    kube_api: k8s_client.ApiClient,
+    kube_api: ApiTransport,
     kube_settings: KubeSettings,
     list_mode: str,
     support: WatchListSupport,
@@ -154,7 +154,7 @@ async def test_sync_and_relist_converge_to_the_server_pod_set(
 
 
 async def test_auto_mode_falls_back_to_a_list_from_the_watch_cache_when_streams_are_rejected(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     emu.watch_list = WatchListSupport.REJECTED
@@ -172,7 +172,7 @@ async def test_auto_mode_falls_back_to_a_list_from_the_watch_cache_when_streams_
 
 
 async def test_stream_mode_never_falls_back_and_syncs_once_the_server_streams(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     emu.watch_list = WatchListSupport.REJECTED
@@ -196,7 +196,7 @@ async def test_stream_mode_never_falls_back_and_syncs_once_the_server_streams(
 
 @pytest.mark.parametrize("emulator_options", [{"bookmark_interval_s": 3600.0}])
 async def test_a_stream_that_goes_silent_before_its_end_bookmark_is_not_honoured(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator  # no periodic bookmarks: only the silence gives the server away
     emu.watch_list = WatchListSupport.IGNORED

@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
-from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
@@ -21,6 +20,7 @@ from service.domain import ExecutionState, Verdict
 from service.kit.backoff import Backoff
 from service.kube.eventbodies import REASON_DELETED, REASON_KEPT, REASON_WOULD_DELETE
 from service.kube.events import KubeEventRecorder
+from service.kube.transport import ApiTransport
 from service.metrics import EventResult, KubeMetrics
 from service.ports import KeptReport, ReapReport
 from tests.fakes import make_pod
@@ -77,9 +77,7 @@ async def draining(recorder: KubeEventRecorder) -> AsyncIterator[None]:
             tg.cancel_scope.cancel()
 
 
-def make_recorder(
-    api: k8s_client.ApiClient, **options: object
-) -> tuple[KubeEventRecorder, KubeMetrics]:
+def make_recorder(api: ApiTransport, **options: object) -> tuple[KubeEventRecorder, KubeMetrics]:
     metrics = KubeMetrics(CollectorRegistry())
     values: dict[str, object] = {
         "instance": "gc-replica-1",
@@ -91,7 +89,7 @@ def make_recorder(
 
 
 async def test_a_delete_and_a_dry_run_report_become_valid_events_regarding_the_pod(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, kube_api: ApiTransport
 ) -> None:
     recorder, metrics = make_recorder(kube_api, wall_clock=lambda: 1_796_000_000.25)
     async with draining(recorder):
@@ -124,7 +122,7 @@ async def test_a_delete_and_a_dry_run_report_become_valid_events_regarding_the_p
 
 
 async def test_dry_run_reports_are_paced_and_those_beyond_the_bound_summarised(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, caplog: pytest.LogCaptureFixture
+    emulator: RunningEmulator, kube_api: ApiTransport, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The real limiter on the real loop, at a small rate: it admits ``burst`` reports at once,
     then ``per_second``, so the k-th Event cannot reach the server sooner than
@@ -152,7 +150,7 @@ async def test_dry_run_reports_are_paced_and_those_beyond_the_bound_summarised(
 
 
 async def test_delete_events_are_not_paced_again_the_delete_budget_is_their_pace(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, kube_api: ApiTransport
 ) -> None:
     """At a pace of one report a minute, fifty deletes recorded at once are still all written
     (paced, the last would wait most of an hour); none is summarised or dropped."""
@@ -168,7 +166,7 @@ async def test_delete_events_are_not_paced_again_the_delete_budget_is_their_pace
 
 
 async def test_the_buffer_and_the_report_pace_follow_the_delete_budget(
-    kube_api: k8s_client.ApiClient,
+    kube_api: ApiTransport,
 ) -> None:
     small, _ = make_recorder(kube_api)
     assert (small.buffer_size, small.reports_per_second) == (1000, 2.0)
@@ -178,7 +176,7 @@ async def test_the_buffer_and_the_report_pace_follow_the_delete_budget(
 
 
 async def test_a_full_buffer_drops_and_counts_what_does_not_fit(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, kube_api: ApiTransport
 ) -> None:
     emu = emulator.emulator
     emu.add_latency(60.0, method="POST", path_contains=EVENTS_PATH)
@@ -193,7 +191,7 @@ async def test_a_full_buffer_drops_and_counts_what_does_not_fit(
 
 
 async def test_refusals_are_dropped_at_once_and_logged_once_per_kind(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, caplog: pytest.LogCaptureFixture
+    emulator: RunningEmulator, kube_api: ApiTransport, caplog: pytest.LogCaptureFixture
 ) -> None:
     emu = emulator.emulator
     emu.fail_next(2, code=403, method="POST", path_contains=EVENTS_PATH)
@@ -218,7 +216,7 @@ async def test_refusals_are_dropped_at_once_and_logged_once_per_kind(
 
 
 async def test_transient_failures_are_retried_until_every_event_is_written(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, caplog: pytest.LogCaptureFixture
+    emulator: RunningEmulator, kube_api: ApiTransport, caplog: pytest.LogCaptureFixture
 ) -> None:
     emu = emulator.emulator
     emu.add_latency(60.0, method="POST", path_contains=EVENTS_PATH, count=1)
@@ -241,7 +239,7 @@ async def test_transient_failures_are_retried_until_every_event_is_written(
 
 
 async def test_an_event_failing_past_its_age_bound_is_dropped_and_counted(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, kube_api: ApiTransport
 ) -> None:
     emu = emulator.emulator
     emu.fail_next(1000, code=500, method="POST", path_contains=EVENTS_PATH)
@@ -255,7 +253,7 @@ async def test_an_event_failing_past_its_age_bound_is_dropped_and_counted(
 
 
 async def test_flush_at_shutdown_is_bounded_and_counts_what_it_leaves(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, kube_api: ApiTransport
 ) -> None:
     emu = emulator.emulator
     recorder, metrics = make_recorder(kube_api, timeout_s=60.0)
@@ -276,7 +274,7 @@ async def test_flush_at_shutdown_is_bounded_and_counts_what_it_leaves(
 
 
 async def test_the_unwritten_events_are_exported_and_logged_with_their_count_at_shutdown(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, caplog: pytest.LogCaptureFixture
+    emulator: RunningEmulator, kube_api: ApiTransport, caplog: pytest.LogCaptureFixture
 ) -> None:
     emu = emulator.emulator
     recorder, metrics = make_recorder(kube_api, timeout_s=60.0)
@@ -304,7 +302,7 @@ async def test_the_unwritten_events_are_exported_and_logged_with_their_count_at_
 
 
 async def test_a_bug_writing_one_event_is_logged_counted_and_the_next_is_still_written(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, caplog: pytest.LogCaptureFixture
+    emulator: RunningEmulator, kube_api: ApiTransport, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A NaN wall clock makes the Event's name unbuildable (int(nan) raises ValueError): a bug of
     # the recorder's own, not a failure of the API server.
@@ -323,7 +321,7 @@ async def test_a_bug_writing_one_event_is_logged_counted_and_the_next_is_still_w
 
 
 async def test_a_kept_event_answered_500_is_retried_and_written(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, kube_api: ApiTransport
 ) -> None:
     """A kept pod's Warning Event gets the delete Events' retries: a 500 is an attempt, counted
     in the kept Events' own metric, and the same Event is written after it."""
@@ -344,7 +342,7 @@ async def test_a_kept_event_answered_500_is_retried_and_written(
 
 
 async def test_kept_events_wait_until_no_delete_event_does_and_have_their_own_bound(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, kube_api: ApiTransport
 ) -> None:
     """Kept Events recorded first are still written after the delete Events recorded behind
     them, so a burst of kept pods never delays a delete's Event; beyond their own buffer they

@@ -13,7 +13,6 @@ from pathlib import Path
 import anyio
 import certifi
 import pytest
-from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
@@ -25,7 +24,7 @@ from service.kube.credentials import TokenFile
 from service.kube.decode import PodDecoder
 from service.kube.errors import KubeApiError
 from service.kube.requestpolicy import MAX_THROTTLE_RETRIES
-from service.kube.transport import ApiTransport, transport_of
+from service.kube.transport import ApiTransport
 from service.metrics import KubeMetrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, sandbox_pod
 from tests.pgfixtures import metric
@@ -46,7 +45,7 @@ def token_path(tmp_path: Path) -> Path:
 @pytest.fixture
 async def api(
     event_loop_guard: None, emulator: RunningEmulator, token_path: Path
-) -> AsyncIterator[k8s_client.ApiClient]:
+) -> AsyncIterator[ApiTransport]:
     client = await new_api_client(host=emulator.url, token_file=str(token_path))
     try:
         yield client
@@ -54,17 +53,9 @@ async def api(
         await client.close()
 
 
-def transport(api: k8s_client.ApiClient) -> ApiTransport:
-    found = transport_of(api)
-    assert found is not None
-    return found
-
-
-def pod_client(
-    api: k8s_client.ApiClient, settings: KubeSettings
-) -> tuple[KubePodClient, KubeMetrics]:
+def pod_client(api: ApiTransport, settings: KubeSettings) -> tuple[KubePodClient, KubeMetrics]:
     metrics = KubeMetrics(CollectorRegistry())
-    transport(api).bind(metrics)
+    api.bind(metrics)
     return KubePodClient(api, settings, PodDecoder(settings.label_keys), metrics), metrics
 
 
@@ -73,7 +64,7 @@ def statuses(emulator: RunningEmulator, method: str, path: str = POD_PATH) -> li
 
 
 async def test_a_throttled_get_is_sent_again_after_its_retry_after_and_halves_the_limit(
-    emulator: RunningEmulator, api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("t1"), namespace=NS)
@@ -85,12 +76,12 @@ async def test_a_throttled_get_is_sent_again_after_its_retry_after_and_halves_th
     assert metric(metrics.registry, "retired_pod_gc_api_throttled_total", action="retried") == 3
     assert metric(metrics.registry, "retired_pod_gc_api_throttled_total", action="returned") == 0
     # Each retry was sent after the last decrease: 32 -> 16 -> 8 -> 4.
-    assert transport(api).limit.slots == 4
+    assert api.limit.slots == 4
     assert metric(metrics.registry, "retired_pod_gc_api_concurrency_limit") == 4
 
 
 async def test_retries_are_bounded_and_the_last_429_goes_back_to_the_caller(
-    emulator: RunningEmulator, api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("t1"), namespace=NS)
@@ -101,11 +92,11 @@ async def test_retries_are_bounded_and_the_last_429_goes_back_to_the_caller(
     assert err.value.status == 429
     assert statuses(emulator, "GET") == [429] * (1 + MAX_THROTTLE_RETRIES)
     assert metric(metrics.registry, "retired_pod_gc_api_throttled_total", action="returned") == 1
-    assert transport(api).limit.slots == 1  # the floor
+    assert api.limit.slots == 1  # the floor
 
 
 async def test_a_retry_after_longer_than_the_timeout_goes_back_at_once(
-    emulator: RunningEmulator, api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("t1"), namespace=NS)
@@ -118,7 +109,7 @@ async def test_a_retry_after_longer_than_the_timeout_goes_back_at_once(
 
 
 async def test_a_throttled_delete_is_never_sent_twice(
-    emulator: RunningEmulator, api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     created = emu.create_pod(sandbox_pod("t1"), namespace=NS)
@@ -131,12 +122,12 @@ async def test_a_throttled_delete_is_never_sent_twice(
     assert statuses(emulator, "DELETE") == [429]
     assert emu.get_pod(NS, POD) is not None
     assert metric(metrics.registry, "retired_pod_gc_api_throttled_total", action="returned") == 1
-    assert transport(api).limit.slots == 16  # the DELETE's 429 counts for the limit too
+    assert api.limit.slots == 16  # the DELETE's 429 counts for the limit too
 
 
 async def test_a_rotated_token_costs_one_refused_request(
     emulator: RunningEmulator,
-    api: k8s_client.ApiClient,
+    api: ApiTransport,
     kube_settings: KubeSettings,
     token_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -151,13 +142,13 @@ async def test_a_rotated_token_costs_one_refused_request(
     assert statuses(emulator, "GET") == [401, 200]
     assert api.configuration.api_key["BearerToken"] == "Bearer token-two"
     assert metric(metrics.registry, "retired_pod_gc_api_credential_reloads_total", result="changed")
-    assert transport(api).problem is None
+    assert api.problem is None
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 async def test_a_refused_token_not_rotated_warns_once_and_makes_the_replica_unready(
     emulator: RunningEmulator,
-    api: k8s_client.ApiClient,
+    api: ApiTransport,
     kube_settings: KubeSettings,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -175,20 +166,20 @@ async def test_a_refused_token_not_rotated_warns_once_and_makes_the_replica_unre
     assert metric(registry, "retired_pod_gc_api_credential_reloads_total", result="unchanged") == 3
     assert metric(registry, "retired_pod_gc_api_unauthorized_answers_total") == 3
     assert metric(registry, "retired_pod_gc_api_unauthorized") == 1
-    problem = transport(api).problem
+    problem = api.problem
     assert problem is not None and "401" in problem
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1
     assert "refuses the credentials" in warnings[0]
     emu.clear_faults()
     assert await client.get_pod(NS, POD) is not None
-    assert transport(api).problem is None
+    assert api.problem is None
     assert metric(registry, "retired_pod_gc_api_unauthorized") == 0
 
 
 async def test_a_refused_delete_is_not_sent_again_and_the_next_one_carries_the_new_token(
     emulator: RunningEmulator,
-    api: k8s_client.ApiClient,
+    api: ApiTransport,
     kube_settings: KubeSettings,
     token_path: Path,
 ) -> None:
@@ -221,7 +212,7 @@ async def test_the_slot_held_across_the_final_check_serves_its_requests_and_no_o
     api = await new_api_client(host=emulator.url, pool_size=1)
     try:
         client, _ = pod_client(api, kube_settings)
-        limit = transport(api).limit
+        limit = api.limit
         order: list[str] = []
         holding = anyio.Event()
         release = anyio.Event()
@@ -275,7 +266,7 @@ async def test_in_cluster_the_token_file_is_the_credentials_read_again(
         assert api.configuration.host == "https://10.0.0.1:443"
         assert api.configuration.api_key["BearerToken"] == "Bearer sa-token-1"
         token.write_text("sa-token-2")
-        credentials = transport(api).credentials
+        credentials = api.credentials
         assert isinstance(credentials, TokenFile)
         assert credentials.path == token
         await credentials.reload(api.configuration)  # what a 401 does

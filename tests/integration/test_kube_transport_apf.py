@@ -9,7 +9,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
@@ -20,7 +19,7 @@ from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
-from service.kube.transport import transport_of
+from service.kube.transport import ApiTransport
 from service.metrics import KubeMetrics
 from service.ports import ReapReport
 from tests.integration.test_engine_safety import (
@@ -54,7 +53,7 @@ def emulator_options() -> dict[str, object]:
 @pytest.fixture
 async def api(
     event_loop_guard: None, emulator: RunningEmulator, token_path: Path
-) -> AsyncIterator[k8s_client.ApiClient]:
+) -> AsyncIterator[ApiTransport]:
     client = await new_api_client(host=emulator.url, token_file=str(token_path))
     try:
         yield client
@@ -62,13 +61,9 @@ async def api(
         await client.close()
 
 
-def pod_client(
-    api: k8s_client.ApiClient, settings: KubeSettings
-) -> tuple[KubePodClient, KubeMetrics]:
+def pod_client(api: ApiTransport, settings: KubeSettings) -> tuple[KubePodClient, KubeMetrics]:
     metrics = KubeMetrics(CollectorRegistry())
-    transport = transport_of(api)
-    assert transport is not None
-    transport.bind(metrics)
+    api.bind(metrics)
     return KubePodClient(api, settings, PodDecoder(settings.label_keys), metrics), metrics
 
 
@@ -79,7 +74,7 @@ def flow(emulator: RunningEmulator) -> FlowControl:
 
 
 async def test_on_a_level_of_one_seat_every_request_is_answered_and_every_event_written(
-    emulator: RunningEmulator, api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     names = []
@@ -127,4 +122,4 @@ async def test_on_a_level_of_one_seat_every_request_is_answered_and_every_event_
     assert metric(registry, "retired_pod_gc_api_throttled_total", action="retried") == rejected
     assert metric(registry, "retired_pod_gc_api_throttled_total", action="returned") == 0
     # The limit came down from the pool size.
-    assert transport_of(api).limit.slots < 32  # type: ignore[union-attr]
+    assert api.limit.slots < 32

@@ -11,7 +11,6 @@ from pathlib import Path
 import aiohttp
 import asyncpg
 import pytest
-from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
@@ -22,7 +21,7 @@ from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.errors import KubeApiError
-from service.kube.transport import transport_of
+from service.kube.transport import ApiTransport
 from service.metrics import KubeMetrics
 from tests.integration.test_engine_safety import (
     create_pod,
@@ -60,7 +59,7 @@ def emulator_options(token_path: Path) -> dict[str, object]:
 @pytest.fixture
 async def api(
     event_loop_guard: None, emulator: RunningEmulator, token_path: Path
-) -> AsyncIterator[k8s_client.ApiClient]:
+) -> AsyncIterator[ApiTransport]:
     client = await new_api_client(host=emulator.url, token_file=str(token_path))
     try:
         yield client
@@ -68,19 +67,15 @@ async def api(
         await client.close()
 
 
-def pod_client(
-    api: k8s_client.ApiClient, settings: KubeSettings
-) -> tuple[KubePodClient, KubeMetrics]:
+def pod_client(api: ApiTransport, settings: KubeSettings) -> tuple[KubePodClient, KubeMetrics]:
     metrics = KubeMetrics(CollectorRegistry())
-    transport = transport_of(api)
-    assert transport is not None
-    transport.bind(metrics)
+    api.bind(metrics)
     return KubePodClient(api, settings, PodDecoder(settings.label_keys), metrics), metrics
 
 
 async def test_a_rotated_token_file_costs_one_401(
     emulator: RunningEmulator,
-    api: k8s_client.ApiClient,
+    api: ApiTransport,
     kube_settings: KubeSettings,
     token_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -101,7 +96,7 @@ async def test_a_rotated_token_file_costs_one_401(
 
 async def test_a_rotated_token_first_refused_on_a_delete_is_no_standing_refusal(
     emulator: RunningEmulator,
-    api: k8s_client.ApiClient,
+    api: ApiTransport,
     kube_settings: KubeSettings,
     token_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -112,7 +107,7 @@ async def test_a_rotated_token_first_refused_on_a_delete_is_no_standing_refusal(
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("t1"), namespace=NS)
     client, metrics = pod_client(api, kube_settings)
-    transport = transport_of(api)
+    transport = api
     assert transport is not None
     pod = await client.get_pod(NS, "space-sbx-t1-g1")
     assert pod is not None
@@ -144,7 +139,7 @@ async def test_a_revoked_token_not_replaced_warns_once_is_unready_and_recovers(
     api = await new_api_client(host=emulator.url, token_file=str(own))
     try:
         client, metrics = pod_client(api, kube_settings)
-        transport = transport_of(api)
+        transport = api
         assert transport is not None
         assert await client.get_pod(NS, "space-sbx-t1-g1") is not None
         emu.auth.revoke(token)
@@ -175,7 +170,7 @@ async def test_the_service_reaps_through_a_rotation_and_is_unready_while_refused
         # The service's client reads the test's token file (the in-cluster path otherwise).
         real = new_api_client
 
-        async def with_token(**kwargs: object) -> k8s_client.ApiClient:
+        async def with_token(**kwargs: object) -> ApiTransport:
             return await real(**kwargs, token_file=str(token_path))  # type: ignore[arg-type]
 
         patch.setattr("tests.integration.test_engine_safety.new_api_client", with_token)

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import cast
 
+import aiohttp
 import anyio
 import asyncpg
 import pytest
-from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
@@ -24,8 +24,7 @@ from service.kit.errors import Unavailable
 from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
-from service.kube.errors import read_whole
-from service.kube.transport import transport_of
+from service.kube.transport import ApiTransport
 from service.metrics import KubeMetrics
 from tests.integration.test_engine_safety import (
     create_pod,
@@ -62,7 +61,7 @@ async def proxy(event_loop_guard: None, emulator: RunningEmulator) -> AsyncItera
 
 
 @pytest.fixture
-async def api(proxy: KubeProxy) -> AsyncIterator[k8s_client.ApiClient]:
+async def api(proxy: KubeProxy) -> AsyncIterator[ApiTransport]:
     client = await new_api_client(host=proxy.url)
     try:
         yield client
@@ -70,20 +69,16 @@ async def api(proxy: KubeProxy) -> AsyncIterator[k8s_client.ApiClient]:
         await client.close()
 
 
-def pod_client(
-    api: k8s_client.ApiClient, settings: KubeSettings
-) -> tuple[KubePodClient, KubeMetrics]:
+def pod_client(api: ApiTransport, settings: KubeSettings) -> tuple[KubePodClient, KubeMetrics]:
     metrics = KubeMetrics(CollectorRegistry())
-    transport = transport_of(api)
-    assert transport is not None
-    transport.bind(metrics)
+    api.bind(metrics)
     return KubePodClient(api, settings, PodDecoder(settings.label_keys), metrics), metrics
 
 
 async def test_black_holed_pooled_connections_cost_one_request_its_timeout(
     emulator: RunningEmulator,
     proxy: KubeProxy,
-    api: k8s_client.ApiClient,
+    api: ApiTransport,
     kube_settings: KubeSettings,
 ) -> None:
     emulator.emulator.create_pod(sandbox_pod("p1"), namespace=NS)
@@ -122,7 +117,7 @@ async def test_black_holed_pooled_connections_cost_one_request_its_timeout(
 async def test_a_caller_giving_up_near_the_timeout_replaces_the_pool_and_an_early_one_not(
     emulator: RunningEmulator,
     proxy: KubeProxy,
-    api: k8s_client.ApiClient,
+    api: ApiTransport,
     kube_settings: KubeSettings,
 ) -> None:
     emulator.emulator.create_pod(sandbox_pod("p1"), namespace=NS)
@@ -152,19 +147,27 @@ async def test_a_caller_giving_up_near_the_timeout_replaces_the_pool_and_an_earl
 
 
 async def test_watches_never_reuse_a_connection_and_other_requests_do(
-    emulator: RunningEmulator, proxy: KubeProxy, api: k8s_client.ApiClient
+    emulator: RunningEmulator, proxy: KubeProxy, api: ApiTransport
 ) -> None:
     emulator.emulator.create_pod(sandbox_pod("p1"), namespace=NS)
-    core = k8s_client.CoreV1Api(api)
+    path = f"/api/v1/namespaces/{NS}/pods"
     for _ in range(3):
-        _, body = await read_whole(core.list_namespaced_pod(NS, _preload_content=False))
-        assert body
+        answer = await api.request("GET", path, op="list", timeouts=aiohttp.ClientTimeout(total=5))
+        assert answer.body
     assert proxy.accepted == 1  # one keep-alive connection, reused
     for _ in range(3):
         # A watch the server ends at once (timeoutSeconds=1), read to its end.
-        _, body = await read_whole(
-            core.list_namespaced_pod(NS, watch=True, timeout_seconds=1, _preload_content=False)
+        stream = await api.watch(
+            path,
+            op="watch",
+            query={"timeoutSeconds": 1, "watch": True},
+            timeouts=aiohttp.ClientTimeout(total=None, sock_read=5),
+            open_within_s=5,
         )
+        try:
+            await stream.read()
+        finally:
+            stream.close()
     assert proxy.accepted == 1 + 3  # each watch on a connection of its own
 
 

@@ -15,8 +15,13 @@ import pytest
 from kubernetes_asyncio import client as k8s_client
 
 from devtools.emulator.statuses import PODS
-from service.kube.api import new_api_client
-from tests.kubefixtures import SANDBOX_NAMESPACE, ProxiedEmulator, eventually, sandbox_pod
+from tests.kubefixtures import (
+    SANDBOX_NAMESPACE,
+    ProxiedEmulator,
+    eventually,
+    library_client,
+    sandbox_pod,
+)
 from tests.kubeproxy import KubeProxy
 
 pytestmark = pytest.mark.anyio
@@ -213,8 +218,8 @@ async def test_a_pooled_client_connection_in_the_hole_stalls_while_a_new_client_
 ) -> None:
     # The failure of issue 39: a black-holed keep-alive connection stalls every request sent on
     # it until the request's timeout; the server never sees the request.
-    pooled = await new_api_client(host=proxied_emulator.url)
-    fresh = await new_api_client(host=proxied_emulator.url)
+    pooled = library_client(proxied_emulator.url)
+    fresh = library_client(proxied_emulator.url)
     try:
         core = k8s_client.CoreV1Api(pooled)
         assert (await core.read_namespace(NS)).metadata.name == NS
@@ -236,7 +241,7 @@ async def test_a_pooled_client_connection_that_was_reset_is_replaced_by_a_new_on
 ) -> None:
     # The contrast with the black hole: a reset pooled connection costs nothing, since the
     # client sees it closed before reusing it.
-    api = await new_api_client(host=proxied_emulator.url)
+    api = library_client(proxied_emulator.url)
     try:
         core = k8s_client.CoreV1Api(api)
         assert (await core.read_namespace(NS)).metadata.name == NS

@@ -9,7 +9,6 @@ from typing import Any
 
 import anyio
 import pytest
-from kubernetes_asyncio import client as k8s_client
 
 from devtools.emulator import RunningEmulator
 from devtools.emulator.statuses import LEASES
@@ -17,6 +16,7 @@ from service import config
 from service.config import LeaderSettings
 from service.kube.api import new_api_client
 from service.kube.leaderelection import LeaderElector
+from service.kube.transport import ApiTransport
 from service.metrics import KubeMetrics
 from tests.kubefixtures import ProxiedEmulator, eventually
 from tests.pgfixtures import metric
@@ -45,7 +45,7 @@ def _settings(
 class Elector:
     """An elector plus what it reported through ``on_change``."""
 
-    def __init__(self, api: k8s_client.ApiClient, settings: LeaderSettings) -> None:
+    def __init__(self, api: ApiTransport, settings: LeaderSettings) -> None:
         self.changes: list[bool] = []
         self.metrics = KubeMetrics()
         self.elector = LeaderElector(
@@ -72,7 +72,7 @@ def _spec(running: RunningEmulator) -> dict[str, Any]:
 
 
 async def test_acquires_then_renews_and_releases_on_cancel(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, kube_api: ApiTransport
 ) -> None:
     me = Elector(kube_api, _settings("me"))
     async with anyio.create_task_group() as tg:
@@ -104,7 +104,7 @@ async def test_acquires_then_renews_and_releases_on_cancel(
 
 
 async def test_standby_waits_for_a_held_lease_and_does_not_release_it(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, kube_api: ApiTransport
 ) -> None:
     leader = Elector(kube_api, _settings("leader"))
     standby = Elector(kube_api, _settings("standby"))
@@ -129,7 +129,7 @@ async def test_standby_waits_for_a_held_lease_and_does_not_release_it(
 
 
 async def test_a_conflicting_write_is_a_409_that_costs_leadership_until_expiry(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, kube_api: ApiTransport
 ) -> None:
     emu = emulator.emulator
     me = Elector(kube_api, _settings("me", lease_s=1.0, renew_s=0.6, retry_s=0.05))
@@ -171,7 +171,7 @@ async def test_a_conflicting_write_is_a_409_that_costs_leadership_until_expiry(
 
 
 async def test_lapsed_renewals_step_down_before_the_lease_expires(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, kube_api: ApiTransport
 ) -> None:
     emu = emulator.emulator
     lease_s, renew_s = 3.0, 1.0
@@ -197,7 +197,7 @@ async def test_lapsed_renewals_step_down_before_the_lease_expires(
 
 
 async def test_release_retries_when_its_view_of_the_lease_is_stale(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient
+    emulator: RunningEmulator, kube_api: ApiTransport
 ) -> None:
     emu = emulator.emulator
     # A long retry period: the elector sleeps right after acquiring, so it does not see the
@@ -221,7 +221,7 @@ async def test_release_retries_when_its_view_of_the_lease_is_stale(
 
 
 async def test_a_lease_it_cannot_read_is_an_unexpected_answer_not_a_crash(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, caplog: pytest.LogCaptureFixture
+    emulator: RunningEmulator, kube_api: ApiTransport, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The server holds a Lease whose duration is not a number: the elector must neither crash
     # nor take the lease over; it keeps retrying, as for any unexpected answer.

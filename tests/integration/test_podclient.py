@@ -10,7 +10,6 @@ import socket
 
 import aiohttp
 import pytest
-from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
@@ -21,6 +20,7 @@ from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecodeError, PodDecoder
 from service.kube.errors import KubeApiError
+from service.kube.transport import ApiTransport
 from service.metrics import KubeMetrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, sandbox_pod
 
@@ -28,15 +28,14 @@ pytestmark = pytest.mark.anyio
 NS = SANDBOX_NAMESPACE
 
 
-def make_client(
-    api: k8s_client.ApiClient, settings: KubeSettings
-) -> tuple[KubePodClient, KubeMetrics]:
+def make_client(api: ApiTransport, settings: KubeSettings) -> tuple[KubePodClient, KubeMetrics]:
     metrics = KubeMetrics(CollectorRegistry())
+    api.bind(metrics)
     return KubePodClient(api, settings, PodDecoder(settings.label_keys), metrics), metrics
 
 
 async def test_get_pod_decodes_the_server_state_and_none_when_missing(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     created = emu.create_pod(sandbox_pod("g1", phase="Succeeded"), namespace=NS)
@@ -55,7 +54,7 @@ async def test_get_pod_decodes_the_server_state_and_none_when_missing(
 
 
 async def test_get_pod_raises_kube_api_error_on_a_server_error_and_unavailable_on_a_timeout(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     emu.create_pod(sandbox_pod("g2"), namespace=NS)
@@ -105,7 +104,7 @@ async def test_a_refused_connection_is_unavailable_on_get_and_on_delete_alike(
 
 
 async def test_an_undecodable_pod_from_get_is_its_own_error_counted_never_an_api_error(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     bad = sandbox_pod("u1")
@@ -124,7 +123,7 @@ async def test_an_undecodable_pod_from_get_is_its_own_error_counted_never_an_api
 
 
 async def test_delete_with_a_stale_uid_is_a_conflict_and_deletes_nothing(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     pod = emu.create_pod(sandbox_pod("u1", phase="Succeeded"), namespace=NS)
@@ -142,7 +141,7 @@ async def test_delete_with_a_stale_uid_is_a_conflict_and_deletes_nothing(
 
 
 async def test_delete_with_a_stale_resource_version_is_a_conflict(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     pod = emu.create_pod(sandbox_pod("r1", phase="Succeeded"), namespace=NS)
@@ -158,7 +157,7 @@ async def test_delete_with_a_stale_resource_version_is_a_conflict(
 
 
 async def test_delete_of_a_missing_pod_is_gone(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     client, _ = make_client(kube_api, kube_settings)
     outcome = await client.delete_pod(NS, "space-sbx-none-g1", uid="u", resource_version="1")
@@ -168,7 +167,7 @@ async def test_delete_of_a_missing_pod_is_gone(
 
 
 async def test_delete_sends_both_preconditions_and_removes_a_terminal_pod(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     pod = emu.create_pod(sandbox_pod("t1", phase="Succeeded"), namespace=NS)
@@ -198,7 +197,7 @@ async def test_delete_sends_both_preconditions_and_removes_a_terminal_pod(
 
 
 async def test_delete_of_a_node_bound_pending_pod_leaves_it_terminating(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     pod = emu.create_pod(sandbox_pod("n1", phase="Pending"), namespace=NS)
@@ -225,7 +224,7 @@ async def test_delete_of_a_node_bound_pending_pod_leaves_it_terminating(
 
 
 async def test_configured_grace_period_is_sent(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     pod = emu.create_pod(sandbox_pod("z1", phase="Pending"), namespace=NS)
@@ -240,7 +239,7 @@ async def test_configured_grace_period_is_sent(
 
 
 async def test_a_failed_delete_raises_as_a_failed_get_does(
-    emulator: RunningEmulator, kube_api: k8s_client.ApiClient, kube_settings: KubeSettings
+    emulator: RunningEmulator, kube_api: ApiTransport, kube_settings: KubeSettings
 ) -> None:
     emu = emulator.emulator
     pod = emu.create_pod(sandbox_pod("e1", phase="Succeeded"), namespace=NS)

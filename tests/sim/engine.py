@@ -5,8 +5,8 @@ What differs from ``build`` is only what a deterministic run needs: it runs on
 :class:`tests.sim.loop.VirtualLoop`, whose clock is virtual (every part reads and waits on the
 event loop's clock, as in production), every random choice (backoff jitter, the
 watch timeout's jitter) comes from the seed, the listener's delivery probes go out on a fixed
-channel (:data:`PROBE_CHANNEL`), the Kubernetes client is the real ``ApiClient`` and
-``ApiTransport`` whose HTTP sessions are the model's (:class:`tests.sim.kube.SimSessions`: the
+channel (:data:`PROBE_CHANNEL`), the Kubernetes client is the real ``ApiTransport`` whose HTTP
+sessions are the model's (:class:`tests.sim.kube.SimSessions`: the
 API server model answers the HTTP requests, the token read from a file as in a pod, by
 ``TokenFile``), ``asyncpg.connect``/``create_pool`` are the database
 model's (:class:`tests.sim.pg.Asyncpg`), the reap reports are collected by a recorder of the
@@ -25,10 +25,10 @@ from typing import Any
 import anyio
 import asyncpg
 from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio.client import rest as k8s_rest
 
 from service.app.service import (
     default_queue_backoff,
+    new_decoder,
     new_pod_client,
     new_store,
     wire_engine,
@@ -95,10 +95,9 @@ POOL_SIZE = 32
 
 @dataclass
 class SimApi:
-    """The service's Kubernetes client on the model: the real ``ApiClient`` with the real
-    ``ApiTransport`` as its rest client, the token from ``credentials``."""
+    """The service's Kubernetes client on the model: the real ``ApiTransport``, the token from
+    ``credentials``."""
 
-    client: k8s_client.ApiClient
     transport: ApiTransport
     credentials: TokenFile
 
@@ -106,8 +105,7 @@ class SimApi:
 def new_api(server: ApiServer, *, token_file: str, metrics: KubeMetrics) -> SimApi:
     """As ``service.kube.api.new_api_client`` makes it for a token file, the sessions the
     model's. The token is read (``TokenFile.install``) when the service starts (:func:`run`: it
-    reads the loop's clock). The ``ApiClient`` is made by its own ``__init__`` with the
-    transport in place of the library's rest client (whose TLS context costs 50 ms a seed)."""
+    reads the loop's clock)."""
     configuration = k8s_client.Configuration()
     configuration.host = SIM_HOST
     credentials = TokenFile(token_file)
@@ -118,13 +116,7 @@ def new_api(server: ApiServer, *, token_file: str, metrics: KubeMetrics) -> SimA
         metrics=metrics,
         sessions=SimSessions(server),
     )
-    saved = k8s_rest.RESTClientObject
-    k8s_rest.RESTClientObject = lambda _configuration: transport  # type: ignore[assignment,misc]
-    try:
-        client = k8s_client.ApiClient(configuration)
-    finally:
-        k8s_rest.RESTClientObject = saved  # type: ignore[misc]
-    return SimApi(client, transport, credentials)
+    return SimApi(transport, credentials)
 
 
 def build(
@@ -140,13 +132,15 @@ def build(
         return policy
 
     store = new_store(settings, metrics.pg)
+    decoder = new_decoder(settings)
 
     def namespace_informer(namespace: str) -> PodInformer:
         lw = ListWatch(
-            api.client,
+            api.transport,
             settings=settings.kube,
             metrics=metrics.kube,
             namespace=namespace,
+            decoder=decoder,
             rng=random.Random(rng.random()),
         )
         return PodInformer(
@@ -157,7 +151,7 @@ def build(
         )
 
     informer = MultiNamespaceInformer(settings.kube.namespaces, namespace_informer)
-    pods = new_pod_client(settings, api.client, metrics.kube)
+    pods = new_pod_client(settings, api.transport, metrics.kube, decoder)
     # The seed's draws in the order they were always made: the informers', the queue's, the
     # listener's, the dependencies' shared backoff.
     queue_backoff = seeded(default_queue_backoff())
@@ -200,7 +194,7 @@ def build(
 async def run(service: Service, *, stop: anyio.Event) -> None:
     """As ``service.app.service.run``, without the HTTP server, watchdog and elector."""
     settings = service.settings
-    service.api.credentials.install(service.api.client.configuration)
+    service.api.credentials.install(service.api.transport.configuration)
     await service.store.start()
     try:
         async with anyio.create_task_group() as tg:

@@ -1,15 +1,15 @@
 """A model of the API server for one namespace of pods, behind the product's real client code.
 
 The seeds' seam is the transport's HTTP sessions (``service.kube.sessions.Sessions``):
-:class:`SimSessions` takes the requests the real ``ApiClient``, ``CoreV1Api`` and
-``ApiTransport`` send (method, URL, ``authorization``, JSON body, aiohttp timeouts) and answers
-as an aiohttp session does, with an aiohttp-like response or stream. So everything the product
-does to make a request and with its answer — the transport (request slots, 429 retries, the
+:class:`SimSessions` takes the requests the real ``ApiTransport`` sends (method, URL,
+``authorization``, JSON body, aiohttp timeouts) and answers as an aiohttp session does, with
+an aiohttp-like response or stream. So everything the product does to make a request and with
+its answer — the transport (request slots, 429 retries, the
 re-read of the token at a 401), ``KubePodClient`` (the DELETE preconditions it builds, its
 status mapping), ``ListWatch`` (the requests), the ``Reflector`` (pages, continue tokens, the
 fallback, decoding raw watch lines, bookmarks, 410s, resume and relist), the ``PodStore`` and
-the informer's dispatch — runs as in production. :class:`SimCoreV1Api` is the older seam one
-level up (``kubernetes_asyncio``'s ``CoreV1Api`` methods), which ``tests/sim/outage.py`` keeps.
+the informer's dispatch — runs as in production (``tests/sim/outage.py`` sends its requests to
+the same sessions, past the transport's policy).
 
 :class:`ApiServer` is the server side: pods with UIDs and resourceVersions from one counter,
 an event history for watches to resume from (compaction makes older versions 410 Gone), watch
@@ -103,7 +103,7 @@ def _status_body(code: int, reason: str, message: str) -> bytes:
 
 
 class Response:
-    """What a ``_preload_content=False`` call returns (the parts the product reads)."""
+    """An aiohttp response, the parts the product reads."""
 
     __slots__ = ("_body", "headers", "status")
 
@@ -669,64 +669,12 @@ class _Wire:
         return await call.wait()
 
 
-class SimCoreV1Api(_Wire):
-    """The ``CoreV1Api`` methods the product calls, against :class:`ApiServer` (the seam of
-    ``tests/sim/outage.py``; the seeds' is :class:`SimSessions`, below the transport)."""
-
-    async def read_namespaced_pod(self, name: str, namespace: str, **kw: Any) -> Response:
-        assert namespace == NAMESPACE and kw.get("_preload_content") is False
-        return await self._call("get", kw.get("_request_timeout"), lambda: self.server.get(name))
-
-    async def delete_namespaced_pod(
-        self, name: str, namespace: str, body: Any = None, **kw: Any
-    ) -> Response:
-        assert namespace == NAMESPACE and kw.get("_preload_content") is False
-        wire = msgspec.json.decode(msgspec.json.encode(body or {}))  # as serialized on the wire
-        sent = self.net.loop.time()
-        return await self._call(
-            "delete", kw.get("_request_timeout"), lambda: self.server.delete(name, wire, sent)
-        )
-
-    async def list_namespaced_pod(self, namespace: str, **kw: Any) -> Any:
-        assert namespace == NAMESPACE and kw.get("label_selector") == SELECTOR
-        assert kw.get("_preload_content") is False
-        server = self.server
-        timeout: aiohttp.ClientTimeout | None = kw.get("_request_timeout")
-        if not kw.get("watch"):
-            return await self._call(
-                "list",
-                timeout,
-                lambda: server.list_page(
-                    kw.get("limit"),
-                    kw.get("_continue"),
-                    kw.get("resource_version"),
-                    kw.get("resource_version_match"),
-                ),
-            )
-        initial = bool(kw.get("send_initial_events"))
-        connect = timeout.connect if timeout is not None else None
-        sock_read = timeout.sock_read if timeout is not None else None
-        answer = await self._call(
-            "watch",
-            aiohttp.ClientTimeout(total=connect),
-            lambda: server.open_watch(
-                version=kw.get("resource_version"),
-                initial=initial,
-                timeout_s=float(kw.get("timeout_seconds") or 300),
-                sock_read_s=sock_read,
-            ),
-        )
-        if isinstance(answer, WatchStream):
-            answer.received()
-        return answer
-
-
 _PODS_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods"
 
 
 class SimSessions(_Wire):
     """``service.kube.sessions.Sessions`` on :class:`ApiServer`: the HTTP requests of the real
-    ``ApiClient`` and ``ApiTransport`` (its 401 re-read, 429 retries, pool replacement, request
+    ``ApiTransport`` (its 401 re-read, 429 retries, pool replacement, request
     slots) answered by the model, as an aiohttp session answers them (the response headers, then
     the body or the stream). The request is decoded as the server decodes it: method, path,
     query, the ``authorization`` header (:meth:`ApiServer.refuses`), the JSON body."""

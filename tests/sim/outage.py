@@ -19,18 +19,22 @@ fixed seed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import random
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import anyio
 import msgspec
+from kubernetes_asyncio import client as k8s_client
 
 from service.app.service import wire_engine
 from service.config import PREFIX, Settings, load
@@ -38,20 +42,22 @@ from service.engine.activation import Activation
 from service.engine.gates import dependency_backoff
 from service.kit.backoff import Backoff
 from service.kube import informer as informer_module
+from service.kube.errors import parse_retry_after
 from service.kube.events import KubeEventRecorder
 from service.kube.informer import PodInformer
 from service.kube.leaderelection import LeaderElector
 from service.kube.listwatch import ListWatch
 from service.kube.namespaces import MultiNamespaceInformer
+from service.kube.transport import ApiTransport
 from service.logs import JsonFormatter
-from service.metrics import Metrics
+from service.metrics import KubeMetrics, Metrics
 from service.pg import listener as listener_module
 from service.pg.listener import RetirementListener
 from service.pg.store import PgExecutionStore
 from tests.chaos.model import NAMESPACE, PodShape, RowTruth
 from tests.chaos.world import SELECTOR_LABEL
 from tests.sim.engine import PROBE_CHANNEL, environment
-from tests.sim.kube import ApiServer, Response, SimCoreV1Api, _Fault
+from tests.sim.kube import ApiServer, Response, SimSessions, _Fault
 from tests.sim.loop import VirtualLoop
 from tests.sim.net import Call, Net, Trace
 from tests.sim.pg import Asyncpg, Database, ListenConn, Pool, PoolConn
@@ -119,8 +125,8 @@ class Outage:
         return False
 
 
-class DownableCoreV1Api(SimCoreV1Api):
-    """The simulator's ``CoreV1Api`` with the API server's outage in front of it."""
+class DownableSessions(SimSessions):
+    """The simulator's pod requests with the API server's outage in front of them."""
 
     def __init__(self, server: ApiServer, outage: Outage) -> None:
         super().__init__(server)
@@ -142,17 +148,16 @@ class DownableCoreV1Api(SimCoreV1Api):
 
 @dataclass
 class Leases:
-    """The Lease API as the elector calls it (``ApiClient.call_api``), on the same server."""
+    """The Lease API as the elector calls it, on the same server."""
 
     net: Net
     outage: Outage
     leases: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
     rv: int = 0
 
-    async def call_api(self, path: str, method: str, **kw: Any) -> Response:
-        call = Call(self.net, kw.get("_request_timeout"))
+    async def request(self, method: str, path: str, body: Any, timeout_s: float | None) -> Response:
+        call = Call(self.net, timeout_s)
         if not self.outage.fail(self.net, call, "lease"):
-            body = kw.get("body")
             self.net.at(self.net.latency(), lambda: call.answer(self._serve(path, method, body)))
         result: Response = await call.wait()
         return result
@@ -186,15 +191,14 @@ class Leases:
 
 @dataclass
 class Events:
-    """``EventsV1Api.create_namespaced_event``, on the same server."""
+    """The creation of Events, on the same server."""
 
     net: Net
     outage: Outage
     created: int = 0
 
-    async def create_namespaced_event(self, namespace: str, body: Any, **kw: Any) -> Response:
-        timeout: aiohttp.ClientTimeout | None = kw.get("_request_timeout")
-        call = Call(self.net, timeout.total if timeout is not None else None)
+    async def create(self, timeout_s: float | None) -> Response:
+        call = Call(self.net, timeout_s)
         if not self.outage.fail(self.net, call, "event"):
             self.net.at(self.net.latency(), self._create, call)
         result: Response = await call.wait()
@@ -278,8 +282,38 @@ class _Asyncpg(Asyncpg):
 # -- the service ------------------------------------------------------------------------------
 
 
-_API = object()
-"""Stands for the ``ApiClient`` the adapters are built with (their API objects are replaced)."""
+class OutageTransport(ApiTransport):
+    """The ``ApiTransport`` the adapters are built with: each request goes through its request
+    path (judged, counted, failures turned into kit errors) but is sent straight to the models,
+    without the transport's own policy (request slots, 429 retries, the re-read of a token, pool
+    replacement: the seeds exercise those, ``tests/sim/kube.py``)."""
+
+    def __init__(
+        self, pods: DownableSessions, leases: Leases, events: Events, metrics: KubeMetrics
+    ) -> None:
+        configuration = k8s_client.Configuration()
+        configuration.host = "https://10.96.0.1:443"
+        super().__init__(configuration, pool_size=32, metrics=metrics, sessions=pods)
+        self._pods = pods
+        self._leases = leases
+        self._events = events
+
+    def slot(self) -> AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext()
+
+    async def _exchange(self, method: str, url: str, *parts: Any, watch: bool) -> Any:
+        headers, data, timeouts = parts
+        path = urlsplit(url).path
+        if "/leases" in path:
+            body = json.loads(data) if data else None
+            response = await self._leases.request(method, path, body, timeouts.total)
+        elif path.endswith("/events"):
+            response = await self._events.create(timeouts.total)
+        else:
+            response = await self._pods.request(
+                method, url, headers=headers, data=data, timeout=timeouts
+            )
+        return response, parse_retry_after(response.headers.get("Retry-After"))
 
 
 @dataclass
@@ -295,23 +329,23 @@ class Service:
 
 
 def build(
-    s: Settings, *, core: SimCoreV1Api, leases: Leases, events: Events, rng: random.Random
+    s: Settings, *, pods: DownableSessions, leases: Leases, events: Events, rng: random.Random
 ) -> Service:
     """``service.app.service.build`` on the models (its engine by the same ``wire_engine``)."""
     from service.app.service import new_pod_client, new_store  # noqa: PLC0415
 
     metrics = Metrics()
+    api = OutageTransport(pods, leases, events, metrics.kube)
     store = new_store(s, metrics.pg)
 
     def namespace_informer(namespace: str) -> PodInformer:
         lw = ListWatch(
-            _API,  # type: ignore[arg-type]
+            api,
             settings=s.kube,
             metrics=metrics.kube,
             namespace=namespace,
             rng=random.Random(rng.random()),
         )
-        lw._core = core  # type: ignore[assignment]
         return PodInformer(
             lw,
             settings=s.kube,
@@ -320,10 +354,9 @@ def build(
         )
 
     informer = MultiNamespaceInformer(s.kube.namespaces, namespace_informer)
-    pods = new_pod_client(s, _API, metrics.kube)  # type: ignore[arg-type]
-    pods._core = core  # type: ignore[assignment]
+    pods = new_pod_client(s, api, metrics.kube)
     elector = LeaderElector(
-        leases,  # type: ignore[arg-type]
+        api,
         settings=s.leader,
         namespace=NAMESPACE,
         metrics=metrics.kube,
@@ -338,13 +371,12 @@ def build(
         probe_channel=PROBE_CHANNEL,
     )
     recorder = KubeEventRecorder(
-        _API,  # type: ignore[arg-type]
+        api,
         instance=s.leader.identity,
         metrics=metrics.kube,
         timeout_s=s.kube.api_timeout_s,
         deletes_per_minute=s.deletes_per_minute,
     )
-    recorder._events = events  # type: ignore[assignment]
     from service.app.service import default_queue_backoff  # noqa: PLC0415
 
     engine = wire_engine(
@@ -488,7 +520,7 @@ def run_outage(what: str, *, pods: int = PODS, seed: int = 1) -> Result:
         nonlocal started, ended, candidates
         service = build(
             s,
-            core=DownableCoreV1Api(server, outage),
+            pods=DownableSessions(server, outage),
             leases=leases,
             events=events,
             rng=random.Random(f"{seed}:service"),

@@ -35,7 +35,7 @@ from service.kube.reachability import Reachability
 from service.kube.reflector import Reflector, SyncMode
 from service.kube.store import PodStore, SyncState
 from service.kube.watching import end_margin_s, short_timeout_s
-from service.kube.watchstream import LineReader, Stream
+from service.kube.watchstream import EventStream, LineReader, WatchDecoder
 from service.metrics import KubeMetrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, SANDBOX_SELECTOR, RecordingHandler, sandbox_pod
 from tests.virtualtime import settle
@@ -182,8 +182,9 @@ class FakeListWatch:
     a stream, the ``timeoutSeconds`` it asked for. It only answers: every decision about what an
     answer means is the reflector's."""
 
-    def __init__(self, script: Sequence[Call]) -> None:
+    def __init__(self, script: Sequence[Call], metrics: KubeMetrics) -> None:
         self._script = deque(script)
+        self._decoder = WatchDecoder(DECODER, metrics)
         self.calls: list[tuple[str, str | None, float]] = []
         self.limits: list[int | None] = []
         self.timeouts: list[int] = []
@@ -191,13 +192,13 @@ class FakeListWatch:
         self.exhausted = anyio.Event()
         self.streams: list[FakeStream] = []
 
-    async def _stream(self, op: str, arg: str | None, timeout_cap: int | None) -> Stream:
+    async def _stream(self, op: str, arg: str | None, timeout_cap: int | None) -> EventStream:
         timeout_s = WATCH_TIMEOUT_S if timeout_cap is None else min(WATCH_TIMEOUT_S, timeout_cap)
         self.timeouts.append(timeout_s)
         answer = await self._next(op, arg)
         assert isinstance(answer, FakeStream)
         answer.opened(timeout_s)
-        return answer
+        return EventStream(answer, self._decoder, op)
 
     async def _next(self, op: str, arg: str | None) -> object:
         self.calls.append((op, arg, clock.now()))
@@ -237,10 +238,10 @@ class FakeListWatch:
         pods = [DECODER.decode(msgspec.json.encode(body)) for body in answer.pods]
         return Page(pods, answer.rv, answer.continue_)
 
-    async def stream(self, known: str | None, *, timeout_cap: int | None) -> Stream:
+    async def stream(self, known: str | None, *, timeout_cap: int | None) -> EventStream:
         return await self._stream("stream", known, timeout_cap)
 
-    async def watch(self, rv: str, *, timeout_cap: int | None) -> Stream:
+    async def watch(self, rv: str, *, timeout_cap: int | None) -> EventStream:
         return await self._stream("watch", rv, timeout_cap)
 
 
@@ -280,9 +281,9 @@ async def run_script(
 ) -> Run:
     """Run a reflector until it asks for more than the script holds (virtual time passes
     through every backoff on its own); then stop it."""
-    lw = FakeListWatch(script)
-    handler = RecordingHandler()
     metrics = KubeMetrics(CollectorRegistry())
+    lw = FakeListWatch(script, metrics)
+    handler = RecordingHandler()
     store = PodStore(metrics, sink=handler, namespace=NS)
     settings = dataclasses.replace(
         DEFAULTS,
@@ -299,7 +300,6 @@ async def run_script(
     reflector = Reflector(
         lw,
         store,
-        DECODER,
         metrics,
         settings=settings,
         backoff=Backoff(initial_s=1.0, max_s=BACKOFF_MAX_S),

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from service.kube.decode import PodDecoder
 from service.kube.watchstream import (
+    SKIPPED,
     Bookmark,
     ErrorStatus,
     PodChange,
@@ -86,5 +87,5 @@ def test_an_error_event_carries_its_status_and_500_when_it_has_none() -> None:
 )
 def test_a_line_that_cannot_be_used_is_skipped_and_counted(raw: bytes) -> None:
     watch, metrics = decoder()
-    assert watch.decode(raw) is None
+    assert watch.decode(raw) is SKIPPED
     assert count(metrics, "retired_pod_gc_decode_errors_total", source="watch") == 1
