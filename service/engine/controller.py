@@ -132,10 +132,7 @@ class Controller:
         elif old is not None and checks.pod_state_changed(old, new):
             # A reconcile may never see this state (it reads the latest one): restart here.
             self._clocks.clear(new.uid)
-        tracked = self._clocks.uid_for(key)
-        if tracked is not None and tracked != new.uid:
-            self._clocks.clear_key(key)
-        if not candidate:
+        if not candidate or self._clocks.uid_for(key) not in (None, new.uid):
             self._clocks.clear_key(key)
 
     def cache_cold(self, namespace: str) -> None:

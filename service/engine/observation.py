@@ -43,7 +43,6 @@ class ObservationClocks:
         self._waiting: dict[str, Waiting] = {}
         """uid -> what it waits for past the threshold, when not verification."""
         if metrics is not None:
-            # Read when scraped.
             metrics.tracked_clocks.set_function(lambda: len(self._by_uid))
             metrics.oldest_clock.set_function(self._oldest_now)
 

@@ -184,7 +184,8 @@ class Reconciler:
         for key in keys:
             pod = get(key)
             if pod is None:
-                results[key] = self._gone(key)
+                self._clocks.clear_key(key)
+                results[key] = ReconcileResult.done(Outcome.GONE)
                 continue
             skip = prefilter(pod)
             if skip is None:
@@ -267,10 +268,6 @@ class Reconciler:
                 logger.error("dropping a key of namespace %s, which is not configured", namespace)
         self._clocks.clear_key(key)
         return ReconcileResult.done(Outcome.ERROR)
-
-    def _gone(self, key: str) -> ReconcileResult:
-        self._clocks.clear_key(key)
-        return ReconcileResult.done(Outcome.GONE)
 
     async def act(self, due: Due) -> ReconcileResult:
         """Steps 7-10 for one due key; bounded by ``RECONCILE_TIMEOUT_SECONDS``."""
