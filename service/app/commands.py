@@ -316,8 +316,7 @@ def explain_pod(
             except NamespaceNotConfigured as exc:
                 raise CommandError(str(exc)) from None
             except ExternalError as exc:
-                cause = exc.__cause__
-                if isinstance(cause, asyncpg.PostgresError | OSError):
+                if isinstance(exc.__cause__, asyncpg.PostgresError | OSError):
                     raise _database_failure("explain: row read", settings, exc) from None
                 raise CommandError(f"explain: {describe(exc)}") from None
             except TimeoutError:

@@ -120,14 +120,13 @@ async def scan(
         decision = classify(pod, rows.get(pod.key))
         decisions[pod.key] = decision
         if decision.verdict is not None:
-            age = None if pod.created_at_s is None else round(now - pod.created_at_s)
             report.candidates.append(
                 {
                     "pod": pod.key,
                     "uid": pod.uid,
                     "verdict": str(decision.verdict),
                     "phase": str(pod.phase),
-                    "age_s": age,
+                    "age_s": None if pod.created_at_s is None else round(now - pod.created_at_s),
                     "rule": decision.rule,
                 }
             )

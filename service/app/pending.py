@@ -204,7 +204,6 @@ def _partly(section: Mapping[str, Any], which: str) -> str:
 
 
 def _entry(section: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
-    """The entry of ``key`` among the section's pods."""
     return next((p for p in section.get("pods") or [] if p.get("key") == key), None)
 
 

@@ -197,8 +197,7 @@ class Controller:
         task_status.started()
         while not self._queue.shutting_down:
             await anyio.sleep(period_s)
-            count = self.resync()
-            logger.debug("resync enqueued %d keys", count)
+            logger.debug("resync enqueued %d keys", self.resync())
 
     async def stop(self, timeout_s: float) -> bool:
         """Stop taking work; wait up to ``timeout_s`` for in-flight reconciles. True if drained."""

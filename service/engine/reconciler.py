@@ -245,8 +245,7 @@ class Reconciler:
             text = describe("row lookup", exc)
             self._lookup_failures.failed(cause_of(exc), text)
             logger.debug("row lookup of %d keys failed, clocks cleared: %s", len(keys), text)
-            failed = ReconcileResult.backoff(Outcome.LOOKUP_FAILED)
-            return self._gates.failed(gate, exc, Outcome.LOOKUP_FAILED, failed)
+            return self._gates.failed(gate, exc, Outcome.LOOKUP_FAILED)
         if isinstance(rows, Held):
             return rows.result(Outcome.LOOKUP_FAILED)
         self._lookup_failures.ok()

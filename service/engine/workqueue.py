@@ -244,7 +244,6 @@ class WorkQueue:
         self._arm()
 
     def _wake(self, count: int) -> None:
-        """Wake up to ``count`` getters (as many as keys became ready)."""
         for _ in range(min(count, len(self._getters))):
             self._wake_one()
 
