@@ -79,8 +79,6 @@ def _dispatch(settings: config.Settings, args: argparse.Namespace) -> int:
             raise AssertionError(f"no such command: {unreachable}")
 
 
-# ------------------------------------------------------------------------------------ parser
-
 DISTRIBUTION = "retired-pod-gc"
 DEBUG_PORT = config.DEBUG_BIND_ADDRESS.default[1]
 """The debug listener's default port (loopback only in the pod: reached by port-forward)."""

@@ -98,17 +98,13 @@ NAMESPACES: env.Var[tuple[str, ...]] = _var("NAMESPACES", (), _parse_namespaces,
         " delete budget for them all. Exclusive with NAMESPACE; empty means NAMESPACE.")
 LABEL_SELECTOR = _var(
     "LABEL_SELECTOR", "app.kubernetes.io/managed-by=space-sandbox", _parse_selector,
-    "kube.label_selector",
-    doc="Label selector of the sandbox pods to watch.")
+    "kube.label_selector", doc="Label selector of the sandbox pods to watch.")
 SANDBOX_ID_LABEL = _var("SANDBOX_ID_LABEL", "space.sandbox-id", _LABEL_KEY_PARSER,
-    "kube.label_keys.sandbox_id",
-    doc="Pod label that carries the sandbox id.")
+    "kube.label_keys.sandbox_id", doc="Pod label that carries the sandbox id.")
 GENERATION_LABEL = _var("GENERATION_LABEL", "space.generation", _LABEL_KEY_PARSER,
-    "kube.label_keys.generation",
-    doc="Pod label that carries the execution generation.")
+    "kube.label_keys.generation", doc="Pod label that carries the execution generation.")
 POD_KIND_LABEL = _var("POD_KIND_LABEL", "space.pod-kind", _LABEL_KEY_PARSER,
-    "kube.label_keys.pod_kind",
-    doc="Pod label that carries the pod kind (create or restore).")
+    "kube.label_keys.pod_kind", doc="Pod label that carries the pod kind (create or restore).")
 WORKERS = _var("WORKERS", 32, env.integer, "workers", lo=1, hi=256,
     doc="Concurrent reconcile workers (coroutines). Concurrent row lookups share one query, so more"
         " workers means larger batches.")
@@ -179,8 +175,7 @@ DB_CONNECT_TIMEOUT_SECONDS = _var("DB_CONNECT_TIMEOUT_SECONDS", 5.0, env.number,
     doc="Timeout to open one database connection (the service's and every command's, migrate "
         "included).")
 DB_STATEMENT_TIMEOUT_SECONDS = _var("DB_STATEMENT_TIMEOUT_SECONDS", 5.0, env.number,
-    "database.statement_timeout_s", lo=0.1, hi=120,
-    doc="Timeout of one database query.")
+    "database.statement_timeout_s", lo=0.1, hi=120, doc="Timeout of one database query.")
 MIGRATE_LOCK_TIMEOUT_SECONDS = _var("MIGRATE_LOCK_TIMEOUT_SECONDS", 0.5, env.number,
     "database.migrate_lock_timeout_s", lo=0.01, hi=1,
     doc="migrate: the lock_timeout of each lock it asks for (the migration lock, then each "
@@ -205,8 +200,7 @@ LISTENER_HEARTBEAT_TIMEOUT_SECONDS = _var("LISTENER_HEARTBEAT_TIMEOUT_SECONDS", 
     doc="A delivery probe (heartbeat, or the barrier before a DELETE) that has not come back within"
         " this declares the listener connection dead (no DELETE until a new one proves delivery).")
 LOOKUP_BATCH_SIZE = _var("LOOKUP_BATCH_SIZE", 500, env.integer,
-    "database.batch_max_size", lo=1, hi=10000,
-    doc="Most pod names one batched row lookup carries.")
+    "database.batch_max_size", lo=1, hi=10000, doc="Most pod names one batched row lookup carries.")
 METRICS_BIND_ADDRESS = _var("METRICS_BIND_ADDRESS", ("0.0.0.0", 8080), env.host_port,
     "bind_host,bind_port", show=lambda s: f"{s.bind_host}:{s.bind_port}",
     doc="HOST:PORT of the /metrics, /healthz and /readyz server.")
@@ -224,8 +218,7 @@ LEADER_ELECTION = _var("LEADER_ELECTION", True, env.boolean, "leader.enabled",
     doc="Elect one active replica through a coordination.k8s.io/v1 Lease; only the leader deletes "
         "or reports.")
 LEASE_NAME = _var("LEASE_NAME", "retired-pod-gc", env.matching(_DNS_NAME, "a Lease name"),
-    "leader.lease_name",
-    doc="Name of the Lease.")
+    "leader.lease_name", doc="Name of the Lease.")
 LEASE_NAMESPACE = _var("LEASE_NAMESPACE", "", env.text, "leader.lease_namespace",
     doc="Namespace of the Lease; empty means this pod's namespace (service account), else the "
         "(first) sandbox namespace.")
@@ -249,8 +242,7 @@ LOG_LEVEL = _var("LOG_LEVEL", "info", env.Choice(("debug", "info", "warning", "e
     "log_level", doc="Log level.")
 LOG_FORMAT = _var("LOG_FORMAT", "json", env.Choice(("json", "text")), "log_format",
     doc="json: one JSON object a line; text: for humans.")
-KEPT_BOUND_SECONDS = _var("KEPT_BOUND_SECONDS", 1800.0, env.number,
-    "kept_bound_s", lo=1, hi=604800,
+KEPT_BOUND_SECONDS = _var("KEPT_BOUND_SECONDS", 1800.0, env.number, "kept_bound_s", lo=1, hi=604800,
     doc="Retired but kept: a pod whose execution is retired but that is kept longer than this gets "
         "one RetiredPodKept Warning Event (at most one a pod a day); the alert "
         "RetiredPodGcRetiredPodsKept uses the same bound (deploy/monitoring).")

@@ -215,7 +215,6 @@ class ExecutionRow(msgspec.Struct, frozen=True, gc=False):
 
     @property
     def key(self) -> str:
-        """The key of the pod this row is for: its pod name in its sandbox's namespace."""
         return pod_key(self.namespace, self.pod_name)
 
 

@@ -105,7 +105,7 @@ KEPT_REASONS: tuple[str, ...] = tuple(
     str(r) for r in SkipReason if r not in (SkipReason.NO_ROW, SkipReason.ROW_ACTIVE)
 )
 """The reasons a pod whose execution is retired can be kept for: every skip reason but the two
-that say the execution is not retired (``service/engine/kept.py``)."""
+that say the execution is not retired (``service/engine/kept/``)."""
 
 
 class KeyHistogram(Collector):
@@ -144,14 +144,13 @@ class KeyHistogram(Collector):
         yield HistogramMetricFamily(
             self._name,
             self._documentation,
-            buckets=[(_le(b), n) for b, n in zip(self._bounds, cumulative, strict=True)],
+            # Each ``le`` as ``Histogram`` writes it (``0.5``, ``1.0``, ``+Inf``).
+            buckets=[
+                ("+Inf" if math.isinf(b) else repr(float(b)), n)
+                for b, n in zip(self._bounds, cumulative, strict=True)
+            ],
             sum_value=self._sum,
         )
-
-
-def _le(bound: float) -> str:
-    """A bucket's ``le`` label as ``Histogram`` writes it (``0.5``, ``1.0``, ``+Inf``)."""
-    return "+Inf" if math.isinf(bound) else repr(float(bound))
 
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -506,7 +505,7 @@ class PgMetrics(Group):
 
 
 class KeptMetrics(Group):
-    """Retired but kept (``service/engine/kept.py``): every reason's label set at zero."""
+    """Retired but kept (``service/engine/kept/``): every reason's label set at zero."""
 
     retired_kept_pods = gauge(
         "retired_pod_gc_retired_kept_pods",

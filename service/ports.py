@@ -146,7 +146,7 @@ class RetiredRow:
 
 class RetiredRowSource(Protocol):
     """The retired rows among a namespace's pods, for the retired-but-kept view
-    (``service/engine/kept.py``)."""
+    (``service/engine/kept/``)."""
 
     async def retired_rows(
         self, namespace: str, names: Sequence[str], *, kind: str

@@ -10,6 +10,7 @@ traceback. Parsing the command line is ``service/cli.py``'s job.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import sys
@@ -183,9 +184,6 @@ async def _probe_api(api: ApiTransport, settings: config.Settings) -> None:
             ) from None
 
 
-# ------------------------------------------------------------------------------------ run
-
-
 def run(settings: config.Settings) -> int:
     """The controller, until SIGTERM or SIGINT (then drained; a second signal cuts the drain
     short: ``signals``)."""
@@ -210,9 +208,6 @@ def run(settings: config.Settings) -> int:
         return 0
 
     return _one_line_on_error(lambda: signals.run_async(main, drains=True))
-
-
-# ---------------------------------------------------------------------------------- migrate
 
 
 def migrate_database(settings: config.Settings, *, with_schema: bool) -> int:
@@ -260,9 +255,6 @@ def migrate_database(settings: config.Settings, *, with_schema: bool) -> int:
     return _run_async(main)
 
 
-# ------------------------------------------------------------------------------ scan/explain
-
-
 @contextlib.asynccontextmanager
 async def _store_and_api(settings: config.Settings) -> AsyncIterator[tuple[Any, Any]]:
     """The execution store (its database checked first: a failure is one line naming the cause)
@@ -301,7 +293,7 @@ def scan_pods(settings: config.Settings, *, output: str, timeout_s: float) -> in
             except ExternalError as exc:
                 raise _database_failure("scan: row lookup", settings, exc) from None
         if output == "json":
-            print(json.dumps(report.to_json(), indent=2))
+            print(json.dumps(dataclasses.asdict(report), indent=2))
         else:
             print("\n".join(scan_lines(report)))
         return 0
@@ -324,8 +316,7 @@ def explain_pod(
             except NamespaceNotConfigured as exc:
                 raise CommandError(str(exc)) from None
             except ExternalError as exc:
-                cause = exc.__cause__
-                if isinstance(cause, asyncpg.PostgresError | OSError):
+                if isinstance(exc.__cause__, asyncpg.PostgresError | OSError):
                     raise _database_failure("explain: row read", settings, exc) from None
                 raise CommandError(f"explain: {describe(exc)}") from None
             except TimeoutError:
@@ -349,9 +340,6 @@ def explain_pod(
     return _run_async(main)
 
 
-# ----------------------------------------------------------------------------------- pending
-
-
 def show_pending(
     settings: config.Settings, *, url: str, output: str, timeout_s: float, limit: int | None
 ) -> int:
@@ -370,9 +358,6 @@ def show_pending(
         return 0
 
     return _run_async(main)
-
-
-# ----------------------------------------------------------------------------- cancel-create
 
 
 def cancel_create_execution(
@@ -413,9 +398,6 @@ def cancel_create_execution(
         return 1 if report.outcome is CancelOutcome.CONFLICT else 0
 
     return _run_async(main)
-
-
-# ------------------------------------------------------------------------------------ config
 
 
 def show_config(settings: config.Settings, environ: Mapping[str, str]) -> int:

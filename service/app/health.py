@@ -106,18 +106,14 @@ class HealthServer:
         return web.Response(text="ok\n")
 
     async def _readyz(self, _: web.Request) -> web.Response:
-        problems = []
-        if not self.cache_synced():
-            problems.append("pod cache not synced")
-        database = await self.database_problem()
-        if database is not None:
-            problems.append(f"database: {database}")
-        listener = self.listener_problem()
-        if listener is not None:
-            problems.append(f"notify listener: {listener}")
-        api = self.api_problem()
-        if api is not None:
-            problems.append(f"kubernetes api: {api}")
+        problems = [] if self.cache_synced() else ["pod cache not synced"]
+        for what, problem in (
+            ("database", await self.database_problem()),
+            ("notify listener", self.listener_problem()),
+            ("kubernetes api", self.api_problem()),
+        ):
+            if problem is not None:
+                problems.append(f"{what}: {problem}")
         if problems:
             return web.Response(status=503, text="; ".join(problems) + "\n")
         return web.Response(text="ok\n")
@@ -153,8 +149,7 @@ async def _serve(runners: list[web.AppRunner], app: web.Application, host: str, 
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
     sockets = getattr(site._server, "sockets", None) or []
-    bound: int = sockets[0].getsockname()[1] if sockets else port
-    return bound
+    return int(sockets[0].getsockname()[1]) if sockets else port
 
 
 def cached_ping(store: PgExecutionStore) -> Callable[[], Awaitable[str | None]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -46,9 +46,6 @@ class ScanReport:
     """Retired but kept (``service/engine/kept/``), counted by the classifier's reason."""
     retired_kept: list[dict[str, Any]] = field(default_factory=list)
     """Every pod whose execution row is retired but that is kept, the longest retired first."""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 async def list_pods(informer: MultiNamespaceInformer, *, timeout_s: float) -> list[PodSnapshot]:
@@ -123,14 +120,13 @@ async def scan(
         decision = classify(pod, rows.get(pod.key))
         decisions[pod.key] = decision
         if decision.verdict is not None:
-            age = None if pod.created_at_s is None else round(now - pod.created_at_s)
             report.candidates.append(
                 {
                     "pod": pod.key,
                     "uid": pod.uid,
                     "verdict": str(decision.verdict),
                     "phase": str(pod.phase),
-                    "age_s": age,
+                    "age_s": None if pod.created_at_s is None else round(now - pod.created_at_s),
                     "rule": decision.rule,
                 }
             )

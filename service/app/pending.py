@@ -50,7 +50,6 @@ def pending_document(
 ) -> dict[str, Any]:
     """The running clocks, soonest due first, at most ``limit`` of them (``count`` says how many
     run); with ``key``, only that pod's. ``wall_offset_s`` maps ``now_s`` onto Unix time."""
-    offset = wall_offset_s
     if key is not None:
         uid = clocks.uid_for(key)
         running = clocks.running_uid(uid) if uid is not None else []
@@ -73,8 +72,8 @@ def pending_document(
                 "key": observation.key,
                 "uid": observation.uid,
                 "verdict": str(observation.verdict),
-                "observed_since": utc(observation.since_s + offset),
-                "due_at": utc(due_s + offset),
+                "observed_since": utc(observation.since_s + wall_offset_s),
+                "due_at": utc(due_s + wall_offset_s),
                 "observed_for_s": round(now_s - observation.since_s, 3),
                 "due_in_s": round(max(0.0, due_s - now_s), 3),
                 "waits_for": str(waits_for),
@@ -84,7 +83,7 @@ def pending_document(
         "mode": mode,
         "active": active,
         "threshold_s": threshold_s,
-        "now": utc(now_s + offset),
+        "now": utc(now_s + wall_offset_s),
         "count": len(clocks),
         "shown": len(pods),
         "pods": pods,
@@ -205,7 +204,6 @@ def _partly(section: Mapping[str, Any], which: str) -> str:
 
 
 def _entry(section: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
-    """The entry of ``key`` among the section's pods."""
     return next((p for p in section.get("pods") or [] if p.get("key") == key), None)
 
 

@@ -24,6 +24,5 @@ class Activation:
 
     @property
     def active(self) -> bool:
-        if not (self._enabled and self._leader):
-            return False
-        return self._leader_check is None or self._leader_check()
+        check = self._leader_check
+        return self._enabled and self._leader and (check is None or check())

@@ -132,10 +132,7 @@ class Controller:
         elif old is not None and checks.pod_state_changed(old, new):
             # A reconcile may never see this state (it reads the latest one): restart here.
             self._clocks.clear(new.uid)
-        tracked = self._clocks.uid_for(key)
-        if tracked is not None and tracked != new.uid:
-            self._clocks.clear_key(key)
-        if not candidate:
+        if not candidate or self._clocks.uid_for(key) not in (None, new.uid):
             self._clocks.clear_key(key)
 
     def cache_cold(self, namespace: str) -> None:
@@ -200,8 +197,7 @@ class Controller:
         task_status.started()
         while not self._queue.shutting_down:
             await anyio.sleep(period_s)
-            count = self.resync()
-            logger.debug("resync enqueued %d keys", count)
+            logger.debug("resync enqueued %d keys", self.resync())
 
     async def stop(self, timeout_s: float) -> bool:
         """Stop taking work; wait up to ``timeout_s`` for in-flight reconciles. True if drained."""

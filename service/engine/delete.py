@@ -51,8 +51,7 @@ class Deleter:
 
     def report_dry_run(self, checked: Checked) -> ReconcileResult:
         """Dry run: "would reap", once per UID."""
-        verified = checked.verified
-        if not self._clocks.mark_reported(verified.due.pod.uid):
+        if not self._clocks.mark_reported(checked.verified.due.pod.uid):
             return ReconcileResult.done(Outcome.ALREADY_REPORTED)
         return self._reaped(checked, dry_run=True)
 
@@ -60,8 +59,7 @@ class Deleter:
         """Live: the DELETE with preconditions from the fresh GET."""
         verified = checked.verified
         fresh = verified.pod
-        key = checked.key
-        extra = {"key": key}
+        extra = {"key": checked.key}
         try:
             outcome = await self._gates.call(
                 self._gates.api,

@@ -122,13 +122,13 @@ class Gates:
 
     @staticmethod
     def failed(
-        gate: Gate, exc: Failure, outcome: Outcome, otherwise: ReconcileResult
+        gate: Gate, exc: Failure, outcome: Outcome, otherwise: ReconcileResult | None = None
     ) -> ReconcileResult:
         """The result of a key whose call failed: held to the next attempt time when it got no
-        answer and ``gate`` is closed, else ``otherwise``."""
+        answer and ``gate`` is closed, else ``otherwise`` (by default, backed off)."""
         if no_answer(exc) and gate.closed:
             return ReconcileResult.held(outcome, gate.name, gate.retry_in_s())
-        return otherwise
+        return otherwise if otherwise is not None else ReconcileResult.backoff(outcome)
 
     def api_failed(self, exc: Failure) -> ReconcileResult:
         """A GET or DELETE that failed, neither throttled nor refused: held while the API server

@@ -43,7 +43,6 @@ class ObservationClocks:
         self._waiting: dict[str, Waiting] = {}
         """uid -> what it waits for past the threshold, when not verification."""
         if metrics is not None:
-            # Read when scraped.
             metrics.tracked_clocks.set_function(lambda: len(self._by_uid))
             metrics.oldest_clock.set_function(self._oldest_now)
 
@@ -91,7 +90,6 @@ class ObservationClocks:
         return self.oldest_s(now)
 
     def oldest_s(self, now: float) -> float:
-        """Age of the oldest running clock, 0 when none runs."""
         return max((now - o.since_s for o in self._by_uid.values()), default=0.0)
 
     def uid_for(self, key: str) -> str | None:
@@ -152,7 +150,6 @@ class ObservationClocks:
         self._invalidate(prefix)
 
     def _invalidate(self, prefix: str) -> None:
-        """Invalidate the in-flight observes of the keys starting with ``prefix``."""
         for key in self._inflight:
             if key.startswith(prefix):
                 self._inflight[key] = True

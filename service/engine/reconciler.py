@@ -184,7 +184,8 @@ class Reconciler:
         for key in keys:
             pod = get(key)
             if pod is None:
-                results[key] = self._gone(key)
+                self._clocks.clear_key(key)
+                results[key] = ReconcileResult.done(Outcome.GONE)
                 continue
             skip = prefilter(pod)
             if skip is None:
@@ -244,8 +245,7 @@ class Reconciler:
             text = describe("row lookup", exc)
             self._lookup_failures.failed(cause_of(exc), text)
             logger.debug("row lookup of %d keys failed, clocks cleared: %s", len(keys), text)
-            failed = ReconcileResult.backoff(Outcome.LOOKUP_FAILED)
-            return self._gates.failed(gate, exc, Outcome.LOOKUP_FAILED, failed)
+            return self._gates.failed(gate, exc, Outcome.LOOKUP_FAILED)
         if isinstance(rows, Held):
             return rows.result(Outcome.LOOKUP_FAILED)
         self._lookup_failures.ok()
@@ -267,10 +267,6 @@ class Reconciler:
                 logger.error("dropping a key of namespace %s, which is not configured", namespace)
         self._clocks.clear_key(key)
         return ReconcileResult.done(Outcome.ERROR)
-
-    def _gone(self, key: str) -> ReconcileResult:
-        self._clocks.clear_key(key)
-        return ReconcileResult.done(Outcome.GONE)
 
     async def act(self, due: Due) -> ReconcileResult:
         """Steps 7-10 for one due key; bounded by ``RECONCILE_TIMEOUT_SECONDS``."""

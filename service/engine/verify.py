@@ -163,8 +163,7 @@ class Verifier:
             text = describe("row re-read", exc)
             self._reread_failures.failed(cause_of(exc), text)
             logger.debug("row re-read failed, clock cleared: %s", text, extra={"key": due.key})
-            failed = ReconcileResult.backoff(Outcome.LOOKUP_FAILED)
-            return self._gates.failed(database, exc, Outcome.LOOKUP_FAILED, failed)
+            return self._gates.failed(database, exc, Outcome.LOOKUP_FAILED)
         if isinstance(row, Held):
             self._clocks.clear_key(due.key)
             return row.result(Outcome.LOOKUP_FAILED)

@@ -60,7 +60,6 @@ class WorkQueue:
         self._shutting_down = False
         self._drained: anyio.Event | None = None
         if metrics is not None:
-            # Read when scraped.
             metrics.queue_depth.set_function(lambda: len(self._ready))
             metrics.queue_delayed.set_function(lambda: len(self._waiting))
 
@@ -147,7 +146,8 @@ class WorkQueue:
                 if event.is_set():
                     self._wake_one()
                 else:
-                    self._remove_getter(event)
+                    with contextlib.suppress(ValueError):
+                        self._getters.remove(event)
                 raise
 
     def _compact(self) -> None:
@@ -244,10 +244,7 @@ class WorkQueue:
         self._arm()
 
     def _wake(self, count: int) -> None:
-        """Wake up to ``count`` getters (as many as keys became ready)."""
-        for _ in range(count):
-            if not self._getters:
-                return
+        for _ in range(min(count, len(self._getters))):
             self._wake_one()
 
     def _wake_one(self) -> None:
@@ -256,7 +253,3 @@ class WorkQueue:
             if not event.is_set():
                 event.set()
                 return
-
-    def _remove_getter(self, event: anyio.Event) -> None:
-        with contextlib.suppress(ValueError):
-            self._getters.remove(event)

@@ -297,8 +297,7 @@ class KeptPods:
             if old.reason is not (kept.reason if kept else None):
                 self._gauge(old.reason)
         if kept is None:
-            if old is not None:
-                del self._kept[key]
+            self._kept.pop(key, None)
             return
         self._kept[key] = kept
         self._counts[kept.reason] += 1
