@@ -1,12 +1,7 @@
-"""A watch stream's lines as typed events: the wire edge of the reflector.
-
-:class:`EventStream` reads an open watch response line by line and :class:`WatchDecoder` turns
-each JSON line into a :class:`PodChange`, an :class:`Unreadable` change, a :class:`Bookmark` or an
-:class:`ErrorStatus`, as apimachinery's ``StreamWatcher`` does for client-go, so that the reflector
-decides on events and never reads bytes; a connection lost mid-stream raises ``Unavailable``.
-Pods are decoded straight into :class:`PodSnapshot` (no client models). A line that cannot be
-used (malformed JSON, an unknown event type, a bookmark that does not decode) is
-counted, logged and skipped.
+"""A watch stream's lines as typed events, as apimachinery's ``StreamWatcher`` is for client-go:
+the reflector decides on events and never reads bytes. Pods decode straight into
+:class:`PodSnapshot`; a line that cannot be used is counted, logged and skipped; a connection
+lost mid-stream raises ``Unavailable``.
 """
 
 from __future__ import annotations
@@ -68,7 +63,7 @@ class ErrorStatus(msgspec.Struct, frozen=True):
 
 
 class Skipped(msgspec.Struct, frozen=True):
-    """A line that came but cannot be used (counted and logged by the decoder)."""
+    """A line that came but cannot be used."""
 
 
 SKIPPED = Skipped()
@@ -160,8 +155,8 @@ class WatchDecoder:
 
 
 class EventStream:
-    """The events of an open watch ``response``, read by ``async for`` until the server ends
-    it; :meth:`close` gives up the connection. ``what`` names the stream in an ``Unavailable``."""
+    """The events of an open watch ``response`` until the server ends it. ``what`` names the
+    stream in an ``Unavailable``."""
 
     __slots__ = ("_decode", "_readline", "_response", "_what")
 
