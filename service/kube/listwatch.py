@@ -116,16 +116,13 @@ class ListWatch:
         ``WATCH_TIMEOUT_SECONDS``, or ``timeout_cap`` when that is shorter."""
         return await self._open("watch", timeout_cap, {"resourceVersion": rv})
 
-    def _watch_timeout_s(self, cap: int | None) -> int:
-        timeout_s = self._settings.watch_timeout_s
-        jittered = max(1, int(timeout_s * (1 + WATCH_JITTER * self._rng.random())))
-        return jittered if cap is None else min(jittered, cap)
-
     async def _open(
         self, op: str, cap: int | None, params: dict[str, str | int | bool]
     ) -> EventStream:
         settings = self._settings
-        timeout_s = self._watch_timeout_s(cap)
+        timeout_s = max(1, int(settings.watch_timeout_s * (1 + WATCH_JITTER * self._rng.random())))
+        if cap is not None:
+            timeout_s = min(timeout_s, cap)
         query: dict[str, str | int | bool] = {
             "allowWatchBookmarks": True,
             **params,

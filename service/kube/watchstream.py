@@ -84,17 +84,7 @@ class _WireBookmark(msgspec.Struct):
     metadata: _BookmarkMeta = msgspec.field(default_factory=_BookmarkMeta)
 
 
-class _KeyMeta(msgspec.Struct):
-    name: object = None
-    namespace: object = None
-
-
-class _KeyOnly(msgspec.Struct):
-    metadata: _KeyMeta = msgspec.field(default_factory=_KeyMeta)
-
-
 _event_decoder = msgspec.json.Decoder(_WireEvent)
-_key_decoder = msgspec.json.Decoder(_KeyOnly)
 _bookmark_decoder = msgspec.json.Decoder(_WireBookmark)
 _status_decoder = msgspec.json.Decoder(WireStatus)
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError)
@@ -184,9 +174,8 @@ class EventStream:
 
 def _key_of(raw: msgspec.Raw) -> str | None:
     try:
-        meta = _key_decoder.decode(raw).metadata
-    except _DECODE_ERRORS:
+        meta = msgspec.json.decode(raw).get("metadata", {})
+        namespace, name = meta.get("namespace"), meta.get("name")
+    except (msgspec.DecodeError, AttributeError):
         return None
-    if isinstance(meta.namespace, str) and isinstance(meta.name, str):
-        return f"{meta.namespace}/{meta.name}"
-    return None
+    return f"{namespace}/{name}" if isinstance(namespace, str) and isinstance(name, str) else None
