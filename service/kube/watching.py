@@ -265,10 +265,8 @@ class Watcher:
                         self.resource_version = rv
                     return None
                 if not initial_end:
-                    raise WatchEnd(
-                        End.UNSUPPORTED,
-                        message="a bookmark came before the initial-events-end bookmark",
-                    )
+                    message = "a bookmark came before the initial-events-end bookmark"
+                    raise WatchEnd(End.UNSUPPORTED, message=message)
                 if not rv:
                     message = "initial-events-end bookmark without resourceVersion"
                     raise WatchEnd(End.BROKEN, message=message)
