@@ -110,9 +110,7 @@ def _parse_time(raw: str | None) -> float | None:
 
 
 def _ready_to_start(conditions: list[WireCondition] | None) -> ConditionStatus:
-    if not conditions:
-        return ConditionStatus.ABSENT
-    for condition in conditions:
+    for condition in conditions or ():
         if condition.type == READY_TO_START:
             return _CONDITIONS.get(condition.status, ConditionStatus.UNKNOWN)
     return ConditionStatus.ABSENT
@@ -142,7 +140,6 @@ def _keep(annotations: msgspec.Raw) -> bool:
 def _containers(statuses: list[WireContainerStatus] | None) -> tuple[int, bool]:
     if not statuses:
         return 0, False
-    every = True
     for status in statuses:
         state = status.state
         if (
@@ -151,9 +148,8 @@ def _containers(statuses: list[WireContainerStatus] | None) -> tuple[int, bool]:
             or _present(state.running)
             or _present(state.waiting)
         ):
-            every = False
-            break
-    return len(statuses), every
+            return len(statuses), False
+    return len(statuses), True
 
 
 class PodDecoder:

@@ -1,10 +1,6 @@
-"""The pod informer: the slim cache of one sandbox namespace, and the handlers it tells.
-
-As client-go's shared informer: the :class:`~service.kube.listwatch.ListWatch` it is given makes
-the requests, the :class:`~service.kube.reflector.Reflector` runs the list-watch loop into the
-cache, which the informer is (a :class:`~service.kube.store.PodStore`), and every change goes, in
-order, to each ``ports.PodEventHandler`` added. Several namespaces are several informers behind
-one cache (``service/kube/namespaces.py``).
+"""The pod informer of one sandbox namespace, as client-go's shared informer: a
+:class:`~service.kube.store.PodStore` that a :class:`~service.kube.reflector.Reflector` keeps in
+step, and that tells every change, in order, to each ``ports.PodEventHandler`` added.
 """
 
 from __future__ import annotations
@@ -60,10 +56,8 @@ class PodInformer(PodStore):
         )
 
     def add_handler(self, handler: PodEventHandler) -> None:
-        """Tell ``handler`` every change from the start (client-go's ``AddEventHandler``).
-
-        Handlers are added before :meth:`run`: one added later would never hear of the pods
-        already cached, so that raises ``RuntimeError``."""
+        """Tell ``handler`` every change from the start. Added before :meth:`run` (one added
+        later would never hear of the pods already cached: ``RuntimeError``)."""
         if self._running:
             raise RuntimeError("handlers are added before the informer runs")
         self._handlers.append(handler)
@@ -95,9 +89,8 @@ class PodInformer(PodStore):
         return self._reflector.sync_mode
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Sync and watch until cancelled. Signals ``task_status`` at once (not at sync: use
-        :meth:`wait_synced`), so a caller's start never blocks on an unreachable server. Raises
-        only what is a bug (failures of the API server are retried)."""
+        """Sync and watch until cancelled. Signals ``task_status`` at once (not at sync), so a
+        caller's start never blocks on an unreachable server."""
         self._running = True
         task_status.started()
         await self._reflector.run()

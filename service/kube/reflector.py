@@ -133,7 +133,7 @@ class Reflector:
             if not self._fallback:
                 started = clock.now()
             try:
-                await (self._sync() if relist else self._resume())
+                await (self._sync() if relist else self._watch())
             except (ExternalError, WatchEnd) as exc:
                 relist = await self._failed(exc, started)
             else:
@@ -256,15 +256,18 @@ class Reflector:
         if self._streams:
             self._step = SyncMode.STREAM
             await self._stream(None if self._version_gone else self.resource_version)
-        elif not self._version_gone:
-            # From the watch cache: NotOlderThan the version last seen, or any before one.
-            self._step = SyncMode.LIST_CACHE
-            known = self.resource_version
-            rv = await (self._list(known, "NotOlderThan") if known else self._list("0", ""))
-            await self._listed(rv, SyncMode.LIST_CACHE)
+            return
+        # From the watch cache, NotOlderThan the version last seen (any before one); from etcd
+        # once that version is gone.
+        if self._version_gone:
+            mode, version, match = SyncMode.LIST_QUORUM, "", ""
+        elif known := self.resource_version:
+            mode, version, match = SyncMode.LIST_CACHE, known, "NotOlderThan"
         else:
-            self._step = SyncMode.LIST_QUORUM
-            await self._listed(await self._list("", ""), SyncMode.LIST_QUORUM)
+            mode, version, match = SyncMode.LIST_CACHE, "0", ""
+        self._step = mode
+        self._synced(await self._list(version, match), mode)
+        await self._watch()
 
     async def _list(self, version: str, match: str) -> str:
         """A list into the store, page by page; its resourceVersion."""
@@ -294,10 +297,6 @@ class Reflector:
             token = page.continue_
             if not token:
                 return rv
-
-    async def _listed(self, rv: str, mode: SyncMode) -> None:
-        self._synced(rv, mode)
-        await self._watch(rv)
 
     def _synced(self, rv: str, mode: SyncMode) -> None:
         self._watcher.resource_version = rv
@@ -332,13 +331,10 @@ class Reflector:
         finally:
             stream.close()
 
-    async def _resume(self) -> None:
+    async def _watch(self) -> None:
+        """One watch request from the version last seen, followed until the server ends it."""
         rv = self.resource_version
-        assert rv is not None, "resumed before any sync"
-        await self._watch(rv)
-
-    async def _watch(self, rv: str) -> None:
-        """One watch request from ``rv``, followed until the server ends the stream."""
+        assert rv is not None, "watched before any sync"
         self._step = None
         cap = self._watcher.timeout_cap()
         stream = await self._lw.watch(rv, timeout_cap=cap)

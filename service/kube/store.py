@@ -109,8 +109,6 @@ class PodStore:
                 self._synced_gauge.set(0)
                 self._synced_event = anyio.Event()
                 self.sink.cache_cold(self.namespace)
-            case SyncState.RELISTING:
-                pass
         self._seen = set()
         return self.state
 
