@@ -36,7 +36,7 @@ from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
 from service.kube.informer import PodInformer
 from service.kube.leaderelection import LeaderElector, default_identity
-from service.kube.listwatch import WATCH_JITTER, ListWatch
+from service.kube.listwatch import ListWatch
 from service.kube.namespaces import MultiNamespaceInformer
 from service.kube.transport import ApiTransport
 from service.metrics import KeptMetrics, KubeMetrics, Metrics, PgMetrics
@@ -124,7 +124,6 @@ def new_list_watch(
         namespace=namespace,
         decoder=decoder or new_decoder(settings),
         rng=rng or random.Random(),
-        watch_jitter=WATCH_JITTER,
     )
 
 

@@ -1,9 +1,6 @@
-"""Raw Kubernetes pod JSON → :class:`PodSnapshot`, typed only at this edge.
-
-msgspec decodes just the fields classification needs (``managedFields``, ``spec`` and the rest
-are skipped without building objects; no client models are built). Garbage gives
-:class:`PodDecodeError` or unknown members: never a crash of the caller, never a reapable
-snapshot.
+"""Raw Kubernetes pod JSON → :class:`PodSnapshot`, typed only at this edge: msgspec decodes just
+the fields classification needs. Garbage gives :class:`PodDecodeError` or unknown members, never
+a crash of the caller, never a reapable snapshot.
 """
 
 from __future__ import annotations
@@ -29,9 +26,8 @@ READY_TO_START = "PodReadyToStartContainers"
 
 
 class PodDecodeError(Undecodable):
-    """An undecodable pod: a pod object (or a list of them) that cannot be turned into a
-    snapshot. Its reader skips it, counts it (``decode_errors_total{source}``) and logs it; it is
-    never acted on."""
+    """A pod object (or a list of them) that cannot be turned into a snapshot. Its reader skips
+    it, counts it (``decode_errors_total{source}``) and logs it; it is never acted on."""
 
 
 _ABSENT = msgspec.Raw(b"")
@@ -79,7 +75,6 @@ class WirePod(msgspec.Struct):
 
 class WireListMeta(msgspec.Struct):
     resourceVersion: str = ""
-    # "continue" is a Python keyword
     continue_: str | None = msgspec.field(default=None, name="continue")
 
 
@@ -91,11 +86,7 @@ class WirePodList(msgspec.Struct):
 
 
 _PHASES: dict[str | None, PodPhase] = {p.value: p for p in PodPhase}
-_CONDITIONS: dict[str, ConditionStatus] = {
-    "True": ConditionStatus.TRUE,
-    "False": ConditionStatus.FALSE,
-    "Unknown": ConditionStatus.UNKNOWN,
-}
+_CONDITIONS = {c.value: c for c in ConditionStatus if c is not ConditionStatus.ABSENT}
 _pod_decoder = msgspec.json.Decoder(WirePod)
 _annotations_decoder = msgspec.json.Decoder(dict[str, str])
 _KEEP_KEY = KEEP_ANNOTATION.encode()
@@ -119,9 +110,7 @@ def _parse_time(raw: str | None) -> float | None:
 
 
 def _ready_to_start(conditions: list[WireCondition] | None) -> ConditionStatus:
-    if not conditions:
-        return ConditionStatus.ABSENT
-    for condition in conditions:
+    for condition in conditions or ():
         if condition.type == READY_TO_START:
             return _CONDITIONS.get(condition.status, ConditionStatus.UNKNOWN)
     return ConditionStatus.ABSENT
@@ -151,7 +140,6 @@ def _keep(annotations: msgspec.Raw) -> bool:
 def _containers(statuses: list[WireContainerStatus] | None) -> tuple[int, bool]:
     if not statuses:
         return 0, False
-    every = True
     for status in statuses:
         state = status.state
         if (
@@ -160,9 +148,8 @@ def _containers(statuses: list[WireContainerStatus] | None) -> tuple[int, bool]:
             or _present(state.running)
             or _present(state.waiting)
         ):
-            every = False
-            break
-    return len(statuses), every
+            return len(statuses), False
+    return len(statuses), True
 
 
 class PodDecoder:
@@ -174,12 +161,37 @@ class PodDecoder:
         self._keys = keys or LabelKeys()
 
     def decode(self, raw: bytes | str | msgspec.Raw) -> PodSnapshot:
-        """Decode one pod object from JSON bytes."""
         try:
             wire = _pod_decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise PodDecodeError(f"undecodable pod object: {exc}") from exc
-        return self.from_wire(wire)
+        meta = wire.metadata
+        if meta is None or not meta.name or not meta.namespace or not meta.uid:
+            raise PodDecodeError("pod object lacks metadata.name, namespace or uid")
+        if not meta.resourceVersion:
+            raise PodDecodeError(f"pod {meta.namespace}/{meta.name} lacks a resourceVersion")
+        labels = meta.labels or {}
+        keys = self._keys
+        status = wire.status or WirePodStatus()
+        count, every = _containers(status.containerStatuses)
+        return PodSnapshot(
+            # One string per namespace: 528.6 B a cached pod, not 586.6 (benchmarks/NOTES.md).
+            namespace=sys.intern(meta.namespace),
+            name=meta.name,
+            uid=meta.uid,
+            resource_version=meta.resourceVersion,
+            phase=_PHASES.get(status.phase, PodPhase.UNKNOWN),
+            terminating=meta.deletionTimestamp is not None,
+            pod_ip=status.podIP or None,
+            ready_to_start=_ready_to_start(status.conditions),
+            container_count=count,
+            all_containers_terminated=every,
+            sandbox_id=labels.get(keys.sandbox_id) or None,
+            generation=_parse_generation(labels.get(keys.generation)),
+            kind=parse_pod_kind(labels.get(keys.pod_kind)),
+            created_at_s=_parse_time(meta.creationTimestamp),
+            keep=_keep(meta.annotations),
+        )
 
     def decode_list(self, raw: bytes | str) -> tuple[WirePodList, list[PodSnapshot], int]:
         """Decode a ``PodList`` page: (page metadata, good snapshots, count of bad items)."""
@@ -195,36 +207,6 @@ class PodDecoder:
             except PodDecodeError:
                 bad += 1
         return page, pods, bad
-
-    def from_wire(self, wire: WirePod) -> PodSnapshot:
-        meta = wire.metadata
-        if meta is None or not meta.name or not meta.namespace or not meta.uid:
-            raise PodDecodeError("pod object lacks metadata.name, namespace or uid")
-        if not meta.resourceVersion:
-            raise PodDecodeError(f"pod {meta.namespace}/{meta.name} lacks a resourceVersion")
-        labels = meta.labels or {}
-        keys = self._keys
-        sandbox_id = labels.get(keys.sandbox_id) or None
-        status = wire.status or WirePodStatus()
-        count, every = _containers(status.containerStatuses)
-        return PodSnapshot(
-            # One string per namespace: 528.6 B a cached pod, not 586.6 (benchmarks/NOTES.md).
-            namespace=sys.intern(meta.namespace),
-            name=meta.name,
-            uid=meta.uid,
-            resource_version=meta.resourceVersion,
-            phase=_PHASES.get(status.phase, PodPhase.UNKNOWN),
-            terminating=meta.deletionTimestamp is not None,
-            pod_ip=status.podIP or None,
-            ready_to_start=_ready_to_start(status.conditions),
-            container_count=count,
-            all_containers_terminated=every,
-            sandbox_id=sandbox_id,
-            generation=_parse_generation(labels.get(keys.generation)),
-            kind=parse_pod_kind(labels.get(keys.pod_kind)),
-            created_at_s=_parse_time(meta.creationTimestamp),
-            keep=_keep(meta.annotations),
-        )
 
 
 def decode_json(raw: bytes | str) -> Any:

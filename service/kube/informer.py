@@ -1,17 +1,9 @@
-"""The pod informer: the slim cache of one sandbox namespace, and the handlers it tells.
-
-:class:`PodInformer` composes the parts as client-go's shared informer does: the
-:class:`~service.kube.listwatch.ListWatch` it is given makes the requests, the
-:class:`~service.kube.reflector.Reflector` runs the list-watch loop, the
-:class:`~service.kube.store.PodStore` holds the pods and their sync state. The informer implements
-``ports.PodCache`` for its consumers and delivers every change, in order, to each
-``ports.PodEventHandler`` registered with :meth:`PodInformer.add_handler`. Several namespaces are
-several informers behind one cache (``service/kube/namespaces.py``).
+"""The pod informer of one sandbox namespace, as client-go's shared informer: a
+:class:`~service.kube.store.PodStore` that a :class:`~service.kube.reflector.Reflector` keeps in
+step, and that tells every change, in order, to each ``ports.PodEventHandler`` added.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable, Iterable
 
 import anyio
 from anyio.abc import TaskStatus
@@ -35,13 +27,11 @@ def default_backoff() -> Backoff:
     return Backoff(initial_s=0.5, max_s=BACKOFF_MAX_S, jitter=0.5)
 
 
-class PodInformer:
-    """Implements ``ports.PodCache`` over the pods ``lw`` lists and watches; tells the
-    handlers added with :meth:`add_handler`.
+class PodInformer(PodStore):
+    """The cache of the pods ``lw`` lists and watches (``ports.PodCache``); tells the handlers
+    added with :meth:`add_handler`, and is the store's sink."""
 
-    ``backoff`` paces the attempts after failures, and a stream that ends cleanly within
-    ``min_watch_s`` without any event counts as a failure.
-    """
+    __slots__ = ("_handlers", "_reflector", "_running")
 
     def __init__(
         self,
@@ -52,14 +42,12 @@ class PodInformer:
         backoff: Backoff | None = None,
         min_watch_s: float = 1.0,
     ) -> None:
+        super().__init__(metrics, sink=self, namespace=lw.namespace)
         self._handlers: list[PodEventHandler] = []
         self._running = False
-        self.namespace = lw.namespace
-        """The namespace watched (a namespaced list+watch: no cluster-wide request)."""
-        self._store = PodStore(metrics, sink=self, namespace=self.namespace)
         self._reflector = Reflector(
             lw,
-            self._store,
+            self,
             metrics,
             settings=settings,
             backoff=backoff or default_backoff(),
@@ -68,18 +56,14 @@ class PodInformer:
         )
 
     def add_handler(self, handler: PodEventHandler) -> None:
-        """Tell ``handler`` every change from the start (client-go's ``AddEventHandler``).
-
-        Handlers are added before :meth:`run`: one added later would never hear of the pods
-        already cached, so that raises ``RuntimeError``."""
+        """Tell ``handler`` every change from the start. Added before :meth:`run` (one added
+        later would never hear of the pods already cached: ``RuntimeError``)."""
         if self._running:
             raise RuntimeError("handlers are added before the informer runs")
         self._handlers.append(handler)
 
-    # ------------------------------------------------------------------ the store's sink
-
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
-        """Tell every handler, in the order they were added (the store calls it)."""
+        """Tell every handler, in the order they were added."""
         for handler in self._handlers:
             handler.pod_changed(old, new)
 
@@ -91,37 +75,12 @@ class PodInformer:
         for handler in self._handlers:
             handler.cache_synced(namespace)
 
-    # ------------------------------------------------------------------ PodCache
-
-    def get(self, key: str) -> PodSnapshot | None:
-        return self._store.get(key)
-
-    @property
-    def by_name(self) -> Callable[[str], PodSnapshot | None]:
-        """See :attr:`PodStore.by_name`."""
-        return self._store.by_name
-
-    def keys(self) -> Iterable[str]:
-        """A copy of the cached keys (safe to iterate while events arrive)."""
-        return self._store.keys()
-
-    @property
-    def synced(self) -> bool:
-        return self._store.synced
-
     def namespace_synced(self, namespace: str) -> bool:
-        return namespace == self.namespace and self._store.synced
-
-    def __len__(self) -> int:
-        return len(self._store)
-
-    async def wait_synced(self) -> None:
-        """Return once the cache matches the server (immediately if it does now)."""
-        await self._store.wait_synced()
+        return namespace == self.namespace and self.synced
 
     @property
     def resource_version(self) -> str | None:
-        """The last resourceVersion seen (sync, event or bookmark); ``None`` before a sync."""
+        """See :attr:`~service.kube.watching.Watcher.resource_version`."""
         return self._reflector.resource_version
 
     @property
@@ -129,12 +88,9 @@ class PodInformer:
         """How the cache was last filled; ``None`` before the first sync."""
         return self._reflector.sync_mode
 
-    # ------------------------------------------------------------------ lifecycle
-
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Sync and watch until cancelled. Signals ``task_status`` at once (not at sync: use
-        :meth:`wait_synced`), so a caller's start never blocks on an unreachable server. Raises
-        only what is a bug (failures of the API server are retried)."""
+        """Sync and watch until cancelled. Signals ``task_status`` at once (not at sync), so a
+        caller's start never blocks on an unreachable server."""
         self._running = True
         task_status.started()
         await self._reflector.run()

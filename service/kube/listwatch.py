@@ -1,18 +1,9 @@
-"""The pod informer's requests: one list page, a watch, a streaming list, and nothing more.
-
-:class:`ListWatch` makes the requests for the pods of one namespace and selector, as client-go's
-``ListerWatcher`` does: a page of a list (``limit``/``continue``, from the API server's watch
-cache with ``resourceVersion=0`` or ``NotOlderThan`` a version, or a quorum list), a watch from a
-resourceVersion (bookmarks, a jittered server ``timeoutSeconds`` within the cap the reflector
-gives), and a streaming list (``sendInitialEvents``: a watch that starts with the state as ADDED
-events). It holds no state between requests and writes into no cache; what an answer means and
-what to ask next are the reflector's (``service/kube/reflector.py``).
-
-A list answers a decoded :class:`Page`, a watch an :class:`~service.kube.watchstream.EventStream`
-of typed events; every request goes through :meth:`ApiTransport.request` and fails as it does
-(``Unavailable``, :class:`KubeApiError`, which the reflector classifies), or with a
-:class:`~service.kube.decode.PodDecodeError` for a page that does not decode at all. A pod of a
-page that does not decode is skipped, counted and logged.
+"""The pod informer's requests, as client-go's ``ListerWatcher``: a list page, a watch, a
+streaming list (``sendInitialEvents``). It holds no state between requests; what an answer means
+and what to ask next are the reflector's (``service/kube/reflector.py``). Every request fails as
+:meth:`ApiTransport.request` does, or with a :class:`~service.kube.decode.PodDecodeError` for a
+page that does not decode at all; a pod of a page that does not decode is skipped, counted and
+logged.
 """
 
 from __future__ import annotations
@@ -27,7 +18,6 @@ from service.config import KubeSettings
 from service.domain import PodSnapshot
 from service.kube.client import pod_path
 from service.kube.decode import PodDecodeError, PodDecoder
-from service.kube.reachability import Reachability
 from service.kube.transport import ApiTransport
 from service.kube.watchstream import EventStream, WatchDecoder
 from service.metrics import KubeMetrics
@@ -35,7 +25,8 @@ from service.metrics import KubeMetrics
 logger = logging.getLogger(__name__)
 
 WATCH_JITTER = 0.1
-"""The default fraction by which a watch's server ``timeoutSeconds`` is randomly lengthened."""
+"""The fraction by which a watch's server ``timeoutSeconds`` is randomly lengthened, so that
+replicas started together do not reconnect together."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +40,8 @@ class Page:
 
 
 class ListWatch:
-    """The list, watch and streaming-list requests for the pods of one namespace and selector,
-    decoded with ``decoder`` (the process's one, ``service/app/service.py``).
-
-    ``watch_jitter`` is the fraction by which the server ``timeoutSeconds`` is randomly
-    lengthened, so that replicas started together do not reconnect together.
-    """
+    """The requests for the pods of one namespace and selector, decoded with ``decoder`` (the
+    process's one, ``service/app/service.py``)."""
 
     def __init__(
         self,
@@ -65,22 +52,17 @@ class ListWatch:
         namespace: str,
         decoder: PodDecoder | None = None,
         rng: random.Random | None = None,
-        watch_jitter: float = WATCH_JITTER,
     ) -> None:
         self._api = api
         self._settings = settings
         self.namespace = namespace
         """The namespace whose pods are asked for (never a cluster-wide request)."""
         self._path = pod_path(namespace)
-        self.reachability: Reachability = api.reachability
-        """Whether the server answers, as the transport sees it."""
+        self.reachability = api.reachability
         self._decoder = decoder or PodDecoder(settings.label_keys)
         self._watch_decoder = WatchDecoder(self._decoder, metrics)
         self._rng = rng or random.Random()
-        self._watch_jitter = watch_jitter
         self._decode_errors = metrics.decode_errors.labels(source="list")
-
-    # ------------------------------------------------------------------ list
 
     async def list(
         self,
@@ -119,11 +101,8 @@ class ListWatch:
             logger.warning("skipped %d malformed pod(s) in a list page", bad)
         return Page(pods, wire.metadata.resourceVersion, wire.metadata.continue_ or "")
 
-    # ------------------------------------------------------------------ watch
-
     async def stream(self, known: str | None, *, timeout_cap: int | None = None) -> EventStream:
-        """Open a streaming list not older than ``known`` (``None``: the newest state), asking
-        the server to end it within ``timeout_cap`` seconds at most (see :meth:`watch`)."""
+        """Open a streaming list not older than ``known`` (``None``: the newest state)."""
         query: dict[str, str | int | bool] = {
             "sendInitialEvents": True,
             "resourceVersionMatch": "NotOlderThan",
@@ -137,17 +116,13 @@ class ListWatch:
         ``WATCH_TIMEOUT_SECONDS``, or ``timeout_cap`` when that is shorter."""
         return await self._open("watch", timeout_cap, {"resourceVersion": rv})
 
-    def _watch_timeout_s(self, cap: int | None) -> int:
-        timeout_s = self._settings.watch_timeout_s
-        jittered = max(1, int(timeout_s * (1 + self._watch_jitter * self._rng.random())))
-        return jittered if cap is None else min(jittered, cap)
-
     async def _open(
         self, op: str, cap: int | None, params: dict[str, str | int | bool]
     ) -> EventStream:
-        """Open a watch stream (``op``: watch or watchlist): its events, on a 200."""
         settings = self._settings
-        timeout_s = self._watch_timeout_s(cap)
+        timeout_s = max(1, int(settings.watch_timeout_s * (1 + WATCH_JITTER * self._rng.random())))
+        if cap is not None:
+            timeout_s = min(timeout_s, cap)
         query: dict[str, str | int | bool] = {
             "allowWatchBookmarks": True,
             **params,
@@ -159,10 +134,8 @@ class ListWatch:
             self._path,
             op=op,
             query=query,
-            # The read timeout is only a backstop, an API timeout past both the stream's own
-            # timeoutSeconds and the silence bound by which the reflector ends a silent stream
-            # first (docs/architecture.md, "A silent watch"): the reflector's end is the one
-            # counted as silence.
+            # The read timeout is only a backstop, past both the stream's timeoutSeconds and the
+            # silence bound by which the reflector ends a silent stream first.
             timeouts=aiohttp.ClientTimeout(
                 total=None,
                 connect=settings.api_timeout_s,

@@ -1,12 +1,8 @@
 """The pod caches of several sandbox namespaces behind one ``ports.PodCache``.
 
-As controller-runtime's multi-namespace cache: one :class:`~service.kube.informer.PodInformer`
-per configured namespace, each a namespaced list+watch of its own (so the controller needs a
-Role in each namespace, never a cluster-wide watch or a ClusterRole), each with its own sync
-state. A key is answered by the cache of its own namespace only: a key of namespace A is never
-judged from B's cache, and a key of a namespace not configured finds no pod and no synced cache.
-One namespace going cold (a relist after a 410) says so with its name, and clears only its
-observations.
+As controller-runtime's multi-namespace cache: one namespaced informer per namespace (a Role in
+each, never a cluster-wide watch), each with its own sync state. A key is answered by the cache of
+its own namespace only; a key of a namespace not configured finds no pod and no synced cache.
 """
 
 from __future__ import annotations
@@ -35,16 +31,10 @@ class MultiNamespaceInformer:
         self._by_name = {ns: informer.by_name for ns, informer in self.informers.items()}
         """Namespace → its cache's lookup by pod name (what :meth:`get` reads)."""
 
-    @property
-    def namespaces(self) -> tuple[str, ...]:
-        return tuple(self.informers)
-
     def add_handler(self, handler: PodEventHandler) -> None:
         """Tell ``handler`` every change of every namespace (before :meth:`run`)."""
         for informer in self.informers.values():
             informer.add_handler(handler)
-
-    # ------------------------------------------------------------------ PodCache
 
     def get(self, key: str) -> PodSnapshot | None:
         namespace, _, name = key.partition("/")
@@ -70,8 +60,6 @@ class MultiNamespaceInformer:
         """Return once every namespace's cache matches the server."""
         for informer in self.informers.values():
             await informer.wait_synced()
-
-    # ------------------------------------------------------------------ lifecycle
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run every namespace's informer until cancelled (signals at once, as each does)."""

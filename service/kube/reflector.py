@@ -1,25 +1,15 @@
-"""The pod informer's loop: sync the store, follow the watch, and decide what comes next.
+"""The pod informer's loop, as client-go's reflector: the one writer of the :class:`PodStore`
+and the one place that decides what to ask next (:class:`ListerWatcher` makes the requests,
+:class:`~service.kube.watching.Watcher` reads the streams).
 
-As client-go's reflector, it is the one writer of the :class:`PodStore` and the one place that
-decides what to ask next; :class:`ListerWatcher` (``service/kube/listwatch.py``) makes the
-requests and :class:`~service.kube.watching.Watcher` reads the streams. A sync fills the store
-with a streaming list that then goes on as the watch, or with a list, page by page, followed by a
-watch from its resourceVersion. Two fields choose the next sync, as client-go's: whether it
-streams, and whether the version last seen is gone; the fallback runs streaming list → list from
-the watch cache → quorum list (docs/architecture.md, "How the cache is filled").
-
-A list whose continue token expired is started over. A watch that ends is resumed from the last
-resourceVersion seen; a 410 means that history is gone, and the store is synced again. Every
-stream asks for the ``timeoutSeconds`` cap the :class:`~service.kube.watching.Watcher` gives
-(short of the silence bound until the server is known to send bookmarks), and a stream silent
-past its bound is watched again at once. Every failure reaches the loop one way, raised (an
-``ExternalError`` of a request, a :class:`~service.kube.watching.WatchEnd` of a stream), and is
-classified in one place (:meth:`Reflector._failed`). A failure of the outside world (an
-``ExternalError``) is retried after a jittered exponential backoff (kit ``Attempts``), with a
-429's Retry-After as the least delay; a 4xx other than 429 means the request itself is refused,
-so the next attempt syncs. After a failure without an answer, the backoff ends once the server
-answers anything again (its :class:`~service.kube.reachability.Reachability`). Anything else
-raised is a bug: it ends the loop, and with it the process.
+A sync is a streaming list that goes on as the watch, or a paged list followed by a watch from
+its resourceVersion; the fallback runs streaming list → list from the watch cache → quorum list
+(docs/architecture.md, "How the cache is filled"). A watch that ends is resumed from the last
+resourceVersion seen; a 410 relists. Every failure is raised (an ``ExternalError`` of a request,
+a :class:`~service.kube.watching.WatchEnd` of a stream) and classified in :meth:`Reflector._failed`:
+an ``ExternalError`` is retried after a jittered exponential backoff with a 429's Retry-After as
+the least delay, and a 4xx other than 429 makes the next attempt sync. Anything else raised is a
+bug and ends the process.
 """
 
 from __future__ import annotations
@@ -86,17 +76,8 @@ class SyncMode(enum.StrEnum):
     """A quorum list from etcd, in pages: the last resort."""
 
 
-def _reason(exc: ExternalError) -> WatchRestart:
-    """The ``watch_restarts`` reason of a failure."""
-    return WatchRestart.TIMEOUT if isinstance(exc, RequestTimeout) else WatchRestart.ERROR
-
-
 class Reflector:
-    """Keeps ``store`` in step with the server through ``lw``, until cancelled.
-
-    A stream that ends cleanly within ``min_watch_s`` without any event counts as a failure
-    (backoff), so that a misbehaving server cannot make the loop spin.
-    """
+    """Keeps ``store`` in step with the server through ``lw``, until cancelled."""
 
     def __init__(
         self,
@@ -128,19 +109,16 @@ class Reflector:
         self._streams = self._mode is not ListMode.LIST
         """Whether the next sync streams (cleared in ``AUTO`` mode by a server that does not)."""
         self._version_gone = False
-        """Whether the version last seen can no longer be served: the next sync reads the
-        newest state (a streaming list without a version, or a quorum list)."""
+        """Whether the version last seen is gone: the next sync reads the newest state."""
         self._attempts = Attempts(backoff)
-        # Logged once per change of cause, with a count; each retry is a debug line.
         self._failures = CauseLog(f"list/watch of namespace {self._namespace} fails", logger)
         self.sync_mode: SyncMode | None = None
         """How the store was last filled; ``None`` before the first sync."""
         self._step: SyncMode | None = None
-        """The sync step whose request is in flight (``None``: a watch), which says what a
-        refusal means (:meth:`_refusal`)."""
+        """The sync step whose request is in flight (``None``: a watch), for :meth:`_refusal`."""
         self._fallback = False
-        """Whether the next sync goes on with the one a refusal ended (streaming list → list
-        from the watch cache → quorum list): at once, and not counted as another relist."""
+        """Whether the next sync goes on with the one a refusal ended: at once, and not
+        counted as another relist."""
 
     @property
     def resource_version(self) -> str | None:
@@ -155,26 +133,26 @@ class Reflector:
             if not self._fallback:
                 started = clock.now()
             try:
-                await (self._sync() if relist else self._resume())
+                await (self._sync() if relist else self._watch())
             except (ExternalError, WatchEnd) as exc:
                 relist = await self._failed(exc, started)
             else:
-                # The server ended the stream: resume (the backoff is left as it was).
+                # The server ended the stream: resume, the backoff left as it was.
                 self._metrics.watch_restarts.labels(reason=WatchRestart.CLOSED).inc()
                 self._failures.ok()
                 self._silence_log.ok()  # a stream followed to its end: the connection works
                 relist = not self._store.synced
 
     async def _failed(self, exc: ExternalError | WatchEnd, started: float) -> bool:
-        """The one place a failure is classified, as client-go's reflector does: what it means
-        and whether the next attempt syncs. ``started``: when the failed attempt began."""
+        """What a failure means; whether the next attempt syncs. ``started``: when the failed
+        attempt began."""
         if isinstance(exc, KubeApiError):
             exc = self._refusal(exc) or exc
         if isinstance(exc, WatchEnd):
             return await self._after(exc)
         api_error = exc if isinstance(exc, ApiError) else None
         await self._back_off(
-            _reason(exc),
+            WatchRestart.TIMEOUT if isinstance(exc, RequestTimeout) else WatchRestart.ERROR,
             f"{type(exc).__name__}: {exc}",
             api_error.retry_after_s if api_error is not None else None,
             cause_of(exc),
@@ -186,10 +164,8 @@ class Reflector:
         return (api_error is not None and rejected(api_error.status)) or not self._store.synced
 
     def _refusal(self, exc: KubeApiError) -> WatchEnd | None:
-        """What an answer with another status means for the request in flight, when it ends
-        a stream or a sync step: a 410 (or a version too large) to a watch is
-        :attr:`End.EXPIRED`, a rejected streaming list :attr:`End.UNSUPPORTED`, a list the watch
-        cache cannot serve :attr:`End.REFUSED`."""
+        """The end of a stream or sync step that an answer with another status means for the
+        request in flight, if any."""
         step = self._step
         if step is SyncMode.LIST_CACHE:
             refused = rejected(exc.status) or too_large(exc)
@@ -235,17 +211,12 @@ class Reflector:
                 self._version_gone = True
                 self._fallback = True
                 return True
-            case End.ERROR:
-                await self._back_off(
-                    WatchRestart.ERROR, str(end), cause=f"watch {end.why} {end.status}"
-                )
-                return rejected(end.status) or not synced
-            case End.EMPTY | End.UNSUPPORTED | End.BROKEN:
+            case End.ERROR | End.EMPTY | End.UNSUPPORTED | End.BROKEN:
                 # In STREAM mode, an unsupported stream backs off and streams again.
                 await self._back_off(
                     WatchRestart.ERROR, str(end), cause=f"watch {end.why} {end.status}"
                 )
-                return not synced
+                return rejected(end.status) or not synced
             case _:
                 assert_never(end.why)
 
@@ -259,9 +230,8 @@ class Reflector:
         unanswered_since: float | None = None,
     ) -> None:
         """Count, log (once per change of ``cause``, by default ``what``) and wait. After an
-        attempt begun at ``unanswered_since`` that got no answer, the wait ends
-        :data:`WAKE_FLOOR_S` after it began once the server has answered anything since that
-        attempt began: the server is back, and the watch follows within seconds."""
+        attempt begun at ``unanswered_since`` that got no answer, the wait ends (not before
+        :data:`WAKE_FLOOR_S`) once the server has answered anything since: it is back."""
         self._metrics.watch_restarts.labels(reason=reason).inc()
         delay = self._attempts.next_delay(floor_s)
         self._failures.failed(cause or what, what)
@@ -273,36 +243,34 @@ class Reflector:
         await self._reach.answered_after(unanswered_since, delay - WAKE_FLOOR_S)
 
     def _worked(self) -> None:
-        """A sync completed or a watch delivered: the backoff starts over, and a failure
-        logged says it works again."""
+        """A sync completed or a watch delivered: the backoff starts over."""
         self._attempts.reset()
         self._failures.ok()
 
-    # ------------------------------------------------------------------ sync
-
     async def _sync(self) -> None:
         """Bring the store to the server's state, then follow the watch that goes on from
-        there; returns when the server ends that stream. The store is updated in place; every
-        pod the sync did not see is reported deleted once it is complete."""
+        there until the server ends it."""
         if self._store.begin_sync() is SyncState.RELISTING and not self._fallback:
             self._metrics.relists.inc()
         self._fallback = False
         if self._streams:
             self._step = SyncMode.STREAM
             await self._stream(None if self._version_gone else self.resource_version)
-        elif not self._version_gone:
-            # From the watch cache: NotOlderThan the version last seen, or any before one.
-            self._step = SyncMode.LIST_CACHE
-            known = self.resource_version
-            rv = await (self._list(known, "NotOlderThan") if known else self._list("0", ""))
-            await self._listed(rv, SyncMode.LIST_CACHE)
+            return
+        # From the watch cache, NotOlderThan the version last seen (any before one); from etcd
+        # once that version is gone.
+        if self._version_gone:
+            mode, version, match = SyncMode.LIST_QUORUM, "", ""
+        elif known := self.resource_version:
+            mode, version, match = SyncMode.LIST_CACHE, known, "NotOlderThan"
         else:
-            self._step = SyncMode.LIST_QUORUM
-            await self._listed(await self._list("", ""), SyncMode.LIST_QUORUM)
+            mode, version, match = SyncMode.LIST_CACHE, "0", ""
+        self._step = mode
+        self._synced(await self._list(version, match), mode)
+        await self._watch()
 
     async def _list(self, version: str, match: str) -> str:
-        """A list into the store, page by page; its resourceVersion. Started over when its
-        continue token expires (compaction), at most :data:`_CONTINUE_RESTARTS` times."""
+        """A list into the store, page by page; its resourceVersion."""
         # As client-go: a list not older than a known version is not paginated, or a server
         # would take it to etcd; resourceVersion=0 ignores the limit where a watch cache serves.
         limit = None if match else self._page_size
@@ -330,11 +298,6 @@ class Reflector:
             if not token:
                 return rv
 
-    async def _listed(self, rv: str, mode: SyncMode) -> None:
-        self._synced(rv, mode)
-        self._worked()
-        await self._watch(rv)
-
     def _synced(self, rv: str, mode: SyncMode) -> None:
         self._watcher.resource_version = rv
         self.sync_mode = mode
@@ -352,13 +315,11 @@ class Reflector:
             rv,
             self._namespace,
         )
+        self._worked()
 
     async def _stream(self, known: str | None) -> None:
-        """A streaming list: the state as ADDED events up to the BOOKMARK annotated
-        ``k8s.io/initial-events-end``, then the same stream goes on as an ordinary watch.
-        Not honoured (:attr:`End.UNSUPPORTED`) when a plain bookmark comes first or the stream
-        stays silent for ``stream_sync_timeout_s`` before that bookmark; the events already
-        applied are then reconciled by the list that follows."""
+        """A streaming list: its initial events, then the same stream as a watch. Not honoured,
+        the events already applied are reconciled by the list that follows."""
         cap = self._watcher.timeout_cap()
         stream = await self._lw.stream(known, timeout_cap=cap)
         at = clock.now()
@@ -366,20 +327,14 @@ class Reflector:
             rv = await self._watcher.read(stream, at, timeout_cap=cap, initial=True)
             assert rv is not None, "the initial events end at their bookmark"
             self._synced(rv, SyncMode.STREAM)
-            self._worked()
             await self._watcher.read(stream, at, timeout_cap=cap, continued=True)
         finally:
             stream.close()
 
-    # ------------------------------------------------------------------ watch
-
-    async def _resume(self) -> None:
+    async def _watch(self) -> None:
+        """One watch request from the version last seen, followed until the server ends it."""
         rv = self.resource_version
-        assert rv is not None, "resumed before any sync"
-        await self._watch(rv)
-
-    async def _watch(self, rv: str) -> None:
-        """One watch request from ``rv``, followed until the server ends the stream."""
+        assert rv is not None, "watched before any sync"
         self._step = None
         cap = self._watcher.timeout_cap()
         stream = await self._lw.watch(rv, timeout_cap=cap)

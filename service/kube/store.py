@@ -1,24 +1,18 @@
-"""The pod cache of one namespace: ``namespace/name`` → :class:`PodSnapshot`, and how far it
-matches the server.
+"""The pod cache of one namespace, and how far it matches the server.
 
-The pods are held by name, keyed by the snapshot's own ``name`` string, so a cached pod costs
-no key string of its own (``benchmarks/NOTES.md``, RSS per cached pod); ``keys()`` builds the
-``namespace/name`` keys when asked, and ``get`` answers ``None`` for another namespace's key.
-
-:class:`PodStore` implements ``ports.PodCache``. Its one piece of state besides the pods is a
-:class:`SyncState`. A sync (a list, or the initial events of a streaming list) puts every pod the
-server has; the store remembers the names it was told about, and when the sync is complete it
-reports every cached pod the sync did not mention as deleted. Every change is reported to one
-``ports.PodEventHandler`` (the informer's dispatch), on the event loop, as it happens.
+The pods are held keyed by the snapshot's own ``name`` string, so a cached pod costs no key string
+of its own (``benchmarks/NOTES.md``, RSS per cached pod). A sync puts every pod the server has;
+once complete, every cached pod it did not put is reported deleted. Every change is reported to
+one ``ports.PodEventHandler`` (the informer's dispatch), on the event loop, as it happens.
 
 ::
 
     begin_sync    COLD, LISTING ──▶ LISTING       SYNCED, RELISTING ──▶ RELISTING
     finish_sync   LISTING, RELISTING ──▶ SYNCED
 
-(``begin_sync`` during a sync starts it over: a retry after a failure, a list restarted.)
-Leaving ``SYNCED`` tells the handler ``cache_cold(namespace)`` (observations of this namespace may
-have gaps from now on); reaching it, ``cache_synced(namespace)``.
+(``begin_sync`` during a sync starts it over.) Leaving ``SYNCED`` tells the handler
+``cache_cold(namespace)`` (observations of this namespace may have gaps from now on); reaching
+it, ``cache_synced(namespace)``.
 """
 
 from __future__ import annotations
@@ -44,8 +38,8 @@ class SyncState(enum.StrEnum):
     SYNCED = "synced"
     """Matches the server as of the last event applied."""
     RELISTING = "relisting"
-    """Being filled again after it was synced (a 410, a rejected watch): it may have missed
-    changes; the pods it holds are the old ones until the sync reports the difference."""
+    """Being filled again after it was synced: the pods it holds are the old ones until the
+    sync reports the difference."""
 
 
 class PodStore:
@@ -64,14 +58,11 @@ class PodStore:
 
     def __init__(self, metrics: KubeMetrics, sink: PodEventHandler, *, namespace: str) -> None:
         self.namespace = namespace
-        """The one namespace whose pods this store holds (named in its gauges and signals)."""
         self.state = SyncState.COLD
         """Read it; only :meth:`begin_sync` and :meth:`finish_sync` move it."""
         self.sink = sink
-        """Where changes go (the informer's handlers)."""
         self._pods: dict[str, PodSnapshot] = {}
-        """name → snapshot; the key is the snapshot's own ``name`` string. Never replaced (its
-        ``get`` is handed out by :meth:`by_name`)."""
+        """name → snapshot. Never replaced (its ``get`` is handed out by :meth:`by_name`)."""
         self._seen: set[str] = set()
         """The names the sync in progress has put (empty outside a sync)."""
         self._synced_event = anyio.Event()
@@ -79,8 +70,6 @@ class PodStore:
         self._synced_gauge = metrics.cache_synced.labels(sandbox_namespace=namespace)
         self._size.set(0)
         self._synced_gauge.set(0)
-
-    # ------------------------------------------------------------------ PodCache
 
     def get(self, key: str) -> PodSnapshot | None:
         namespace, _, name = key.partition("/")
@@ -109,11 +98,9 @@ class PodStore:
         while self.state is not SyncState.SYNCED:
             await self._synced_event.wait()
 
-    # ------------------------------------------------------------------ sync
-
     def begin_sync(self) -> SyncState:
-        """Start filling the cache from the server, or start over (a failed or restarted sync):
-        the names put so far are forgotten, the pods are kept. Returns the new state."""
+        """Start filling the cache, or start over: the names put so far are forgotten, the pods
+        are kept. Returns the new state."""
         match self.state:
             case SyncState.COLD | SyncState.LISTING:
                 self.state = SyncState.LISTING
@@ -122,13 +109,10 @@ class PodStore:
                 self._synced_gauge.set(0)
                 self._synced_event = anyio.Event()
                 self.sink.cache_cold(self.namespace)
-            case SyncState.RELISTING:
-                pass
         self._seen = set()
         return self.state
 
     def finish_sync(self) -> None:
-        """The sync is complete: every cached pod it did not put is reported deleted."""
         if self.state not in (SyncState.LISTING, SyncState.RELISTING):
             raise RuntimeError(f"finish_sync in state {self.state}: no sync in progress")
         pods, seen, sink = self._pods, self._seen, self.sink
@@ -140,8 +124,6 @@ class PodStore:
         self._synced_gauge.set(1)
         self._synced_event.set()
         sink.cache_synced(self.namespace)
-
-    # ------------------------------------------------------------------ changes
 
     def put(self, snap: PodSnapshot) -> None:
         """The server has this pod in this state. While synced this is a change (a watch event)

@@ -1,20 +1,13 @@
 """Following one open watch stream into the pod store, and saying why it ended.
 
-:class:`Watcher` is the read loop of the reflector (``service/kube/reflector.py``), one loop for
-both kinds of stream, as client-go's ``handleWatch``: a streaming list's initial events, read until
-their ``k8s.io/initial-events-end`` bookmark, and a watch, read until it ends. It applies each
-event to the store and keeps the last resourceVersion seen (events and bookmarks advance it,
-except a streaming list's initial events, which are not ordered by it). Every line read tells the
-server's :class:`~service.kube.reachability.Reachability` that it answered.
-
-Each stream has a bound on its silence: ``STREAM_SYNC_TIMEOUT`` before the initial events end,
-after which the server is taken not to honour the streaming list; on a watch,
-``WATCH_SILENCE_SECONDS`` after its last line, from its first second, after which the connection
-is taken for dead (docs/architecture.md, "A silent watch"). Once the server is known to send
-periodic bookmarks, silence itself is the evidence; before, the server's own end of the stream
-is: a watch then asks for a ``timeoutSeconds`` short of the bound (:meth:`Watcher.timeout_cap`)
-and is dead once it is silent for the rest of the bound past it. A stream that ends otherwise than
-by the server's clean end raises a :class:`WatchEnd`; what to do next is the reflector's choice.
+:class:`Watcher` is the reflector's one read loop, as client-go's ``handleWatch``, for a
+streaming list's initial events (up to their ``k8s.io/initial-events-end`` bookmark) and for a
+watch. Each stream has a bound on its silence: ``STREAM_SYNC_TIMEOUT`` before the initial events
+end; on a watch, ``WATCH_SILENCE_SECONDS`` after its last line, after which the connection is
+taken for dead (docs/architecture.md, "A silent watch"). Until the server is known to send
+periodic bookmarks, a watch asks for a ``timeoutSeconds`` short of that bound
+(:meth:`Watcher.timeout_cap`) and is dead once silent past it. Any end other than the server's
+clean one raises a :class:`WatchEnd`; what follows is the reflector's choice.
 """
 
 from __future__ import annotations
@@ -48,25 +41,20 @@ class End(enum.StrEnum):
     EXPIRED = "expired"
     """410 Gone (an answer or an ``ERROR`` event), or a version too large: relist."""
     UNSUPPORTED = "unsupported"
-    """A streaming list the server rejected (a 4xx) or did not honour (a plain bookmark
-    first, or silence before the initial-events-end bookmark)."""
+    """A streaming list the server rejected (a 4xx) or did not honour."""
     ERROR = "error"
     """An ``ERROR`` event with a status other than 410."""
     BROKEN = "broken"
-    """A stream that broke the protocol: an initial-events-end bookmark without a version, or
-    a streaming list that ended before its initial events did."""
+    """A stream that broke the protocol (e.g. an initial-events-end bookmark without a version)."""
     REFUSED = "refused"
-    """A list from the watch cache the server refused (a 4xx other than 429, or a version too
-    large): the sync lists from etcd instead."""
+    """A list from the watch cache the server refused: the sync lists from etcd instead."""
     SILENT = "silent"
-    """No event and no bookmark for the silence bound from a server that sends bookmarks, or no
-    end of the stream for the end margin past its ``timeoutSeconds``: the connection is taken for
-    dead (resume at once)."""
+    """Silent past its bound (:meth:`Watcher._silence_bound`): the connection is taken for dead
+    (resume at once)."""
 
 
 class WatchEnd(Exception):
-    """How a watch stream ended, raised by the :class:`Watcher` (and by the reflector for a
-    request whose answer ends it): the reason, and the server's status and message if any."""
+    """How a watch stream ended: the reason, and the server's status and message if any."""
 
     def __init__(self, why: End, status: int = 0, message: str = "") -> None:
         super().__init__(why, status, message)
@@ -77,9 +65,6 @@ class WatchEnd(Exception):
     def __str__(self) -> str:
         status = f" {self.status}" if self.status else ""
         return f"watch {self.why}{status}: {self.message}" if self.message else f"watch {self.why}"
-
-
-_NOT_HONOURED = "a bookmark came before the initial-events-end bookmark"
 
 
 def end_margin_s(settings: KubeSettings) -> float:
@@ -96,10 +81,9 @@ def short_timeout_s(settings: KubeSettings) -> int:
 
 
 class _Silence:
-    """Ends a stream's reading (cancels ``scope``) once it has been silent for ``bound_s``,
-    counted from its last line or from ``after``, whichever is later. The reader sets
-    :attr:`last` per line, an assignment; the timer checks it when due and sets itself again for
-    the new deadline, so a stream whose lines come less than ``bound_s`` apart is never cut."""
+    """Cancels ``scope`` once the stream has been silent for ``bound_s``, counted from its
+    last line or from ``after``, whichever is later. The reader sets :attr:`last` per line (an
+    assignment); the timer checks it when due and sets itself again for the new deadline."""
 
     __slots__ = ("_after", "_bound_s", "_handle", "_loop", "_scope", "last")
 
@@ -123,7 +107,6 @@ class _Silence:
             self._handle = self._loop.call_at(due, self._check)
 
     def rebound(self, bound_s: float, after: float = -math.inf) -> None:
-        """From now on, the stream ends once silent for ``bound_s`` counted as at creation."""
         self._bound_s = bound_s
         self._after = after
         if self._handle is not None:
@@ -137,8 +120,9 @@ class _Silence:
 
 
 class Watcher:
-    """Reads streams into ``store``. ``worked`` is called once a watch delivers its first line,
-    and a watch that ends cleanly within ``min_watch_s`` without a line is :attr:`End.EMPTY`."""
+    """Reads streams into ``store``. ``worked`` is called once a watch delivers its first line;
+    a watch that ends cleanly within ``min_watch_s`` without a line is :attr:`End.EMPTY`, so that
+    a misbehaving server cannot make the loop spin."""
 
     def __init__(
         self,
@@ -158,29 +142,22 @@ class Watcher:
         self.resource_version: str | None = None
         """The last resourceVersion seen (sync, event or bookmark); ``None`` before a sync."""
         self._bookmarks_sent = False
-        """Whether the server is known to send periodic bookmarks (so that silence means a dead
-        connection): set by any such bookmark, cleared by a watch that lived for the silence
-        bound without one."""
+        """Whether the server is known to send periodic bookmarks: set by one, cleared by a
+        watch that lived for the silence bound without one."""
         self._stream_bookmarks = 0
-        """Periodic bookmarks received on the stream being read."""
         self._end_margin_s = end_margin_s(settings)
         self._short_timeout_s = short_timeout_s(settings)
 
     def timeout_cap(self) -> int | None:
         """The longest ``timeoutSeconds`` the next stream may ask for: ``None`` once the server
-        is known to send periodic bookmarks (the watch is as long as ``WATCH_TIMEOUT_SECONDS``
-        makes it, and silence bounds it); before, :func:`short_timeout_s`, so that the server's
-        own end of the stream bounds its silence."""
+        is known to send periodic bookmarks; before, :func:`short_timeout_s`."""
         return None if self._bookmarks_sent else self._short_timeout_s
 
     def _silence_bound(self, opened: float, timeout_cap: int | None) -> tuple[float, float] | None:
-        """When a watch opened at ``opened`` is taken for dead: once silent for the first value,
-        counted from its last line or from the second, whichever is later. Once the server is
-        known to send bookmarks, silent for ``WATCH_SILENCE_SECONDS``; before, silent for the end
-        margin past the ``timeoutSeconds`` it asked for (at most ``timeout_cap``), at which the
-        server ends every watch: either way at most ``WATCH_SILENCE_SECONDS`` after its last
-        line. ``None`` for a stream asked for without a cap before bookmarks (the request's read
-        timeout alone ends it)."""
+        """The :class:`_Silence` bound of a watch opened at ``opened``: ``WATCH_SILENCE_SECONDS``
+        once the server is known to send bookmarks; before, the end margin past the
+        ``timeoutSeconds`` asked for (at most ``timeout_cap``), at which the server ends every
+        watch. ``None`` for a watch without a cap before bookmarks (its read timeout ends it)."""
         if self._bookmarks_sent:
             return self._silence_s, -math.inf
         if timeout_cap is not None:
@@ -196,14 +173,12 @@ class Watcher:
         initial: bool = False,
         continued: bool = False,
     ) -> str | None:
-        """The one read loop, into the store: events until the stream ends, an event ends it,
-        or it stays silent past its bound. ``initial``: a streaming list's initial events, read
-        up to their end bookmark and bounded from the start by the sync timeout; else a watch,
-        bounded by :meth:`_silence_bound` (which a periodic bookmark turns into the silence
-        bound), ``continued`` for the rest of a streaming list, which has delivered already.
-        ``opened`` is when its answer came, ``timeout_cap`` what :meth:`timeout_cap` said when
-        it was asked for. The version of the initial-events-end bookmark (``initial``), else
-        ``None`` for a stream the server ended; raises :class:`WatchEnd` for any other end."""
+        """Events into the store until the stream ends, an event ends it, or it stays silent
+        past its bound. ``initial``: a streaming list's initial events, bounded by the sync
+        timeout; else a watch (``continued``: the rest of a streaming list). ``opened`` is when
+        its answer came, ``timeout_cap`` what :meth:`timeout_cap` said when it was asked for.
+        The version of the initial-events-end bookmark (``initial``), else ``None`` for a
+        stream the server ended; raises :class:`WatchEnd` for any other end."""
         answered = self._reach.answered
         loop_time = asyncio.get_running_loop().time
         self._stream_bookmarks = 0
@@ -251,7 +226,6 @@ class Watcher:
         return None
 
     def _silent(self, *, initial: bool, proven: bool, timeout_cap: int | None) -> WatchEnd:
-        """The end of a stream silent past its bound."""
         if initial:
             message = f"no initial-events-end bookmark within {self._sync_timeout_s:g}s"
             return WatchEnd(End.UNSUPPORTED, message=f"{message} of silence")
@@ -265,8 +239,8 @@ class Watcher:
         return WatchEnd(End.SILENT, message=f"{message}: the connection is taken for dead")
 
     def _apply(self, event: WatchEvent, *, initial: bool) -> str | None:
-        """Apply one event to the store: the version of the initial-events-end bookmark, when
-        the initial events end; raises :class:`WatchEnd` when the event ends the stream."""
+        """Apply one event: the version of the initial-events-end bookmark when the initial
+        events end; raises :class:`WatchEnd` when the event ends the stream."""
         store = self._store
         match event:
             case PodChange(pod=pod, deleted=deleted):
@@ -283,8 +257,7 @@ class Watcher:
                     store.forget(key)
             case Bookmark(resource_version=rv, initial_events_end=initial_end):
                 if not initial_end:
-                    # A periodic bookmark: the server sends them, so silence means a dead
-                    # connection. (Not the initial-events-end one: a server may send it alone.)
+                    # A periodic one (a server may send the initial-events-end one alone).
                     self._stream_bookmarks += 1
                     self._bookmarks_sent = True
                 if not initial:
@@ -292,7 +265,8 @@ class Watcher:
                         self.resource_version = rv
                     return None
                 if not initial_end:
-                    raise WatchEnd(End.UNSUPPORTED, message=_NOT_HONOURED)
+                    message = "a bookmark came before the initial-events-end bookmark"
+                    raise WatchEnd(End.UNSUPPORTED, message=message)
                 if not rv:
                     message = "initial-events-end bookmark without resourceVersion"
                     raise WatchEnd(End.BROKEN, message=message)

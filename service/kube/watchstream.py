@@ -1,12 +1,7 @@
-"""A watch stream's lines as typed events: the wire edge of the reflector.
-
-:class:`EventStream` reads an open watch response line by line and :class:`WatchDecoder` turns
-each JSON line into a :class:`PodChange`, an :class:`Unreadable` change, a :class:`Bookmark` or an
-:class:`ErrorStatus`, as apimachinery's ``StreamWatcher`` does for client-go, so that the reflector
-decides on events and never reads bytes; a connection lost mid-stream raises ``Unavailable``.
-Pods are decoded straight into :class:`PodSnapshot` (no client models). A line that cannot be
-used (malformed JSON, an unknown event type, a bookmark that does not decode) is
-counted, logged and skipped.
+"""A watch stream's lines as typed events, as apimachinery's ``StreamWatcher`` is for client-go:
+the reflector decides on events and never reads bytes. Pods decode straight into
+:class:`PodSnapshot`; a line that cannot be used is counted, logged and skipped; a connection
+lost mid-stream raises ``Unavailable``.
 """
 
 from __future__ import annotations
@@ -68,7 +63,7 @@ class ErrorStatus(msgspec.Struct, frozen=True):
 
 
 class Skipped(msgspec.Struct, frozen=True):
-    """A line that came but cannot be used (counted and logged by the decoder)."""
+    """A line that came but cannot be used."""
 
 
 SKIPPED = Skipped()
@@ -89,17 +84,7 @@ class _WireBookmark(msgspec.Struct):
     metadata: _BookmarkMeta = msgspec.field(default_factory=_BookmarkMeta)
 
 
-class _KeyMeta(msgspec.Struct):
-    name: object = None
-    namespace: object = None
-
-
-class _KeyOnly(msgspec.Struct):
-    metadata: _KeyMeta = msgspec.field(default_factory=_KeyMeta)
-
-
 _event_decoder = msgspec.json.Decoder(_WireEvent)
-_key_decoder = msgspec.json.Decoder(_KeyOnly)
 _bookmark_decoder = msgspec.json.Decoder(_WireBookmark)
 _status_decoder = msgspec.json.Decoder(WireStatus)
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError)
@@ -160,8 +145,8 @@ class WatchDecoder:
 
 
 class EventStream:
-    """The events of an open watch ``response``, read by ``async for`` until the server ends
-    it; :meth:`close` gives up the connection. ``what`` names the stream in an ``Unavailable``."""
+    """The events of an open watch ``response`` until the server ends it. ``what`` names the
+    stream in an ``Unavailable``."""
 
     __slots__ = ("_decode", "_readline", "_response", "_what")
 
@@ -189,9 +174,8 @@ class EventStream:
 
 def _key_of(raw: msgspec.Raw) -> str | None:
     try:
-        meta = _key_decoder.decode(raw).metadata
-    except _DECODE_ERRORS:
+        meta = msgspec.json.decode(raw).get("metadata", {})
+        namespace, name = meta.get("namespace"), meta.get("name")
+    except (msgspec.DecodeError, AttributeError):
         return None
-    if isinstance(meta.namespace, str) and isinstance(meta.name, str):
-        return f"{meta.namespace}/{meta.name}"
-    return None
+    return f"{namespace}/{name}" if isinstance(namespace, str) and isinstance(name, str) else None
