@@ -1,11 +1,5 @@
-"""The ``events.k8s.io/v1`` Events the service writes, built from its reports.
-
-A live delete becomes a ``Normal`` ``RetiredPodDeleted`` regarding the pod, a dry-run report a
-``RetiredPodWouldDelete``, and a retired pod kept longer than ``KEPT_BOUND_SECONDS`` a
-``Warning`` ``RetiredPodKept`` naming the classifier's reason, the row's state and since when.
-The note says what a person reading ``kubectl describe`` needs; the writer is
-``service/kube/events.py``.
-"""
+"""The ``events.k8s.io/v1`` Events of the service's reports, regarding their pod: a ``Normal``
+``RetiredPodDeleted`` or ``RetiredPodWouldDelete`` (dry run), a ``Warning`` ``RetiredPodKept``."""
 
 from __future__ import annotations
 
@@ -17,11 +11,7 @@ from service.ports import KeptReport, ReapReport
 REPORTING_CONTROLLER = "space.sandbox/retired-pod-gc"
 REASON_DELETED = "RetiredPodDeleted"
 REASON_WOULD_DELETE = "RetiredPodWouldDelete"
-ACTION = "Delete"
 REASON_KEPT = "RetiredPodKept"
-ACTION_KEEP = "Keep"
-RUNBOOK = 'docs/operations.md, "Retired but kept"'
-"""Where a ``RetiredPodKept`` Event sends its reader (the runbook entry of each reason)."""
 _NOTE_MAX_BYTES = 1024
 """The API server rejects a longer ``note``."""
 _INSTANCE_MAX = 128
@@ -52,13 +42,13 @@ def note_for(report: ReapReport) -> str:
 
 
 def kept_note(report: KeptReport) -> str:
-    """The reason a retired pod is kept, the row's state and since when, and what to read
-    next."""
+    """Why a retired pod is kept, the row's state, since when, and its runbook entry."""
     since = event_time(report.since_s)
     return _truncated(
         f"Execution retired ({report.row_state}, inactive) since {since} ({report.since_source}) "
         f"but the pod is kept: {report.reason}: {report.rule}. Kept for "
-        f"{report.kept_for_s:.0f}s. Nothing will delete it: {RUNBOOK}, {report.reason}."
+        f"{report.kept_for_s:.0f}s. Nothing will delete it: "
+        f'docs/operations.md, "Retired but kept", {report.reason}.'
     )
 
 
@@ -66,9 +56,9 @@ def event_body(report: ReapReport | KeptReport, *, instance: str, at_s: float) -
     """The Event of ``report`` regarding its pod, named ``<pod>.<hex nanoseconds>`` as the API
     server requires (a ``generateName`` of ``<pod>.`` is rejected)."""
     if isinstance(report, KeptReport):
-        action, reason, note, kind = ACTION_KEEP, REASON_KEPT, kept_note(report), "Warning"
+        action, reason, note, kind = "Keep", REASON_KEPT, kept_note(report), "Warning"
     else:
-        action, note, kind = ACTION, note_for(report), "Normal"
+        action, note, kind = "Delete", note_for(report), "Normal"
         reason = REASON_WOULD_DELETE if report.dry_run else REASON_DELETED
     pod = report.pod
     return {
