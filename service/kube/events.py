@@ -1,4 +1,6 @@
-"""The one Event writer (``ports.ReapRecorder``, ``ports.KeptRecorder``), never in a delete's way.
+"""The ``events.k8s.io/v1`` Events of the service's reports, regarding their pod (a ``Normal``
+``RetiredPodDeleted`` or ``RetiredPodWouldDelete``, a ``Warning`` ``RetiredPodKept``), and their
+one writer (``ports.ReapRecorder``, ``ports.KeptRecorder``), never in a delete's way.
 
 - ``record``/``record_kept`` only append to a bounded buffer: they never await, never raise. One
   drain task writes the Events one at a time, each under its own timeout.
@@ -18,6 +20,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 import aiohttp
 import anyio
@@ -29,12 +33,13 @@ from service.kit.causelog import CauseLog
 from service.kit.errors import Unavailable
 from service.kit.ratelimit import limiter
 from service.kube.errors import KubeApiError, RequestTimeout
-from service.kube.eventbodies import event_body
 from service.kube.transport import ApiTransport
 from service.metrics import EventResult, KubeMetrics
 from service.ports import KeptReport, ReapReport
 
 logger = logging.getLogger(__name__)
+
+_Report = ReapReport | KeptReport
 
 EVENT_BUFFER_SIZE = 1000
 """Fewest delete Events and reports that may wait (two minutes of deletes at the budget's cap
@@ -49,6 +54,68 @@ SUMMARY_INTERVAL_S = 60.0
 EVENT_MAX_AGE_S = 300.0
 EVENT_RETRY_BACKOFF = Backoff(initial_s=0.5, max_s=30.0, jitter=0.2)
 FLUSH_TIMEOUT_S = 2.0
+
+REPORTING_CONTROLLER = "space.sandbox/retired-pod-gc"
+REASON_DELETED = "RetiredPodDeleted"
+REASON_WOULD_DELETE = "RetiredPodWouldDelete"
+REASON_KEPT = "RetiredPodKept"
+_NOTE_MAX_BYTES = 1024
+"""The API server rejects a longer ``note``."""
+_INSTANCE_MAX = 128
+"""The longest ``reportingInstance`` the API server accepts."""
+
+
+def event_time(ts: float) -> str:
+    """A ``MicroTime`` as the API server writes it."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def event_body(report: _Report, *, instance: str, at_s: float) -> dict[str, Any]:
+    """The Event of ``report`` regarding its pod, named ``<pod>.<hex nanoseconds>`` as the API
+    server requires (a ``generateName`` of ``<pod>.`` is rejected). Its note says what a reader of
+    ``kubectl get events`` needs: what, why, for how long and the preconditions the DELETE carried
+    (or would have); for a kept pod why, the row's state, since when and its runbook entry."""
+    pod = report.pod
+    if isinstance(report, KeptReport):
+        action, reason, kind = "Keep", REASON_KEPT, "Warning"
+        note = (
+            f"Execution retired ({report.row_state}, inactive) since {event_time(report.since_s)} "
+            f"({report.since_source}) but the pod is kept: {report.reason}: {report.rule}. Kept "
+            f"for {report.kept_for_s:.0f}s. Nothing will delete it: "
+            f'docs/operations.md, "Retired but kept", {report.reason}.'
+        )
+    else:
+        action, kind = "Delete", "Normal"
+        reason = REASON_WOULD_DELETE if report.dry_run else REASON_DELETED
+        what = "Would delete (dry run)" if report.dry_run else "Deleted"
+        note = (
+            f"{what} as {report.verdict}: {report.rule}. Reapable continuously for "
+            f"{report.reapable_for_s:.0f}s; execution row state {report.row_state}, inactive. "
+            f"Preconditions uid={pod.uid} resourceVersion={pod.resource_version}."
+        )
+    if len(note.encode()) > _NOTE_MAX_BYTES:
+        note = note.encode()[: _NOTE_MAX_BYTES - 3].decode("utf-8", "ignore") + "..."
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": f"{pod.name}.{int(at_s * 1e9):x}", "namespace": pod.namespace},
+        "eventTime": event_time(at_s),
+        "reportingController": REPORTING_CONTROLLER,
+        "reportingInstance": instance[:_INSTANCE_MAX],
+        "action": action,
+        "reason": reason,
+        "regarding": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": pod.namespace,
+            "name": pod.name,
+            "uid": pod.uid,
+            "resourceVersion": pod.resource_version,
+        },
+        "note": note,
+        "type": kind,
+    }
+
 
 _LOGGED_ONCE = frozenset(
     {EventResult.DROPPED_BUFFER_FULL, EventResult.EXPIRED, EventResult.THROTTLED}
@@ -66,7 +133,6 @@ def _result_of(status: int) -> EventResult:
     return EventResult.REJECTED
 
 
-_Report = ReapReport | KeptReport
 _Entry = tuple[_Report, float, float]
 """(report, wall-clock time of the Event, event-loop time it was recorded)."""
 
@@ -250,10 +316,8 @@ class KubeEventRecorder:
 
     def _summarize(self, *, caught_up: bool) -> None:
         """Name the summarised reports in one warning, when caught up or at most each interval."""
-        if not self.summarized:
-            return
         now = anyio.current_time()
-        if not caught_up and now - self._summary_at < SUMMARY_INTERVAL_S:
+        if not self.summarized or (not caught_up and now - self._summary_at < SUMMARY_INTERVAL_S):
             return
         logger.warning(
             "dry run: %d more would-delete reports were not written as Events (at most %d wait "
