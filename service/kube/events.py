@@ -1,17 +1,14 @@
-"""The ``events.k8s.io/v1`` Events of the service's reports, regarding their pod (a ``Normal``
-``RetiredPodDeleted`` or ``RetiredPodWouldDelete``, a ``Warning`` ``RetiredPodKept``), and their
-one writer (``ports.ReapRecorder``, ``ports.KeptRecorder``), never in a delete's way.
+"""The ``events.k8s.io/v1`` Events of the service's reports and their one writer
+(``ports.ReapRecorder``, ``ports.KeptRecorder``), never in a delete's way:
 
-- ``record``/``record_kept`` only append to a bounded buffer: they never await, never raise. One
-  drain task writes the Events one at a time, each under its own timeout.
+- ``record``/``record_kept`` only append to a bounded buffer; one drain task writes the Events one
+  at a time, each under its own timeout.
 - A delete's Event is not paced (the delete budget paced the delete); dry-run reports and kept
   Events are, together. Reports beyond ``report_bound`` are counted (``summarized``) and named in
   one warning. Kept Events are written only when nothing else waits.
 - A transient failure (429, 5xx, timeout, no connection) is written again, same name, first in its
-  buffer, after a backoff of at least the Retry-After, until older than ``EVENT_MAX_AGE_S``
-  (``expired``). A 409 is an earlier attempt that was written (``created``).
-- Every Event not written is counted with its reason; ``retired_pod_gc_events_unwritten`` says how
-  many wait: what a SIGKILL loses.
+  buffer, after a backoff of at least the Retry-After, until older than ``EVENT_MAX_AGE_S``. A 409
+  is an earlier attempt that was written. Every Event not written is counted with its reason.
 """
 
 from __future__ import annotations
@@ -42,15 +39,12 @@ logger = logging.getLogger(__name__)
 _Report = ReapReport | KeptReport
 
 EVENT_BUFFER_SIZE = 1000
-"""Fewest delete Events and reports that may wait (two minutes of deletes at the budget's cap
-when that is more); more are dropped (``dropped_buffer_full``)."""
+"""Fewest delete Events and reports that may wait (two minutes of the budget's deletes if more)."""
 REPORT_BOUND = 1000
 KEPT_BUFFER_SIZE = 1000
 EVENT_BURST = 20
 EVENTS_PER_SECOND = 2.0
-"""Slowest pace of dry-run reports and kept Events (the deletes' at the budget's cap if faster)."""
 SUMMARY_INTERVAL_S = 60.0
-"""While reports are summarised, how often the summary is logged at most."""
 EVENT_MAX_AGE_S = 300.0
 EVENT_RETRY_BACKOFF = Backoff(initial_s=0.5, max_s=30.0, jitter=0.2)
 FLUSH_TIMEOUT_S = 2.0
@@ -59,10 +53,8 @@ REPORTING_CONTROLLER = "space.sandbox/retired-pod-gc"
 REASON_DELETED = "RetiredPodDeleted"
 REASON_WOULD_DELETE = "RetiredPodWouldDelete"
 REASON_KEPT = "RetiredPodKept"
-_NOTE_MAX_BYTES = 1024
-"""The API server rejects a longer ``note``."""
-_INSTANCE_MAX = 128
-"""The longest ``reportingInstance`` the API server accepts."""
+_NOTE_MAX_BYTES = 1024  # the API server rejects a longer note
+_INSTANCE_MAX = 128  # and a longer reportingInstance
 
 
 def event_time(ts: float) -> str:
@@ -117,9 +109,7 @@ def event_body(report: _Report, *, instance: str, at_s: float) -> dict[str, Any]
     }
 
 
-_LOGGED_ONCE = frozenset(
-    {EventResult.DROPPED_BUFFER_FULL, EventResult.EXPIRED, EventResult.THROTTLED}
-)
+_LOGGED_ONCE = (EventResult.DROPPED_BUFFER_FULL, EventResult.EXPIRED, EventResult.THROTTLED)
 """Results logged the first time only; a failed write otherwise once per change of cause."""
 
 
@@ -133,8 +123,7 @@ def _result_of(status: int) -> EventResult:
     return EventResult.REJECTED
 
 
-_Entry = tuple[_Report, float, float]
-"""(report, wall-clock time of the Event, event-loop time it was recorded)."""
+_Entry = tuple[_Report, float, float]  # report, wall-clock time of its Event, loop time recorded
 
 
 class KubeEventRecorder:
@@ -171,7 +160,6 @@ class KubeEventRecorder:
         self._attempts = Attempts(retry_backoff)
         self._retry_at = float("-inf")
         self._pending: deque[_Entry] = deque()
-        """Deletes and dry-run reports."""
         self._kept: deque[_Entry] = deque()
         self._pending_reports = 0
         """Dry-run reports among ``_pending``."""
@@ -184,7 +172,6 @@ class KubeEventRecorder:
         self._logged: set[tuple[bool, str]] = set()
         self._write_failures = CauseLog("Event writes fail", logger)
         self._closed = False
-        self._write_scope = anyio.CancelScope()
         metrics.events_unwritten.set_function(lambda: self.pending)
 
     @property
@@ -219,10 +206,6 @@ class KubeEventRecorder:
             return True
         return False
 
-    def _queue(self) -> deque[_Entry]:
-        """Where the next Event comes from: a kept one's only when no other waits."""
-        return self._pending if self._pending else self._kept
-
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Write buffered reports until cancelled."""
         task_status.started()
@@ -235,10 +218,10 @@ class KubeEventRecorder:
             if clock.now() < self._retry_at:
                 await clock.sleep_until(self._retry_at)
                 continue  # flushed meanwhile, perhaps
-            head = self._queue()[0][0]
+            head = (self._pending or self._kept)[0][0]
             if isinstance(head, KeptReport) or head.dry_run:  # a delete's: the budget paced it
                 await self._limiter.acquire()
-            queue = self._queue()
+            queue = self._pending or self._kept
             if not queue:
                 continue  # flushed while this waited for its turn
             entry = queue.popleft()
@@ -260,8 +243,7 @@ class KubeEventRecorder:
                 self._again(entry, retry_s)
 
     def _again(self, entry: _Entry, retry_s: float) -> None:
-        """The Event ``entry`` failed transiently: first in its buffer again after ``retry_s``,
-        unless older than ``max_age_s`` by then."""
+        """Put a transiently failed ``entry`` first in its buffer again, unless too old by then."""
         delay_s = self._attempts.next_delay(retry_s)
         now = clock.now()
         report = entry[0]
@@ -334,8 +316,7 @@ class KubeEventRecorder:
     async def _write(self, report: _Report, at_s: float) -> float | None:
         """Write one Event; ``None`` when it is done with (written, or dropped and counted),
         else the least delay before it is written again (the server's Retry-After, or 0)."""
-        # Whatever goes wrong with an Event is counted and forgotten, never ends the drain task
-        # (and with it the process); a bug is logged with its traceback as well.
+        # Whatever goes wrong is counted and forgotten: it must never end the drain task.
         try:
             body = event_body(report, instance=self._instance, at_s=at_s)
             with anyio.fail_after(self._timeout_s):

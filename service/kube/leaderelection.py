@@ -1,11 +1,9 @@
-"""Leader election on a ``coordination.k8s.io/v1`` Lease, with client-go's semantics.
-
-A replica leads by writing its identity into the Lease (optimistic concurrency on
-``resourceVersion``) and renews every retry period; it stops leading as soon as it has not renewed
-for ``renew_deadline_s``, shorter than the lease duration, so a partitioned leader steps down
-before anybody else can take the lease. Another holder's lease expires on this replica's own clock
-(the event loop's), counted from when it last saw the record change; the wall clock only writes
-``acquireTime``/``renewTime``, as Kubernetes defines them.
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, with client-go's semantics: a replica
+leads by writing its identity into the Lease (optimistic concurrency on ``resourceVersion``), and
+stops leading once it has not renewed for the renew deadline, shorter than the lease duration, so a
+partitioned leader steps down before anybody else can take the lease. Another holder's lease
+expires on this replica's own clock, counted from when it last saw the record change; the wall
+clock only writes ``acquireTime``/``renewTime``, as Kubernetes defines them.
 """
 
 from __future__ import annotations
@@ -35,18 +33,14 @@ from service.metrics import KubeMetrics
 
 logger = logging.getLogger(__name__)
 
-_LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
-
-
 MIN_ATTEMPT_SHARE = 0.1
-"""The least share of the renew deadline one attempt is given, whatever the retry period."""
 
 
 def attempt_timeout_s(settings: LeaderSettings, api_timeout_s: float) -> float:
     """The bound of one attempt (GET and write), so that a request stuck on a dead connection
-    leaves the next attempt time to renew: at most the API timeout, and two attempts fit in the
-    renew deadline, ``2 * (retry period + bound) <= renew deadline`` (defaults: min(10, 10/2 - 2)
-    = 3 s), but at least :data:`MIN_ATTEMPT_SHARE` of it (docs/configuration.md)."""
+    leaves the next attempt time to renew (docs/configuration.md): at most the API timeout, two
+    attempts fit in the renew deadline, ``2 * (retry period + bound) <= renew deadline``
+    (defaults: min(10, 10/2 - 2) = 3 s), and at least :data:`MIN_ATTEMPT_SHARE` of it."""
     two_fit_s = settings.renew_deadline_s / 2 - settings.retry_period_s
     return min(api_timeout_s, max(two_fit_s, settings.renew_deadline_s * MIN_ATTEMPT_SHARE))
 
@@ -81,6 +75,8 @@ class LeaderElector:
         self._api = api
         self._settings = settings
         self._namespace = namespace
+        self._leases = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self._path = f"{self._leases}/{settings.lease_name}"
         self._identity = settings.identity or default_identity()
         self._handlers: list[Callable[[bool], None]] = []
         self._metrics = metrics
@@ -89,7 +85,6 @@ class LeaderElector:
         self._observed_at = -math.inf
         self._last_renew = -math.inf
         self._leading = False
-        # A failing renewal is retried every retry period: logged once per change of cause.
         self._failures = CauseLog(f"lease {settings.lease_name}", logger)
 
     def is_leader(self) -> bool:
@@ -157,11 +152,7 @@ class LeaderElector:
             expect=expect,
         )
         if answer.status < 400:
-            try:
-                lease = decode_json(answer.body)
-            except msgspec.DecodeError as exc:
-                raise Undecodable(f"undecodable lease (HTTP {answer.status}): {exc}") from exc
-            self._observe(lease)
+            self._observe(answer.body)
         return answer.status
 
     def _lease_body(self, *, holder: str, duration_s: float, acquire: bool) -> dict[str, Any]:
@@ -183,8 +174,9 @@ class LeaderElector:
             body["metadata"]["resourceVersion"] = self._observed.resource_version
         return body
 
-    def _observe(self, lease: Any) -> None:
+    def _observe(self, raw: bytes) -> None:
         try:
+            lease = decode_json(raw)
             spec = lease.get("spec") or {}
             current = _Observed(
                 holder=str(spec.get("holderIdentity") or ""),
@@ -196,6 +188,8 @@ class LeaderElector:
                 transitions=int(spec.get("leaseTransitions") or 0),
                 acquire_time=spec.get("acquireTime"),
             )
+        except msgspec.DecodeError as exc:
+            raise Undecodable(f"undecodable lease: {exc}") from exc
         except (AttributeError, TypeError, ValueError) as exc:
             # The server's answer, not our bug: typed at the edge, like any unreadable answer.
             raise Undecodable(f"malformed lease: {type(exc).__name__}: {exc}") from exc
@@ -207,14 +201,12 @@ class LeaderElector:
     async def _try_acquire_or_renew(self) -> bool:
         """Whether the Lease is ours: read, then written when it is free, expired or ours; a 409
         on the write (somebody else wrote first) is an answer all the same."""
-        collection = _LEASES.format(namespace=self._namespace)
-        path = f"{collection}/{self._settings.lease_name}"
-        if await self._request("GET", path, (200, 404)) == 404:
+        if await self._request("GET", self._path, (200, 404)) == 404:
             self._observed = None
             body = self._lease_body(
                 holder=self._identity, duration_s=self._settings.lease_duration_s, acquire=True
             )
-            return await self._request("POST", collection, (200, 201, 409), body) != 409
+            return await self._request("POST", self._leases, (200, 201, 409), body) != 409
         observed = self._observed
         assert observed is not None
         mine = observed.holder == self._identity
@@ -227,12 +219,11 @@ class LeaderElector:
         if mine:
             body["spec"]["acquireTime"] = observed.acquire_time
         body["spec"]["leaseTransitions"] = observed.transitions + (not mine)
-        return await self._request("PUT", path, (200, 201, 409), body) != 409
+        return await self._request("PUT", self._path, (200, 201, 409), body) != 409
 
     async def _release(self) -> None:
         """Hand the lease back so a standby takes over at once. A 409 means our view is stale (a
         renewal applied whose answer the cancellation lost): read it again, retry once if ours."""
-        path = f"{_LEASES.format(namespace=self._namespace)}/{self._settings.lease_name}"
         for _ in range(2):
             observed = self._observed
             if observed is None or observed.holder != self._identity:
@@ -240,8 +231,8 @@ class LeaderElector:
             body = self._lease_body(holder="", duration_s=1, acquire=False)
             body["spec"]["leaseTransitions"] = observed.transitions
             try:
-                if await self._request("PUT", path, (200, 409), body) == 409:
-                    await self._request("GET", path, (200,))
+                if await self._request("PUT", self._path, (200, 409), body) == 409:
+                    await self._request("GET", self._path, (200,))
                     continue
             except ExternalError as exc:
                 logger.warning("could not release the lease: %s", exc)
