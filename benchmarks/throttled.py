@@ -54,7 +54,7 @@ from service.domain import ExecutionState, Verdict
 from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
-from service.kube.eventbodies import REASON_DELETED, event_body
+from service.kube.events import REASON_DELETED, event_body
 from service.metrics import KubeMetrics
 from service.ports import ReapReport
 

@@ -1,17 +1,9 @@
-"""Leader election on a ``coordination.k8s.io/v1`` Lease, with client-go's semantics.
-
-A replica becomes leader by writing its identity into the Lease (optimistic concurrency on
-``resourceVersion``), renews every ``retry_period_s``, and gives up leadership — stops deleting —
-as soon as it has not renewed successfully for ``renew_deadline_s``, which is shorter than the
-lease duration, so a partitioned leader steps down before anybody else can take the lease.
-Expiry of somebody else's lease is judged on this replica's own clock (the event loop's) from
-the moment it last saw the record change, never by comparing wall clocks across machines; the
-wall clock only writes the Lease's ``acquireTime``/``renewTime`` (Kubernetes defines them so).
-
-One attempt (the GET and the write after it) is bounded by :func:`attempt_timeout_s`, not only by
-the API timeout: a request stuck on a dead connection must fail early enough for the next attempt,
-a retry period later and on another connection, to renew within the renew deadline (client-go
-likewise retries every retry period within the renew deadline).
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, with client-go's semantics: a replica
+leads by writing its identity into the Lease (optimistic concurrency on ``resourceVersion``), and
+stops leading once it has not renewed for the renew deadline, shorter than the lease duration, so a
+partitioned leader steps down before anybody else can take the lease. Another holder's lease
+expires on this replica's own clock, counted from when it last saw the record change; the wall
+clock only writes ``acquireTime``/``renewTime``, as Kubernetes defines them.
 """
 
 from __future__ import annotations
@@ -41,20 +33,14 @@ from service.metrics import KubeMetrics
 
 logger = logging.getLogger(__name__)
 
-_LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
-
-
 MIN_ATTEMPT_SHARE = 0.1
-"""The least share of the renew deadline one attempt is given, whatever the retry period."""
 
 
 def attempt_timeout_s(settings: LeaderSettings, api_timeout_s: float) -> float:
-    """The bound of one acquire-or-renew attempt: at most the API timeout, and short enough
-    that two attempts fit in the renew deadline after the last success — the first starts a
-    retry period after it, the second a retry period after the first gave up:
-    ``2 * (retry period + bound) <= renew deadline``. Defaults: min(10, 10/2 - 2) = 3 s.
-    With a retry period of half the renew deadline or more two attempts cannot fit; the bound
-    is then :data:`MIN_ATTEMPT_SHARE` of the renew deadline (docs/configuration.md)."""
+    """The bound of one attempt (GET and write), so that a request stuck on a dead connection
+    leaves the next attempt time to renew (docs/configuration.md): at most the API timeout, two
+    attempts fit in the renew deadline, ``2 * (retry period + bound) <= renew deadline``
+    (defaults: min(10, 10/2 - 2) = 3 s), and at least :data:`MIN_ATTEMPT_SHARE` of it."""
     two_fit_s = settings.renew_deadline_s / 2 - settings.retry_period_s
     return min(api_timeout_s, max(two_fit_s, settings.renew_deadline_s * MIN_ATTEMPT_SHARE))
 
@@ -63,21 +49,14 @@ def default_identity() -> str:
     return f"{socket.gethostname()}_{os.getpid()}"
 
 
-def _now_micro() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # noqa: TID251 (Lease times)
-
-
 @dataclass(frozen=True, slots=True)
 class _Observed:
     holder: str
     renew_time: str
     duration_s: float
     resource_version: str
-    transitions: int = 0
-
-
-class LeaseConflict(Exception):
-    """Somebody else wrote the Lease first (409)."""
+    transitions: int
+    acquire_time: Any
 
 
 class LeaderElector:
@@ -96,21 +75,17 @@ class LeaderElector:
         self._api = api
         self._settings = settings
         self._namespace = namespace
+        self._leases = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self._path = f"{self._leases}/{settings.lease_name}"
         self._identity = settings.identity or default_identity()
         self._handlers: list[Callable[[bool], None]] = []
         self._metrics = metrics
         self._timeout_s = attempt_timeout_s(settings, request_timeout_s)
-        """The bound of one attempt and of each request in it."""
         self._observed: _Observed | None = None
         self._observed_at = -math.inf
         self._last_renew = -math.inf
         self._leading = False
-        # A failing renewal is retried every retry period: logged once per change of cause.
         self._failures = CauseLog(f"lease {settings.lease_name}", logger)
-
-    @property
-    def identity(self) -> str:
-        return self._identity
 
     def is_leader(self) -> bool:
         """True only while the last successful renewal is within the renew deadline."""
@@ -133,11 +108,8 @@ class LeaderElector:
         try:
             with fail_after(self._timeout_s):
                 acquired = await self._try_acquire_or_renew()
-        except LeaseConflict:  # answered: the renewal path works
-            acquired = False
-            self._failures.ok()
         except (ExternalError, TimeoutError) as exc:  # API down, timeouts: judged below
-            detail = str(exc) if str(exc) else f"no answer within {self._timeout_s:.1f}s"
+            detail = str(exc) or f"no answer within {self._timeout_s:.1f}s"
             self._failures.failed(cause_of(exc), f"{type(exc).__name__}: {detail}")
             logger.debug("lease %s: %s", self._settings.lease_name, exc)
             acquired = False
@@ -168,8 +140,8 @@ class LeaderElector:
 
     async def _request(
         self, method: str, path: str, expect: tuple[int, ...], body: Any = None
-    ) -> tuple[int, Any]:
-        """(status, the decoded Lease of a success or ``None``), for a status in ``expect``;
+    ) -> int:
+        """The status of the answer, one of ``expect``, after observing the Lease of a success;
         failures as ``ApiTransport.request``'s, ``Undecodable`` for a Lease that is not JSON."""
         answer = await self._api.request(
             method,
@@ -179,16 +151,12 @@ class LeaderElector:
             timeouts=aiohttp.ClientTimeout(total=self._timeout_s),
             expect=expect,
         )
-        if answer.status >= 400 or not answer.body:
-            return answer.status, None
-        try:
-            return answer.status, decode_json(answer.body)
-        except msgspec.DecodeError as exc:
-            raise Undecodable(f"undecodable lease (HTTP {answer.status}): {exc}") from exc
+        if answer.status < 400:
+            self._observe(answer.body)
+        return answer.status
 
     def _lease_body(self, *, holder: str, duration_s: float, acquire: bool) -> dict[str, Any]:
-        now = _now_micro()
-        observed = self._observed
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # noqa: TID251 (Lease times)
         spec: dict[str, Any] = {
             "holderIdentity": holder,
             "leaseDurationSeconds": max(1, math.ceil(duration_s)),
@@ -202,12 +170,13 @@ class LeaderElector:
             "metadata": {"name": self._settings.lease_name, "namespace": self._namespace},
             "spec": spec,
         }
-        if observed is not None:
-            body["metadata"]["resourceVersion"] = observed.resource_version
+        if self._observed is not None:
+            body["metadata"]["resourceVersion"] = self._observed.resource_version
         return body
 
-    def _observe(self, lease: Any) -> None:
+    def _observe(self, raw: bytes) -> None:
         try:
+            lease = decode_json(raw)
             spec = lease.get("spec") or {}
             current = _Observed(
                 holder=str(spec.get("holderIdentity") or ""),
@@ -217,63 +186,44 @@ class LeaderElector:
                 ),
                 resource_version=str((lease.get("metadata") or {}).get("resourceVersion") or ""),
                 transitions=int(spec.get("leaseTransitions") or 0),
+                acquire_time=spec.get("acquireTime"),
             )
+        except msgspec.DecodeError as exc:
+            raise Undecodable(f"undecodable lease: {exc}") from exc
         except (AttributeError, TypeError, ValueError) as exc:
-            # A Lease the server sent that we cannot read is the server's answer, not our bug:
-            # typed here, at the edge, so the loop treats it like any unreadable answer.
+            # The server's answer, not our bug: typed at the edge, like any unreadable answer.
             raise Undecodable(f"malformed lease: {type(exc).__name__}: {exc}") from exc
-        previous = self._observed
-        if previous is None or (previous.holder, previous.renew_time) != (
-            current.holder,
-            current.renew_time,
-        ):
+        last = self._observed
+        if last is None or (last.holder, last.renew_time) != (current.holder, current.renew_time):
             self._observed_at = clock.now()
         self._observed = current
 
     async def _try_acquire_or_renew(self) -> bool:
-        collection = _LEASES.format(namespace=self._namespace)
-        path = f"{collection}/{self._settings.lease_name}"
-        status, lease = await self._request("GET", path, (200, 404))
-        if status == 404:
+        """Whether the Lease is ours: read, then written when it is free, expired or ours; a 409
+        on the write (somebody else wrote first) is an answer all the same."""
+        if await self._request("GET", self._path, (200, 404)) == 404:
             self._observed = None
             body = self._lease_body(
                 holder=self._identity, duration_s=self._settings.lease_duration_s, acquire=True
             )
-            return await self._write("POST", collection, body)
-        self._observe(lease)
+            return await self._request("POST", self._leases, (200, 201, 409), body) != 409
         observed = self._observed
         assert observed is not None
-        held_by_other = observed.holder not in ("", self._identity)
+        mine = observed.holder == self._identity
         expired = clock.now() - self._observed_at > observed.duration_s
-        if held_by_other and not expired:
+        if observed.holder and not mine and not expired:
             return False
         body = self._lease_body(
-            holder=self._identity,
-            duration_s=self._settings.lease_duration_s,
-            acquire=observed.holder != self._identity,
+            holder=self._identity, duration_s=self._settings.lease_duration_s, acquire=not mine
         )
-        if observed.holder == self._identity:
-            body["spec"]["acquireTime"] = (lease.get("spec") or {}).get("acquireTime")
-        transitions = int((lease.get("spec") or {}).get("leaseTransitions") or 0)
-        body["spec"]["leaseTransitions"] = transitions + (observed.holder != self._identity)
-        return await self._write("PUT", path, body)
-
-    async def _write(self, method: str, path: str, body: dict[str, Any]) -> bool:
-        """Write the Lease ``body`` (POST: create, PUT: update) and observe what was written;
-        :class:`LeaseConflict` when somebody else wrote it first."""
-        status, lease = await self._request(method, path, (200, 201, 409), body)
-        if status == 409:
-            raise LeaseConflict
-        self._observe(lease)
-        return True
+        if mine:
+            body["spec"]["acquireTime"] = observed.acquire_time
+        body["spec"]["leaseTransitions"] = observed.transitions + (not mine)
+        return await self._request("PUT", self._path, (200, 201, 409), body) != 409
 
     async def _release(self) -> None:
-        """Hand the lease back so a standby takes over at once instead of after expiry.
-
-        A 409 means our view is stale (a renewal the server applied but whose answer was lost to
-        the cancellation): read the lease again and retry once while it is still ours.
-        """
-        path = f"{_LEASES.format(namespace=self._namespace)}/{self._settings.lease_name}"
+        """Hand the lease back so a standby takes over at once. A 409 means our view is stale (a
+        renewal applied whose answer the cancellation lost): read it again, retry once if ours."""
         for _ in range(2):
             observed = self._observed
             if observed is None or observed.holder != self._identity:
@@ -281,10 +231,8 @@ class LeaderElector:
             body = self._lease_body(holder="", duration_s=1, acquire=False)
             body["spec"]["leaseTransitions"] = observed.transitions
             try:
-                status, lease = await self._request("PUT", path, (200, 409), body)
-                if status == 409:
-                    status, lease = await self._request("GET", path, (200,))
-                    self._observe(lease)
+                if await self._request("PUT", self._path, (200, 409), body) == 409:
+                    await self._request("GET", self._path, (200,))
                     continue
             except ExternalError as exc:
                 logger.warning("could not release the lease: %s", exc)

@@ -14,7 +14,7 @@ import pytest
 
 from devtools.emulator import RunningEmulator
 from devtools.emulator.sandboxpods import Shape
-from service.kube.eventbodies import REASON_DELETED
+from service.kube.events import REASON_DELETED
 from service.metrics import EventResult
 from tests.integration.test_engine_safety import (
     NS,

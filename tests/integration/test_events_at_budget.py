@@ -29,8 +29,7 @@ from service.engine.reconciler import Reconciler
 from service.engine.workqueue import WorkQueue
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
-from service.kube.eventbodies import REASON_DELETED
-from service.kube.events import KubeEventRecorder
+from service.kube.events import REASON_DELETED, KubeEventRecorder
 from service.kube.informer import PodInformer
 from service.kube.listwatch import ListWatch
 from service.kube.transport import ApiTransport

@@ -18,7 +18,7 @@ import pytest
 from devtools.emulator import Emulator, RunningEmulator
 from devtools.emulator.sandboxpods import Shape
 from service.domain import KEEP_ANNOTATION, SkipReason
-from service.kube.eventbodies import REASON_DELETED, REASON_WOULD_DELETE
+from service.kube.events import REASON_DELETED, REASON_WOULD_DELETE
 from tests.fakes import clock_of
 from tests.integration.test_engine_safety import (
     NS,

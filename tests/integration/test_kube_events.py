@@ -18,8 +18,7 @@ from prometheus_client import CollectorRegistry
 from devtools.emulator import RunningEmulator
 from service.domain import ExecutionState, Verdict
 from service.kit.backoff import Backoff
-from service.kube.eventbodies import REASON_DELETED, REASON_KEPT, REASON_WOULD_DELETE
-from service.kube.events import KubeEventRecorder
+from service.kube.events import REASON_DELETED, REASON_KEPT, REASON_WOULD_DELETE, KubeEventRecorder
 from service.kube.transport import ApiTransport
 from service.metrics import EventResult, KubeMetrics
 from service.ports import KeptReport, ReapReport

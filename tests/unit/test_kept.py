@@ -27,7 +27,7 @@ from service.engine.kept.model import Since
 from service.engine.kept.view import KeptPods
 from service.kit import clock
 from service.kit.errors import Unavailable
-from service.kube.eventbodies import event_body
+from service.kube.events import event_body
 from service.metrics import KEPT_REASONS, KeptMetrics
 from service.ports import KeptReport, RetiredRow
 from tests.fakes import NAMESPACE, FakePodCache, make_pod, make_row
