@@ -1,11 +1,9 @@
 """Every Prometheus metric of the service, defined once, in one group per subsystem.
 
-Each group (:class:`KubeMetrics`, :class:`PgMetrics`, :class:`QueueMetrics`,
-:class:`EngineMetrics`, :class:`KeptMetrics`, :class:`ServiceMetrics`) declares its metrics in its
-class body and builds them on the registry it is given; :class:`Metrics` builds every group on one
-registry for the wiring, which hands each part only the group it writes. Labels are
-low-cardinality enums (never a pod name), their label sets created at zero so that dashboards and
-alerts see them before the first event.
+Each :class:`Group` declares its metrics in its class body and builds them on the registry it is
+given; :class:`Metrics` builds every group on one registry for the wiring, which hands each part
+only the group it writes. Labels are low-cardinality enums (never a pod name), their label sets
+created at zero so that dashboards and alerts see them before the first event.
 """
 
 from __future__ import annotations
@@ -292,8 +290,6 @@ class EngineMetrics(Group):
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         super().__init__(registry)
-        # Every label set created at zero (dashboards and alerts see it before the first
-        # event), and counted into from here.
         self._outcome_children: dict[tuple[str, str], Counter] = {
             (mode, verdict): self.outcomes.labels(loop=LOOP, mode=mode, verdict=verdict)
             for mode in MODES
@@ -548,8 +544,7 @@ class ServiceMetrics(Group):
 
 
 class Metrics:
-    """Every group on one registry (tests pass their own; production the default): the wiring
-    hands each part the group it writes."""
+    """Every group on one registry (tests pass their own; production the default)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry if registry is not None else CollectorRegistry()

@@ -178,7 +178,6 @@ class Reconciler:
 
     async def _observe(self, keys: Sequence[str], observed: Observed) -> None:
         results = observed.results
-        # The cached pods that passed the prefilter, under their keys.
         candidates: list[tuple[str, PodSnapshot]] = []
         get = self._cache.get
         for key in keys:
@@ -252,7 +251,6 @@ class Reconciler:
         return rows
 
     async def _lookup(self, keys: list[str]) -> dict[str, ExecutionRow]:
-        """The batch's rows by pod key (step 3)."""
         return await self._store.lookup_many(keys)
 
     def _not_watched(self, key: str) -> ReconcileResult:
@@ -313,8 +311,6 @@ class Reconciler:
             return ReconcileResult.requeue_after(Outcome.THROTTLED, delay_s)
         self._clocks.set_waiting(uid, None)
         try:
-            # The API client's request slot is taken before the final check, so the DELETE
-            # after it never waits for one (the GETs of a re-verification use it too).
             async with self._pods.delete_slot():
                 checked = await self._verifier.final_check(verified)
                 if isinstance(checked, ReconcileResult):

@@ -1,13 +1,9 @@
 """Execution rows from PostgreSQL: the ``ExecutionStore`` adapter.
 
-Rows are looked up by pod key (``namespace/name``) in batches: one query asks for the keys' pod
-names as an array, joined to ``sandboxes`` and scoped to the configured sandbox namespaces and to
-Kubernetes-managed sandboxes. A row answers a key only when its namespace and pod name make up
-exactly that key, so a row of another namespace with the same pod name can never authorize a
-delete. :meth:`PgExecutionStore.read_fresh` is the same query for one key, marked as the final
-re-read. Rows are decoded into :class:`service.domain.ExecutionRow` here: unknown strings become
-the explicit unknown members; a row with a NULL where a value is required is counted, logged and
-treated as absent (never reaped).
+One query asks for a batch of keys' pod names as an array, joined to ``sandboxes`` and scoped to
+the configured sandbox namespaces and to Kubernetes-managed sandboxes; a row answers only the key
+its namespace and pod name make up (:meth:`PgExecutionStore._query`). A row with a NULL where a
+value is required is counted, logged and treated as absent (:func:`decode_row`: never reaped).
 
 Errors (``service/pg/errors.py``): a failed query raises ``Unavailable`` (no answer;
 ``StoreClosed`` once :meth:`PgExecutionStore.aclose` has begun) or ``DatabaseError`` (the server
@@ -48,8 +44,6 @@ WHERE e.pod_name = ANY($1::text[])
   AND s.namespace = ANY($2::text[])
   AND s.managed_by = $3
 """
-"""The rows of the pod names asked for, of the configured namespaces and Kubernetes-managed
-sandboxes (which key a row answers is :meth:`PgExecutionStore._query`'s to decide)."""
 
 INVALID_STATEMENT_NAME = "26000"
 """SQLSTATE of "prepared statement ... does not exist": what a statement cached on one server
@@ -165,7 +159,6 @@ class PgExecutionStore:
     # -- ExecutionStore --------------------------------------------------------------------
 
     async def lookup_many(self, keys: Sequence[str]) -> dict[str, ExecutionRow]:
-        """Rows by pod key, ``batch_max_size`` keys a query; absent keys are left out."""
         self._open_pool()
         unique = list(dict.fromkeys(keys))
         size = max(1, self._settings.batch_max_size)
@@ -175,7 +168,6 @@ class PgExecutionStore:
         return out
 
     async def read_fresh(self, key: str) -> ExecutionRow | None:
-        """The row of one key, read now (the final re-check before a delete)."""
         rows = await self._query([key], kind="fresh", sql=FRESH_SQL)
         return rows.get(key)
 
@@ -215,9 +207,8 @@ class PgExecutionStore:
     async def retired_rows(
         self, namespace: str, names: Sequence[str], *, kind: str = "kept_sweep"
     ) -> dict[str, RetiredRow]:
-        """``ports.RetiredRowSource``: the inactive rows among ``names`` of ``namespace``, by
-        pod key, in one query (:data:`RETIRED_SQL`); a namespace not configured, or no names,
-        costs none. Raises as :meth:`lookup_many`."""
+        """``ports.RetiredRowSource`` (:data:`RETIRED_SQL`); a namespace not configured, or no
+        names, costs no query. Raises as :meth:`lookup_many`."""
         self._open_pool()
         if namespace not in self._namespaces or not names:
             return {}

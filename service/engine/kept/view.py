@@ -1,9 +1,4 @@
-"""The retired-but-kept view (the package docstring says what it knows, and how).
-
-A row query asks for one namespace's keys at once; a notification about a key that arrives while
-a query is in flight is fresher than the query's answer for that key, so every query notes the
-keys notified meanwhile, and the view leaves their answers unapplied (:meth:`KeptPods._apply`).
-"""
+"""The retired-but-kept view (the package docstring says what it knows, and how)."""
 
 from __future__ import annotations
 
@@ -247,8 +242,9 @@ class KeptPods:
         self, keys: Iterable[str], answer: Answer, notified: Mapping[str, float] | None = None
     ) -> list[str]:
         """A query's answer for ``keys``, the one place it is applied: a key notified while the
-        query was in flight is left to its notification; any other is known retired when the
-        answer has its row, else forgotten. Returns the keys known retired."""
+        query was in flight is left to its notification (fresher than the answer); any other is
+        known retired when the answer has its row, else forgotten. Returns the keys known
+        retired."""
         found, touched = answer
         known = []
         for key in dict.fromkeys(keys):
