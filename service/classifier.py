@@ -171,8 +171,7 @@ def classify(pod: PodSnapshot, row: ExecutionRow | None) -> Decision:
             SkipReason.PENDING_NOT_REPLACED,
             f"Pending pods are reaped only when retired as replaced, not {state}",
         )
-    # Only a terminal pod gets here (the prefilter lets no other phase through); any other
-    # phase is never reaped.
+    # Only a terminal pod gets here (the prefilter lets no other phase through).
     return _TERMINAL_RETIRED.get((pod.phase, state), _PHASE_UNKNOWN)
 
 

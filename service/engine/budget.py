@@ -24,7 +24,7 @@ from collections import deque
 import anyio
 
 from service.kit import clock
-from service.kit.ratelimit import AsyncLimiter, capped_limiter, capped_shape
+from service.kit.ratelimit import AsyncLimiter, capped_shape, limiter
 
 PACER_POLL_MAX_S = 0.05
 """How often, at most, the head of the line looks at the pacer while it waits (aiolimiter can
@@ -76,7 +76,7 @@ class DeleteBudget:
         self._pacer: AsyncLimiter | None = None
         self._pacer_poll_s = PACER_POLL_MAX_S
         if shape is not None:
-            self._pacer = capped_limiter(deletes_per_minute, window_s)
+            self._pacer = limiter(burst=shape[0], per_second=shape[1])
             self._pacer_poll_s = min(PACER_POLL_MAX_S, 0.1 / shape[1])
 
     async def turn(self) -> Turn:

@@ -120,7 +120,6 @@ class Controller:
         if old is not None and old.uid != new.uid:
             self._clocks.forget_pod(old.uid, key)
         elif old is not None and checks.pod_state_changed(old, new):
-            # A reconcile may never see this state (it reads the latest one): restart here.
             self._clocks.clear(new.uid)
         if not candidate or self._clocks.uid_for(key) not in (None, new.uid):
             self._clocks.clear_key(key)
@@ -148,7 +147,6 @@ class Controller:
             (c.received_at_s for c in changes if c.retired and c.received_at_s > 0), default=None
         )
         if received_at_s is not None:
-            # One sample per notification that carries a retirement.
             self._metrics.retirement_to_enqueue.observe(max(0.0, clock.now() - received_at_s))
 
     def notifications_missed(self) -> None:

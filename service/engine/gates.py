@@ -54,11 +54,6 @@ def no_answer(exc: Failure) -> bool:
     return isinstance(exc, Unavailable | TimeoutError)
 
 
-def retry_after_s(exc: Failure) -> float | None:
-    """How long the server asked to wait, if it answered and said."""
-    return exc.retry_after_s if isinstance(exc, ApiError) else None
-
-
 def throttled_s(exc: Failure) -> float | None:
     """How long the API server asked to wait when it throttled the call (a 429, or a 503 with
     Retry-After: the request was not processed); ``None`` when it did not."""
@@ -133,7 +128,7 @@ class Gates:
     def api_failed(self, exc: Failure) -> ReconcileResult:
         """A GET or DELETE that failed, neither throttled nor refused: held while the API server
         gives no answer, else retried (after its Retry-After, if it gave one)."""
-        retry = ReconcileResult.retry(retry_after_s(exc))
+        retry = ReconcileResult.retry(exc.retry_after_s if isinstance(exc, ApiError) else None)
         return self.failed(self.api, exc, Outcome.ERROR, retry)
 
     def _report(self, gate: Gate, ticket: Ticket, *, answered: bool) -> None:

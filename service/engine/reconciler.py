@@ -120,7 +120,6 @@ class Reconciler:
             api_timeout_s=settings.kube.api_timeout_s,
             recorder=recorder,
         )
-        # A recurring failure is logged once a cause; the per-key lines are debug.
         self._lookup_failures = CauseLog("row lookups fail, clocks cleared", logger)
         self._observe_timeouts = CauseLog("observing batches times out", logger)
         self._act_timeouts = CauseLog("reconciles of due pods time out", logger)
@@ -156,8 +155,6 @@ class Reconciler:
                 # No cache and no row lookup covers it: never acted on (a malformed key too).
                 observed.results[key] = self._not_watched(key)
             else:
-                # A relist collapses the states it skipped: a clock started now could cover a
-                # non-reapable state it never saw. Synced, every candidate is enqueued.
                 observed.results[key] = ReconcileResult.done(Outcome.CACHE_COLD)
         if not ready:
             return observed
@@ -213,7 +210,6 @@ class Reconciler:
                 continue
             elapsed = clocks.observe(pod.uid, key, verdict, now)
             if elapsed is None:
-                # A clearing event arrived while we read (and enqueued the key again).
                 with logs.reconciling(key):
                     logger.debug(
                         "state changed during the reconcile; clock not started", extra={"key": key}

@@ -103,7 +103,6 @@ class Verifier:
         synced = await self._sync(key)
         if synced is not None:
             return synced
-        # An event may have cleared the clock, or the lease been lost, during the re-reads.
         elapsed = self._still_due(due, clock.now())
         if isinstance(elapsed, ReconcileResult):
             return elapsed
@@ -219,7 +218,6 @@ class Verifier:
             if isinstance(again, ReconcileResult):
                 return again
             verified = again
-        # An event that cleared the clock, or a lost lease, during the checks above is seen now.
         elapsed = self._still_due(due, now)
         if isinstance(elapsed, ReconcileResult):
             return elapsed

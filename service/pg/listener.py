@@ -205,7 +205,6 @@ class RetirementListener:
         self._connected = True
         self._problem = None
         self._metrics.listener_connected.set(1)
-        # Whatever was sent while nobody listened is gone: the consumers must resync.
         for handler in self._handlers:
             handler.notifications_missed()
 
@@ -221,14 +220,11 @@ class RetirementListener:
                 raise _ConnectionLost(str(exc)) from None
 
     async def sync(self) -> None:
-        """Proof that every notification committed before the call has been handed to the
-        handlers: a NOTIFY on the listener's own channel, sent through the query pool after the
-        call began, came back on the listening connection. The server delivers a listening
-        backend's notifications in commit order and asyncpg runs their callbacks in arrival
-        order, so the probe's arrival comes after every earlier commit's. Concurrent callers
-        share one probe sent after all of them arrived. Raises
-        :class:`~service.pg.errors.ListenerUnavailable` when the listener is not connected or the
-        probe cannot be sent or does not arrive in time (the listener then reconnects)."""
+        """``ports.NotificationBarrier``: a NOTIFY on the listener's own channel, sent through the
+        query pool after the call began, came back on the listening connection. The server
+        delivers a listening backend's notifications in commit order and asyncpg runs their
+        callbacks in arrival order, so the probe's arrival comes after every earlier commit's.
+        Concurrent callers share one probe; one that fails makes the listener reconnect."""
         if not self._connected:
             # The cause is the listener's own log line and the readiness body's.
             raise ListenerUnavailable("the notify listener is not connected")

@@ -114,8 +114,6 @@ class PgExecutionStore:
         self._ping_log = CauseLog("database ping failed", logger)
         self._query_log = CauseLog("execution-row queries fail", logger)
 
-    # -- lifecycle -------------------------------------------------------------------------
-
     async def start(self) -> None:
         """Create the pool. Connections open lazily, so a database that is down does not fail
         the start; :meth:`ping` reports it and lookups raise ``Unavailable``."""
@@ -155,8 +153,6 @@ class PgExecutionStore:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
-
-    # -- ExecutionStore --------------------------------------------------------------------
 
     async def lookup_many(self, keys: Sequence[str]) -> dict[str, ExecutionRow]:
         self._open_pool()
@@ -224,8 +220,6 @@ class PgExecutionStore:
                     row, float(retired_at) if isinstance(retired_at, float | int) else None
                 )
         return out
-
-    # -- internals -------------------------------------------------------------------------
 
     def _open_pool(self) -> asyncpg.Pool:
         if self._closed:
