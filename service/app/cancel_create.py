@@ -59,11 +59,8 @@ async def cancel_create(
     activation_attempt: int,
     timeout_s: float,
 ) -> CancelReport:
-    """Retire (fenced) and, if the execution is retired, delete its pod under preconditions.
-
-    A failed GET or DELETE of the pod raises as the pod client raised it (a kit error), or
-    ``TimeoutError`` (a DELETE without an answer may have been applied); running the command
-    again is safe."""
+    """See the module docstring. A failed GET or DELETE raises as the pod client raised it, or
+    ``TimeoutError`` (a DELETE without an answer may have been applied): running again is safe."""
     row = await retire_for_cancel(
         conn,
         namespaces=namespaces,

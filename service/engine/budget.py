@@ -11,10 +11,9 @@ Two stages, on the event loop's clock:
 
 **The token is taken last.** A caller first waits for its :class:`Turn` (first come, first
 served: an ``anyio.Lock`` is fair) until both stages would grant *now*, consuming nothing; holding
-it, it makes its final checks, then takes the token with :meth:`Turn.take`, which never suspends,
-and hands the DELETE to the API client at once. So the grant times bounded are the times the
-DELETEs are sent, and a candidate that fails its final checks passes its turn on without
-spending a token.
+it, it makes its final checks, then takes the token (:meth:`Turn.take`) and hands the DELETE to
+the API client at once: the grant times bounded are the times the DELETEs are sent, and a
+candidate that fails its final checks spends no token.
 """
 
 from __future__ import annotations

@@ -15,12 +15,11 @@ UID, bracketed by ``begin``/``end`` (cleared meanwhile: ``changed``; not yet rea
 threshold: ``too_young``, requeued for the remaining time); 6. dry run, reported before:
 ``already_reported``. An ``error``, ``gone``, ``skipped`` or ``lookup_failed`` clears the clock.
 
-Act: 7. verification (``engine/verify.py``: fresh GET, direct row re-read, classified again, the
-same UID, verdict and resourceVersion, a round trip on the listener, the clock and the
-activation); 8. live, the budget's turn, nothing spent yet (``throttled``); 9. the final check
-(``engine/verify.py``), then, with no await that suspends in between, the token and 10. the
-DELETE with preconditions, or the dry-run report (``engine/delete.py``). The API client's request
-slot is held from before step 9 until the DELETE is sent.
+Act: 7. verification (``engine/verify.py``); 8. live, the budget's turn, nothing spent yet
+(``throttled``); 9. the final check (``engine/verify.py``), then, with no await that suspends in
+between, the token and 10. the DELETE with preconditions, or the dry-run report
+(``engine/delete.py``). The API client's request slot is held from before step 9 until the DELETE
+is sent.
 
 A dependency that gives no answer holds that step of every key (``engine/gates.py``); a held
 lookup or re-read clears the clock as a failed one does (invariant 3). Anything but an expected

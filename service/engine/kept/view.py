@@ -153,12 +153,9 @@ class KeptPods:
                 tg.start_soon(self._sweep_loop, namespace, name=f"kept-sweep-{namespace}")
             tg.start_soon(self._confirm_loop, name="kept-confirm")
             task_status.started()
-            await self._tick_loop()
-
-    async def _tick_loop(self) -> None:
-        while True:
-            await self.tick()
-            await anyio.sleep(max(0.05, min(TICK_S, self.bound_s / 4)))
+            while True:
+                await self.tick()
+                await anyio.sleep(max(0.05, min(TICK_S, self.bound_s / 4)))
 
     async def tick(self) -> None:
         """Follow the leadership, refresh the age gauges and write the Events that are due."""
