@@ -79,17 +79,15 @@ _TERMINAL_RETIRED = {
 
 
 def kept(pod: PodSnapshot) -> Decision | None:
-    """The operator's keep rule alone (:data:`KEEP_ANNOTATION`): the skip decision of a kept pod,
-    else ``None``. :func:`prefilter` applies it first; ``cancel-create``, which deletes without
-    the shape rules, applies it too (``service/app/cancel_create.py``)."""
+    """The operator's keep rule alone (:data:`KEEP_ANNOTATION`): a kept pod's skip, else ``None``;
+    :func:`prefilter` applies it first, ``cancel-create`` (no shape rules) applies it too."""
     return _KEEP if pod.keep else None
 
 
 def prefilter(pod: PodSnapshot) -> Decision | None:
-    """Skip decisions that need no database row; ``None`` means "look the row up".
-
-    Each rule is a function of this module called by its name (the mutation check disables one
-    by that name, ``tests/chaos/removals.py``); the first that answers decides."""
+    """Skip decisions that need no database row; ``None`` means "look the row up". Each rule is a
+    function of this module called by its name (the mutation check disables one by that name,
+    ``tests/chaos/removals.py``); the first that answers decides."""
     decision = kept(pod) or _terminating(pod) or _unlabelled(pod) or _unknown_pod_kind(pod)
     if decision is not None:
         return decision

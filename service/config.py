@@ -260,8 +260,7 @@ _SECTIONS = {
 
 
 def _keep_lease_timings_ordered(got: dict[str, Any], w: list[str]) -> None:
-    """Renew deadline below the lease (else 2/3 of it), retry period below the deadline (else
-    1/3 of it)."""
+    """Renew deadline below the lease, retry period below the deadline (else 2/3, 1/3 of it)."""
     for longer, shorter, thirds in (
         (LEASE_DURATION_SECONDS, RENEW_DEADLINE_SECONDS, 2),
         (RENEW_DEADLINE_SECONDS, RETRY_PERIOD_SECONDS, 1),

@@ -168,7 +168,6 @@ def split_key(key: str) -> tuple[str, str]:
 
 class PodSnapshot(msgspec.Struct, frozen=True, gc=False):
     """What classification needs of a pod, and nothing more (kept small: 100k are cached).
-
     ``all_containers_terminated`` is true only when ``container_count > 0`` and every container
     status is ``terminated``; ``created_at_s`` is ``creationTimestamp`` as Unix seconds, ``None``
     when absent or unparsable; ``keep`` is whether the :data:`KEEP_ANNOTATION` keeps the pod.

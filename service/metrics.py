@@ -111,10 +111,9 @@ class KeyHistogram(Collector):
     exported as ``prometheus_client``'s ``Histogram`` exports it (without ``_created``), through
     its public custom-collector API.
 
-    Its :meth:`observe` is a bisect and two additions, without the two locks of
-    ``Histogram.observe``: every key of a burst is observed twice (benchmarks/NOTES.md, B2b).
-    Observed and scraped on the event loop's thread only (``/metrics`` is served there), so
-    nothing needs a lock.
+    Its :meth:`observe` is a bisect and two additions, without ``Histogram.observe``'s two locks
+    (every key of a burst is observed twice, benchmarks/NOTES.md, B2b): it is observed and scraped
+    on the event loop's thread only (``/metrics`` is served there).
     """
 
     def __init__(
@@ -332,8 +331,7 @@ class QueueMetrics(Group):
 
 
 class KubeMetrics(Group):
-    """The Kubernetes adapter's: the API client, the pod caches and their watches, the Events, the
-    lease (``service/kube/``)."""
+    """The Kubernetes adapter's (``service/kube/``): API client, caches, watches, Events, lease."""
 
     # sandbox_namespace: values fixed by configuration (NAMESPACES), so bounded; not
     # `namespace`, which Prometheus gives the scraped target (the controller's own).
@@ -442,8 +440,7 @@ class KubeMetrics(Group):
 
 
 class PgMetrics(Group):
-    """The PostgreSQL adapter's: the row queries, the connections, the LISTEN connection and its
-    notifications (``service/pg/``)."""
+    """The PostgreSQL adapter's (``service/pg/``): row queries, connections, the listener."""
 
     listener_connected = gauge(
         "retired_pod_gc_listener_connected",

@@ -81,8 +81,7 @@ class PodEventHandler(Protocol):
         ...
 
     def cache_cold(self, namespace: str) -> None:
-        """The cache of ``namespace`` is being rebuilt (410, restart): its observations may
-        have gaps."""
+        """``namespace``'s cache is being rebuilt (410, restart): its observations may have gaps."""
         ...
 
     def cache_synced(self, namespace: str) -> None:

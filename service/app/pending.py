@@ -28,8 +28,7 @@ DEFAULT_LIMIT = 1000
 
 
 def utc(ts: float, *, fraction: bool = True) -> str:
-    """Unix time ``ts`` as the operator tools show it: ISO 8601 in UTC, with microseconds unless
-    ``fraction`` is false."""
+    """Unix time ``ts`` as ISO 8601 in UTC (with microseconds when ``fraction``)."""
     text = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return text if fraction else text[:-8] + "Z"
 

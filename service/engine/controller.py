@@ -155,8 +155,7 @@ class Controller:
         self.resync()
 
     def resync(self, namespace: str | None = None) -> int:
-        """Enqueue every cached pod (of ``namespace``, or of all) that passes the prefilter;
-        returns how many."""
+        """Enqueue every cached candidate (of ``namespace``, or of all); returns how many."""
         if not self._activation.active:
             return 0
         prefix = "" if namespace is None else namespace + "/"

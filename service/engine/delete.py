@@ -87,8 +87,7 @@ class Deleter:
                 return ReconcileResult.requeue_after(Outcome.CONFLICT, CONFLICT_REQUEUE_S)
 
     def _failed(self, checked: Checked, exc: Failure) -> ReconcileResult:
-        """No answer or an unexpected one: the clock runs on, and the key is verified again
-        (fresh GET first) when it comes back."""
+        """No answer or an unexpected one: the clock runs on; the key is verified afresh later."""
         text = describe("pod DELETE", exc)
         extra = {"key": checked.key}
         throttled = throttled_s(exc)

@@ -45,7 +45,6 @@ def dependency_backoff() -> Backoff:
 
 
 def describe(what: str, exc: Failure) -> str:
-    """The failure as its log lines show it."""
     return f"{what}: {type(exc).__name__}: {exc}"
 
 

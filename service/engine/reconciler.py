@@ -57,8 +57,7 @@ from service.ports import ExecutionStore, NotificationBarrier, PodCache, PodClie
 logger = logging.getLogger(__name__)
 
 BUDGET_RETRY_MIN_S = 1.0
-"""A key that got no turn at the budget in time comes back when it expects a token, not sooner
-than this."""
+"""Least delay of a key that got no turn at the budget in time (else: when a token is due)."""
 
 
 @dataclass(slots=True)
@@ -228,8 +227,7 @@ class Reconciler:
                 observed.due.append(Due(key, pod, verdict))
 
     async def _rows(self, keys: list[str]) -> dict[str, ExecutionRow] | ReconcileResult:
-        """Step 3 through the database's gate: the rows, or the result of every key when the
-        lookup failed or was held."""
+        """Step 3 through the database's gate: the rows, or the batch's result if failed or held."""
         gate = self._gates.database
         try:
             rows = await self._gates.call(

@@ -109,7 +109,6 @@ class Verifier:
         return Verified(due, fresh, fresh_row, again.rule, reread_at_s)
 
     async def _get(self, due: Due) -> PodSnapshot | ReconcileResult:
-        """The fresh GET of the pod."""
         pod = due.pod
         try:
             fresh = await self._gates.call(

@@ -13,9 +13,8 @@ __all__ = ["AsyncLimiter", "capped_shape", "limiter"]
 
 
 def capped_shape(cap: int, window_s: float = 60.0) -> tuple[int, float] | None:
-    """``(capacity, rate_per_s)`` of a bucket that never admits more than ``cap`` in any window
-    of ``window_s``: ``capacity = max(1, cap // 10)``, the rest spread evenly. ``None`` when no
-    such bucket has a positive rate (a cap of 1)."""
+    """``(capacity, rate_per_s)`` of a bucket that never admits more than ``cap`` in any window of
+    ``window_s``: ``capacity = max(1, cap // 10)``, the rest spread evenly (``None``: cap 1)."""
     capacity = max(1, cap // 10)
     if cap - capacity <= 0:
         return None

@@ -83,12 +83,9 @@ class _Round:
 
 
 class RetirementListener:
-    """LISTEN on the notify channel until cancelled; see the module docstring.
-
-    ``probe`` sends the delivery probes (through the query pool); ``namespaces`` are the watched
-    sandbox namespaces (each name of a payload is one change in each); ``probe_channel`` is the
-    channel of its probes (by default one of this process's own: no other replica listens).
-    """
+    """See the module docstring. ``probe`` sends the delivery probes (through the query pool);
+    ``namespaces`` are the watched sandbox namespaces (a payload's name is a change in each);
+    ``probe_channel`` is the probes' (by default the process's own: no other replica listens)."""
 
     def __init__(
         self,
@@ -129,8 +126,7 @@ class RetirementListener:
 
     @property
     def problem(self) -> str | None:
-        """Why the listener cannot vouch for the notifications (readiness), ``None`` while it
-        can."""
+        """Why the listener cannot vouch for the notifications (readiness); ``None``: it can."""
         return None if self._connected else self._problem
 
     def add_handler(self, handler: ExecutionEventHandler) -> None:
@@ -141,8 +137,7 @@ class RetirementListener:
             handler.notifications_missed()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Listen until cancelled. ``task_status.started()`` after the first connection that
-        proved delivery."""
+        """Listen until cancelled; started after the first connection that proved delivery."""
         started = False
         while True:
             conn: asyncpg.Connection | None = None

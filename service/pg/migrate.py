@@ -112,11 +112,9 @@ class Holder:
 
 
 class LockNotGranted(MigrationError):
-    """A lock was not granted before the run's deadline: the run stopped, nothing changed.
-
-    ``lock`` names it (:data:`MIGRATION_LOCK` or ``<mode> on <tables>``); ``holders`` are the
-    sessions that held a conflicting lock when the last attempt gave up (empty when they had
-    ended by then)."""
+    """A lock not granted before the run's deadline (the run stopped, nothing changed): ``lock``
+    names it (:data:`MIGRATION_LOCK` or ``<mode> on <tables>``); ``holders`` are the sessions that
+    held a conflicting lock when the last attempt gave up (empty when they had ended by then)."""
 
     def __init__(
         self, *, lock: str, holders: tuple[Holder, ...], attempts: int, waited_s: float
@@ -287,9 +285,8 @@ async def _apply(
 
 
 async def _attempt(conn: asyncpg.Connection, planned: list[Step], bounds: _Bounds) -> list[str]:
-    """One transaction: the migration lock, the records compared, then (only when a step is to
-    be applied) the platform tables locked and the steps applied. Raises :class:`_NotGranted`
-    when a lock was not granted within the lock_timeout (the transaction rolled back)."""
+    """One attempt, one transaction (see the module docstring); raises :class:`_NotGranted` when a
+    lock was not granted within the lock_timeout (the transaction rolled back)."""
     applied: list[str] = []
     asked = _Asked(MIGRATION_LOCK)
     try:

@@ -62,8 +62,7 @@ COLUMNS = (
     "execution_state",
     "active",
 )
-"""The row's columns :data:`LOOKUP_SQL` selects, in its order: what :func:`decode_row` unpacks
-(a NULL in any of them: absent)."""
+"""The columns :data:`LOOKUP_SQL` selects, in order, as :func:`decode_row` unpacks them."""
 
 
 def decode_row(record: Sequence[Any]) -> ExecutionRow | None:
@@ -168,8 +167,7 @@ class PgExecutionStore:
         return rows.get(key)
 
     async def ping(self) -> bool:
-        """Readiness: can a pooled connection run ``SELECT 1`` in time? Sets ``database_up``;
-        :attr:`problem` says why not."""
+        """Readiness: ``SELECT 1`` on a pooled connection in time; sets ``database_up``."""
         ok = False
         if self._pool is not None:
             try:
@@ -278,9 +276,8 @@ class PgExecutionStore:
     async def _query(
         self, keys: list[str], *, kind: str, sql: str = LOOKUP_SQL
     ) -> dict[str, ExecutionRow]:
-        """Rows by pod key. A key of a namespace not configured has no row and costs no query; a
-        row is kept under the key its namespace and pod name make up, when that key was asked
-        for."""
+        """Rows by pod key: a key of a namespace not configured costs no query; a row is kept
+        under the key its namespace and pod name make up, when that key was asked for."""
         self._open_pool()
         asked = {key for key in keys if key.partition("/")[0] in self._namespaces}
         if not asked:
@@ -316,6 +313,5 @@ one statement whatever their number (only retired rows come back: as small as th
 
 
 async def _keep_session(_conn: asyncpg.Connection) -> None:
-    """The pool's reset on release, after asyncpg's own: nothing more. The pool's queries leave
-    no session state behind, so the default reset query (``RESET ALL``, ...) would be a round
-    trip per query for nothing."""
+    """The pool's reset on release: nothing (the pool's queries leave no session state behind,
+    and the default reset, ``RESET ALL``, ..., would be a round trip per query for nothing)."""

@@ -69,8 +69,7 @@ class KeptPods:
         """Keys a notification said are inactive, with its arrival, until a query confirms."""
         self._rows = rows
         self._inflight: dict[int, set[str]] = {}
-        """The keys notified meanwhile, for each query in flight (by a number of its own: two
-        empty sets are equal)."""
+        """Keys notified meanwhile, per query in flight (by a number: two empty sets are equal)."""
         self._tokens = itertools.count()
         self._query_log = CauseLog("retired-but-kept row queries fail", logger)
         self._events = KeptEvents(recorder, bound_s)
@@ -239,9 +238,8 @@ class KeptPods:
         self, keys: Iterable[str], answer: Answer, notified: Mapping[str, float] | None = None
     ) -> list[str]:
         """A query's answer for ``keys``, the one place it is applied: a key notified while the
-        query was in flight is left to its notification (fresher than the answer); any other is
-        known retired when the answer has its row, else forgotten. Returns the keys known
-        retired."""
+        query was in flight is left to its (fresher) notification; any other is known retired
+        when the answer has its row, else forgotten. Returns the keys known retired."""
         found, touched = answer
         known = []
         for key in dict.fromkeys(keys):
