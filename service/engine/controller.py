@@ -2,7 +2,7 @@
 
 :class:`Controller` is the informer's ``PodEventHandler`` and the listener's
 ``ExecutionEventHandler``. Each callback, synchronously on the event loop, stops the observation
-clocks its event stops the moment it arrives (invariant 3 of docs/architecture.md: the queue
+clocks its event ends the moment it arrives (invariant 3 of docs/architecture.md: the queue
 deduplicates keys and a reconcile classifies only the latest state, so a state between two
 reconciles would otherwise go unseen), then enqueues the key if it passes the prefilter. A
 notification is a batch: its clocks are cleared together, then its keys enqueued.

@@ -219,7 +219,8 @@ class RetirementListener:
         query pool after the call began, came back on the listening connection. The server
         delivers a listening backend's notifications in commit order and asyncpg runs their
         callbacks in arrival order, so the probe's arrival comes after every earlier commit's.
-        Concurrent callers share one probe; one that fails makes the listener reconnect."""
+        Concurrent callers share one probe sent after all of them arrived; a probe that fails
+        makes the listener reconnect."""
         if not self._connected:
             # The cause is the listener's own log line and the readiness body's.
             raise ListenerUnavailable("the notify listener is not connected")

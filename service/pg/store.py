@@ -2,8 +2,9 @@
 
 One query asks for a batch of keys' pod names as an array, joined to ``sandboxes`` and scoped to
 the configured sandbox namespaces and to Kubernetes-managed sandboxes; a row answers only the key
-its namespace and pod name make up (:meth:`PgExecutionStore._query`). A row with a NULL where a
-value is required is counted, logged and treated as absent (:func:`decode_row`: never reaped).
+its namespace and pod name make up (:meth:`PgExecutionStore._query`), so a row of another
+namespace with the same pod name never authorizes a delete. A row with a NULL where a value is
+required is counted, logged and treated as absent (:func:`decode_row`: never reaped).
 
 Errors (``service/pg/errors.py``): a failed query raises ``Unavailable`` (no answer;
 ``StoreClosed`` once :meth:`PgExecutionStore.aclose` has begun) or ``DatabaseError`` (the server
