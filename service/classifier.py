@@ -79,17 +79,15 @@ _TERMINAL_RETIRED = {
 
 
 def kept(pod: PodSnapshot) -> Decision | None:
-    """The operator's keep rule alone (:data:`KEEP_ANNOTATION`): the skip decision of a kept pod,
-    else ``None``. :func:`prefilter` applies it first; ``cancel-create``, which deletes without
-    the shape rules, applies it too (``service/app/cancel_create.py``)."""
+    """The operator's keep rule alone (:data:`KEEP_ANNOTATION`): a kept pod's skip, else ``None``;
+    :func:`prefilter` applies it first, ``cancel-create`` (no shape rules) applies it too."""
     return _KEEP if pod.keep else None
 
 
 def prefilter(pod: PodSnapshot) -> Decision | None:
-    """Skip decisions that need no database row; ``None`` means "look the row up".
-
-    Each rule is a function of this module called by its name (the mutation check disables one
-    by that name, ``tests/chaos/removals.py``); the first that answers decides."""
+    """Skip decisions that need no database row; ``None`` means "look the row up". Each rule is a
+    function of this module called by its name (the mutation check disables one by that name,
+    ``tests/chaos/removals.py``); the first that answers decides."""
     decision = kept(pod) or _terminating(pod) or _unlabelled(pod) or _unknown_pod_kind(pod)
     if decision is not None:
         return decision
@@ -171,8 +169,7 @@ def classify(pod: PodSnapshot, row: ExecutionRow | None) -> Decision:
             SkipReason.PENDING_NOT_REPLACED,
             f"Pending pods are reaped only when retired as replaced, not {state}",
         )
-    # Only a terminal pod gets here (the prefilter lets no other phase through); any other
-    # phase is never reaped.
+    # Only a terminal pod gets here (the prefilter lets no other phase through).
     return _TERMINAL_RETIRED.get((pod.phase, state), _PHASE_UNKNOWN)
 
 

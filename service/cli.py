@@ -1,12 +1,8 @@
 """The ``retired-pod-gc`` command line: parses the arguments and the configuration, dispatches.
 
-Commands: ``run``, ``scan``, ``explain``, ``pending``, ``migrate``, ``cancel-create`` and
-``config`` (``service/app/commands.py`` does each), and ``--version``. Exit codes
-(docs/operations.md, "Commands and exit codes"): 0 success; 1 a failure of the outside world or
-of the command's own check, one line on stderr naming the cause and, where there is one, the
-fix; 2 bad configuration or usage; 3 a ``migrate`` that stopped at its deadline without a lock
-(nothing changed); 143 and 130 after SIGTERM or SIGINT (``service/app/signals.py``, from the
-first line of :func:`main`). Never a traceback, except for a bug.
+``service/app/commands.py`` does each command. Exit codes: docs/operations.md, "Commands and exit
+codes" (here 2: bad configuration or usage; 143 and 130 after SIGTERM or SIGINT from the first
+line of :func:`main`, ``service/app/signals.py``). Never a traceback, except for a bug.
 """
 
 from __future__ import annotations

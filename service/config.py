@@ -260,8 +260,7 @@ _SECTIONS = {
 
 
 def _keep_lease_timings_ordered(got: dict[str, Any], w: list[str]) -> None:
-    """Renew deadline below the lease (else 2/3 of it), retry period below the deadline (else
-    1/3 of it)."""
+    """Renew deadline below the lease, retry period below the deadline (else 2/3, 1/3 of it)."""
     for longer, shorter, thirds in (
         (LEASE_DURATION_SECONDS, RENEW_DEADLINE_SECONDS, 2),
         (RENEW_DEADLINE_SECONDS, RETRY_PERIOD_SECONDS, 1),
@@ -300,8 +299,7 @@ def _url(got: dict[str, Any], inline: env.Var[str], file: env.Var[str]) -> None:
 
 
 def load(environ: Mapping[str, str]) -> Settings:
-    """Build the settings from ``environ`` (usually ``os.environ``). Raises
-    :class:`ConfigError`."""
+    """Build the settings from ``environ`` (usually ``os.environ``); raises :class:`ConfigError`."""
     w: list[str] = []
     got: dict[str, Any] = {NAMESPACES.name: _namespaces(environ, w)}
     got[NAMESPACE.name] = got[NAMESPACES.name]
@@ -326,8 +324,7 @@ def pool_url(database: DatabaseSettings) -> str:
 
 
 def listener_url_now(database: DatabaseSettings) -> str:
-    """The URL a new listener connection uses now (its own, else the pool's). Raises
-    :class:`ConfigError` as :func:`pool_url` does."""
+    """A new listener connection's URL now (its own, else the pool's), as :func:`pool_url`."""
     if database.listener_url_file:
         return read_url_file(database.listener_url_file, LISTENER_DATABASE_URL_FILE.name)
     return database.listener_url or pool_url(database)

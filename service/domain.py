@@ -30,8 +30,7 @@ class PodPhase(enum.StrEnum):
 
 
 class ExecutionState(enum.StrEnum):
-    """``sandbox_k8s_executions.execution_state``. Unrecognised strings become ``UNKNOWN``
-    (:func:`parse_execution_state`)."""
+    """``sandbox_k8s_executions.execution_state``."""
 
     ACTIVE = "active"
     SUSPENDED = "suspended"
@@ -44,8 +43,7 @@ class ExecutionState(enum.StrEnum):
 
 def _wire_parser(unknown: _E) -> Callable[[object], _E]:
     """A parser of the wire strings of ``unknown``'s enum: a string that is no member's value,
-    or no string at all, is ``unknown`` (a closure with its look-up bound: every row and change
-    is parsed here)."""
+    or no string at all, is ``unknown`` (its look-up bound: every row and change is parsed)."""
     get = {member.value: member for member in type(unknown)}.get
 
     def parse(raw: object) -> _E:
@@ -55,7 +53,6 @@ def _wire_parser(unknown: _E) -> Callable[[object], _E]:
 
 
 parse_execution_state = _wire_parser(ExecutionState.UNKNOWN)
-"""``raw`` as an :class:`ExecutionState` (``UNKNOWN`` when it is none)."""
 
 RETIRED_STATES: frozenset[ExecutionState] = frozenset(
     {
@@ -78,8 +75,6 @@ class PodKind(enum.StrEnum):
 
 
 parse_pod_kind = _wire_parser(PodKind.UNKNOWN)
-"""``raw`` as a :class:`PodKind`: ``create`` and ``restore`` are known, anything else is
-``UNKNOWN``."""
 
 
 class ConditionStatus(enum.StrEnum):
@@ -173,7 +168,6 @@ def split_key(key: str) -> tuple[str, str]:
 
 class PodSnapshot(msgspec.Struct, frozen=True, gc=False):
     """What classification needs of a pod, and nothing more (kept small: 100k are cached).
-
     ``all_containers_terminated`` is true only when ``container_count > 0`` and every container
     status is ``terminated``; ``created_at_s`` is ``creationTimestamp`` as Unix seconds, ``None``
     when absent or unparsable; ``keep`` is whether the :data:`KEEP_ANNOTATION` keeps the pod.
@@ -232,7 +226,6 @@ class Decision(msgspec.Struct, frozen=True, gc=False):
 
     @property
     def label(self) -> str:
-        """The verdict or skip reason as a string (both are ``StrEnum``)."""
         outcome = self.verdict if self.verdict is not None else self.reason
         assert outcome is not None
         return str(outcome)
@@ -279,14 +272,11 @@ class DeleteOutcome:
 
 
 class Outcome(enum.StrEnum):
-    """What one reconcile ended in: the ``verdict`` label of the outcome metric (a reap, or why
-    not), or :attr:`INACTIVE`, which is not counted."""
+    """What one reconcile ended in: the ``verdict`` label of the outcome metric (a reap as its
+    verdict, deleted or reported in a dry run, or why not), or :attr:`INACTIVE`, not counted."""
 
     TERMINAL_RETIRED = Verdict.TERMINAL_RETIRED.value
-    """Reaped (deleted, or reported in a dry run) as :attr:`Verdict.TERMINAL_RETIRED`."""
     REPLACED_NEVER_STARTED = Verdict.REPLACED_NEVER_STARTED.value
-    """Reaped as :attr:`Verdict.REPLACED_NEVER_STARTED`."""
-
     TOO_YOUNG = "too_young"
     """Reapable, but not yet continuously for the threshold: requeued for the remainder."""
     SKIPPED = "skipped"

@@ -1,11 +1,9 @@
 """Structured logging: one JSON object a line, with the reconcile id of the current reconcile.
 
-A worker takes keys in batches: the worker loop opens a :func:`batch` (a batch id, in
-:data:`batch_id`) and enters :func:`reconciling` a key around what it does for that key alone
-(its reconcile id, in :data:`reconcile_id`; a batch of one is that key's reconcile throughout).
-A log record factory installed on import copies both onto every record, whichever module logs,
-as the ``reconcile_id`` and ``batch_id`` attributes. Secrets never reach a log line: callers
-log masked values only (``service.kit.dsn.mask_dsn``).
+The worker loop opens a :func:`batch` for the keys it took and enters :func:`reconciling` a key
+around what it does for that key alone. A log record factory installed on import copies both ids
+onto every record, whichever module logs, as the ``reconcile_id`` and ``batch_id`` attributes.
+Secrets never reach a log line: callers log masked values only (``service.kit.dsn.mask_dsn``).
 """
 
 from __future__ import annotations
@@ -51,9 +49,8 @@ _batch_ids = itertools.count(1)
 
 @contextlib.contextmanager
 def batch(keys: Sequence[str]) -> Iterator[None]:
-    """A worker's batch of ``keys``: a new batch id, and a reconcile id for each key (the first
-    time it is asked for, by :func:`reconciling`). A batch of one key is that key's reconcile
-    for its whole extent."""
+    """A worker's batch of ``keys``: a new batch id, and a reconcile id for each key when
+    :func:`reconciling` asks. A batch of one key is that key's reconcile for its whole extent."""
     current = _Batch(f"{next(_batch_ids):x}")
     tokens = (_batch.set(current), batch_id.set(current.id))
     rid_token = reconcile_id.set(current.id_of(keys[0])) if len(keys) == 1 else None

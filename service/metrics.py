@@ -1,11 +1,9 @@
 """Every Prometheus metric of the service, defined once, in one group per subsystem.
 
-Each group (:class:`KubeMetrics`, :class:`PgMetrics`, :class:`QueueMetrics`,
-:class:`EngineMetrics`, :class:`KeptMetrics`, :class:`ServiceMetrics`) declares its metrics in its
-class body and builds them on the registry it is given; :class:`Metrics` builds every group on one
-registry for the wiring, which hands each part only the group it writes. Labels are
-low-cardinality enums (never a pod name), their label sets created at zero so that dashboards and
-alerts see them before the first event.
+Each :class:`Group` declares its metrics in its class body and builds them on the registry it is
+given; :class:`Metrics` builds every group on one registry for the wiring, which hands each part
+only the group it writes. Labels are low-cardinality enums (never a pod name), their label sets
+created at zero so that dashboards and alerts see them before the first event.
 """
 
 from __future__ import annotations
@@ -113,10 +111,9 @@ class KeyHistogram(Collector):
     exported as ``prometheus_client``'s ``Histogram`` exports it (without ``_created``), through
     its public custom-collector API.
 
-    Its :meth:`observe` is a bisect and two additions, without the two locks of
-    ``Histogram.observe``: every key of a burst is observed twice (benchmarks/NOTES.md, B2b).
-    Observed and scraped on the event loop's thread only (``/metrics`` is served there), so
-    nothing needs a lock.
+    Its :meth:`observe` is a bisect and two additions, without ``Histogram.observe``'s two locks
+    (every key of a burst is observed twice, benchmarks/NOTES.md, B2b): it is observed and scraped
+    on the event loop's thread only (``/metrics`` is served there).
     """
 
     def __init__(
@@ -292,8 +289,6 @@ class EngineMetrics(Group):
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         super().__init__(registry)
-        # Every label set created at zero (dashboards and alerts see it before the first
-        # event), and counted into from here.
         self._outcome_children: dict[tuple[str, str], Counter] = {
             (mode, verdict): self.outcomes.labels(loop=LOOP, mode=mode, verdict=verdict)
             for mode in MODES
@@ -336,8 +331,7 @@ class QueueMetrics(Group):
 
 
 class KubeMetrics(Group):
-    """The Kubernetes adapter's: the API client, the pod caches and their watches, the Events, the
-    lease (``service/kube/``)."""
+    """The Kubernetes adapter's (``service/kube/``): API client, caches, watches, Events, lease."""
 
     # sandbox_namespace: values fixed by configuration (NAMESPACES), so bounded; not
     # `namespace`, which Prometheus gives the scraped target (the controller's own).
@@ -446,8 +440,7 @@ class KubeMetrics(Group):
 
 
 class PgMetrics(Group):
-    """The PostgreSQL adapter's: the row queries, the connections, the LISTEN connection and its
-    notifications (``service/pg/``)."""
+    """The PostgreSQL adapter's (``service/pg/``): row queries, connections, the listener."""
 
     listener_connected = gauge(
         "retired_pod_gc_listener_connected",
@@ -548,8 +541,7 @@ class ServiceMetrics(Group):
 
 
 class Metrics:
-    """Every group on one registry (tests pass their own; production the default): the wiring
-    hands each part the group it writes."""
+    """Every group on one registry (tests pass their own; production the default)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry if registry is not None else CollectorRegistry()

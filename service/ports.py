@@ -55,8 +55,8 @@ class PodClient(Protocol):
         ...
 
     def delete_slot(self) -> AbstractAsyncContextManager[None]:
-        """``async with pods.delete_slot():`` final check, DELETE: holds the API client's request
-        slot inside, so that the DELETE after the final check never waits for one."""
+        """``async with pods.delete_slot():`` final check, DELETE: the API client's request slot
+        held throughout, so that the DELETE never waits for one."""
         ...
 
 
@@ -81,8 +81,7 @@ class PodEventHandler(Protocol):
         ...
 
     def cache_cold(self, namespace: str) -> None:
-        """The cache of ``namespace`` is being rebuilt (410, restart): its observations may
-        have gaps."""
+        """``namespace``'s cache is being rebuilt (410, restart): its observations may have gaps."""
         ...
 
     def cache_synced(self, namespace: str) -> None:
@@ -137,23 +136,20 @@ class ReapRecorder(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class RetiredRow:
-    """A retired (inactive) execution row, with its ``retired_at`` as Unix seconds (``None``
-    when the column is NULL)."""
+    """A retired (inactive) execution row and its ``retired_at`` (Unix seconds; ``None``: NULL)."""
 
     row: ExecutionRow
     retired_at_s: float | None
 
 
 class RetiredRowSource(Protocol):
-    """The retired rows among a namespace's pods, for the retired-but-kept view
-    (``service/engine/kept/``)."""
+    """The retired rows among a namespace's pods (``service/engine/kept/``)."""
 
     async def retired_rows(
         self, namespace: str, names: Sequence[str], *, kind: str
     ) -> dict[str, RetiredRow]:
-        """The inactive rows of Kubernetes-managed sandboxes of ``namespace`` whose pod name is
-        one of ``names``, by pod key, in ONE query whatever their number; ``kind`` names the
-        query in ``row_queries{kind}``."""
+        """The inactive rows among ``names`` of ``namespace``'s Kubernetes-managed sandboxes, by
+        pod key, in ONE query whatever their number (``kind``: its ``row_queries`` label)."""
         ...
 
 

@@ -1,12 +1,9 @@
 """Cancel-create cleanup: the companion to the API's create-cancel path.
 
-1. Retire the execution, fenced on generation and activation attempt (one UPDATE).
-2. If the execution naming the pod is retired (by this call or earlier), delete the pod under the
-   UID of a fresh GET whose labels match the execution: a pod recreated under the same name by a
-   newer activation survives.
-3. If the row is still active (a newer activation owns the pod), leave the pod alone.
-4. If the pod carries the keep annotation (:func:`service.classifier.kept`), leave it alone; once
-   the annotation is removed, running the command again deletes the pod.
+Retire the execution, fenced on generation and activation attempt (one UPDATE); then, only if the
+execution naming the pod is retired, delete the pod under the UID of a fresh GET whose labels
+match the execution (a pod recreated under the name by a newer activation survives), unless
+:func:`service.classifier.kept` keeps it. :class:`CancelOutcome` names each ending.
 """
 
 from __future__ import annotations
@@ -62,11 +59,8 @@ async def cancel_create(
     activation_attempt: int,
     timeout_s: float,
 ) -> CancelReport:
-    """Retire (fenced) and, if the execution is retired, delete its pod under preconditions.
-
-    A failed GET or DELETE of the pod raises as the pod client raised it (a kit error), or
-    ``TimeoutError`` (a DELETE without an answer may have been applied); running the command
-    again is safe."""
+    """See the module docstring. A failed GET or DELETE raises as the pod client raised it, or
+    ``TimeoutError`` (a DELETE without an answer may have been applied): running again is safe."""
     row = await retire_for_cancel(
         conn,
         namespaces=namespaces,

@@ -1,16 +1,13 @@
 """The operator-facing HTTP servers: ``/metrics``, ``/healthz``, ``/readyz`` on the pod's port and,
-when ``DEBUG_PENDING`` is on, ``/debug/pending`` (the live view of the clocks,
-``service/app/pending.py``) on a listener of its own, ``DEBUG_BIND_ADDRESS``: loopback by default,
-so only ``kubectl port-forward`` (which connects to the pod's loopback) reaches it and the cluster
-network never does (docs/operations.md, "Who can reach what"). The metrics port answers 404 for
-every ``/debug/`` path.
+when ``DEBUG_PENDING`` is on, ``/debug/pending`` (``service/app/pending.py``) on a listener of its
+own, ``DEBUG_BIND_ADDRESS``: loopback by default, so only ``kubectl port-forward`` reaches it
+(docs/operations.md, "Who can reach what"). The metrics port answers 404 for every ``/debug/`` path.
 
-``/healthz`` answers 200 while every registered loop has checked in recently (a loop that stops
-beating — a wedged informer, listener or worker — makes the process restartable by the
-kubelet). ``/readyz`` answers 200 when the pod cache is synced, the database answered a ping
-recently, the notify listener has proven that notifications arrive and the Kubernetes API server
-answers and accepts the credentials (``service/kube/transport.py``,
-``service/kube/reachability.py``); otherwise 503, its body naming each problem.
+``/healthz`` answers 200 while every registered loop has checked in recently (a wedged informer,
+listener or worker makes the process restartable by the kubelet). ``/readyz`` answers 200 when
+every dependency it asks is well (the pod cache synced, a recent database ping, the listener's
+delivery proven, the Kubernetes API server answering and accepting the credentials), else 503,
+its body naming each problem.
 """
 
 from __future__ import annotations

@@ -82,8 +82,7 @@ def retired_kept_entry(pod: PodSnapshot, retired: RetiredRow, now: float) -> dic
 async def scan_retired_kept(
     settings: Settings, *, pods: list[PodSnapshot], rows: RetiredRowSource, report: ScanReport
 ) -> None:
-    """Fill ``report``'s retired-but-kept section: one row query a namespace, as the service's
-    sweep."""
+    """Fill ``report``'s retired-but-kept section: one row query a namespace, as the sweep."""
     now = time.time()  # noqa: TID251 (wall clock: retired_at is wall time)
     entries: list[dict[str, Any]] = []
     for namespace in settings.kube.namespaces:

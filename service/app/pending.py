@@ -1,11 +1,8 @@
 """The live view of the observation clocks: ``GET /debug/pending`` and its readers.
 
-The service answers with a document (:func:`pending_view`) of its running clocks
-(:func:`pending_document`) and its retired-but-kept view (:func:`kept_section`).
-``retired-pod-gc pending`` fetches it (:func:`fetch_pending`) and prints it as tables
-(:func:`pending_lines`); ``explain --url`` prints one pod's entry (:func:`live_clock_lines`). Times
-are UTC (:func:`utc`): the event loop's clock mapped onto the wall clock once, at the first
-request, so that every answer shows the same times (a wall-clock step after that is not followed).
+The service answers with :func:`pending_view`; ``retired-pod-gc pending`` and ``explain --url``
+fetch it (:func:`fetch_pending`) and print it. Every answer shows the same times (a wall-clock
+step after the first request is not followed).
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ DEFAULT_LIMIT = 1000
 
 
 def utc(ts: float, *, fraction: bool = True) -> str:
-    """Unix time ``ts`` as the operator tools show it: ISO 8601 in UTC, with microseconds unless
-    ``fraction`` is false."""
+    """Unix time ``ts`` as ISO 8601 in UTC (with microseconds when ``fraction``)."""
     text = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return text if fraction else text[:-8] + "Z"
 

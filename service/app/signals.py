@@ -68,10 +68,8 @@ def exit_code_of(command: Callable[[], int]) -> int:
 
 
 def run_async(main: Callable[[anyio.Event], Awaitable[int]], *, drains: bool = False) -> int:
-    """``anyio.run(main, stop)`` with SIGTERM and SIGINT delivered to the loop (see the module
-    docstring). ``stop`` is set by the first signal when ``drains``; otherwise the first signal
-    cancels ``main``. Raises :class:`Interrupted` when a signal cancelled ``main``, and what
-    ``main`` raised otherwise."""
+    """``anyio.run(main, stop)`` with the signals delivered to the loop (see the module docstring);
+    raises :class:`Interrupted` when a signal cancelled ``main``, else what ``main`` raised."""
     received: list[int] = []
     outcome: list[int | Exception] = []
     in_main_thread = threading.current_thread() is threading.main_thread()

@@ -11,10 +11,9 @@ Two stages, on the event loop's clock:
 
 **The token is taken last.** A caller first waits for its :class:`Turn` (first come, first
 served: an ``anyio.Lock`` is fair) until both stages would grant *now*, consuming nothing; holding
-it, it makes its final checks, then takes the token with :meth:`Turn.take`, which never suspends,
-and hands the DELETE to the API client at once. So the grant times bounded are the times the
-DELETEs are sent, and a candidate that fails its final checks passes its turn on without
-spending a token.
+it, it makes its final checks, then takes the token (:meth:`Turn.take`) and hands the DELETE to
+the API client at once: the grant times bounded are the times the DELETEs are sent, and a
+candidate that fails its final checks spends no token.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from collections import deque
 import anyio
 
 from service.kit import clock
-from service.kit.ratelimit import AsyncLimiter, capped_limiter, capped_shape
+from service.kit.ratelimit import AsyncLimiter, capped_shape, limiter
 
 PACER_POLL_MAX_S = 0.05
 """How often, at most, the head of the line looks at the pacer while it waits (aiolimiter can
@@ -76,7 +75,7 @@ class DeleteBudget:
         self._pacer: AsyncLimiter | None = None
         self._pacer_poll_s = PACER_POLL_MAX_S
         if shape is not None:
-            self._pacer = capped_limiter(deletes_per_minute, window_s)
+            self._pacer = limiter(burst=shape[0], per_second=shape[1])
             self._pacer_poll_s = min(PACER_POLL_MAX_S, 0.1 / shape[1])
 
     async def turn(self) -> Turn:

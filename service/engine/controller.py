@@ -1,26 +1,16 @@
 """The event side of the engine and the worker loop.
 
 :class:`Controller` is the informer's ``PodEventHandler`` and the listener's
-``ExecutionEventHandler``. Each callback, synchronously on the event loop:
-
-- **clears observation clocks at event time** (invariant 3 of docs/architecture.md): a pod that
-  differs from the cached one in anything but its resourceVersion, a new UID under a known name,
-  a deleted pod and every row notification stop the clock the moment they arrive. The queue
-  deduplicates keys and a reconcile classifies only the latest state, so a non-reapable state
-  between two reconciles would otherwise go unseen. A namespace's cache going cold clears that
-  namespace's clocks; a listener reconnect and a leadership change clear every clock;
-- **enqueues** the key (a pod that fails the prefilter is not: its reconcile could only say
-  "skipped"). A notification is a batch: its clocks are cleared together, then its keys enqueued.
+``ExecutionEventHandler``. Each callback, synchronously on the event loop, stops the observation
+clocks its event ends the moment it arrives (invariant 3 of docs/architecture.md: the queue
+deduplicates keys and a reconcile classifies only the latest state, so a state between two
+reconciles would otherwise go unseen), then enqueues the key if it passes the prefilter. A
+notification is a batch: its clocks are cleared together, then its keys enqueued.
 
 Workers take keys in batches (a share of what is ready, at most ``LOOKUP_BATCH_SIZE``): the
-reconciler observes the batch with one row query and acts on each key that is due.
-
-The worker loop (:meth:`process`) is the one place that counts outcomes and that catches broad
-exceptions: a step that raises is a bug, logged with its traceback, counted (``reconcile_bugs``)
-and backed off; cancellation always propagates. It maps each ``ReconcileResult`` onto the queue
-like controller-runtime: done → ``forget``; requeue-after → ``forget`` + ``add_after``; backoff →
-``add_rate_limited``; held by a dependency → parked (``engine/held.py``). It tallies each delete
-(or dry-run report) for the summary of ``engine/reaped.py``.
+reconciler observes the batch with one row query and acts on each key that is due. The worker
+loop (:meth:`Controller.process`) is the one place that counts outcomes and that catches broad
+exceptions; cancellation always propagates.
 
 Nothing is processed while inactive (disabled, or not the leader): keys handed out meanwhile are
 dropped, and becoming active starts from empty clocks and enqueues every cached candidate.
@@ -130,7 +120,6 @@ class Controller:
         if old is not None and old.uid != new.uid:
             self._clocks.forget_pod(old.uid, key)
         elif old is not None and checks.pod_state_changed(old, new):
-            # A reconcile may never see this state (it reads the latest one): restart here.
             self._clocks.clear(new.uid)
         if not candidate or self._clocks.uid_for(key) not in (None, new.uid):
             self._clocks.clear_key(key)
@@ -146,9 +135,7 @@ class Controller:
         self.resync(namespace)
 
     def executions_changed(self, changes: Sequence[ExecutionChange]) -> None:
-        # Each row's active flag or state changed (or it was inserted or deleted), which can
-        # change the verdict: every clock of the batch restarts the moment it arrives, before
-        # anything is enqueued; the reconciles start them again where the pod is reapable.
+        # Invariant 3: every clock of the batch stops before anything is enqueued.
         for key in checks.keys_cleared_by(changes):
             self._clocks.clear_key(key)
         if self._activation.active:
@@ -160,7 +147,6 @@ class Controller:
             (c.received_at_s for c in changes if c.retired and c.received_at_s > 0), default=None
         )
         if received_at_s is not None:
-            # One sample per notification that carries a retirement.
             self._metrics.retirement_to_enqueue.observe(max(0.0, clock.now() - received_at_s))
 
     def notifications_missed(self) -> None:
@@ -169,8 +155,7 @@ class Controller:
         self.resync()
 
     def resync(self, namespace: str | None = None) -> int:
-        """Enqueue every cached pod (of ``namespace``, or of all) that passes the prefilter;
-        returns how many."""
+        """Enqueue every cached candidate (of ``namespace``, or of all); returns how many."""
         if not self._activation.active:
             return 0
         prefix = "" if namespace is None else namespace + "/"
@@ -270,8 +255,8 @@ class Controller:
         started: float,
         results: dict[str, ReconcileResult],
     ) -> None:
-        """Apply each result of keys that finished together to the queue, mark them done and
-        count them: the one place that does any of these."""
+        """Apply each result of keys that finished together to the queue (as controller-runtime
+        does), mark them done and count them: the one place that does any of these."""
         for key, result in finished.items():
             if result.outcome in _REAPED:
                 self.reaped.add(result.outcome, key.partition("/")[0])
@@ -295,11 +280,8 @@ class Controller:
 
     def _count(self, results: Iterable[ReconcileResult], duration_s: float) -> None:
         """Count results that share one duration (a batch's observation ends many keys at
-        once): the outcome, the skip reason, the error and the duration, each result once.
-        Alike results are counted together, one update per distinct label rather than one per
-        key: B2b (benchmarks/NOTES.md, "B2b mass retirement in one statement") ends 10,000 keys
-        in a handful of distinct results, and one update a key measurably added to its CPU per
-        burst."""
+        once), one update per distinct result rather than per key: B2b (benchmarks/NOTES.md)
+        ends 10,000 keys in a handful of distinct results."""
         counted = 0
         for result, count in Counter(results).items():
             if not result.counted:

@@ -1,11 +1,7 @@
 """Step 10 of the pipeline (``engine/reconciler.py``): the action on a checked candidate.
 
-Live, the DELETE carries preconditions {uid, resourceVersion} from the fresh GET: deleted → the
-verdict, 404 → ``gone``, 409 → ``conflict`` (looked at again shortly), throttled (429, or 503 with
-Retry-After) → ``throttled`` (after the Retry-After, the clock running on), refused (401: the API
-client has read the credentials again) → ``error``, at once; another failure → ``error`` (back
-off, or wait the server's Retry-After). In dry run, "would reap" is reported once per UID. Either
-is handed to the recorder.
+Live, the DELETE with preconditions {uid, resourceVersion} from the fresh GET; in dry run, "would
+reap" once per UID. Either is handed to the recorder.
 """
 
 from __future__ import annotations
@@ -91,8 +87,7 @@ class Deleter:
                 return ReconcileResult.requeue_after(Outcome.CONFLICT, CONFLICT_REQUEUE_S)
 
     def _failed(self, checked: Checked, exc: Failure) -> ReconcileResult:
-        """No answer or an unexpected one: the clock runs on, and the key is verified again
-        (fresh GET first) when it comes back."""
+        """No answer or an unexpected one: the clock runs on; the key is verified afresh later."""
         text = describe("pod DELETE", exc)
         extra = {"key": checked.key}
         throttled = throttled_s(exc)

@@ -45,18 +45,12 @@ def dependency_backoff() -> Backoff:
 
 
 def describe(what: str, exc: Failure) -> str:
-    """The failure as its log lines show it."""
     return f"{what}: {type(exc).__name__}: {exc}"
 
 
 def no_answer(exc: Failure) -> bool:
     """Whether the dependency gave no answer (what closes its gate)."""
     return isinstance(exc, Unavailable | TimeoutError)
-
-
-def retry_after_s(exc: Failure) -> float | None:
-    """How long the server asked to wait, if it answered and said."""
-    return exc.retry_after_s if isinstance(exc, ApiError) else None
 
 
 def throttled_s(exc: Failure) -> float | None:
@@ -133,7 +127,7 @@ class Gates:
     def api_failed(self, exc: Failure) -> ReconcileResult:
         """A GET or DELETE that failed, neither throttled nor refused: held while the API server
         gives no answer, else retried (after its Retry-After, if it gave one)."""
-        retry = ReconcileResult.retry(retry_after_s(exc))
+        retry = ReconcileResult.retry(exc.retry_after_s if isinstance(exc, ApiError) else None)
         return self.failed(self.api, exc, Outcome.ERROR, retry)
 
     def _report(self, gate: Gate, ticket: Ticket, *, answered: bool) -> None:

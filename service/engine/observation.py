@@ -3,9 +3,8 @@
 One clock per pod UID (a recreated pod is a new UID and starts from zero), indexed by work-queue
 key so that events that carry only a key (row notifications) can clear it; monotonic seconds on
 the engine clock. "Continuously" is judged at event time (invariant 3 of docs/architecture.md):
-a reconcile brackets its batch with :meth:`begin`/:meth:`end`, and a clearing of a key in between
-makes its :meth:`observe` return ``None`` (what it read may predate the event). A change of
-verdict restarts the clock too.
+a clearing between :meth:`begin` and :meth:`end` makes :meth:`observe` return ``None``, and a
+change of verdict restarts the clock.
 
 Beside each clock: what its pod waits for past the threshold (read by ``GET /debug/pending``),
 and the dry-run "reported" set (one report per UID: it survives clock clears, and is pruned

@@ -19,7 +19,6 @@ from service.kit import clock
 logger = logging.getLogger(__name__)
 
 SUMMARY_INTERVAL_S = 60.0
-"""At most one summary line this often (nothing to summarise: no line)."""
 NAMESPACES_NAMED = 5
 """Namespaces are named with their counts when at most this many had deletes; else counted."""
 

@@ -15,12 +15,11 @@ UID, bracketed by ``begin``/``end`` (cleared meanwhile: ``changed``; not yet rea
 threshold: ``too_young``, requeued for the remaining time); 6. dry run, reported before:
 ``already_reported``. An ``error``, ``gone``, ``skipped`` or ``lookup_failed`` clears the clock.
 
-Act: 7. verification (``engine/verify.py``: fresh GET, direct row re-read, classified again, the
-same UID, verdict and resourceVersion, a round trip on the listener, the clock and the
-activation); 8. live, the budget's turn, nothing spent yet (``throttled``); 9. the final check
-(``engine/verify.py``), then, with no await that suspends in between, the token and 10. the
-DELETE with preconditions, or the dry-run report (``engine/delete.py``). The API client's request
-slot is held from before step 9 until the DELETE is sent.
+Act: 7. verification (``engine/verify.py``); 8. live, the budget's turn, nothing spent yet
+(``throttled``); 9. the final check (``engine/verify.py``), then, with no await that suspends in
+between, the token and 10. the DELETE with preconditions, or the dry-run report
+(``engine/delete.py``). The API client's request slot is held from before step 9 until the DELETE
+is sent.
 
 A dependency that gives no answer holds that step of every key (``engine/gates.py``); a held
 lookup or re-read clears the clock as a failed one does (invariant 3). Anything but an expected
@@ -58,8 +57,7 @@ from service.ports import ExecutionStore, NotificationBarrier, PodCache, PodClie
 logger = logging.getLogger(__name__)
 
 BUDGET_RETRY_MIN_S = 1.0
-"""A key that got no turn at the budget in time comes back when it expects a token, not sooner
-than this."""
+"""Least delay of a key that got no turn at the budget in time (else: when a token is due)."""
 
 
 @dataclass(slots=True)
@@ -120,7 +118,6 @@ class Reconciler:
             api_timeout_s=settings.kube.api_timeout_s,
             recorder=recorder,
         )
-        # A recurring failure is logged once a cause; the per-key lines are debug.
         self._lookup_failures = CauseLog("row lookups fail, clocks cleared", logger)
         self._observe_timeouts = CauseLog("observing batches times out", logger)
         self._act_timeouts = CauseLog("reconciles of due pods time out", logger)
@@ -156,8 +153,6 @@ class Reconciler:
                 # No cache and no row lookup covers it: never acted on (a malformed key too).
                 observed.results[key] = self._not_watched(key)
             else:
-                # A relist collapses the states it skipped: a clock started now could cover a
-                # non-reapable state it never saw. Synced, every candidate is enqueued.
                 observed.results[key] = ReconcileResult.done(Outcome.CACHE_COLD)
         if not ready:
             return observed
@@ -178,7 +173,6 @@ class Reconciler:
 
     async def _observe(self, keys: Sequence[str], observed: Observed) -> None:
         results = observed.results
-        # The cached pods that passed the prefilter, under their keys.
         candidates: list[tuple[str, PodSnapshot]] = []
         get = self._cache.get
         for key in keys:
@@ -214,7 +208,6 @@ class Reconciler:
                 continue
             elapsed = clocks.observe(pod.uid, key, verdict, now)
             if elapsed is None:
-                # A clearing event arrived while we read (and enqueued the key again).
                 with logs.reconciling(key):
                     logger.debug(
                         "state changed during the reconcile; clock not started", extra={"key": key}
@@ -234,8 +227,7 @@ class Reconciler:
                 observed.due.append(Due(key, pod, verdict))
 
     async def _rows(self, keys: list[str]) -> dict[str, ExecutionRow] | ReconcileResult:
-        """Step 3 through the database's gate: the rows, or the result of every key when the
-        lookup failed or was held."""
+        """Step 3 through the database's gate: the rows, or the batch's result if failed or held."""
         gate = self._gates.database
         try:
             rows = await self._gates.call(
@@ -252,7 +244,6 @@ class Reconciler:
         return rows
 
     async def _lookup(self, keys: list[str]) -> dict[str, ExecutionRow]:
-        """The batch's rows by pod key (step 3)."""
         return await self._store.lookup_many(keys)
 
     def _not_watched(self, key: str) -> ReconcileResult:
@@ -313,8 +304,6 @@ class Reconciler:
             return ReconcileResult.requeue_after(Outcome.THROTTLED, delay_s)
         self._clocks.set_waiting(uid, None)
         try:
-            # The API client's request slot is taken before the final check, so the DELETE
-            # after it never waits for one (the GETs of a re-verification use it too).
             async with self._pods.delete_slot():
                 checked = await self._verifier.final_check(verified)
                 if isinstance(checked, ReconcileResult):

@@ -47,8 +47,6 @@ class ReconcileResult(msgspec.Struct, frozen=True, gc=False):
 
     @staticmethod
     def held(outcome: Outcome, dependency: str, wait_s: float) -> ReconcileResult:
-        """The step's dependency gives no answer: wait ``wait_s`` for its next attempt time, or
-        less if it answers sooner."""
         return ReconcileResult(Action.REQUEUE_AFTER, outcome, max(0.0, wait_s), held_by=dependency)
 
     @staticmethod

@@ -103,14 +103,12 @@ class Verifier:
         synced = await self._sync(key)
         if synced is not None:
             return synced
-        # An event may have cleared the clock, or the lease been lost, during the re-reads.
         elapsed = self._still_due(due, clock.now())
         if isinstance(elapsed, ReconcileResult):
             return elapsed
         return Verified(due, fresh, fresh_row, again.rule, reread_at_s)
 
     async def _get(self, due: Due) -> PodSnapshot | ReconcileResult:
-        """The fresh GET of the pod."""
         pod = due.pod
         try:
             fresh = await self._gates.call(
@@ -219,7 +217,6 @@ class Verifier:
             if isinstance(again, ReconcileResult):
                 return again
             verified = again
-        # An event that cleared the clock, or a lost lease, during the checks above is seen now.
         elapsed = self._still_due(due, now)
         if isinstance(elapsed, ReconcileResult):
             return elapsed

@@ -38,8 +38,7 @@ _COMPACT_BYTES = 1 << 20
 
 
 class WorkQueue:
-    """See the module docstring. All methods but :meth:`get_batch` and the drain are
-    synchronous."""
+    """See the module docstring; synchronous but for :meth:`get_batch` and the drain."""
 
     def __init__(
         self, *, metrics: QueueMetrics | None = None, backoff: Backoff | None = None

@@ -51,7 +51,6 @@ class AimdLimit:
 
     @property
     def slots(self) -> int:
-        """How many may run at once now (the limit)."""
         return self.limit
 
     @property

@@ -31,9 +31,7 @@ class Backoff:
         if not 0.0 <= jitter <= 1.0:
             raise ValueError("jitter must be within [0, 1]")
         self.initial_s = initial_s
-        """The delay after the first failure (before jitter)."""
         self.max_s = max_s
-        """The cap of every delay."""
         self.jitter = jitter
         """Fraction taken off at random: a delay is uniform in ``[(1 - jitter) d, d]``."""
         self.rng = rng if rng is not None else random.Random()

@@ -43,9 +43,7 @@ def cause_of(exc: BaseException) -> str:
 
 
 class CauseLog:
-    """Logs a recurring failure once per change of its cause, and once when it clears.
-
-    Every failure is counted: a line for a new cause says how many the previous one had, the
+    """Every failure is counted: a line for a new cause says how many the previous one had, the
     line that says it works again how many there were. Each line carries ``failing`` (what),
     ``cause`` (``None`` once it works) and ``failures`` as extra fields."""
 

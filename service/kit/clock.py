@@ -26,8 +26,7 @@ async def sleep_until(deadline: float) -> None:
 
 
 async def wait_until(event: anyio.Event, deadline: float) -> bool:
-    """Wait for ``event`` but not past ``deadline``; True when the event is set (a cancellation
-    from outside propagates as ever)."""
+    """Wait for ``event`` but not past ``deadline``; True when the event is set."""
     if event.is_set():
         return True
     with anyio.CancelScope(deadline=deadline):

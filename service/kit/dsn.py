@@ -1,8 +1,4 @@
-"""PostgreSQL connection URLs: checked at start, masked for every log line, read from a file.
-
-The configuration checks every URL once at start (:func:`check_dsn`) and reads a URL file again
-for every new connection (:func:`read_url_file`); a password is never printed (:func:`mask_dsn`).
-"""
+"""PostgreSQL connection URLs: checked at start, masked for every log line, read from a file."""
 
 from __future__ import annotations
 
@@ -14,9 +10,8 @@ from service.kit.env import ConfigError
 
 _DSN_SCHEMES = frozenset({"postgresql", "postgres"})
 TARGET_SESSION_ATTRS = frozenset({"any", "primary", "read-write"})
-"""The ``target_session_attrs`` a URL may ask for. Every connection of the service goes to the
-primary whatever the URL says (LISTEN and the final re-read need it); ``read-write`` means the
-same for a login whose sessions are read-only by default (``deploy/db-role/role.sql``)."""
+"""The ``target_session_attrs`` a URL may ask for (every connection goes to the primary whatever
+it asks, ``service/pg/connect.py``)."""
 
 
 def mask_dsn(url: str) -> str:
@@ -77,8 +72,7 @@ def check_dsn(url: str) -> None:
 
 
 def read_url_file(path: str, variable: str) -> str:
-    """The URL held by the file at ``path`` (``variable`` names it in errors). Raises
-    :class:`ConfigError`."""
+    """The URL held by the file at ``path`` (``variable`` names it in a :class:`ConfigError`)."""
     try:
         text = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:

@@ -10,9 +10,8 @@
 
 Adapters (``service.kube``, ``service.pg``) catch their libraries' exceptions at the edge and
 raise one of these, with the original chained as ``__cause__``. Anything else an adapter raises
-is a bug: the engine lets it through to the worker loop, which logs it with its traceback at
-error level, counts it (``retired_pod_gc_reconcile_bugs_total``) and backs the key off — and it
-never leads to a delete (docs/architecture.md, "Errors").
+is a bug, which the worker loop reports (``engine/controller.py``) and which never leads to a
+delete (docs/architecture.md, "Errors").
 """
 
 from __future__ import annotations

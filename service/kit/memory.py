@@ -32,8 +32,7 @@ _TRIM = _malloc_trim()
 
 
 def trim_heap() -> bool:
-    """Return the C heap's free pages to the OS; ``True`` if any were (``False`` where the C
-    library has no ``malloc_trim``)."""
+    """Return the C heap's free pages to the OS; ``True`` if any were (never without glibc)."""
     return _TRIM is not None and _TRIM(0) == 1
 
 

@@ -47,8 +47,7 @@ class UrlUnusable(Unavailable):
 
 
 async def open_connection(url: str, *, metrics: PgMetrics, **kwargs: Any) -> asyncpg.Connection:
-    """``asyncpg.connect``, raising this module's errors; any other failure as asyncpg raised it
-    (the caller's ``database_errors`` maps it)."""
+    """``asyncpg.connect``, raising this module's errors; any other failure as asyncpg raised it."""
     try:
         conn: asyncpg.Connection = await asyncpg.connect(url, **kwargs)
     except asyncpg.TargetServerAttributeNotMatched as exc:

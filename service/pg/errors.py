@@ -5,8 +5,7 @@
     ExternalError (kit)        the database did not give an expected answer
     ├── Unavailable (kit)      no answer: refused, reset, timed out, connection lost
     │   ├── StoreClosed        the execution store was closed before it could answer
-    │   └── ListenerUnavailable  the notify listener cannot vouch that every committed
-    │                            notification has been handed over (``sync``)
+    │   └── ListenerUnavailable  the notify listener cannot vouch for the notifications
     └── DatabaseError          the server answered with an error (``sqlstate``): permission
                                denied, undefined table, statement timeout, ...
 
@@ -61,8 +60,7 @@ class StoreClosed(Unavailable):
 
 
 class ListenerUnavailable(Unavailable):
-    """The notify listener cannot vouch that every committed notification has been delivered:
-    it is not connected, or its connection did not answer in time."""
+    """Not connected, or the listener's connection did not answer in time."""
 
 
 def to_external(exc: BaseException) -> ExternalError | None:
@@ -94,8 +92,7 @@ def to_external(exc: BaseException) -> ExternalError | None:
 
 @contextlib.contextmanager
 def database_errors() -> Iterator[None]:
-    """Raise a failed database call inside as its kit error (see :func:`to_external`); every
-    other exception, cancellation included, passes through unchanged."""
+    """Raise a failed database call inside as its kit error (:func:`to_external`)."""
     try:
         yield
     except DRIVER_ERRORS as exc:

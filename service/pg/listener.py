@@ -83,12 +83,9 @@ class _Round:
 
 
 class RetirementListener:
-    """LISTEN on the notify channel until cancelled; see the module docstring.
-
-    ``probe`` sends the delivery probes (through the query pool); ``namespaces`` are the watched
-    sandbox namespaces (each name of a payload is one change in each); ``probe_channel`` is the
-    channel of its probes (by default one of this process's own: no other replica listens).
-    """
+    """See the module docstring. ``probe`` sends the delivery probes (through the query pool);
+    ``namespaces`` are the watched sandbox namespaces (a payload's name is a change in each);
+    ``probe_channel`` is the probes' (by default the process's own: no other replica listens)."""
 
     def __init__(
         self,
@@ -129,8 +126,7 @@ class RetirementListener:
 
     @property
     def problem(self) -> str | None:
-        """Why the listener cannot vouch for the notifications (readiness), ``None`` while it
-        can."""
+        """Why the listener cannot vouch for the notifications (readiness); ``None``: it can."""
         return None if self._connected else self._problem
 
     def add_handler(self, handler: ExecutionEventHandler) -> None:
@@ -141,8 +137,7 @@ class RetirementListener:
             handler.notifications_missed()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Listen until cancelled. ``task_status.started()`` after the first connection that
-        proved delivery."""
+        """Listen until cancelled; started after the first connection that proved delivery."""
         started = False
         while True:
             conn: asyncpg.Connection | None = None
@@ -205,7 +200,6 @@ class RetirementListener:
         self._connected = True
         self._problem = None
         self._metrics.listener_connected.set(1)
-        # Whatever was sent while nobody listened is gone: the consumers must resync.
         for handler in self._handlers:
             handler.notifications_missed()
 
@@ -221,14 +215,12 @@ class RetirementListener:
                 raise _ConnectionLost(str(exc)) from None
 
     async def sync(self) -> None:
-        """Proof that every notification committed before the call has been handed to the
-        handlers: a NOTIFY on the listener's own channel, sent through the query pool after the
-        call began, came back on the listening connection. The server delivers a listening
-        backend's notifications in commit order and asyncpg runs their callbacks in arrival
-        order, so the probe's arrival comes after every earlier commit's. Concurrent callers
-        share one probe sent after all of them arrived. Raises
-        :class:`~service.pg.errors.ListenerUnavailable` when the listener is not connected or the
-        probe cannot be sent or does not arrive in time (the listener then reconnects)."""
+        """``ports.NotificationBarrier``: a NOTIFY on the listener's own channel, sent through the
+        query pool after the call began, came back on the listening connection. The server
+        delivers a listening backend's notifications in commit order and asyncpg runs their
+        callbacks in arrival order, so the probe's arrival comes after every earlier commit's.
+        Concurrent callers share one probe sent after all of them arrived; a probe that fails
+        makes the listener reconnect."""
         if not self._connected:
             # The cause is the listener's own log line and the readiness body's.
             raise ListenerUnavailable("the notify listener is not connected")

@@ -112,11 +112,9 @@ class Holder:
 
 
 class LockNotGranted(MigrationError):
-    """A lock was not granted before the run's deadline: the run stopped, nothing changed.
-
-    ``lock`` names it (:data:`MIGRATION_LOCK` or ``<mode> on <tables>``); ``holders`` are the
-    sessions that held a conflicting lock when the last attempt gave up (empty when they had
-    ended by then)."""
+    """A lock not granted before the run's deadline (the run stopped, nothing changed): ``lock``
+    names it (:data:`MIGRATION_LOCK` or ``<mode> on <tables>``); ``holders`` are the sessions that
+    held a conflicting lock when the last attempt gave up (empty when they had ended by then)."""
 
     def __init__(
         self, *, lock: str, holders: tuple[Holder, ...], attempts: int, waited_s: float
@@ -186,15 +184,10 @@ async def migrate(
     deadline_s: float = MIGRATE_DEADLINE_SECONDS.default,
     statement_timeout_s: float = DB_STATEMENT_TIMEOUT_SECONDS.default,
 ) -> list[str]:
-    """Apply the trigger (and, with ``with_schema``, the dev schema); return the steps applied.
-
-    An empty list means everything was already in place. Given a URL, the connection is opened
-    within ``connect_timeout_s`` (``DB_CONNECT_TIMEOUT_SECONDS``) and closed afterwards. Each
-    lock is asked with ``lock_timeout_s`` (``MIGRATE_LOCK_TIMEOUT_SECONDS``), each statement
-    bounded by ``statement_timeout_s`` (``DB_STATEMENT_TIMEOUT_SECONDS``), and no attempt starts
-    after ``deadline_s`` (``MIGRATE_DEADLINE_SECONDS``). Raises :class:`LockNotGranted`,
-    :class:`MigrationError` or ``Unavailable`` (see the module docstring).
-    """
+    """Apply the trigger (and, with ``with_schema``, the dev schema); return the steps applied
+    (none: everything was in place). A connection opened from a URL is closed afterwards; no
+    attempt starts after ``deadline_s``. Raises :class:`LockNotGranted`, :class:`MigrationError`
+    or ``Unavailable`` (see the module docstring)."""
     planned = steps(channel=channel, with_schema=with_schema)
     bounds = _Bounds(
         lock_timeout_s=lock_timeout_s,
@@ -292,9 +285,8 @@ async def _apply(
 
 
 async def _attempt(conn: asyncpg.Connection, planned: list[Step], bounds: _Bounds) -> list[str]:
-    """One transaction: the migration lock, the records compared, then (only when a step is to
-    be applied) the platform tables locked and the steps applied. Raises :class:`_NotGranted`
-    when a lock was not granted within the lock_timeout (the transaction rolled back)."""
+    """One attempt, one transaction (see the module docstring); raises :class:`_NotGranted` when a
+    lock was not granted within the lock_timeout (the transaction rolled back)."""
     applied: list[str] = []
     asked = _Asked(MIGRATION_LOCK)
     try:
@@ -340,8 +332,7 @@ async def _attempt(conn: asyncpg.Connection, planned: list[Step], bounds: _Bound
 
 
 async def _existing(conn: asyncpg.Connection, tables: Iterable[str]) -> tuple[str, ...]:
-    """Those of ``tables`` that exist (a step may create them), in :data:`PLATFORM_TABLES`
-    order."""
+    """Those of ``tables`` that exist (a step may create them), in :data:`PLATFORM_TABLES` order."""
     named = set(tables)
     wanted = [t for t in PLATFORM_TABLES if t in named]
     if not wanted:

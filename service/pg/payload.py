@@ -80,8 +80,7 @@ def parse_payload(
 
 
 def _parse_loosely(payload: str, batch: _Batch) -> ParsedPayload:
-    """A payload that did not decode whole: its groups one by one, each group's facts and
-    names one by one."""
+    """A payload that did not decode whole: its groups, facts and names one by one."""
     try:
         raw_groups = _loose_pods_decoder.decode(payload).pods
     except msgspec.DecodeError:
@@ -119,8 +118,7 @@ class _Batch:
         self.valid = 0
 
     def add(self, head: _Head, names: Sequence[str]) -> None:
-        """A change for each non-empty name in each namespace; a delete says nothing of active
-        or state. The group's facts are worked out once for all its names."""
+        """A change for each non-empty name in each namespace (a delete: no active, no state)."""
         op, active, state = head
         deleted = op == "delete"
         parsed: ExecutionState | None = None

@@ -1,13 +1,10 @@
 """Execution rows from PostgreSQL: the ``ExecutionStore`` adapter.
 
-Rows are looked up by pod key (``namespace/name``) in batches: one query asks for the keys' pod
-names as an array, joined to ``sandboxes`` and scoped to the configured sandbox namespaces and to
-Kubernetes-managed sandboxes. A row answers a key only when its namespace and pod name make up
-exactly that key, so a row of another namespace with the same pod name can never authorize a
-delete. :meth:`PgExecutionStore.read_fresh` is the same query for one key, marked as the final
-re-read. Rows are decoded into :class:`service.domain.ExecutionRow` here: unknown strings become
-the explicit unknown members; a row with a NULL where a value is required is counted, logged and
-treated as absent (never reaped).
+One query asks for a batch of keys' pod names as an array, joined to ``sandboxes`` and scoped to
+the configured sandbox namespaces and to Kubernetes-managed sandboxes; a row answers only the key
+its namespace and pod name make up (:meth:`PgExecutionStore._query`), so a row of another
+namespace with the same pod name never authorizes a delete. A row with a NULL where a value is
+required is counted, logged and treated as absent (:func:`decode_row`: never reaped).
 
 Errors (``service/pg/errors.py``): a failed query raises ``Unavailable`` (no answer;
 ``StoreClosed`` once :meth:`PgExecutionStore.aclose` has begun) or ``DatabaseError`` (the server
@@ -48,8 +45,6 @@ WHERE e.pod_name = ANY($1::text[])
   AND s.namespace = ANY($2::text[])
   AND s.managed_by = $3
 """
-"""The rows of the pod names asked for, of the configured namespaces and Kubernetes-managed
-sandboxes (which key a row answers is :meth:`PgExecutionStore._query`'s to decide)."""
 
 INVALID_STATEMENT_NAME = "26000"
 """SQLSTATE of "prepared statement ... does not exist": what a statement cached on one server
@@ -68,8 +63,7 @@ COLUMNS = (
     "execution_state",
     "active",
 )
-"""The row's columns :data:`LOOKUP_SQL` selects, in its order: what :func:`decode_row` unpacks
-(a NULL in any of them: absent)."""
+"""The columns :data:`LOOKUP_SQL` selects, in order, as :func:`decode_row` unpacks them."""
 
 
 def decode_row(record: Sequence[Any]) -> ExecutionRow | None:
@@ -120,8 +114,6 @@ class PgExecutionStore:
         self._ping_log = CauseLog("database ping failed", logger)
         self._query_log = CauseLog("execution-row queries fail", logger)
 
-    # -- lifecycle -------------------------------------------------------------------------
-
     async def start(self) -> None:
         """Create the pool. Connections open lazily, so a database that is down does not fail
         the start; :meth:`ping` reports it and lookups raise ``Unavailable``."""
@@ -162,10 +154,7 @@ class PgExecutionStore:
     ) -> None:
         await self.aclose()
 
-    # -- ExecutionStore --------------------------------------------------------------------
-
     async def lookup_many(self, keys: Sequence[str]) -> dict[str, ExecutionRow]:
-        """Rows by pod key, ``batch_max_size`` keys a query; absent keys are left out."""
         self._open_pool()
         unique = list(dict.fromkeys(keys))
         size = max(1, self._settings.batch_max_size)
@@ -175,13 +164,11 @@ class PgExecutionStore:
         return out
 
     async def read_fresh(self, key: str) -> ExecutionRow | None:
-        """The row of one key, read now (the final re-check before a delete)."""
         rows = await self._query([key], kind="fresh", sql=FRESH_SQL)
         return rows.get(key)
 
     async def ping(self) -> bool:
-        """Readiness: can a pooled connection run ``SELECT 1`` in time? Sets ``database_up``;
-        :attr:`problem` says why not."""
+        """Readiness: ``SELECT 1`` on a pooled connection in time; sets ``database_up``."""
         ok = False
         if self._pool is not None:
             try:
@@ -215,9 +202,8 @@ class PgExecutionStore:
     async def retired_rows(
         self, namespace: str, names: Sequence[str], *, kind: str = "kept_sweep"
     ) -> dict[str, RetiredRow]:
-        """``ports.RetiredRowSource``: the inactive rows among ``names`` of ``namespace``, by
-        pod key, in one query (:data:`RETIRED_SQL`); a namespace not configured, or no names,
-        costs none. Raises as :meth:`lookup_many`."""
+        """``ports.RetiredRowSource`` (:data:`RETIRED_SQL`); a namespace not configured, or no
+        names, costs no query. Raises as :meth:`lookup_many`."""
         self._open_pool()
         if namespace not in self._namespaces or not names:
             return {}
@@ -233,8 +219,6 @@ class PgExecutionStore:
                     row, float(retired_at) if isinstance(retired_at, float | int) else None
                 )
         return out
-
-    # -- internals -------------------------------------------------------------------------
 
     def _open_pool(self) -> asyncpg.Pool:
         if self._closed:
@@ -293,9 +277,8 @@ class PgExecutionStore:
     async def _query(
         self, keys: list[str], *, kind: str, sql: str = LOOKUP_SQL
     ) -> dict[str, ExecutionRow]:
-        """Rows by pod key. A key of a namespace not configured has no row and costs no query; a
-        row is kept under the key its namespace and pod name make up, when that key was asked
-        for."""
+        """Rows by pod key: a key of a namespace not configured costs no query; a row is kept
+        under the key its namespace and pod name make up, when that key was asked for."""
         self._open_pool()
         asked = {key for key in keys if key.partition("/")[0] in self._namespaces}
         if not asked:
@@ -331,6 +314,5 @@ one statement whatever their number (only retired rows come back: as small as th
 
 
 async def _keep_session(_conn: asyncpg.Connection) -> None:
-    """The pool's reset on release, after asyncpg's own: nothing more. The pool's queries leave
-    no session state behind, so the default reset query (``RESET ALL``, ...) would be a round
-    trip per query for nothing."""
+    """The pool's reset on release: nothing (the pool's queries leave no session state behind,
+    and the default reset, ``RESET ALL``, ..., would be a round trip per query for nothing)."""

@@ -6,8 +6,7 @@ A connection lost before the answer sets ``ConnectionError`` on the probe's ``on
 when the task that would await it was cancelled first (a timeout while the server restarts),
 nobody retrieves it and the loop reports "Future exception was never retrieved".
 :func:`install` wraps ``connection_lost`` to mark that exception retrieved as it is set: a
-coroutine still awaiting the future gets it as before. Applied once, when the adapter is
-imported.
+coroutine still awaiting the future gets it as before.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ from service.engine.kept.model import KeptPod
 from service.ports import KeptRecorder, KeptReport
 
 EVENT_INTERVAL_S = 86400.0
-"""At most one ``RetiredPodKept`` Event a pod UID in this long."""
 
 
 class KeptEvents:

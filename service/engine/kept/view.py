@@ -1,9 +1,4 @@
-"""The retired-but-kept view (the package docstring says what it knows, and how).
-
-A row query asks for one namespace's keys at once; a notification about a key that arrives while
-a query is in flight is fresher than the query's answer for that key, so every query notes the
-keys notified meanwhile, and the view leaves their answers unapplied (:meth:`KeptPods._apply`).
-"""
+"""The retired-but-kept view (the package docstring says what it knows, and how)."""
 
 from __future__ import annotations
 
@@ -74,8 +69,7 @@ class KeptPods:
         """Keys a notification said are inactive, with its arrival, until a query confirms."""
         self._rows = rows
         self._inflight: dict[int, set[str]] = {}
-        """The keys notified meanwhile, for each query in flight (by a number of its own: two
-        empty sets are equal)."""
+        """Keys notified meanwhile, per query in flight (by a number: two empty sets are equal)."""
         self._tokens = itertools.count()
         self._query_log = CauseLog("retired-but-kept row queries fail", logger)
         self._events = KeptEvents(recorder, bound_s)
@@ -158,12 +152,9 @@ class KeptPods:
                 tg.start_soon(self._sweep_loop, namespace, name=f"kept-sweep-{namespace}")
             tg.start_soon(self._confirm_loop, name="kept-confirm")
             task_status.started()
-            await self._tick_loop()
-
-    async def _tick_loop(self) -> None:
-        while True:
-            await self.tick()
-            await anyio.sleep(max(0.05, min(TICK_S, self.bound_s / 4)))
+            while True:
+                await self.tick()
+                await anyio.sleep(max(0.05, min(TICK_S, self.bound_s / 4)))
 
     async def tick(self) -> None:
         """Follow the leadership, refresh the age gauges and write the Events that are due."""
@@ -247,8 +238,8 @@ class KeptPods:
         self, keys: Iterable[str], answer: Answer, notified: Mapping[str, float] | None = None
     ) -> list[str]:
         """A query's answer for ``keys``, the one place it is applied: a key notified while the
-        query was in flight is left to its notification; any other is known retired when the
-        answer has its row, else forgotten. Returns the keys known retired."""
+        query was in flight is left to its (fresher) notification; any other is known retired
+        when the answer has its row, else forgotten. Returns the keys known retired."""
         found, touched = answer
         known = []
         for key in dict.fromkeys(keys):
