@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -32,45 +31,59 @@ logger = logging.getLogger(__name__)
 PING_TTL_S = 2.0
 
 
-@dataclass
 class Heartbeats:
     """Loops call :meth:`beat`; a loop silent for longer than its allowance is stuck."""
 
-    allowances_s: dict[str, float] = field(default_factory=dict)
-    last: dict[str, float] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self._allowances_s: dict[str, float] = {}
+        self._last: dict[str, float] = {}
 
     def register(self, name: str, allowance_s: float) -> None:
-        self.allowances_s[name] = allowance_s
-        self.last[name] = clock.now()
+        self._allowances_s[name] = allowance_s
+        self._last[name] = clock.now()
 
     def beat(self, name: str) -> None:
-        self.last[name] = clock.now()
+        self._last[name] = clock.now()
 
     def stuck(self) -> list[str]:
         now = clock.now()
         return sorted(
             name
-            for name, allowance in self.allowances_s.items()
-            if now - self.last.get(name, now) > allowance
+            for name, allowance in self._allowances_s.items()
+            if now - self._last.get(name, now) > allowance
         )
 
 
-@dataclass(slots=True, kw_only=True)
 class HealthServer:
-    registry: CollectorRegistry
-    heartbeats: Heartbeats
-    cache_synced: Callable[[], bool]
-    database_problem: Callable[[], Awaitable[str | None]]
-    listener_problem: Callable[[], str | None]
-    api_problem: Callable[[], str | None] = lambda: None
-    host: str
-    port: int
-    pending: Callable[[int, str | None], dict[str, Any]] | None = None
-    debug_host: str = "127.0.0.1"
-    debug_port: int = 0
-    bound_port: int | None = field(default=None, init=False)
-    debug_bound_port: int | None = field(default=None, init=False)
-    """The debug listener's port once it serves (``None``: ``DEBUG_PENDING`` is off)."""
+    def __init__(
+        self,
+        *,
+        registry: CollectorRegistry,
+        heartbeats: Heartbeats,
+        cache_synced: Callable[[], bool],
+        database_problem: Callable[[], Awaitable[str | None]],
+        listener_problem: Callable[[], str | None],
+        api_problem: Callable[[], str | None] = lambda: None,
+        host: str,
+        port: int,
+        pending: Callable[[int, str | None], dict[str, Any]] | None = None,
+        debug_host: str = "127.0.0.1",
+        debug_port: int = 0,
+    ) -> None:
+        self._registry = registry
+        self._heartbeats = heartbeats
+        self._cache_synced = cache_synced
+        self._database_problem = database_problem
+        self._listener_problem = listener_problem
+        self._api_problem = api_problem
+        self._host = host
+        self._port = port
+        self._pending = pending
+        self._debug_host = debug_host
+        self._debug_port = debug_port
+        self.bound_port: int | None = None
+        self.debug_bound_port: int | None = None
+        """The debug listener's port once it serves (``None``: ``DEBUG_PENDING`` is off)."""
 
     def _app(self) -> web.Application:
         app = web.Application()
@@ -86,28 +99,28 @@ class HealthServer:
 
     async def _serve_pending(self, request: web.Request) -> web.Response:
         """``?limit=N`` (the soonest due N, default ``DEFAULT_LIMIT``), ``?key=NS/POD``."""
-        assert self.pending is not None
+        assert self._pending is not None
         raw = request.query.get("limit", str(PENDING_LIMIT))
         if not raw.isascii() or not raw.isdigit():
             return web.Response(status=400, text="limit: expected a non-negative integer\n")
-        return web.json_response(self.pending(int(raw), request.query.get("key")))
+        return web.json_response(self._pending(int(raw), request.query.get("key")))
 
     async def _serve_metrics(self, _: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
+        body = generate_latest(self._registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, _: web.Request) -> web.Response:
-        stuck = self.heartbeats.stuck()
+        stuck = self._heartbeats.stuck()
         if stuck:
             return web.Response(status=503, text=f"stuck: {', '.join(stuck)}\n")
         return web.Response(text="ok\n")
 
     async def _readyz(self, _: web.Request) -> web.Response:
-        problems = [] if self.cache_synced() else ["pod cache not synced"]
+        problems = [] if self._cache_synced() else ["pod cache not synced"]
         for what, problem in (
-            ("database", await self.database_problem()),
-            ("notify listener", self.listener_problem()),
-            ("kubernetes api", self.api_problem()),
+            ("database", await self._database_problem()),
+            ("notify listener", self._listener_problem()),
+            ("kubernetes api", self._api_problem()),
         ):
             if problem is not None:
                 problems.append(f"{what}: {problem}")
@@ -120,14 +133,14 @@ class HealthServer:
         debug one only with ``DEBUG_PENDING``) accept connections."""
         runners: list[web.AppRunner] = []
         try:
-            self.bound_port = await _serve(runners, self._app(), self.host, self.port)
-            logger.info("serving /metrics /healthz /readyz on %s:%s", self.host, self.bound_port)
-            if self.pending is not None:
+            self.bound_port = await _serve(runners, self._app(), self._host, self._port)
+            logger.info("serving /metrics /healthz /readyz on %s:%s", self._host, self.bound_port)
+            if self._pending is not None:
                 self.debug_bound_port = await _serve(
-                    runners, self._debug_app(), self.debug_host, self.debug_port
+                    runners, self._debug_app(), self._debug_host, self._debug_port
                 )
                 logger.info(
-                    "serving %s on %s:%s", PENDING_PATH, self.debug_host, self.debug_bound_port
+                    "serving %s on %s:%s", PENDING_PATH, self._debug_host, self.debug_bound_port
                 )
             task_status.started(self.bound_port)
             await anyio.sleep_forever()
