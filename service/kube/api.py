@@ -1,13 +1,9 @@
-"""Connecting to the API server: in-cluster, from a kubeconfig, or a plain URL.
-
-The explicit URL is how the emulator (tests, demo, benchmarks) is reached; production uses the
-in-cluster service account, and a developer's ``KUBECONFIG`` works too. Must be called on the
-event loop (the client owns aiohttp sessions).
+"""Connecting to the API server: in-cluster, from a kubeconfig, or a plain URL (the emulator's).
 
 The library only loads the configuration; every request goes through the
 :class:`~service.kube.transport.ApiTransport` made of it, with the credentials it reads again at
-a 401 (``service/kube/credentials.py``): the service-account token file in-cluster, the kubeconfig's
-user otherwise, a token file given with an explicit host (tests).
+a 401 (``service/kube/credentials.py``). Must be called on the event loop (the transport owns
+aiohttp sessions).
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ from kubernetes_asyncio.config.incluster_config import SERVICE_TOKEN_FILENAME
 
 from service.kube.credentials import Credentials, KubeconfigCredentials, TokenFile
 from service.kube.transport import ApiTransport
+from service.metrics import KubeMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +38,11 @@ async def new_api_client(
     env: Mapping[str, str] | None = None,
     pool_size: int = 32,
     token_file: str | None = None,
+    metrics: KubeMetrics | None = None,
 ) -> ApiTransport:
     """The transport to ``host`` when given, else in-cluster when running in a pod, else the
-    kubeconfig (``kubeconfig`` argument, ``KUBECONFIG``, then ``~/.kube/config``).
+    kubeconfig (``kubeconfig`` argument, ``KUBECONFIG``, then ``~/.kube/config``), counting into
+    ``metrics``.
 
     ``token_file``: the bearer token's file with an explicit host (none: no token), and in-cluster
     the service-account token's (default ``/var/run/secrets/kubernetes.io/serviceaccount/token``).
@@ -93,9 +92,13 @@ async def new_api_client(
             raise ApiConfigError(f"no Kubernetes configuration: {exc}") from exc
         credentials = KubeconfigCredentials(path, context=context)
         source = f"kubeconfig {path or KUBECONFIG_DEFAULT}"
-    configuration.connection_pool_maxsize = pool_size
     logger.info("kubernetes api %s (%s)", configuration.host, source)
-    return ApiTransport(configuration, pool_size=pool_size, credentials=credentials)
+    return ApiTransport(
+        configuration,
+        pool_size=pool_size,
+        metrics=metrics if metrics is not None else KubeMetrics(),
+        credentials=credentials,
+    )
 
 
 def _token_file(path: str, configuration: k8s_client.Configuration) -> TokenFile:

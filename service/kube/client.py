@@ -1,10 +1,7 @@
 """Fresh pod reads and preconditioned deletes (implements ``ports.PodClient``).
 
-Both go through :meth:`ApiTransport.request` with their own timeout
-(``KubeSettings.api_timeout_s``) and fail as it does (``Unavailable``, :class:`KubeApiError`
-with the server's ``Retry-After``); a pod that does not decode raises :class:`PodDecodeError`
-(an ``Undecodable``). Expected answers are values: the pod or ``None`` (404) for a GET, a
-:class:`DeleteOutcome` (deleted, 404 gone, 409 conflict) for a DELETE.
+Both fail as :meth:`ApiTransport.request` does; expected answers are values: the pod or ``None``
+(404) for a GET, a :class:`DeleteOutcome` (deleted, 404 gone, 409 conflict) for a DELETE.
 """
 
 from __future__ import annotations
@@ -51,14 +48,11 @@ class KubePodClient:
         return aiohttp.ClientTimeout(total=self._settings.api_timeout_s)
 
     def delete_slot(self) -> AbstractAsyncContextManager[None]:
-        """The transport's request slot, held by this task while inside
-        (``ApiTransport.slot``)."""
         return self._api.slot()
 
     async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
-        """The pod as the server has it now; ``None`` on 404. Raises ``Unavailable`` when no
-        answer came, :class:`KubeApiError` for any other status, :class:`PodDecodeError` for a
-        pod that does not decode (counted and logged here)."""
+        """The pod as the server has it now; ``None`` on 404. Raises :class:`PodDecodeError`
+        (an ``Undecodable``, counted here) for a pod that does not decode."""
         answer = await self._api.request(
             "GET", pod_path(namespace, name), op="get", timeouts=self._timeout(), expect=(200, 404)
         )
@@ -75,10 +69,8 @@ class KubePodClient:
     async def delete_pod(
         self, namespace: str, name: str, *, uid: str, resource_version: str
     ) -> DeleteOutcome:
-        """DELETE with ``preconditions`` {uid, resourceVersion} and the configured grace period:
-        deleted (200, 202), gone (404) or conflict (409). Raises ``Unavailable`` when no answer
-        came (the DELETE may or may not have been applied), :class:`KubeApiError` for any other
-        status."""
+        """DELETE with ``preconditions`` {uid, resourceVersion} and the configured grace period.
+        ``Unavailable``: the DELETE may or may not have been applied."""
         options: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "DeleteOptions",

@@ -1,20 +1,18 @@
 """Where the ``Authorization`` header comes from, and reading it again when the server refuses it.
 
-A :class:`Credentials` source puts the bearer token into the ``kubernetes_asyncio``
-``Configuration`` (``api_key["BearerToken"]``, which the ApiClient sends with every request) and
-can :meth:`~Credentials.reload` it. The transport (``service/kube/transport.py``) reloads at the
-first 401, as client-go's ``tokenSourceTransport`` does, so that a rotated token costs one
-refused request instead of up to a minute of them.
+A :class:`Credentials` source puts the bearer token into the library's ``Configuration`` and can
+:meth:`~Credentials.reload` it; the transport reloads at the first 401, as client-go's
+``tokenSourceTransport`` does, so that a rotated token costs one refused request.
 
-- :class:`TokenFile`: a token file, such as the in-cluster service-account token the kubelet
-  rotates. Read at start, again every ``TOKEN_REFRESH_PERIOD`` (the library's in-cluster period,
-  one minute; this replaces the library's refresh hook), and at once on :meth:`~TokenFile.reload`.
-- :class:`KubeconfigCredentials`: a kubeconfig's user. :meth:`~KubeconfigCredentials.reload`
-  loads the kubeconfig again (its ``tokenFile`` read again, its exec plugin run again) and takes
-  the new token. Client certificates are the TLS context's and are not reloaded.
+- :class:`TokenFile`: a token file, such as the service-account token the kubelet rotates. Read at
+  start, again every ``TOKEN_REFRESH_PERIOD`` (the library's in-cluster period, one minute), and
+  at once on :meth:`~TokenFile.reload`.
+- :class:`KubeconfigCredentials`: a kubeconfig's user, loaded again on reload (its ``tokenFile``
+  read again, its exec plugin run again). Client certificates are the TLS context's and are not
+  reloaded.
 
-A source that cannot be read raises ``OSError`` or ``ValueError``; :class:`Reauthentication`,
-the transport's reload at a 401, logs and counts it, and keeps the old token.
+A source that cannot be read raises ``OSError`` or ``ValueError``; :class:`Reauthentication`
+logs and counts it, and keeps the old token.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from service.kit.causelog import CauseLog
 from service.metrics import CredentialReload, KubeMetrics
 
 BEARER_TOKEN = "BearerToken"  # noqa: S105 (a key name, not a secret)
-"""The ``api_key`` entry of a ``Configuration`` the ApiClient sends as ``authorization``."""
+"""The ``api_key`` entry of a ``Configuration`` sent as ``authorization``."""
 
 
 class Credentials(Protocol):
@@ -63,9 +61,8 @@ class TokenFile:
         return f"token file {self.path}"
 
     def install(self, configuration: k8s_client.Configuration) -> None:
-        """Read the token into ``configuration`` now and keep it fresh: the configuration's
-        refresh hook (called before every request) reads the file again once ``period_s`` has
-        passed. Raises as :meth:`reload` does."""
+        """Read the token into ``configuration`` now, and again once ``period_s`` has passed at
+        the refresh hook (called before every request). Raises as :meth:`reload` does."""
         self._read_into(configuration)
         configuration.refresh_api_key_hook = self._refresh
 
@@ -120,7 +117,7 @@ class KubeconfigCredentials:
 
 class Reauthentication:
     """The transport's reading of the credentials at a 401, and the refusal that stands after
-    it (logged once per cause through ``logger``, counted into ``metrics``)."""
+    it (logged once per cause through ``logger``)."""
 
     def __init__(
         self,
@@ -141,11 +138,7 @@ class Reauthentication:
         self._lock = anyio.Lock()
         self._auth_log = CauseLog("the Kubernetes API refuses the credentials", logger)
         self._reload_log = CauseLog("could not read the Kubernetes API credentials", logger)
-
-    def bind(self, metrics: KubeMetrics) -> None:
-        """Count into ``metrics`` from now on."""
-        self._metrics = metrics
-        metrics.api_unauthorized.set(1 if self.refused is not None else 0)
+        metrics.api_unauthorized.set(0)
 
     async def reload(self, generation: int) -> None:
         """Read the credentials again, unless that happened since ``generation``."""

@@ -1,16 +1,10 @@
-"""The Kubernetes adapter's error edge: what counts as no answer, and reading failed answers.
+"""The Kubernetes adapter's error edge, as httpx's ``_exceptions.py``: every request fails in one
+of two typed ways (``service.kit.errors``):
 
-Every request of the adapter fails in one of two typed ways (``service.kit.errors``):
-
-- :data:`TRANSIENT_ERRORS` — what aiohttp and the socket layer raise when no answer arrives
-  (refused, reset, dropped, timed out) — becomes :class:`~service.kit.errors.Unavailable`
-  (:class:`RequestTimeout` for a timeout) in :func:`answering`, the original chained as
-  ``__cause__``;
-- an answer with an unexpected status becomes :class:`KubeApiError` (an ``ApiError``: status,
-  the ``Status`` body's message, ``Retry-After``), which :func:`gone`, :func:`too_large` and
-  :func:`rejected` (of its status) classify, as client-go's ``apierrors.IsGone`` and its kin.
-
-Answers a caller always expects (a 404 on GET, a 409 on DELETE) are values of that caller.
+- no answer (:data:`TRANSIENT_ERRORS`) becomes ``Unavailable`` (:class:`RequestTimeout` for a
+  timeout) in :func:`answering`, the original chained as ``__cause__``;
+- an unexpected status becomes :class:`KubeApiError`, which :func:`gone`, :func:`too_large` and
+  :func:`rejected` classify, as client-go's ``apierrors.IsGone`` and its kin.
 """
 
 from __future__ import annotations
@@ -38,9 +32,8 @@ class RequestTimeout(Unavailable):
 
 @contextmanager
 def answering(what: str) -> Iterator[None]:
-    """Turn :data:`TRANSIENT_ERRORS` raised inside into ``Unavailable`` (:class:`RequestTimeout`
-    for a timeout), the original chained as ``__cause__``: the one place that happens, for the
-    request path (``service/kube/transport.py``) and the lines of a watch stream."""
+    """The one place :data:`TRANSIENT_ERRORS` become ``Unavailable`` (see the module docstring),
+    for the request path and the lines of a watch stream."""
     try:
         yield
     except TRANSIENT_ERRORS as exc:
@@ -49,7 +42,8 @@ def answering(what: str) -> Iterator[None]:
 
 
 class KubeApiError(ApiError):
-    """A Kubernetes API call answered, but not as expected (``status`` is the HTTP status)."""
+    """A Kubernetes API call answered, but not as expected: its status, the ``Status`` body's
+    message, ``Retry-After``."""
 
 
 def gone(exc: ApiError) -> bool:

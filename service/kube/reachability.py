@@ -1,20 +1,14 @@
 """Whether the API server answers: when it last did, and whether requests go unanswered since.
 
-:class:`Reachability` is fed by the transport (``service/kube/transport.py``: every HTTP answer,
-whatever its status, and every request that ended without one) and by the reflector
-(``service/kube/watching.py``: every line read on a watch stream is an answer;
-``service/kube/reflector.py``: a watch closed for silence is a request unanswered since its last
-line).
+Fed by the transport (every HTTP answer, whatever its status, and every request that ended
+without one) and by the reflector (every line of a watch stream is an answer; a watch closed for
+silence is a request unanswered since its last line).
 
 The server is **unreachable** once a request ended without an answer and nothing has answered
-since that request was sent: it stayed silent for at least that request's bound while being
-asked. One request stuck on a dead pooled connection while its siblings are answered is not
-that. Unreachable makes the replica unready (``/readyz``) and sets
+since that request was sent; one request stuck on a dead pooled connection while its siblings
+are answered is not that. Unreachable makes the replica unready (``/readyz``) and sets
 ``retired_pod_gc_api_reachable`` to 0 until the first answer (docs/operations.md, "Kubernetes API
 connectivity", gives the bounds).
-
-:meth:`Reachability.answered_after` wakes its waiters at the first answer, so the reflector's
-backoff after an unanswered failure ends as soon as the server is heard again.
 """
 
 from __future__ import annotations
@@ -39,14 +33,7 @@ class Reachability:
         self._wake: anyio.Event | None = None
         self._metrics = metrics if metrics is not None else KubeMetrics()
         self._metrics.api_reachable.set(1)
-
-    def bind(self, metrics: KubeMetrics) -> None:
-        """Report into ``metrics`` from now on."""
-        self._metrics = metrics
-        metrics.api_reachable.set(0 if self.unreachable else 1)
-        metrics.api_last_answer_age.set_function(self.last_answer_age_s)
-
-    # ------------------------------------------------------------------ fed by
+        self._metrics.api_last_answer_age.set_function(self.last_answer_age_s)
 
     def answered(self) -> None:
         """An answer came (any HTTP status, a line on a watch stream)."""
@@ -68,8 +55,6 @@ class Reachability:
             self._silent_since = sent_at
         self._cause = cause
 
-    # ------------------------------------------------------------------ read by
-
     @property
     def unreachable(self) -> bool:
         return self._silent_since is not None
@@ -89,7 +74,7 @@ class Reachability:
 
     async def answered_after(self, since: float, timeout_s: float) -> bool:
         """Wait until an answer later than ``since`` (at once when one came already), at most
-        ``timeout_s``; whether one came."""
+        ``timeout_s``; whether one came (it ends the reflector's backoff early)."""
         if self._answered_after(since):
             return True
         if self._wake is None:

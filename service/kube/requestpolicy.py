@@ -1,18 +1,14 @@
-"""The transport's decisions that need no server: which requests are watches, how long a request
-may take, which answers are throttling and when a throttled request is sent again, and when a
-request that ended without an answer counts as stalled or unanswered.
+"""The transport's decisions that need no server: watches, time budgets, throttling, stalls.
 
-A 429, or a 503 with ``Retry-After``, is sent again after its ``Retry-After``
-(:data:`DEFAULT_RETRY_AFTER_S` without one), at most :data:`MAX_THROTTLE_RETRIES` times and never
-past the request's own timeout, as client-go's rest client does. A DELETE's goes back to the
-reconciler instead: nothing may delay a DELETE after its final check (docs/architecture.md,
-invariant 1).
+A 429, or a 503 with ``Retry-After``, is sent again after its ``Retry-After``, at most
+:data:`MAX_THROTTLE_RETRIES` times and never past the request's own timeout, as client-go's rest
+client does. A DELETE's goes back to the reconciler instead: nothing may delay a DELETE after its
+final check (docs/architecture.md, invariant 1).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
 
 import aiohttp
 import anyio
@@ -29,12 +25,9 @@ as timed out (the caller's bound and aiohttp's are the same timeout, and either 
 first)."""
 
 
-def is_watch(query_params: Sequence[tuple[str, Any]] | Mapping[str, Any] | None) -> bool:
+def is_watch(query: Mapping[str, object] | None) -> bool:
     """Whether a request is a watch (or a streaming list): ``watch=true`` in its query."""
-    if not query_params:
-        return False
-    items = query_params.items() if isinstance(query_params, Mapping) else query_params
-    return any(key == "watch" and str(value).lower() == "true" for key, value in items)
+    return query is not None and str(query.get("watch")).lower() == "true"
 
 
 def budget_s(timeout: aiohttp.ClientTimeout) -> float | None:
@@ -71,9 +64,7 @@ def throttle_wait(
     deadline: float | None,
 ) -> float | None:
     """How long to wait before sending a throttled request again, after ``retries`` retries;
-    ``None`` when its answer goes back to the caller instead: a DELETE (never delayed after its
-    final check), the :data:`MAX_THROTTLE_RETRIES`-th retry, or a wait that would outlast the
-    request's ``deadline``."""
+    ``None`` when its answer goes back to the caller instead (see the module docstring)."""
     wait_s = DEFAULT_RETRY_AFTER_S if retry_after_s is None else retry_after_s
     if delete or retries >= MAX_THROTTLE_RETRIES:
         return None
@@ -95,9 +86,9 @@ def stalled(exc: BaseException, waited_s: float, timeout_s: float | None) -> boo
 
 
 def unanswered(exc: BaseException, waited_s: float, bound_s: float | None) -> bool:
-    """Whether a request that raised ``exc`` after ``waited_s`` ended without an answer from the
-    server: timed out, refused, reset, or given up by its caller after most of its budget (a
-    cancellation before that is the caller's business, e.g. a shutdown)."""
+    """Whether a request ended without an answer from the server: timed out, refused, reset, or
+    given up by its caller after most of its budget (an earlier cancellation is the caller's
+    business, e.g. a shutdown)."""
     if isinstance(exc, TimeoutError | aiohttp.ClientConnectionError | OSError):
         return True
     return _given_up(exc, waited_s, bound_s)

@@ -1,21 +1,16 @@
 """The HTTP connections requests go over: a keep-alive pool replaced when it stalls, and watches.
 
-Ordinary requests share one keep-alive pool. A request that gets no answer within its timeout
-leaves the pool suspect: its idle siblings were opened the same way and may be black-holed too
-(a dropped conntrack entry, a load balancer's idle timeout, a dead node behind a NAT).
-:class:`Pools` then replaces the pool and closes the old one once the requests in flight on it
-have had their timeout, so one request per outage waits its full timeout, not one per pooled
-connection. Watches go over connections that are never reused (``force_close``), so a
+A request that gets no answer within its timeout leaves the pool suspect: its idle siblings were
+opened the same way and may be black-holed too (a dropped conntrack entry, a load balancer's idle
+timeout). :class:`Pools` then replaces the pool and closes the old one once the requests in
+flight on it have had their timeout, so one request per outage waits its full timeout, not one
+per pooled connection. Watches go over connections never reused (``force_close``), so a
 re-established watch never lands on a connection that died in the pool.
 
 Every connection has TCP keepalive on (aiohttp leaves ``SO_KEEPALIVE`` off, and Linux's default
-would probe after two hours): the kernel resets an idle connection whose peer or path is gone
-about a minute after it went silent. A silent server behind a live TCP endpoint (a proxy that
-answers the probes itself) is left to the request timeouts and the watch's silence bound.
-
-The sessions come from a :class:`Sessions` factory: :class:`TcpSessions` in the service, the
-deterministic simulator's model of the API server in ``tests/sim`` (docs/reliability.md,
-"Deterministic simulation"), so that the transport runs there unchanged.
+would probe after two hours): the kernel resets a connection whose peer is gone about a minute
+after it went silent. A silent server behind a live TCP endpoint is left to the request timeouts
+and the watch's silence bound.
 """
 
 from __future__ import annotations
@@ -83,8 +78,7 @@ def request_options(configuration: k8s_client.Configuration) -> dict[str, Any]:
 
 
 class HttpSession(Protocol):
-    """What the transport uses of an HTTP session (``aiohttp.ClientSession``'s ``request`` and
-    ``close``)."""
+    """What the transport uses of an ``aiohttp.ClientSession``."""
 
     def request(
         self,
@@ -104,11 +98,11 @@ class HttpSession(Protocol):
 
 class Sessions(Protocol):
     """Where the transport's HTTP sessions come from: :class:`TcpSessions` in the service, the
-    simulator's model of the API server (``tests/sim/kube.py``) in the seeds."""
+    simulator's model of the API server (``tests/sim/kube.py``) in the seeds, so that the
+    transport runs there unchanged."""
 
     def pool(self) -> HttpSession:
-        """A new keep-alive pool for ordinary requests (also after a stalled one replaced the
-        last)."""
+        """A new keep-alive pool for ordinary requests."""
         ...
 
     def watches(self) -> HttpSession:
@@ -117,8 +111,7 @@ class Sessions(Protocol):
 
 
 class TcpSessions:
-    """aiohttp sessions over TCP with the configuration's TLS settings and TCP keepalive: a pool
-    of ``pool_size`` connections, and watches on connections of their own (``force_close``)."""
+    """aiohttp sessions over TCP with the configuration's TLS settings and TCP keepalive."""
 
     def __init__(self, configuration: k8s_client.Configuration, *, pool_size: int) -> None:
         self._ssl = ssl_context(configuration)
@@ -149,7 +142,6 @@ class Pools:
     def __init__(self, sessions: Sessions) -> None:
         self._sessions = sessions
         self.pool = sessions.pool()
-        """Where ordinary requests go now."""
         self.watches = sessions.watches()
         self._retired: list[tuple[float, HttpSession]] = []
         """(when to close it, a replaced pool)."""
@@ -166,12 +158,8 @@ class Pools:
 
     async def close_retired(self) -> None:
         """Close the replaced pools whose requests have had their time."""
-        if not self._retired:
-            return
         now = clock.now()
         due = [session for close_at, session in self._retired if close_at <= now]
-        if not due:
-            return
         self._retired = [(at, session) for at, session in self._retired if at > now]
         for session in due:
             await session.close()

@@ -1,31 +1,24 @@
 """The one way a request reaches the API server: send, count, and turn failures into kit errors.
 
 :meth:`ApiTransport.request` (and :meth:`ApiTransport.watch`, for a stream) is the service's only
-request path, as client-go's ``Request.Do`` and kopf's ``api.request``: callers give a method, a
-path they built and a query, and get an :class:`Answer` (or the open stream). One place counts
-each request in ``retired_pod_gc_api_requests_total`` by ``op`` and result, turns no answer into
-``Unavailable`` (``RequestTimeout`` when it timed out) and an unexpected status into
-:class:`KubeApiError` with its ``Retry-After`` (``service/kube/errors.py``). Below it, it decides:
+request path, as client-go's ``Request.Do``: it counts each request in
+``retired_pod_gc_api_requests_total`` by ``op`` and result, turns no answer into ``Unavailable``
+(``RequestTimeout`` when it timed out) and an unexpected status into :class:`KubeApiError` with
+its ``Retry-After`` (``service/kube/errors.py``). Below it:
 
-**Connections** (``service/kube/sessions.py``): a keep-alive pool replaced after a request that
-got no answer within its timeout, and watches (``watch=true``) on connections never reused.
-
-**Credentials.** A 401 makes the transport read the credentials again (once per refused
-generation of them) and send the request once more with the new ``Authorization``, when it
-changed. A DELETE is not sent again: its 401 goes back to the reconciler, whose next attempt
-verifies the pod afresh (docs/architecture.md, invariant 1). A 401 that stands after the reload
-is logged once per cause, counted, and makes the replica unready (:attr:`ApiTransport.problem`)
-until an answer other than 401 comes.
-
-**Throttling** (``service/kube/requestpolicy.py``): a 429, or a 503 with ``Retry-After``, is
-sent again after its ``Retry-After``. Requests that are not watches wait for a slot of an
-adaptive concurrency limit (``service/kit/aimd.py``), from 1 up to the pool size. Lease requests
-(``coordination.k8s.io``) take no slot: a renewal stuck behind throttled pod requests would cost
-the leadership. The reconciler takes its slot before its final check with
-:meth:`ApiTransport.slot`, so its DELETE waits for no other.
-
-**Reachability.** Every answer, and every request that ends without one, is told to
-:attr:`ApiTransport.reachability` (``service/kube/reachability.py``).
+- **Connections**: a keep-alive pool replaced when it stalls, watches never reused
+  (``service/kube/sessions.py``).
+- **Credentials**: a 401 makes the transport read them again (once per refused generation) and
+  send the request once more when the ``Authorization`` changed. A DELETE is not sent again: its
+  401 goes back to the reconciler, whose next attempt verifies the pod afresh
+  (docs/architecture.md, invariant 1). A 401 that stands makes the replica unready
+  (:attr:`ApiTransport.problem`) until an answer other than 401 comes.
+- **Throttling** (``service/kube/requestpolicy.py``): requests that are not watches wait for a
+  slot of an adaptive concurrency limit (``service/kit/aimd.py``), from 1 up to the pool size.
+  Lease requests take none: a renewal stuck behind throttled pod requests would cost the
+  leadership.
+- **Reachability**: every answer, and every request that ends without one, is told to
+  :attr:`ApiTransport.reachability` (``service/kube/reachability.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +30,7 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import aiohttp
 import anyio
@@ -51,12 +44,12 @@ from service.kube import requestpolicy as policy
 from service.kube.credentials import BEARER_TOKEN, Credentials, Reauthentication
 from service.kube.errors import KubeApiError, answering, parse_retry_after, status_message
 from service.kube.reachability import Reachability
-from service.kube.sessions import HttpSession, Pools, Sessions, TcpSessions, request_options
+from service.kube.sessions import Pools, Sessions, TcpSessions, request_options
 from service.metrics import KubeMetrics, ThrottleAction
 
 logger = logging.getLogger(__name__)
 
-_UNLIMITED_PATHS = ("/apis/coordination.k8s.io/",)
+_UNLIMITED_PATH = "/apis/coordination.k8s.io/"
 _AUTHORIZATION = "authorization"
 
 Query = Mapping[str, str | int | bool]
@@ -64,14 +57,6 @@ Query = Mapping[str, str | int | bool]
 
 _slot_held: ContextVar[bool] = ContextVar("retired_pod_gc_api_slot_held", default=False)
 """True inside :meth:`ApiTransport.slot`: this task's requests use the slot it holds."""
-
-
-async def _drain(response: aiohttp.ClientResponse) -> bytes:
-    """Read a short answer whole and give its connection back."""
-    try:
-        return await response.read()
-    finally:
-        response.release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +75,14 @@ class ApiTransport:
         configuration: k8s_client.Configuration,
         *,
         pool_size: int,
+        metrics: KubeMetrics,
         credentials: Credentials | None = None,
-        metrics: KubeMetrics | None = None,
         sessions: Sessions | None = None,
     ) -> None:
         self.configuration = configuration
         """The connection's configuration (host, CA, credentials) as the library loaded it."""
+        self.metrics = metrics
+        """What this transport counts into."""
         self._pools = Pools(
             sessions if sessions is not None else TcpSessions(configuration, pool_size=pool_size)
         )
@@ -106,27 +93,13 @@ class ApiTransport:
             "a Kubernetes API request got no answer in time; its connection pool was replaced",
             logger,
         )
-        self._metrics = metrics if metrics is not None else KubeMetrics()
-        self._auth = Reauthentication(
-            configuration, credentials, metrics=self._metrics, logger=logger
-        )
-        self._metrics.api_concurrency_limit.set(self.limit.slots)
-        self.reachability = Reachability(self._metrics)
-        """Whether the server answers (fed here and by the reflector's watch lines)."""
-
-    # ------------------------------------------------------------------ wiring
-
-    def bind(self, metrics: KubeMetrics) -> None:
-        """Count into ``metrics`` from now on (the client is built before the service's
-        metrics)."""
-        self._metrics = metrics
+        self._auth = Reauthentication(configuration, credentials, metrics=metrics, logger=logger)
         metrics.api_concurrency_limit.set(self.limit.slots)
-        self._auth.bind(metrics)
-        self.reachability.bind(metrics)
+        self.reachability = Reachability(metrics)
+        """Whether the server answers (fed here and by the reflector's watch lines)."""
 
     @property
     def credentials(self) -> Credentials | None:
-        """What is read again at a 401 (``None``: nothing, a client without a token)."""
         return self._auth.credentials
 
     @property
@@ -240,9 +213,7 @@ class ApiTransport:
 
     def _count(self, op: str | None, result: str) -> None:
         if op is not None:
-            self._metrics.api_requests.labels(op=op, result=result).inc()
-
-    # ------------------------------------------------------------------ requests
+            self.metrics.api_requests.labels(op=op, result=result).inc()
 
     async def _exchange(
         self,
@@ -259,13 +230,8 @@ class ApiTransport:
         delete = method == "DELETE"
         budget_s = policy.budget_s(timeouts)
         deadline = None if budget_s is None else clock.now() + budget_s
-        limited = (
-            not watch
-            and not _slot_held.get()
-            and not url.startswith(
-                tuple(f"{self.configuration.host}{path}" for path in _UNLIMITED_PATHS)
-            )
-        )
+        unlimited = url.startswith(f"{self.configuration.host}{_UNLIMITED_PATH}")
+        limited = not watch and not _slot_held.get() and not unlimited
         throttles = 0
         reauthenticated = False
         while True:
@@ -292,10 +258,10 @@ class ApiTransport:
                 self._auth.accept()
                 if not policy.is_throttled(status, retry_after_s):
                     self.limit.succeeded()
-                    self._metrics.api_concurrency_limit.set(self.limit.slots)
+                    self.metrics.api_concurrency_limit.set(self.limit.slots)
                     return response, retry_after_s
                 if status == 429 and self.limit.throttled(sent_at):
-                    self._metrics.api_concurrency_limit.set(self.limit.slots)
+                    self.metrics.api_concurrency_limit.set(self.limit.slots)
                 wait_s = policy.throttle_wait(
                     retry_after_s,
                     delete=delete,
@@ -304,10 +270,13 @@ class ApiTransport:
                     deadline=deadline,
                 )
                 if wait_s is None:
-                    self._metrics.api_throttled.labels(action=ThrottleAction.RETURNED).inc()
+                    self.metrics.api_throttled.labels(action=ThrottleAction.RETURNED).inc()
                     return response, retry_after_s
-                await _drain(response)
-                self._metrics.api_throttled.labels(action=ThrottleAction.RETRIED).inc()
+                try:
+                    await response.read()
+                finally:
+                    response.release()
+                self.metrics.api_throttled.labels(action=ThrottleAction.RETRIED).inc()
                 throttles += 1
             finally:
                 if limited:
@@ -346,21 +315,21 @@ class ApiTransport:
             )
         except BaseException as exc:
             waited_s = clock.now() - started
-            if not watch and policy.stalled(exc, waited_s, timeouts.total):
-                self._replace(session, timeouts.total)
+            if (
+                not watch
+                and policy.stalled(exc, waited_s, timeouts.total)
+                and self._pools.replace(session, timeouts.total)
+            ):
+                self.metrics.api_pool_replacements.inc()
+                self._stall_log.failed("no answer within the request timeout")
             if policy.unanswered(exc, waited_s, policy.budget_s(timeouts)):
-                self.reachability.unanswered(started, f"{type(exc).__name__} {method} {_path(url)}")
+                cause = f"{type(exc).__name__} {method} {urlsplit(url).path}"
+                self.reachability.unanswered(started, cause)
             raise
         self.reachability.answered()
         if not watch:
             self._stall_log.ok()
         return response
-
-    def _replace(self, session: HttpSession, timeout_s: float | None) -> None:
-        """Replace the pool ``session`` (when it still is the pool) by a new one."""
-        if self._pools.replace(session, timeout_s):
-            self._metrics.api_pool_replacements.inc()
-            self._stall_log.failed("no answer within the request timeout")
 
     # -------------------------------------------------------------- credentials
 
@@ -399,10 +368,3 @@ class ApiTransport:
         auth: dict[str, dict[str, str]] = await self.configuration.auth_settings()
         entry = auth.get(BEARER_TOKEN)
         return entry["value"] if entry else None
-
-
-def _path(url: str) -> str:
-    """The path of ``url``, without host or query (a log line's cause)."""
-    without_scheme = url.split("://", 1)[-1]
-    slash = without_scheme.find("/")
-    return without_scheme[slash:].split("?", 1)[0] if slash >= 0 else "/"

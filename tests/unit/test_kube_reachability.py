@@ -25,8 +25,7 @@ async def test_unreachable_once_a_request_ends_unanswered_with_no_answer_since_i
     None
 ):
     metrics = KubeMetrics(CollectorRegistry())
-    reach = Reachability()
-    reach.bind(metrics)
+    reach = Reachability(metrics)
     assert (reach.problem, gauges(metrics)) == (None, (1, 0))
     sent = clock.now()
     await anyio.sleep(10)

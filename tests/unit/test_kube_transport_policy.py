@@ -68,11 +68,11 @@ def test_retries_are_bounded_in_count_and_by_the_requests_own_timeout() -> None:
 @pytest.mark.parametrize(
     ("query", "watch"),
     [
-        ([("watch", True), ("labelSelector", "a=b")], True),
-        ([("watch", "true")], True),
+        ({"watch": True, "labelSelector": "a=b"}, True),
+        ({"watch": "true"}, True),
         ({"watch": "True"}, True),
-        ([("watch", False)], False),
-        ([("limit", 500)], False),
+        ({"watch": False}, False),
+        ({"limit": 500}, False),
         (None, False),
     ],
 )
