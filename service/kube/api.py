@@ -33,16 +33,13 @@ class ApiConfigError(RuntimeError):
 async def new_api_client(
     *,
     host: str | None = None,
-    kubeconfig: str | None = None,
-    context: str | None = None,
     env: Mapping[str, str] | None = None,
     pool_size: int = 32,
     token_file: str | None = None,
     metrics: KubeMetrics | None = None,
 ) -> ApiTransport:
     """The transport to ``host`` when given, else in-cluster when running in a pod, else the
-    kubeconfig (``kubeconfig`` argument, ``KUBECONFIG``, then ``~/.kube/config``), counting into
-    ``metrics``.
+    kubeconfig (``KUBECONFIG``, then ``~/.kube/config``), counting into ``metrics``.
 
     ``token_file``: the bearer token's file with an explicit host (none: no token), and in-cluster
     the service-account token's (default ``/var/run/secrets/kubernetes.io/serviceaccount/token``).
@@ -55,7 +52,7 @@ async def new_api_client(
         source = "explicit host"
         if token_file:
             credentials = _token_file(token_file, configuration)
-    elif kubeconfig is None and environ.get(IN_CLUSTER_ENV):
+    elif environ.get(IN_CLUSTER_ENV):
         token_path = token_file or SERVICE_TOKEN_FILENAME
         try:
             # Host and CA from the library; the token is the TokenFile's, which replaces the
@@ -71,7 +68,7 @@ async def new_api_client(
         credentials = _token_file(token_path, configuration)
         source = "in-cluster service account"
     else:
-        path = kubeconfig or (environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None)
+        path = environ.get("KUBECONFIG", "").split(os.pathsep)[0] or None
         # One stat of a local file before load_kube_config reads it (as blocking): so that no
         # file at all is named as such, not as a kubeconfig without a current-context.
         if not os.path.exists(os.path.expanduser(path or KUBECONFIG_DEFAULT)):  # noqa: ASYNC240
@@ -83,14 +80,11 @@ async def new_api_client(
             )
         try:
             await k8s_config.load_kube_config(
-                config_file=path,
-                context=context,
-                client_configuration=configuration,
-                persist_config=False,
+                config_file=path, client_configuration=configuration, persist_config=False
             )
         except (k8s_config.ConfigException, OSError) as exc:
             raise ApiConfigError(f"no Kubernetes configuration: {exc}") from exc
-        credentials = KubeconfigCredentials(path, context=context)
+        credentials = KubeconfigCredentials(path)
         source = f"kubeconfig {path or KUBECONFIG_DEFAULT}"
     logger.info("kubernetes api %s (%s)", configuration.host, source)
     return ApiTransport(

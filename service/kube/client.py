@@ -33,11 +33,7 @@ class KubePodClient:
     """GET and preconditioned DELETE of single pods."""
 
     def __init__(
-        self,
-        api: ApiTransport,
-        settings: KubeSettings,
-        decoder: PodDecoder,
-        metrics: KubeMetrics,
+        self, api: ApiTransport, settings: KubeSettings, decoder: PodDecoder, metrics: KubeMetrics
     ) -> None:
         self._api = api
         self._settings = settings

@@ -37,10 +37,8 @@ BEARER_TOKEN = "BearerToken"  # noqa: S105 (a key name, not a secret)
 class Credentials(Protocol):
     """A source of the bearer token, read again on demand."""
 
-    @property
-    def source(self) -> str:
-        """What is read (for logs): a path, or a kubeconfig and its context."""
-        ...
+    source: str
+    """What is read (for logs): a path, or a kubeconfig and its context."""
 
     async def reload(self, configuration: k8s_client.Configuration) -> None:
         """Read the credentials again, now, into ``configuration``. Raises ``OSError`` or
@@ -49,19 +47,15 @@ class Credentials(Protocol):
 
 
 class TokenFile:
-    """A bearer token held in a file, read every ``period_s`` and on :meth:`reload`."""
+    """A bearer token held in a file, read every ``TOKEN_REFRESH_PERIOD`` and on :meth:`reload`."""
 
-    def __init__(self, path: str | Path, *, period_s: float | None = None) -> None:
+    def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.period_s = period_s if period_s is not None else TOKEN_REFRESH_PERIOD.total_seconds()
+        self.source = f"token file {self.path}"
         self._read_at = float("-inf")
 
-    @property
-    def source(self) -> str:
-        return f"token file {self.path}"
-
     def install(self, configuration: k8s_client.Configuration) -> None:
-        """Read the token into ``configuration`` now, and again once ``period_s`` has passed at
+        """Read the token into ``configuration`` now, and again once the period has passed at
         the refresh hook (called before every request). Raises as :meth:`reload` does."""
         self._read_into(configuration)
         configuration.refresh_api_key_hook = self._refresh
@@ -70,7 +64,7 @@ class TokenFile:
         self._read_into(configuration)
 
     def _refresh(self, configuration: k8s_client.Configuration) -> None:
-        if clock.now() - self._read_at < self.period_s:
+        if clock.now() - self._read_at < TOKEN_REFRESH_PERIOD.total_seconds():
             return
         try:
             self._read_into(configuration)
@@ -88,25 +82,17 @@ class TokenFile:
 
 
 class KubeconfigCredentials:
-    """The user of a kubeconfig context, loaded again on :meth:`reload`."""
+    """The user of the kubeconfig's current context, loaded again on :meth:`reload`."""
 
-    def __init__(self, path: str | None, *, context: str | None) -> None:
+    def __init__(self, path: str | None) -> None:
         self.path = path
-        self.context = context
-
-    @property
-    def source(self) -> str:
-        named = self.path or "the default kubeconfig"
-        return f"kubeconfig {named}" + (f" (context {self.context})" if self.context else "")
+        self.source = f"kubeconfig {path or 'the default kubeconfig'}"
 
     async def reload(self, configuration: k8s_client.Configuration) -> None:
         fresh = k8s_client.Configuration()
         try:
             await k8s_config.load_kube_config(
-                config_file=self.path,
-                context=self.context,
-                client_configuration=fresh,
-                persist_config=False,
+                config_file=self.path, client_configuration=fresh, persist_config=False
             )
         except k8s_config.ConfigException as exc:
             raise ValueError(str(exc)) from exc

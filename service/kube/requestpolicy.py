@@ -56,12 +56,7 @@ def is_throttled(status: int, retry_after_s: float | None) -> bool:
 
 
 def throttle_wait(
-    retry_after_s: float | None,
-    *,
-    delete: bool,
-    retries: int,
-    now: float,
-    deadline: float | None,
+    retry_after_s: float | None, *, delete: bool, retries: int, now: float, deadline: float | None
 ) -> float | None:
     """How long to wait before sending a throttled request again, after ``retries`` retries;
     ``None`` when its answer goes back to the caller instead (see the module docstring)."""

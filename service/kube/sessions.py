@@ -1,16 +1,12 @@
 """The HTTP connections requests go over: a keep-alive pool replaced when it stalls, and watches.
 
-A request that gets no answer within its timeout leaves the pool suspect: its idle siblings were
-opened the same way and may be black-holed too (a dropped conntrack entry, a load balancer's idle
-timeout). :class:`Pools` then replaces the pool and closes the old one once the requests in
-flight on it have had their timeout, so one request per outage waits its full timeout, not one
-per pooled connection. Watches go over connections never reused (``force_close``), so a
-re-established watch never lands on a connection that died in the pool.
-
-Every connection has TCP keepalive on (aiohttp leaves ``SO_KEEPALIVE`` off, and Linux's default
+A request that gets no answer within its timeout leaves the pool suspect: its idle siblings may be
+black-holed too (a dropped conntrack entry, a load balancer's idle timeout). :class:`Pools` then
+replaces the pool, so one request per outage waits its full timeout, not one per pooled
+connection. Watches go over connections never reused, so a re-established watch never lands on a
+connection that died in the pool. TCP keepalive is on (aiohttp leaves it off, Linux's default
 would probe after two hours): the kernel resets a connection whose peer is gone about a minute
-after it went silent. A silent server behind a live TCP endpoint is left to the request timeouts
-and the watch's silence bound.
+after it went silent.
 """
 
 from __future__ import annotations
@@ -30,14 +26,14 @@ KEEPALIVE_IDLE_S = 30
 KEEPALIVE_INTERVAL_S = 10
 KEEPALIVE_PROBES = 3
 RETIRED_POOL_GRACE_S = 60.0
-"""A replaced pool is closed this long after the replacement when the request that timed out had
-no timeout of its own (else after twice that timeout)."""
+"""A replaced pool is closed this long after (twice the stalled request's timeout if it had one),
+when the requests in flight on it have had their time."""
 READ_BUFSIZE = 2**21
 """As the library's: a watch event with a large object exceeds aiohttp's default buffer."""
 
 
 def keepalive_socket(addr_info: AddrInfoType) -> socket.socket:
-    """A socket for aiohttp's connector with TCP keepalive on (see the module docstring)."""
+    """A socket for aiohttp's connector with TCP keepalive on."""
     family, type_, proto, _, _ = addr_info
     sock = socket.socket(family=family, type=type_, proto=proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -97,17 +93,12 @@ class HttpSession(Protocol):
 
 
 class Sessions(Protocol):
-    """Where the transport's HTTP sessions come from: :class:`TcpSessions` in the service, the
-    simulator's model of the API server (``tests/sim/kube.py``) in the seeds, so that the
-    transport runs there unchanged."""
+    """Where the transport's sessions come from: :class:`TcpSessions`, or the simulator's model
+    of the API server (``tests/sim/kube.py``), so that the transport runs there unchanged."""
 
-    def pool(self) -> HttpSession:
-        """A new keep-alive pool for ordinary requests."""
-        ...
+    def pool(self) -> HttpSession: ...
 
-    def watches(self) -> HttpSession:
-        """The session of watches: connections that are never reused."""
-        ...
+    def watches(self) -> HttpSession: ...
 
 
 class TcpSessions:
@@ -118,21 +109,15 @@ class TcpSessions:
         self._pool_size = pool_size
 
     def pool(self) -> HttpSession:
-        return self._session_of(
-            aiohttp.TCPConnector(
-                limit=self._pool_size, ssl=self._ssl, socket_factory=keepalive_socket
-            )
-        )
+        return self._session(limit=self._pool_size)
 
     def watches(self) -> HttpSession:
-        return self._session_of(
-            aiohttp.TCPConnector(
-                limit=0, force_close=True, ssl=self._ssl, socket_factory=keepalive_socket
-            )
-        )
+        return self._session(limit=0, force_close=True)
 
-    @staticmethod
-    def _session_of(connector: aiohttp.TCPConnector) -> HttpSession:
+    def _session(self, *, limit: int, force_close: bool = False) -> HttpSession:
+        connector = aiohttp.TCPConnector(
+            limit=limit, force_close=force_close, ssl=self._ssl, socket_factory=keepalive_socket
+        )
         return aiohttp.ClientSession(connector=connector, trust_env=True, read_bufsize=READ_BUFSIZE)
 
 
@@ -143,12 +128,11 @@ class Pools:
         self._sessions = sessions
         self.pool = sessions.pool()
         self.watches = sessions.watches()
-        self._retired: list[tuple[float, HttpSession]] = []
-        """(when to close it, a replaced pool)."""
+        self._retired: list[tuple[float, HttpSession]] = []  # (when to close it, the pool)
 
     def replace(self, session: HttpSession, timeout_s: float | None) -> bool:
-        """Replace the pool ``session`` by a new one, unless a sibling that timed out with it
-        replaced it already; whether this did."""
+        """Replace the pool ``session`` unless a sibling that timed out with it did already;
+        whether this did."""
         if session is not self.pool:
             return False
         grace_s = 2 * timeout_s if timeout_s else RETIRED_POOL_GRACE_S
@@ -157,7 +141,6 @@ class Pools:
         return True
 
     async def close_retired(self) -> None:
-        """Close the replaced pools whose requests have had their time."""
         now = clock.now()
         due = [session for close_at, session in self._retired if close_at <= now]
         self._retired = [(at, session) for at, session in self._retired if at > now]

@@ -1,24 +1,19 @@
 """The one way a request reaches the API server: send, count, and turn failures into kit errors.
 
-:meth:`ApiTransport.request` (and :meth:`ApiTransport.watch`, for a stream) is the service's only
-request path, as client-go's ``Request.Do``: it counts each request in
-``retired_pod_gc_api_requests_total`` by ``op`` and result, turns no answer into ``Unavailable``
-(``RequestTimeout`` when it timed out) and an unexpected status into :class:`KubeApiError` with
-its ``Retry-After`` (``service/kube/errors.py``). Below it:
+:meth:`ApiTransport.request` (:meth:`ApiTransport.watch` for a stream) is the only request path,
+as client-go's ``Request.Do``: it counts each request by ``op`` and result, turns no answer into
+``Unavailable`` and an unexpected status into :class:`KubeApiError` (``service/kube/errors.py``).
+Below it, it replaces a stalled connection pool (``service/kube/sessions.py``), feeds
+:attr:`~ApiTransport.reachability`, and:
 
-- **Connections**: a keep-alive pool replaced when it stalls, watches never reused
-  (``service/kube/sessions.py``).
-- **Credentials**: a 401 makes the transport read them again (once per refused generation) and
-  send the request once more when the ``Authorization`` changed. A DELETE is not sent again: its
-  401 goes back to the reconciler, whose next attempt verifies the pod afresh
-  (docs/architecture.md, invariant 1). A 401 that stands makes the replica unready
-  (:attr:`ApiTransport.problem`) until an answer other than 401 comes.
-- **Throttling** (``service/kube/requestpolicy.py``): requests that are not watches wait for a
-  slot of an adaptive concurrency limit (``service/kit/aimd.py``), from 1 up to the pool size.
-  Lease requests take none: a renewal stuck behind throttled pod requests would cost the
-  leadership.
-- **Reachability**: every answer, and every request that ends without one, is told to
-  :attr:`ApiTransport.reachability` (``service/kube/reachability.py``).
+- at a 401 reads the credentials again (once per refused generation of them) and sends the
+  request once more when the ``Authorization`` changed. A DELETE is not sent again: its 401 goes
+  back to the reconciler, whose next attempt verifies the pod afresh (docs/architecture.md,
+  invariant 1). A 401 that stands makes the replica unready until an answer other than 401.
+- sends a throttled request again after its ``Retry-After`` (``service/kube/requestpolicy.py``),
+  and makes requests that are not watches wait for a slot of an adaptive concurrency limit
+  (``service/kit/aimd.py``). Lease requests take none: a renewal stuck behind throttled pod
+  requests would cost the leadership.
 """
 
 from __future__ import annotations
@@ -53,10 +48,9 @@ _UNLIMITED_PATH = "/apis/coordination.k8s.io/"
 _AUTHORIZATION = "authorization"
 
 Query = Mapping[str, str | int | bool]
-"""A request's query parameters, sent in the order of their names (as the library sent them)."""
+"""A request's query parameters, sent in the order of their names."""
 
 _slot_held: ContextVar[bool] = ContextVar("retired_pod_gc_api_slot_held", default=False)
-"""True inside :meth:`ApiTransport.slot`: this task's requests use the slot it holds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,15 +74,12 @@ class ApiTransport:
         sessions: Sessions | None = None,
     ) -> None:
         self.configuration = configuration
-        """The connection's configuration (host, CA, credentials) as the library loaded it."""
         self.metrics = metrics
-        """What this transport counts into."""
         self._pools = Pools(
             sessions if sessions is not None else TcpSessions(configuration, pool_size=pool_size)
         )
         self._extra = request_options(configuration)
         self.limit = AimdLimit(ceiling=pool_size)
-        """The adaptive concurrency limit of requests that are not watches."""
         self._stall_log = CauseLog(
             "a Kubernetes API request got no answer in time; its connection pool was replaced",
             logger,
@@ -96,7 +87,6 @@ class ApiTransport:
         self._auth = Reauthentication(configuration, credentials, metrics=metrics, logger=logger)
         metrics.api_concurrency_limit.set(self.limit.slots)
         self.reachability = Reachability(metrics)
-        """Whether the server answers (fed here and by the reflector's watch lines)."""
 
     @property
     def credentials(self) -> Credentials | None:
@@ -111,9 +101,8 @@ class ApiTransport:
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
-        """Hold one slot of the concurrency limit while inside: the requests this task makes
-        inside take no other (the reconciler holds one from before its final check until its
-        DELETE is sent, so that the DELETE never waits for one)."""
+        """Hold one slot of the limit for the requests this task makes inside (the reconciler's
+        final check and DELETE: the DELETE never waits for a slot)."""
         if _slot_held.get():
             yield
             return
@@ -127,8 +116,6 @@ class ApiTransport:
 
     async def close(self) -> None:
         await self._pools.close()
-
-    # ------------------------------------------------------------------ the request path
 
     async def request(
         self,
@@ -157,10 +144,8 @@ class ApiTransport:
         timeouts: aiohttp.ClientTimeout,
         open_within_s: float,
     ) -> aiohttp.ClientResponse:
-        """Open a watch (``watch=true`` in ``query``): the stream of a 200 answer, which the
-        caller closes; failures as :meth:`request`'s. The answer's status and headers come
-        within ``open_within_s`` (the server sends them at once); the stream has no total
-        timeout."""
+        """The stream of a watch's 200 answer (``watch=true`` in ``query``), which the caller
+        closes; its headers come within ``open_within_s``, the stream has no total timeout."""
         stream = await self._call("GET", path, op, query, None, timeouts, (), open_within_s)
         assert not isinstance(stream, Answer)
         return stream
@@ -176,7 +161,6 @@ class ApiTransport:
         expect: Container[int],
         open_within_s: float | None = None,
     ) -> Answer | aiohttp.ClientResponse:
-        """The one place a request is sent, counted and judged (see the module docstring)."""
         url = f"{self.configuration.host}{path}"
         if query:
             url += "?" + urlencode(sorted(query.items()))
@@ -225,8 +209,7 @@ class ApiTransport:
         *,
         watch: bool,
     ) -> tuple[aiohttp.ClientResponse, float | None]:
-        """Send until an answer that is not retried here (see the module docstring); the answer
-        and its ``Retry-After``."""
+        """Send until an answer not retried here; the answer and its ``Retry-After``."""
         delete = method == "DELETE"
         budget_s = policy.budget_s(timeouts)
         deadline = None if budget_s is None else clock.now() + budget_s
@@ -285,10 +268,7 @@ class ApiTransport:
 
     async def _acquire(self, deadline: float | None) -> None:
         """A slot of the limit before ``deadline`` (else ``TimeoutError``)."""
-        if deadline is None:
-            await self.limit.acquire()
-            return
-        with anyio.move_on_after(max(0.0, deadline - clock.now())):
+        with anyio.move_on_after(None if deadline is None else max(0.0, deadline - clock.now())):
             await self.limit.acquire()
             return
         raise TimeoutError(
@@ -331,8 +311,6 @@ class ApiTransport:
             self._stall_log.ok()
         return response
 
-    # -------------------------------------------------------------- credentials
-
     async def _renewed(
         self,
         response: aiohttp.ClientResponse,
@@ -342,8 +320,8 @@ class ApiTransport:
         retry: bool,
     ) -> bool:
         """At a 401, read the credentials again; whether the request is to be sent again
-        (``retry``: it may be) with the new ``Authorization``, now in ``headers``."""
-        # Read whole (it stays readable for the caller), released only when sent again.
+        (``retry``: it may be) with the new ``Authorization``, now in ``headers``. The answer is
+        read whole (readable for the caller), released only when sent again."""
         message = status_message(await response.read())
         authorization = await self._reauthenticate(generation)
         if authorization is None or authorization == headers.get(_AUTHORIZATION):

@@ -86,7 +86,7 @@ async def test_the_token_file_is_read_at_once_on_reload_and_by_the_hook_once_a_p
     path = tmp_path / "token"
     path.write_text("first\n")
     configuration = k8s_client.Configuration()
-    source = TokenFile(path, period_s=60.0)
+    source = TokenFile(path)  # read again after a minute
     source.install(configuration)
     assert configuration.api_key[BEARER_TOKEN] == "Bearer first"
     path.write_text("second")
