@@ -1,9 +1,19 @@
 """Connecting to the API server: in-cluster, from a kubeconfig, or a plain URL (the emulator's).
 
 The library only loads the configuration; every request goes through the
-:class:`~service.kube.transport.ApiTransport` made of it, with the credentials it reads again at
-a 401 (``service/kube/credentials.py``). Must be called on the event loop (the transport owns
-aiohttp sessions).
+:class:`~service.kube.transport.ApiTransport` made of it, which reads the credentials again at
+the first 401, as client-go's ``tokenSourceTransport``, so that a rotated token costs one refused
+request. Its sources put the bearer token into the library's ``Configuration``:
+
+- :class:`TokenFile`: a token file, such as the service-account token the kubelet rotates. Read at
+  start, again every ``TOKEN_REFRESH_PERIOD`` (the library's in-cluster period, one minute), and
+  at once on :meth:`~TokenFile.reload`.
+- :class:`KubeconfigCredentials`: a kubeconfig's user, loaded again on reload (its ``tokenFile``
+  read again, its exec plugin run again). Client certificates are the TLS context's and are not
+  reloaded.
+
+A source that cannot be read raises ``OSError`` or ``ValueError``. Must be called on the event
+loop (the transport owns aiohttp sessions).
 """
 
 from __future__ import annotations
@@ -11,13 +21,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
-from kubernetes_asyncio.config.incluster_config import SERVICE_TOKEN_FILENAME
+from kubernetes_asyncio.config.incluster_config import SERVICE_TOKEN_FILENAME, TOKEN_REFRESH_PERIOD
 
-from service.kube.credentials import Credentials, KubeconfigCredentials, TokenFile
-from service.kube.transport import ApiTransport
+from service.kit import clock
+from service.kube.transport import BEARER_TOKEN, ApiTransport, Credentials
 from service.metrics import KubeMetrics
 
 logger = logging.getLogger(__name__)
@@ -28,6 +39,61 @@ KUBECONFIG_DEFAULT = "~/.kube/config"
 
 class ApiConfigError(RuntimeError):
     """No usable Kubernetes connection configuration was found."""
+
+
+class TokenFile:
+    """A bearer token held in a file, read every ``TOKEN_REFRESH_PERIOD`` and on :meth:`reload`."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.source = f"token file {self.path}"
+        self._read_at = float("-inf")
+
+    def install(self, configuration: k8s_client.Configuration) -> None:
+        """Read the token into ``configuration`` now, and again once the period has passed at
+        the refresh hook (called before every request). Raises as :meth:`reload` does."""
+        self._read_into(configuration)
+        configuration.refresh_api_key_hook = self._refresh
+
+    async def reload(self, configuration: k8s_client.Configuration) -> None:
+        self._read_into(configuration)
+
+    def _refresh(self, configuration: k8s_client.Configuration) -> None:
+        if clock.now() - self._read_at < TOKEN_REFRESH_PERIOD.total_seconds():
+            return
+        try:
+            self._read_into(configuration)
+        except (OSError, ValueError):
+            # The periodic read keeps the token it has; a 401 makes the transport read again,
+            # and that failure is logged and counted there.
+            self._read_at = clock.now()
+
+    def _read_into(self, configuration: k8s_client.Configuration) -> None:
+        token = self.path.read_text(encoding="utf-8").strip()
+        if not token:
+            raise ValueError(f"{self.path} is empty")
+        configuration.api_key[BEARER_TOKEN] = f"Bearer {token}"
+        self._read_at = clock.now()
+
+
+class KubeconfigCredentials:
+    """The user of the kubeconfig's current context, loaded again on :meth:`reload`."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.source = f"kubeconfig {path or 'the default kubeconfig'}"
+
+    async def reload(self, configuration: k8s_client.Configuration) -> None:
+        fresh = k8s_client.Configuration()
+        try:
+            await k8s_config.load_kube_config(
+                config_file=self.path, client_configuration=fresh, persist_config=False
+            )
+        except k8s_config.ConfigException as exc:
+            raise ValueError(str(exc)) from exc
+        token = fresh.api_key.get(BEARER_TOKEN)
+        if token:
+            configuration.api_key[BEARER_TOKEN] = token
 
 
 async def new_api_client(

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Container, Mapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlencode, urlsplit
 
 import aiohttp
@@ -36,11 +36,10 @@ from service.kit.aimd import AimdLimit
 from service.kit.causelog import CauseLog
 from service.kit.errors import Unavailable
 from service.kube import requestpolicy as policy
-from service.kube.credentials import BEARER_TOKEN, Credentials, Reauthentication
 from service.kube.errors import KubeApiError, answering, parse_retry_after, status_message
 from service.kube.reachability import Reachability
 from service.kube.sessions import Pools, Sessions, TcpSessions, request_options
-from service.metrics import KubeMetrics, ThrottleAction
+from service.metrics import CredentialReload, KubeMetrics, ThrottleAction
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +51,9 @@ Query = Mapping[str, str | int | bool]
 
 _slot_held: ContextVar[bool] = ContextVar("retired_pod_gc_api_slot_held", default=False)
 
+BEARER_TOKEN = "BearerToken"  # noqa: S105 (a key name, not a secret)
+"""The ``api_key`` entry of a ``Configuration`` sent as ``authorization``."""
+
 
 @dataclass(frozen=True, slots=True)
 class Answer:
@@ -59,6 +61,18 @@ class Answer:
 
     status: int
     body: bytes
+
+
+class Credentials(Protocol):
+    """A source of the bearer token, read again on demand."""
+
+    source: str
+    """What is read (for logs): a path, or a kubeconfig and its context."""
+
+    async def reload(self, configuration: k8s_client.Configuration) -> None:
+        """Read the credentials again, now, into ``configuration``. Raises ``OSError`` or
+        ``ValueError`` when they cannot be read."""
+        ...
 
 
 class ApiTransport:
@@ -84,19 +98,24 @@ class ApiTransport:
             "a Kubernetes API request got no answer in time; its connection pool was replaced",
             logger,
         )
-        self._auth = Reauthentication(configuration, credentials, metrics=metrics, logger=logger)
         metrics.api_concurrency_limit.set(self.limit.slots)
         self.reachability = Reachability(metrics)
-
-    @property
-    def credentials(self) -> Credentials | None:
-        return self._auth.credentials
+        self.credentials = credentials
+        """What is read again at a 401 (``None``: nothing, a client without a token)."""
+        self._generation = 0
+        """Counts reloads: a 401 reloads only the credentials it was sent with."""
+        self._refused: str | None = None
+        """Why the last answer was a 401 that stands (``None``: it was not)."""
+        self._reload_lock = anyio.Lock()
+        self._auth_log = CauseLog("the Kubernetes API refuses the credentials", logger)
+        self._reload_log = CauseLog("could not read the Kubernetes API credentials", logger)
+        metrics.api_unauthorized.set(0)
 
     @property
     def problem(self) -> str | None:
         """Why the replica is not ready as far as the API server goes (``None``: nothing)."""
-        if self._auth.refused is not None:
-            return f"credentials refused: {self._auth.refused}"
+        if self._refused is not None:
+            return f"credentials refused: {self._refused}"
         return self.reachability.problem
 
     @asynccontextmanager
@@ -225,7 +244,7 @@ class ApiTransport:
             if limited:
                 await self._acquire(deadline)
             try:
-                generation = self._auth.generation
+                generation = self._generation
                 sent_at = clock.now()
                 response = await self._send(
                     method, url, headers, policy.within(timeouts, deadline), watch=watch, data=data
@@ -238,7 +257,10 @@ class ApiTransport:
                         reauthenticated = True
                         continue
                     return response, retry_after_s
-                self._auth.accept()
+                if self._refused is not None:  # an answer other than 401
+                    self._refused = None
+                    self.metrics.api_unauthorized.set(0)
+                    self._auth_log.ok()
                 if not policy.is_throttled(status, retry_after_s):
                     self.limit.succeeded()
                     self.metrics.api_concurrency_limit.set(self.limit.slots)
@@ -325,7 +347,12 @@ class ApiTransport:
         message = status_message(await response.read())
         authorization = await self._reauthenticate(generation)
         if authorization is None or authorization == headers.get(_AUTHORIZATION):
-            self._auth.refuse(f"401 {message}")
+            # A 401 that stands: unready until an answer other than 401 comes.
+            self.metrics.api_unauthorized_answers.inc()
+            self.metrics.api_unauthorized.set(1)
+            source = self.credentials.source if self.credentials is not None else "no source"
+            self._auth_log.failed(f"401 {message} (credentials read again from {source})")
+            self._refused = f"401 {message}"
             return False
         if not retry:
             # A DELETE refused with a token since replaced goes back to its reconciler, whose
@@ -338,8 +365,25 @@ class ApiTransport:
     async def _reauthenticate(self, generation: int) -> str | None:
         """Read the credentials again (unless that happened since ``generation``); the
         ``Authorization`` to send now."""
-        await self._auth.reload(generation)
+        if self.credentials is not None:
+            async with self._reload_lock:
+                if self._generation == generation:
+                    await self._reload(self.credentials)
+                    self._generation += 1
         return await self._authorization()
+
+    async def _reload(self, credentials: Credentials) -> None:
+        before = self.configuration.api_key.get(BEARER_TOKEN)
+        try:
+            await credentials.reload(self.configuration)
+        except (OSError, ValueError) as exc:
+            self.metrics.api_credential_reloads.labels(result=CredentialReload.FAILED).inc()
+            self._reload_log.failed(f"{credentials.source}: {exc}")
+        else:
+            self._reload_log.ok()
+            changed = self.configuration.api_key.get(BEARER_TOKEN) != before
+            result = CredentialReload.CHANGED if changed else CredentialReload.UNCHANGED
+            self.metrics.api_credential_reloads.labels(result=result).inc()
 
     async def _authorization(self) -> str | None:
         """The ``Authorization`` the credentials give now (``None``: none)."""

@@ -17,9 +17,8 @@ import pytest
 from devtools.emulator import RunningEmulator
 from service.config import KubeSettings
 from service.domain import DeleteResult
-from service.kube.api import new_api_client
+from service.kube.api import TokenFile, new_api_client
 from service.kube.client import KubePodClient
-from service.kube.credentials import TokenFile
 from service.kube.decode import PodDecoder
 from service.kube.errors import KubeApiError
 from service.kube.requestpolicy import MAX_THROTTLE_RETRIES

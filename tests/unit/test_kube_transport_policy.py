@@ -13,7 +13,7 @@ import pytest
 from kubernetes_asyncio import client as k8s_client
 
 from service.kit import clock
-from service.kube.credentials import BEARER_TOKEN, TokenFile
+from service.kube.api import TokenFile
 from service.kube.requestpolicy import (
     DEFAULT_RETRY_AFTER_S,
     MAX_THROTTLE_RETRIES,
@@ -27,6 +27,7 @@ from service.kube.sessions import (
     KEEPALIVE_PROBES,
     keepalive_socket,
 )
+from service.kube.transport import BEARER_TOKEN
 
 pytestmark = pytest.mark.anyio
 
