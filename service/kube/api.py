@@ -2,18 +2,10 @@
 
 The library only loads the configuration; every request goes through the
 :class:`~service.kube.transport.ApiTransport` made of it, which reads the credentials again at
-the first 401, as client-go's ``tokenSourceTransport``, so that a rotated token costs one refused
-request. Its sources put the bearer token into the library's ``Configuration``:
-
-- :class:`TokenFile`: a token file, such as the service-account token the kubelet rotates. Read at
-  start, again every ``TOKEN_REFRESH_PERIOD`` (the library's in-cluster period, one minute), and
-  at once on :meth:`~TokenFile.reload`.
-- :class:`KubeconfigCredentials`: a kubeconfig's user, loaded again on reload (its ``tokenFile``
-  read again, its exec plugin run again). Client certificates are the TLS context's and are not
-  reloaded.
-
-A source that cannot be read raises ``OSError`` or ``ValueError``. Must be called on the event
-loop (the transport owns aiohttp sessions).
+the first 401 (as client-go's ``tokenSourceTransport``), so that a rotated token costs one
+refused request. A credentials source that cannot be read raises ``OSError`` or ``ValueError``;
+client certificates are the TLS context's and are not reloaded. Must be called on the event loop
+(the transport owns aiohttp sessions).
 """
 
 from __future__ import annotations
@@ -42,7 +34,9 @@ class ApiConfigError(RuntimeError):
 
 
 class TokenFile:
-    """A bearer token held in a file, read every ``TOKEN_REFRESH_PERIOD`` and on :meth:`reload`."""
+    """A bearer token held in a file (the service account's, which the kubelet rotates), read
+    every ``TOKEN_REFRESH_PERIOD`` (the library's in-cluster period, a minute) and on
+    :meth:`reload`."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -77,7 +71,8 @@ class TokenFile:
 
 
 class KubeconfigCredentials:
-    """The user of the kubeconfig's current context, loaded again on :meth:`reload`."""
+    """The user of the kubeconfig's current context, loaded again on :meth:`reload` (its
+    ``tokenFile`` read again, its exec plugin run again)."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path

@@ -39,9 +39,7 @@ class KubePodClient:
         self._settings = settings
         self._decoder = decoder
         self._metrics = metrics
-
-    def _timeout(self) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=self._settings.api_timeout_s)
+        self._timeouts = aiohttp.ClientTimeout(total=settings.api_timeout_s)
 
     def delete_slot(self) -> AbstractAsyncContextManager[None]:
         return self._api.slot()
@@ -50,7 +48,7 @@ class KubePodClient:
         """The pod as the server has it now; ``None`` on 404. Raises :class:`PodDecodeError`
         (an ``Undecodable``, counted here) for a pod that does not decode."""
         answer = await self._api.request(
-            "GET", pod_path(namespace, name), op="get", timeouts=self._timeout(), expect=(200, 404)
+            "GET", pod_path(namespace, name), op="get", timeouts=self._timeouts, expect=(200, 404)
         )
         if answer.status == 404:
             return None
@@ -79,7 +77,7 @@ class KubePodClient:
             pod_path(namespace, name),
             op="delete",
             body=options,
-            timeouts=self._timeout(),
+            timeouts=self._timeouts,
             expect=(200, 202, 404, 409),
         )
         match answer.status:

@@ -17,13 +17,9 @@ import msgspec
 
 from service.kit.errors import ApiError, Unavailable
 
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    aiohttp.ClientError,
-    TimeoutError,  # asyncio.TimeoutError is TimeoutError (an OSError) since Python 3.11
-    OSError,
-)
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, OSError)
 """No answer from the API server: connection refused, reset or dropped, a response cut short,
-or a timeout (``aiohttp.ClientTimeout`` raises ``asyncio.TimeoutError``)."""
+or a timeout (``asyncio.TimeoutError`` is ``TimeoutError``, an ``OSError``)."""
 
 
 class RequestTimeout(Unavailable):

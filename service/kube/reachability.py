@@ -20,8 +20,6 @@ from service.metrics import KubeMetrics
 
 
 class Reachability:
-    """See the module docstring."""
-
     __slots__ = ("_cause", "_last_answer", "_metrics", "_silent_since", "_wake")
 
     def __init__(self, metrics: KubeMetrics | None = None) -> None:
@@ -75,13 +73,11 @@ class Reachability:
     async def answered_after(self, since: float, timeout_s: float) -> bool:
         """Wait until an answer later than ``since`` (at once when one came already), at most
         ``timeout_s``; whether one came (it ends the reflector's backoff early)."""
-        if self._answered_after(since):
-            return True
-        if self._wake is None:
-            self._wake = anyio.Event()
-        wake = self._wake
-        with anyio.move_on_after(timeout_s):
-            await wake.wait()
+        if not self._answered_after(since):
+            if self._wake is None:
+                self._wake = anyio.Event()
+            with anyio.move_on_after(timeout_s):
+                await self._wake.wait()
         return self._answered_after(since)
 
     def _answered_after(self, since: float) -> bool:

@@ -20,9 +20,8 @@ MAX_THROTTLE_RETRIES = 10
 DEFAULT_RETRY_AFTER_S = 1.0
 """The wait after a 429 that carries no ``Retry-After``."""
 STALL_FRACTION = 0.9
-"""A request its caller cancelled after this fraction of its timeout without an answer counts
-as timed out (the caller's bound and aiohttp's are the same timeout, and either may fire
-first)."""
+"""A request its caller cancelled after this fraction of its timeout counts as timed out (the
+caller's bound and aiohttp's are the same timeout, and either may fire first)."""
 
 
 def is_watch(query: Mapping[str, object] | None) -> bool:
@@ -31,8 +30,8 @@ def is_watch(query: Mapping[str, object] | None) -> bool:
 
 
 def budget_s(timeout: aiohttp.ClientTimeout) -> float | None:
-    """How long one request may take in all, retries included: its total timeout, or for a
-    stream (no total) the time to connect."""
+    """How long one request may take, retries included: its total timeout, or for a stream the
+    time to connect."""
     return timeout.total if timeout.total is not None else timeout.connect
 
 
@@ -50,8 +49,8 @@ def within(timeout: aiohttp.ClientTimeout, deadline: float | None) -> aiohttp.Cl
 
 
 def is_throttled(status: int, retry_after_s: float | None) -> bool:
-    """A 429, or a 503 with ``Retry-After``: the server did not process the request and says
-    when to come back (client-go's ``checkWait`` waits on these)."""
+    """The server did not process the request and says when to come back (client-go's
+    ``checkWait`` waits on these)."""
     return status == 429 or (status == 503 and retry_after_s is not None)
 
 
@@ -75,8 +74,7 @@ def _given_up(exc: BaseException, waited_s: float, bound_s: float | None) -> boo
 
 
 def stalled(exc: BaseException, waited_s: float, timeout_s: float | None) -> bool:
-    """Whether a request ended without an answer for (about) its whole timeout: its pool is
-    suspect."""
+    """Whether a request had no answer for (about) its whole timeout: its pool is suspect."""
     return isinstance(exc, TimeoutError) or _given_up(exc, waited_s, timeout_s)
 
 

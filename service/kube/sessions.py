@@ -48,19 +48,6 @@ def keepalive_socket(addr_info: AddrInfoType) -> socket.socket:
     return sock
 
 
-def ssl_context(configuration: k8s_client.Configuration) -> ssl.SSLContext:
-    """The TLS settings of ``configuration``, as the library's ``RESTClientObject`` makes them."""
-    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
-    if configuration.cert_file:
-        context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
-    if not configuration.verify_ssl:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if configuration.disable_strict_ssl_verification:
-        context.verify_flags &= ~ssl.VERIFY_X509_STRICT
-    return context
-
-
 def request_options(configuration: k8s_client.Configuration) -> dict[str, Any]:
     """The proxy and TLS server name of ``configuration``, passed with every request."""
     options: dict[str, Any] = {}
@@ -105,7 +92,15 @@ class TcpSessions:
     """aiohttp sessions over TCP with the configuration's TLS settings and TCP keepalive."""
 
     def __init__(self, configuration: k8s_client.Configuration, *, pool_size: int) -> None:
-        self._ssl = ssl_context(configuration)
+        # The TLS settings of the configuration, as the library's ``RESTClientObject`` has them.
+        self._ssl = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+        if configuration.cert_file:
+            self._ssl.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
+        if not configuration.verify_ssl:
+            self._ssl.check_hostname = False
+            self._ssl.verify_mode = ssl.CERT_NONE
+        if configuration.disable_strict_ssl_verification:
+            self._ssl.verify_flags &= ~ssl.VERIFY_X509_STRICT
         self._pool_size = pool_size
 
     def pool(self) -> HttpSession:
