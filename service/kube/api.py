@@ -99,12 +99,10 @@ async def new_api_client(
     token_file: str | None = None,
     metrics: KubeMetrics | None = None,
 ) -> ApiTransport:
-    """The transport to ``host`` when given, else in-cluster when running in a pod, else the
-    kubeconfig (``KUBECONFIG``, then ``~/.kube/config``), counting into ``metrics``.
-
-    ``token_file``: the bearer token's file with an explicit host (none: no token), and in-cluster
-    the service-account token's (default ``/var/run/secrets/kubernetes.io/serviceaccount/token``).
-    """
+    """The transport to ``host`` when given (with the token of ``token_file``, if any), else
+    in-cluster when running in a pod (the token of ``token_file``, by default the service
+    account's), else the kubeconfig (``KUBECONFIG``, then ``~/.kube/config``), counting into
+    ``metrics``."""
     environ = os.environ if env is None else env
     configuration = k8s_client.Configuration()
     credentials: Credentials | None = None

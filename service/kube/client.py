@@ -24,7 +24,6 @@ logger = logging.getLogger(__name__)
 
 
 def pod_path(namespace: str, name: str = "") -> str:
-    """The path of the pods of ``namespace``, or of the pod ``name`` in it."""
     pods = f"/api/v1/namespaces/{namespace}/pods"
     return f"{pods}/{name}" if name else pods
 

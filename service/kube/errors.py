@@ -1,10 +1,6 @@
-"""The Kubernetes adapter's error edge, as httpx's ``_exceptions.py``: every request fails in one
-of two typed ways (``service.kit.errors``):
-
-- no answer (:data:`TRANSIENT_ERRORS`) becomes ``Unavailable`` (:class:`RequestTimeout` for a
-  timeout) in :func:`answering`, the original chained as ``__cause__``;
-- an unexpected status becomes :class:`KubeApiError`, which :func:`gone`, :func:`too_large` and
-  :func:`rejected` classify, as client-go's ``apierrors.IsGone`` and its kin.
+"""The Kubernetes adapter's error edge: a request fails as ``Unavailable`` (no answer;
+:class:`RequestTimeout` for a timeout) or as :class:`KubeApiError` (an unexpected status), which
+:func:`gone`, :func:`too_large` and :func:`rejected` classify, as client-go's ``apierrors.IsGone``.
 """
 
 from __future__ import annotations
@@ -28,8 +24,8 @@ class RequestTimeout(Unavailable):
 
 @contextmanager
 def answering(what: str) -> Iterator[None]:
-    """The one place :data:`TRANSIENT_ERRORS` become ``Unavailable`` (see the module docstring),
-    for the request path and the lines of a watch stream."""
+    """The one place :data:`TRANSIENT_ERRORS` become ``Unavailable``, the original chained as
+    ``__cause__``: for the request path and the lines of a watch stream."""
     try:
         yield
     except TRANSIENT_ERRORS as exc:
@@ -58,8 +54,6 @@ def rejected(status: int) -> bool:
 
 
 class WireStatus(msgspec.Struct):
-    """The parts of a ``Status`` object we read."""
-
     message: str = ""
     reason: str = ""
     code: int = 0

@@ -1,14 +1,10 @@
-"""Whether the API server answers: when it last did, and whether requests go unanswered since.
-
-Fed by the transport (every HTTP answer, whatever its status, and every request that ended
-without one) and by the reflector (every line of a watch stream is an answer; a watch closed for
-silence is a request unanswered since its last line).
+"""Whether the API server answers, as the transport and the watches' lines tell.
 
 The server is **unreachable** once a request ended without an answer and nothing has answered
-since that request was sent; one request stuck on a dead pooled connection while its siblings
-are answered is not that. Unreachable makes the replica unready (``/readyz``) and sets
-``retired_pod_gc_api_reachable`` to 0 until the first answer (docs/operations.md, "Kubernetes API
-connectivity", gives the bounds).
+since that request was sent (one request stuck on a dead pooled connection while its siblings are
+answered is not that; a watch closed for silence is a request unanswered since its last line).
+Unreachable makes the replica unready and sets ``retired_pod_gc_api_reachable`` to 0 until the
+first answer (docs/operations.md, "Kubernetes API connectivity", gives the bounds).
 """
 
 from __future__ import annotations
@@ -52,10 +48,6 @@ class Reachability:
                 self._metrics.api_reachable.set(0)
             self._silent_since = sent_at
         self._cause = cause
-
-    @property
-    def unreachable(self) -> bool:
-        return self._silent_since is not None
 
     def last_answer_age_s(self) -> float:
         """Seconds since the last answer; before any, since the first request that went

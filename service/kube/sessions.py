@@ -1,12 +1,11 @@
 """The HTTP connections requests go over: a keep-alive pool replaced when it stalls, and watches.
 
-A request that gets no answer within its timeout leaves the pool suspect: its idle siblings may be
+A request with no answer within its timeout leaves the pool suspect: its idle siblings may be
 black-holed too (a dropped conntrack entry, a load balancer's idle timeout). :class:`Pools` then
-replaces the pool, so one request per outage waits its full timeout, not one per pooled
-connection. Watches go over connections never reused, so a re-established watch never lands on a
-connection that died in the pool. TCP keepalive is on (aiohttp leaves it off, Linux's default
-would probe after two hours): the kernel resets a connection whose peer is gone about a minute
-after it went silent.
+replaces it, so one request per outage waits its full timeout. Watches go over connections never
+reused, so a new watch never lands on a connection that died in the pool. TCP keepalive is on
+(Linux's default would probe after two hours): the kernel resets a connection whose peer is gone
+about a minute after it went silent.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ READ_BUFSIZE = 2**21
 
 
 def keepalive_socket(addr_info: AddrInfoType) -> socket.socket:
-    """A socket for aiohttp's connector with TCP keepalive on."""
     family, type_, proto, _, _ = addr_info
     sock = socket.socket(family=family, type=type_, proto=proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -89,8 +87,6 @@ class Sessions(Protocol):
 
 
 class TcpSessions:
-    """aiohttp sessions over TCP with the configuration's TLS settings and TCP keepalive."""
-
     def __init__(self, configuration: k8s_client.Configuration, *, pool_size: int) -> None:
         # The TLS settings of the configuration, as the library's ``RESTClientObject`` has them.
         self._ssl = ssl.create_default_context(cafile=configuration.ssl_ca_cert)

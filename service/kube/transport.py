@@ -1,19 +1,20 @@
 """The one way a request reaches the API server: send, count, and turn failures into kit errors.
 
 :meth:`ApiTransport.request` (:meth:`ApiTransport.watch` for a stream) is the only request path,
-as client-go's ``Request.Do``: it counts each request by ``op`` and result, turns no answer into
-``Unavailable`` and an unexpected status into :class:`KubeApiError` (``service/kube/errors.py``).
-Below it, it replaces a stalled connection pool (``service/kube/sessions.py``), feeds
-:attr:`~ApiTransport.reachability`, and:
+as client-go's ``Request.Do``: it counts each request, turns no answer into ``Unavailable`` and an
+unexpected status into :class:`KubeApiError` (``service/kube/errors.py``). Below it, it replaces
+a stalled pool (``service/kube/sessions.py``), feeds :attr:`~ApiTransport.reachability`, and
+makes requests that are not watches wait for a slot of an adaptive limit (``service/kit/aimd.py``);
+Lease requests take none, so that a renewal never waits behind throttled pod requests.
 
-- at a 401 reads the credentials again (once per refused generation of them) and sends the
-  request once more when the ``Authorization`` changed. A DELETE is not sent again: its 401 goes
-  back to the reconciler, whose next attempt verifies the pod afresh (docs/architecture.md,
-  invariant 1). A 401 that stands makes the replica unready until an answer other than 401.
-- sends a throttled request again after its ``Retry-After`` (``service/kube/requestpolicy.py``),
-  and makes requests that are not watches wait for a slot of an adaptive concurrency limit
-  (``service/kit/aimd.py``). Lease requests take none: a renewal stuck behind throttled pod
-  requests would cost the leadership.
+A 429, or a 503 with ``Retry-After``, is sent again after its ``Retry-After``, at most
+:data:`MAX_THROTTLE_RETRIES` times and never past the request's own timeout, as client-go's rest
+client does; a DELETE's goes back to the reconciler instead: nothing may delay a DELETE after its
+final check (docs/architecture.md, invariant 1).
+
+At a 401 it reads the credentials again (once per refused generation) and sends the request once
+more when the ``Authorization`` changed, except a DELETE: its 401 goes back to the reconciler,
+whose next attempt verifies the pod afresh.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from service.kit import clock
 from service.kit.aimd import AimdLimit
 from service.kit.causelog import CauseLog
 from service.kit.errors import Unavailable
-from service.kube import requestpolicy as policy
 from service.kube.errors import KubeApiError, answering, parse_retry_after, status_message
 from service.kube.reachability import Reachability
 from service.kube.sessions import Pools, Sessions, TcpSessions, request_options
@@ -53,6 +53,74 @@ _slot_held: ContextVar[bool] = ContextVar("retired_pod_gc_api_slot_held", defaul
 
 BEARER_TOKEN = "BearerToken"  # noqa: S105 (a key name, not a secret)
 """The ``api_key`` entry of a ``Configuration`` sent as ``authorization``."""
+MAX_THROTTLE_RETRIES = 10
+"""Most times one request is sent again after a 429 (client-go's rest client: 10)."""
+DEFAULT_RETRY_AFTER_S = 1.0
+"""The wait after a 429 that carries no ``Retry-After``."""
+STALL_FRACTION = 0.9
+"""A request its caller cancelled after this fraction of its timeout counts as timed out (the
+caller's bound and aiohttp's are the same timeout, and either may fire first)."""
+
+
+def is_watch(query: Mapping[str, object] | None) -> bool:
+    """Whether a request is a watch (or a streaming list): ``watch=true`` in its query."""
+    return query is not None and str(query.get("watch")).lower() == "true"
+
+
+def budget_s(timeout: aiohttp.ClientTimeout) -> float | None:
+    """How long one request may take, retries included: its total timeout, or for a stream the
+    time to connect."""
+    return timeout.total if timeout.total is not None else timeout.connect
+
+
+def within(timeout: aiohttp.ClientTimeout, deadline: float | None) -> aiohttp.ClientTimeout:
+    if deadline is None or timeout.total is None:
+        return timeout
+    return aiohttp.ClientTimeout(
+        total=max(0.001, deadline - clock.now()),
+        connect=timeout.connect,
+        sock_read=timeout.sock_read,
+        sock_connect=timeout.sock_connect,
+        ceil_threshold=timeout.ceil_threshold,
+    )
+
+
+def is_throttled(status: int, retry_after_s: float | None) -> bool:
+    """The server did not process the request and says when to come back (client-go's
+    ``checkWait`` waits on these)."""
+    return status == 429 or (status == 503 and retry_after_s is not None)
+
+
+def throttle_wait(
+    retry_after_s: float | None, *, delete: bool, retries: int, now: float, deadline: float | None
+) -> float | None:
+    """How long to wait before sending a throttled request again, after ``retries`` retries;
+    ``None`` when its answer goes back to the caller instead (see the module docstring)."""
+    wait_s = DEFAULT_RETRY_AFTER_S if retry_after_s is None else retry_after_s
+    if delete or retries >= MAX_THROTTLE_RETRIES:
+        return None
+    if deadline is not None and now + wait_s >= deadline:
+        return None
+    return wait_s
+
+
+def _given_up(exc: BaseException, waited_s: float, bound_s: float | None) -> bool:
+    cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
+    return cancelled and bound_s is not None and waited_s >= STALL_FRACTION * bound_s
+
+
+def stalled(exc: BaseException, waited_s: float, timeout_s: float | None) -> bool:
+    """Whether a request had no answer for (about) its whole timeout: its pool is suspect."""
+    return isinstance(exc, TimeoutError) or _given_up(exc, waited_s, timeout_s)
+
+
+def unanswered(exc: BaseException, waited_s: float, bound_s: float | None) -> bool:
+    """Whether a request ended without an answer from the server: timed out, refused, reset, or
+    given up by its caller after most of its budget (an earlier cancellation is the caller's
+    business, e.g. a shutdown)."""
+    if isinstance(exc, TimeoutError | aiohttp.ClientConnectionError | OSError):
+        return True
+    return _given_up(exc, waited_s, bound_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,20 +132,16 @@ class Answer:
 
 
 class Credentials(Protocol):
-    """A source of the bearer token, read again on demand."""
+    """A source of the bearer token (``service/kube/api.py``), read again at a 401."""
 
     source: str
-    """What is read (for logs): a path, or a kubeconfig and its context."""
+    """What is read (for logs)."""
 
     async def reload(self, configuration: k8s_client.Configuration) -> None:
-        """Read the credentials again, now, into ``configuration``. Raises ``OSError`` or
-        ``ValueError`` when they cannot be read."""
-        ...
+        """Read the token into ``configuration``; ``OSError`` or ``ValueError`` when it cannot."""
 
 
 class ApiTransport:
-    """The service's connection to the API server: see the module docstring."""
-
     def __init__(
         self,
         configuration: k8s_client.Configuration,
@@ -183,7 +247,7 @@ class ApiTransport:
         url = f"{self.configuration.host}{path}"
         if query:
             url += "?" + urlencode(sorted(query.items()))
-        watch = policy.is_watch(query)
+        watch = is_watch(query)
         headers = {"Accept": "application/json", "Content-Type": "application/json"}
         try:
             with answering(f"{method} {path}"):
@@ -230,8 +294,8 @@ class ApiTransport:
     ) -> tuple[aiohttp.ClientResponse, float | None]:
         """Send until an answer not retried here; the answer and its ``Retry-After``."""
         delete = method == "DELETE"
-        budget_s = policy.budget_s(timeouts)
-        deadline = None if budget_s is None else clock.now() + budget_s
+        total_s = budget_s(timeouts)
+        deadline = None if total_s is None else clock.now() + total_s
         unlimited = url.startswith(f"{self.configuration.host}{_UNLIMITED_PATH}")
         limited = not watch and not _slot_held.get() and not unlimited
         throttles = 0
@@ -247,7 +311,7 @@ class ApiTransport:
                 generation = self._generation
                 sent_at = clock.now()
                 response = await self._send(
-                    method, url, headers, policy.within(timeouts, deadline), watch=watch, data=data
+                    method, url, headers, within(timeouts, deadline), watch=watch, data=data
                 )
                 status = response.status
                 retry_after_s = parse_retry_after(response.headers.get("Retry-After"))
@@ -261,13 +325,13 @@ class ApiTransport:
                     self._refused = None
                     self.metrics.api_unauthorized.set(0)
                     self._auth_log.ok()
-                if not policy.is_throttled(status, retry_after_s):
+                if not is_throttled(status, retry_after_s):
                     self.limit.succeeded()
                     self.metrics.api_concurrency_limit.set(self.limit.slots)
                     return response, retry_after_s
                 if status == 429 and self.limit.throttled(sent_at):
                     self.metrics.api_concurrency_limit.set(self.limit.slots)
-                wait_s = policy.throttle_wait(
+                wait_s = throttle_wait(
                     retry_after_s,
                     delete=delete,
                     retries=throttles,
@@ -319,12 +383,12 @@ class ApiTransport:
             waited_s = clock.now() - started
             if (
                 not watch
-                and policy.stalled(exc, waited_s, timeouts.total)
+                and stalled(exc, waited_s, timeouts.total)
                 and self._pools.replace(session, timeouts.total)
             ):
                 self.metrics.api_pool_replacements.inc()
                 self._stall_log.failed("no answer within the request timeout")
-            if policy.unanswered(exc, waited_s, policy.budget_s(timeouts)):
+            if unanswered(exc, waited_s, budget_s(timeouts)):
                 cause = f"{type(exc).__name__} {method} {urlsplit(url).path}"
                 self.reachability.unanswered(started, cause)
             raise
@@ -386,7 +450,6 @@ class ApiTransport:
             self.metrics.api_credential_reloads.labels(result=result).inc()
 
     async def _authorization(self) -> str | None:
-        """The ``Authorization`` the credentials give now (``None``: none)."""
         auth: dict[str, dict[str, str]] = await self.configuration.auth_settings()
         entry = auth.get(BEARER_TOKEN)
         return entry["value"] if entry else None

@@ -21,8 +21,7 @@ from service.kube.api import TokenFile, new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.errors import KubeApiError
-from service.kube.requestpolicy import MAX_THROTTLE_RETRIES
-from service.kube.transport import ApiTransport
+from service.kube.transport import MAX_THROTTLE_RETRIES, ApiTransport
 from service.metrics import KubeMetrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, sandbox_pod
 from tests.pgfixtures import metric

@@ -1,4 +1,4 @@
-"""The transport's decisions that need no server (``service/kube/requestpolicy.py``): which
+"""The transport's decisions that need no server (``service/kube/transport.py``): which
 answers are throttling, when a throttled request is sent again and when its answer goes back to
 the caller, which requests are watches; and TCP keepalive (``service/kube/sessions.py``) and the
 token file read at a 401 and once a minute."""
@@ -14,20 +14,20 @@ from kubernetes_asyncio import client as k8s_client
 
 from service.kit import clock
 from service.kube.api import TokenFile
-from service.kube.requestpolicy import (
-    DEFAULT_RETRY_AFTER_S,
-    MAX_THROTTLE_RETRIES,
-    is_throttled,
-    is_watch,
-    throttle_wait,
-)
 from service.kube.sessions import (
     KEEPALIVE_IDLE_S,
     KEEPALIVE_INTERVAL_S,
     KEEPALIVE_PROBES,
     keepalive_socket,
 )
-from service.kube.transport import BEARER_TOKEN
+from service.kube.transport import (
+    BEARER_TOKEN,
+    DEFAULT_RETRY_AFTER_S,
+    MAX_THROTTLE_RETRIES,
+    is_throttled,
+    is_watch,
+    throttle_wait,
+)
 
 pytestmark = pytest.mark.anyio
 
