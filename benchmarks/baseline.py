@@ -129,7 +129,7 @@ async def run_baseline(
 ) -> None:
     """Run the polling design until cancelled; reports the parts once the cache is synced."""
     metrics = Metrics()
-    api = await new_api_client(host=emulator_url)
+    api = await new_api_client(host=emulator_url, metrics=metrics.kube)
     decoder = PodDecoder(settings.kube.label_keys)
     store = PgExecutionStore(
         settings.database, namespaces=settings.kube.namespaces, metrics=metrics.pg

@@ -431,7 +431,7 @@ async def running_service(
     """The real wiring (build + run) in this process; yields once synced (and the initial
     catch-up reconciles are done, when ``wait_idle``)."""
     metrics = Metrics()
-    api = await new_api_client(host=emulator_url)
+    api = await new_api_client(host=emulator_url, metrics=metrics.kube)
     try:
         parts = service.build(cfg, api=api, metrics=metrics)
         if instrument is not None:

@@ -135,9 +135,8 @@ def _delete_times(emu: Emulator, names: set[str]) -> list[float]:
 
 async def sequential(url: str, emu: Emulator, rows: range) -> dict[str, Any]:
     """GET, DELETE, Event for each pod, one request at a time."""
-    api = await new_api_client(host=url)
     metrics = KubeMetrics()
-    api.bind(metrics)
+    api = await new_api_client(host=url, metrics=metrics)
     cfg = settings("postgresql://unused@127.0.0.1/x")
     pods = KubePodClient(api, cfg.kube, PodDecoder(cfg.kube.label_keys), metrics)
     first = len(emu.requests)

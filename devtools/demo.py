@@ -235,7 +235,7 @@ async def _phase(
     done: Any,
 ) -> dict[str, int]:
     metrics = Metrics()
-    api = await new_api_client(host=running.url)
+    api = await new_api_client(host=running.url, metrics=metrics.kube)
     mode = "dry_run" if settings.dry_run else "live"
     started = time.monotonic()
     handler = _Events(started)

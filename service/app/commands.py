@@ -154,10 +154,10 @@ async def _check_tables(settings: config.Settings) -> None:
         )
 
 
-async def _api() -> ApiTransport:
+async def _api(metrics: KubeMetrics | None = None) -> ApiTransport:
     """The composition root's API client, or one line saying why there is none."""
     try:
-        return await service.new_api()
+        return await service.new_api(metrics if metrics is not None else KubeMetrics())
     except ApiConfigError as exc:
         raise CommandError(f"Kubernetes API: {exc}") from None
 
@@ -195,9 +195,10 @@ def run(settings: config.Settings) -> int:
         registry = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             registry.register(collector)
-        api = await _api()
+        metrics = Metrics(registry)
+        api = await _api(metrics.kube)
         try:
-            parts = service.build(settings, api=api, metrics=Metrics(registry))
+            parts = service.build(settings, api=api, metrics=metrics)
             await service.run(parts, stop=stop)
         except Exception as exc:
             logger.critical("service failed: %s", describe(exc), exc_info=exc)

@@ -95,10 +95,10 @@ APPLICATION_NAME = "retired-pod-gc"
 """The ``application_name`` of the service's database sessions (the listener's has its own)."""
 
 
-async def new_api() -> ApiTransport:
-    """The Kubernetes API client, in-cluster or from the kubeconfig (``service/kube/api.py``);
-    ``ApiConfigError`` when neither is found. The caller closes it."""
-    return await new_api_client()
+async def new_api(metrics: KubeMetrics) -> ApiTransport:
+    """The Kubernetes API client, in-cluster or from the kubeconfig (``service/kube/api.py``),
+    counting into ``metrics``; ``ApiConfigError`` when neither is found. The caller closes it."""
+    return await new_api_client(metrics=metrics)
 
 
 async def new_connection(settings: Settings, metrics: PgMetrics) -> asyncpg.Connection:
@@ -340,7 +340,6 @@ def build(settings: Settings, *, api: ApiTransport, metrics: Metrics) -> Parts:
     )
     if elector is not None:
         elector.add_handler(engine.controller.set_leader)
-    api.bind(metrics.kube)
     heartbeats = Heartbeats()
     health = HealthServer(
         registry=metrics.registry,

@@ -1,10 +1,7 @@
 """Fresh pod reads and preconditioned deletes (implements ``ports.PodClient``).
 
-Both go through :meth:`ApiTransport.request` with their own timeout
-(``KubeSettings.api_timeout_s``) and fail as it does (``Unavailable``, :class:`KubeApiError`
-with the server's ``Retry-After``); a pod that does not decode raises :class:`PodDecodeError`
-(an ``Undecodable``). Expected answers are values: the pod or ``None`` (404) for a GET, a
-:class:`DeleteOutcome` (deleted, 404 gone, 409 conflict) for a DELETE.
+Both fail as :meth:`ApiTransport.request` does; expected answers are values: the pod or ``None``
+(404) for a GET, a :class:`DeleteOutcome` (deleted, 404 gone, 409 conflict) for a DELETE.
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ logger = logging.getLogger(__name__)
 
 
 def pod_path(namespace: str, name: str = "") -> str:
-    """The path of the pods of ``namespace``, or of the pod ``name`` in it."""
     pods = f"/api/v1/namespaces/{namespace}/pods"
     return f"{pods}/{name}" if name else pods
 
@@ -36,31 +32,22 @@ class KubePodClient:
     """GET and preconditioned DELETE of single pods."""
 
     def __init__(
-        self,
-        api: ApiTransport,
-        settings: KubeSettings,
-        decoder: PodDecoder,
-        metrics: KubeMetrics,
+        self, api: ApiTransport, settings: KubeSettings, decoder: PodDecoder, metrics: KubeMetrics
     ) -> None:
         self._api = api
         self._settings = settings
         self._decoder = decoder
         self._metrics = metrics
-
-    def _timeout(self) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=self._settings.api_timeout_s)
+        self._timeouts = aiohttp.ClientTimeout(total=settings.api_timeout_s)
 
     def delete_slot(self) -> AbstractAsyncContextManager[None]:
-        """The transport's request slot, held by this task while inside
-        (``ApiTransport.slot``)."""
         return self._api.slot()
 
     async def get_pod(self, namespace: str, name: str) -> PodSnapshot | None:
-        """The pod as the server has it now; ``None`` on 404. Raises ``Unavailable`` when no
-        answer came, :class:`KubeApiError` for any other status, :class:`PodDecodeError` for a
-        pod that does not decode (counted and logged here)."""
+        """The pod as the server has it now; ``None`` on 404. Raises :class:`PodDecodeError`
+        (an ``Undecodable``, counted here) for a pod that does not decode."""
         answer = await self._api.request(
-            "GET", pod_path(namespace, name), op="get", timeouts=self._timeout(), expect=(200, 404)
+            "GET", pod_path(namespace, name), op="get", timeouts=self._timeouts, expect=(200, 404)
         )
         if answer.status == 404:
             return None
@@ -75,10 +62,8 @@ class KubePodClient:
     async def delete_pod(
         self, namespace: str, name: str, *, uid: str, resource_version: str
     ) -> DeleteOutcome:
-        """DELETE with ``preconditions`` {uid, resourceVersion} and the configured grace period:
-        deleted (200, 202), gone (404) or conflict (409). Raises ``Unavailable`` when no answer
-        came (the DELETE may or may not have been applied), :class:`KubeApiError` for any other
-        status."""
+        """DELETE with ``preconditions`` {uid, resourceVersion} and the configured grace period.
+        ``Unavailable``: the DELETE may or may not have been applied."""
         options: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "DeleteOptions",
@@ -91,7 +76,7 @@ class KubePodClient:
             pod_path(namespace, name),
             op="delete",
             body=options,
-            timeouts=self._timeout(),
+            timeouts=self._timeouts,
             expect=(200, 202, 404, 409),
         )
         match answer.status:

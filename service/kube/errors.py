@@ -1,16 +1,6 @@
-"""The Kubernetes adapter's error edge: what counts as no answer, and reading failed answers.
-
-Every request of the adapter fails in one of two typed ways (``service.kit.errors``):
-
-- :data:`TRANSIENT_ERRORS` — what aiohttp and the socket layer raise when no answer arrives
-  (refused, reset, dropped, timed out) — becomes :class:`~service.kit.errors.Unavailable`
-  (:class:`RequestTimeout` for a timeout) in :func:`answering`, the original chained as
-  ``__cause__``;
-- an answer with an unexpected status becomes :class:`KubeApiError` (an ``ApiError``: status,
-  the ``Status`` body's message, ``Retry-After``), which :func:`gone`, :func:`too_large` and
-  :func:`rejected` (of its status) classify, as client-go's ``apierrors.IsGone`` and its kin.
-
-Answers a caller always expects (a 404 on GET, a 409 on DELETE) are values of that caller.
+"""The Kubernetes adapter's error edge: a request fails as ``Unavailable`` (no answer;
+:class:`RequestTimeout` for a timeout) or as :class:`KubeApiError` (an unexpected status), which
+:func:`gone`, :func:`too_large` and :func:`rejected` classify, as client-go's ``apierrors.IsGone``.
 """
 
 from __future__ import annotations
@@ -23,13 +13,9 @@ import msgspec
 
 from service.kit.errors import ApiError, Unavailable
 
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    aiohttp.ClientError,
-    TimeoutError,  # asyncio.TimeoutError is TimeoutError (an OSError) since Python 3.11
-    OSError,
-)
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, OSError)
 """No answer from the API server: connection refused, reset or dropped, a response cut short,
-or a timeout (``aiohttp.ClientTimeout`` raises ``asyncio.TimeoutError``)."""
+or a timeout (``asyncio.TimeoutError`` is ``TimeoutError``, an ``OSError``)."""
 
 
 class RequestTimeout(Unavailable):
@@ -38,9 +24,8 @@ class RequestTimeout(Unavailable):
 
 @contextmanager
 def answering(what: str) -> Iterator[None]:
-    """Turn :data:`TRANSIENT_ERRORS` raised inside into ``Unavailable`` (:class:`RequestTimeout`
-    for a timeout), the original chained as ``__cause__``: the one place that happens, for the
-    request path (``service/kube/transport.py``) and the lines of a watch stream."""
+    """The one place :data:`TRANSIENT_ERRORS` become ``Unavailable``, the original chained as
+    ``__cause__``: for the request path and the lines of a watch stream."""
     try:
         yield
     except TRANSIENT_ERRORS as exc:
@@ -49,7 +34,8 @@ def answering(what: str) -> Iterator[None]:
 
 
 class KubeApiError(ApiError):
-    """A Kubernetes API call answered, but not as expected (``status`` is the HTTP status)."""
+    """A Kubernetes API call answered, but not as expected: its status, the ``Status`` body's
+    message, ``Retry-After``."""
 
 
 def gone(exc: ApiError) -> bool:
@@ -68,8 +54,6 @@ def rejected(status: int) -> bool:
 
 
 class WireStatus(msgspec.Struct):
-    """The parts of a ``Status`` object we read."""
-
     message: str = ""
     reason: str = ""
     code: int = 0

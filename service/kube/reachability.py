@@ -1,20 +1,10 @@
-"""Whether the API server answers: when it last did, and whether requests go unanswered since.
-
-:class:`Reachability` is fed by the transport (``service/kube/transport.py``: every HTTP answer,
-whatever its status, and every request that ended without one) and by the reflector
-(``service/kube/watching.py``: every line read on a watch stream is an answer;
-``service/kube/reflector.py``: a watch closed for silence is a request unanswered since its last
-line).
+"""Whether the API server answers, as the transport and the watches' lines tell.
 
 The server is **unreachable** once a request ended without an answer and nothing has answered
-since that request was sent: it stayed silent for at least that request's bound while being
-asked. One request stuck on a dead pooled connection while its siblings are answered is not
-that. Unreachable makes the replica unready (``/readyz``) and sets
-``retired_pod_gc_api_reachable`` to 0 until the first answer (docs/operations.md, "Kubernetes API
-connectivity", gives the bounds).
-
-:meth:`Reachability.answered_after` wakes its waiters at the first answer, so the reflector's
-backoff after an unanswered failure ends as soon as the server is heard again.
+since that request was sent (one request stuck on a dead pooled connection while its siblings are
+answered is not that; a watch closed for silence is a request unanswered since its last line).
+Unreachable makes the replica unready and sets ``retired_pod_gc_api_reachable`` to 0 until the
+first answer (docs/operations.md, "Kubernetes API connectivity", gives the bounds).
 """
 
 from __future__ import annotations
@@ -26,8 +16,6 @@ from service.metrics import KubeMetrics
 
 
 class Reachability:
-    """See the module docstring."""
-
     __slots__ = ("_cause", "_last_answer", "_metrics", "_silent_since", "_wake")
 
     def __init__(self, metrics: KubeMetrics | None = None) -> None:
@@ -39,14 +27,7 @@ class Reachability:
         self._wake: anyio.Event | None = None
         self._metrics = metrics if metrics is not None else KubeMetrics()
         self._metrics.api_reachable.set(1)
-
-    def bind(self, metrics: KubeMetrics) -> None:
-        """Report into ``metrics`` from now on."""
-        self._metrics = metrics
-        metrics.api_reachable.set(0 if self.unreachable else 1)
-        metrics.api_last_answer_age.set_function(self.last_answer_age_s)
-
-    # ------------------------------------------------------------------ fed by
+        self._metrics.api_last_answer_age.set_function(self.last_answer_age_s)
 
     def answered(self) -> None:
         """An answer came (any HTTP status, a line on a watch stream)."""
@@ -68,12 +49,6 @@ class Reachability:
             self._silent_since = sent_at
         self._cause = cause
 
-    # ------------------------------------------------------------------ read by
-
-    @property
-    def unreachable(self) -> bool:
-        return self._silent_since is not None
-
     def last_answer_age_s(self) -> float:
         """Seconds since the last answer; before any, since the first request that went
         unanswered (0 while there was neither)."""
@@ -89,14 +64,12 @@ class Reachability:
 
     async def answered_after(self, since: float, timeout_s: float) -> bool:
         """Wait until an answer later than ``since`` (at once when one came already), at most
-        ``timeout_s``; whether one came."""
-        if self._answered_after(since):
-            return True
-        if self._wake is None:
-            self._wake = anyio.Event()
-        wake = self._wake
-        with anyio.move_on_after(timeout_s):
-            await wake.wait()
+        ``timeout_s``; whether one came (it ends the reflector's backoff early)."""
+        if not self._answered_after(since):
+            if self._wake is None:
+                self._wake = anyio.Event()
+            with anyio.move_on_after(timeout_s):
+                await self._wake.wait()
         return self._answered_after(since)
 
     def _answered_after(self, since: float) -> bool:

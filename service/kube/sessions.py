@@ -1,21 +1,11 @@
 """The HTTP connections requests go over: a keep-alive pool replaced when it stalls, and watches.
 
-Ordinary requests share one keep-alive pool. A request that gets no answer within its timeout
-leaves the pool suspect: its idle siblings were opened the same way and may be black-holed too
-(a dropped conntrack entry, a load balancer's idle timeout, a dead node behind a NAT).
-:class:`Pools` then replaces the pool and closes the old one once the requests in flight on it
-have had their timeout, so one request per outage waits its full timeout, not one per pooled
-connection. Watches go over connections that are never reused (``force_close``), so a
-re-established watch never lands on a connection that died in the pool.
-
-Every connection has TCP keepalive on (aiohttp leaves ``SO_KEEPALIVE`` off, and Linux's default
-would probe after two hours): the kernel resets an idle connection whose peer or path is gone
-about a minute after it went silent. A silent server behind a live TCP endpoint (a proxy that
-answers the probes itself) is left to the request timeouts and the watch's silence bound.
-
-The sessions come from a :class:`Sessions` factory: :class:`TcpSessions` in the service, the
-deterministic simulator's model of the API server in ``tests/sim`` (docs/reliability.md,
-"Deterministic simulation"), so that the transport runs there unchanged.
+A request with no answer within its timeout leaves the pool suspect: its idle siblings may be
+black-holed too (a dropped conntrack entry, a load balancer's idle timeout). :class:`Pools` then
+replaces it, so one request per outage waits its full timeout. Watches go over connections never
+reused, so a new watch never lands on a connection that died in the pool. TCP keepalive is on
+(Linux's default would probe after two hours): the kernel resets a connection whose peer is gone
+about a minute after it went silent.
 """
 
 from __future__ import annotations
@@ -35,14 +25,13 @@ KEEPALIVE_IDLE_S = 30
 KEEPALIVE_INTERVAL_S = 10
 KEEPALIVE_PROBES = 3
 RETIRED_POOL_GRACE_S = 60.0
-"""A replaced pool is closed this long after the replacement when the request that timed out had
-no timeout of its own (else after twice that timeout)."""
+"""A replaced pool is closed this long after (twice the stalled request's timeout if it had one),
+when the requests in flight on it have had their time."""
 READ_BUFSIZE = 2**21
 """As the library's: a watch event with a large object exceeds aiohttp's default buffer."""
 
 
 def keepalive_socket(addr_info: AddrInfoType) -> socket.socket:
-    """A socket for aiohttp's connector with TCP keepalive on (see the module docstring)."""
     family, type_, proto, _, _ = addr_info
     sock = socket.socket(family=family, type=type_, proto=proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -55,19 +44,6 @@ def keepalive_socket(addr_info: AddrInfoType) -> socket.socket:
         if option is not None:
             sock.setsockopt(socket.IPPROTO_TCP, option, value)
     return sock
-
-
-def ssl_context(configuration: k8s_client.Configuration) -> ssl.SSLContext:
-    """The TLS settings of ``configuration``, as the library's ``RESTClientObject`` makes them."""
-    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
-    if configuration.cert_file:
-        context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
-    if not configuration.verify_ssl:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if configuration.disable_strict_ssl_verification:
-        context.verify_flags &= ~ssl.VERIFY_X509_STRICT
-    return context
 
 
 def request_options(configuration: k8s_client.Configuration) -> dict[str, Any]:
@@ -83,8 +59,7 @@ def request_options(configuration: k8s_client.Configuration) -> dict[str, Any]:
 
 
 class HttpSession(Protocol):
-    """What the transport uses of an HTTP session (``aiohttp.ClientSession``'s ``request`` and
-    ``close``)."""
+    """What the transport uses of an ``aiohttp.ClientSession``."""
 
     def request(
         self,
@@ -103,43 +78,37 @@ class HttpSession(Protocol):
 
 
 class Sessions(Protocol):
-    """Where the transport's HTTP sessions come from: :class:`TcpSessions` in the service, the
-    simulator's model of the API server (``tests/sim/kube.py``) in the seeds."""
+    """Where the transport's sessions come from: :class:`TcpSessions`, or the simulator's model
+    of the API server (``tests/sim/kube.py``), so that the transport runs there unchanged."""
 
-    def pool(self) -> HttpSession:
-        """A new keep-alive pool for ordinary requests (also after a stalled one replaced the
-        last)."""
-        ...
+    def pool(self) -> HttpSession: ...
 
-    def watches(self) -> HttpSession:
-        """The session of watches: connections that are never reused."""
-        ...
+    def watches(self) -> HttpSession: ...
 
 
 class TcpSessions:
-    """aiohttp sessions over TCP with the configuration's TLS settings and TCP keepalive: a pool
-    of ``pool_size`` connections, and watches on connections of their own (``force_close``)."""
-
     def __init__(self, configuration: k8s_client.Configuration, *, pool_size: int) -> None:
-        self._ssl = ssl_context(configuration)
+        # The TLS settings of the configuration, as the library's ``RESTClientObject`` has them.
+        self._ssl = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+        if configuration.cert_file:
+            self._ssl.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
+        if not configuration.verify_ssl:
+            self._ssl.check_hostname = False
+            self._ssl.verify_mode = ssl.CERT_NONE
+        if configuration.disable_strict_ssl_verification:
+            self._ssl.verify_flags &= ~ssl.VERIFY_X509_STRICT
         self._pool_size = pool_size
 
     def pool(self) -> HttpSession:
-        return self._session_of(
-            aiohttp.TCPConnector(
-                limit=self._pool_size, ssl=self._ssl, socket_factory=keepalive_socket
-            )
-        )
+        return self._session(limit=self._pool_size)
 
     def watches(self) -> HttpSession:
-        return self._session_of(
-            aiohttp.TCPConnector(
-                limit=0, force_close=True, ssl=self._ssl, socket_factory=keepalive_socket
-            )
-        )
+        return self._session(limit=0, force_close=True)
 
-    @staticmethod
-    def _session_of(connector: aiohttp.TCPConnector) -> HttpSession:
+    def _session(self, *, limit: int, force_close: bool = False) -> HttpSession:
+        connector = aiohttp.TCPConnector(
+            limit=limit, force_close=force_close, ssl=self._ssl, socket_factory=keepalive_socket
+        )
         return aiohttp.ClientSession(connector=connector, trust_env=True, read_bufsize=READ_BUFSIZE)
 
 
@@ -149,14 +118,12 @@ class Pools:
     def __init__(self, sessions: Sessions) -> None:
         self._sessions = sessions
         self.pool = sessions.pool()
-        """Where ordinary requests go now."""
         self.watches = sessions.watches()
-        self._retired: list[tuple[float, HttpSession]] = []
-        """(when to close it, a replaced pool)."""
+        self._retired: list[tuple[float, HttpSession]] = []  # (when to close it, the pool)
 
     def replace(self, session: HttpSession, timeout_s: float | None) -> bool:
-        """Replace the pool ``session`` by a new one, unless a sibling that timed out with it
-        replaced it already; whether this did."""
+        """Replace the pool ``session`` unless a sibling that timed out with it did already;
+        whether this did."""
         if session is not self.pool:
             return False
         grace_s = 2 * timeout_s if timeout_s else RETIRED_POOL_GRACE_S
@@ -165,13 +132,8 @@ class Pools:
         return True
 
     async def close_retired(self) -> None:
-        """Close the replaced pools whose requests have had their time."""
-        if not self._retired:
-            return
         now = clock.now()
         due = [session for close_at, session in self._retired if close_at <= now]
-        if not due:
-            return
         self._retired = [(at, session) for at, session in self._retired if at > now]
         for session in due:
             await session.close()

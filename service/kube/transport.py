@@ -1,31 +1,20 @@
 """The one way a request reaches the API server: send, count, and turn failures into kit errors.
 
-:meth:`ApiTransport.request` (and :meth:`ApiTransport.watch`, for a stream) is the service's only
-request path, as client-go's ``Request.Do`` and kopf's ``api.request``: callers give a method, a
-path they built and a query, and get an :class:`Answer` (or the open stream). One place counts
-each request in ``retired_pod_gc_api_requests_total`` by ``op`` and result, turns no answer into
-``Unavailable`` (``RequestTimeout`` when it timed out) and an unexpected status into
-:class:`KubeApiError` with its ``Retry-After`` (``service/kube/errors.py``). Below it, it decides:
+:meth:`ApiTransport.request` (:meth:`ApiTransport.watch` for a stream) is the only request path,
+as client-go's ``Request.Do``: it counts each request, turns no answer into ``Unavailable`` and an
+unexpected status into :class:`KubeApiError` (``service/kube/errors.py``). Below it, it replaces
+a stalled pool (``service/kube/sessions.py``), feeds :attr:`~ApiTransport.reachability`, and
+makes requests that are not watches wait for a slot of an adaptive limit (``service/kit/aimd.py``);
+Lease requests take none, so that a renewal never waits behind throttled pod requests.
 
-**Connections** (``service/kube/sessions.py``): a keep-alive pool replaced after a request that
-got no answer within its timeout, and watches (``watch=true``) on connections never reused.
+A 429, or a 503 with ``Retry-After``, is sent again after its ``Retry-After``, at most
+:data:`MAX_THROTTLE_RETRIES` times and never past the request's own timeout, as client-go's rest
+client does; a DELETE's goes back to the reconciler instead: nothing may delay a DELETE after its
+final check (docs/architecture.md, invariant 1).
 
-**Credentials.** A 401 makes the transport read the credentials again (once per refused
-generation of them) and send the request once more with the new ``Authorization``, when it
-changed. A DELETE is not sent again: its 401 goes back to the reconciler, whose next attempt
-verifies the pod afresh (docs/architecture.md, invariant 1). A 401 that stands after the reload
-is logged once per cause, counted, and makes the replica unready (:attr:`ApiTransport.problem`)
-until an answer other than 401 comes.
-
-**Throttling** (``service/kube/requestpolicy.py``): a 429, or a 503 with ``Retry-After``, is
-sent again after its ``Retry-After``. Requests that are not watches wait for a slot of an
-adaptive concurrency limit (``service/kit/aimd.py``), from 1 up to the pool size. Lease requests
-(``coordination.k8s.io``) take no slot: a renewal stuck behind throttled pod requests would cost
-the leadership. The reconciler takes its slot before its final check with
-:meth:`ApiTransport.slot`, so its DELETE waits for no other.
-
-**Reachability.** Every answer, and every request that ends without one, is told to
-:attr:`ApiTransport.reachability` (``service/kube/reachability.py``).
+At a 401 it reads the credentials again (once per refused generation) and sends the request once
+more when the ``Authorization`` changed, except a DELETE: its 401 goes back to the reconciler,
+whose next attempt verifies the pod afresh.
 """
 
 from __future__ import annotations
@@ -36,8 +25,8 @@ from collections.abc import AsyncIterator, Container, Mapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlencode
+from typing import Any, Protocol
+from urllib.parse import urlencode, urlsplit
 
 import aiohttp
 import anyio
@@ -47,31 +36,91 @@ from service.kit import clock
 from service.kit.aimd import AimdLimit
 from service.kit.causelog import CauseLog
 from service.kit.errors import Unavailable
-from service.kube import requestpolicy as policy
-from service.kube.credentials import BEARER_TOKEN, Credentials, Reauthentication
 from service.kube.errors import KubeApiError, answering, parse_retry_after, status_message
 from service.kube.reachability import Reachability
-from service.kube.sessions import HttpSession, Pools, Sessions, TcpSessions, request_options
-from service.metrics import KubeMetrics, ThrottleAction
+from service.kube.sessions import Pools, Sessions, TcpSessions, request_options
+from service.metrics import CredentialReload, KubeMetrics, ThrottleAction
 
 logger = logging.getLogger(__name__)
 
-_UNLIMITED_PATHS = ("/apis/coordination.k8s.io/",)
+_UNLIMITED_PATH = "/apis/coordination.k8s.io/"
 _AUTHORIZATION = "authorization"
 
 Query = Mapping[str, str | int | bool]
-"""A request's query parameters, sent in the order of their names (as the library sent them)."""
+"""A request's query parameters, sent in the order of their names."""
 
 _slot_held: ContextVar[bool] = ContextVar("retired_pod_gc_api_slot_held", default=False)
-"""True inside :meth:`ApiTransport.slot`: this task's requests use the slot it holds."""
+
+BEARER_TOKEN = "BearerToken"  # noqa: S105 (a key name, not a secret)
+"""The ``api_key`` entry of a ``Configuration`` sent as ``authorization``."""
+MAX_THROTTLE_RETRIES = 10
+"""Most times one request is sent again after a 429 (client-go's rest client: 10)."""
+DEFAULT_RETRY_AFTER_S = 1.0
+"""The wait after a 429 that carries no ``Retry-After``."""
+STALL_FRACTION = 0.9
+"""A request its caller cancelled after this fraction of its timeout counts as timed out (the
+caller's bound and aiohttp's are the same timeout, and either may fire first)."""
 
 
-async def _drain(response: aiohttp.ClientResponse) -> bytes:
-    """Read a short answer whole and give its connection back."""
-    try:
-        return await response.read()
-    finally:
-        response.release()
+def is_watch(query: Mapping[str, object] | None) -> bool:
+    """Whether a request is a watch (or a streaming list): ``watch=true`` in its query."""
+    return query is not None and str(query.get("watch")).lower() == "true"
+
+
+def budget_s(timeout: aiohttp.ClientTimeout) -> float | None:
+    """How long one request may take, retries included: its total timeout, or for a stream the
+    time to connect."""
+    return timeout.total if timeout.total is not None else timeout.connect
+
+
+def within(timeout: aiohttp.ClientTimeout, deadline: float | None) -> aiohttp.ClientTimeout:
+    if deadline is None or timeout.total is None:
+        return timeout
+    return aiohttp.ClientTimeout(
+        total=max(0.001, deadline - clock.now()),
+        connect=timeout.connect,
+        sock_read=timeout.sock_read,
+        sock_connect=timeout.sock_connect,
+        ceil_threshold=timeout.ceil_threshold,
+    )
+
+
+def is_throttled(status: int, retry_after_s: float | None) -> bool:
+    """The server did not process the request and says when to come back (client-go's
+    ``checkWait`` waits on these)."""
+    return status == 429 or (status == 503 and retry_after_s is not None)
+
+
+def throttle_wait(
+    retry_after_s: float | None, *, delete: bool, retries: int, now: float, deadline: float | None
+) -> float | None:
+    """How long to wait before sending a throttled request again, after ``retries`` retries;
+    ``None`` when its answer goes back to the caller instead (see the module docstring)."""
+    wait_s = DEFAULT_RETRY_AFTER_S if retry_after_s is None else retry_after_s
+    if delete or retries >= MAX_THROTTLE_RETRIES:
+        return None
+    if deadline is not None and now + wait_s >= deadline:
+        return None
+    return wait_s
+
+
+def _given_up(exc: BaseException, waited_s: float, bound_s: float | None) -> bool:
+    cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
+    return cancelled and bound_s is not None and waited_s >= STALL_FRACTION * bound_s
+
+
+def stalled(exc: BaseException, waited_s: float, timeout_s: float | None) -> bool:
+    """Whether a request had no answer for (about) its whole timeout: its pool is suspect."""
+    return isinstance(exc, TimeoutError) or _given_up(exc, waited_s, timeout_s)
+
+
+def unanswered(exc: BaseException, waited_s: float, bound_s: float | None) -> bool:
+    """Whether a request ended without an answer from the server: timed out, refused, reset, or
+    given up by its caller after most of its budget (an earlier cancellation is the caller's
+    business, e.g. a shutdown)."""
+    if isinstance(exc, TimeoutError | aiohttp.ClientConnectionError | OSError):
+        return True
+    return _given_up(exc, waited_s, bound_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,65 +131,61 @@ class Answer:
     body: bytes
 
 
-class ApiTransport:
-    """The service's connection to the API server: see the module docstring."""
+class Credentials(Protocol):
+    """A source of the bearer token (``service/kube/api.py``), read again at a 401."""
 
+    source: str
+    """What is read (for logs)."""
+
+    async def reload(self, configuration: k8s_client.Configuration) -> None:
+        """Read the token into ``configuration``; ``OSError`` or ``ValueError`` when it cannot."""
+
+
+class ApiTransport:
     def __init__(
         self,
         configuration: k8s_client.Configuration,
         *,
         pool_size: int,
+        metrics: KubeMetrics,
         credentials: Credentials | None = None,
-        metrics: KubeMetrics | None = None,
         sessions: Sessions | None = None,
     ) -> None:
         self.configuration = configuration
-        """The connection's configuration (host, CA, credentials) as the library loaded it."""
+        self.metrics = metrics
         self._pools = Pools(
             sessions if sessions is not None else TcpSessions(configuration, pool_size=pool_size)
         )
         self._extra = request_options(configuration)
         self.limit = AimdLimit(ceiling=pool_size)
-        """The adaptive concurrency limit of requests that are not watches."""
         self._stall_log = CauseLog(
             "a Kubernetes API request got no answer in time; its connection pool was replaced",
             logger,
         )
-        self._metrics = metrics if metrics is not None else KubeMetrics()
-        self._auth = Reauthentication(
-            configuration, credentials, metrics=self._metrics, logger=logger
-        )
-        self._metrics.api_concurrency_limit.set(self.limit.slots)
-        self.reachability = Reachability(self._metrics)
-        """Whether the server answers (fed here and by the reflector's watch lines)."""
-
-    # ------------------------------------------------------------------ wiring
-
-    def bind(self, metrics: KubeMetrics) -> None:
-        """Count into ``metrics`` from now on (the client is built before the service's
-        metrics)."""
-        self._metrics = metrics
         metrics.api_concurrency_limit.set(self.limit.slots)
-        self._auth.bind(metrics)
-        self.reachability.bind(metrics)
-
-    @property
-    def credentials(self) -> Credentials | None:
+        self.reachability = Reachability(metrics)
+        self.credentials = credentials
         """What is read again at a 401 (``None``: nothing, a client without a token)."""
-        return self._auth.credentials
+        self._generation = 0
+        """Counts reloads: a 401 reloads only the credentials it was sent with."""
+        self._refused: str | None = None
+        """Why the last answer was a 401 that stands (``None``: it was not)."""
+        self._reload_lock = anyio.Lock()
+        self._auth_log = CauseLog("the Kubernetes API refuses the credentials", logger)
+        self._reload_log = CauseLog("could not read the Kubernetes API credentials", logger)
+        metrics.api_unauthorized.set(0)
 
     @property
     def problem(self) -> str | None:
         """Why the replica is not ready as far as the API server goes (``None``: nothing)."""
-        if self._auth.refused is not None:
-            return f"credentials refused: {self._auth.refused}"
+        if self._refused is not None:
+            return f"credentials refused: {self._refused}"
         return self.reachability.problem
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
-        """Hold one slot of the concurrency limit while inside: the requests this task makes
-        inside take no other (the reconciler holds one from before its final check until its
-        DELETE is sent, so that the DELETE never waits for one)."""
+        """Hold one slot of the limit for the requests this task makes inside (the reconciler's
+        final check and DELETE: the DELETE never waits for a slot)."""
         if _slot_held.get():
             yield
             return
@@ -154,8 +199,6 @@ class ApiTransport:
 
     async def close(self) -> None:
         await self._pools.close()
-
-    # ------------------------------------------------------------------ the request path
 
     async def request(
         self,
@@ -184,10 +227,8 @@ class ApiTransport:
         timeouts: aiohttp.ClientTimeout,
         open_within_s: float,
     ) -> aiohttp.ClientResponse:
-        """Open a watch (``watch=true`` in ``query``): the stream of a 200 answer, which the
-        caller closes; failures as :meth:`request`'s. The answer's status and headers come
-        within ``open_within_s`` (the server sends them at once); the stream has no total
-        timeout."""
+        """The stream of a watch's 200 answer (``watch=true`` in ``query``), which the caller
+        closes; its headers come within ``open_within_s``, the stream has no total timeout."""
         stream = await self._call("GET", path, op, query, None, timeouts, (), open_within_s)
         assert not isinstance(stream, Answer)
         return stream
@@ -203,11 +244,10 @@ class ApiTransport:
         expect: Container[int],
         open_within_s: float | None = None,
     ) -> Answer | aiohttp.ClientResponse:
-        """The one place a request is sent, counted and judged (see the module docstring)."""
         url = f"{self.configuration.host}{path}"
         if query:
             url += "?" + urlencode(sorted(query.items()))
-        watch = policy.is_watch(query)
+        watch = is_watch(query)
         headers = {"Accept": "application/json", "Content-Type": "application/json"}
         try:
             with answering(f"{method} {path}"):
@@ -240,9 +280,7 @@ class ApiTransport:
 
     def _count(self, op: str | None, result: str) -> None:
         if op is not None:
-            self._metrics.api_requests.labels(op=op, result=result).inc()
-
-    # ------------------------------------------------------------------ requests
+            self.metrics.api_requests.labels(op=op, result=result).inc()
 
     async def _exchange(
         self,
@@ -254,18 +292,12 @@ class ApiTransport:
         *,
         watch: bool,
     ) -> tuple[aiohttp.ClientResponse, float | None]:
-        """Send until an answer that is not retried here (see the module docstring); the answer
-        and its ``Retry-After``."""
+        """Send until an answer not retried here; the answer and its ``Retry-After``."""
         delete = method == "DELETE"
-        budget_s = policy.budget_s(timeouts)
-        deadline = None if budget_s is None else clock.now() + budget_s
-        limited = (
-            not watch
-            and not _slot_held.get()
-            and not url.startswith(
-                tuple(f"{self.configuration.host}{path}" for path in _UNLIMITED_PATHS)
-            )
-        )
+        total_s = budget_s(timeouts)
+        deadline = None if total_s is None else clock.now() + total_s
+        unlimited = url.startswith(f"{self.configuration.host}{_UNLIMITED_PATH}")
+        limited = not watch and not _slot_held.get() and not unlimited
         throttles = 0
         reauthenticated = False
         while True:
@@ -276,10 +308,10 @@ class ApiTransport:
             if limited:
                 await self._acquire(deadline)
             try:
-                generation = self._auth.generation
+                generation = self._generation
                 sent_at = clock.now()
                 response = await self._send(
-                    method, url, headers, policy.within(timeouts, deadline), watch=watch, data=data
+                    method, url, headers, within(timeouts, deadline), watch=watch, data=data
                 )
                 status = response.status
                 retry_after_s = parse_retry_after(response.headers.get("Retry-After"))
@@ -289,14 +321,17 @@ class ApiTransport:
                         reauthenticated = True
                         continue
                     return response, retry_after_s
-                self._auth.accept()
-                if not policy.is_throttled(status, retry_after_s):
+                if self._refused is not None:  # an answer other than 401
+                    self._refused = None
+                    self.metrics.api_unauthorized.set(0)
+                    self._auth_log.ok()
+                if not is_throttled(status, retry_after_s):
                     self.limit.succeeded()
-                    self._metrics.api_concurrency_limit.set(self.limit.slots)
+                    self.metrics.api_concurrency_limit.set(self.limit.slots)
                     return response, retry_after_s
                 if status == 429 and self.limit.throttled(sent_at):
-                    self._metrics.api_concurrency_limit.set(self.limit.slots)
-                wait_s = policy.throttle_wait(
+                    self.metrics.api_concurrency_limit.set(self.limit.slots)
+                wait_s = throttle_wait(
                     retry_after_s,
                     delete=delete,
                     retries=throttles,
@@ -304,10 +339,13 @@ class ApiTransport:
                     deadline=deadline,
                 )
                 if wait_s is None:
-                    self._metrics.api_throttled.labels(action=ThrottleAction.RETURNED).inc()
+                    self.metrics.api_throttled.labels(action=ThrottleAction.RETURNED).inc()
                     return response, retry_after_s
-                await _drain(response)
-                self._metrics.api_throttled.labels(action=ThrottleAction.RETRIED).inc()
+                try:
+                    await response.read()
+                finally:
+                    response.release()
+                self.metrics.api_throttled.labels(action=ThrottleAction.RETRIED).inc()
                 throttles += 1
             finally:
                 if limited:
@@ -316,10 +354,7 @@ class ApiTransport:
 
     async def _acquire(self, deadline: float | None) -> None:
         """A slot of the limit before ``deadline`` (else ``TimeoutError``)."""
-        if deadline is None:
-            await self.limit.acquire()
-            return
-        with anyio.move_on_after(max(0.0, deadline - clock.now())):
+        with anyio.move_on_after(None if deadline is None else max(0.0, deadline - clock.now())):
             await self.limit.acquire()
             return
         raise TimeoutError(
@@ -346,23 +381,21 @@ class ApiTransport:
             )
         except BaseException as exc:
             waited_s = clock.now() - started
-            if not watch and policy.stalled(exc, waited_s, timeouts.total):
-                self._replace(session, timeouts.total)
-            if policy.unanswered(exc, waited_s, policy.budget_s(timeouts)):
-                self.reachability.unanswered(started, f"{type(exc).__name__} {method} {_path(url)}")
+            if (
+                not watch
+                and stalled(exc, waited_s, timeouts.total)
+                and self._pools.replace(session, timeouts.total)
+            ):
+                self.metrics.api_pool_replacements.inc()
+                self._stall_log.failed("no answer within the request timeout")
+            if unanswered(exc, waited_s, budget_s(timeouts)):
+                cause = f"{type(exc).__name__} {method} {urlsplit(url).path}"
+                self.reachability.unanswered(started, cause)
             raise
         self.reachability.answered()
         if not watch:
             self._stall_log.ok()
         return response
-
-    def _replace(self, session: HttpSession, timeout_s: float | None) -> None:
-        """Replace the pool ``session`` (when it still is the pool) by a new one."""
-        if self._pools.replace(session, timeout_s):
-            self._metrics.api_pool_replacements.inc()
-            self._stall_log.failed("no answer within the request timeout")
-
-    # -------------------------------------------------------------- credentials
 
     async def _renewed(
         self,
@@ -373,12 +406,17 @@ class ApiTransport:
         retry: bool,
     ) -> bool:
         """At a 401, read the credentials again; whether the request is to be sent again
-        (``retry``: it may be) with the new ``Authorization``, now in ``headers``."""
-        # Read whole (it stays readable for the caller), released only when sent again.
+        (``retry``: it may be) with the new ``Authorization``, now in ``headers``. The answer is
+        read whole (readable for the caller), released only when sent again."""
         message = status_message(await response.read())
         authorization = await self._reauthenticate(generation)
         if authorization is None or authorization == headers.get(_AUTHORIZATION):
-            self._auth.refuse(f"401 {message}")
+            # A 401 that stands: unready until an answer other than 401 comes.
+            self.metrics.api_unauthorized_answers.inc()
+            self.metrics.api_unauthorized.set(1)
+            source = self.credentials.source if self.credentials is not None else "no source"
+            self._auth_log.failed(f"401 {message} (credentials read again from {source})")
+            self._refused = f"401 {message}"
             return False
         if not retry:
             # A DELETE refused with a token since replaced goes back to its reconciler, whose
@@ -391,18 +429,27 @@ class ApiTransport:
     async def _reauthenticate(self, generation: int) -> str | None:
         """Read the credentials again (unless that happened since ``generation``); the
         ``Authorization`` to send now."""
-        await self._auth.reload(generation)
+        if self.credentials is not None:
+            async with self._reload_lock:
+                if self._generation == generation:
+                    await self._reload(self.credentials)
+                    self._generation += 1
         return await self._authorization()
 
+    async def _reload(self, credentials: Credentials) -> None:
+        before = self.configuration.api_key.get(BEARER_TOKEN)
+        try:
+            await credentials.reload(self.configuration)
+        except (OSError, ValueError) as exc:
+            self.metrics.api_credential_reloads.labels(result=CredentialReload.FAILED).inc()
+            self._reload_log.failed(f"{credentials.source}: {exc}")
+        else:
+            self._reload_log.ok()
+            changed = self.configuration.api_key.get(BEARER_TOKEN) != before
+            result = CredentialReload.CHANGED if changed else CredentialReload.UNCHANGED
+            self.metrics.api_credential_reloads.labels(result=result).inc()
+
     async def _authorization(self) -> str | None:
-        """The ``Authorization`` the credentials give now (``None``: none)."""
         auth: dict[str, dict[str, str]] = await self.configuration.auth_settings()
         entry = auth.get(BEARER_TOKEN)
         return entry["value"] if entry else None
-
-
-def _path(url: str) -> str:
-    """The path of ``url``, without host or query (a log line's cause)."""
-    without_scheme = url.split("://", 1)[-1]
-    slash = without_scheme.find("/")
-    return without_scheme[slash:].split("?", 1)[0] if slash >= 0 else "/"

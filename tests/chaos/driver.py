@@ -120,11 +120,12 @@ async def run_seed(
     world.threshold_s = cfg.threshold_s
     reports = collector.reports.setdefault(seed, [])
     checker = Checker(world=world, cfg=cfg, mode=mode, reports=reports)
-    api = await new_api_client(host=running.url)
+    metrics = Metrics(CollectorRegistry())
+    api = await new_api_client(host=running.url, metrics=metrics.kube)
     try:
         await world.populate(cfg.sandboxes, rng)
         settings = load(service_env(mode=mode, db_url=service_db, cfg=cfg))
-        parts = build(settings, api=api, metrics=Metrics(CollectorRegistry()))
+        parts = build(settings, api=api, metrics=metrics)
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
             await tg.start(functools.partial(run, parts, stop=stop))

@@ -81,7 +81,8 @@ async def soak(args: argparse.Namespace) -> list[str]:
     server = ThrowawayPostgres(settings={"max_connections": "100"})
     await anyio.to_thread.run_sync(server.start)
     emu = await EmulatorProcess(bookmark_interval_s=5, kubelet_finish_after_s=1).start()
-    api = await new_api_client(host=emu.url)
+    metrics = Metrics(CollectorRegistry())
+    api = await new_api_client(host=emu.url, metrics=metrics.kube)
     conn = await asyncpg.connect(server.url)
     failures: list[str] = []
     try:
@@ -117,7 +118,7 @@ async def soak(args: argparse.Namespace) -> list[str]:
         parts = build(
             load({PREFIX + k: v for k, v in env.items()}),
             api=api,
-            metrics=Metrics(CollectorRegistry()),
+            metrics=metrics,
         )
         stop = anyio.Event()
         samples: list[Sample] = []

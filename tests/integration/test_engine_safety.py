@@ -88,9 +88,10 @@ async def running_service(
     """
     settings = load(service_env(db_url, **overrides))
     assert not settings.warnings, settings.warnings
-    api = await new_api_client(host=emulator.url)
+    metrics = Metrics()
+    api = await new_api_client(host=emulator.url, metrics=metrics.kube)
     try:
-        parts = build(settings, api=api, metrics=Metrics())
+        parts = build(settings, api=api, metrics=metrics)
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
             await tg.start(partial(run, parts, stop=stop))

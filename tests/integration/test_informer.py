@@ -18,7 +18,6 @@ from typing import Any
 import anyio
 import pytest
 from kubernetes_asyncio import client as k8s_client
-from prometheus_client import CollectorRegistry
 
 from devtools.emulator import Emulator, RunningEmulator, start_emulator
 from service.config import KubeSettings
@@ -52,8 +51,7 @@ async def running_informer(
     api: ApiTransport, settings: KubeSettings, **kwargs: object
 ) -> AsyncIterator[tuple[PodInformer, RecordingHandler, KubeMetrics]]:
     handler = RecordingHandler()
-    metrics = KubeMetrics(CollectorRegistry())
-    api.bind(metrics)
+    metrics = api.metrics
     informer = PodInformer(
         ListWatch(
             api,

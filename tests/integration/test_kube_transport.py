@@ -13,18 +13,15 @@ from pathlib import Path
 import anyio
 import certifi
 import pytest
-from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
 from service.config import KubeSettings
 from service.domain import DeleteResult
-from service.kube.api import new_api_client
+from service.kube.api import TokenFile, new_api_client
 from service.kube.client import KubePodClient
-from service.kube.credentials import TokenFile
 from service.kube.decode import PodDecoder
 from service.kube.errors import KubeApiError
-from service.kube.requestpolicy import MAX_THROTTLE_RETRIES
-from service.kube.transport import ApiTransport
+from service.kube.transport import MAX_THROTTLE_RETRIES, ApiTransport
 from service.metrics import KubeMetrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, sandbox_pod
 from tests.pgfixtures import metric
@@ -54,8 +51,7 @@ async def api(
 
 
 def pod_client(api: ApiTransport, settings: KubeSettings) -> tuple[KubePodClient, KubeMetrics]:
-    metrics = KubeMetrics(CollectorRegistry())
-    api.bind(metrics)
+    metrics = api.metrics
     return KubePodClient(api, settings, PodDecoder(settings.label_keys), metrics), metrics
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
 from devtools.emulator.flowcontrol import FlowControl
@@ -62,8 +61,7 @@ async def api(
 
 
 def pod_client(api: ApiTransport, settings: KubeSettings) -> tuple[KubePodClient, KubeMetrics]:
-    metrics = KubeMetrics(CollectorRegistry())
-    api.bind(metrics)
+    metrics = api.metrics
     return KubePodClient(api, settings, PodDecoder(settings.label_keys), metrics), metrics
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import aiohttp
 import asyncpg
 import pytest
-from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
 from devtools.emulator.auth import TokenAuth
@@ -68,8 +67,7 @@ async def api(
 
 
 def pod_client(api: ApiTransport, settings: KubeSettings) -> tuple[KubePodClient, KubeMetrics]:
-    metrics = KubeMetrics(CollectorRegistry())
-    api.bind(metrics)
+    metrics = api.metrics
     return KubePodClient(api, settings, PodDecoder(settings.label_keys), metrics), metrics
 
 

@@ -14,7 +14,6 @@ import aiohttp
 import anyio
 import asyncpg
 import pytest
-from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
 from devtools.emulator.flowcontrol import FlowControl
@@ -70,8 +69,7 @@ async def api(proxy: KubeProxy) -> AsyncIterator[ApiTransport]:
 
 
 def pod_client(api: ApiTransport, settings: KubeSettings) -> tuple[KubePodClient, KubeMetrics]:
-    metrics = KubeMetrics(CollectorRegistry())
-    api.bind(metrics)
+    metrics = api.metrics
     return KubePodClient(api, settings, PodDecoder(settings.label_keys), metrics), metrics
 
 

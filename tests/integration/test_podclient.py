@@ -10,7 +10,6 @@ import socket
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry
 
 from devtools.emulator import RunningEmulator
 from service.config import KubeSettings
@@ -29,8 +28,7 @@ NS = SANDBOX_NAMESPACE
 
 
 def make_client(api: ApiTransport, settings: KubeSettings) -> tuple[KubePodClient, KubeMetrics]:
-    metrics = KubeMetrics(CollectorRegistry())
-    api.bind(metrics)
+    metrics = api.metrics
     return KubePodClient(api, settings, PodDecoder(settings.label_keys), metrics), metrics
 
 

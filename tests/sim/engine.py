@@ -44,7 +44,7 @@ from service.engine.workqueue import WorkQueue
 from service.kit.backoff import Backoff
 from service.kube import informer as informer_module
 from service.kube import reflector as reflector_module
-from service.kube.credentials import TokenFile
+from service.kube.api import TokenFile
 from service.kube.informer import PodInformer
 from service.kube.listwatch import ListWatch
 from service.kube.namespaces import MultiNamespaceInformer

@@ -454,7 +454,9 @@ class Result:
     """Summary lines of the deletes (one an interval) from the outage's start to its end."""
     summarised: int
     """Deletes those summary lines name, the shutdown's summary included."""
-    metrics: Metrics
+    samples: dict[str, float]
+    """Every metric sample after the shutdown (read on the loop: some read its clock), by name
+    and labels."""
     deleted: int
     """Pods the API server deleted."""
     events: int
@@ -502,7 +504,6 @@ def run_outage(what: str, *, pods: int = PODS, seed: int = 1) -> Result:
         server.create(name, labels, PodShape.SUCCEEDED)
     leases = Leases(net, outage)
     events = Events(net, outage)
-    built: list[Service] = []
     records: list[tuple[float, logging.LogRecord, str]] = []
     tap = _Tap(loop, records)
     root = logging.getLogger("service")
@@ -512,6 +513,7 @@ def run_outage(what: str, *, pods: int = PODS, seed: int = 1) -> Result:
     started = 0.0
     ended = 0.0
     candidates = 0
+    samples: dict[str, float] = {}
 
     def deleted() -> int:
         return sum(1 for d in server.deletes if d.status == 200)
@@ -525,7 +527,6 @@ def run_outage(what: str, *, pods: int = PODS, seed: int = 1) -> Result:
             events=events,
             rng=random.Random(f"{seed}:service"),
         )
-        built.append(service)
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
             tg.start_soon(functools.partial(run, service, stop=stop))
@@ -554,6 +555,11 @@ def run_outage(what: str, *, pods: int = PODS, seed: int = 1) -> Result:
                 await asyncio.sleep(5)
             ended = loop.time()
             stop.set()
+        samples.update(
+            (sample.name + json.dumps(sample.labels, sort_keys=True), sample.value)
+            for family in service.metrics.registry.collect()
+            for sample in family.samples
+        )
 
     try:
         with environment(_Asyncpg(db)):
@@ -575,7 +581,7 @@ def run_outage(what: str, *, pods: int = PODS, seed: int = 1) -> Result:
             for at, r, _ in records
             if at >= started and r.name == REAPED_LOGGER
         ),
-        metrics=built[0].metrics,
+        samples=samples,
         deleted=deleted(),
         events=events.created,
         outage_end=ended - started,
@@ -595,11 +601,6 @@ class _NoTrace(Trace):
 
 def summary(what: str, result: Result, pods: int) -> dict[str, Any]:
     """What a run showed, as JSON (``--json``): every line, every metric sample, the counts."""
-    samples = {
-        sample.name + json.dumps(sample.labels, sort_keys=True): sample.value
-        for family in result.metrics.registry.collect()
-        for sample in family.samples
-    }
     return {
         "what": what,
         "pods": pods,
@@ -623,7 +624,7 @@ def summary(what: str, result: Result, pods: int) -> dict[str, Any]:
             }
             for line in result.lines
         ],
-        "metrics": samples,
+        "metrics": result.samples,
     }
 
 

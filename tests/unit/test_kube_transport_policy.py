@@ -1,4 +1,4 @@
-"""The transport's decisions that need no server (``service/kube/requestpolicy.py``): which
+"""The transport's decisions that need no server (``service/kube/transport.py``): which
 answers are throttling, when a throttled request is sent again and when its answer goes back to
 the caller, which requests are watches; and TCP keepalive (``service/kube/sessions.py``) and the
 token file read at a 401 and once a minute."""
@@ -13,19 +13,20 @@ import pytest
 from kubernetes_asyncio import client as k8s_client
 
 from service.kit import clock
-from service.kube.credentials import BEARER_TOKEN, TokenFile
-from service.kube.requestpolicy import (
-    DEFAULT_RETRY_AFTER_S,
-    MAX_THROTTLE_RETRIES,
-    is_throttled,
-    is_watch,
-    throttle_wait,
-)
+from service.kube.api import TokenFile
 from service.kube.sessions import (
     KEEPALIVE_IDLE_S,
     KEEPALIVE_INTERVAL_S,
     KEEPALIVE_PROBES,
     keepalive_socket,
+)
+from service.kube.transport import (
+    BEARER_TOKEN,
+    DEFAULT_RETRY_AFTER_S,
+    MAX_THROTTLE_RETRIES,
+    is_throttled,
+    is_watch,
+    throttle_wait,
 )
 
 pytestmark = pytest.mark.anyio
@@ -68,11 +69,11 @@ def test_retries_are_bounded_in_count_and_by_the_requests_own_timeout() -> None:
 @pytest.mark.parametrize(
     ("query", "watch"),
     [
-        ([("watch", True), ("labelSelector", "a=b")], True),
-        ([("watch", "true")], True),
+        ({"watch": True, "labelSelector": "a=b"}, True),
+        ({"watch": "true"}, True),
         ({"watch": "True"}, True),
-        ([("watch", False)], False),
-        ([("limit", 500)], False),
+        ({"watch": False}, False),
+        ({"limit": 500}, False),
         (None, False),
     ],
 )
@@ -86,7 +87,7 @@ async def test_the_token_file_is_read_at_once_on_reload_and_by_the_hook_once_a_p
     path = tmp_path / "token"
     path.write_text("first\n")
     configuration = k8s_client.Configuration()
-    source = TokenFile(path, period_s=60.0)
+    source = TokenFile(path)  # read again after a minute
     source.install(configuration)
     assert configuration.api_key[BEARER_TOKEN] == "Bearer first"
     path.write_text("second")
