@@ -68,7 +68,6 @@ class PodInformer(PodStore):
         self._handlers.append(handler)
 
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
-        """Tell every handler, in the order they were added."""
         for handler in self._handlers:
             handler.pod_changed(old, new)
 
@@ -85,12 +84,10 @@ class PodInformer(PodStore):
 
     @property
     def resource_version(self) -> str | None:
-        """See :attr:`~service.kube.reflector.Reflector.resource_version`."""
         return self._reflector.resource_version
 
     @property
     def sync_mode(self) -> SyncMode | None:
-        """How the cache was last filled; ``None`` before the first sync."""
         return self._reflector.sync_mode
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -112,7 +109,6 @@ class MultiNamespaceInformer:
         self.informers: dict[str, PodInformer] = {ns: new_informer(ns) for ns in namespaces}
         """Namespace → its informer, in the order configured."""
         self._by_name = {ns: informer.by_name for ns, informer in self.informers.items()}
-        """Namespace → its cache's lookup by pod name (what :meth:`get` reads)."""
 
     def add_handler(self, handler: PodEventHandler) -> None:
         """Tell ``handler`` every change of every namespace (before :meth:`run`)."""
@@ -125,7 +121,6 @@ class MultiNamespaceInformer:
         return None if by_name is None else by_name(name)
 
     def keys(self) -> Iterable[str]:
-        """A copy of the cached keys of every namespace."""
         return list(itertools.chain.from_iterable(i.keys() for i in self.informers.values()))
 
     @property
@@ -140,7 +135,6 @@ class MultiNamespaceInformer:
         return sum(len(informer) for informer in self.informers.values())
 
     async def wait_synced(self) -> None:
-        """Return once every namespace's cache matches the server."""
         for informer in self.informers.values():
             await informer.wait_synced()
 

@@ -75,20 +75,18 @@ class ListWatch:
         """One page of the pods: ``resource_version`` and ``match`` as the API takes them
         (``""``: not sent, a quorum list), ``token`` the previous page's ``continue``, ``limit``
         the page size (``None``: not sent)."""
-        query: dict[str, str | int | bool] = {"labelSelector": self._settings.label_selector}
-        if limit is not None:
-            query["limit"] = limit
-        if token is not None:
-            query["continue"] = token
-        if resource_version:
-            query["resourceVersion"] = resource_version
-        if match:
-            query["resourceVersionMatch"] = match
+        asked = {
+            "limit": limit,
+            "continue": token,
+            "resourceVersion": resource_version,
+            "resourceVersionMatch": match,
+        }
+        query = {k: v for k, v in asked.items() if v}  # "" and None: not sent
         answer = await self._api.request(
             "GET",
             self._path,
             op="list",
-            query=query,
+            query={"labelSelector": self._settings.label_selector, **query},
             timeouts=aiohttp.ClientTimeout(total=self._settings.api_timeout_s),
         )
         try:

@@ -1,19 +1,13 @@
 """The pod informer's loop, as client-go's reflector: the one writer of the :class:`PodStore`,
 the one place that decides what to ask next (:class:`ListerWatcher` makes the requests) and the
-one read loop of the streams (client-go's ``handleWatch``).
+one reader of the streams (client-go's ``handleWatch``).
 
 A sync is a streaming list that goes on as the watch, or a paged list followed by a watch from
-its resourceVersion; the fallback runs streaming list → list from the watch cache → quorum list
-(docs/architecture.md, "How the cache is filled"). A watch that ends is resumed from the last
-resourceVersion seen; a 410 relists. Each stream has a bound on its silence: ``STREAM_SYNC_TIMEOUT``
-before a streaming list's initial events end; on a watch, ``WATCH_SILENCE_SECONDS`` after its last
-line, after which the connection is taken for dead (docs/architecture.md, "A silent watch").
-Until the server is known to send periodic bookmarks, a watch asks for a ``timeoutSeconds`` short
-of that bound and is dead once silent past it. Every failure is raised (an ``ExternalError`` of a
-request, a :class:`WatchEnd` of a stream) and classified in :meth:`Reflector._failed`: an
-``ExternalError`` is retried after a jittered exponential backoff with a 429's Retry-After as the
-least delay, and a 4xx other than 429 makes the next attempt sync. Anything else raised is a bug
-and ends the process.
+its resourceVersion (docs/architecture.md, "How the cache is filled"). A watch that ends is
+resumed from the last resourceVersion seen; a 410 relists; a silent one is taken for dead
+(docs/architecture.md, "A silent watch"). Every failure is raised (an ``ExternalError`` of a
+request, a :class:`WatchEnd` of a stream) and classified in :meth:`Reflector._failed`; anything
+else raised is a bug and ends the process.
 """
 
 from __future__ import annotations
@@ -226,7 +220,6 @@ class Reflector:
     async def run(self) -> None:
         """Sync, watch, resume, relist and back off until cancelled."""
         relist = True
-        started = clock.now()
         while True:
             if not self._fallback:
                 started = clock.now()
@@ -242,8 +235,8 @@ class Reflector:
                 relist = not self._store.synced
 
     async def _failed(self, exc: ExternalError | WatchEnd, started: float) -> bool:
-        """What a failure means; whether the next attempt syncs. ``started``: when the failed
-        attempt began."""
+        """What a failure begun at ``started`` means; whether the next attempt syncs. An
+        ``ExternalError`` backs off, a 429's Retry-After the least delay."""
         if isinstance(exc, KubeApiError):
             exc = self._refusal(exc) or exc
         if isinstance(exc, WatchEnd):

@@ -132,8 +132,6 @@ class WatchDecoder:
                     status = _status_decoder.decode(event.object)
                 except _DECODE_ERRORS:
                     status = WireStatus(message="undecodable ERROR event", code=500)
-                if status.code == 410:
-                    return ErrorStatus(410, status.message)
                 return ErrorStatus(status.code or 500, status.message or status.reason)
             case _:
                 self._skip("unknown watch event type %r", kind)
