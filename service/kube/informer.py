@@ -17,7 +17,7 @@ from service.config import KubeSettings
 from service.domain import PodSnapshot
 from service.kit.backoff import Backoff
 from service.kube.listwatch import ListWatch
-from service.kube.reflector import Reflector, SyncMode
+from service.kube.reflector import Reflector
 from service.kube.store import PodStore
 from service.metrics import KubeMetrics
 from service.ports import PodEventHandler
@@ -36,7 +36,7 @@ class PodInformer(PodStore):
     """The cache of the pods ``lw`` lists and watches (``ports.PodCache``); tells the handlers
     added with :meth:`add_handler`, and is the store's sink."""
 
-    __slots__ = ("_handlers", "_reflector", "_running")
+    __slots__ = ("_handlers", "_running", "reflector")
 
     def __init__(
         self,
@@ -50,7 +50,7 @@ class PodInformer(PodStore):
         super().__init__(metrics, sink=self, namespace=lw.namespace)
         self._handlers: list[PodEventHandler] = []
         self._running = False
-        self._reflector = Reflector(
+        self.reflector = Reflector(
             lw,
             self,
             metrics,
@@ -82,20 +82,12 @@ class PodInformer(PodStore):
     def namespace_synced(self, namespace: str) -> bool:
         return namespace == self.namespace and self.synced
 
-    @property
-    def resource_version(self) -> str | None:
-        return self._reflector.resource_version
-
-    @property
-    def sync_mode(self) -> SyncMode | None:
-        return self._reflector.sync_mode
-
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Sync and watch until cancelled. Signals ``task_status`` at once (not at sync), so a
         caller's start never blocks on an unreachable server."""
         self._running = True
         task_status.started()
-        await self._reflector.run()
+        await self.reflector.run()
 
 
 class MultiNamespaceInformer:

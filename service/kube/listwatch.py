@@ -1,6 +1,5 @@
 """The pod informer's requests, as client-go's ``ListerWatcher``: a list page, a watch, a
-streaming list (``sendInitialEvents``). It holds no state between requests; what an answer means
-and what to ask next are the reflector's (``service/kube/reflector.py``). Every request fails as
+streaming list (``sendInitialEvents``), with no state between them. Every request fails as
 :meth:`ApiTransport.request` does, or with a :class:`~service.kube.decode.PodDecodeError` for a
 page that does not decode at all; a pod of a page that does not decode is skipped, counted and
 logged.

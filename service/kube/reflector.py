@@ -65,8 +65,7 @@ class End(enum.StrEnum):
     REFUSED = "refused"
     """A list from the watch cache the server refused: the sync lists from etcd instead."""
     SILENT = "silent"
-    """Silent past its bound (:meth:`Reflector._silence_bound`): the connection is taken for dead
-    (resume at once)."""
+    """Silent past its bound: the connection is taken for dead (resume at once)."""
 
 
 class WatchEnd(Exception):
@@ -91,25 +90,24 @@ def end_margin_s(settings: KubeSettings) -> float:
 
 
 def short_timeout_s(settings: KubeSettings) -> int:
-    """The ``timeoutSeconds`` of a watch while the server is not known to send bookmarks:
-    ``WATCH_SILENCE_SECONDS`` less :func:`end_margin_s`, in whole seconds (at least 1)."""
+    """The ``timeoutSeconds`` of a watch while the server is not known to send bookmarks."""
     return max(1, math.floor(settings.watch_silence_s - end_margin_s(settings)))
 
 
 class _Silence:
-    """Cancels ``scope`` once the stream has been silent for ``bound_s``, counted from its
-    last line or from ``after``, whichever is later. The reader sets :attr:`last` per line (an
-    assignment); the timer checks it when due and sets itself again for the new deadline."""
+    """Cancels ``scope`` once the stream has been silent for ``bound`` = (seconds, after),
+    counted from its last line or from ``after``, whichever is later (``None``: unbounded). The
+    reader sets :attr:`last` per line (an assignment); the timer checks it when due and sets
+    itself again for the new deadline."""
 
     __slots__ = ("_after", "_bound_s", "_handle", "_loop", "_scope", "last")
 
-    def __init__(self, scope: anyio.CancelScope, bound_s: float, after: float = -math.inf) -> None:
+    def __init__(self, scope: anyio.CancelScope, bound: tuple[float, float] | None) -> None:
         self._loop = asyncio.get_running_loop()
         self._scope = scope
-        self._bound_s = bound_s
-        self._after = after
+        self._handle: asyncio.TimerHandle | None = None
         self.last = self._loop.time()
-        self._handle: asyncio.TimerHandle | None = self._loop.call_at(self._due(), self._check)
+        self.rebound(bound)
 
     def _due(self) -> float:
         return max(self.last, self._after) + self._bound_s
@@ -122,22 +120,21 @@ class _Silence:
         else:
             self._handle = self._loop.call_at(due, self._check)
 
-    def rebound(self, bound_s: float, after: float = -math.inf) -> None:
-        self._bound_s = bound_s
-        self._after = after
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = self._loop.call_at(self._due(), self._check)
-
-    def stop(self) -> None:
+    def rebound(self, bound: tuple[float, float] | None) -> None:
+        """Bound the silence from now on by ``bound``, unless the stream is already dead."""
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        if bound is not None and not self._scope.cancel_called:
+            self._bound_s, self._after = bound
+            self._handle = self._loop.call_at(self._due(), self._check)
+
+    def stop(self) -> None:
+        self.rebound(None)
 
 
 class ListerWatcher(Protocol):
-    """The requests the loop makes (:class:`service.kube.listwatch.ListWatch`); each raises a
-    kit error when it fails (``KubeApiError`` for an answer with another status)."""
+    """The requests the loop makes (:class:`service.kube.listwatch.ListWatch`)."""
 
     async def list(
         self, *, resource_version: str, match: str, token: str | None, limit: int | None
@@ -190,8 +187,6 @@ class Reflector:
         self._silence_s = settings.watch_silence_s
         self._sync_timeout_s = settings.stream_sync_timeout_s
         self._min_watch_s = min_watch_s
-        """A watch that ends cleanly within it without a line is :attr:`End.EMPTY`, so that a
-        misbehaving server cannot make the loop spin."""
         self._end_margin_s = end_margin_s(settings)
         self._short_timeout_s = short_timeout_s(settings)
         self.resource_version: str | None = None
@@ -255,8 +250,7 @@ class Reflector:
         return (api_error is not None and rejected(api_error.status)) or not self._store.synced
 
     def _refusal(self, exc: KubeApiError) -> WatchEnd | None:
-        """The end of a stream or sync step that an answer with another status means for the
-        request in flight, if any."""
+        """What an answer with another status ends for the request in flight, if anything."""
         step = self._step
         if step is SyncMode.LIST_CACHE:
             refused = rejected(exc.status) or too_large(exc)
@@ -339,8 +333,7 @@ class Reflector:
         self._failures.ok()
 
     async def _sync(self) -> None:
-        """Bring the store to the server's state, then follow the watch that goes on from
-        there until the server ends it."""
+        """Bring the store to the server's state, then follow the watch from there."""
         if self._store.begin_sync() is SyncState.RELISTING and not self._fallback:
             self._metrics.relists.inc()
         self._fallback = False
@@ -435,8 +428,7 @@ class Reflector:
             stream.close()
 
     def _timeout_cap(self) -> int | None:
-        """The longest ``timeoutSeconds`` the next stream may ask for: ``None`` once the server
-        is known to send periodic bookmarks; before, :func:`short_timeout_s`."""
+        """The longest ``timeoutSeconds`` the next stream may ask for (``None``: any)."""
         return None if self._bookmarks_sent else self._short_timeout_s
 
     def _silence_bound(self, opened: float, timeout_cap: int | None) -> tuple[float, float] | None:
@@ -460,9 +452,8 @@ class Reflector:
         continued: bool = False,
     ) -> str | None:
         """Events into the store until the stream ends, an event ends it, or it stays silent
-        past its bound. ``initial``: a streaming list's initial events, bounded by the sync
-        timeout; else a watch (``continued``: the rest of a streaming list). ``opened`` is when
-        its answer came, ``timeout_cap`` what :meth:`_timeout_cap` said when it was asked for.
+        past its bound; ``initial``: a streaming list's initial events, else a watch
+        (``continued``: the rest of a streaming list) opened at ``opened`` with ``timeout_cap``.
         The version of the initial-events-end bookmark (``initial``), else ``None`` for a
         stream the server ended; raises :class:`WatchEnd` for any other end."""
         answered = self._reach.answered
@@ -470,35 +461,28 @@ class Reflector:
         self._stream_bookmarks = 0
         lines = 1 if continued else 0
         proven = self._bookmarks_sent
+        if initial:
+            bound: tuple[float, float] | None = (self._sync_timeout_s, -math.inf)
+        else:
+            bound = self._silence_bound(opened, timeout_cap)
         with anyio.CancelScope() as scope:
-            silence: _Silence | None = None
-            if initial:
-                silence = _Silence(scope, self._sync_timeout_s)
-            elif (bound := self._silence_bound(opened, timeout_cap)) is not None:
-                silence = _Silence(scope, *bound)
+            silence = _Silence(scope, bound)
             try:
                 async for event in stream:
                     answered()
-                    if silence is not None:
-                        silence.last = loop_time()
+                    silence.last = loop_time()
                     rv = self._apply(event, initial=initial)
                     if rv is not None:
                         return rv
                     if not proven and self._bookmarks_sent:
                         # The first periodic bookmark: silence is evidence from now on.
                         proven = True
-                        bound = self._silence_bound(opened, timeout_cap)
-                        if bound is not None:
-                            if silence is None:
-                                silence = _Silence(scope, *bound)
-                            else:
-                                silence.rebound(*bound)
+                        silence.rebound(self._silence_bound(opened, timeout_cap))
                     lines += 1
                     if lines == 1 and not initial:
                         self._worked()
             finally:
-                if silence is not None:
-                    silence.stop()
+                silence.stop()
                 unmarked = not initial and not self._stream_bookmarks
                 if unmarked and clock.now() - opened >= self._silence_s:
                     self._bookmarks_sent = False  # lived the bound without one: none are sent

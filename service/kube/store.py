@@ -31,9 +31,7 @@ class SyncState(enum.StrEnum):
     """How far the cache matches the server."""
 
     COLD = "cold"
-    """Never filled: nothing is known yet."""
     LISTING = "listing"
-    """Being filled for the first time."""
     SYNCED = "synced"
     """Matches the server as of the last event applied."""
     RELISTING = "relisting"
