@@ -486,27 +486,24 @@ class Reflector:
                 unmarked = not initial and not self._stream_bookmarks
                 if unmarked and clock.now() - opened >= self._silence_s:
                     self._bookmarks_sent = False  # lived the bound without one: none are sent
+        if scope.cancelled_caught and initial:
+            message = f"no initial-events-end bookmark within {self._sync_timeout_s:g}s of silence"
+            raise WatchEnd(End.UNSUPPORTED, message=message)
         if scope.cancelled_caught:
-            raise self._silent(initial=initial, proven=proven, timeout_cap=timeout_cap)
+            if proven:
+                message = f"no event and no bookmark for {self._silence_s:g}s"
+            else:
+                message = (
+                    f"no end of the stream and no line {self._end_margin_s:g}s past its "
+                    f"timeoutSeconds (at most {timeout_cap}s), and no bookmark yet"
+                )
+            raise WatchEnd(End.SILENT, message=f"{message}: the connection is taken for dead")
         if initial:
             message = "streaming list ended before its initial-events-end bookmark"
             raise WatchEnd(End.BROKEN, message=message)
         if lines == 0 and clock.now() - opened < self._min_watch_s:
             raise WatchEnd(End.EMPTY, message="watch stream closed at once without events")
         return None
-
-    def _silent(self, *, initial: bool, proven: bool, timeout_cap: int | None) -> WatchEnd:
-        if initial:
-            message = f"no initial-events-end bookmark within {self._sync_timeout_s:g}s"
-            return WatchEnd(End.UNSUPPORTED, message=f"{message} of silence")
-        if proven:
-            message = f"no event and no bookmark for {self._silence_s:g}s"
-        else:
-            message = (
-                f"no end of the stream and no line {self._end_margin_s:g}s past its "
-                f"timeoutSeconds (at most {timeout_cap}s), and no bookmark yet"
-            )
-        return WatchEnd(End.SILENT, message=f"{message}: the connection is taken for dead")
 
     def _apply(self, event: WatchEvent, *, initial: bool) -> str | None:
         """Apply one event: the version of the initial-events-end bookmark when the initial

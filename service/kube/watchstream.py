@@ -42,7 +42,8 @@ class PodChange(msgspec.Struct, frozen=True):
 
 
 class Unreadable(msgspec.Struct, frozen=True):
-    """A change whose pod does not decode; ``key`` is its ``namespace/name`` when those read."""
+    """A line that cannot be used; ``key`` is the ``namespace/name`` of the pod it changes, when
+    those read."""
 
     key: str | None
 
@@ -62,12 +63,8 @@ class ErrorStatus(msgspec.Struct, frozen=True):
     message: str
 
 
-class Skipped(msgspec.Struct, frozen=True):
-    """A line that came but cannot be used."""
-
-
-SKIPPED = Skipped()
-WatchEvent = PodChange | Unreadable | Bookmark | ErrorStatus | Skipped
+SKIPPED = Unreadable(None)
+WatchEvent = PodChange | Unreadable | Bookmark | ErrorStatus
 
 
 class _WireEvent(msgspec.Struct):
