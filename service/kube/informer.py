@@ -1,8 +1,7 @@
-"""The pod informer of one sandbox namespace, as client-go's shared informer: a
-:class:`~service.kube.store.PodStore` that a :class:`~service.kube.reflector.Reflector` keeps in
-step, and that tells every change, in order, to each ``ports.PodEventHandler`` added; and those
-of several namespaces behind one ``ports.PodCache``, as controller-runtime's multi-namespace
-cache (a Role in each, never a cluster-wide watch).
+"""The pod informer of a sandbox namespace, as client-go's shared informer: a ``PodStore`` that
+a ``Reflector`` keeps in step, telling every change, in order, to each handler added; those of
+several namespaces behind one ``ports.PodCache``, as controller-runtime's multi-namespace cache
+(a Role in each, never a cluster-wide watch).
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ def default_backoff() -> Backoff:
 
 
 class PodInformer(PodStore):
-    """The cache of the pods ``lw`` lists and watches (``ports.PodCache``); tells the handlers
-    added with :meth:`add_handler`, and is the store's sink."""
+    """The cache of the pods ``lw`` lists and watches (``ports.PodCache``), and its sink."""
 
     __slots__ = ("_handlers", "_running", "reflector")
 

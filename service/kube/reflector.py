@@ -83,9 +83,8 @@ class WatchEnd(Exception):
 
 
 def end_margin_s(settings: KubeSettings) -> float:
-    """How long past its ``timeoutSeconds`` a watch may stay open and silent before it is taken
-    for dead, while the server is not known to send bookmarks: ``API_TIMEOUT_SECONDS`` (how late
-    any answer may be), at most a quarter of ``WATCH_SILENCE_SECONDS``."""
+    """How long a watch may stay silent past its ``timeoutSeconds`` while bookmarks are not known:
+    ``API_TIMEOUT_SECONDS`` (how late any answer may be), at most a quarter of the silence bound."""
     return min(settings.api_timeout_s, settings.watch_silence_s / 4)
 
 
@@ -95,10 +94,9 @@ def short_timeout_s(settings: KubeSettings) -> int:
 
 
 class _Silence:
-    """Cancels ``scope`` once the stream has been silent for ``bound`` = (seconds, after),
-    counted from its last line or from ``after``, whichever is later (``None``: unbounded). The
-    reader sets :attr:`last` per line (an assignment); the timer checks it when due and sets
-    itself again for the new deadline."""
+    """Cancels ``scope`` once the stream has been silent for ``bound`` = (seconds, after), from
+    its last line or ``after``, whichever is later (``None``: unbounded). The reader sets
+    :attr:`last` per line (an assignment); the timer checks it when due, and sets itself again."""
 
     __slots__ = ("_after", "_bound_s", "_handle", "_loop", "_scope", "last")
 
@@ -145,15 +143,6 @@ class ListerWatcher(Protocol):
     async def watch(self, rv: str, *, timeout_cap: int | None) -> EventStream: ...
 
 
-class ListMode(enum.StrEnum):
-    """How the cache is filled (the ``LIST_MODE`` setting)."""
-
-    AUTO = "auto"
-    """Stream; on a server that rejects or does not honour it, list from then on."""
-    STREAM = "stream"
-    LIST = "list"
-
-
 class SyncMode(enum.StrEnum):
     """How the last sync actually filled the cache."""
 
@@ -197,9 +186,9 @@ class Reflector:
         self._stream_bookmarks = 0
         self._silence_log = CauseLog(f"pod watch of namespace {store.namespace}", logger)
         self._page_size = settings.list_page_size
-        self._mode = ListMode(settings.list_mode)
-        self._streams = self._mode is not ListMode.LIST
-        """Whether the next sync streams (cleared in ``AUTO`` mode by a server that does not)."""
+        self._auto = settings.list_mode == "auto"
+        self._streams = settings.list_mode != "list"
+        """Whether the next sync streams (``LIST_MODE``; in auto, until a server does not)."""
         self._version_gone = False
         """Whether the version last seen is gone: the next sync reads the newest state."""
         self._attempts = Attempts(backoff)
@@ -209,8 +198,7 @@ class Reflector:
         self._step: SyncMode | None = None
         """The sync step whose request is in flight (``None``: a watch), for :meth:`_refusal`."""
         self._fallback = False
-        """Whether the next sync goes on with the one a refusal ended: at once, and not
-        counted as another relist."""
+        """Whether the next sync goes on with the one a refusal ended (at once, no relist)."""
 
     async def run(self) -> None:
         """Sync, watch, resume, relist and back off until cancelled."""
@@ -282,7 +270,7 @@ class Reflector:
                     "resourceVersion %s expired; relisting", self.resource_version or "(none)"
                 )
                 return True
-            case End.UNSUPPORTED if self._mode is ListMode.AUTO:
+            case End.UNSUPPORTED if self._auto:
                 logger.warning("streaming list unavailable (%s); listing from now on", end)
                 self._streams = False
                 self._fallback = True
@@ -451,11 +439,9 @@ class Reflector:
         initial: bool = False,
         continued: bool = False,
     ) -> str | None:
-        """Events into the store until the stream ends, an event ends it, or it stays silent
-        past its bound; ``initial``: a streaming list's initial events, else a watch
-        (``continued``: the rest of a streaming list) opened at ``opened`` with ``timeout_cap``.
-        The version of the initial-events-end bookmark (``initial``), else ``None`` for a
-        stream the server ended; raises :class:`WatchEnd` for any other end."""
+        """Events into the store until the stream ends, an event ends it, or it stays silent past
+        its bound (``initial``: a streaming list's initial events; ``continued``: their rest). The
+        initial-events-end bookmark's version, or ``None`` at the server's end; else raises."""
         answered = self._reach.answered
         loop_time = asyncio.get_running_loop().time
         self._stream_bookmarks = 0
@@ -506,8 +492,7 @@ class Reflector:
         return None
 
     def _apply(self, event: WatchEvent, *, initial: bool) -> str | None:
-        """Apply one event: the version of the initial-events-end bookmark when the initial
-        events end; raises :class:`WatchEnd` when the event ends the stream."""
+        """One event into the store; the initial-events-end bookmark's version when it is one."""
         store = self._store
         match event:
             case PodChange(pod=pod, deleted=deleted):

@@ -35,8 +35,7 @@ class SyncState(enum.StrEnum):
     SYNCED = "synced"
     """Matches the server as of the last event applied."""
     RELISTING = "relisting"
-    """Being filled again after it was synced: the pods it holds are the old ones until the
-    sync reports the difference."""
+    """Being filled again: it holds the old pods until the sync reports the difference."""
 
 
 class PodStore:
@@ -75,8 +74,7 @@ class PodStore:
 
     @property
     def by_name(self) -> Callable[[str], PodSnapshot | None]:
-        """The cached snapshot of a pod name of this namespace (``None`` when not cached),
-        current whenever called: for a caller that has the name already (one call a key)."""
+        """The cached snapshot of a pod name (``None``: not cached), current whenever called."""
         return self._pods.get
 
     def keys(self) -> Iterable[str]:
@@ -97,8 +95,7 @@ class PodStore:
             await self._synced_event.wait()
 
     def begin_sync(self) -> SyncState:
-        """Start filling the cache, or start over: the names put so far are forgotten, the pods
-        are kept. Returns the new state."""
+        """Start filling the cache, or start over (the pods kept, the names put forgotten)."""
         match self.state:
             case SyncState.COLD | SyncState.LISTING:
                 self.state = SyncState.LISTING

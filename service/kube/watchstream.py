@@ -140,8 +140,7 @@ class WatchDecoder:
 
 
 class EventStream:
-    """The events of an open watch ``response`` until the server ends it. ``what`` names the
-    stream in an ``Unavailable``."""
+    """The events of an open watch ``response``; ``what`` names it in an ``Unavailable``."""
 
     __slots__ = ("_decode", "_readline", "_response", "_what")
 
