@@ -28,7 +28,7 @@ from service.domain import (
 )
 from service.engine.kept.model import kept_decision, severity_of
 from service.kube.client import KubePodClient
-from service.kube.namespaces import MultiNamespaceInformer
+from service.kube.informer import MultiNamespaceInformer
 from service.ports import ExecutionStore, RetiredRow, RetiredRowSource
 
 

@@ -34,10 +34,9 @@ from service.kube.api import new_api_client
 from service.kube.client import KubePodClient
 from service.kube.decode import PodDecoder
 from service.kube.events import KubeEventRecorder
-from service.kube.informer import PodInformer
+from service.kube.informer import MultiNamespaceInformer, PodInformer
 from service.kube.leaderelection import LeaderElector, default_identity
 from service.kube.listwatch import ListWatch
-from service.kube.namespaces import MultiNamespaceInformer
 from service.kube.transport import ApiTransport
 from service.metrics import KeptMetrics, KubeMetrics, Metrics, PgMetrics
 from service.pg.connect import connect_once

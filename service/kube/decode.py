@@ -121,12 +121,11 @@ def _present(raw: msgspec.Raw) -> bool:
 
 
 def _keep(annotations: msgspec.Raw) -> bool:
-    """Whether the keep annotation keeps the pod. The map is decoded only when the key's bytes
-    occur in it: the API server re-encodes every object it serves and writes such a key as is
-    (it escapes only quotes, backslashes, control characters and ``<>&``), so a search of the raw
-    bytes finds it, and costs far less than building the map (a ``last-applied-configuration``
-    alone is kilobytes). A map holding the key that does not decode keeps the pod (fail closed:
-    it cannot be shown that nobody asked to keep it)."""
+    """Whether the keep annotation keeps the pod. The map (a ``last-applied-configuration`` alone
+    is kilobytes) is decoded only when the key's bytes occur in it: the API server re-encodes
+    every object it serves and writes such a key as is (it escapes only quotes, backslashes,
+    control characters and ``<>&``). A map holding the key that does not decode keeps the pod
+    (fail closed: it cannot be shown that nobody asked to keep it)."""
     raw = bytes(annotations)  # absent (b"") and null do not hold it
     if _KEEP_KEY not in raw:
         return False

@@ -1,9 +1,13 @@
-"""The pod informer of one sandbox namespace, as client-go's shared informer: a
-:class:`~service.kube.store.PodStore` that a :class:`~service.kube.reflector.Reflector` keeps in
-step, and that tells every change, in order, to each ``ports.PodEventHandler`` added.
+"""The pod informer of a sandbox namespace, as client-go's shared informer: a ``PodStore`` that
+a ``Reflector`` keeps in step, telling every change, in order, to each handler added; those of
+several namespaces behind one ``ports.PodCache``, as controller-runtime's multi-namespace cache
+(a Role in each, never a cluster-wide watch).
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 
 import anyio
 from anyio.abc import TaskStatus
@@ -12,7 +16,7 @@ from service.config import KubeSettings
 from service.domain import PodSnapshot
 from service.kit.backoff import Backoff
 from service.kube.listwatch import ListWatch
-from service.kube.reflector import Reflector, SyncMode
+from service.kube.reflector import Reflector
 from service.kube.store import PodStore
 from service.metrics import KubeMetrics
 from service.ports import PodEventHandler
@@ -28,10 +32,9 @@ def default_backoff() -> Backoff:
 
 
 class PodInformer(PodStore):
-    """The cache of the pods ``lw`` lists and watches (``ports.PodCache``); tells the handlers
-    added with :meth:`add_handler`, and is the store's sink."""
+    """The cache of the pods ``lw`` lists and watches (``ports.PodCache``), and its sink."""
 
-    __slots__ = ("_handlers", "_reflector", "_running")
+    __slots__ = ("_handlers", "_running", "reflector")
 
     def __init__(
         self,
@@ -45,7 +48,7 @@ class PodInformer(PodStore):
         super().__init__(metrics, sink=self, namespace=lw.namespace)
         self._handlers: list[PodEventHandler] = []
         self._running = False
-        self._reflector = Reflector(
+        self.reflector = Reflector(
             lw,
             self,
             metrics,
@@ -63,7 +66,6 @@ class PodInformer(PodStore):
         self._handlers.append(handler)
 
     def pod_changed(self, old: PodSnapshot | None, new: PodSnapshot | None) -> None:
-        """Tell every handler, in the order they were added."""
         for handler in self._handlers:
             handler.pod_changed(old, new)
 
@@ -78,19 +80,57 @@ class PodInformer(PodStore):
     def namespace_synced(self, namespace: str) -> bool:
         return namespace == self.namespace and self.synced
 
-    @property
-    def resource_version(self) -> str | None:
-        """See :attr:`~service.kube.watching.Watcher.resource_version`."""
-        return self._reflector.resource_version
-
-    @property
-    def sync_mode(self) -> SyncMode | None:
-        """How the cache was last filled; ``None`` before the first sync."""
-        return self._reflector.sync_mode
-
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Sync and watch until cancelled. Signals ``task_status`` at once (not at sync), so a
         caller's start never blocks on an unreachable server."""
         self._running = True
         task_status.started()
-        await self._reflector.run()
+        await self.reflector.run()
+
+
+class MultiNamespaceInformer:
+    """Implements ``ports.PodCache`` over one :class:`PodInformer` per namespace."""
+
+    def __init__(
+        self, namespaces: Sequence[str], new_informer: Callable[[str], PodInformer]
+    ) -> None:
+        if not namespaces:
+            raise ValueError("at least one namespace")
+        self.informers: dict[str, PodInformer] = {ns: new_informer(ns) for ns in namespaces}
+        """Namespace → its informer, in the order configured."""
+        self._by_name = {ns: informer.by_name for ns, informer in self.informers.items()}
+
+    def add_handler(self, handler: PodEventHandler) -> None:
+        """Tell ``handler`` every change of every namespace (before :meth:`run`)."""
+        for informer in self.informers.values():
+            informer.add_handler(handler)
+
+    def get(self, key: str) -> PodSnapshot | None:
+        namespace, _, name = key.partition("/")
+        by_name = self._by_name.get(namespace)
+        return None if by_name is None else by_name(name)
+
+    def keys(self) -> Iterable[str]:
+        return list(itertools.chain.from_iterable(i.keys() for i in self.informers.values()))
+
+    @property
+    def synced(self) -> bool:
+        return all(informer.synced for informer in self.informers.values())
+
+    def namespace_synced(self, namespace: str) -> bool:
+        informer = self.informers.get(namespace)
+        return informer is not None and informer.synced
+
+    def __len__(self) -> int:
+        return sum(len(informer) for informer in self.informers.values())
+
+    async def wait_synced(self) -> None:
+        for informer in self.informers.values():
+            await informer.wait_synced()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run every namespace's informer until cancelled (signals at once, as each does)."""
+        async with anyio.create_task_group() as tg:
+            for namespace, informer in self.informers.items():
+                await tg.start(informer.run, name=f"pod-informer-{namespace}")
+            task_status.started()

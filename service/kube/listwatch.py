@@ -1,9 +1,7 @@
 """The pod informer's requests, as client-go's ``ListerWatcher``: a list page, a watch, a
-streaming list (``sendInitialEvents``). It holds no state between requests; what an answer means
-and what to ask next are the reflector's (``service/kube/reflector.py``). Every request fails as
-:meth:`ApiTransport.request` does, or with a :class:`~service.kube.decode.PodDecodeError` for a
-page that does not decode at all; a pod of a page that does not decode is skipped, counted and
-logged.
+streaming list (``sendInitialEvents``), with no state between them. Each fails as
+:meth:`ApiTransport.request` does, or with a ``PodDecodeError`` for a page that does not decode
+at all; a pod of a page that does not decode is skipped, counted and logged.
 """
 
 from __future__ import annotations
@@ -31,8 +29,7 @@ replicas started together do not reconnect together."""
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    """One page of a list: its pods (those that decode), the list's resourceVersion and the
-    ``continue`` token of the next page (``""`` on the last)."""
+    """A list's page: the pods that decode, its resourceVersion, the next ``continue`` or ``""``."""
 
     pods: list[PodSnapshot]
     resource_version: str
@@ -72,23 +69,20 @@ class ListWatch:
         token: str | None = None,
         limit: int | None = None,
     ) -> Page:
-        """One page of the pods: ``resource_version`` and ``match`` as the API takes them
-        (``""``: not sent, a quorum list), ``token`` the previous page's ``continue``, ``limit``
-        the page size (``None``: not sent)."""
-        query: dict[str, str | int | bool] = {"labelSelector": self._settings.label_selector}
-        if limit is not None:
-            query["limit"] = limit
-        if token is not None:
-            query["continue"] = token
-        if resource_version:
-            query["resourceVersion"] = resource_version
-        if match:
-            query["resourceVersionMatch"] = match
+        """One page: ``resource_version`` and ``match`` as the API takes them (both ``""``: a
+        quorum list), ``token`` the last page's ``continue``, ``limit`` the page size."""
+        asked = {
+            "limit": limit,
+            "continue": token,
+            "resourceVersion": resource_version,
+            "resourceVersionMatch": match,
+        }
+        query = {k: v for k, v in asked.items() if v}  # "" and None: not sent
         answer = await self._api.request(
             "GET",
             self._path,
             op="list",
-            query=query,
+            query={"labelSelector": self._settings.label_selector, **query},
             timeouts=aiohttp.ClientTimeout(total=self._settings.api_timeout_s),
         )
         try:
@@ -112,8 +106,7 @@ class ListWatch:
         return await self._open("watchlist", timeout_cap, query)
 
     async def watch(self, rv: str, *, timeout_cap: int | None = None) -> EventStream:
-        """Open a watch of the changes after ``rv``. Its ``timeoutSeconds`` is the jittered
-        ``WATCH_TIMEOUT_SECONDS``, or ``timeout_cap`` when that is shorter."""
+        """Open a watch of the changes after ``rv``, for at most ``timeout_cap`` seconds."""
         return await self._open("watch", timeout_cap, {"resourceVersion": rv})
 
     async def _open(

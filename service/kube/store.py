@@ -1,9 +1,8 @@
 """The pod cache of one namespace, and how far it matches the server.
 
-The pods are held keyed by the snapshot's own ``name`` string, so a cached pod costs no key string
-of its own (``benchmarks/NOTES.md``, RSS per cached pod). A sync puts every pod the server has;
-once complete, every cached pod it did not put is reported deleted. Every change is reported to
-one ``ports.PodEventHandler`` (the informer's dispatch), on the event loop, as it happens.
+A sync puts every pod the server has; once complete, every cached pod it did not put is reported
+deleted. Every change is reported to one ``ports.PodEventHandler`` (the informer's dispatch), on
+the event loop, as it happens.
 
 ::
 
@@ -32,14 +31,11 @@ class SyncState(enum.StrEnum):
     """How far the cache matches the server."""
 
     COLD = "cold"
-    """Never filled: nothing is known yet."""
     LISTING = "listing"
-    """Being filled for the first time."""
     SYNCED = "synced"
     """Matches the server as of the last event applied."""
     RELISTING = "relisting"
-    """Being filled again after it was synced: the pods it holds are the old ones until the
-    sync reports the difference."""
+    """Being filled again: it holds the old pods until the sync reports the difference."""
 
 
 class PodStore:
@@ -62,7 +58,8 @@ class PodStore:
         """Read it; only :meth:`begin_sync` and :meth:`finish_sync` move it."""
         self.sink = sink
         self._pods: dict[str, PodSnapshot] = {}
-        """name → snapshot. Never replaced (its ``get`` is handed out by :meth:`by_name`)."""
+        """name → snapshot, keyed by the snapshot's own ``name`` string (no key string of its
+        own: ``benchmarks/NOTES.md``, RSS per cached pod). Never replaced (:meth:`by_name`)."""
         self._seen: set[str] = set()
         """The names the sync in progress has put (empty outside a sync)."""
         self._synced_event = anyio.Event()
@@ -77,8 +74,7 @@ class PodStore:
 
     @property
     def by_name(self) -> Callable[[str], PodSnapshot | None]:
-        """The cached snapshot of a pod name of this namespace (``None`` when not cached),
-        current whenever called: for a caller that has the name already (one call a key)."""
+        """The cached snapshot of a pod name (``None``: not cached), current whenever called."""
         return self._pods.get
 
     def keys(self) -> Iterable[str]:
@@ -99,8 +95,7 @@ class PodStore:
             await self._synced_event.wait()
 
     def begin_sync(self) -> SyncState:
-        """Start filling the cache, or start over: the names put so far are forgotten, the pods
-        are kept. Returns the new state."""
+        """Start filling the cache, or start over (the pods kept, the names put forgotten)."""
         match self.state:
             case SyncState.COLD | SyncState.LISTING:
                 self.state = SyncState.LISTING
@@ -160,8 +155,7 @@ class PodStore:
             self._size.set(len(self._pods))
 
     def _replace(self, before: PodSnapshot | None, snap: PodSnapshot) -> PodSnapshot:
-        """Store ``snap``; returns it as stored. A dict keeps the key it has, and that key is
-        ``before.name``: the new snapshot takes that string instead of keeping a second copy."""
+        """Store ``snap`` under the key string the dict keeps (``before.name``); as stored."""
         if before is not None and snap.name is not before.name:
             snap = msgspec.structs.replace(snap, name=before.name)
         self._pods[snap.name] = snap

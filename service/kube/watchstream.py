@@ -42,7 +42,8 @@ class PodChange(msgspec.Struct, frozen=True):
 
 
 class Unreadable(msgspec.Struct, frozen=True):
-    """A change whose pod does not decode; ``key`` is its ``namespace/name`` when those read."""
+    """A line that cannot be used; ``key`` is the ``namespace/name`` of the pod it changes, when
+    those read."""
 
     key: str | None
 
@@ -62,12 +63,8 @@ class ErrorStatus(msgspec.Struct, frozen=True):
     message: str
 
 
-class Skipped(msgspec.Struct, frozen=True):
-    """A line that came but cannot be used."""
-
-
-SKIPPED = Skipped()
-WatchEvent = PodChange | Unreadable | Bookmark | ErrorStatus | Skipped
+SKIPPED = Unreadable(None)
+WatchEvent = PodChange | Unreadable | Bookmark | ErrorStatus
 
 
 class _WireEvent(msgspec.Struct):
@@ -132,8 +129,6 @@ class WatchDecoder:
                     status = _status_decoder.decode(event.object)
                 except _DECODE_ERRORS:
                     status = WireStatus(message="undecodable ERROR event", code=500)
-                if status.code == 410:
-                    return ErrorStatus(410, status.message)
                 return ErrorStatus(status.code or 500, status.message or status.reason)
             case _:
                 self._skip("unknown watch event type %r", kind)
@@ -145,8 +140,7 @@ class WatchDecoder:
 
 
 class EventStream:
-    """The events of an open watch ``response`` until the server ends it. ``what`` names the
-    stream in an ``Unavailable``."""
+    """The events of an open watch ``response``; ``what`` names it in an ``Unavailable``."""
 
     __slots__ = ("_decode", "_readline", "_response", "_what")
 

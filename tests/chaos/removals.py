@@ -30,8 +30,8 @@ from service.domain import ExecutionChange, ExecutionRow
 from service.engine.budget import DeleteBudget
 from service.engine.controller import Controller
 from service.engine.reconciler import Reconciler
+from service.kube.reflector import Reflector
 from service.kube.transport import ApiTransport
-from service.kube.watching import Watcher
 from tests.chaos.campaign import run_campaign
 from tests.chaos.checker import SeedResult
 from tests.chaos.model import RowTruth
@@ -169,7 +169,7 @@ pod and row the product can see: removing one alone changes no decision of the c
 
 
 def _no_silence_bound(
-    _self: Watcher, _opened: float, _timeout_cap: int | None
+    _self: Reflector, _opened: float, _timeout_cap: int | None
 ) -> tuple[float, float] | None:
     return None
 
@@ -184,7 +184,7 @@ LIVENESS_REMOVALS: dict[str, Callable[[], contextlib.AbstractContextManager[None
     # The informer's silence bound, before bookmarks are proven (the server's end of a short
     # watch) and after: a watch whose connection died silently is read until the request's read
     # timeout gives up.
-    "watch_silence_bound": lambda: replaced(Watcher, "_silence_bound", _no_silence_bound),
+    "watch_silence_bound": lambda: replaced(Reflector, "_silence_bound", _no_silence_bound),
     # The transport's re-read of the credentials at a 401: a refused request is not sent again
     # with a new token, and the next ones carry the revoked one until the periodic re-read.
     "reread_at_401": lambda: replaced(ApiTransport, "_reauthenticate", _no_reread_at_401),

@@ -104,8 +104,8 @@ async def test_initial_sync_streams_by_default_and_honours_the_selector(
     async with running_informer(kube_api, kube_settings) as (informer, handler, metrics):
         await informer.wait_synced()
         _assert_selected_once(informer, handler, emu)
-        assert informer.sync_mode is SyncMode.STREAM
-        assert informer.resource_version == str(emu.resource_version)
+        assert informer.reflector.sync_mode is SyncMode.STREAM
+        assert informer.reflector.resource_version == str(emu.resource_version)
         assert (
             metric(
                 metrics, "retired_pod_gc_informer_list_mode", sandbox_namespace=NS, mode="stream"
@@ -152,7 +152,7 @@ async def test_quorum_list_pages_through_the_list_and_honours_the_selector(
     async with running_informer(kube_api, settings) as (informer, handler, metrics):
         await informer.wait_synced()
         _assert_selected_once(informer, handler, emu)
-        assert informer.sync_mode is SyncMode.LIST_QUORUM
+        assert informer.reflector.sync_mode is SyncMode.LIST_QUORUM
         assert (
             metric(
                 metrics,
@@ -209,12 +209,12 @@ async def test_bookmarks_advance_the_resource_version_the_next_watch_resumes_fro
     emu.create_pod(sandbox_pod("x"), namespace=NS)
     async with running_informer(kube_api, kube_settings) as (informer, _handler, metrics):
         await informer.wait_synced()
-        listed_rv = informer.resource_version
+        listed_rv = informer.reflector.resource_version
         # Changes the informer does not watch (another namespace) still move the global version.
         for i in range(3):
             emu.create_pod(sandbox_pod(f"o{i}"), namespace="other")
         target = str(emu.resource_version)
-        await eventually(lambda: informer.resource_version == target)
+        await eventually(lambda: informer.reflector.resource_version == target)
         assert listed_rv != target
         assert metric(metrics, "retired_pod_gc_watch_events_total", type="BOOKMARK") >= 1
         emu.drop_watches(abrupt=False)
@@ -287,7 +287,7 @@ async def test_dropped_streams_resume_from_the_last_version_without_relisting(
         await informer.wait_synced()
         for round_ in range(3):
             await eventually(lambda: emu.open_watch_count() == 1)
-            seen = informer.resource_version
+            seen = informer.reflector.resource_version
             assert emu.drop_watches(abrupt=True) == 1
             emu.create_pod(sandbox_pod(f"r{round_}"), namespace=NS)
             emu.set_status(NS, "space-sbx-d0-g1", {"phase": "Pending", "podIP": f"10.0.0.{round_}"})
@@ -315,7 +315,7 @@ async def test_500s_during_the_list_back_off_and_recover(
         await informer.wait_synced()
         assert cache_state(informer) == server_pods(emu)
         # A 5xx is the server failing, not refusing streams: the streaming list is retried.
-        assert informer.sync_mode is SyncMode.STREAM
+        assert informer.reflector.sync_mode is SyncMode.STREAM
         assert (
             metric(metrics, "retired_pod_gc_api_requests_total", op="watchlist", result="500") == 3
         )
@@ -499,7 +499,7 @@ async def test_an_expired_continue_token_restarts_the_list(
             await informer.wait_synced()
             assert cache_state(informer) == server_pods(emu)
             assert sorted(handler.added_keys()) == sorted(server_pods(emu))  # once each
-            assert informer.sync_mode is SyncMode.LIST_QUORUM
+            assert informer.reflector.sync_mode is SyncMode.LIST_QUORUM
             # One 410 refused the watch-cache list, one expired the continue token.
             assert (
                 metric(metrics, "retired_pod_gc_api_requests_total", op="list", result="410") == 2

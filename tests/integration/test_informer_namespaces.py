@@ -1,5 +1,5 @@
 """Several sandbox namespaces: the composition root's informer (one namespaced informer per
-namespace, ``service/kube/namespaces.py``) against the emulator over HTTP.
+namespace, ``service/kube/informer.py``) against the emulator over HTTP.
 
 Each namespace is its own cache: filled by its own namespaced list+watch (never a request across
 every namespace), synced or cold on its own, and a key is answered by its own namespace's cache
@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from devtools.emulator import RunningEmulator
 from service.app import service
 from service.config import PREFIX, Settings
-from service.kube.namespaces import MultiNamespaceInformer
+from service.kube.informer import MultiNamespaceInformer
 from service.kube.transport import ApiTransport
 from service.metrics import KubeMetrics
 from tests.fakes import make_settings

@@ -75,7 +75,7 @@ async def test_sync_and_relist_converge_to_the_server_pod_set(
     settings = dataclasses.replace(kube_settings, list_mode=list_mode)
     async with running_informer(kube_api, settings) as (informer, handler, metrics):
         await informer.wait_synced()
-        assert informer.sync_mode is first
+        assert informer.reflector.sync_mode is first
         assert cache_state(informer) == server_pods(emu)
         assert sorted(handler.added_keys()) == sorted(server_pods(emu))  # once each
         assert (
@@ -85,7 +85,7 @@ async def test_sync_and_relist_converge_to_the_server_pod_set(
             == 1
         )
         assert handler.log[-1] == "synced" and handler.synced == 1
-        known = informer.resource_version
+        known = informer.reflector.resource_version
         handler.changes.clear()
         handler.log.clear()
         streams_before = len(_streaming_requests(emulator))
@@ -102,7 +102,7 @@ async def test_sync_and_relist_converge_to_the_server_pod_set(
         emu.create_pod(sandbox_pod("late"), namespace=NS)
         await eventually(lambda: handler.synced == 2)
 
-        assert informer.sync_mode is relisted
+        assert informer.reflector.sync_mode is relisted
         assert cache_state(informer) == server_pods(emu)
         assert sorted(handler.deleted_keys()) == [f"{NS}/space-sbx-m0-g1", f"{NS}/space-sbx-m1-g1"]
         assert handler.added_keys() == [f"{NS}/space-sbx-late-g1"]
@@ -161,7 +161,7 @@ async def test_auto_mode_falls_back_to_a_list_from_the_watch_cache_when_streams_
     emu.create_pod(sandbox_pod("r0"), namespace=NS)
     async with running_informer(kube_api, kube_settings) as (informer, _handler, metrics):
         await informer.wait_synced()
-        assert informer.sync_mode is SyncMode.LIST_CACHE
+        assert informer.reflector.sync_mode is SyncMode.LIST_CACHE
         assert cache_state(informer) == server_pods(emu)
         assert (
             metric(metrics, "retired_pod_gc_api_requests_total", op="watchlist", result="422") == 1
@@ -189,7 +189,7 @@ async def test_stream_mode_never_falls_back_and_syncs_once_the_server_streams(
         assert _list_requests(emulator) == []
         emu.watch_list = WatchListSupport.SUPPORTED
         await informer.wait_synced()
-        assert informer.sync_mode is SyncMode.STREAM
+        assert informer.reflector.sync_mode is SyncMode.STREAM
         assert cache_state(informer) == server_pods(emu)
     assert _list_requests(emulator) == []
 
@@ -205,7 +205,7 @@ async def test_a_stream_that_goes_silent_before_its_end_bookmark_is_not_honoured
     settings = dataclasses.replace(kube_settings, stream_sync_timeout_s=0.3)
     async with running_informer(kube_api, settings) as (informer, handler, _metrics):
         await informer.wait_synced()
-        assert informer.sync_mode is SyncMode.LIST_CACHE
+        assert informer.reflector.sync_mode is SyncMode.LIST_CACHE
         assert cache_state(informer) == server_pods(emu)
         assert sorted(handler.added_keys()) == sorted(server_pods(emu))
         assert handler.synced == 1

@@ -45,9 +45,8 @@ from service.kit.backoff import Backoff
 from service.kube import informer as informer_module
 from service.kube import reflector as reflector_module
 from service.kube.api import TokenFile
-from service.kube.informer import PodInformer
+from service.kube.informer import MultiNamespaceInformer, PodInformer
 from service.kube.listwatch import ListWatch
-from service.kube.namespaces import MultiNamespaceInformer
 from service.kube.transport import ApiTransport
 from service.metrics import KubeMetrics, Metrics
 from service.pg import listener as listener_module

@@ -44,10 +44,9 @@ from service.kit.backoff import Backoff
 from service.kube import informer as informer_module
 from service.kube.errors import parse_retry_after
 from service.kube.events import KubeEventRecorder
-from service.kube.informer import PodInformer
+from service.kube.informer import MultiNamespaceInformer, PodInformer
 from service.kube.leaderelection import LeaderElector
 from service.kube.listwatch import ListWatch
-from service.kube.namespaces import MultiNamespaceInformer
 from service.kube.transport import ApiTransport
 from service.logs import JsonFormatter
 from service.metrics import KubeMetrics, Metrics

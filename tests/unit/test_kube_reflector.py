@@ -32,9 +32,8 @@ from service.kube.errors import KubeApiError
 from service.kube.informer import BACKOFF_MAX_S, default_backoff
 from service.kube.listwatch import Page
 from service.kube.reachability import Reachability
-from service.kube.reflector import Reflector, SyncMode
+from service.kube.reflector import Reflector, SyncMode, end_margin_s, short_timeout_s
 from service.kube.store import PodStore, SyncState
-from service.kube.watching import end_margin_s, short_timeout_s
 from service.kube.watchstream import EventStream, LineReader, WatchDecoder
 from service.metrics import KubeMetrics
 from tests.kubefixtures import SANDBOX_NAMESPACE, SANDBOX_SELECTOR, RecordingHandler, sandbox_pod
