@@ -22,15 +22,22 @@ class RequestTimeout(Unavailable):
     """No answer within the request's timeout (or no request slot within it)."""
 
 
+def unanswered(what: str, exc: BaseException) -> Unavailable:
+    """``exc``, one of :data:`TRANSIENT_ERRORS`, as the ``Unavailable`` it means (a timeout as
+    :class:`RequestTimeout`); the caller raises it from ``exc``."""
+    kind = RequestTimeout if isinstance(exc, TimeoutError) else Unavailable
+    return kind(f"{what}: {type(exc).__name__}: {exc}")
+
+
 @contextmanager
 def answering(what: str) -> Iterator[None]:
-    """The one place :data:`TRANSIENT_ERRORS` become ``Unavailable``, the original chained as
-    ``__cause__``: for the request path and the lines of a watch stream."""
+    """:data:`TRANSIENT_ERRORS` as ``Unavailable`` (:func:`unanswered`), the original chained as
+    ``__cause__``: the request path's one catch. The watch stream's lines catch them inline
+    (a context manager a line costs the stream's reader a tenth of its CPU)."""
     try:
         yield
     except TRANSIENT_ERRORS as exc:
-        kind = RequestTimeout if isinstance(exc, TimeoutError) else Unavailable
-        raise kind(f"{what}: {type(exc).__name__}: {exc}") from exc
+        raise unanswered(what, exc) from exc
 
 
 class KubeApiError(ApiError):

@@ -13,7 +13,7 @@ import msgspec
 
 from service.domain import PodSnapshot
 from service.kube.decode import PodDecodeError, PodDecoder
-from service.kube.errors import WireStatus, answering
+from service.kube.errors import TRANSIENT_ERRORS, WireStatus, unanswered
 from service.metrics import KubeMetrics
 
 logger = logging.getLogger(__name__)
@@ -155,8 +155,10 @@ class EventStream:
 
     async def __anext__(self) -> WatchEvent:
         while True:
-            with answering(self._what):
+            try:
                 line = await self._readline()
+            except TRANSIENT_ERRORS as exc:
+                raise unanswered(self._what, exc) from exc
             if not line:
                 raise StopAsyncIteration
             if line.strip():
