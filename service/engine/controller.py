@@ -120,6 +120,8 @@ class Controller:
         if old is not None and old.uid != new.uid:
             self._clocks.forget_pod(old.uid, key)
         elif old is not None and checks.pod_state_changed(old, new):
+            # Whether the pod stayed reapable depends on the row as well, and a reconcile may
+            # never see this state (it reads the latest one): the observation restarts here.
             self._clocks.clear(new.uid)
         if not candidate or self._clocks.uid_for(key) not in (None, new.uid):
             self._clocks.clear_key(key)

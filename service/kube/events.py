@@ -150,10 +150,12 @@ class KubeEventRecorder:
         self._instance = instance
         self._metrics = metrics
         self._timeout_s = timeout_s
-        self.buffer_size = buffer_size or max(EVENT_BUFFER_SIZE, 2 * deletes_per_minute)
+        default_buffer = max(EVENT_BUFFER_SIZE, 2 * deletes_per_minute)
+        self.buffer_size = default_buffer if buffer_size is None else buffer_size
         self.report_bound = min(report_bound, self.buffer_size)
         self.kept_buffer_size = kept_buffer_size
-        self.reports_per_second = per_second or max(EVENTS_PER_SECOND, deletes_per_minute / 60.0)
+        default_pace = max(EVENTS_PER_SECOND, deletes_per_minute / 60.0)
+        self.reports_per_second = default_pace if per_second is None else per_second
         self._limiter = limiter(burst=burst, per_second=self.reports_per_second)
         self._wall_clock = wall_clock
         self.max_age_s = max_age_s
